@@ -1,0 +1,121 @@
+"""The `slurmguard` command line.
+
+Each area of the package owns its commands in its own module; this file only
+maps command names to those modules and loads one when it is invoked, so that
+`slurmguard --help` stays fast and a broken optional dependency of one area
+(torch, cvxpy) cannot take the whole CLI down.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from slurmguard.errors import SlurmguardError
+
+# command name -> "module:attribute" of a click.Command / click.Group
+COMMANDS: dict[str, str] = {
+    "devcluster": "slurmguard.devcluster.cli:devcluster",
+    "nodes": "slurmguard.slurm.cli:nodes",
+    "node": "slurmguard.slurm.cli:node",
+    "db": "slurmguard.store.cli:db",
+    "policy": "slurmguard.config_cli:policy",
+    "ring": "slurmguard.hook.cli:ring",
+    "detect": "slurmguard.detect.cli:detect",
+    "bench": "slurmguard.bench:bench",
+    "whatif": "slurmguard.whatif.cli:whatif",
+    "plan": "slurmguard.mitigate.cli:plan",
+    "agent": "slurmguard.agent:agent_cmd",
+    "controller": "slurmguard.controller:controller_cmd",
+    "triage": "slurmguard.triage.cli:triage",
+    "incidents": "slurmguard.triage.cli:incidents",
+    "sweep": "slurmguard.sweeps.cli:sweep",
+}
+
+# Short help shown in `slurmguard --help` without importing the module.
+HELP: dict[str, str] = {
+    "devcluster": "Run a real multi-node Slurm cluster on this machine.",
+    "nodes": "Show the fleet as Slurm and slurmguard see it.",
+    "node": "Drain, resume or inspect one node.",
+    "db": "Create or upgrade the database.",
+    "policy": "Validate a policies.yaml file.",
+    "ring": "Inspect per-rank collective rings.",
+    "detect": "Run the detectors on recorded data.",
+    "bench": "Benchmarks that print their figures with a baseline.",
+    "whatif": "What-if analysis of a job trace.",
+    "plan": "Mitigation planners (micro-batch redistribution, consolidation).",
+    "agent": "Run the node agent.",
+    "controller": "Run the controller daemon.",
+    "triage": "Triage report of nodes that are not healthy.",
+    "incidents": "List incidents with detection delay and outcome.",
+    "sweep": "Run or inspect node sweeps.",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        if ctx.resilient_parsing or "--help" in sys.argv[1:2]:
+            # `slurmguard --help` lists commands; avoid importing every area.
+            return click.Command(cmd_name, help=HELP.get(cmd_name, ""))
+        module_name, attr = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            # A command whose module is not built yet, or whose optional
+            # dependency is missing, is reported, not a traceback.
+            missing = exc.name or module_name
+            raise click.ClickException(
+                f"command '{cmd_name}' is unavailable: module '{missing}' is not installed"
+            ) from exc
+        return getattr(module, attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--db",
+    "db_url",
+    envvar=None,
+    default=None,
+    help="Database URL (overrides SLURMGUARD_DB and policies.yaml).",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Policy file (default: $SLURMGUARD_POLICY, ./policies.yaml, /etc/slurmguard/policies.yaml, built-in).",
+)
+@click.version_option(package_name="slurmguard")
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None, policy_path: str | None) -> None:
+    """slurmguard: find grey GPU nodes, take them out safely, sweep them back."""
+    ctx.ensure_object(dict)
+    ctx.obj["db_url"] = db_url
+    ctx.obj["policy_path"] = policy_path
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Console-script entry point: user mistakes become one-line errors, exit 2."""
+    try:
+        return cli.main(args=argv, prog_name="slurmguard", standalone_mode=True)
+    except SlurmguardError as exc:
+        click.echo(f"slurmguard: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main(sys.argv[1:] if len(sys.argv) > 1 else [])

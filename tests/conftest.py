@@ -1,0 +1,7 @@
+"""Shared pytest setup. Each area keeps its fixtures in tests/fixtures/<area>.py."""
+
+pytest_plugins = [
+    "tests.fixtures.common",
+    "tests.fixtures.slurm",
+    "tests.fixtures.postgres",
+]

@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurmguard.cli import cli
+from slurmguard.config import Policy, database_url, load_policy, parse_policy
+from slurmguard.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_repository_policy_matches_builtin_defaults():
+    # policies.yaml documents the defaults: the two must never drift apart.
+    assert load_policy(ROOT / "policies.yaml") == Policy()
+
+
+def test_unknown_key_names_file_key_and_line():
+    text = "response:\n  tiers:\n    moderate_slowdown: 0.1\n    sevre_slowdown: 0.3\n"
+    with pytest.raises(ConfigError) as exc:
+        parse_policy(text, "p.yaml")
+    msg = str(exc.value)
+    assert msg == "p.yaml:4: response.tiers.sevre_slowdown: unknown key"
+    assert "\n" not in msg
+
+
+def test_bad_value_and_cross_field_rule():
+    with pytest.raises(ConfigError, match=r"p.yaml:3: detection.bocd.hazard: Input should be less than 1"):
+        parse_policy("detection:\n  bocd:\n    hazard: 2\n", "p.yaml")
+    with pytest.raises(ConfigError, match="severe_slowdown must be greater"):
+        parse_policy("response:\n  tiers:\n    moderate_slowdown: 0.3\n    severe_slowdown: 0.2\n", "p.yaml")
+
+
+def test_yaml_syntax_error_and_duplicate_key_have_lines():
+    with pytest.raises(ConfigError, match=r"^p.yaml:3: invalid YAML"):
+        parse_policy("safety:\n  dry_run: [\n", "p.yaml")
+    with pytest.raises(ConfigError, match=r"p.yaml:3: invalid YAML: duplicate key 'dry_run' \(first at line 2\)"):
+        parse_policy("safety:\n  dry_run: true\n  dry_run: false\n", "p.yaml")
+
+
+def test_triage_ladder_must_end_terminal():
+    with pytest.raises(ConfigError, match="triage.ladder"):
+        parse_policy("triage:\n  ladder: [resweep, reboot]\n", "p.yaml")
+
+
+def test_db_url_precedence(monkeypatch):
+    p = parse_policy("database:\n  url: sqlite:///from-file.db\n")
+    monkeypatch.delenv("SLURMGUARD_DB", raising=False)
+    assert database_url(p) == "sqlite:///from-file.db"
+    monkeypatch.setenv("SLURMGUARD_DB", "sqlite:///from-env.db")
+    assert database_url(p) == "sqlite:///from-env.db"
+    assert database_url(p, "sqlite:///from-flag.db") == "sqlite:///from-flag.db"
+
+
+def test_policy_check_cli(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("agent:\n  telemetry_source: magic\n")
+    res = CliRunner().invoke(cli, ["policy", "check", str(bad)])
+    assert res.exit_code != 0
+    good = tmp_path / "good.yaml"
+    good.write_text("safety:\n  dry_run: true\n")
+    res = CliRunner().invoke(cli, ["policy", "check", str(good)])
+    assert res.exit_code == 0, res.output
