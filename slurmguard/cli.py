@@ -57,18 +57,24 @@ HELP: dict[str, str] = {
 
 
 class LazyGroup(click.Group):
-    """A click group whose subcommands are imported on first use."""
+    """A click group whose subcommands are imported on first use.
+
+    `commands_map`/`help_map` map a name to "module:attribute" and a short help.
+    """
+
+    commands_map: dict[str, str] = COMMANDS
+    help_map: dict[str, str] = HELP
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted(self.commands_map)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
+        target = self.commands_map.get(cmd_name)
         if target is None:
             return None
-        if ctx.resilient_parsing or "--help" in sys.argv[1:2]:
+        if ctx.resilient_parsing or _listing_only(ctx):
             # `slurmguard --help` lists commands; avoid importing every area.
-            return click.Command(cmd_name, help=HELP.get(cmd_name, ""))
+            return click.Command(cmd_name, help=self.help_map.get(cmd_name, ""))
         module_name, attr = target.split(":")
         try:
             module = importlib.import_module(module_name)
@@ -80,6 +86,17 @@ class LazyGroup(click.Group):
                 f"command '{cmd_name}' is unavailable: module '{missing}' is not installed"
             ) from exc
         return getattr(module, attr)
+
+
+def _listing_only(ctx: click.Context) -> bool:
+    """True while click only lists this group's commands for --help."""
+    args = sys.argv[1:]
+    depth = 0
+    c = ctx
+    while c.parent is not None:
+        depth += 1
+        c = c.parent
+    return len(args) > depth and args[depth] in ("--help", "-h")
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
