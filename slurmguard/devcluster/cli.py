@@ -1,0 +1,80 @@
+"""`slurmguard devcluster up|down|status|env`"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from slurmguard.devcluster.cluster import DEFAULT_STATE_DIR, ClusterSpec, DevCluster
+
+_state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
+                          default=DEFAULT_STATE_DIR, show_default=True,
+                          help="Where the cluster keeps conf, spools, logs and pids "
+                               "($SLURMGUARD_DEVCLUSTER_DIR).")
+
+
+@click.group()
+def devcluster() -> None:
+    """Run a real multi-node Slurm cluster on this machine (needs root)."""
+
+
+@devcluster.command()
+@_state_dir
+@click.option("--nodes", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--partition", default="debug", show_default=True)
+@click.option("--cpus-per-node", default=2, show_default=True, type=click.IntRange(1, 256))
+def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int) -> None:
+    """Start munged, slurmctld and NODES slurmd; wait until all nodes are idle."""
+    c = DevCluster(ClusterSpec(state_dir=state_dir, nodes=nodes, partition=partition,
+                               cpus_per_node=cpus_per_node))
+    c.up()
+    click.echo(f"development cluster up: {nodes} nodes ({', '.join(c.node_names)}) "
+               f"in partition {partition}")
+    click.echo(f"SLURM_CONF={c.conf_path}")
+    click.echo(f"use it with: eval $(slurmguard devcluster env --state-dir {state_dir})")
+
+
+@devcluster.command()
+@_state_dir
+def down(state_dir: Path) -> None:
+    """Stop the cluster's jobs and daemons (only the processes it started)."""
+    c = DevCluster(ClusterSpec(state_dir=state_dir))
+    if not (state_dir / "state.json").exists():
+        click.echo(f"no development cluster in {state_dir}")
+        return
+    c.down()
+    click.echo("development cluster stopped")
+
+
+@devcluster.command()
+@_state_dir
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(state_dir: Path, as_json: bool) -> None:
+    """Show daemons, node states and the SLURM_CONF path."""
+    st = DevCluster(ClusterSpec(state_dir=state_dir)).status()
+    if as_json:
+        click.echo(json.dumps(st, indent=2))
+        return
+    if "slurm_conf" not in st:
+        click.echo(f"no development cluster in {state_dir}")
+        raise SystemExit(1)
+    click.echo(f"running: {'yes' if st['running'] else 'no'}")
+    click.echo(f"SLURM_CONF={st['slurm_conf']}")
+    for name, d in st["daemons"].items():  # type: ignore[union-attr]
+        click.echo(f"  {name:<14} pid {d['pid']:<8} {'alive' if d['alive'] else 'stopped'}")
+    for node, state in st["nodes"].items():  # type: ignore[union-attr]
+        click.echo(f"  {node:<14} {state}")
+    if not st["running"]:
+        raise SystemExit(1)
+
+
+@devcluster.command()
+@_state_dir
+def env(state_dir: Path) -> None:
+    """Print `export SLURM_CONF=...` for this cluster (use with eval)."""
+    c = DevCluster(ClusterSpec(state_dir=state_dir))
+    if not c.conf_path.exists():
+        raise click.ClickException(f"no development cluster in {state_dir}; run `slurmguard devcluster up`")
+    click.echo(c.export_line())
