@@ -1,0 +1,147 @@
+"""Typed, immutable records the Store returns (and takes, for batch inserts).
+
+They carry no database session, so callers can keep them after the
+transaction ends. Times are aware UTC datetimes; use `utc()` to build one from
+Clock.now() epoch seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from slurmguard.store.lifecycle import NodeState
+from slurmguard.store.models import (ActionStatus, AuditOutcome, IncidentStatus, IncidentTier,
+                                     SweepKind, TriageRung, Verdict)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    id: int
+    name: str
+    hw_class: str | None
+    state: NodeState
+    state_since: datetime
+    partitions: tuple[str, ...]
+    last_seen: datetime | None
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    id: int
+    node: str
+    at: datetime
+    from_state: NodeState | None
+    """None on the row that registered the node."""
+    to_state: NodeState
+    cause: str
+    evidence: dict[str, Any]
+    actor: str
+    forced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentRecord:
+    id: int
+    job_id: str
+    kind: str
+    nodes: tuple[str, ...]
+    tier: IncidentTier
+    slowdown: float | None
+    onset_at: datetime
+    detected_at: datetime
+    action_at: datetime | None
+    detection_delay_s: float
+    status: IncidentStatus
+    outcome: str | None
+    evidence: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+    @property
+    def action_delay_s(self) -> float | None:
+        """Seconds from detection to the action, None before any action."""
+        return None if self.action_at is None else (self.action_at - self.detected_at).total_seconds()
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySummaryRecord:
+    """One signal of one node over one window, compared with the job's peers."""
+
+    node: str
+    signal: str
+    window_start: datetime
+    window_end: datetime
+    value: float | None
+    unit: str | None = None
+    peer_median: float | None = None
+    robust_z: float | None = None
+    deviating: bool = False
+    job_id: str | None = None
+    id: int | None = None
+    """None until stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeRecord:
+    """Mean training step time of one rank (or node, rank=None) over one window, seconds."""
+
+    job_id: str
+    step: str
+    node: str
+    rank: int | None
+    window_start: datetime
+    window_end: datetime
+    iterations: int
+    mean_step_s: float
+    baseline_step_s: float | None = None
+    slowdown: float | None = None
+    """Fraction; computed as mean/baseline - 1 when left None and a baseline is given."""
+    id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRecord:
+    id: int
+    slurm_job_id: str | None
+    kind: SweepKind
+    node: str
+    reference_node: str | None
+    hw_class: str | None
+    created_at: datetime
+    submitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    metrics: dict[str, Any]
+    verdict: Verdict
+    failure_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TriageActionRecord:
+    id: int
+    node: str
+    rung: TriageRung
+    at: datetime
+    is_entry: bool
+    status: ActionStatus
+    finished_at: datetime | None
+    detail: str | None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    node: str | None
+    job_id: str | None
+    reason: str | None
+    argv: tuple[str, ...] | None
+    outcome: AuditOutcome
+    error: str | None
+    evidence: dict[str, Any]
