@@ -39,7 +39,9 @@ def test_upgrade_with_db_option_creates_and_reports(runner, db_url):
 
 
 def test_upgrade_with_environment_variable(runner, db_url):
-    code, out = _invoke(runner, ["db", "current", "--check"], env={"SLURMGUARD_DB": db_url})
+    code, out = _invoke(
+        runner, ["db", "current", "--check"], env={"SLURMGUARD_DB": db_url}
+    )
     assert code == 1 and "revision: none (empty database)" in out
     code, out = _invoke(runner, ["db", "upgrade"], env={"SLURMGUARD_DB": db_url})
     assert code == 0 and "upgraded from empty" in out
@@ -48,8 +50,11 @@ def test_upgrade_with_environment_variable(runner, db_url):
 
 def test_db_option_beats_environment(runner, tmp_path):
     opt, env = tmp_path / "opt" / "a.db", tmp_path / "env" / "b.db"
-    code, _ = _invoke(runner, ["--db", f"sqlite:///{opt}", "db", "upgrade"],
-                      env={"SLURMGUARD_DB": f"sqlite:///{env}"})
+    code, _ = _invoke(
+        runner,
+        ["--db", f"sqlite:///{opt}", "db", "upgrade"],
+        env={"SLURMGUARD_DB": f"sqlite:///{env}"},
+    )
     assert code == 0 and opt.exists() and not env.exists()
 
 
@@ -78,13 +83,24 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("url, message", [
-    ("mysql://root:hunter2@db/x", "unsupported database URL scheme 'mysql' in 'mysql://root:***@db/x'"),
-    ("not a url", "bad database URL 'not a url'"),
-    ("postgresql+asyncpg://u@h/d", "unsupported PostgreSQL driver 'asyncpg'"),
-    (None, "cannot use database postgresql+psycopg://sg:***@127.0.0.1:{port}/sg: connection failed"),
-])
-def test_errors_are_one_line_without_traceback_or_password(runner, capsys, url, message):
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        (
+            "mysql://root:hunter2@db/x",
+            "unsupported database URL scheme 'mysql' in 'mysql://root:***@db/x'",
+        ),
+        ("not a url", "bad database URL 'not a url'"),
+        ("postgresql+asyncpg://u@h/d", "unsupported PostgreSQL driver 'asyncpg'"),
+        (
+            None,
+            "cannot use database postgresql+psycopg://sg:***@127.0.0.1:{port}/sg: connection failed",
+        ),
+    ],
+)
+def test_errors_are_one_line_without_traceback_or_password(
+    runner, capsys, url, message
+):
     port = _closed_port()
     url = url or f"postgresql+psycopg://sg:hunter2@127.0.0.1:{port}/sg"
     with pytest.raises(SystemExit) as exc:

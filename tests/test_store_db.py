@@ -29,8 +29,12 @@ def test_sqlite_foreign_keys_are_enforced(tmp_path):
     engine = db.make_engine(url)
     try:
         with pytest.raises(Exception, match="FOREIGN KEY"), engine.begin() as conn:
-            conn.execute(text("INSERT INTO triage_actions (node_id, rung, at, is_entry, status, evidence) "
-                              "VALUES (42, 'reboot', '2024-01-01 00:00:00', 0, 'planned', '{}')"))
+            conn.execute(
+                text(
+                    "INSERT INTO triage_actions (node_id, rung, at, is_entry, status, evidence) "
+                    "VALUES (42, 'reboot', '2024-01-01 00:00:00', 0, 'planned', '{}')"
+                )
+            )
     finally:
         engine.dispose()
 
@@ -39,9 +43,16 @@ def test_check_constraints_guard_enum_columns(db_url):
     db.upgrade(db_url)
     engine = db.make_engine(db_url)
     try:
-        with pytest.raises(Exception, match="(?i)check constraint"), engine.begin() as conn:
-            conn.execute(text("INSERT INTO nodes (name, state, state_since, partitions, created_at) "
-                              "VALUES ('n1', 'broken', '2024-01-01 00:00:00+00', '[]', '2024-01-01 00:00:00+00')"))
+        with (
+            pytest.raises(Exception, match="(?i)check constraint"),
+            engine.begin() as conn,
+        ):
+            conn.execute(
+                text(
+                    "INSERT INTO nodes (name, state, state_since, partitions, created_at) "
+                    "VALUES ('n1', 'broken', '2024-01-01 00:00:00+00', '[]', '2024-01-01 00:00:00+00')"
+                )
+            )
     finally:
         engine.dispose()
 
@@ -49,10 +60,16 @@ def test_check_constraints_guard_enum_columns(db_url):
 def test_url_parsing_and_masking():
     assert db.parse_url("postgresql://u:p@h/d").drivername == "postgresql+psycopg"
     assert db.parse_url("postgres://u@h/d").drivername == "postgresql+psycopg"
-    assert db.mask_url("postgresql+psycopg://u:s3cret@h:5432/d") == "postgresql+psycopg://u:***@h:5432/d"
+    assert (
+        db.mask_url("postgresql+psycopg://u:s3cret@h:5432/d")
+        == "postgresql+psycopg://u:***@h:5432/d"
+    )
     assert db.mask_url("sqlite:////var/lib/x.db") == "sqlite:////var/lib/x.db"
-    for bad, msg in [("", "empty database URL"), ("oracle://x", "unsupported database URL scheme"),
-                     ("sqlite+aiosqlite:///x", "unsupported SQLite driver")]:
+    for bad, msg in [
+        ("", "empty database URL"),
+        ("oracle://x", "unsupported database URL scheme"),
+        ("sqlite+aiosqlite:///x", "unsupported SQLite driver"),
+    ]:
         with pytest.raises(StoreError, match=msg):
             db.parse_url(bad)
 
@@ -69,7 +86,10 @@ def test_every_state_can_reach_healthy_or_terminal_and_terminal_is_closed():
         if start is not NodeState.TERMINAL:
             assert NodeState.HEALTHY in seen and NodeState.TERMINAL in seen, start
     # The sweep gate: only a quarantined (swept) or merely suspect node returns to healthy.
-    assert {s for s in NodeState if NodeState.HEALTHY in ALLOWED[s]} == {NodeState.SUSPECT, NodeState.QUARANTINED}
+    assert {s for s in NodeState if NodeState.HEALTHY in ALLOWED[s]} == {
+        NodeState.SUSPECT,
+        NodeState.QUARANTINED,
+    }
     check_transition("n", NodeState.TERMINAL, NodeState.HEALTHY, force=True)
 
 
@@ -80,3 +100,8 @@ def test_time_and_json_conversions():
     with pytest.raises(StoreError, match="keys must be strings"):
         jsonable({(1, 2): 3})
     assert jsonable({1: [float("-inf")]}) == {"1": [None]}
+
+
+def test_in_memory_sqlite_cannot_be_upgraded_by_url():
+    with pytest.raises(StoreError, match="in-memory SQLite"):
+        db.upgrade("sqlite://")

@@ -11,8 +11,16 @@ from slurmguard.store import SchemaNotCurrent, Store, db
 from slurmguard.store.errors import MigrationsMissing
 from slurmguard.store.models import Base
 
-TABLES = {"nodes", "node_transitions", "incidents", "telemetry_summaries", "step_time_summaries",
-          "sweeps", "triage_actions", "audit_log"}
+TABLES = {
+    "nodes",
+    "node_transitions",
+    "incidents",
+    "telemetry_summaries",
+    "step_time_summaries",
+    "sweeps",
+    "triage_actions",
+    "audit_log",
+}
 
 
 def _tables(url: str) -> set[str]:

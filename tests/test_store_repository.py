@@ -3,29 +3,50 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
 
-from slurmguard.store import (ActionStatus, AuditOutcome, IllegalTransition, IncidentStatus,
-                              IncidentTier, InvalidValue, NodeState, NotFound, StaleState,
-                              StepTimeRecord, SweepKind, TelemetrySummaryRecord, TriageRung,
-                              UnknownNode, Verdict, utc)
+from slurmguard.store import (
+    ActionStatus,
+    AuditOutcome,
+    IllegalTransition,
+    IncidentStatus,
+    IncidentTier,
+    InvalidValue,
+    NodeState,
+    NotFound,
+    StaleState,
+    StepTimeRecord,
+    SweepKind,
+    TelemetrySummaryRecord,
+    TriageRung,
+    UnknownNode,
+    Verdict,
+    utc,
+)
 
-UTC = timezone.utc
 T0 = 1_700_000_000.0  # FakeClock's default start
 T0_DT = datetime.fromtimestamp(T0, UTC)
 
 
 # ---------------------------------------------------------------- nodes and lifecycle
 def test_new_node_is_healthy_with_a_registration_row(store):
-    n = store.get_or_create_node("gpu001", hw_class="h100x8", partitions=["train", "debug"])
-    assert (n.name, n.hw_class, n.state, n.partitions) == ("gpu001", "h100x8", NodeState.HEALTHY,
-                                                           ("train", "debug"))
+    n = store.get_or_create_node(
+        "gpu001", hw_class="h100x8", partitions=["train", "debug"]
+    )
+    assert (n.name, n.hw_class, n.state, n.partitions) == (
+        "gpu001",
+        "h100x8",
+        NodeState.HEALTHY,
+        ("train", "debug"),
+    )
     assert n.state_since == T0_DT and n.state_since.tzinfo is not None
     hist = store.node_history("gpu001")
-    assert [(h.from_state, h.to_state, h.cause) for h in hist] == [(None, NodeState.HEALTHY, "registered")]
+    assert [(h.from_state, h.to_state, h.cause) for h in hist] == [
+        (None, NodeState.HEALTHY, "registered")
+    ]
 
 
 def test_get_or_create_is_idempotent_and_updates_slurm_facts(store, fake_clock):
@@ -44,15 +65,33 @@ def test_transitions_record_time_from_to_cause_evidence(store, fake_clock):
     ev = {"job": "4242", "slowdown": 0.12, "signals": ["sm_clock_mhz", "gpu_temp_c"]}
     t1 = store.transition("gpu007", NodeState.SUSPECT, "peer telemetry deviation", ev)
     fake_clock.advance(90)
-    t2 = store.transition("gpu007", "draining", "moderate slowdown 12%", {"tier": "drain"},
-                          actor="controller")
-    assert (t1.from_state, t1.to_state, t1.at) == (NodeState.HEALTHY, NodeState.SUSPECT,
-                                                   T0_DT + timedelta(seconds=30))
-    assert (t2.from_state, t2.to_state, t2.actor) == (NodeState.SUSPECT, NodeState.DRAINING, "controller")
+    t2 = store.transition(
+        "gpu007",
+        "draining",
+        "moderate slowdown 12%",
+        {"tier": "drain"},
+        actor="controller",
+    )
+    assert (t1.from_state, t1.to_state, t1.at) == (
+        NodeState.HEALTHY,
+        NodeState.SUSPECT,
+        T0_DT + timedelta(seconds=30),
+    )
+    assert (t2.from_state, t2.to_state, t2.actor) == (
+        NodeState.SUSPECT,
+        NodeState.DRAINING,
+        "controller",
+    )
     node = store.get_node("gpu007")
-    assert node.state == NodeState.DRAINING and node.state_since == T0_DT + timedelta(seconds=120)
+    assert node.state == NodeState.DRAINING and node.state_since == T0_DT + timedelta(
+        seconds=120
+    )
     hist = store.node_history("gpu007")
-    assert [h.to_state for h in hist] == [NodeState.HEALTHY, NodeState.SUSPECT, NodeState.DRAINING]
+    assert [h.to_state for h in hist] == [
+        NodeState.HEALTHY,
+        NodeState.SUSPECT,
+        NodeState.DRAINING,
+    ]
     assert hist[1].evidence == ev and hist[1].cause == "peer telemetry deviation"
     assert store.node_history("gpu007", since=T0 + 60) == [hist[2]]
     assert [t.node for t in store.transitions(to_state="draining")] == ["gpu007"]
@@ -65,19 +104,25 @@ def test_full_lifecycle_path_through_quarantine_and_remediation(store):
     assert store.get_node("n1").state == NodeState.HEALTHY
 
 
-@pytest.mark.parametrize("path, bad", [
-    ((), "remediation"),                                      # healthy -> remediation skips the sweep
-    (("draining", "quarantined", "terminal"), "healthy"),     # terminal is terminal
-    (("draining",), "healthy"),                               # no return without passing a sweep
-    (("suspect",), "remediation"),
-])
+@pytest.mark.parametrize(
+    "path, bad",
+    [
+        ((), "remediation"),  # healthy -> remediation skips the sweep
+        (("draining", "quarantined", "terminal"), "healthy"),  # terminal is terminal
+        (("draining",), "healthy"),  # no return without passing a sweep
+        (("suspect",), "remediation"),
+    ],
+)
 def test_illegal_transition_raises_and_changes_nothing(store, fake_clock, path, bad):
     store.get_or_create_node("n1")
     for state in path:
         store.transition("n1", state, "setup")
     before = store.get_node("n1")
     n_hist = len(store.node_history("n1"))
-    with pytest.raises(IllegalTransition, match=rf"node n1: illegal transition {before.state.value} -> {bad}"):
+    with pytest.raises(
+        IllegalTransition,
+        match=rf"node n1: illegal transition {before.state.value} -> {bad}",
+    ):
         store.transition("n1", bad, "should fail")
     assert store.get_node("n1") == before
     assert len(store.node_history("n1")) == n_hist
@@ -89,7 +134,13 @@ def test_terminal_needs_admin_override_which_is_recorded(store):
         store.transition("n1", state, "replace")
     with pytest.raises(IllegalTransition, match="admin override"):
         store.transition("n1", "healthy", "replaced chassis")
-    t = store.transition("n1", "quarantined", "replaced chassis, sweep it", force=True, actor="admin:alice")
+    t = store.transition(
+        "n1",
+        "quarantined",
+        "replaced chassis, sweep it",
+        force=True,
+        actor="admin:alice",
+    )
     assert t.forced and t.actor == "admin:alice" and t.from_state == NodeState.TERMINAL
     assert not store.node_history("n1")[1].forced
 
@@ -109,7 +160,10 @@ def test_expect_from_detects_a_node_moved_by_someone_else(store):
     store.transition("n1", "suspect", "first")
     with pytest.raises(StaleState, match="expected state healthy, found suspect"):
         store.transition("n1", "draining", "stale decision", expect_from="healthy")
-    assert store.transition("n1", "draining", "fresh", expect_from="suspect").to_state == NodeState.DRAINING
+    assert (
+        store.transition("n1", "draining", "fresh", expect_from="suspect").to_state
+        == NodeState.DRAINING
+    )
 
 
 def test_list_nodes_filters(store):
@@ -119,7 +173,9 @@ def test_list_nodes_filters(store):
     store.transition("a2", "draining", "x")
     store.transition("b1", "suspect", "x")
     assert [n.name for n in store.list_nodes(state="draining")] == ["a2"]
-    assert [n.name for n in store.list_nodes(state=["draining", NodeState.SUSPECT])] == ["a2", "b1"]
+    assert [
+        n.name for n in store.list_nodes(state=["draining", NodeState.SUSPECT])
+    ] == ["a2", "b1"]
     assert [n.name for n in store.list_nodes(hw_class="h100")] == ["a1", "a2"]
     assert [n.name for n in store.list_nodes(partition="train")] == ["a1", "b1"]
 
@@ -139,35 +195,68 @@ def test_bad_node_names_are_refused(store):
 
 def test_atomic_rolls_back_all_calls_together(store):
     store.get_or_create_node("n1")
-    with pytest.raises(IllegalTransition):
-        with store.atomic() as tx:
-            tx.audit("drain", node="n1", reason="slurmguard: slow", argv=["scontrol", "update"])
-            tx.transition("n1", "draining", "drain")
-            tx.transition("n1", "healthy", "illegal: rolls back the drain and the audit row")
+    with pytest.raises(IllegalTransition), store.atomic() as tx:
+        tx.audit(
+            "drain", node="n1", reason="slurmguard: slow", argv=["scontrol", "update"]
+        )
+        tx.transition("n1", "draining", "drain")
+        tx.transition(
+            "n1", "healthy", "illegal: rolls back the drain and the audit row"
+        )
     assert store.get_node("n1").state == NodeState.HEALTHY
     assert store.audit_entries() == []
     with store.atomic() as tx:
         tx.audit("drain", node="n1")
         tx.transition("n1", "draining", "drain")
-    assert store.get_node("n1").state == NodeState.DRAINING and len(store.audit_entries()) == 1
+    assert (
+        store.get_node("n1").state == NodeState.DRAINING
+        and len(store.audit_entries()) == 1
+    )
 
 
 # ---------------------------------------------------------------- audit log and JSON
 def test_audit_rows_round_trip(store, fake_clock):
-    argv = ["scontrol", "update", "NodeName=gpu001", "State=DRAIN", "Reason=slurmguard: slow 12%"]
-    a = store.audit("drain", node="gpu001", job_id=4242, reason="slurmguard: slow 12%", argv=argv,
-                    evidence={"slowdown": 0.12})
+    argv = [
+        "scontrol",
+        "update",
+        "NodeName=gpu001",
+        "State=DRAIN",
+        "Reason=slurmguard: slow 12%",
+    ]
+    a = store.audit(
+        "drain",
+        node="gpu001",
+        job_id=4242,
+        reason="slurmguard: slow 12%",
+        argv=argv,
+        evidence={"slowdown": 0.12},
+    )
     fake_clock.advance(10)
-    store.audit("requeue", node=None, job_id="4242", outcome="dry_run", argv=["scontrol", "requeue", "4242"])
+    store.audit(
+        "requeue",
+        node=None,
+        job_id="4242",
+        outcome="dry_run",
+        argv=["scontrol", "requeue", "4242"],
+    )
     fake_clock.advance(10)
-    store.audit("resume", node="gpu001", outcome=AuditOutcome.ERROR, error="scontrol: timed out after 15s")
+    store.audit(
+        "resume",
+        node="gpu001",
+        outcome=AuditOutcome.ERROR,
+        error="scontrol: timed out after 15s",
+    )
     rows = store.audit_entries()
     assert [r.action for r in rows] == ["drain", "requeue", "resume"]
-    assert rows[0] == a and a.argv == tuple(argv) and a.job_id == "4242" and a.at == T0_DT
+    assert (
+        rows[0] == a and a.argv == tuple(argv) and a.job_id == "4242" and a.at == T0_DT
+    )
     assert rows[1].outcome == AuditOutcome.DRY_RUN and rows[1].node is None
     assert rows[2].error.startswith("scontrol: timed out") and rows[2].argv is None
     assert [r.action for r in store.audit_entries(node="gpu001")] == ["drain", "resume"]
-    assert [r.action for r in store.audit_entries(action=["drain", "requeue"], since=T0 + 5)] == ["requeue"]
+    assert [
+        r.action for r in store.audit_entries(action=["drain", "requeue"], since=T0 + 5)
+    ] == ["requeue"]
     assert [r.action for r in store.audit_entries(outcome="ok")] == ["drain"]
     assert [r.action for r in store.audit_entries(limit=2)] == ["requeue", "resume"]
     assert [r.action for r in store.audit_entries(until=T0 + 10)] == ["drain"]
@@ -188,16 +277,27 @@ def test_json_evidence_round_trips_nested_and_numpy_values(store):
     store.get_or_create_node("n1")
     ev = {
         "nested": {"list": [1, 2.5, None, True, "x"], "empty": {}},
-        "np_float": np.float32(0.5), "np_int": np.int64(7), "array": np.array([1.0, 2.0]),
-        "nan": float("nan"), "when": datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC),
-        "set": {"b", "a"}, "tuple": (1, 2), "unicode": "µs ✓",
+        "np_float": np.float32(0.5),
+        "np_int": np.int64(7),
+        "array": np.array([1.0, 2.0]),
+        "nan": float("nan"),
+        "when": datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "set": {"b", "a"},
+        "tuple": (1, 2),
+        "unicode": "µs ✓",
     }
     t = store.transition("n1", "suspect", "json", ev)
     got = store.node_history("n1")[-1].evidence
     expect = {
         "nested": {"list": [1, 2.5, None, True, "x"], "empty": {}},
-        "np_float": 0.5, "np_int": 7, "array": [1.0, 2.0], "nan": None,
-        "when": "2024-01-02T03:04:05+00:00", "set": ["a", "b"], "tuple": [1, 2], "unicode": "µs ✓",
+        "np_float": 0.5,
+        "np_int": 7,
+        "array": [1.0, 2.0],
+        "nan": None,
+        "when": "2024-01-02T03:04:05+00:00",
+        "set": ["a", "b"],
+        "tuple": [1, 2],
+        "unicode": "µs ✓",
     }
     assert got == expect and t.evidence == expect
     assert type(got["np_int"]) is int
@@ -205,7 +305,9 @@ def test_json_evidence_round_trips_nested_and_numpy_values(store):
 
 def test_non_json_evidence_is_a_clear_error(store):
     store.get_or_create_node("n1")
-    with pytest.raises(InvalidValue, match=r"evidence\.bad: object is not JSON-serialisable"):
+    with pytest.raises(
+        InvalidValue, match=r"evidence\.bad: object is not JSON-serialisable"
+    ):
         store.transition("n1", "suspect", "x", {"bad": object()})
     with pytest.raises(InvalidValue, match="naive datetime"):
         store.transition("n1", "suspect", "x", {"t": datetime(2024, 1, 1)})
@@ -215,9 +317,13 @@ def test_non_json_evidence_is_a_clear_error(store):
 def test_timestamps_are_utc_whatever_zone_they_come_in(store):
     store.get_or_create_node("n1")
     cet = timezone(timedelta(hours=1))
-    t = store.transition("n1", "suspect", "x", at=datetime(2024, 6, 1, 12, 0, tzinfo=cet))
+    t = store.transition(
+        "n1", "suspect", "x", at=datetime(2024, 6, 1, 12, 0, tzinfo=cet)
+    )
     back = store.node_history("n1")[-1].at
-    assert back == datetime(2024, 6, 1, 11, 0, tzinfo=UTC) == t.at and back.utcoffset() == timedelta(0)
+    assert back == datetime(
+        2024, 6, 1, 11, 0, tzinfo=UTC
+    ) == t.at and back.utcoffset() == timedelta(0)
     with pytest.raises(InvalidValue, match="naive datetime"):
         store.transition("n1", "draining", "x", at=datetime(2024, 6, 1, 12, 0))
 
@@ -225,15 +331,36 @@ def test_timestamps_are_utc_whatever_zone_they_come_in(store):
 # ---------------------------------------------------------------- incidents and summaries
 def test_incident_detection_delay_and_updates(store, fake_clock):
     fake_clock.advance(45)
-    inc = store.add_incident("4242", nodes=["gpu003"], tier="drain", onset_at=T0, slowdown=0.14,
-                             evidence={"signal": "step_time"})
+    inc = store.add_incident(
+        "4242",
+        nodes=["gpu003"],
+        tier="drain",
+        onset_at=T0,
+        slowdown=0.14,
+        evidence={"signal": "step_time"},
+    )
     assert inc.detection_delay_s == 45.0 and inc.status == IncidentStatus.OPEN
-    assert inc.tier == IncidentTier.DRAIN and inc.nodes == ("gpu003",) and inc.action_delay_s is None
+    assert (
+        inc.tier == IncidentTier.DRAIN
+        and inc.nodes == ("gpu003",)
+        and inc.action_delay_s is None
+    )
     fake_clock.advance(5)
-    up = store.update_incident(inc.id, status="mitigated", action_at=T0 + 50, outcome="drained",
-                               evidence={"audit_id": 3})
-    assert up.action_delay_s == 5.0 and up.evidence == {"signal": "step_time", "audit_id": 3}
-    assert up.updated_at == T0_DT + timedelta(seconds=50) and up.created_at == inc.created_at
+    up = store.update_incident(
+        inc.id,
+        status="mitigated",
+        action_at=T0 + 50,
+        outcome="drained",
+        evidence={"audit_id": 3},
+    )
+    assert up.action_delay_s == 5.0 and up.evidence == {
+        "signal": "step_time",
+        "audit_id": 3,
+    }
+    assert (
+        up.updated_at == T0_DT + timedelta(seconds=50)
+        and up.created_at == inc.created_at
+    )
     assert store.get_incident(inc.id) == up
     store.add_incident("5555", nodes=["gpu009"], tier="verify", onset_at=T0 + 40)
     assert [i.job_id for i in store.incidents(node="gpu003")] == ["4242"]
@@ -250,29 +377,73 @@ def test_incident_detection_delay_and_updates(store, fake_clock):
 def test_telemetry_and_step_time_summaries(store):
     store.get_or_create_node("g1")
     store.get_or_create_node("g2")
-    rows = [TelemetrySummaryRecord(node=n, signal="sm_clock_mhz", window_start=utc(T0 + 30 * k),
-                                   window_end=utc(T0 + 30 * (k + 1)), value=v, unit="MHz",
-                                   peer_median=1980.0, robust_z=z, deviating=abs(z) > 3.5, job_id="77")
-            for k, (n, v, z) in enumerate([("g1", 1980.0, 0.0), ("g2", 1410.0, -9.1), ("g2", float("nan"), 0.0)])]
+    rows = [
+        TelemetrySummaryRecord(
+            node=n,
+            signal="sm_clock_mhz",
+            window_start=utc(T0 + 30 * k),
+            window_end=utc(T0 + 30 * (k + 1)),
+            value=v,
+            unit="MHz",
+            peer_median=1980.0,
+            robust_z=z,
+            deviating=abs(z) > 3.5,
+            job_id="77",
+        )
+        for k, (n, v, z) in enumerate(
+            [("g1", 1980.0, 0.0), ("g2", 1410.0, -9.1), ("g2", float("nan"), 0.0)]
+        )
+    ]
     assert store.add_telemetry_summaries(rows) == 3
     got = store.telemetry_summaries("g2")
     assert [(r.value, r.deviating) for r in got] == [(1410.0, True), (None, False)]
     assert got[0].window_end == utc(T0 + 60) and got[0].id is not None
     assert len(store.telemetry_summaries(signal="sm_clock_mhz", since=T0 + 60)) == 2
     with pytest.raises(UnknownNode, match="ghost"):
-        store.add_telemetry_summaries([TelemetrySummaryRecord(node="ghost", signal="x", window_start=utc(T0),
-                                                              window_end=utc(T0), value=1.0)])
-    steps = [StepTimeRecord(job_id="77", step="0", node="g2", rank=r, window_start=utc(T0),
-                            window_end=utc(T0 + 60), iterations=30, mean_step_s=m, baseline_step_s=1.0)
-             for r, m in ((8, 1.0), (9, 1.25))]
+        store.add_telemetry_summaries(
+            [
+                TelemetrySummaryRecord(
+                    node="ghost",
+                    signal="x",
+                    window_start=utc(T0),
+                    window_end=utc(T0),
+                    value=1.0,
+                )
+            ]
+        )
+    steps = [
+        StepTimeRecord(
+            job_id="77",
+            step="0",
+            node="g2",
+            rank=r,
+            window_start=utc(T0),
+            window_end=utc(T0 + 60),
+            iterations=30,
+            mean_step_s=m,
+            baseline_step_s=1.0,
+        )
+        for r, m in ((8, 1.0), (9, 1.25))
+    ]
     assert store.add_step_time_summaries(steps) == 2
     got = store.step_time_summaries(job_id="77")
     assert [r.rank for r in got] == [8, 9]
     assert got[0].slowdown == 0.0 and math.isclose(got[1].slowdown, 0.25)
     with pytest.raises(InvalidValue, match="window ends"):
-        store.add_step_time_summaries([StepTimeRecord(job_id="1", step="0", node="g1", rank=0,
-                                                      window_start=utc(T0 + 1), window_end=utc(T0),
-                                                      iterations=1, mean_step_s=1.0)])
+        store.add_step_time_summaries(
+            [
+                StepTimeRecord(
+                    job_id="1",
+                    step="0",
+                    node="g1",
+                    rank=0,
+                    window_start=utc(T0 + 1),
+                    window_end=utc(T0),
+                    iterations=1,
+                    mean_step_s=1.0,
+                )
+            ]
+        )
     assert store.prune_summaries(T0 + 61) == 4
     assert [r.value for r in store.telemetry_summaries()] == [None]
 
@@ -282,23 +453,43 @@ def test_sweep_lifecycle_and_verdict_rules(store, fake_clock):
     store.get_or_create_node("bad1", hw_class="h100x8")
     store.get_or_create_node("ref1", hw_class="h100x8")
     s1 = store.add_sweep("bad1", "1node")
-    assert (s1.verdict, s1.hw_class, s1.reference_node, s1.slurm_job_id) == (Verdict.PENDING, "h100x8", None, None)
-    s2 = store.add_sweep("bad1", SweepKind.TWO_NODE, reference_node="ref1", slurm_job_id="901",
-                         submitted_at=T0)
+    assert (s1.verdict, s1.hw_class, s1.reference_node, s1.slurm_job_id) == (
+        Verdict.PENDING,
+        "h100x8",
+        None,
+        None,
+    )
+    s2 = store.add_sweep(
+        "bad1",
+        SweepKind.TWO_NODE,
+        reference_node="ref1",
+        slurm_job_id="901",
+        submitted_at=T0,
+    )
     assert s2.reference_node == "ref1" and store.sweep_by_job("901") == s2
     fake_clock.advance(600)
     metrics = {"gemm_tflops": {"bfloat16": [612.5, 610.1]}, "membw_gbs": 2900.0}
-    done = store.update_sweep(s1.id, slurm_job_id="900", started_at=T0 + 10, metrics=metrics, verdict="pass")
+    done = store.update_sweep(
+        s1.id, slurm_job_id="900", started_at=T0 + 10, metrics=metrics, verdict="pass"
+    )
     assert done.verdict == Verdict.PASS and done.metrics == metrics
     assert done.finished_at == T0_DT + timedelta(seconds=600)
-    assert store.update_sweep(s1.id, verdict="pass").verdict == Verdict.PASS  # restart-safe repeat
+    assert (
+        store.update_sweep(s1.id, verdict="pass").verdict == Verdict.PASS
+    )  # restart-safe repeat
     with pytest.raises(InvalidValue, match="already pass; cannot change it to fail"):
         store.update_sweep(s1.id, verdict="fail", failure_reason="x")
     with pytest.raises(InvalidValue, match="needs a failure_reason"):
         store.update_sweep(s2.id, verdict="fail")
-    store.update_sweep(s2.id, verdict="error", failure_reason="sweep job timed out after 30 min")
-    assert [s.id for s in store.sweeps(hw_class="h100x8", kind="1node", verdict="pass")] == [s1.id]
-    assert [s.id for s in store.sweeps(node="bad1", verdict=["fail", "error"])] == [s2.id]
+    store.update_sweep(
+        s2.id, verdict="error", failure_reason="sweep job timed out after 30 min"
+    )
+    assert [
+        s.id for s in store.sweeps(hw_class="h100x8", kind="1node", verdict="pass")
+    ] == [s1.id]
+    assert [s.id for s in store.sweeps(node="bad1", verdict=["fail", "error"])] == [
+        s2.id
+    ]
     assert store.get_sweep(s2.id).failure_reason.startswith("sweep job timed out")
     with pytest.raises(InvalidValue, match="reference node is required"):
         store.add_sweep("bad1", "2node")
@@ -311,9 +502,13 @@ def test_sweep_lifecycle_and_verdict_rules(store, fake_clock):
 def test_triage_actions_and_recent_entries(store, fake_clock):
     store.get_or_create_node("n1")
     day = 86400.0
-    first = store.add_triage_action("n1", "resweep", is_entry=True, evidence={"sweep": 1})
+    first = store.add_triage_action(
+        "n1", "resweep", is_entry=True, evidence={"sweep": 1}
+    )
     fake_clock.advance(3600)
-    store.add_triage_action("n1", TriageRung.REBOOT)  # escalation inside the same episode
+    store.add_triage_action(
+        "n1", TriageRung.REBOOT
+    )  # escalation inside the same episode
     fake_clock.advance(3 * day)
     store.add_triage_action("n1", "resweep", is_entry=True)
     fake_clock.advance(5 * day)
@@ -323,8 +518,12 @@ def test_triage_actions_and_recent_entries(store, fake_clock):
     assert len(entries) == 2  # the first entry is older than seven days
     assert len(store.recent_triage_entries("n1", T0)) == 3
     assert len(store.triage_actions("n1")) == 4
-    done = store.update_triage_action(first.id, status="done", detail="passed", evidence={"exit": 0})
-    assert done.status == ActionStatus.DONE and done.finished_at == utc(fake_clock.now())
+    done = store.update_triage_action(
+        first.id, status="done", detail="passed", evidence={"exit": 0}
+    )
+    assert done.status == ActionStatus.DONE and done.finished_at == utc(
+        fake_clock.now()
+    )
     assert done.evidence == {"sweep": 1, "exit": 0}
     assert [a.id for a in store.triage_actions(status="done")] == [first.id]
     with pytest.raises(InvalidValue, match="triage rung 'pray'"):

@@ -1,20 +1,65 @@
 """Storage: SQLAlchemy models, Alembic migrations (sql/migrations) and the typed Store API."""
 
-from slurmguard.store.errors import (DatabaseUnavailable, IllegalTransition, InvalidValue,
-                                     MigrationsMissing, NotFound, SchemaNotCurrent, StaleState,
-                                     StoreError, UnknownNode)
+from slurmguard.store.errors import (
+    DatabaseUnavailable,
+    IllegalTransition,
+    InvalidValue,
+    MigrationsMissing,
+    NotFound,
+    SchemaNotCurrent,
+    StaleState,
+    StoreError,
+    UnknownNode,
+)
 from slurmguard.store.lifecycle import ALLOWED, NodeState
-from slurmguard.store.models import (ActionStatus, AuditOutcome, IncidentStatus, IncidentTier,
-                                     SweepKind, TriageRung, Verdict)
-from slurmguard.store.records import (AuditRecord, IncidentRecord, NodeRecord, StepTimeRecord,
-                                      SweepRecord, TelemetrySummaryRecord, TransitionRecord,
-                                      TriageActionRecord)
+from slurmguard.store.models import (
+    ActionStatus,
+    AuditOutcome,
+    IncidentStatus,
+    IncidentTier,
+    SweepKind,
+    TriageRung,
+    Verdict,
+)
+from slurmguard.store.records import (
+    AuditRecord,
+    IncidentRecord,
+    NodeRecord,
+    StepTimeRecord,
+    SweepRecord,
+    TelemetrySummaryRecord,
+    TransitionRecord,
+    TriageActionRecord,
+)
 from slurmguard.store.repository import Store, utc
 
 __all__ = [
-    "ALLOWED", "ActionStatus", "AuditOutcome", "AuditRecord", "DatabaseUnavailable",
-    "IllegalTransition", "IncidentRecord", "IncidentStatus", "IncidentTier", "InvalidValue",
-    "MigrationsMissing", "NodeRecord", "NodeState", "NotFound", "SchemaNotCurrent", "StaleState",
-    "StepTimeRecord", "Store", "StoreError", "SweepKind", "SweepRecord", "TelemetrySummaryRecord",
-    "TransitionRecord", "TriageActionRecord", "TriageRung", "UnknownNode", "Verdict", "utc",
+    "ALLOWED",
+    "ActionStatus",
+    "AuditOutcome",
+    "AuditRecord",
+    "DatabaseUnavailable",
+    "IllegalTransition",
+    "IncidentRecord",
+    "IncidentStatus",
+    "IncidentTier",
+    "InvalidValue",
+    "MigrationsMissing",
+    "NodeRecord",
+    "NodeState",
+    "NotFound",
+    "SchemaNotCurrent",
+    "StaleState",
+    "StepTimeRecord",
+    "Store",
+    "StoreError",
+    "SweepKind",
+    "SweepRecord",
+    "TelemetrySummaryRecord",
+    "TransitionRecord",
+    "TriageActionRecord",
+    "TriageRung",
+    "UnknownNode",
+    "Verdict",
+    "utc",
 ]

@@ -39,11 +39,17 @@ def upgrade_cmd(ctx: click.Context, revision: str) -> None:
     if before == after:
         click.echo(f"revision: {_describe(after, head)}, already up to date")
     else:
-        click.echo(f"revision: {_describe(after, head)}, upgraded from {before or 'empty'}")
+        click.echo(
+            f"revision: {_describe(after, head)}, upgraded from {before or 'empty'}"
+        )
 
 
 @db.command("current")
-@click.option("--check", is_flag=True, help="Exit 1 unless the database is at the newest revision.")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 1 unless the database is at the newest revision.",
+)
 @click.pass_context
 def current_cmd(ctx: click.Context, check: bool) -> None:
     """Show the database's migration revision."""
@@ -58,13 +64,17 @@ def current_cmd(ctx: click.Context, check: bool) -> None:
 
 @db.command("downgrade")
 @click.argument("revision")
-@click.option("--yes", is_flag=True, help="Confirm: downgrading drops tables and their data.")
+@click.option(
+    "--yes", is_flag=True, help="Confirm: downgrading drops tables and their data."
+)
 @click.pass_context
 def downgrade_cmd(ctx: click.Context, revision: str, yes: bool) -> None:
     """Migrate down to REVISION ('base' removes every slurmguard table)."""
     url = _url(ctx)
     if not yes:
-        raise click.UsageError("downgrade drops tables and their data; pass --yes to confirm")
+        raise click.UsageError(
+            "downgrade drops tables and their data; pass --yes to confirm"
+        )
     after = dbmod.downgrade(url, revision)
     click.echo(f"database: {dbmod.mask_url(url)}")
     click.echo(f"revision: {_describe(after, dbmod.head_revision())}")

@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    NoSuchModuleError,
+    OperationalError,
+)
 from sqlalchemy.orm import Session, sessionmaker
 
-from slurmguard.store.errors import (DatabaseUnavailable, MigrationsMissing, SchemaNotCurrent,
-                                     StoreError)
+from slurmguard.store.errors import (
+    DatabaseUnavailable,
+    MigrationsMissing,
+    SchemaNotCurrent,
+    StoreError,
+)
 from slurmguard.store.types import dumps
 
 MIGRATIONS_ENV = "SLURMGUARD_MIGRATIONS"
@@ -50,27 +60,34 @@ def parse_url(url: str | URL) -> URL:
         u = url
     else:
         if not url or not str(url).strip():
-            raise StoreError("empty database URL (set database.url, $SLURMGUARD_DB or --db)")
+            raise StoreError(
+                "empty database URL (set database.url, $SLURMGUARD_DB or --db)"
+            )
         try:
             u = make_url(str(url).strip())
         except ArgumentError:
             raise StoreError(
                 f"bad database URL '{_mask_text(str(url))}' (expected sqlite:///PATH or "
-                "postgresql+psycopg://USER@HOST/DB)") from None
+                "postgresql+psycopg://USER@HOST/DB)"
+            ) from None
     backend, _, driver = u.drivername.partition("+")
     if backend == "sqlite":
         if driver not in ("", "pysqlite"):
-            raise StoreError(f"unsupported SQLite driver '{driver}' in database URL (use sqlite:///PATH)")
+            raise StoreError(
+                f"unsupported SQLite driver '{driver}' in database URL (use sqlite:///PATH)"
+            )
         return u
     if backend in ("postgresql", "postgres"):
         if driver not in ("", "psycopg"):
             raise StoreError(
                 f"unsupported PostgreSQL driver '{driver}' in database URL "
-                "(use postgresql+psycopg://USER@HOST/DB)")
+                "(use postgresql+psycopg://USER@HOST/DB)"
+            )
         return u.set(drivername="postgresql+psycopg")
     raise StoreError(
         f"unsupported database URL scheme '{u.drivername}' in '{mask_url(u)}' "
-        "(use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)")
+        "(use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB)"
+    )
 
 
 def mask_url(url: str | URL) -> str:
@@ -111,17 +128,28 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
             try:
                 path.expanduser().parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise StoreError(f"cannot create the directory of SQLite database {path}: "
-                                 f"{exc.strerror or exc}") from None
+                raise StoreError(
+                    f"cannot create the directory of SQLite database {path}: "
+                    f"{exc.strerror or exc}"
+                ) from None
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-        engine = create_engine(u, json_serializer=dumps, connect_args=connect_args, **kwargs)
+        engine = create_engine(
+            u, json_serializer=dumps, connect_args=connect_args, **kwargs
+        )
         event.listen(engine, "connect", _sqlite_on_connect)
         return engine
     try:
-        return create_engine(u, json_serializer=dumps, pool_pre_ping=True,
-                             connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S}, **kwargs)
+        return create_engine(
+            u,
+            json_serializer=dumps,
+            pool_pre_ping=True,
+            connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S},
+            **kwargs,
+        )
     except NoSuchModuleError:  # pragma: no cover - psycopg is a dependency
-        raise StoreError("PostgreSQL driver psycopg is not installed (pip install 'psycopg[binary]')") from None
+        raise StoreError(
+            "PostgreSQL driver psycopg is not installed (pip install 'psycopg[binary]')"
+        ) from None
 
 
 def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -149,7 +177,9 @@ def translate_errors(url: str | URL) -> Iterator[None]:
         yield
     except (OperationalError, DBAPIError) as exc:
         if isinstance(exc, OperationalError) or exc.connection_invalidated:
-            raise DatabaseUnavailable(f"cannot use database {mask_url(url)}: {_first_line(exc)}") from None
+            raise DatabaseUnavailable(
+                f"cannot use database {mask_url(url)}: {_first_line(exc)}"
+            ) from None
         raise
 
 
@@ -163,11 +193,14 @@ def _first_line(exc: DBAPIError) -> str:
 def migrations_dir() -> Path:
     """The Alembic script directory: $SLURMGUARD_MIGRATIONS or <repo>/sql/migrations."""
     env = os.environ.get(MIGRATIONS_ENV)
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "sql" / "migrations"
+    path = (
+        Path(env) if env else Path(__file__).resolve().parents[2] / "sql" / "migrations"
+    )
     if not (path / "env.py").is_file() or not (path / "versions").is_dir():
         raise MigrationsMissing(
             f"database migrations not found at {path} (expected env.py and versions/ there; "
-            f"run from a slurmguard source checkout or set ${MIGRATIONS_ENV})")
+            f"run from a slurmguard source checkout or set ${MIGRATIONS_ENV})"
+        )
     return path
 
 
@@ -188,7 +221,9 @@ def head_revision() -> str:
 
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
-        raise MigrationsMissing(f"no migration scripts in {migrations_dir() / 'versions'}")
+        raise MigrationsMissing(
+            f"no migration scripts in {migrations_dir() / 'versions'}"
+        )
     return head
 
 
@@ -234,14 +269,22 @@ def _run_alembic(url: str | URL, verb: str, revision: str) -> str | None:
     from alembic.util import CommandError
 
     migrations_dir()  # clear error before touching the database
-    engine = make_engine(url)
+    u = parse_url(url)
+    if u.get_backend_name() == "sqlite" and sqlite_path(u) is None:
+        raise StoreError(
+            "an in-memory SQLite database vanishes with its connection and cannot be "
+            "migrated by URL; use sqlite:///PATH"
+        )
+    engine = make_engine(u)
     try:
         with translate_errors(url), engine.begin() as conn:
             cfg = alembic_config(conn)
             try:
                 getattr(command, verb)(cfg, revision)
             except CommandError as exc:
-                raise StoreError(f"{verb} of {mask_url(url)} to '{revision}' failed: {exc}") from None
+                raise StoreError(
+                    f"{verb} of {mask_url(url)} to '{revision}' failed: {exc}"
+                ) from None
             return _current(conn)
     finally:
         engine.dispose()
@@ -256,5 +299,6 @@ def require_current(engine: Engine) -> str:
         state = "empty (never upgraded)" if rev is None else f"at revision {rev}"
         raise SchemaNotCurrent(
             f"database {mask_url(engine.url)} is {state}; this slurmguard needs revision {head}: "
-            "run `slurmguard db upgrade`")
+            "run `slurmguard db upgrade`"
+        )
     return rev

@@ -13,10 +13,21 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, Float, ForeignKey, Index,
-                        Integer, MetaData, String, Text)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from slurmguard.store.lifecycle import NodeState
@@ -101,7 +112,11 @@ def _in(column: str, enum: type[StrEnum], *, nullable: bool = False) -> str:
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON(), list[Any]: JSON()}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        list[Any]: JSON(),
+    }
 
 
 class Node(Base):
@@ -123,8 +138,11 @@ class Node(Base):
     created_at: Mapped[datetime]
 
     transitions: Mapped[list[NodeTransition]] = relationship(
-        back_populates="node", cascade="all, delete-orphan", passive_deletes=True,
-        order_by="NodeTransition.id")
+        back_populates="node",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="NodeTransition.id",
+    )
 
 
 class NodeTransition(Base):
@@ -184,7 +202,9 @@ class Incident(Base):
 class TelemetrySummary(Base):
     __tablename__ = "telemetry_summaries"
     __table_args__ = (
-        Index("ix_telemetry_summaries_node_signal_end", "node_id", "signal", "window_end"),
+        Index(
+            "ix_telemetry_summaries_node_signal_end", "node_id", "signal", "window_end"
+        ),
         Index("ix_telemetry_summaries_window_end", "window_end"),
     )
 
@@ -242,7 +262,9 @@ class Sweep(Base):
     kind: Mapped[str] = mapped_column(String(8))
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     """The node under test."""
-    reference_node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
+    reference_node_id: Mapped[int | None] = mapped_column(
+        ForeignKey("nodes.id", ondelete="SET NULL")
+    )
     """Known-good partner of a 2-node sweep."""
     hw_class: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime]

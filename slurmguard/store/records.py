@@ -12,8 +12,15 @@ from datetime import datetime
 from typing import Any
 
 from slurmguard.store.lifecycle import NodeState
-from slurmguard.store.models import (ActionStatus, AuditOutcome, IncidentStatus, IncidentTier,
-                                     SweepKind, TriageRung, Verdict)
+from slurmguard.store.models import (
+    ActionStatus,
+    AuditOutcome,
+    IncidentStatus,
+    IncidentTier,
+    SweepKind,
+    TriageRung,
+    Verdict,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +70,11 @@ class IncidentRecord:
     @property
     def action_delay_s(self) -> float | None:
         """Seconds from detection to the action, None before any action."""
-        return None if self.action_at is None else (self.action_at - self.detected_at).total_seconds()
+        return (
+            None
+            if self.action_at is None
+            else (self.action_at - self.detected_at).total_seconds()
+        )
 
 
 @dataclass(frozen=True, slots=True)

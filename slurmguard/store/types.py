@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import json
 import math
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import PurePath
 from typing import Any
 
@@ -15,8 +15,6 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 from slurmguard.store.errors import InvalidValue
-
-UTC = timezone.utc
 
 # What callers may pass as a time: an aware datetime or Unix epoch seconds
 # (what slurmguard.clock.Clock.now() returns).
@@ -30,16 +28,22 @@ def to_utc(value: Timestamp, what: str = "time") -> datetime:
     silently shifts detection delays by hours.
     """
     if isinstance(value, bool):
-        raise InvalidValue(f"{what}: expected a datetime or epoch seconds, got {value!r}")
+        raise InvalidValue(
+            f"{what}: expected a datetime or epoch seconds, got {value!r}"
+        )
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise InvalidValue(f"{what}: epoch seconds must be finite, got {value!r}")
         return datetime.fromtimestamp(float(value), tz=UTC)
     if isinstance(value, datetime):
         if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
-            raise InvalidValue(f"{what}: naive datetime {value.isoformat()} (give a timezone or epoch seconds)")
+            raise InvalidValue(
+                f"{what}: naive datetime {value.isoformat()} (give a timezone or epoch seconds)"
+            )
         return value.astimezone(UTC)
-    raise InvalidValue(f"{what}: expected a datetime or epoch seconds, got {type(value).__name__}")
+    raise InvalidValue(
+        f"{what}: expected a datetime or epoch seconds, got {type(value).__name__}"
+    )
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -52,7 +56,9 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+    def process_bind_param(
+        self, value: datetime | None, dialect: Dialect
+    ) -> datetime | None:
         if value is None:
             return None
         aware = to_utc(value)
@@ -60,7 +66,9 @@ class UTCDateTime(TypeDecorator[datetime]):
             return aware.replace(tzinfo=None)
         return aware
 
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+    def process_result_value(
+        self, value: datetime | None, dialect: Dialect
+    ) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
@@ -97,13 +105,18 @@ def jsonable(value: Any, what: str = "value") -> Any:
             if isinstance(k, enum.Enum):
                 k = k.value
             if not isinstance(k, (str, int)) or isinstance(k, bool):
-                raise InvalidValue(f"{what}: JSON object keys must be strings, got {k!r}")
+                raise InvalidValue(
+                    f"{what}: JSON object keys must be strings, got {k!r}"
+                )
             out[str(k)] = jsonable(v, f"{what}.{k}")
         return out
     if isinstance(value, (list, tuple)):
         return [jsonable(v, f"{what}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, (set, frozenset)):
-        return sorted((jsonable(v, what) for v in value), key=lambda x: json.dumps(x, sort_keys=True))
+        return sorted(
+            (jsonable(v, what) for v in value),
+            key=lambda x: json.dumps(x, sort_keys=True),
+        )
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return jsonable(dataclasses.asdict(value), what)
     # numpy / pydantic without importing them: duck-typed conversions.

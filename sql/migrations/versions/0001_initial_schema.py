@@ -11,7 +11,7 @@ go into new revisions (`alembic -c sql/alembic.ini revision --autogenerate`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
@@ -35,12 +35,17 @@ def _ts(name: str, nullable: bool = False) -> sa.Column:
 
 def _big_id() -> sa.Column:
     # BIGINT ids on PostgreSQL; SQLite only autoincrements INTEGER primary keys.
-    return sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False)
+    return sa.Column(
+        "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
+    )
 
 
-def _node_fk(table: str, column: str = "node_id", ondelete: str = "CASCADE") -> sa.ForeignKeyConstraint:
-    return sa.ForeignKeyConstraint([column], ["nodes.id"], name=f"fk_{table}_{column}_nodes",
-                                   ondelete=ondelete)
+def _node_fk(
+    table: str, column: str = "node_id", ondelete: str = "CASCADE"
+) -> sa.ForeignKeyConstraint:
+    return sa.ForeignKeyConstraint(
+        [column], ["nodes.id"], name=f"fk_{table}_{column}_nodes", ondelete=ondelete
+    )
 
 
 def upgrade() -> None:
@@ -71,12 +76,19 @@ def upgrade() -> None:
         sa.Column("evidence", sa.JSON(), nullable=False),
         sa.Column("actor", sa.String(64), nullable=False),
         sa.Column("forced", sa.Boolean(), nullable=False),
-        sa.CheckConstraint(_in("from_state", STATES, nullable=True), name="ck_node_transitions_from_state"),
-        sa.CheckConstraint(_in("to_state", STATES), name="ck_node_transitions_to_state"),
+        sa.CheckConstraint(
+            _in("from_state", STATES, nullable=True),
+            name="ck_node_transitions_from_state",
+        ),
+        sa.CheckConstraint(
+            _in("to_state", STATES), name="ck_node_transitions_to_state"
+        ),
         _node_fk("node_transitions"),
         sa.PrimaryKeyConstraint("id", name="pk_node_transitions"),
     )
-    op.create_index("ix_node_transitions_node_at", "node_transitions", ["node_id", "at"])
+    op.create_index(
+        "ix_node_transitions_node_at", "node_transitions", ["node_id", "at"]
+    )
 
     op.create_table(
         "incidents",
@@ -95,9 +107,17 @@ def upgrade() -> None:
         sa.Column("evidence", sa.JSON(), nullable=False),
         _ts("created_at"),
         _ts("updated_at"),
-        sa.CheckConstraint(_in("tier", ("none", "verify", "drain", "requeue")), name="ck_incidents_tier"),
-        sa.CheckConstraint(_in("status", ("open", "mitigated", "resolved", "false_positive", "suppressed")),
-                           name="ck_incidents_status"),
+        sa.CheckConstraint(
+            _in("tier", ("none", "verify", "drain", "requeue")),
+            name="ck_incidents_tier",
+        ),
+        sa.CheckConstraint(
+            _in(
+                "status",
+                ("open", "mitigated", "resolved", "false_positive", "suppressed"),
+            ),
+            name="ck_incidents_status",
+        ),
         sa.PrimaryKeyConstraint("id", name="pk_incidents"),
     )
     op.create_index("ix_incidents_job_id", "incidents", ["job_id"])
@@ -120,9 +140,14 @@ def upgrade() -> None:
         _node_fk("telemetry_summaries"),
         sa.PrimaryKeyConstraint("id", name="pk_telemetry_summaries"),
     )
-    op.create_index("ix_telemetry_summaries_node_signal_end", "telemetry_summaries",
-                    ["node_id", "signal", "window_end"])
-    op.create_index("ix_telemetry_summaries_window_end", "telemetry_summaries", ["window_end"])
+    op.create_index(
+        "ix_telemetry_summaries_node_signal_end",
+        "telemetry_summaries",
+        ["node_id", "signal", "window_end"],
+    )
+    op.create_index(
+        "ix_telemetry_summaries_window_end", "telemetry_summaries", ["window_end"]
+    )
 
     op.create_table(
         "step_time_summaries",
@@ -140,8 +165,16 @@ def upgrade() -> None:
         _node_fk("step_time_summaries"),
         sa.PrimaryKeyConstraint("id", name="pk_step_time_summaries"),
     )
-    op.create_index("ix_step_time_summaries_job_end", "step_time_summaries", ["job_id", "window_end"])
-    op.create_index("ix_step_time_summaries_node_end", "step_time_summaries", ["node_id", "window_end"])
+    op.create_index(
+        "ix_step_time_summaries_job_end",
+        "step_time_summaries",
+        ["job_id", "window_end"],
+    )
+    op.create_index(
+        "ix_step_time_summaries_node_end",
+        "step_time_summaries",
+        ["node_id", "window_end"],
+    )
 
     op.create_table(
         "sweeps",
@@ -159,13 +192,18 @@ def upgrade() -> None:
         sa.Column("verdict", sa.String(8), nullable=False),
         sa.Column("failure_reason", sa.Text(), nullable=True),
         sa.CheckConstraint(_in("kind", ("1node", "2node")), name="ck_sweeps_kind"),
-        sa.CheckConstraint(_in("verdict", ("pending", "pass", "fail", "error")), name="ck_sweeps_verdict"),
+        sa.CheckConstraint(
+            _in("verdict", ("pending", "pass", "fail", "error")),
+            name="ck_sweeps_verdict",
+        ),
         _node_fk("sweeps"),
         _node_fk("sweeps", "reference_node_id", ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id", name="pk_sweeps"),
     )
     op.create_index("ix_sweeps_node_created", "sweeps", ["node_id", "created_at"])
-    op.create_index("ix_sweeps_class_kind_verdict", "sweeps", ["hw_class", "kind", "verdict"])
+    op.create_index(
+        "ix_sweeps_class_kind_verdict", "sweeps", ["hw_class", "kind", "verdict"]
+    )
     op.create_index("ix_sweeps_slurm_job_id", "sweeps", ["slurm_job_id"])
 
     op.create_table(
@@ -179,10 +217,14 @@ def upgrade() -> None:
         _ts("finished_at", nullable=True),
         sa.Column("detail", sa.Text(), nullable=True),
         sa.Column("evidence", sa.JSON(), nullable=False),
-        sa.CheckConstraint(_in("rung", ("resweep", "reboot", "reimage", "terminal")),
-                           name="ck_triage_actions_rung"),
-        sa.CheckConstraint(_in("status", ("planned", "running", "done", "failed", "skipped")),
-                           name="ck_triage_actions_status"),
+        sa.CheckConstraint(
+            _in("rung", ("resweep", "reboot", "reimage", "terminal")),
+            name="ck_triage_actions_rung",
+        ),
+        sa.CheckConstraint(
+            _in("status", ("planned", "running", "done", "failed", "skipped")),
+            name="ck_triage_actions_status",
+        ),
         _node_fk("triage_actions"),
         sa.PrimaryKeyConstraint("id", name="pk_triage_actions"),
     )
@@ -201,7 +243,9 @@ def upgrade() -> None:
         sa.Column("outcome", sa.String(8), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("evidence", sa.JSON(), nullable=False),
-        sa.CheckConstraint(_in("outcome", ("ok", "error", "dry_run")), name="ck_audit_log_outcome"),
+        sa.CheckConstraint(
+            _in("outcome", ("ok", "error", "dry_run")), name="ck_audit_log_outcome"
+        ),
         sa.PrimaryKeyConstraint("id", name="pk_audit_log"),
     )
     op.create_index("ix_audit_log_at", "audit_log", ["at"])
@@ -211,6 +255,14 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     # Children before the nodes table they reference; indexes go with their tables.
-    for table in ("audit_log", "triage_actions", "sweeps", "step_time_summaries",
-                  "telemetry_summaries", "incidents", "node_transitions", "nodes"):
+    for table in (
+        "audit_log",
+        "triage_actions",
+        "sweeps",
+        "step_time_summaries",
+        "telemetry_summaries",
+        "incidents",
+        "node_transitions",
+        "nodes",
+    ):
         op.drop_table(table)
