@@ -110,3 +110,46 @@ def test_current_does_not_create_a_sqlite_file(tmp_path):
     path = tmp_path / "sub" / "none.db"
     assert db.current(f"sqlite:///{path}") is None
     assert not path.exists()
+
+
+def _model_constraints(dialect) -> dict[tuple[str, str], set[str]]:
+    """(table, constraint name) -> quoted values in its CHECK text, from the models' own DDL."""
+    import re
+
+    from sqlalchemy.schema import CreateTable
+
+    out = {}
+    for table in Base.metadata.sorted_tables:
+        ddl = str(CreateTable(table).compile(dialect=dialect))
+        for name, kind, rest in re.findall(
+            r"CONSTRAINT (\w+) (CHECK|FOREIGN KEY|UNIQUE)(.*)", ddl
+        ):
+            values = set(re.findall(r"'([^']*)'", rest)) if kind == "CHECK" else set()
+            out[(table.name, name)] = values
+    return out
+
+
+def test_constraint_names_and_enum_values_match_models(db_url):
+    """Autogenerate ignores CHECK constraints; compare their names and allowed values here."""
+    import re
+
+    db.upgrade(db_url)
+    engine = db.make_engine(db_url)
+    try:
+        insp = inspect(engine)
+        got = {}
+        for table in TABLES:
+            for ck in insp.get_check_constraints(table):
+                got[(table, ck["name"])] = set(re.findall(r"'([^']*)'", ck["sqltext"]))
+            for fk in insp.get_foreign_keys(table):
+                got[(table, fk["name"])] = set()
+            for uq in insp.get_unique_constraints(table):
+                got[(table, uq["name"])] = set()
+        expected = _model_constraints(engine.dialect)
+    finally:
+        engine.dispose()
+    assert ("nodes", "ck_nodes_state") in expected and (
+        "sweeps",
+        "fk_sweeps_reference_node_id_nodes",
+    ) in expected
+    assert got == expected

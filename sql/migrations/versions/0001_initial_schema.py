@@ -5,7 +5,9 @@ Revises:
 Create Date: 2026-11-22
 
 Frozen copy of the schema at this revision: it deliberately imports nothing
-from slurmguard, so later model changes cannot rewrite history. Later changes
+from slurmguard, so later model changes cannot rewrite history. Constraint
+names are wrapped in op.f() ("final") because env.py's target metadata carries
+a naming convention that would otherwise be applied on top of them. Later changes
 go into new revisions (`alembic -c sql/alembic.ini revision --autogenerate`).
 """
 
@@ -44,7 +46,10 @@ def _node_fk(
     table: str, column: str = "node_id", ondelete: str = "CASCADE"
 ) -> sa.ForeignKeyConstraint:
     return sa.ForeignKeyConstraint(
-        [column], ["nodes.id"], name=f"fk_{table}_{column}_nodes", ondelete=ondelete
+        [column],
+        ["nodes.id"],
+        name=op.f(f"fk_{table}_{column}_nodes"),
+        ondelete=ondelete,
     )
 
 
@@ -59,9 +64,9 @@ def upgrade() -> None:
         sa.Column("partitions", sa.JSON(), nullable=False),
         _ts("last_seen", nullable=True),
         _ts("created_at"),
-        sa.CheckConstraint(_in("state", STATES), name="ck_nodes_state"),
-        sa.PrimaryKeyConstraint("id", name="pk_nodes"),
-        sa.UniqueConstraint("name", name="uq_nodes_name"),
+        sa.CheckConstraint(_in("state", STATES), name=op.f("ck_nodes_state")),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_nodes")),
+        sa.UniqueConstraint("name", name=op.f("uq_nodes_name")),
     )
     op.create_index("ix_nodes_state", "nodes", ["state"])
 
@@ -78,13 +83,13 @@ def upgrade() -> None:
         sa.Column("forced", sa.Boolean(), nullable=False),
         sa.CheckConstraint(
             _in("from_state", STATES, nullable=True),
-            name="ck_node_transitions_from_state",
+            name=op.f("ck_node_transitions_from_state"),
         ),
         sa.CheckConstraint(
-            _in("to_state", STATES), name="ck_node_transitions_to_state"
+            _in("to_state", STATES), name=op.f("ck_node_transitions_to_state")
         ),
         _node_fk("node_transitions"),
-        sa.PrimaryKeyConstraint("id", name="pk_node_transitions"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_node_transitions")),
     )
     op.create_index(
         "ix_node_transitions_node_at", "node_transitions", ["node_id", "at"]
@@ -109,16 +114,16 @@ def upgrade() -> None:
         _ts("updated_at"),
         sa.CheckConstraint(
             _in("tier", ("none", "verify", "drain", "requeue")),
-            name="ck_incidents_tier",
+            name=op.f("ck_incidents_tier"),
         ),
         sa.CheckConstraint(
             _in(
                 "status",
                 ("open", "mitigated", "resolved", "false_positive", "suppressed"),
             ),
-            name="ck_incidents_status",
+            name=op.f("ck_incidents_status"),
         ),
-        sa.PrimaryKeyConstraint("id", name="pk_incidents"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_incidents")),
     )
     op.create_index("ix_incidents_job_id", "incidents", ["job_id"])
     op.create_index("ix_incidents_detected_at", "incidents", ["detected_at"])
@@ -138,7 +143,7 @@ def upgrade() -> None:
         sa.Column("robust_z", sa.Float(), nullable=True),
         sa.Column("deviating", sa.Boolean(), nullable=False),
         _node_fk("telemetry_summaries"),
-        sa.PrimaryKeyConstraint("id", name="pk_telemetry_summaries"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_telemetry_summaries")),
     )
     op.create_index(
         "ix_telemetry_summaries_node_signal_end",
@@ -163,7 +168,7 @@ def upgrade() -> None:
         sa.Column("baseline_step_s", sa.Float(), nullable=True),
         sa.Column("slowdown", sa.Float(), nullable=True),
         _node_fk("step_time_summaries"),
-        sa.PrimaryKeyConstraint("id", name="pk_step_time_summaries"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_step_time_summaries")),
     )
     op.create_index(
         "ix_step_time_summaries_job_end",
@@ -191,14 +196,16 @@ def upgrade() -> None:
         sa.Column("metrics", sa.JSON(), nullable=False),
         sa.Column("verdict", sa.String(8), nullable=False),
         sa.Column("failure_reason", sa.Text(), nullable=True),
-        sa.CheckConstraint(_in("kind", ("1node", "2node")), name="ck_sweeps_kind"),
+        sa.CheckConstraint(
+            _in("kind", ("1node", "2node")), name=op.f("ck_sweeps_kind")
+        ),
         sa.CheckConstraint(
             _in("verdict", ("pending", "pass", "fail", "error")),
-            name="ck_sweeps_verdict",
+            name=op.f("ck_sweeps_verdict"),
         ),
         _node_fk("sweeps"),
         _node_fk("sweeps", "reference_node_id", ondelete="SET NULL"),
-        sa.PrimaryKeyConstraint("id", name="pk_sweeps"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_sweeps")),
     )
     op.create_index("ix_sweeps_node_created", "sweeps", ["node_id", "created_at"])
     op.create_index(
@@ -219,14 +226,14 @@ def upgrade() -> None:
         sa.Column("evidence", sa.JSON(), nullable=False),
         sa.CheckConstraint(
             _in("rung", ("resweep", "reboot", "reimage", "terminal")),
-            name="ck_triage_actions_rung",
+            name=op.f("ck_triage_actions_rung"),
         ),
         sa.CheckConstraint(
             _in("status", ("planned", "running", "done", "failed", "skipped")),
-            name="ck_triage_actions_status",
+            name=op.f("ck_triage_actions_status"),
         ),
         _node_fk("triage_actions"),
-        sa.PrimaryKeyConstraint("id", name="pk_triage_actions"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_triage_actions")),
     )
     op.create_index("ix_triage_actions_node_at", "triage_actions", ["node_id", "at"])
 
@@ -244,9 +251,10 @@ def upgrade() -> None:
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("evidence", sa.JSON(), nullable=False),
         sa.CheckConstraint(
-            _in("outcome", ("ok", "error", "dry_run")), name="ck_audit_log_outcome"
+            _in("outcome", ("ok", "error", "dry_run")),
+            name=op.f("ck_audit_log_outcome"),
         ),
-        sa.PrimaryKeyConstraint("id", name="pk_audit_log"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_log")),
     )
     op.create_index("ix_audit_log_at", "audit_log", ["at"])
     op.create_index("ix_audit_log_node_at", "audit_log", ["node", "at"])
