@@ -246,19 +246,21 @@ def hybrid_comm_bytes(
     tp: int,
     pp: int,
     bytes_per_value: int = 2,
+    allreduce_factor: float = 2.0,
 ) -> tuple[float, float]:
     """Per-iteration bytes of (DP, PP) traffic, Falcon appendix 9.2.
 
-    DP: the gradients of one GPU's shard, ``12*L*h^2 / (P*T)`` values (Eq. 9,
-    parameter count N ~ 12 L h^2 from Eq. 6); PP: the activations of the
-    micro-batches crossing a stage boundary, ``m*b*n_ctx*h`` values (Eq. 10).
-    ``bytes_per_value``: 2 for fp16/bf16 (default).
+    DP: ``k`` times the gradients of one GPU's shard, ``12*L*h^2 / (P*T)``
+    values (Eq. 9, parameter count N ~ 12 L h^2 from Eq. 6); ``k`` is
+    ``allreduce_factor``, default 2 (a ring all-reduce sends 2(D-1)/D copies).
+    PP: the activations of the micro-batches crossing a stage boundary,
+    ``m*b*n_ctx*h`` values (Eq. 10). ``bytes_per_value``: 2 for fp16/bf16.
     """
     for name, v in (("layers", layers), ("hidden", hidden), ("seq_len", seq_len),
                     ("micro_batch", micro_batch), ("microbatches", microbatches), ("tp", tp), ("pp", pp)):
         if v < 1:
             raise InputError(f"comm volume: {name}={v} must be >= 1")
-    dp_bytes = 12.0 * layers * hidden**2 / (pp * tp) * bytes_per_value
+    dp_bytes = allreduce_factor * 12.0 * layers * hidden**2 / (pp * tp) * bytes_per_value
     pp_bytes = float(microbatches * micro_batch * seq_len * hidden) * bytes_per_value
     return dp_bytes, pp_bytes
 
