@@ -1,0 +1,92 @@
+"""`slurmguard whatif TRACE --meta META`: what-if analysis of one job trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from slurmguard.config import load_policy
+from slurmguard.errors import InputError
+
+
+def parse_steps(text: str) -> set[int]:
+    """'16,21,400-410' -> {16, 21, 400, ..., 410}."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                out.update(range(int(lo), int(hi) + 1))
+            else:
+                out.add(int(part))
+        except ValueError:
+            raise InputError(f"--steps: '{part}' is not a step number or a range like 400-410") from None
+    return out
+
+
+@click.command("whatif")
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--meta", "meta_path", required=True, type=click.Path(dir_okay=False),
+              help="YAML with dp_size, pp_size (tp_size, dsp_size, vpp_size, world_size).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--heatmap", "heatmap_path", type=click.Path(dir_okay=False),
+              help="Write the SMon worker heatmap (PNG) here.")
+@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False),
+              help="Write simulated original and ideal timelines (Perfetto JSON; .gz compresses).")
+@click.option("--timeline-steps", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Steps written to the timeline.")
+@click.option("--steps", "steps_text", default=None,
+              help="Analyse only these steps, e.g. '16,21,400-410'.")
+@click.option("--rank-ops", is_flag=True,
+              help="TRACE is a slurmguard per-rank op table (rank, step, op, start_ns, end_ns).")
+@click.pass_context
+def whatif(ctx: click.Context, trace: str, meta_path: str, as_json: bool, heatmap_path: str | None,
+           timeline_path: str | None, timeline_steps: int, steps_text: str | None, rank_ops: bool) -> None:
+    """What-if analysis of TRACE (paper 004): slowdown S, S_t per op type, S_w per DP rank
+    and stage, M_W, M_S and the simulation discrepancy."""
+    from slurmguard.whatif.adapter import trace_from_rank_ops
+    from slurmguard.whatif.analysis import analyse
+    from slurmguard.whatif.heatmap import write_heatmap
+    from slurmguard.whatif.report import to_json, to_text
+    from slurmguard.whatif.tensor import tensorize
+    from slurmguard.whatif.timeline import write_timeline
+    from slurmguard.whatif.trace import check_trace, load_meta, read_table
+
+    obj = ctx.obj or {}
+    policy = load_policy(obj.get("policy_path")).whatif
+    meta = load_meta(meta_path)
+    name = Path(trace).name
+    table = read_table(trace)
+    if rank_ops:
+        table = trace_from_rank_ops(table, meta, name)
+    if steps_text:
+        wanted = parse_steps(steps_text)
+        if "step" in table.columns:
+            table = table[table["step"].isin(wanted)].reset_index(drop=True)
+            if len(table) == 0:
+                raise InputError(f"{name}: none of the steps given with --steps is in the trace")
+    df = check_trace(table, meta, name, Path(meta_path).name)
+    if not meta.name:
+        from dataclasses import replace
+
+        meta = replace(meta, name=Path(trace).stem)
+    t = tensorize(df, meta, name)
+    result = analyse(t, policy)
+    if heatmap_path:
+        write_heatmap(result.worker_slowdown, heatmap_path,
+                      title=f"{result.name}: S={result.slowdown:.2f}, M_W={result.mw:.2f},"
+                            f" M_S={result.ms:.2f} ({result.diagnosis.pattern})")
+    if timeline_path:
+        write_timeline(t, timeline_path, steps=timeline_steps)
+    if as_json:
+        click.echo(json.dumps(to_json(result), indent=2))
+    else:
+        click.echo(to_text(result), nl=False)
+        for label, path in (("heatmap", heatmap_path), ("timeline", timeline_path)):
+            if path:
+                click.echo(f"{label}: {path}")
