@@ -530,3 +530,38 @@ def test_triage_actions_and_recent_entries(store, fake_clock):
         store.add_triage_action("n1", "pray")
     with pytest.raises(UnknownNode):
         store.add_triage_action("ghost", "reboot")
+
+
+def test_concurrent_writers_cannot_both_move_a_node(store, migrated_db_url, fake_clock):
+    """A decision based on a state another writer is changing fails instead of overwriting it."""
+    import threading
+    import time
+
+    from slurmguard.store import Store
+
+    store.get_or_create_node("n1")
+    other = Store.open(migrated_db_url, fake_clock)
+    outcome: list[BaseException | None] = []
+
+    def writer_b() -> None:
+        try:
+            other.transition("n1", "draining", "B", expect_from="healthy")
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            outcome.append(exc)
+
+    try:
+        with store.atomic() as tx:
+            tx.transition("n1", "suspect", "A")
+            b = threading.Thread(target=writer_b)
+            b.start()
+            time.sleep(0.3)
+            assert (
+                b.is_alive()
+            )  # B waits for A's lock (PostgreSQL row lock, SQLite write lock)
+        b.join(20)
+    finally:
+        other.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], StaleState), outcome
+    assert [h.cause for h in store.node_history("n1")] == ["registered", "A"]
+    assert store.get_node("n1").state == NodeState.SUSPECT

@@ -137,6 +137,7 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
             u, json_serializer=dumps, connect_args=connect_args, **kwargs
         )
         event.listen(engine, "connect", _sqlite_on_connect)
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     try:
         return create_engine(
@@ -153,6 +154,10 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
 
 
 def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
+    # Take transaction control away from the sqlite3 module, which only opens
+    # a transaction at the first INSERT/UPDATE (so reads before it are not
+    # isolated) and mishandles SAVEPOINT; _sqlite_begin issues BEGIN instead.
+    dbapi_conn.isolation_level = None
     cur = dbapi_conn.cursor()
     try:
         # SQLite ignores foreign keys unless asked, per connection.
@@ -163,6 +168,14 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur.execute("PRAGMA synchronous=NORMAL")
     finally:
         cur.close()
+
+
+def _sqlite_begin(conn: Any) -> None:
+    # IMMEDIATE takes the write lock up front: concurrent writers queue on the
+    # busy timeout instead of failing with SQLITE_BUSY when a read snapshot
+    # has to be upgraded, and a read-check-write (a lifecycle transition)
+    # sees the state it changes. Transactions are short, so readers wait little.
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
