@@ -200,6 +200,17 @@ class SweepPolicy(Strict):
     rolling_enabled: bool = False
     rolling_nodes_per_hour: float = Field(1.0, ge=0)
     partition: str | None = None
+    peer_min_devices: int = Field(4, ge=2)
+    """Nodes with at least this many GPUs also compare each GPU with the node's own median."""
+    reference_max_failures: int = Field(2, ge=1)
+    """A reference whose last N pair sweeps as reference failed, each with a different
+    partner, is no longer trusted (the common element is the reference)."""
+    comm_timeout_s: float = Field(300.0, gt=0)
+    """Rendezvous and collective timeout inside a sweep, seconds (a dead peer is a fail)."""
+    workload_dir: str | None = None
+    """Directory of node_sweep.py/pair_sweep.py/templates; None = sweeps/ beside the package."""
+    python: str | None = None
+    """Interpreter on the nodes that runs the workloads; None = the controller's own."""
 
 
 class TriagePolicy(Strict):

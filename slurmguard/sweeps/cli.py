@@ -1,0 +1,151 @@
+"""`slurmguard sweep ...`: run sweeps locally, check and judge results, render job scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from slurmguard.config import load_policy
+from slurmguard.errors import InputError
+from slurmguard.sweeps.baseline import baseline_for
+from slurmguard.sweeps.result import ResultError, load_result
+from slurmguard.sweeps.schedule import passes_for
+from slurmguard.sweeps.templates import SweepJobSpec, render_sweep_script, small_workload_args
+from slurmguard.sweeps.verdict import JobOutcome, judge_job, judge_multi
+
+
+def _policy(ctx: click.Context):
+    return load_policy(ctx.find_root().obj.get("policy_path") if ctx.find_root().obj else None)
+
+
+@click.group()
+def sweep() -> None:
+    """Run or inspect node sweeps (Guard 5)."""
+
+
+@sweep.command("run-local", context_settings={"ignore_unknown_options": True})
+@click.option("--kind", type=click.Choice(["node", "pair"]), default="node", show_default=True)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="result JSON")
+@click.option("--nodes", default=None,
+              help="node name(s), comma-separated; pair: node under test first, then reference"
+                   " [default: node1 (node), node2,node1 (pair)]")
+@click.option("--small", is_flag=True, help="short, small settings for a quick CPU run")
+@click.option("--timeout", type=float, default=None, help="seconds [default: time_limit_min]")
+@click.argument("workload_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def run_local(ctx: click.Context, kind: str, out: str, nodes: str | None, small: bool,
+              timeout: float | None, workload_args: tuple[str, ...]) -> None:
+    """Run a sweep workload here, without Slurm; extra args go to the workload
+    (e.g. --device cpu --duration 1). Exit status 1 when the sweep reported errors."""
+    from slurmguard.sweeps.local import run_node_local, run_pair_local
+
+    pol = _policy(ctx).sweeps
+    names = [n for n in (nodes or ("node1" if kind == "node" else "node2,node1")).split(",") if n]
+    args = list(small_workload_args() if small else ()) + list(workload_args)
+    limit = timeout or pol.time_limit_min * 60.0
+    out = os.path.abspath(out)
+    if kind == "node":
+        if len(names) != 1:
+            raise click.UsageError("--kind node takes exactly one node name")
+        results = [run_node_local(out, names[0], args, pol, timeout_s=limit)]
+    else:
+        if len(names) < 2:
+            raise click.UsageError("--kind pair takes two or more node names")
+        results = run_pair_local(out, names, args, pol, timeout_s=limit)
+    for r in results:
+        if r.returncode != 0 and r.stderr.strip():
+            click.echo(r.stderr.strip().splitlines()[-1], err=True)
+    code = max(r.returncode for r in results)
+    click.echo(f"{out}: exit {code}")
+    ctx.exit(0 if code == 0 else 1)
+
+
+@sweep.command("check")
+@click.argument("result", type=click.Path(dir_okay=False))
+def check(result: str) -> None:
+    """Validate a result file against the schema and print a summary."""
+    r = load_result(result)
+    click.echo(f"{result}: ok: {r.kind} sweep of {r.node_under_test}"
+               f"{' vs ' + r.reference if r.reference else ''} on {r.hw_class} ({r.device}),"
+               f" {len(r.devices)} devices, {len(r.p2p)} p2p pairs, {len(r.allreduce)} all-reduce,"
+               f" {len(r.transfers)} transfers, {len(r.errors)} errors")
+
+
+@sweep.command("judge")
+@click.argument("result", type=click.Path(dir_okay=False))
+@click.option("--history", "history", multiple=True, type=click.Path(dir_okay=False),
+              help="result files of healthy nodes (repeatable) that form the class baseline")
+@click.option("--suspected/--unsuspected", default=True, show_default=True,
+              help="an unsuspected node may seed an empty baseline (bootstrap)")
+@click.option("--trust-reference", is_flag=True,
+              help="pair sweeps: the reference is known good (else only passes are conclusive)")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def judge(ctx: click.Context, result: str, history: tuple[str, ...], suspected: bool,
+          trust_reference: bool, as_json: bool) -> None:
+    """Judge RESULT against a baseline learned from --history results. Exit 0 when the
+    node may return (pass/bootstrap), 1 otherwise."""
+    from slurmguard.sweeps.verdict import ReferenceStatus
+
+    pol = _policy(ctx).sweeps
+    healthy = [load_result(h) for h in history]
+    try:
+        text = open(result, "rb").read()
+    except FileNotFoundError:
+        text = None
+    except OSError as exc:
+        raise InputError(f"{result}: cannot read: {exc.strerror}") from None
+    try:
+        peek = load_result(result)
+    except ResultError:
+        peek = None
+    if peek is not None and peek.kind == "multi":
+        verdicts = judge_multi(peek, pol)
+    else:
+        kind = peek.kind if peek else "node"
+        node = peek.node_under_test if peek else "unknown"
+        baseline = baseline_for(peek, healthy) if peek else None
+        ref = None
+        if peek is not None and peek.reference:
+            ref = ReferenceStatus(peek.reference, trust_reference,
+                                  "trusted on the command line" if trust_reference else "not vouched for")
+        verdicts = [judge_job(JobOutcome("COMPLETED", 0, text, result), kind=kind, node=node,
+                              baseline=baseline, policy=pol, suspected=suspected, ref_status=ref)]
+    for v in verdicts:
+        if as_json:
+            click.echo(json.dumps({"node": v.node, "outcome": v.outcome.value, "reason": v.reason,
+                                   "detail": v.detail}))
+        else:
+            click.echo(f"{v.node}: {v.outcome.value}: {v.reason}\n  {v.detail}")
+    ctx.exit(0 if all(v.outcome.returns_node for v in verdicts) else 1)
+
+
+@sweep.command("render")
+@click.option("--kind", type=click.Choice(["node", "pair"]), default="node", show_default=True)
+@click.option("--nodes", required=True, help="node under test[,reference]")
+@click.option("--out", "out_path", required=True, help="absolute path of the result JSON")
+@click.option("--log", "log_path", required=True, help="absolute path of the job log")
+@click.option("--reservation", default=None)
+@click.option("--partition", default=None)
+@click.option("--time-limit", type=int, default=None, help="minutes [default: policy]")
+@click.option("--small", is_flag=True, help="short settings (demo/tests)")
+@click.pass_context
+def render(ctx: click.Context, kind: str, nodes: str, out_path: str, log_path: str,
+           reservation: str | None, partition: str | None, time_limit: int | None, small: bool) -> None:
+    """Print the sbatch script of a sweep job."""
+    spec = SweepJobSpec(kind=kind, nodes=tuple(n for n in nodes.split(",") if n), out_path=out_path,
+                        log_path=log_path, time_limit_min=time_limit, reservation=reservation,
+                        partition=partition, extra_args=small_workload_args() if small else ())
+    sys.stdout.write(render_sweep_script(spec, _policy(ctx).sweeps))
+
+
+@sweep.command("schedule")
+@click.argument("topology", type=click.Choice(["ring", "tree"]))
+@click.argument("ranks", type=click.IntRange(min=1, max=100000))
+def schedule(topology: str, ranks: int) -> None:
+    """Print the O(1) link-validation passes of a ring or tree over RANKS nodes."""
+    for i, p in enumerate(passes_for(topology, ranks)):  # type: ignore[arg-type]
+        click.echo(f"pass {i}: " + " ".join(f"{s}->{d}" for s, d in p))

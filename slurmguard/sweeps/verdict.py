@@ -1,0 +1,418 @@
+"""Sweep verdicts: pure functions from (job outcome, result, class baseline) to a decision.
+
+Rules (Guard 5.4, "interpreted conservatively"):
+
+* a sweep that crashed, timed out, wrote nothing, wrote malformed JSON, reported errors or
+  left a metric unmeasured FAILS, never passes;
+* each metric is compared with the median of healthy nodes of the same hardware class
+  (`SweepPolicy.pass_tolerance`, 5% by default); only a shortfall fails (faster is fine);
+* nodes with at least `peer_min_devices` GPUs also compare each GPU with the node's own
+  median, which catches one throttled GPU even before a class baseline exists;
+* while a class has fewer than `bootstrap_min_nodes` healthy nodes in its baseline, an
+  unsuspected node's sweep is accepted as a BOOTSTRAP sample; a suspected node gets
+  INSUFFICIENT_BASELINE and stays quarantined (no evidence is not a pass);
+* a 2-node sweep is symmetric: a slow link between node and reference reads slow from both
+  ends. It blames the node under test only when the reference is trusted: its own last
+  sweep passed and it has not failed its last `reference_max_failures` pair sweeps with
+  different partners. Otherwise the result is INCONCLUSIVE (sweep again with another
+  reference) rather than a drain of a possibly healthy node.
+
+Reasons fit Slurm's reason field and start with "slurmguard:", e.g.
+``slurmguard: sweep1 gpu5 gemm_bf16 -18% vs class``.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Sequence
+
+from slurmguard.config import SweepPolicy
+from slurmguard.sweeps.baseline import (
+    ClassBaseline, Metric, expected_keys, extract_metrics,
+)
+from slurmguard.sweeps.result import ResultError, SweepResult, Transfer, parse_result_text
+
+REASON_PREFIX = "slurmguard:"
+MAX_REASON_LEN = 120
+_REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:%+()/=<>\[\]-]")
+
+
+class Outcome(str, Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    BOOTSTRAP = "bootstrap"
+    """Accepted without a class baseline: an unsuspected node seeding its class's baseline."""
+    INSUFFICIENT_BASELINE = "insufficient_baseline"
+    INCONCLUSIVE = "inconclusive"
+    """The 2-node evidence cannot be pinned on the node (untrusted reference)."""
+
+    @property
+    def returns_node(self) -> bool:
+        """True when the node may go back into service on this sweep's evidence."""
+        return self in (Outcome.PASS, Outcome.BOOTSTRAP)
+
+    @property
+    def healthy_sample(self) -> bool:
+        """True when the result may join the class baseline."""
+        return self in (Outcome.PASS, Outcome.BOOTSTRAP)
+
+
+@dataclass(frozen=True)
+class MetricCheck:
+    key: str
+    label: str
+    value: float | None
+    """Measured value; None when the metric is missing from the result."""
+    reference: float | None
+    """What it was compared with (class or node median); None when not judged."""
+    count: int
+    """Nodes (class basis) or GPUs (node basis) behind the reference."""
+    basis: str
+    """'class', 'node' (the GPU's own node median) or 'missing'."""
+    deviation: float | None
+    """value / reference - 1 (fraction; -0.18 = 18% slow)."""
+    ok: bool
+
+
+@dataclass(frozen=True)
+class ReferenceStatus:
+    node: str
+    trusted: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    node: str
+    kind: str
+    label: str
+    outcome: Outcome
+    reason: str
+    """Slurm reason / comment text, 'slurmguard: ...', at most MAX_REASON_LEN characters."""
+    detail: str
+    """Longer one-line explanation for logs and the triage report."""
+    failures: tuple[MetricCheck, ...] = ()
+    checks: tuple[MetricCheck, ...] = ()
+    result: SweepResult | None = None
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """How the sweep job ended, as the scheduler saw it in Slurm."""
+
+    state: str
+    """Final Slurm state: COMPLETED, FAILED, TIMEOUT, CANCELLED, NODE_FAIL, OUT_OF_MEMORY..."""
+    exit_code: int | None = None
+    result_text: str | bytes | None = None
+    """The result file's content; None when the file does not exist."""
+    source: str = "<result>"
+
+
+@dataclass(frozen=True)
+class PastSweep:
+    """A judged sweep from history, for reference trust."""
+
+    result: SweepResult
+    outcome: Outcome
+
+
+def make_reason(text: str) -> str:
+    """'slurmguard: <text>', restricted to characters safe on a Slurm command line."""
+    body = _REASON_UNSAFE.sub("?", " ".join(text.split()))
+    reason = f"{REASON_PREFIX} {body}"
+    if len(reason) > MAX_REASON_LEN:
+        reason = reason[: MAX_REASON_LEN - 3].rstrip() + "..."
+    return reason
+
+
+def _pct(dev: float) -> str:
+    return f"{dev * 100:+.0f}%"
+
+
+# ---------------------------------------------------------------- reference trust
+def reference_status(reference: str, history: Iterable[PastSweep], policy: SweepPolicy) -> ReferenceStatus:
+    """Whether a 2-node sweep against `reference` may blame its partner.
+
+    Trusted when the reference's latest sweep as node under test returned it (pass or
+    bootstrap) and its trailing run of failed pair sweeps *as reference* does not reach
+    `reference_max_failures` distinct partners: two different nodes failing against the
+    same reference in a row point at the reference, not at both partners.
+    """
+    past = sorted(history, key=lambda p: p.result.finished)
+    own = [p for p in past if p.result.node_under_test == reference and p.outcome in
+           (Outcome.PASS, Outcome.BOOTSTRAP, Outcome.FAIL)]
+    if not own:
+        return ReferenceStatus(reference, False, f"{reference} has no judged sweep of its own")
+    if not own[-1].outcome.returns_node:
+        return ReferenceStatus(reference, False, f"{reference} failed its last own sweep")
+    partners: list[str] = []
+    for p in reversed([p for p in past if p.result.kind == "pair" and p.result.reference == reference
+                       and p.outcome in (Outcome.PASS, Outcome.BOOTSTRAP, Outcome.FAIL)]):
+        if p.outcome is not Outcome.FAIL:
+            break
+        partners.append(p.result.node_under_test)
+    distinct = len(set(partners))
+    if distinct >= policy.reference_max_failures:
+        return ReferenceStatus(reference, False,
+                               f"{reference} failed its last {len(partners)} pair sweeps as reference"
+                               f" with {distinct} different partners")
+    return ReferenceStatus(reference, True, f"{reference} passed its last own sweep")
+
+
+# ---------------------------------------------------------------- judging
+def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline | None,
+              policy: SweepPolicy, suspected: bool = True, reference: str | None = None,
+              ref_status: ReferenceStatus | None = None) -> Verdict:
+    """Verdict for a finished sweep job: crash/timeout/no result/malformed result fail."""
+    label = "sweep1" if kind == "node" else "sweep2" if kind == "pair" else "sweepN"
+    state = (job.state.split() or ["UNKNOWN"])[0].upper()
+
+    def fail(short: str, detail: str, result: SweepResult | None = None) -> Verdict:
+        return Verdict(node, kind, label, Outcome.FAIL, make_reason(f"{label} {short}"), detail,
+                       result=result, reference=reference)
+
+    result: SweepResult | None = None
+    parse_error: ResultError | None = None
+    if job.result_text is not None:
+        try:
+            result = parse_result_text(job.result_text, job.source)
+        except ResultError as exc:
+            parse_error = exc
+    if result is not None:
+        label = result.label
+    if result is not None and result.errors:
+        e = result.errors[0]
+        return fail(f"error in {e.where}: {e.message[:48]}",
+                    f"{len(result.errors)} error(s); first: {e.where}: {e.message}", result)
+    if state == "TIMEOUT":
+        return fail("timed out", f"sweep job ended in TIMEOUT (exit {job.exit_code})", result)
+    if state != "COMPLETED":
+        code = "" if job.exit_code is None else f" exit {job.exit_code}"
+        return fail(f"crashed ({state}{code})", f"sweep job ended in {state}{code}", result)
+    if job.exit_code not in (None, 0):
+        return fail(f"crashed (exit {job.exit_code})", f"sweep exited with status {job.exit_code}", result)
+    if parse_error is not None:
+        short = "no result" if parse_error.path == "$" and "no result" in parse_error.problem else \
+            f"bad result: {parse_error.path}"
+        return fail(short, str(parse_error))
+    if result is None:
+        return fail("no result", f"{job.source}: the sweep completed but wrote no result")
+    if result.kind != kind or result.node_under_test != node:
+        return fail(f"bad result: {result.kind} of {result.node_under_test}",
+                    f"{job.source}: expected a {kind} sweep of {node}, got a {result.kind} sweep of"
+                    f" {result.node_under_test}", result)
+    if reference is not None and result.reference != reference:
+        return fail(f"bad result: reference {result.reference}",
+                    f"{job.source}: expected reference {reference}, got {result.reference}", result)
+    return judge_result(result, baseline, policy, suspected=suspected, ref_status=ref_status)
+
+
+def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: SweepPolicy, *,
+                 suspected: bool = True, ref_status: ReferenceStatus | None = None) -> Verdict:
+    """Verdict for a parsed 1-node or 2-node result against its class baseline."""
+    if result.kind == "multi":
+        raise ValueError("multi-node results are judged per link: use judge_multi")
+    node, label, tol = result.node_under_test, result.label, policy.pass_tolerance
+    if baseline is not None and (baseline.hw_class != result.hw_class or baseline.kind != result.kind):
+        raise ValueError(f"baseline of {baseline.hw_class}/{baseline.kind} cannot judge a"
+                         f" {result.hw_class}/{result.kind} result")
+
+    def verdict(outcome: Outcome, short: str, detail: str, failures: Sequence[MetricCheck] = (),
+                checks: Sequence[MetricCheck] = ()) -> Verdict:
+        return Verdict(node, result.kind, label, outcome, make_reason(f"{label} {short}"), detail,
+                       tuple(failures), tuple(checks), result, result.reference)
+
+    if result.errors:
+        e = result.errors[0]
+        return verdict(Outcome.FAIL, f"error in {e.where}: {e.message[:48]}",
+                       f"{len(result.errors)} error(s); first: {e.where}: {e.message}")
+    if result.devices_per_node == 0:
+        return verdict(Outcome.FAIL, "no GPUs", "the sweep found no devices on the node")
+
+    metrics = extract_metrics(result)
+    checks: list[MetricCheck] = []
+    for key, lab in expected_keys(result).items():
+        if key not in metrics:
+            checks.append(MetricCheck(key, lab, None, None, 0, "missing", None, False))
+
+    checks.extend(_node_peer_checks(result, metrics, policy))
+
+    enough = baseline is not None and baseline.node_count >= policy.bootstrap_min_nodes
+    if enough:
+        assert baseline is not None
+        if baseline.devices_per_node is not None and baseline.devices_per_node != result.devices_per_node:
+            checks.append(MetricCheck("devices_per_node", "gpus", float(result.devices_per_node),
+                                      float(baseline.devices_per_node), baseline.node_count, "class",
+                                      None, False))
+        for key, m in metrics.items():
+            b = baseline.metrics.get(key)
+            if b is None or b.count < policy.bootstrap_min_nodes or b.median <= 0:
+                continue
+            dev = m.value / b.median - 1.0
+            checks.append(MetricCheck(key, m.label, m.value, b.median, b.count, "class", dev, dev >= -tol))
+
+    failures = sorted((c for c in checks if not c.ok), key=_severity)
+    if failures:
+        worst = failures[0]
+        short = _describe(worst) + (f" +{len(failures) - 1} more" if len(failures) > 1 else "")
+        detail = "; ".join(_describe(c, long=True) for c in failures[:8])
+        if result.kind == "pair" and not (ref_status and ref_status.trusted) and \
+                any(c.basis == "class" for c in failures):
+            why = ref_status.why if ref_status else f"{result.reference} has no trust record"
+            return verdict(Outcome.INCONCLUSIVE, f"inconclusive, reference {result.reference} untrusted",
+                           f"{detail}; not blamed on {node}: {why}", failures, checks)
+        return verdict(Outcome.FAIL, short, detail, failures, checks)
+    if not enough:
+        have = baseline.node_count if baseline is not None else 0
+        need = policy.bootstrap_min_nodes
+        if suspected:
+            return verdict(Outcome.INSUFFICIENT_BASELINE, f"no class baseline ({have}/{need} nodes)",
+                           f"class {result.hw_class!r} has {have} healthy node(s) in its baseline,"
+                           f" {need} needed; a suspected node is not returned without one",
+                           (), checks)
+        return verdict(Outcome.BOOTSTRAP, f"bootstrap sample ({have + 1}/{need} nodes)",
+                       f"unsuspected node seeds the {result.hw_class!r} baseline", (), checks)
+    judged = {c.key for c in checks if c.basis == "class"}
+    unjudged = [k for k in metrics if k not in judged]
+    if unjudged:
+        outcome = Outcome.INSUFFICIENT_BASELINE if suspected else Outcome.BOOTSTRAP
+        return verdict(outcome, f"{len(unjudged)} metrics without class baseline",
+                       f"no class baseline for {', '.join(sorted(unjudged)[:6])}", (), checks)
+    return verdict(Outcome.PASS, "pass", f"{len(judged)} metrics within {tol:.0%} of class median",
+                   (), checks)
+
+
+def _severity(c: MetricCheck) -> tuple[int, float]:
+    # missing metrics and GPU-count mismatches first, then the largest shortfall
+    if c.deviation is None:
+        return (0, 0.0)
+    return (1, c.deviation)
+
+
+def _describe(c: MetricCheck, long: bool = False) -> str:
+    if c.basis == "missing":
+        return f"{c.label} missing"
+    if c.key == "devices_per_node":
+        return f"gpus {c.value:.0f} vs class {c.reference:.0f}"
+    text = f"{c.label} {_pct(c.deviation or 0.0)} vs {c.basis}"
+    if long:
+        text += f" ({c.value:.4g} vs median {c.reference:.4g} of {c.count})"
+    return text
+
+
+def _node_peer_checks(result: SweepResult, metrics: dict[str, Metric],
+                      policy: SweepPolicy) -> list[MetricCheck]:
+    """Each GPU against the median of its node's GPUs, per metric family (1-node only)."""
+    if result.kind != "node" or result.devices_per_node < policy.peer_min_devices:
+        return []
+    families: dict[str, list[Metric]] = defaultdict(list)
+    for key, m in metrics.items():
+        family, _, rest = key.partition("/")
+        if rest.startswith("gpu") and "-" not in rest:  # per-GPU metrics only
+            families[family].append(m)
+    out = []
+    for family, ms in families.items():
+        if len(ms) < policy.peer_min_devices:
+            continue
+        med = statistics.median(m.value for m in ms)
+        if med <= 0:
+            continue
+        for m in ms:
+            dev = m.value / med - 1.0
+            if dev < -policy.pass_tolerance:
+                out.append(MetricCheck(m.key, m.label, m.value, med, len(ms), "node", dev, False))
+    return out
+
+
+# ---------------------------------------------------------------- multi-node sweeps
+@dataclass(frozen=True)
+class LinkCheck:
+    src_node: str
+    dst_node: str
+    gpu: int
+    size_mb: int
+    gbps: float
+    reference: float
+    deviation: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class LinkDiagnosis:
+    checks: tuple[LinkCheck, ...]
+    suspect_nodes: tuple[str, ...]
+    """Nodes with at least two slow links and at least half of their links slow."""
+    slow_links: tuple[tuple[str, str], ...] = field(default=())
+    """Slow (src, dst) node pairs whose ends are otherwise fine: a cable or switch port."""
+
+
+def localize_links(transfers: Sequence[Transfer], policy: SweepPolicy,
+                   baseline: ClassBaseline | None = None) -> LinkDiagnosis:
+    """Name the node or link behind slow transfers of a ring/tree pass sweep.
+
+    Each transfer is compared with the class baseline of 2-node sends of the same GPU and
+    message size when there is one, else with the median of this sweep's transfers of that
+    size (all transfers move identical bytes, Greyhound 4.3). A degraded node slows every
+    link it touches while its neighbours keep their other links fast, so a node is suspect
+    when at least two of its links, and at least half of them, are slow.
+    """
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for t in transfers:
+        by_size[t.size_mb].append(t.gbps)
+    checks = []
+    for t in transfers:
+        ref = None
+        if baseline is not None:
+            b = baseline.metrics.get(f"send/gpu{t.src_gpu}/{t.size_mb}MB")
+            if b is not None and b.count >= policy.bootstrap_min_nodes:
+                ref = b.median
+        if ref is None:
+            ref = statistics.median(by_size[t.size_mb])
+        dev = t.gbps / ref - 1.0 if ref > 0 else 0.0
+        checks.append(LinkCheck(t.src_node, t.dst_node, t.src_gpu, t.size_mb, t.gbps, ref, dev,
+                                dev >= -policy.pass_tolerance))
+    links: dict[str, set[frozenset[str]]] = defaultdict(set)
+    slow: dict[str, set[frozenset[str]]] = defaultdict(set)
+    for c in checks:
+        pair = frozenset((c.src_node, c.dst_node))
+        for n in pair:
+            links[n].add(pair)
+            if not c.ok:
+                slow[n].add(pair)
+    suspects = sorted(n for n in links if len(slow[n]) >= 2 and 2 * len(slow[n]) >= len(links[n]))
+    lone = sorted({(c.src_node, c.dst_node) for c in checks if not c.ok
+                   and c.src_node not in suspects and c.dst_node not in suspects})
+    return LinkDiagnosis(tuple(checks), tuple(suspects), tuple(lone))
+
+
+def judge_multi(result: SweepResult, policy: SweepPolicy,
+                baseline: ClassBaseline | None = None) -> list[Verdict]:
+    """One verdict per node of a multi-node pass sweep (suspects fail, the rest pass)."""
+    if result.errors:
+        e = result.errors[0]
+        return [Verdict(n, result.kind, result.label, Outcome.FAIL,
+                        make_reason(f"{result.label} error in {e.where}: {e.message[:48]}"),
+                        f"{e.where}: {e.message}", result=result) for n in result.nodes]
+    diag = localize_links(result.transfers, policy, baseline)
+    out = []
+    for n in result.nodes:
+        mine = [c for c in diag.checks if n in (c.src_node, c.dst_node)]
+        if n in diag.suspect_nodes:
+            bad = sorted((c for c in mine if not c.ok), key=lambda c: c.deviation)
+            worst = bad[0]
+            peer = worst.dst_node if worst.src_node == n else worst.src_node
+            out.append(Verdict(n, result.kind, result.label, Outcome.FAIL,
+                               make_reason(f"{result.label} gpu{worst.gpu} link {n}-{peer}"
+                                           f" {_pct(worst.deviation)} vs class, {len(bad)} slow links"),
+                               "; ".join(f"{c.src_node}->{c.dst_node} gpu{c.gpu} {c.size_mb}MB"
+                                         f" {_pct(c.deviation)}" for c in bad[:8]), result=result))
+        else:
+            out.append(Verdict(n, result.kind, result.label, Outcome.PASS,
+                               make_reason(f"{result.label} pass"),
+                               f"{len(mine)} link measurements", result=result))
+    return out

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""1-node sweep (Guard 5.2): sustained per-GPU GEMM throughput per dtype, device memory
+bandwidth, the pairwise GPU-to-GPU copy matrix and the intra-node all-reduce bus
+bandwidth. Writes one JSON result (slurmguard.sweeps.result, kind "node").
+
+    python sweeps/node_sweep.py --out result.json [--device auto|cuda|cpu] [--duration S]
+
+Settings come from the policy's `sweeps` section; the options override them (tests,
+demos). Exit status: 0 = measured without errors, 1 = result written with errors,
+2 = bad options/policy, 3 = injected crash (tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sweeplib as sl  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sl.add_common_args(p)
+    return p.parse_args(argv)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = sl.settings_from(args)
+    node = sl.node_name(args.node)
+    fault, injected = sl.fault_for(node)
+    sl.apply_start_faults(fault)
+    if args.threads:
+        sl.torch.set_num_threads(args.threads)
+    device = sl.pick_device(settings.device)
+    device_name, count = sl.device_inventory(device, args.cpu_devices)
+    devs = sl.torch_devices(device, count)
+    started = sl.now()
+    errors: list[dict[str, str]] = []
+
+    per_dev: list[dict[str, Any]] = [
+        {"node": node, "index": i,
+         "name": sl.torch.cuda.get_device_name(i) if device == "cuda" else device_name,
+         "gemm": [], "membw_gbps": None} for i in range(count)]
+    for dtype in settings.gemm_dtypes:
+        try:
+            slow = [fault.gemm_slowdown if fault.hits_gpu(i) else 0.0 for i in range(count)]
+            for i, g in enumerate(sl.gemm_all(devs, dtype, settings.gemm_size,
+                                              settings.gemm_duration_s, slow)):
+                per_dev[i]["gemm"].append(g)
+        except Exception as exc:  # a failed kernel is evidence, recorded and failed on
+            errors.append(sl.err(f"gemm {dtype}", exc))
+        finally:
+            if device == "cuda":
+                sl.torch.cuda.empty_cache()
+    for i, dev in enumerate(devs):
+        try:
+            per_dev[i]["membw_gbps"] = sl.membw(dev, settings.membw_bytes, settings.repeats,
+                                                fault.membw_slowdown if fault.hits_gpu(i) else 0.0)
+        except Exception as exc:
+            errors.append(sl.err(f"membw gpu{i}", exc))
+    p2p: list[dict[str, Any]] = []
+    allreduce: list[dict[str, Any]] = []
+    if count >= 2:
+        try:
+            p2p = sl.p2p_matrix(devs, node, max(settings.message_sizes_mb) * sl.MIB,
+                                settings.repeats, fault)
+        except Exception as exc:
+            errors.append(sl.err("p2p matrix", exc))
+        if device == "cuda":
+            sl.torch.cuda.empty_cache()
+        allreduce, ar_errors = intra_allreduce(device, count, settings, fault)
+        errors.extend(ar_errors)
+
+    doc = sl.build_result(
+        kind="node", nodes=[node], node_under_test=node, reference=None,
+        hw_class=args.hw_class or sl.default_hw_class(device_name, count), device=device,
+        device_name=device_name, devices_per_node=count, started=started, finished=sl.now(),
+        job_id=os.environ.get("SLURM_JOB_ID"), settings=settings.to_schema(), devices=per_dev,
+        p2p=p2p, allreduce=allreduce, transfers=[], errors=errors, injected=injected)
+    valid = sl.write_result(args.out, doc, fault)
+    return 0 if valid and not errors else 1
+
+
+def intra_allreduce(device: str, count: int, settings: sl.Settings,
+                    fault: sl.NodeFault) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """All-reduce over the node's devices, one spawned process per device."""
+    import datetime
+
+    timeout = datetime.timedelta(seconds=settings.comm_timeout_s)
+    store = sl.dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
+    specs = [sl.WorkerSpec(task="allreduce_intra", backend="nccl" if device == "cuda" else "gloo",
+                           store_host="127.0.0.1", store_port=store.port, rank=i, world=count,
+                           device=device, local_index=i, node_rank=0, gpus_per_node=count,
+                           settings=settings, fault=fault) for i in range(count)]
+    results = sl.run_local_workers(specs, timeout_s=settings.comm_timeout_s + 60)
+    errors = [e for r in results for e in r["errors"]]
+    data = results[0]["data"] or []
+    del store
+    return data, errors
+
+
+def main(argv: list[str] | None = None) -> int:
+    return sl.main_guard(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

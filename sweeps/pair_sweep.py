@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""2-node (and multi-node) sweep (Guard 5.3): cross-node all-reduce bus bandwidth and
+per-GPU-pair send/recv between the node under test and a reference node, in both
+directions, at each message size, repeated. With more than two nodes it runs the O(1)
+ring and tree pass schedules of Greyhound Fig. 10 so every used link is measured in a
+constant number of rounds.
+
+Launched by srun with one task per node (sweeps/templates/pair_sweep.sbatch):
+
+    srun python sweeps/pair_sweep.py --out result.json --node-under-test n2 --reference n1
+
+Rank and size come from SLURM_PROCID / SLURM_NTASKS, the rendezvous from MASTER_ADDR /
+MASTER_PORT. Each task starts one worker per local GPU (global rank = node rank * GPUs +
+GPU index; NCCL); on CPU one worker per --cpu-devices (gloo over TCP). Node rank 0 writes
+the result (kind "pair" for 2 nodes, "multi" above). Exit status as node_sweep.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sweeplib as sl  # noqa: E402
+
+from slurmguard.errors import SlurmguardError  # noqa: E402
+from slurmguard.sweeps.schedule import ring_passes, tree_passes  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sl.add_common_args(p)
+    p.add_argument("--node-under-test", default=None)
+    p.add_argument("--reference", default=None, help="known-good partner (2-node sweeps)")
+    return p.parse_args(argv)
+
+
+def _env_int(name: str) -> int:
+    v = os.environ.get(name)
+    if v is None or not v.isdigit():
+        raise SlurmguardError(f"${name} is not set to a non-negative integer (run under srun)")
+    return int(v)
+
+
+def schedules_for(nnodes: int) -> tuple[tuple[str, Any], ...]:
+    """2 nodes: the 2-rank ring (both directions). More: ring and tree passes, as NCCL may
+    pick either topology at run time (Greyhound 4.3)."""
+    if nnodes == 2:
+        return (("ring", ring_passes(2)),)
+    return (("ring", ring_passes(nnodes)), ("tree", tree_passes(nnodes)))
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = sl.settings_from(args)
+    node_rank, nnodes = _env_int("SLURM_PROCID"), _env_int("SLURM_NTASKS")
+    if nnodes < 2 or node_rank >= nnodes:
+        raise SlurmguardError(f"a pair sweep needs 2+ tasks, got rank {node_rank} of {nnodes}")
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = _env_int("MASTER_PORT")
+    node = sl.node_name(args.node)
+    fault, injected = sl.fault_for(node)
+    sl.apply_start_faults(fault)
+    if args.threads:
+        sl.torch.set_num_threads(args.threads)
+    device = sl.pick_device(settings.device)
+    device_name, count = sl.device_inventory(device, args.cpu_devices)
+    started = sl.now()
+    timeout = datetime.timedelta(seconds=settings.comm_timeout_s)
+    # one store for the whole sweep, hosted by node rank 0: first the node inventory,
+    # then (under a prefix) the process group, finally errors and a done handshake
+    store = sl.dist.TCPStore(addr, port, world_size=None, is_master=node_rank == 0,
+                             timeout=timeout, wait_for_workers=False)
+    store.set(f"node/{node_rank}", json.dumps({"name": node, "devices": count,
+                                               "device_name": device_name,
+                                               "injected": injected}))
+    infos = [json.loads(store.get(f"node/{r}")) for r in range(nnodes)]
+    names = tuple(i["name"] for i in infos)
+    errors: list[dict[str, str]] = []
+    data: dict[str, Any] = {"transfers": [], "allreduce": []}
+    counts = {i["devices"] for i in infos}
+    if len(set(names)) != len(names):
+        errors.append({"where": "rendezvous", "message": f"duplicate node names {list(names)}"})
+    elif len(counts) != 1:
+        errors.append({"where": "rendezvous", "message": "devices per node differ: " + ", ".join(
+            f"{i['name']}={i['devices']}" for i in infos)})
+    else:
+        base = dict(backend="nccl" if device == "cuda" else "gloo", store_host=addr,
+                    store_port=port, world=nnodes * count, device=device, node_rank=node_rank,
+                    gpus_per_node=count, settings=settings, fault=fault, node_names=names,
+                    schedules=schedules_for(nnodes), task="passes")
+        specs = [sl.WorkerSpec(rank=node_rank * count + g, local_index=g, **base)
+                 for g in range(count)]
+        if count == 1:
+            if device == "cpu" and not args.threads:
+                sl.torch.set_num_threads(1)
+            results = [sl.run_worker(specs[0], store)]
+        else:
+            results = sl.run_local_workers(specs, timeout_s=settings.comm_timeout_s * 4 + 60)
+        for r in results:
+            errors.extend(r["errors"])
+        if node_rank == 0 and results[0]["data"]:
+            data = results[0]["data"]
+    store.set(f"errors/{node_rank}", json.dumps(errors))
+    store.set(f"done/{node_rank}", "1")
+    if node_rank != 0:
+        return 0 if not errors else 1
+    for r in range(1, nnodes):
+        try:
+            errors.extend(e for e in json.loads(store.get(f"errors/{r}")) if e not in errors)
+            store.get(f"done/{r}")
+        except Exception as exc:
+            errors.append(sl.err(f"collect node rank {r}", exc))
+    nut = args.node_under_test or names[0]
+    ref = args.reference
+    if nnodes == 2 and ref is None:
+        ref = names[1] if nut == names[0] else names[0]
+    for label, n in (("--node-under-test", nut), ("--reference", ref)):
+        if n is not None and n not in names:
+            errors.append({"where": "arguments", "message": f"{label} {n} is not in the sweep {list(names)}"})
+            nut, ref = names[0], (names[1] if nnodes == 2 else None)
+    all_injected: dict[str, Any] = {}
+    for i in infos:
+        all_injected.update(i["injected"] or {})
+    doc = sl.build_result(
+        kind="pair" if nnodes == 2 else "multi", nodes=list(names), node_under_test=nut,
+        reference=ref if nnodes == 2 else None,
+        hw_class=args.hw_class or sl.default_hw_class(device_name, count), device=device,
+        device_name=device_name, devices_per_node=count, started=started, finished=sl.now(),
+        job_id=os.environ.get("SLURM_JOB_ID"), settings=settings.to_schema(), devices=[], p2p=[],
+        allreduce=data["allreduce"], transfers=data["transfers"], errors=errors,
+        injected=all_injected or None)
+    valid = sl.write_result(args.out, doc, fault)
+    # keep the store up briefly: peers may still be reading their last keys
+    time.sleep(0.2)
+    return 0 if valid and not errors else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    return sl.main_guard(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
