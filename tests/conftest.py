@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.common",
     "tests.fixtures.slurm",
     "tests.fixtures.postgres",
+    "tests.fixtures.whatif",
 ]
