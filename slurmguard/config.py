@@ -232,6 +232,28 @@ class TriagePolicy(Strict):
         return v
 
 
+# ---------------------------------------------------------------- what-if analysis
+class WhatIfPolicy(Strict):
+    """Paper 004 (what-if analysis of job traces): thresholds of its metrics."""
+
+    top_worker_percent: float = Field(3.0, gt=0, le=100)
+    """M_W (Eq. 5) fixes the workers with the highest 3% of S_w."""
+    max_discrepancy: float = Field(0.05, gt=0)
+    """Section 6: traces whose simulated original step time is off by more are flagged."""
+    straggling_slowdown: float = Field(1.1, ge=1)
+    """Section 4.2: a job is straggling when its slowdown S reaches this."""
+    dominant_share: float = Field(0.5, gt=0)
+    """M_W or M_S at or above this names the cause (sections 5.1, 5.2: 'a majority')."""
+    affected_share: float = Field(0.2, gt=0, le=1)
+    """A worker is affected when S_w - 1 is at least this share of S - 1 (heatmap cell lit)."""
+    widespread_fraction: float = Field(0.5, gt=0, le=1)
+    """This share of workers affected is a widespread pattern (section 8, Fig. 14)."""
+    seq_imbalance_correlation: float = Field(0.9, gt=-1, le=1)
+    """Section 5.3: forward/backward compute correlation suggesting sequence-length imbalance."""
+    memory_mb: int = Field(256, ge=16)
+    """Simulator working-set budget; scenarios are simulated in chunks that fit."""
+
+
 class Policy(Strict):
     database: DatabasePolicy = DatabasePolicy()
     slurm: SlurmPolicy = SlurmPolicy()
@@ -242,6 +264,7 @@ class Policy(Strict):
     controller: ControllerPolicy = ControllerPolicy()
     sweeps: SweepPolicy = SweepPolicy()
     triage: TriagePolicy = TriagePolicy()
+    whatif: WhatIfPolicy = WhatIfPolicy()
 
 
 # ---------------------------------------------------------------- loading
