@@ -161,3 +161,14 @@ def escalation(ctx: click.Context, cause: str, t_slow: str, t_healthy: str, gpus
         rows.append({"action": c.action.value, "cost_gpu_s": c.cost_gpu_s, "after_iterations": iters,
                      "after_s": iters * slow_s if iters is not None else None})
     _echo({"impact_gpu_s_per_iteration": per_iter, "tiers": rows})
+
+
+def _add_example() -> None:
+    # The example module imports torch only inside its workers, so listing it
+    # here keeps `slurmguard plan --help` light.
+    from slurmguard.mitigate.example_ddp import example_ddp
+
+    plan.add_command(example_ddp)
+
+
+_add_example()
