@@ -24,7 +24,7 @@ class _Controller:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 outer.hits.append(self.path)
                 status, body, delay = outer.routes.get(self.path, (404, b"", 0.0))
                 time.sleep(delay)

@@ -6,9 +6,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from slurmguard.errors import InputError  # noqa: E402
-from slurmguard.mitigate.example_ddp import ExampleConfig, run_example  # noqa: E402
-from slurmguard.mitigate.plan import JobPlan, rank_share  # noqa: E402
+from slurmguard.errors import InputError
+from slurmguard.mitigate.example_ddp import ExampleConfig, run_example
+from slurmguard.mitigate.plan import JobPlan, rank_share
 
 
 def _grad_of_split(model, x, y, counts, b):
@@ -75,7 +75,7 @@ def test_example_takes_its_plan_from_a_controller():
     body = json.dumps({"job_id": "77", "version": 2, "microbatches": [6, 2], "makespan_s": 0.0}).encode()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             ok = self.path == "/v1/jobs/77/plan"
             self.send_response(200 if ok else 404)
             self.send_header("Content-Length", str(len(body) if ok else 0))

@@ -10,7 +10,12 @@ import pytest
 
 import slurmguard.mitigate.microbatch as mb
 from slurmguard.errors import InputError
-from slurmguard.mitigate.microbatch import continuous_bound, makespan, plan_microbatches, uniform_split
+from slurmguard.mitigate.microbatch import (
+    continuous_bound,
+    makespan,
+    plan_microbatches,
+    uniform_split,
+)
 
 
 def brute_force(times, total, pp=1):

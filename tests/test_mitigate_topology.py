@@ -161,7 +161,7 @@ def test_role_swap_greedy_equals_best_single_swap_on_random_grids():
         links = [tuple(rng.sample(workers, 2)) for _ in range(rng.randint(1, 3))]
         plan = plan_role_swap(layout, links, dp_bytes=50.0, pp_bytes=1.0)
 
-        def cost(lay):
+        def cost(lay, pp=pp, dp=dp, links=links):
             r = lay.roles()
             return sum({"dp": 50.0, "pp": 1.0, "none": 0.0}[link_kind(r[a], r[b], pp, dp)] for a, b in links)
 

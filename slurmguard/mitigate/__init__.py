@@ -8,3 +8,33 @@
 
 cvxpy and torch are imported only by the modules that need them.
 """
+
+from slurmguard.mitigate.client import PlanClient, PlanPoller
+from slurmguard.mitigate.escalation import (
+    Action,
+    Candidate,
+    EscalationState,
+    RootCause,
+    SkiRentalEscalator,
+    SlowIteration,
+    candidate_actions,
+    escalate,
+)
+from slurmguard.mitigate.microbatch import MicrobatchPlan, makespan, plan_microbatches
+from slurmguard.mitigate.plan import JobPlan, RankShare, rank_share
+from slurmguard.mitigate.topology import (
+    ConsolidationPlan,
+    Layout,
+    RoleSwapPlan,
+    Swap,
+    hybrid_comm_bytes,
+    plan_consolidation,
+    plan_role_swap,
+)
+
+__all__ = [
+    "Action", "Candidate", "ConsolidationPlan", "EscalationState", "JobPlan", "Layout", "MicrobatchPlan",
+    "PlanClient", "PlanPoller", "RankShare", "RoleSwapPlan", "RootCause", "SkiRentalEscalator", "SlowIteration",
+    "Swap", "candidate_actions", "escalate", "hybrid_comm_bytes", "makespan", "plan_consolidation",
+    "plan_microbatches", "plan_role_swap", "rank_share",
+]

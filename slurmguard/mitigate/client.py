@@ -48,7 +48,7 @@ class UrllibGet:
     def __call__(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         req = urllib.request.Request(url, headers={"Accept": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - http(s) only, checked
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                 return resp.status, resp.read(MAX_BODY_BYTES + 1)
         except urllib.error.HTTPError as exc:
             return exc.code, b""
@@ -80,7 +80,7 @@ class PlanClient:
         self.last_error: str | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "PlanClient | None":
+    def from_env(cls, env: dict[str, str] | None = None) -> PlanClient | None:
         """From ``SLURMGUARD_CONTROLLER_URL`` and ``SLURM_JOB_ID``; None if unset."""
         env = dict(os.environ) if env is None else env
         url, job = env.get("SLURMGUARD_CONTROLLER_URL"), env.get("SLURM_JOB_ID")

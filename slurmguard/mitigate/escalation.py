@@ -170,7 +170,7 @@ class SkiRentalEscalator:
         opted_in: bool = True,
         dp_groups: int = 2,
         pp_stages: int = 2,
-    ) -> "SkiRentalEscalator":
+    ) -> SkiRentalEscalator:
         return cls(
             candidate_actions(policy, cause, opted_in=opted_in, dp_groups=dp_groups, pp_stages=pp_stages)
         )

@@ -17,7 +17,6 @@ top up the at most ``D`` missing micro-batches with a heap. Cost O(D log D).
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 

@@ -35,7 +35,7 @@ class JobPlan(BaseModel):
     makespan_s: float | None = None
 
     @model_validator(mode="after")
-    def _counts(self) -> "JobPlan":
+    def _counts(self) -> JobPlan:
         if self.microbatches is not None:
             if not self.microbatches:
                 raise ValueError("microbatches is empty")

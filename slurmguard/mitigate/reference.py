@@ -56,7 +56,7 @@ def plan_microbatches_milp(
         raise SolverError(f"cvxpy/{solver} failed: {exc}") from exc
     if prob.status != cp.OPTIMAL or k.value is None:
         raise SolverError(f"cvxpy/{solver} returned status {prob.status}")
-    m = tuple(int(round(float(v))) * pp for v in k.value)
+    m = tuple(round(float(v)) * pp for v in k.value)
     if sum(m) != total:  # rounding of an integral solution must not lose units
         raise SolverError(f"cvxpy/{solver} returned counts summing to {sum(m)}, not {total}")
     return MicrobatchPlan(m=m, makespan=makespan(m, ts))

@@ -48,7 +48,7 @@ class Layout:
     stages: tuple[tuple[str, ...], ...]
 
     @classmethod
-    def of(cls, stages: Iterable[Iterable[str]]) -> "Layout":
+    def of(cls, stages: Iterable[Iterable[str]]) -> Layout:
         rows = tuple(tuple(str(w) for w in row) for row in stages)
         if not rows or not rows[0]:
             raise InputError("layout: needs at least one stage with one worker")
@@ -68,7 +68,7 @@ class Layout:
         return cls(rows)
 
     @classmethod
-    def grid(cls, pp: int, dp: int, prefix: str = "w") -> "Layout":
+    def grid(cls, pp: int, dp: int, prefix: str = "w") -> Layout:
         """Workers named ``{prefix}{i}``, rank order stage-major: i = s*dp + d."""
         return cls.of([[f"{prefix}{s * dp + d}" for d in range(dp)] for s in range(pp)])
 
@@ -83,7 +83,7 @@ class Layout:
     def roles(self) -> dict[str, tuple[int, int]]:
         return {w: (s, d) for s, row in enumerate(self.stages) for d, w in enumerate(row)}
 
-    def swapped(self, swaps: Iterable[Swap]) -> "Layout":
+    def swapped(self, swaps: Iterable[Swap]) -> Layout:
         grid = [list(row) for row in self.stages]
         roles = self.roles()
         for sw in swaps:
@@ -314,12 +314,13 @@ def plan_role_swap(
     swaps: list[Swap] = []
     workers = [w for row in layout.stages for w in row]
     ends = list(dict.fromkeys(w for link in links for w in link))
+    pp, dp = layout.pp, layout.dp  # swaps never change the grid's shape
+
+    def cost(r: dict[str, tuple[int, int]]) -> float:
+        return sum(_traffic(link_kind(r[a], r[b], pp, dp), dp_bytes, pp_bytes) for a, b in links)
+
     for _ in range(max_swaps):
         cur_roles = current.roles()
-
-        def cost(r: dict[str, tuple[int, int]]) -> float:
-            return sum(_traffic(link_kind(r[a], r[b], current.pp, current.dp), dp_bytes, pp_bytes) for a, b in links)
-
         best = cost(cur_roles)
         best_swap: Swap | None = None
         for e in ends:
