@@ -51,20 +51,31 @@ class PeriodPolicy(Strict):
     """Most recent ops of a rank used for the ACF."""
     min_repeats: int = Field(3, ge=2)
     """A period is accepted only if the window holds this many iterations."""
+    acf_tolerance: float = Field(0.02, ge=0, lt=1)
+    """The period is the first lag reaching max(acf_threshold, best ACF - this):
+    long runs of one op give lag 1 an ACF near 0.98, below the true period's."""
 
 
 class BocdPolicy(Strict):
     hazard: float = Field(0.004, gt=0, lt=1)
     """Constant hazard H = 1/expected run length (iterations)."""
-    max_run_length: int = Field(64, ge=8)
+    max_run_length: int = Field(32, ge=8)
     """Run-length truncation; longer runs share the last slot."""
+    rule: Literal["map_drop", "short_mass"] = "map_drop"
+    """Candidate rule: the MAP run length drops below the current level's age
+    (map_drop), or P(r_t < short_run) > change_probability (short_mass).
+    P(r_t = 0) itself always equals the hazard; `slurmguard bench detect` compares."""
     short_run: int = Field(4, ge=1)
-    """Change fires when P(r_t < short_run) exceeds change_probability."""
+    """short_mass rule: fire when P(r_t < short_run) exceeds change_probability."""
     change_probability: float = Field(0.9, gt=0, lt=1)
     verify_min_change: float = Field(0.10, gt=0)
     """Greyhound verification: means before/after must differ by this fraction."""
     verify_window: int = Field(8, ge=2)
     """Iterations on each side of a change point used by the verification."""
+    verify_min_after: int = Field(3, ge=1)
+    """Samples after a candidate needed before it is verified (bounds the delay)."""
+    prior_cv: float = Field(0.03, gt=0)
+    """Prior guess of the step-time jitter (relative s.d.); the model learns the real one."""
 
 
 class CrossGroupPolicy(Strict):
@@ -94,6 +105,8 @@ class PeerPolicy(Strict):
     """...over this many consecutive windows."""
     window_s: float = Field(30.0, gt=0)
     min_peers: int = Field(4, ge=2)
+    mad_floor: float = Field(0.01, ge=0)
+    """The robust scale is at least this fraction of |median| (identical peers: MAD = 0)."""
 
 
 class DetectionPolicy(Strict):

@@ -1,0 +1,185 @@
+"""Peer-relative telemetry scoring (Guard 4.2).
+
+Every signal of every device is compared with the same signal on its peers
+(the devices of the same job, or of the same hardware class when idle) with
+robust statistics: z = (x - median) / (1.4826 * MAD). A signal deviates when z
+exceeds `robust_z` in the signal's bad direction (hot, slow clock, low power,
+...). A device is flagged only when at least `min_signals` signals deviate
+together in `consecutive_windows` consecutive windows; there are no absolute
+thresholds, except for hard failures (a hardware XID, a GPU fallen off the bus,
+an uncorrectable ECC error, a link down) which flag at once.
+
+The MAD has a floor of `mad_floor` times |median| so that a fleet of identical
+readings (MAD = 0) does not turn a 1 MHz difference into an infinite z.
+"Low power at normal utilisation" (Guard 3.3) is scored through a derived
+signal, power per utilisation percent, so that a GPU drawing 12% less power
+while as busy as its peers deviates on two signals (power and power/util).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from slurmguard.config import PeerPolicy
+from slurmguard.telemetry.base import HARD_XIDS, Signal, TelemetrySample
+
+#: +1: high is bad, -1: low is bad, 0: either way.
+BAD_DIRECTION: dict[str, int] = {
+    Signal.GPU_TEMP: +1,
+    Signal.SM_CLOCK: -1,
+    Signal.POWER: -1,
+    Signal.GPU_UTIL: -1,
+    "power_per_util": -1,
+    Signal.PCIE_REPLAY_RATE: +1,
+    Signal.NVLINK_ERROR_RATE: +1,
+    Signal.NIC_RATE: -1,
+    Signal.NIC_TX_GBPS: 0,          # misrouted traffic doubles one NIC's load
+    Signal.NIC_ERROR_RATE: +1,
+    Signal.NIC_CONGESTION_RATE: +1,
+    Signal.CPU_BUSY: +1,
+    Signal.STEP_TIME: +1,
+}
+
+
+@dataclass(frozen=True)
+class Deviation:
+    signal: str
+    value: float
+    median: float
+    z: float
+
+
+@dataclass(frozen=True)
+class PeerFlag:
+    """A device (node, device) flagged against its peers, with the evidence."""
+
+    node: str
+    device: str
+    hard: bool
+    reasons: tuple[str, ...]
+    deviations: tuple[Deviation, ...] = ()
+    windows: int = 0
+
+
+def _device(s: TelemetrySample) -> str:
+    if s.gpu is not None:
+        return f"gpu{s.gpu}"
+    if s.nic is not None:
+        return s.nic
+    return "host"
+
+
+def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
+    """Signals that fail a device on their own, whatever the peers say."""
+    out = []
+    for s in samples:
+        why = None
+        if s.signal == Signal.XID and int(s.value) in HARD_XIDS:
+            why = f"XID {int(s.value)}"
+        elif s.signal == Signal.GPU_LOST and s.value > 0:
+            why = "GPU is lost (fell off the bus)"
+        elif s.signal == Signal.ECC_DBE_DELTA and s.value > 0:
+            why = f"{int(s.value)} new uncorrectable ECC errors"
+        elif s.signal == Signal.NIC_STATE and s.value < 1:
+            why = "link down"
+        elif s.signal == Signal.NVLINK_DOWN and s.value > 0:
+            why = f"{int(s.value)} NVLink link(s) down"
+        if why:
+            out.append(PeerFlag(s.node, _device(s), True, (why,)))
+    return out
+
+
+def robust_z(values: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
+    med = float(np.median(values))
+    mad = float(np.median(np.abs(values - med)))
+    scale = max(1.4826 * mad, floor * abs(med), 1e-12)
+    return (values - med) / scale, med
+
+
+class PeerScorer:
+    """Stateful: call `window(samples, peer_group)` once per window."""
+
+    def __init__(self, policy: PeerPolicy | None = None) -> None:
+        self.policy = policy or PeerPolicy()
+        self._streak: dict[tuple[str, str], int] = defaultdict(int)
+
+    def deviations(self, samples: list[TelemetrySample],
+                   peer_group: dict[str, str] | None = None) -> dict[tuple[str, str], list[Deviation]]:
+        """Per (node, device): the signals deviating from their peers this window.
+
+        peer_group maps node -> group name (job id or hardware class); nodes
+        missing from it share one group. Samples of one device and signal in a
+        window are averaged first.
+        """
+        p = self.policy
+        peer_group = peer_group or {}
+        acc: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)
+        for s in samples:
+            if s.signal not in BAD_DIRECTION:
+                continue
+            kind = "gpu" if s.gpu is not None else ("nic" if s.nic is not None else "host")
+            acc[(peer_group.get(s.node, ""), kind, s.signal, f"{s.node}\0{_device(s)}")].append(s.value)
+        table: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+        for (grp, kind, sig, dev), vals in acc.items():
+            table[(grp, kind, sig)][dev] = float(np.mean(vals))
+        # derived: power per utilisation percent (low power at normal utilisation)
+        for (grp, kind, sig), devs in list(table.items()):
+            if sig != Signal.POWER:
+                continue
+            util = table.get((grp, kind, Signal.GPU_UTIL), {})
+            derived = {d: v / util[d] for d, v in devs.items() if util.get(d, 0) > 5.0}
+            if derived:
+                table[(grp, kind, "power_per_util")] = derived
+        out: dict[tuple[str, str], list[Deviation]] = defaultdict(list)
+        floor = p.mad_floor
+        for (grp, kind, sig), devs in table.items():
+            if len(devs) < p.min_peers:
+                continue
+            names = list(devs)
+            vals = np.array([devs[n] for n in names])
+            z, med = robust_z(vals, floor)
+            direction = BAD_DIRECTION[sig]
+            bad = (z * direction > p.robust_z) if direction else (np.abs(z) > p.robust_z)
+            for i in np.nonzero(bad)[0]:
+                node, dev = names[i].split("\0")
+                out[(node, dev)].append(Deviation(sig, float(vals[i]), med, float(z[i])))
+        return out
+
+    def window(self, samples: list[TelemetrySample],
+               peer_group: dict[str, str] | None = None) -> list[PeerFlag]:
+        """Score one window; returns hard failures and devices whose multi-signal
+        deviation has lasted consecutive_windows windows."""
+        p = self.policy
+        devs = self.deviations(samples, peer_group)
+        flags = hard_failures(samples)
+        multi = {k: v for k, v in devs.items() if len({d.signal for d in v}) >= p.min_signals}
+        for k in list(self._streak):
+            if k not in multi:
+                del self._streak[k]
+        for k, v in multi.items():
+            self._streak[k] += 1
+            if self._streak[k] >= p.consecutive_windows:
+                reasons = tuple(
+                    f"{d.signal} {d.value:.4g} vs peer median {d.median:.4g} (z={d.z:+.1f})" for d in v)
+                flags.append(PeerFlag(k[0], k[1], False, reasons, tuple(v), self._streak[k]))
+        return flags
+
+
+@dataclass
+class NodeVerdict:
+    node: str
+    flags: list[PeerFlag] = field(default_factory=list)
+
+    @property
+    def hard(self) -> bool:
+        return any(f.hard for f in self.flags)
+
+
+def by_node(flags: list[PeerFlag]) -> dict[str, NodeVerdict]:
+    out: dict[str, NodeVerdict] = {}
+    for f in flags:
+        out.setdefault(f.node, NodeVerdict(f.node)).flags.append(f)
+    return out

@@ -1,0 +1,196 @@
+"""Iteration period and step times from a rank's op sequence (Greyhound 4.2).
+
+The op sequence of a training rank repeats once per iteration. The period is
+the first lag k whose autocorrelation reaches M = 0.95; the iteration time is
+the time between an op and its occurrence one period earlier.
+
+Choices where the paper is silent:
+- Symbols are (op type, communicator) pairs, one-hot encoded; the ACF is the
+  sum of the per-symbol autocovariances over the sum of the variances, so it is
+  exactly 1 at the period of a strictly periodic sequence whatever the coding.
+- Each lag is normalised over its overlap (a Pearson correlation of the lagged
+  subsequences). The biased textbook estimator caps ACF_k at 1 - k/L, so a
+  period longer than 5% of the window could never reach 0.95.
+- "First lag reaching M" is refined to the first lag reaching
+  max(M, best - acf_tolerance): a sequence with long runs of one op (e.g. 100
+  gradient-bucket AllReduces then one AllGather) has ACF_1 near 0.98, but its
+  real period scores 1.0.
+- Warm-up and phase changes: the ACF runs on the most recent ops; if no lag
+  qualifies, the oldest half is dropped and it retries, down to min_repeats
+  periods. The current phase is then extended backwards while ops keep
+  matching one period earlier, so warm-up ops and an earlier phase are left out.
+- Several communicators: if the interleaving of communicators is not itself
+  periodic (ops issued from several threads), each communicator's own
+  sequence is tried, busiest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slurmguard.config import PeriodPolicy
+from slurmguard.detect.records import RankOps
+
+
+@dataclass(frozen=True)
+class PeriodResult:
+    """period: ops per iteration (in the sequence used); start: first op index of
+    the current periodic phase (in the rank's full sequence); comm: None when
+    the full interleaved sequence was periodic, else the communicator used;
+    acf: the ACF at the period."""
+
+    period: int
+    start: int
+    acf: float
+    comm: int | None = None
+
+
+def acf(symbols: np.ndarray, max_lag: int) -> np.ndarray:
+    """Overlap-normalised ACF of a categorical sequence for lags 0..max_lag."""
+    s = np.asarray(symbols)
+    n = s.size
+    max_lag = min(max_lag, n - 1)
+    _, codes = np.unique(s, return_inverse=True)
+    k = int(codes.max()) + 1 if n else 0
+    out = np.zeros(max_lag + 1)
+    if n < 2 or k < 2:
+        out[:] = 1.0 if k == 1 else 0.0
+        return out
+    onehot = np.zeros((k, n))
+    onehot[codes, np.arange(n)] = 1.0
+    # per symbol, centred on its mean over the window
+    z = onehot - onehot.mean(axis=1, keepdims=True)
+    m = 1 << int(np.ceil(np.log2(2 * n)))
+    f = np.fft.rfft(z, m, axis=1)
+    cov = np.fft.irfft(f * np.conj(f), m, axis=1)[:, : max_lag + 1].sum(axis=0)
+    # variances of the two overlapping parts, via cumulative sums of z^2
+    sq = (z * z).sum(axis=0)
+    cs = np.concatenate([[0.0], np.cumsum(sq)])
+    lags = np.arange(max_lag + 1)
+    head = cs[n - lags]               # sum over t < n-k
+    tail = cs[n] - cs[lags]           # sum over t >= k
+    denom = np.sqrt(np.maximum(head * tail, 1e-300))
+    out = cov / denom
+    out[0] = 1.0
+    return np.clip(out, -1.0, 1.0)
+
+
+def _first_period(symbols: np.ndarray, policy: PeriodPolicy) -> tuple[int, float] | None:
+    n = symbols.size
+    max_lag = min(policy.max_period, n // policy.min_repeats)
+    if max_lag < policy.min_period:
+        return None
+    a = acf(symbols, max_lag)
+    cand = a[policy.min_period:]
+    best = float(cand.max()) if cand.size else 0.0
+    bar = max(policy.acf_threshold, best - policy.acf_tolerance)
+    hits = np.nonzero(cand >= bar)[0]
+    if hits.size == 0:
+        return None
+    k = int(hits[0]) + policy.min_period
+    return k, float(a[k])
+
+
+def _phase_start(symbols: np.ndarray, period: int, tolerance: int) -> int:
+    """First index of the trailing stretch where x[t] == x[t + period] holds,
+    allowing `tolerance` isolated mismatches (an op from a stray thread)."""
+    n = symbols.size
+    match = symbols[:-period] == symbols[period:]
+    bad = np.nonzero(~match)[0]
+    if bad.size == 0:
+        return 0
+    # walk back from the end; stop at a cluster of mismatches
+    allowed = tolerance
+    start = 0
+    for i in bad[::-1]:
+        later = bad[(bad > i) & (bad <= i + period)]
+        if later.size or allowed <= 0:
+            start = int(i) + 1
+            break
+        allowed -= 1
+    return min(start, max(n - 2 * period, 0))
+
+
+def find_period(symbols: np.ndarray, policy: PeriodPolicy | None = None) -> tuple[int, int, float] | None:
+    """(period, phase start, acf) of a symbol sequence, or None if not periodic."""
+    p = policy or PeriodPolicy()
+    s = np.asarray(symbols)[-p.window_ops:]
+    offset = np.asarray(symbols).size - s.size
+    window = s
+    while window.size >= max(2 * p.min_period, p.min_repeats * p.min_period):
+        got = _first_period(window, p)
+        if got is not None:
+            k, val = got
+            start = _phase_start(s, k, tolerance=max(1, s.size // (50 * k)))
+            return k, offset + start, val
+        window = window[window.size // 2:]
+    return None
+
+
+def rank_period(ops: RankOps, policy: PeriodPolicy | None = None) -> PeriodResult | None:
+    """Period of a rank's op sequence: the interleaved (op, comm) sequence
+    first, then each communicator alone, busiest first."""
+    p = policy or PeriodPolicy()
+    if len(ops) < 2 * p.min_period:
+        return None
+    sym = ops.op * np.int64(1 << 32) + (ops.comm & 0xFFFFFFFF)
+    got = find_period(sym, p)
+    if got is not None:
+        return PeriodResult(got[0], got[1], got[2], None)
+    comms, counts = np.unique(ops.comm, return_counts=True)
+    for c in comms[np.argsort(-counts)]:
+        idx = np.nonzero(ops.comm == c)[0]
+        got = find_period(ops.op[idx], p)
+        if got is not None:
+            return PeriodResult(got[0], int(idx[got[1]]), got[2], int(c))
+    return None
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Per-iteration times of one rank: end_ns[i] is when iteration i ended
+    (the anchor op's start), seconds[i] its duration."""
+
+    rank: int
+    period: PeriodResult
+    end_ns: np.ndarray
+    seconds: np.ndarray
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.seconds)) if self.seconds.size else float("nan")
+
+
+def step_times(ops: RankOps, policy: PeriodPolicy | None = None,
+               period: PeriodResult | None = None) -> StepTimes | None:
+    """Iteration times of a rank from its period (Greyhound: the time between
+    an op and its occurrence one period earlier).
+
+    The anchor is the op that follows the longest typical gap inside the period
+    (where forward/backward compute sits), so a step time is one whole
+    iteration, not a split between two. None when no period is found.
+    """
+    p = policy or PeriodPolicy()
+    pr = period or rank_period(ops, p)
+    if pr is None:
+        return None
+    if pr.comm is None:
+        idx = np.arange(pr.start, len(ops))
+    else:
+        idx = np.nonzero(ops.comm == pr.comm)[0]
+        idx = idx[idx >= pr.start]
+    k = pr.period
+    t = ops.start_ns[idx]
+    m = (idx.size // k) * k
+    if m < 2 * k:
+        return None
+    # typical gap before each position of the period
+    gaps = np.diff(t[:m]).astype(np.float64)
+    gaps = np.concatenate([[0.0], gaps])[: m].reshape(-1, k)
+    anchor = int(np.argmax(np.median(gaps[1:], axis=0))) if gaps.shape[0] > 1 else 0
+    a_idx = np.arange(anchor, t.size, k)
+    ts = t[a_idx]
+    d = np.diff(ts)
+    return StepTimes(ops.rank, pr, ts[1:], d.astype(np.float64) / 1e9)

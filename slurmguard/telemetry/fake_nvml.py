@@ -1,0 +1,207 @@
+"""A faithful stand-in for the pynvml module, for machines without a GPU.
+
+It exposes the pynvml functions NvmlSource calls, with pynvml's own constants
+and its NVMLError classes (so `except nv.NVMLError` and `.value` behave as on a
+GPU node), NVML's units (temperature C, clocks MHz, power mW, utilisation %),
+and NVML's error behaviour: every call before nvmlInit fails with
+NVML_ERROR_UNINITIALIZED, an unknown index with NVML_ERROR_INVALID_ARGUMENT, a
+feature the GPU lacks with NVML_ERROR_NOT_SUPPORTED, a GPU that fell off the
+bus with NVML_ERROR_GPU_IS_LOST, and nvmlEventSetWait_v2 with
+NVML_ERROR_TIMEOUT when no event is pending.
+
+Device state comes from a dict in the layout of the recorded fixture
+(tests/fixtures/telemetry/nvml_h100x8.json); `hang` names functions that block
+until `release()` to reproduce a hung driver call.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pynvml as _real
+
+# constants and error classes straight from pynvml
+NVMLError = _real.NVMLError
+for _name in dir(_real):
+    if _name.startswith(("NVML_", "nvmlClocks", "nvmlEventType")):
+        globals()[_name] = getattr(_real, _name)
+
+
+class _Handle:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<nvmlDevice {self.index}>"
+
+
+class _EventData:
+    """Fields of c_nvmlEventData_t."""
+
+    def __init__(self, device: _Handle, event_type: int, data: int) -> None:
+        self.device = device
+        self.eventType = event_type
+        self.eventData = data
+        self.gpuInstanceId = 0xFFFFFFFF
+        self.computeInstanceId = 0xFFFFFFFF
+
+
+class _Utilization:
+    def __init__(self, gpu: int, memory: int) -> None:
+        self.gpu = gpu
+        self.memory = memory
+
+
+class FakeNvml:
+    """Instance used in place of the pynvml module."""
+
+    NVMLError = _real.NVMLError
+
+    def __init__(self, devices: list[dict[str, Any]], hang: set[str] | None = None) -> None:
+        self.devices = devices
+        self.hang = set(hang or ())
+        self._release = threading.Event()
+        self._init = 0
+        self._handles = [_Handle(i) for i in range(len(devices))]
+        self._sets: list[dict[str, Any]] = []
+        for name in dir(_real):
+            if name.startswith(("NVML_", "nvmlClocks", "nvmlEventType")):
+                setattr(self, name, getattr(_real, name))
+
+    @classmethod
+    def from_fixture(cls, path: str | Path, **kw: Any) -> "FakeNvml":
+        data = json.loads(Path(path).read_text())
+        return cls(data["devices"], **kw)
+
+    # ---------------------------------------------------------------- control
+    def release(self) -> None:
+        self._release.set()
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        for s in self._sets:
+            if index in s["registered"]:
+                s["queue"].append(_EventData(self._handles[index], _real.nvmlEventTypeXidCriticalError, xid))
+
+    def _enter(self, fn: str, handle: _Handle | None = None, feature: str | None = None) -> dict | None:
+        if fn in self.hang:
+            self._release.wait()
+        if not self._init and fn != "nvmlInit":
+            raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
+        if handle is None:
+            return None
+        if not isinstance(handle, _Handle) or handle.index >= len(self.devices):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        dev = self.devices[handle.index]
+        if dev.get("lost"):
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+        if feature is not None and feature in dev.get("unsupported", ()):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return dev
+
+    # ---------------------------------------------------------------- pynvml API
+    def nvmlInit(self) -> None:
+        self._enter("nvmlInit")
+        self._init += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self._init = max(0, self._init - 1)
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.devices):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return self._handles[index]
+
+    def nvmlDeviceGetName(self, h: _Handle) -> str:
+        return self._enter("nvmlDeviceGetName", h)["name"]
+
+    def nvmlDeviceGetUUID(self, h: _Handle) -> str:
+        return self._enter("nvmlDeviceGetUUID", h)["uuid"]
+
+    def nvmlDeviceGetTemperature(self, h: _Handle, sensor: int) -> int:
+        dev = self._enter("nvmlDeviceGetTemperature", h, "temperature")
+        if sensor != _real.NVML_TEMPERATURE_GPU:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(dev["temperature_gpu_c"])
+
+    def nvmlDeviceGetClockInfo(self, h: _Handle, clock_type: int) -> int:
+        dev = self._enter("nvmlDeviceGetClockInfo", h, "clocks")
+        key = {_real.NVML_CLOCK_GRAPHICS: "clock_graphics_mhz", _real.NVML_CLOCK_SM: "clock_sm_mhz",
+               _real.NVML_CLOCK_MEM: "clock_mem_mhz"}.get(clock_type)
+        if key is None:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(dev[key])
+
+    def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
+        return int(self._enter("nvmlDeviceGetPowerUsage", h, "power")["power_usage_mw"])
+
+    def nvmlDeviceGetUtilizationRates(self, h: _Handle) -> _Utilization:
+        dev = self._enter("nvmlDeviceGetUtilizationRates", h, "utilization")
+        return _Utilization(int(dev["utilization_gpu_pct"]), int(dev["utilization_memory_pct"]))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
+        return int(self._enter("nvmlDeviceGetCurrentClocksEventReasons", h, "clocks_event_reasons")
+                   ["clocks_event_reasons"])
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+    def nvmlDeviceGetTotalEccErrors(self, h: _Handle, error_type: int, counter_type: int) -> int:
+        dev = self._enter("nvmlDeviceGetTotalEccErrors", h, "ecc")
+        kind = "corrected" if error_type == _real.NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrected"
+        when = "volatile" if counter_type == _real.NVML_VOLATILE_ECC else "aggregate"
+        return int(dev["ecc"][f"{when}_{kind}"])
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: _Handle) -> int:
+        return int(self._enter("nvmlDeviceGetPcieReplayCounter", h, "pcie_replay")["pcie_replay_counter"])
+
+    def nvmlDeviceGetNvLinkState(self, h: _Handle, link: int) -> int:
+        dev = self._enter("nvmlDeviceGetNvLinkState", h, "nvlink")
+        links = dev.get("nvlink", [])
+        if link >= len(links):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return _real.NVML_FEATURE_ENABLED if links[link]["active"] else _real.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: _Handle, link: int, counter: int) -> int:
+        dev = self._enter("nvmlDeviceGetNvLinkErrorCounter", h, "nvlink")
+        links = dev.get("nvlink", [])
+        if link >= len(links):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        key = {_real.NVML_NVLINK_ERROR_DL_REPLAY: "replay", _real.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+               _real.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+               _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data"}.get(counter)
+        if key is None:
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return int(links[link][key])
+
+    def nvmlEventSetCreate(self) -> dict[str, Any]:
+        self._enter("nvmlEventSetCreate")
+        s: dict[str, Any] = {"registered": set(), "queue": deque()}
+        self._sets.append(s)
+        return s
+
+    def nvmlDeviceRegisterEvents(self, h: _Handle, event_types: int, event_set: dict) -> None:
+        self._enter("nvmlDeviceRegisterEvents", h, "events")
+        if event_types & _real.nvmlEventTypeXidCriticalError:
+            event_set["registered"].add(h.index)
+
+    def nvmlEventSetWait_v2(self, event_set: dict, timeout_ms: int) -> _EventData:
+        self._enter("nvmlEventSetWait_v2")
+        if event_set["queue"]:
+            return event_set["queue"].popleft()
+        raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, event_set: dict) -> None:
+        self._enter("nvmlEventSetFree")
+        if event_set in self._sets:
+            self._sets.remove(event_set)

@@ -1,0 +1,240 @@
+"""GPU telemetry through NVML (pynvml from nvidia-ml-py).
+
+Units as NVML documents them: temperature in degrees C
+(nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU)), SM clock in MHz
+(nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)), power in milliwatts
+(nvmlDeviceGetPowerUsage, converted to W), utilisation in percent
+(nvmlDeviceGetUtilizationRates().gpu/.memory), the clocks-event (throttle)
+reasons as a bitmask, volatile ECC counts, the PCIe replay counter, and NVLink
+DL error counters per link. XIDs arrive as nvmlEventTypeXidCriticalError events
+on an event set polled with a 0 ms wait.
+
+Error handling: NVML_ERROR_NOT_SUPPORTED (and NO_PERMISSION) means the signal
+is absent on this GPU (noted once as an "unsupported" event);
+NVML_ERROR_GPU_IS_LOST is a hard failure (sample gpu_lost = 1 and a
+hard_failure event); any other NVML error is an "error" event; a call that
+does not return within the timeout is a "timeout" event. The module object is
+injected, so the same code runs against pynvml on a GPU node and against
+`FakeNvml` in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurmguard.clock import Clock, SystemClock
+from slurmguard.telemetry.base import (CounterRates, Deadline, Reading, Signal, SourceEvent,
+                                       SourceTimeout, sample)
+
+THERMAL_BITS = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
+
+
+def load_pynvml() -> Any:
+    import pynvml  # nvidia-ml-py
+
+    return pynvml
+
+
+class NvmlSource:
+    """Samples every GPU of this node through NVML."""
+
+    name = "nvml"
+
+    def __init__(self, node: str, nvml: Any | None = None, *, clock: Clock | None = None,
+                 timeout_s: float = 2.0) -> None:
+        self.node = node
+        self.nv = nvml if nvml is not None else load_pynvml()
+        self.clock = clock or SystemClock()
+        self.deadline = Deadline(timeout_s)
+        self.rates = CounterRates()
+        self._unsupported: set[tuple[int, str]] = set()
+        self._handles: list[Any] = []
+        self._links: dict[int, list[int]] = {}
+        self._events: Any = None
+        self._init_error: str | None = None
+        self._init()
+
+    # ------------------------------------------------------------ setup
+    def _init(self) -> None:
+        nv = self.nv
+        try:
+            self.deadline.call(nv.nvmlInit)
+            count = self.deadline.call(nv.nvmlDeviceGetCount)
+            self._handles = [self.deadline.call(nv.nvmlDeviceGetHandleByIndex, i) for i in range(count)]
+        except SourceTimeout as exc:
+            self._init_error = f"nvmlInit timed out: {exc}"
+            return
+        except nv.NVMLError as exc:
+            self._init_error = f"NVML init failed: {exc}"
+            return
+        try:
+            self._events = nv.nvmlEventSetCreate()
+        except nv.NVMLError:
+            self._events = None
+        for i, h in enumerate(self._handles):
+            if self._events is not None:
+                try:
+                    nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
+                except nv.NVMLError:
+                    self._unsupported.add((i, Signal.XID))
+            links = []
+            for link in range(nv.NVML_NVLINK_MAX_LINKS):
+                try:
+                    nv.nvmlDeviceGetNvLinkState(h, link)
+                except nv.NVMLError:
+                    continue  # link index not present on this GPU
+                links.append(link)
+            self._links[i] = links
+
+    def close(self) -> None:
+        nv = self.nv
+        try:
+            if self._events is not None:
+                nv.nvmlEventSetFree(self._events)
+            self.deadline.call(nv.nvmlShutdown)
+        except (nv.NVMLError, SourceTimeout):
+            pass
+
+    # ------------------------------------------------------------ sampling
+    def sample(self) -> Reading:
+        out = Reading()
+        ts = self.clock.now()
+        if self._init_error is not None:
+            out.events.append(SourceEvent(self.node, self.name, "error", self._init_error, ts))
+            return out
+        for i, h in enumerate(self._handles):
+            try:
+                out.extend(self.deadline.call(self._sample_gpu, i, h, ts))
+            except SourceTimeout as exc:
+                out.events.append(SourceEvent(self.node, self.name, "timeout", f"GPU {i}: {exc}", ts, gpu=i))
+        try:
+            out.extend(self.deadline.call(self._drain_xids, ts))
+        except SourceTimeout as exc:
+            out.events.append(SourceEvent(self.node, self.name, "timeout", f"XID events: {exc}", ts))
+        return out
+
+    def _get(self, out: Reading, i: int, signal: str, ts: float, fn: Any, *args: Any) -> Any:
+        """One NVML getter: value, or None after recording why it is absent."""
+        nv = self.nv
+        if (i, signal) in self._unsupported:
+            return None
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_NO_PERMISSION):
+                self._unsupported.add((i, signal))
+                out.events.append(SourceEvent(self.node, self.name, "unsupported",
+                                              f"GPU {i}: {signal}: {exc}", ts, gpu=i))
+                return None
+            if code == nv.NVML_ERROR_GPU_IS_LOST:
+                raise _GpuLost() from None
+            out.events.append(SourceEvent(self.node, self.name, "error",
+                                          f"GPU {i}: {signal}: {exc}", ts, gpu=i))
+            return None
+
+    def _sample_gpu(self, i: int, h: Any, ts: float) -> Reading:
+        nv = self.nv
+        out = Reading()
+        node = self.node
+        try:
+            v = self._get(out, i, Signal.GPU_TEMP, ts, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            if v is not None:
+                out.samples.append(sample(node, Signal.GPU_TEMP, v, ts, gpu=i))
+            v = self._get(out, i, Signal.SM_CLOCK, ts, nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+            if v is not None:
+                out.samples.append(sample(node, Signal.SM_CLOCK, v, ts, gpu=i))
+            v = self._get(out, i, Signal.POWER, ts, nv.nvmlDeviceGetPowerUsage, h)
+            if v is not None:
+                out.samples.append(sample(node, Signal.POWER, v / 1000.0, ts, gpu=i))  # mW -> W
+            u = self._get(out, i, Signal.GPU_UTIL, ts, nv.nvmlDeviceGetUtilizationRates, h)
+            if u is not None:
+                out.samples.append(sample(node, Signal.GPU_UTIL, u.gpu, ts, gpu=i))
+                out.samples.append(sample(node, Signal.MEM_UTIL, u.memory, ts, gpu=i))
+            # newer drivers name it "clocks event reasons"; the old name is deprecated
+            getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                nv.nvmlDeviceGetCurrentClocksThrottleReasons
+            v = self._get(out, i, Signal.THROTTLE_REASONS, ts, getter, h)
+            if v is not None:
+                out.samples.append(sample(node, Signal.THROTTLE_REASONS, v, ts, gpu=i))
+                out.samples.append(sample(node, Signal.THERMAL_THROTTLE, 1 if v & THERMAL_BITS else 0, ts, gpu=i))
+            v = self._get(out, i, Signal.ECC_SBE, ts, nv.nvmlDeviceGetTotalEccErrors, h,
+                          nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
+            if v is not None:
+                out.samples.append(sample(node, Signal.ECC_SBE, v, ts, gpu=i))
+            v = self._get(out, i, Signal.ECC_DBE, ts, nv.nvmlDeviceGetTotalEccErrors, h,
+                          nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+            if v is not None:
+                out.samples.append(sample(node, Signal.ECC_DBE, v, ts, gpu=i))
+                d = self.rates.delta((i, "dbe"), v)
+                if d is not None:
+                    out.samples.append(sample(node, Signal.ECC_DBE_DELTA, d, ts, gpu=i))
+            v = self._get(out, i, Signal.PCIE_REPLAY, ts, nv.nvmlDeviceGetPcieReplayCounter, h)
+            if v is not None:
+                out.samples.append(sample(node, Signal.PCIE_REPLAY, v, ts, gpu=i))
+                r = self.rates.rate((i, "pcie"), v, ts)
+                if r is not None:
+                    out.samples.append(sample(node, Signal.PCIE_REPLAY_RATE, r, ts, gpu=i))
+            self._nvlink(out, i, h, ts)
+        except _GpuLost:
+            out.samples.append(sample(node, Signal.GPU_LOST, 1, ts, gpu=i))
+            out.events.append(SourceEvent(node, self.name, "hard_failure",
+                                          f"GPU {i}: NVML_ERROR_GPU_IS_LOST", ts, gpu=i))
+        return out
+
+    def _nvlink(self, out: Reading, i: int, h: Any, ts: float) -> None:
+        nv = self.nv
+        links = self._links.get(i, [])
+        if not links:
+            return
+        total = 0
+        down = 0
+        got = False
+        for link in links:
+            st = self._get(out, i, Signal.NVLINK_DOWN, ts, nv.nvmlDeviceGetNvLinkState, h, link)
+            if st is not None and st != nv.NVML_FEATURE_ENABLED:
+                down += 1
+            for counter in (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY,
+                            nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, nv.NVML_NVLINK_ERROR_DL_CRC_DATA):
+                v = self._get(out, i, Signal.NVLINK_ERRORS, ts, nv.nvmlDeviceGetNvLinkErrorCounter,
+                              h, link, counter)
+                if v is not None:
+                    total += v
+                    got = True
+        out.samples.append(sample(self.node, Signal.NVLINK_DOWN, down, ts, gpu=i))
+        if got:
+            out.samples.append(sample(self.node, Signal.NVLINK_ERRORS, total, ts, gpu=i))
+            r = self.rates.rate((i, "nvlink"), total, ts)
+            if r is not None:
+                out.samples.append(sample(self.node, Signal.NVLINK_ERROR_RATE, r, ts, gpu=i))
+
+    def _drain_xids(self, ts: float) -> Reading:
+        """Collect pending XID events (0 ms waits until NVML_ERROR_TIMEOUT)."""
+        nv = self.nv
+        out = Reading()
+        if self._events is None:
+            return out
+        index_of = {id(h): i for i, h in enumerate(self._handles)}
+        for _ in range(1024):  # bound: a flood of events cannot spin forever
+            try:
+                ev = nv.nvmlEventSetWait_v2(self._events, 0)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT:
+                    out.events.append(SourceEvent(self.node, self.name, "error", f"XID wait: {exc}", ts))
+                break
+            if ev.eventType & nv.nvmlEventTypeXidCriticalError:
+                gpu = index_of.get(id(ev.device))
+                if gpu is None:
+                    gpu = self._index_by_handle(ev.device)
+                out.samples.append(sample(self.node, Signal.XID, ev.eventData, ts, gpu=gpu))
+        return out
+
+    def _index_by_handle(self, handle: Any) -> int | None:
+        for i, h in enumerate(self._handles):
+            if h == handle:
+                return i
+        return None
+
+
+class _GpuLost(Exception):
+    pass
