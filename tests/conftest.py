@@ -4,5 +4,6 @@ pytest_plugins = [
     "tests.fixtures.common",
     "tests.fixtures.slurm",
     "tests.fixtures.postgres",
+    "tests.fixtures.sweeps",
     "tests.fixtures.whatif",
 ]

@@ -197,8 +197,11 @@ def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline 
     if job.exit_code not in (None, 0):
         return fail(f"crashed (exit {job.exit_code})", f"sweep exited with status {job.exit_code}", result)
     if parse_error is not None:
-        short = "no result" if parse_error.path == "$" and "no result" in parse_error.problem else \
-            f"bad result: {parse_error.path}"
+        if parse_error.path == "$":
+            problem = parse_error.problem.split(":")[0]
+            short = "no result" if "no result" in problem else f"bad result: {problem}"
+        else:
+            short = f"bad result: {parse_error.path.removeprefix('$.')}"
         return fail(short, str(parse_error))
     if result is None:
         return fail("no result", f"{job.source}: the sweep completed but wrote no result")
@@ -236,6 +239,11 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
 
     metrics = extract_metrics(result)
     checks: list[MetricCheck] = []
+    if result.kind == "node":
+        # a GPU that vanished (fell off the bus, failed init) is named as a whole first
+        present = {d.index for d in result.devices if d.node == node}
+        for k in sorted(set(range(result.devices_per_node)) - present):
+            checks.append(MetricCheck(f"device/gpu{k}", f"gpu{k}", None, None, 0, "missing", None, False))
     for key, lab in expected_keys(result).items():
         if key not in metrics:
             checks.append(MetricCheck(key, lab, None, None, 0, "missing", None, False))

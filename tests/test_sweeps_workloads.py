@@ -1,0 +1,104 @@
+"""CPU smoke tests of the real sweep workloads (torch on CPU, gloo over loopback).
+
+Small sizes and sub-second GEMMs: the machine is shared. Faults come from the
+documented injection knob, keyed by node name, exactly as in the demo.
+"""
+
+import json
+import re
+
+import pytest
+
+from slurmguard.config import SweepPolicy
+from slurmguard.sweeps.baseline import baseline_for
+from slurmguard.sweeps.local import run_node_local, run_pair_local
+from slurmguard.sweeps.result import load_result, parse_result
+from slurmguard.sweeps.verdict import JobOutcome, Outcome, ReferenceStatus, judge_job, judge_result
+
+POL = SweepPolicy()
+SMALL = ["--device", "cpu", "--duration", "0.3", "--gemm-size", "96", "--dtypes", "float32,bfloat16",
+         "--membw-bytes", str(2 << 20), "--message-sizes-mb", "1", "--repeats", "3", "--threads", "1",
+         "--comm-timeout", "60"]
+
+
+def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
+    out = tmp_path / "node.json"
+    inject = json.dumps({"node3": {"gemm_slowdown": 0.6, "gpus": [1]}})
+    res = run_node_local(str(out), "node3", SMALL + ["--cpu-devices", "2"], POL, timeout_s=180,
+                         env={"SLURMGUARD_SWEEP_INJECT": inject})
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = load_result(str(out))
+    assert (r.kind, r.nodes, r.device, r.devices_per_node) == ("node", ("node3",), "cpu", 2)
+    assert [g.dtype for g in r.devices[0].gemm] == ["float32", "bfloat16"]
+    assert all(d.membw_gbps and d.membw_gbps > 0 for d in r.devices)
+    assert {(c.src, c.dst) for c in r.p2p} == {(0, 1), (1, 0)}
+    assert [(a.scope, a.size_mb, a.ranks) for a in r.allreduce] == [("intra", 1, 2)]
+    assert r.allreduce[0].busbw_gbps == pytest.approx(r.allreduce[0].algbw_gbps)  # 2(n-1)/n = 1
+    assert r.injected == {"node3": json.loads(inject)["node3"] | {
+        "membw_slowdown": 0.0, "p2p_slowdown": 0.0, "link_slowdown": 0.0, "link_direction": "both",
+        "crash": False, "hang_s": 0.0, "corrupt_output": False}}
+    # 60% slower by injection: 2.5x below its twin even on a noisy shared CPU
+    g0, g1 = (d.gemm[0].tflops for d in r.devices)
+    assert g1 < 0.6 * g0
+    # the node's own GPUs are the reference when two or more are compared
+    v = judge_result(r, None, POL.model_copy(update={"peer_min_devices": 2}), suspected=False)
+    assert v.outcome is Outcome.FAIL
+    assert re.match(r"slurmguard: sweep1 gpu1 gemm_(fp32|bf16) -[5-9]\d% vs node", v.reason), v.reason
+    assert {c.key for c in v.failures} >= {"gemm_float32/gpu1", "gemm_bfloat16/gpu1"}
+
+
+def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path):
+    healthy_out, slow_out = tmp_path / "healthy.json", tmp_path / "slow.json"
+    rs = run_pair_local(str(healthy_out), ["node2", "node1"], SMALL, POL, timeout_s=180)
+    assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
+    healthy = load_result(str(healthy_out))
+    assert (healthy.kind, healthy.node_under_test, healthy.reference) == ("pair", "node2", "node1")
+    assert {(t.src_node, t.dst_node) for t in healthy.transfers} == {("node2", "node1"), ("node1", "node2")}
+    assert [(a.scope, a.ranks) for a in healthy.allreduce] == [("cross", 2)]
+
+    inject = json.dumps({"node2": {"link_slowdown": 0.75}})
+    rs = run_pair_local(str(slow_out), ["node2", "node1"], SMALL, POL, timeout_s=180,
+                        env={"SLURMGUARD_SWEEP_INJECT": inject})
+    assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
+    text = slow_out.read_text()
+    slow = parse_result(json.loads(text))
+    # a slowed link reads slow from both ends: the measurement alone cannot tell who
+    by_dir = {(t.src_node, t.dst_node): t.gbps for t in slow.transfers}
+    assert by_dir[("node2", "node1")] < 0.6 * max(t.gbps for t in healthy.transfers)
+    # ...so the class baseline (healthy pairs of other nodes with the same reference) and a
+    # trusted reference pin it on the node under test
+    doc = json.loads(healthy_out.read_text())
+    hist = []
+    for n in ("node3", "node4", "node5"):
+        d = json.loads(json.dumps(doc).replace('"node2"', f'"{n}"'))
+        hist.append(parse_result(d))
+    v = judge_job(JobOutcome("COMPLETED", 0, text, str(slow_out)), kind="pair", node="node2",
+                  baseline=baseline_for(slow, hist), policy=POL, reference="node1",
+                  ref_status=ReferenceStatus("node1", True, "passed its own sweep"))
+    assert v.outcome is Outcome.FAIL and v.node == "node2"
+    assert v.reason.startswith("slurmguard: sweep2 gpu0 ") and "vs class" in v.reason
+    assert "node1" not in v.reason
+
+
+def test_crashed_and_corrupt_sweeps_fail(tmp_path):
+    out = tmp_path / "crash.json"
+    res = run_node_local(str(out), "node4", SMALL, POL, timeout_s=120,
+                         env={"SLURMGUARD_SWEEP_INJECT": '{"node4": {"crash": true}}'})
+    assert res.returncode == 3 and not out.exists()
+    v = judge_job(JobOutcome("FAILED", res.returncode, None, str(out)), kind="node", node="node4",
+                  baseline=None, policy=POL)
+    assert v.outcome is Outcome.FAIL and v.reason == "slurmguard: sweep1 crashed (FAILED exit 3)"
+
+    out = tmp_path / "corrupt.json"
+    res = run_node_local(str(out), "node4", SMALL, POL, timeout_s=120,
+                         env={"SLURMGUARD_SWEEP_INJECT": '{"node4": {"corrupt_output": true}}'})
+    assert res.returncode == 0
+    v = judge_job(JobOutcome("COMPLETED", 0, out.read_bytes(), str(out)), kind="node", node="node4",
+                  baseline=None, policy=POL, suspected=False)
+    assert v.outcome is Outcome.FAIL and v.reason.startswith("slurmguard: sweep1 bad result: invalid JSON")
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    res = run_node_local(str(tmp_path / "x.json"), "node4", ["--dtypes", "float8"], POL, timeout_s=120)
+    assert res.returncode == 2
+    assert res.stderr.strip() == "slurmguard sweep: error: unknown GEMM dtype 'float8' (known: float32, tf32, bfloat16, float16)"
