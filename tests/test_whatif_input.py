@@ -132,3 +132,14 @@ def test_cli_prints_one_line_error_and_exits_2(tmp_path, small, capsys):
         main(["whatif", str(tmp_path / "absent.parquet"), "--meta", str(metap)])
     assert exc.value.code == 2
     assert "absent.parquet: trace file not found" in capsys.readouterr().err
+
+
+def test_two_ranks_in_one_cell_is_reported(small):
+    df, meta = small
+    jm = parse_meta(meta, "m.yaml")
+    bad = df.copy()
+    bad.loc[(bad.stage == 0) & (bad.dp_rank == 1), "rank"] = 0  # cell (1, 0) reuses rank 0
+    split = (bad.stage == 1) & (bad.dp_rank == 1) & (bad.optype == "backward-compute")
+    bad.loc[split, "rank"] = 1  # and cell (1, 1) shows up with a second rank
+    with pytest.raises(InputError, match="t.parquet: row .* expected one rank per DP x PP cell"):
+        check_trace(bad, jm, "t.parquet")

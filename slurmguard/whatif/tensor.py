@@ -61,6 +61,18 @@ class OpTensor:
         return idx[np.argsort(self.slot_seq[idx], kind="stable")]
 
 
+def _dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True), in O(n) when the value range is small."""
+    lo, hi = int(values.min()), int(values.max())
+    if hi - lo > 4 * len(values) + 1_000_000:
+        return np.unique(values, return_inverse=True)
+    present = np.zeros(hi - lo + 1, dtype=bool)
+    present[values - lo] = True
+    uniq = np.flatnonzero(present)
+    index = np.cumsum(present) - 1
+    return uniq + lo, index[values - lo]
+
+
 def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
     """Arrange a checked trace (trace.check_trace) as an OpTensor.
 
@@ -68,7 +80,7 @@ def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
     a missing or duplicated op is an InputError naming step, rank and op.
     """
     dp, pp = meta.dp_size, meta.pp_size
-    steps, step_idx = np.unique(df["step"].to_numpy(), return_inverse=True)
+    steps, step_idx = _dense_unique(df["step"].to_numpy())
     n_steps = len(steps)
     stage = df["stage"].to_numpy()
     dp_rank = df["dp_rank"].to_numpy()
@@ -81,7 +93,7 @@ def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
     n_codes = len(names)
     seq_span = int(seq.max()) + 1
     key = (stage.astype(np.int64) * n_codes + opcode) * seq_span + seq
-    slot_keys, slot_of_row = np.unique(key, return_inverse=True)
+    slot_keys, slot_of_row = _dense_unique(key)
     n = len(slot_keys)
     flat = (slot_of_row * n_steps + step_idx) * dp + dp_rank
     counts = np.bincount(flat, minlength=n * n_steps * dp)

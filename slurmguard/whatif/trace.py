@@ -166,16 +166,35 @@ def check_trace(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str =
         row = int(np.flatnonzero(neg)[0])
         raise InputError(
             f"{source}: column 'duration' has {int(neg.sum())} negative value(s), first at row {row}")
-    opt = df["optype"].astype(str)
-    unknown = sorted(set(opt.unique()) - optypes.KNOWN)
-    if unknown:
-        raise InputError(
-            f"{source}: column 'optype' has unknown op type(s): {', '.join(unknown[:5])}"
-            f" (known: {', '.join(sorted(optypes.KNOWN))})")
-    out["optype"] = pd.Categorical(opt, categories=sorted(optypes.KNOWN))
+    out["optype"] = _optype_column(df["optype"], source)
     out["end_ts"] = out["start_ts"] + out["duration"]
     _check_layout(out, meta, source, meta_source)
     return out
+
+
+def _optype_column(col: pd.Series, source: str) -> pd.Categorical:
+    """Op types as a categorical over the known vocabulary; unknown names are an error."""
+    known = sorted(optypes.KNOWN)
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        # map category codes instead of converting millions of strings
+        cats = [str(c) for c in col.cat.categories]
+        codes = col.cat.codes.to_numpy()
+        used = np.unique(codes)
+        if (used < 0).any():
+            raise InputError(f"{source}: column 'optype' has empty values")
+        names = [cats[i] for i in used]
+        lookup = np.array([known.index(c) if c in optypes.KNOWN else -1 for c in cats], dtype=np.int64)
+    else:
+        values = col.astype(str).to_numpy()
+        names, codes = np.unique(values, return_inverse=True)
+        names = [str(x) for x in names]
+        lookup = np.array([known.index(c) if c in optypes.KNOWN else -1 for c in names], dtype=np.int64)
+    unknown = sorted(set(names) - optypes.KNOWN)
+    if unknown:
+        raise InputError(
+            f"{source}: column 'optype' has unknown op type(s): {', '.join(unknown[:5])}"
+            f" (known: {', '.join(known)})")
+    return pd.Categorical.from_codes(lookup[codes], categories=known)
 
 
 def _check_layout(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str) -> None:
@@ -186,16 +205,27 @@ def _check_layout(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str
             bad = int(v.max()) if v.max() >= size else int(v.min())
             raise InputError(
                 f"{meta_source}: {key}={size} but {source} has {col} {bad}")
-    n_ranks = int(df["rank"].nunique())
+    rank = df["rank"].to_numpy()
+    n_ranks = len(np.unique(rank)) if len(rank) < 1_000_000 else int(
+        np.count_nonzero(np.bincount(rank - rank.min())))
     if n_ranks != meta.workers:
         raise InputError(
             f"{meta_source}: dp={meta.dp_size} x pp={meta.pp_size} = {meta.workers} workers"
             f" but {source} has {n_ranks} ranks")
-    cells = df[["rank", "dp_rank", "stage"]].drop_duplicates()
-    if len(cells) != meta.workers or cells[["dp_rank", "stage"]].duplicated().any():
-        dup = cells[cells["rank"].duplicated(keep=False)]
-        what = (f"rank {int(dup['rank'].iloc[0])} appears with several (dp_rank, stage)"
-                if len(dup) else "a (dp_rank, stage) cell has several ranks")
+    # with as many ranks as cells, a bijection fails exactly when some row disagrees
+    # with the rank first seen for its cell
+    cell = df["stage"].to_numpy() * meta.dp_size + df["dp_rank"].to_numpy()
+    first = np.full(meta.workers, -1, dtype=np.int64)
+    first[cell[::-1]] = rank[::-1]
+    bad = np.flatnonzero(first[cell] != rank)
+    if len(bad) or (first < 0).any():
+        if len(bad):
+            row = int(bad[0])
+            what = (f"row {row}: rank {int(rank[row])} in cell dp_rank {int(df['dp_rank'].iloc[row])},"
+                    f" stage {int(df['stage'].iloc[row])} which already has rank {int(first[cell[row]])}")
+        else:
+            empty = int(np.flatnonzero(first < 0)[0])
+            what = f"no rank in cell dp_rank {empty % meta.dp_size}, stage {empty // meta.dp_size}"
         raise InputError(f"{source}: {what}; expected one rank per DP x PP cell")
     if int(df["rank"].max()) >= meta.world_size or int(df["rank"].min()) < 0:
         raise InputError(
