@@ -139,3 +139,18 @@ def test_rank_layout_is_megatron_order():
     dp, stage, rep = rank_layout(np.array([0, 4, 16, 60, 61]), jm)
     assert dp.tolist() == [0, 1, 0, 3, 3] and stage.tolist() == [0, 0, 1, 3, 3]
     assert rep.tolist() == [True, True, True, True, False]
+
+
+def test_cli_per_step_heatmap_and_exact_workers(tmp_path, slow_case):
+    trace, metap = write_case(tmp_path, *slow_case)
+    png = tmp_path / "s.png"
+    res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--json", "--exact-workers",
+                                   "--heatmap", str(png), "--heatmap-step", "11"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    exact = out["by_worker_exact"]
+    assert max(exact, key=exact.get) == "3"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--heatmap", str(png),
+                                   "--heatmap-step", "5"])
+    assert res.exit_code != 0 and "--heatmap-step 5 is not a step of the trace" in str(res.exception)

@@ -142,3 +142,36 @@ def test_transfer_duration_excludes_blocking_and_ideal_uses_median():
     fwd = t.slot_optype == "forward-compute"
     assert ideal[fwd][0] == pytest.approx(t.duration[fwd].mean())
     assert ideal[recv][0] == pytest.approx(0.05)
+
+
+def test_exact_worker_slowdown():
+    d = Durations(compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0))
+    t = load_case(*make_trace(DP, PP, MB, STEPS, d))
+    r = analyse(t, exact_workers=True)
+    ex = r.worker_slowdown_exact
+    assert ex is not None and ex.shape == (PP, DP)
+    assert np.unravel_index(np.argmax(ex), ex.shape) == (1, 1)
+    # everyone else runs faster than the ideal (which includes the slow worker's share)
+    assert np.delete(ex.ravel(), 1 * DP + 1).max() <= 1.0 + 1e-12
+    # the DP-rank approximation keeps the rest of dp rank 1 at their fast durations
+    assert ex[1, 1] >= r.by_dp_rank[1] - 1e-12
+    # one DP rank: a worker is its stage, so the exact S_w equals S_w of the stage
+    t1 = load_case(*make_trace(1, PP, MB, STEPS, d))
+    r1 = analyse(t1, exact_workers=True)
+    np.testing.assert_allclose(r1.worker_slowdown_exact[:, 0], r1.by_stage, rtol=0, atol=1e-12)
+
+
+def test_two_lane_single_worker_scenarios_equal_full_lanes():
+    d = Durations(compute=noisy_compute(seed=9, spread=0.5), p2p=0.01)
+    t = load_case(*make_trace(3, 3, 3, 2, d))
+    model = build_model(t)
+    orig = simulation_durations(t, model)
+    runner = ScenarioRunner(t, model, orig, idealised_durations(t, orig), memory_mb=64)
+    cells = [(s, q) for s in range(3) for q in range(3)]
+    lanes = runner.run_dp_ranks([q for _, q in cells], [t.slot_stage == s for s, _ in cells])
+    full = []
+    for s, q in cells:
+        wm = np.zeros((3, 3), dtype=bool)
+        wm[s, q] = True
+        full.append(Scenario(np.ones(t.n_slots, dtype=bool), wm))
+    np.testing.assert_allclose(lanes, runner.run(full), rtol=0, atol=1e-12)

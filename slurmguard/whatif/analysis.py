@@ -100,22 +100,27 @@ class ScenarioRunner:
             self.simulations += len(part)
         return out
 
-    def run_dp_ranks(self, ranks: list[int], slot_mask: np.ndarray | None = None) -> np.ndarray:
+    def run_dp_ranks(self, ranks: list[int], slot_masks: list[np.ndarray] | None = None) -> np.ndarray:
         """Each DP rank original (others ideal), with two lanes per scenario.
 
         With every other DP rank at ideal durations those ranks run identical
         timelines, so one lane stands for all of them: the DP-spanning maxima
         and the step time are unchanged, the work drops from dp to 2 lanes.
+        `slot_masks[i]` limits scenario i's original durations to some slots
+        (one stage: a single worker, Eq. 4 without the approximation).
         """
         n_steps = self.original.shape[1]
         out = np.empty((len(ranks), n_steps))
         size = self._chunk(2)
-        sm = np.ones(self.model.n_slots, dtype=bool) if slot_mask is None else slot_mask
         for lo in range(0, len(ranks), size):
             part = ranks[lo: lo + size]
             dur = np.empty((self.model.n_slots, len(part), n_steps, 2))
             mine = self.original[:, :, part].transpose(0, 2, 1)
-            dur[..., 0] = np.where(sm[:, None, None], mine, self.ideal[:, None, None])
+            if slot_masks is None:
+                dur[..., 0] = mine
+            else:
+                sm = np.stack(slot_masks[lo: lo + len(part)], axis=1)[:, :, None]
+                dur[..., 0] = np.where(sm, mine, self.ideal[:, None, None])
             dur[..., 1] = self.ideal[:, None, None]
             out[lo: lo + len(part)] = simulate(self.model, dur).step_time
             self.simulations += len(part)
@@ -184,6 +189,8 @@ class WhatIfResult:
     diagnosis: Diagnosis
     timings: dict[str, float] = field(default_factory=dict)
     simulations: int = 0
+    worker_slowdown_exact: np.ndarray | None = None
+    """(pp, dp): Eq. 4 per worker without the approximation, when requested."""
 
     @property
     def t_original(self) -> float:
@@ -225,8 +232,12 @@ def fwd_bwd_correlation(t: OpTensor) -> float | None:
 
 
 def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
-            timer: Callable[[], float] = time.perf_counter) -> WhatIfResult:
-    """Run the full what-if analysis of one trace (see module docstring)."""
+            timer: Callable[[], float] = time.perf_counter, exact_workers: bool = False) -> WhatIfResult:
+    """Run the full what-if analysis of one trace (see module docstring).
+
+    exact_workers: also compute S_w of every single worker (dp x pp more
+    simulations, two lanes each); M_W still ranks by the paper's approximation.
+    """
     policy = policy or WhatIfPolicy()
     timings: dict[str, float] = {}
     c0 = timer()
@@ -272,6 +283,15 @@ def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
     fixed = runner.run(fix).mean(axis=1)
     t_fix_w = float(fixed[0])
     t_fix_s = float(fixed[1]) if pp > 1 else t_orig
+    exact = None
+    if exact_workers:
+        cells = [(s, d) for s in range(pp) for d in range(dp)]
+        masks = [t.slot_stage == s for s, _ in cells]
+        if dp > 1:
+            steps_w = runner.run_dp_ranks([d for _, d in cells], masks)
+        else:  # no identical other ranks to fold into one lane
+            steps_w = runner.run([Scenario(m, all_workers) for m in masks])
+        exact = (steps_w.mean(axis=1) / t_ideal).reshape(pp, dp)
     timings["simulate_s"] = timer() - c1
     actual = t.actual_step_times()
     discrepancy = float((actual.mean() - t_orig) / actual.mean())
@@ -295,7 +315,7 @@ def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
         worker_slowdown=worker, rank=t.rank, top_workers=tops,
         mw=mw, ms=ms, t_fix_top_workers=t_fix_w, t_fix_last_stage=t_fix_s,
         discrepancy=discrepancy, fwd_bwd_correlation=corr, diagnosis=diag,
-        timings=timings, simulations=runner.simulations,
+        timings=timings, simulations=runner.simulations, worker_slowdown_exact=exact,
     )
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import click
+import numpy as np
 
 from slurmguard.config import load_policy
 from slurmguard.errors import InputError
@@ -42,11 +43,16 @@ def parse_steps(text: str) -> set[int]:
               help="Steps written to the timeline.")
 @click.option("--steps", "steps_text", default=None,
               help="Analyse only these steps, e.g. '16,21,400-410'.")
+@click.option("--heatmap-step", type=int, default=None,
+              help="Heatmap of this step's worker slowdowns instead of the average (SMon per-step view).")
+@click.option("--exact-workers", is_flag=True,
+              help="Also simulate every worker alone (Eq. 4 without the DP x PP approximation).")
 @click.option("--rank-ops", is_flag=True,
               help="TRACE is a slurmguard per-rank op table (rank, step, op, start_ns, end_ns).")
 @click.pass_context
 def whatif(ctx: click.Context, trace: str, meta_path: str, as_json: bool, heatmap_path: str | None,
-           timeline_path: str | None, timeline_steps: int, steps_text: str | None, rank_ops: bool) -> None:
+           timeline_path: str | None, timeline_steps: int, steps_text: str | None, heatmap_step: int | None,
+           exact_workers: bool, rank_ops: bool) -> None:
     """What-if analysis of TRACE (paper 004): slowdown S, S_t per op type, S_w per DP rank
     and stage, M_W, M_S and the simulation discrepancy."""
     from slurmguard.whatif.adapter import trace_from_rank_ops
@@ -76,10 +82,18 @@ def whatif(ctx: click.Context, trace: str, meta_path: str, as_json: bool, heatma
 
         meta = replace(meta, name=Path(trace).stem)
     t = tensorize(df, meta, name)
-    result = analyse(t, policy)
+    result = analyse(t, policy, exact_workers=exact_workers)
     if heatmap_path:
-        write_heatmap(result.worker_slowdown, heatmap_path,
-                      title=f"{result.name}: S={result.slowdown:.2f}, M_W={result.mw:.2f},"
+        cells, what = result.worker_slowdown, "average"
+        if heatmap_step is not None:
+            hit = [i for i, s in enumerate(result.steps) if int(s) == heatmap_step]
+            if not hit:
+                raise InputError(f"{name}: --heatmap-step {heatmap_step} is not a step of the trace")
+            i = hit[0]
+            cells = np.minimum(result.by_stage_per_step[i][:, None], result.by_dp_rank_per_step[i][None, :])
+            what = f"step {heatmap_step}"
+        write_heatmap(cells, heatmap_path,
+                      title=f"{result.name} ({what}): S={result.slowdown:.2f}, M_W={result.mw:.2f},"
                             f" M_S={result.ms:.2f} ({result.diagnosis.pattern})")
     if timeline_path:
         write_timeline(t, timeline_path, steps=timeline_steps)

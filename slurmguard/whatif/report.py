@@ -74,6 +74,8 @@ def to_json(r: WhatIfResult) -> dict[str, Any]:
             "sequence_imbalance_likely": r.diagnosis.sequence_imbalance_likely,
             "fidelity_ok": r.diagnosis.fidelity_ok,
         },
+        "by_worker_exact": None if r.worker_slowdown_exact is None else {
+            str(int(r.rank[s, d])): float(r.worker_slowdown_exact[s, d]) for s in range(pp) for d in range(dp)},
         "simulations": r.simulations,
         "timings_s": {k: float(v) for k, v in r.timings.items()},
     }
