@@ -206,11 +206,12 @@ def _gemm_group(devs: list[torch.device], dtype: str, size: int, duration_s: flo
     # float32 means true FP32; tf32 is asked for explicitly
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
-        gen = torch.Generator(device="cpu").manual_seed(1234)
+        torch.manual_seed(1234)
         mats = []
         for dev in devs:
-            a = torch.randn(size, size, generator=gen).to(device=dev, dtype=tdt)
-            b = torch.randn(size, size, generator=gen).to(device=dev, dtype=tdt)
+            # generated in place: an 8192^2 matrix made on the host and copied costs seconds
+            a = torch.randn(size, size, device=dev, dtype=tdt)
+            b = torch.randn(size, size, device=dev, dtype=tdt)
             c = torch.empty(size, size, device=dev, dtype=tdt)
             mats.append((a, b, c))
         flop = 2.0 * size ** 3
