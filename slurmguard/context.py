@@ -1,0 +1,58 @@
+"""What a CLI command needs, built lazily from the global options."""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import click
+
+from slurmguard.clock import Clock, SystemClock
+from slurmguard.config import Policy, database_url, load_policy
+
+
+@dataclass
+class AppContext:
+    policy_path: str | None = None
+    db_override: str | None = None
+    clock: Clock = field(default_factory=SystemClock)
+
+    @cached_property
+    def policy(self) -> Policy:
+        return load_policy(self.policy_path)
+
+    @property
+    def db_url(self) -> str:
+        return database_url(self.policy, self.db_override)
+
+    @cached_property
+    def store(self):
+        from slurmguard.store import Store
+
+        return Store.open(self.db_url, self.clock)
+
+    @cached_property
+    def slurm(self):
+        from slurmguard.slurm.commands import CommandSlurmClient
+
+        p = self.policy.slurm
+        if p.backend != "commands":
+            raise click.ClickException(
+                f"slurm.backend '{p.backend}' is not available in this build; use 'commands'")
+        return CommandSlurmClient(timeout_s=p.command_timeout_s, bin_dir=p.bin_dir)
+
+    @staticmethod
+    def admin_actor() -> str:
+        user = os.environ.get("SUDO_USER") or getpass.getuser()
+        return f"admin:{user}"
+
+
+def app_context(ctx: click.Context) -> AppContext:
+    root = ctx.find_root()
+    obj = root.obj if isinstance(root.obj, dict) else {}
+    if "app" not in obj:
+        obj["app"] = AppContext(policy_path=obj.get("policy_path"), db_override=obj.get("db_url"))
+        root.obj = obj
+    return obj["app"]

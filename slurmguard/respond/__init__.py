@@ -1,0 +1,1 @@
+"""Responses: tiers, escalation, safety limits and the audited Slurm actions."""

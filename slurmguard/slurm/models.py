@@ -1,0 +1,92 @@
+"""What slurmguard knows about nodes, jobs and reservations, backend-independent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slurmguard import REASON_PREFIX
+
+
+def is_ours(text: str | None) -> bool:
+    """True if a reason/comment was written by slurmguard (stable prefix)."""
+    return bool(text) and text.lstrip().startswith(REASON_PREFIX)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node. `state` is the base state in upper case (IDLE, ALLOCATED,
+    MIXED, DOWN, ...); `flags` the extra flags (DRAIN, MAINT, REBOOT_REQUESTED,
+    RESERVED, ...). `reason_time` and `boot_time` are Unix seconds or None."""
+
+    name: str
+    state: str
+    flags: frozenset[str] = frozenset()
+    reason: str | None = None
+    reason_user: str | None = None
+    reason_time: float | None = None
+    comment: str | None = None
+    partitions: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()
+    gres: str | None = None
+    cpus: int = 0
+    jobs: tuple[int, ...] = field(default=())
+    boot_time: float | None = None
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.flags or self.state in ("DRAINED", "DRAINING")
+
+    @property
+    def down(self) -> bool:
+        return self.state == "DOWN"
+
+    @property
+    def drained_by_us(self) -> bool:
+        return (self.drained or self.down) and is_ours(self.reason)
+
+    @property
+    def drained_by_others(self) -> bool:
+        """Out of service with a reason slurmguard did not write."""
+        return (self.drained or self.down) and not is_ours(self.reason)
+
+    @property
+    def idle(self) -> bool:
+        """No job running (IDLE base state), whatever the drain flags."""
+        return self.state == "IDLE" and not self.jobs
+
+    @property
+    def state_text(self) -> str:
+        return "+".join([self.state, *sorted(self.flags)])
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: int
+    name: str
+    user: str
+    state: str
+    partition: str
+    nodes: tuple[str, ...] = ()
+    num_nodes: int = 0
+    start_time: float | None = None
+    time_limit_min: int | None = None
+    reservation: str | None = None
+    comment: str | None = None
+    restarts: int = 0
+    batch_host: str | None = None
+    eligible_time: float | None = None
+    """Unix seconds from which a pending job may start (None: unknown/none)."""
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+
+@dataclass(frozen=True)
+class ReservationInfo:
+    name: str
+    nodes: tuple[str, ...]
+    flags: frozenset[str]
+    users: tuple[str, ...] = ()
+    start_time: float | None = None
+    end_time: float | None = None
