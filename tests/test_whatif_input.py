@@ -26,40 +26,65 @@ def _meta_file(tmp_path, data, name="meta-x.yaml"):
 
 def test_missing_columns_are_named(tmp_path, small):
     df, meta = small
-    trace, metap = write_case(tmp_path, df.drop(columns=["duration", "seq_id"]), meta, "bad")
-    with pytest.raises(InputError, match=r"trace-bad.parquet: missing column\(s\): duration, seq_id"):
+    trace, metap = write_case(
+        tmp_path, df.drop(columns=["duration", "seq_id"]), meta, "bad"
+    )
+    with pytest.raises(
+        InputError, match=r"trace-bad.parquet: missing column\(s\): duration, seq_id"
+    ):
         load_trace(trace, metap)
 
 
 def test_wrong_parallelism_names_meta_and_counts(tmp_path, small):
     df, meta = small
     trace, _ = write_case(tmp_path, df, meta, "AR")
-    metap = _meta_file(tmp_path, {**meta, "dp_size": 8, "world_size": 32}, "meta-AR.yaml")
+    metap = _meta_file(
+        tmp_path, {**meta, "dp_size": 8, "world_size": 32}, "meta-AR.yaml"
+    )
     with pytest.raises(InputError) as exc:
         load_trace(trace, metap)
-    assert str(exc.value) == "meta-AR.yaml: dp=8 x pp=4 = 32 workers but trace-AR.parquet has 8 ranks"
+    assert (
+        str(exc.value)
+        == "meta-AR.yaml: dp=8 x pp=4 = 32 workers but trace-AR.parquet has 8 ranks"
+    )
 
 
 def test_stage_outside_pp_size(tmp_path, small):
     df, meta = small
     trace, _ = write_case(tmp_path, df, meta, "x")
     metap = _meta_file(tmp_path, {**meta, "dp_size": 4, "pp_size": 2, "world_size": 8})
-    with pytest.raises(InputError, match="meta-x.yaml: pp_size=2 but trace-x.parquet has stage 3"):
+    with pytest.raises(
+        InputError, match="meta-x.yaml: pp_size=2 but trace-x.parquet has stage 3"
+    ):
         load_trace(trace, metap)
 
 
-@pytest.mark.parametrize("data,message", [
-    ({"pp_size": 4}, "missing key 'dp_size'"),
-    ({"dp_size": 2, "pp_size": 0}, "key 'pp_size' must be a positive integer, got 0"),
-    ({"dp_size": "two", "pp_size": 4}, "key 'dp_size' must be a positive integer"),
-    ({"dp_size": 2, "pp_size": 4, "tp_size": 2, "world_size": 8},
-     "world_size=8 but dp_size x pp_size x tp_size x dsp_size = 2 x 4 x 2 x 1 = 16"),
-    ({"dp_size": 2, "pp_size": 4, "vpp_size": 2}, "vpp_size=2: interleaved pipeline schedules are not supported"),
-    ([1, 2], "metadata must be a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        ({"pp_size": 4}, "missing key 'dp_size'"),
+        (
+            {"dp_size": 2, "pp_size": 0},
+            "key 'pp_size' must be a positive integer, got 0",
+        ),
+        ({"dp_size": "two", "pp_size": 4}, "key 'dp_size' must be a positive integer"),
+        (
+            {"dp_size": 2, "pp_size": 4, "tp_size": 2, "world_size": 8},
+            "world_size=8 but dp_size x pp_size x tp_size x dsp_size = 2 x 4 x 2 x 1 = 16",
+        ),
+        (
+            {"dp_size": 2, "pp_size": 4, "vpp_size": 2},
+            "vpp_size=2: interleaved pipeline schedules are not supported",
+        ),
+        ([1, 2], "metadata must be a YAML mapping"),
+    ],
+)
 def test_bad_meta_keys(tmp_path, data, message):
     p = _meta_file(tmp_path, data)
-    with pytest.raises(InputError, match="meta-x.yaml: " + message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        InputError,
+        match="meta-x.yaml: " + message.replace("(", r"\(").replace(")", r"\)"),
+    ):
         load_meta(p)
 
 
@@ -77,17 +102,24 @@ def test_bad_values(small):
     jm = parse_meta(meta, "m.yaml")
     neg = df.copy()
     neg.loc[5, "duration"] = -1.0
-    with pytest.raises(InputError, match="t.parquet: column 'duration' has 1 negative value\\(s\\), first at row 5"):
+    with pytest.raises(
+        InputError,
+        match="t.parquet: column 'duration' has 1 negative value\\(s\\), first at row 5",
+    ):
         check_trace(neg, jm, "t.parquet")
     nan = df.copy()
     nan["start_ts"] = nan["start_ts"].astype(float)
     nan.loc[3, "start_ts"] = float("nan")
-    with pytest.raises(InputError, match="column 'start_ts' row 3: not a finite number"):
+    with pytest.raises(
+        InputError, match="column 'start_ts' row 3: not a finite number"
+    ):
         check_trace(nan, jm, "t.parquet")
     bad_type = df.copy()
     bad_type["optype"] = bad_type["optype"].astype(str)
     bad_type.loc[0, "optype"] = "all-to-all"
-    with pytest.raises(InputError, match="column 'optype' has unknown op type\\(s\\): all-to-all"):
+    with pytest.raises(
+        InputError, match="column 'optype' has unknown op type\\(s\\): all-to-all"
+    ):
         check_trace(bad_type, jm, "t.parquet")
     frac = df.copy()
     frac["seq_id"] = frac["seq_id"].astype(float)
@@ -99,12 +131,24 @@ def test_bad_values(small):
 def test_missing_and_duplicate_ops_are_located(small):
     df, meta = small
     jm = parse_meta(meta, "m.yaml")
-    row = df.index[(df.optype == "forward-compute") & (df.stage == 2) & (df.dp_rank == 1)][1]
-    with pytest.raises(InputError, match=r"t: step 10 dp_rank 1 stage 2: forward-compute seq_id 1 is missing"):
-        tensorize(check_trace(df.drop(index=row).reset_index(drop=True), jm, "t"), jm, "t")
+    row = df.index[
+        (df.optype == "forward-compute") & (df.stage == 2) & (df.dp_rank == 1)
+    ][1]
+    with pytest.raises(
+        InputError,
+        match=r"t: step 10 dp_rank 1 stage 2: forward-compute seq_id 1 is missing",
+    ):
+        tensorize(
+            check_trace(df.drop(index=row).reset_index(drop=True), jm, "t"), jm, "t"
+        )
     dup = df.loc[[row]]
-    with pytest.raises(InputError, match=r"step 10 dp_rank 1 stage 2: forward-compute seq_id 1 is recorded twice"):
-        tensorize(check_trace(pd.concat([df, dup], ignore_index=True), jm, "t"), jm, "t")
+    with pytest.raises(
+        InputError,
+        match=r"step 10 dp_rank 1 stage 2: forward-compute seq_id 1 is recorded twice",
+    ):
+        tensorize(
+            check_trace(pd.concat([df, dup], ignore_index=True), jm, "t"), jm, "t"
+        )
 
 
 def test_unpaired_pp_ops_are_reported(small):
@@ -112,9 +156,13 @@ def test_unpaired_pp_ops_are_reported(small):
 
     df, meta = small
     jm = parse_meta(meta, "m.yaml")
-    no_recv = df[~((df.optype == "forward-recv") & (df.stage == 1))].reset_index(drop=True)
+    no_recv = df[~((df.optype == "forward-recv") & (df.stage == 1))].reset_index(
+        drop=True
+    )
     t = tensorize(check_trace(no_recv, jm, "t"), jm, "t")
-    with pytest.raises(InputError, match="stage 0 has 2 forward-send but stage 1 has 0 forward-recv"):
+    with pytest.raises(
+        InputError, match="stage 0 has 2 forward-send but stage 1 has 0 forward-recv"
+    ):
         build_model(t)
 
 
@@ -138,8 +186,12 @@ def test_two_ranks_in_one_cell_is_reported(small):
     df, meta = small
     jm = parse_meta(meta, "m.yaml")
     bad = df.copy()
-    bad.loc[(bad.stage == 0) & (bad.dp_rank == 1), "rank"] = 0  # cell (1, 0) reuses rank 0
+    bad.loc[(bad.stage == 0) & (bad.dp_rank == 1), "rank"] = (
+        0  # cell (1, 0) reuses rank 0
+    )
     split = (bad.stage == 1) & (bad.dp_rank == 1) & (bad.optype == "backward-compute")
     bad.loc[split, "rank"] = 1  # and cell (1, 1) shows up with a second rank
-    with pytest.raises(InputError, match="t.parquet: row .* expected one rank per DP x PP cell"):
+    with pytest.raises(
+        InputError, match="t.parquet: row .* expected one rank per DP x PP cell"
+    ):
         check_trace(bad, jm, "t.parquet")

@@ -23,14 +23,16 @@ _cache: dict = {}
 
 def _result(traces, name):
     if name not in _cache:
-        df, meta = load_trace(traces / f"trace-{name}.parquet", traces / f"meta-{name}.yaml")
+        df, meta = load_trace(
+            traces / f"trace-{name}.parquet", traces / f"meta-{name}.yaml"
+        )
         t = tensorize(df, meta, name)
         _cache[name] = (t, analyse(t))
     return _cache[name]
 
 
 def test_ar_one_worker_is_responsible(shared_traces):
-    t, r = _result(shared_traces, "AR")
+    _, r = _result(shared_traces, "AR")
     assert r.slowdown == pytest.approx(1.973, abs=0.02)
     assert [(w.rank, w.dp_rank, w.stage) for w in r.top_workers] == [(0, 0, 0)]
     assert r.mw == pytest.approx(1.0, abs=0.05)
@@ -45,7 +47,7 @@ def test_ar_one_worker_is_responsible(shared_traces):
 
 
 def test_st_the_last_stage_is_responsible(shared_traces):
-    t, r = _result(shared_traces, "ST")
+    _, r = _result(shared_traces, "ST")
     assert r.slowdown == pytest.approx(1.179, abs=0.02)
     assert r.ms == pytest.approx(1.22, abs=0.06)
     assert r.mw < 0.1
@@ -58,7 +60,7 @@ def test_st_the_last_stage_is_responsible(shared_traces):
 
 
 def test_se_slowdown_is_widespread(shared_traces):
-    t, r = _result(shared_traces, "SE")
+    _, r = _result(shared_traces, "SE")
     assert r.slowdown == pytest.approx(1.537, abs=0.03)
     assert r.mw < 0.1
     assert r.ms == pytest.approx(0.69, abs=0.06)
@@ -67,7 +69,7 @@ def test_se_slowdown_is_widespread(shared_traces):
     assert r.diagnosis.sequence_imbalance_likely
     # no DP rank dominates: all within a narrow band above 1
     assert r.by_dp_rank.min() > 1.08 and r.by_dp_rank.max() < 1.3
-    assert list(r.by_optype)[0] == "backward-compute"
+    assert next(iter(r.by_optype)) == "backward-compute"
     assert abs(r.discrepancy) < 0.05
 
 

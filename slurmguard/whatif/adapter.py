@@ -37,7 +37,9 @@ from slurmguard.whatif.trace import JobMeta
 RANK_OP_COLUMNS = ("rank", "step", "op", "start_ns", "end_ns")
 
 
-def rank_layout(rank: np.ndarray, meta: JobMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rank_layout(
+    rank: np.ndarray, meta: JobMeta
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dp_rank, stage, is_representative) of global ranks under Megatron's order."""
     inner = meta.tp_size * meta.dsp_size
     rep = rank % inner == 0
@@ -45,8 +47,12 @@ def rank_layout(rank: np.ndarray, meta: JobMeta) -> tuple[np.ndarray, np.ndarray
     return group % meta.dp_size, group // meta.dp_size, rep
 
 
-def trace_from_rank_ops(ops: pd.DataFrame, meta: JobMeta, source: str = "rank ops",
-                        op_map: Mapping[str, str | None] | None = None) -> pd.DataFrame:
+def trace_from_rank_ops(
+    ops: pd.DataFrame,
+    meta: JobMeta,
+    source: str = "rank ops",
+    op_map: Mapping[str, str | None] | None = None,
+) -> pd.DataFrame:
     """Convert a per-rank op table (see module docstring) into a paper-004 trace table.
 
     Times become seconds from the first op of each step. Raises InputError
@@ -65,11 +71,14 @@ def trace_from_rank_ops(ops: pd.DataFrame, meta: JobMeta, source: str = "rank op
     if unknown:
         raise InputError(
             f"{source}: op name(s) {', '.join(unknown[:5])} have no op type; map them with op_map"
-            f" to one of {', '.join(sorted(ot.KNOWN))} or to None to drop them")
+            f" to one of {', '.join(sorted(ot.KNOWN))} or to None to drop them"
+        )
     rank = ops["rank"].to_numpy(dtype=np.int64)
     if rank.min() < 0 or rank.max() >= meta.world_size:
         bad = int(rank.max()) if rank.max() >= meta.world_size else int(rank.min())
-        raise InputError(f"{source}: rank {bad} is outside world_size={meta.world_size}")
+        raise InputError(
+            f"{source}: rank {bad} is outside world_size={meta.world_size}"
+        )
     start = ops["start_ns"].to_numpy(dtype=np.int64)
     end = ops["end_ns"].to_numpy(dtype=np.int64)
     if (end < start).any():
@@ -77,13 +86,20 @@ def trace_from_rank_ops(ops: pd.DataFrame, meta: JobMeta, source: str = "rank op
         raise InputError(f"{source}: row {row}: end_ns is before start_ns")
     dp_rank, stage, rep = rank_layout(rank, meta)
     sel = keep.to_numpy() & rep
-    out = pd.DataFrame({
-        "dp_rank": dp_rank[sel], "stage": stage[sel], "rank": rank[sel],
-        "step": ops["step"].to_numpy(dtype=np.int64)[sel],
-        "optype": optype.to_numpy()[sel].astype(str),
-        "start_ns": start[sel], "end_ns": end[sel],
-    })
-    out = out.sort_values(["step", "rank", "optype", "start_ns"], kind="stable").reset_index(drop=True)
+    out = pd.DataFrame(
+        {
+            "dp_rank": dp_rank[sel],
+            "stage": stage[sel],
+            "rank": rank[sel],
+            "step": ops["step"].to_numpy(dtype=np.int64)[sel],
+            "optype": optype.to_numpy()[sel].astype(str),
+            "start_ns": start[sel],
+            "end_ns": end[sel],
+        }
+    )
+    out = out.sort_values(
+        ["step", "rank", "optype", "start_ns"], kind="stable"
+    ).reset_index(drop=True)
     out["seq_id"] = out.groupby(["step", "rank", "optype"]).cumcount().astype(np.int64)
     first = out.groupby("step")["start_ns"].transform("min")
     out["start_ts"] = (out["start_ns"] - first).to_numpy() / 1e9

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -74,8 +74,14 @@ class Scenario:
 class ScenarioRunner:
     """Simulates scenarios in memory-bounded chunks; returns (scenario, step) step times."""
 
-    def __init__(self, t: OpTensor, model: DependencyModel, original: np.ndarray,
-                 ideal: np.ndarray, memory_mb: int) -> None:
+    def __init__(
+        self,
+        t: OpTensor,
+        model: DependencyModel,
+        original: np.ndarray,
+        ideal: np.ndarray,
+        memory_mb: int,
+    ) -> None:
         self.t, self.model = t, model
         self.original, self.ideal = original, ideal
         self.budget = memory_mb * 1024 * 1024
@@ -92,15 +98,23 @@ class ScenarioRunner:
         size = self._chunk(dp)
         stage = self.t.slot_stage
         for lo in range(0, len(scenarios), size):
-            part = scenarios[lo: lo + size]
+            part = scenarios[lo : lo + size]
             # (slot, scenario, dp): keep the original duration there
-            mask = np.stack([sc.slot_mask[:, None] & sc.worker_mask[stage] for sc in part], axis=1)
-            dur = np.where(mask[:, :, None, :], self.original[:, None], self.ideal[:, None, None, None])
-            out[lo: lo + len(part)] = simulate(self.model, dur).step_time
+            mask = np.stack(
+                [sc.slot_mask[:, None] & sc.worker_mask[stage] for sc in part], axis=1
+            )
+            dur = np.where(
+                mask[:, :, None, :],
+                self.original[:, None],
+                self.ideal[:, None, None, None],
+            )
+            out[lo : lo + len(part)] = simulate(self.model, dur).step_time
             self.simulations += len(part)
         return out
 
-    def run_dp_ranks(self, ranks: list[int], slot_masks: list[np.ndarray] | None = None) -> np.ndarray:
+    def run_dp_ranks(
+        self, ranks: list[int], slot_masks: list[np.ndarray] | None = None
+    ) -> np.ndarray:
         """Each DP rank original (others ideal), with two lanes per scenario.
 
         With every other DP rank at ideal durations those ranks run identical
@@ -113,16 +127,16 @@ class ScenarioRunner:
         out = np.empty((len(ranks), n_steps))
         size = self._chunk(2)
         for lo in range(0, len(ranks), size):
-            part = ranks[lo: lo + size]
+            part = ranks[lo : lo + size]
             dur = np.empty((self.model.n_slots, len(part), n_steps, 2))
             mine = self.original[:, :, part].transpose(0, 2, 1)
             if slot_masks is None:
                 dur[..., 0] = mine
             else:
-                sm = np.stack(slot_masks[lo: lo + len(part)], axis=1)[:, :, None]
+                sm = np.stack(slot_masks[lo : lo + len(part)], axis=1)[:, :, None]
                 dur[..., 0] = np.where(sm, mine, self.ideal[:, None, None])
             dur[..., 1] = self.ideal[:, None, None]
-            out[lo: lo + len(part)] = simulate(self.model, dur).step_time
+            out[lo : lo + len(part)] = simulate(self.model, dur).step_time
             self.simulations += len(part)
         return out
 
@@ -231,8 +245,12 @@ def fwd_bwd_correlation(t: OpTensor) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
-            timer: Callable[[], float] = time.perf_counter, exact_workers: bool = False) -> WhatIfResult:
+def analyse(
+    t: OpTensor,
+    policy: WhatIfPolicy | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+    exact_workers: bool = False,
+) -> WhatIfResult:
     """Run the full what-if analysis of one trace (see module docstring).
 
     exact_workers: also compute S_w of every single worker (dp x pp more
@@ -262,8 +280,8 @@ def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
         scenarios.append(Scenario(groups == g, all_workers))
     times = runner.run(scenarios)
     step_orig, step_ideal = times[0], times[1]
-    by_stage_steps = times[2: 2 + pp]
-    by_type_steps = times[2 + pp:]
+    by_stage_steps = times[2 : 2 + pp]
+    by_type_steps = times[2 + pp :]
     by_dp_steps = runner.run_dp_ranks(list(range(dp))) if dp > 1 else step_orig[None, :]
     t_orig, t_ideal = float(step_orig.mean()), float(step_ideal.mean())
     slowdown = t_orig / t_ideal
@@ -295,7 +313,9 @@ def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
     timings["simulate_s"] = timer() - c1
     actual = t.actual_step_times()
     discrepancy = float((actual.mean() - t_orig) / actual.mean())
-    by_type = {g: float(v) for g, v in zip(group_names, by_type_steps.mean(axis=1) / t_ideal)}
+    by_type = {
+        g: float(v) for g, v in zip(group_names, by_type_steps.mean(axis=1) / t_ideal)
+    }
     tops = []
     for i in order:
         s, d = divmod(int(i), dp)
@@ -305,22 +325,50 @@ def analyse(t: OpTensor, policy: WhatIfPolicy | None = None,
     corr = fwd_bwd_correlation(t)
     diag = diagnose(slowdown, worker, mw, ms, corr, discrepancy, tops, policy)
     return WhatIfResult(
-        name=t.meta.name or t.source, dp_size=dp, pp_size=pp, steps=t.steps,
-        step_time_actual=actual, step_time_original=step_orig, step_time_ideal=step_ideal,
-        slowdown=slowdown, waste=1.0 - 1.0 / slowdown, step_slowdown=step_orig / step_ideal,
+        name=t.meta.name or t.source,
+        dp_size=dp,
+        pp_size=pp,
+        steps=t.steps,
+        step_time_actual=actual,
+        step_time_original=step_orig,
+        step_time_ideal=step_ideal,
+        slowdown=slowdown,
+        waste=1.0 - 1.0 / slowdown,
+        step_slowdown=step_orig / step_ideal,
         by_optype=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
-        waste_by_optype={g: 1.0 - 1.0 / v for g, v in sorted(by_type.items(), key=lambda kv: -kv[1])},
-        by_dp_rank=by_dp, by_stage=by_stage,
-        by_dp_rank_per_step=(by_dp_steps / step_ideal).T, by_stage_per_step=(by_stage_steps / step_ideal).T,
-        worker_slowdown=worker, rank=t.rank, top_workers=tops,
-        mw=mw, ms=ms, t_fix_top_workers=t_fix_w, t_fix_last_stage=t_fix_s,
-        discrepancy=discrepancy, fwd_bwd_correlation=corr, diagnosis=diag,
-        timings=timings, simulations=runner.simulations, worker_slowdown_exact=exact,
+        waste_by_optype={
+            g: 1.0 - 1.0 / v for g, v in sorted(by_type.items(), key=lambda kv: -kv[1])
+        },
+        by_dp_rank=by_dp,
+        by_stage=by_stage,
+        by_dp_rank_per_step=(by_dp_steps / step_ideal).T,
+        by_stage_per_step=(by_stage_steps / step_ideal).T,
+        worker_slowdown=worker,
+        rank=t.rank,
+        top_workers=tops,
+        mw=mw,
+        ms=ms,
+        t_fix_top_workers=t_fix_w,
+        t_fix_last_stage=t_fix_s,
+        discrepancy=discrepancy,
+        fwd_bwd_correlation=corr,
+        diagnosis=diag,
+        timings=timings,
+        simulations=runner.simulations,
+        worker_slowdown_exact=exact,
     )
 
 
-def diagnose(slowdown: float, worker: np.ndarray, mw: float, ms: float, corr: float | None,
-             discrepancy: float, tops: list[WorkerScore], policy: WhatIfPolicy) -> Diagnosis:
+def diagnose(
+    slowdown: float,
+    worker: np.ndarray,
+    mw: float,
+    ms: float,
+    corr: float | None,
+    discrepancy: float,
+    tops: list[WorkerScore],
+    policy: WhatIfPolicy,
+) -> Diagnosis:
     """Name the heatmap pattern: one/few workers, the last stage, or everywhere.
 
     A worker is lit when its S_w - 1 reaches `affected_share` of S - 1. The
@@ -329,23 +377,44 @@ def diagnose(slowdown: float, worker: np.ndarray, mw: float, ms: float, corr: fl
     """
     pp = worker.shape[0]
     excess = max(slowdown - 1.0, 0.0)
-    lit = (worker - 1.0) >= policy.affected_share * excess if excess > 0 else np.zeros_like(worker, bool)
+    lit = (
+        (worker - 1.0) >= policy.affected_share * excess
+        if excess > 0
+        else np.zeros_like(worker, bool)
+    )
     n_lit = int(lit.sum())
     frac = n_lit / worker.size
     seq = corr is not None and corr >= policy.seq_imbalance_correlation
     fidelity = abs(discrepancy) <= policy.max_discrepancy
     if slowdown < policy.straggling_slowdown:
-        pattern, detail = "none", f"S={slowdown:.3f} is below {policy.straggling_slowdown}: not straggling"
+        pattern, detail = (
+            "none",
+            f"S={slowdown:.3f} is below {policy.straggling_slowdown}: not straggling",
+        )
     elif mw >= policy.dominant_share:
         names = ", ".join(f"rank {w.rank} (dp {w.dp_rank}, pp {w.stage})" for w in tops)
-        pattern, detail = "worker", f"M_W={mw:.2f}: fixing {names} removes most of the slowdown"
-    elif pp > 1 and ms >= policy.dominant_share and n_lit > 0 and lit[: pp - 1].sum() == 0:
-        pattern, detail = "last-stage", f"M_S={ms:.2f}: the last pipeline stage is slower than the others"
+        pattern, detail = (
+            "worker",
+            f"M_W={mw:.2f}: fixing {names} removes most of the slowdown",
+        )
+    elif (
+        pp > 1
+        and ms >= policy.dominant_share
+        and n_lit > 0
+        and lit[: pp - 1].sum() == 0
+    ):
+        pattern, detail = (
+            "last-stage",
+            f"M_S={ms:.2f}: the last pipeline stage is slower than the others",
+        )
     elif frac >= policy.widespread_fraction:
         pattern = "widespread"
         detail = f"{n_lit}/{worker.size} workers slowed"
         if seq:
             detail += f"; forward/backward correlation {corr:.2f}: sequence-length imbalance likely"
     else:
-        pattern, detail = "mixed", f"{n_lit}/{worker.size} workers slowed, no single cause dominates"
+        pattern, detail = (
+            "mixed",
+            f"{n_lit}/{worker.size} workers slowed, no single cause dominates",
+        )
     return Diagnosis(pattern, detail, n_lit, frac, seq, fidelity)

@@ -26,33 +26,79 @@ def parse_steps(text: str) -> set[int]:
             else:
                 out.add(int(part))
         except ValueError:
-            raise InputError(f"--steps: '{part}' is not a step number or a range like 400-410") from None
+            raise InputError(
+                f"--steps: '{part}' is not a step number or a range like 400-410"
+            ) from None
     return out
 
 
 @click.command("whatif")
 @click.argument("trace", type=click.Path(dir_okay=False))
-@click.option("--meta", "meta_path", required=True, type=click.Path(dir_okay=False),
-              help="YAML with dp_size, pp_size (tp_size, dsp_size, vpp_size, world_size).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--heatmap", "heatmap_path", type=click.Path(dir_okay=False),
-              help="Write the SMon worker heatmap (PNG) here.")
-@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False),
-              help="Write simulated original and ideal timelines (Perfetto JSON; .gz compresses).")
-@click.option("--timeline-steps", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Steps written to the timeline.")
-@click.option("--steps", "steps_text", default=None,
-              help="Analyse only these steps, e.g. '16,21,400-410'.")
-@click.option("--heatmap-step", type=int, default=None,
-              help="Heatmap of this step's worker slowdowns instead of the average (SMon per-step view).")
-@click.option("--exact-workers", is_flag=True,
-              help="Also simulate every worker alone (Eq. 4 without the DP x PP approximation).")
-@click.option("--rank-ops", is_flag=True,
-              help="TRACE is a slurmguard per-rank op table (rank, step, op, start_ns, end_ns).")
+@click.option(
+    "--meta",
+    "meta_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="YAML with dp_size, pp_size (tp_size, dsp_size, vpp_size, world_size).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object instead of tables."
+)
+@click.option(
+    "--heatmap",
+    "heatmap_path",
+    type=click.Path(dir_okay=False),
+    help="Write the SMon worker heatmap (PNG) here.",
+)
+@click.option(
+    "--timeline",
+    "timeline_path",
+    type=click.Path(dir_okay=False),
+    help="Write simulated original and ideal timelines (Perfetto JSON; .gz compresses).",
+)
+@click.option(
+    "--timeline-steps",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Steps written to the timeline.",
+)
+@click.option(
+    "--steps",
+    "steps_text",
+    default=None,
+    help="Analyse only these steps, e.g. '16,21,400-410'.",
+)
+@click.option(
+    "--heatmap-step",
+    type=int,
+    default=None,
+    help="Heatmap of this step's worker slowdowns instead of the average (SMon per-step view).",
+)
+@click.option(
+    "--exact-workers",
+    is_flag=True,
+    help="Also simulate every worker alone (Eq. 4 without the DP x PP approximation).",
+)
+@click.option(
+    "--rank-ops",
+    is_flag=True,
+    help="TRACE is a slurmguard per-rank op table (rank, step, op, start_ns, end_ns).",
+)
 @click.pass_context
-def whatif(ctx: click.Context, trace: str, meta_path: str, as_json: bool, heatmap_path: str | None,
-           timeline_path: str | None, timeline_steps: int, steps_text: str | None, heatmap_step: int | None,
-           exact_workers: bool, rank_ops: bool) -> None:
+def whatif(
+    ctx: click.Context,
+    trace: str,
+    meta_path: str,
+    as_json: bool,
+    heatmap_path: str | None,
+    timeline_path: str | None,
+    timeline_steps: int,
+    steps_text: str | None,
+    heatmap_step: int | None,
+    exact_workers: bool,
+    rank_ops: bool,
+) -> None:
     """What-if analysis of TRACE (paper 004): slowdown S, S_t per op type, S_w per DP rank
     and stage, M_W, M_S and the simulation discrepancy."""
     from slurmguard.whatif.adapter import trace_from_rank_ops
@@ -75,7 +121,9 @@ def whatif(ctx: click.Context, trace: str, meta_path: str, as_json: bool, heatma
         if "step" in table.columns:
             table = table[table["step"].isin(wanted)].reset_index(drop=True)
             if len(table) == 0:
-                raise InputError(f"{name}: none of the steps given with --steps is in the trace")
+                raise InputError(
+                    f"{name}: none of the steps given with --steps is in the trace"
+                )
     df = check_trace(table, meta, name, Path(meta_path).name)
     if not meta.name:
         from dataclasses import replace
@@ -88,13 +136,21 @@ def whatif(ctx: click.Context, trace: str, meta_path: str, as_json: bool, heatma
         if heatmap_step is not None:
             hit = [i for i, s in enumerate(result.steps) if int(s) == heatmap_step]
             if not hit:
-                raise InputError(f"{name}: --heatmap-step {heatmap_step} is not a step of the trace")
+                raise InputError(
+                    f"{name}: --heatmap-step {heatmap_step} is not a step of the trace"
+                )
             i = hit[0]
-            cells = np.minimum(result.by_stage_per_step[i][:, None], result.by_dp_rank_per_step[i][None, :])
+            cells = np.minimum(
+                result.by_stage_per_step[i][:, None],
+                result.by_dp_rank_per_step[i][None, :],
+            )
             what = f"step {heatmap_step}"
-        write_heatmap(cells, heatmap_path,
-                      title=f"{result.name} ({what}): S={result.slowdown:.2f}, M_W={result.mw:.2f},"
-                            f" M_S={result.ms:.2f} ({result.diagnosis.pattern})")
+        write_heatmap(
+            cells,
+            heatmap_path,
+            title=f"{result.name} ({what}): S={result.slowdown:.2f}, M_W={result.mw:.2f},"
+            f" M_S={result.ms:.2f} ({result.diagnosis.pattern})",
+        )
     if timeline_path:
         write_timeline(t, timeline_path, steps=timeline_steps)
     if as_json:

@@ -15,7 +15,9 @@ import numpy as np
 from slurmguard.errors import InputError
 
 
-def write_heatmap(worker_slowdown: np.ndarray, path: str | Path, title: str = "") -> Path:
+def write_heatmap(
+    worker_slowdown: np.ndarray, path: str | Path, title: str = ""
+) -> Path:
     """Write a PNG of a (pp, dp) slowdown matrix; returns the path.
 
     Colours run from 1.0 (no slowdown, white) to the largest S_w.
@@ -31,8 +33,15 @@ def write_heatmap(worker_slowdown: np.ndarray, path: str | Path, title: str = ""
     fig_w = min(16.0, 3.0 + 0.35 * dp)
     fig_h = min(10.0, 2.0 + 0.45 * pp)
     fig, ax = plt.subplots(figsize=(fig_w, fig_h), dpi=100)
-    im = ax.imshow(worker_slowdown, origin="lower", cmap="Reds", vmin=1.0, vmax=vmax,
-                   aspect="auto", interpolation="nearest")
+    im = ax.imshow(
+        worker_slowdown,
+        origin="lower",
+        cmap="Reds",
+        vmin=1.0,
+        vmax=vmax,
+        aspect="auto",
+        interpolation="nearest",
+    )
     ax.set_xlabel("DP rank")
     ax.set_ylabel("PP rank (stage)")
     if dp <= 32:
@@ -43,8 +52,15 @@ def write_heatmap(worker_slowdown: np.ndarray, path: str | Path, title: str = ""
         for s in range(pp):
             for d in range(dp):
                 v = worker_slowdown[s, d]
-                ax.text(d, s, f"{v:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if v > 1.0 + 0.6 * (vmax - 1.0) else "black")
+                ax.text(
+                    d,
+                    s,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if v > 1.0 + 0.6 * (vmax - 1.0) else "black",
+                )
     fig.colorbar(im, ax=ax, label="worker slowdown S_w")
     if title:
         ax.set_title(title, fontsize=10)

@@ -30,6 +30,7 @@ one vectorised update per level.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import numpy as np
 
@@ -91,15 +92,21 @@ def build_model(t: OpTensor) -> DependencyModel:
     group_sync: list[bool] = []
 
     def chain(slots: list[int] | np.ndarray) -> None:
-        for a, b in zip(slots[:-1], slots[1:]):
+        for a, b in pairwise(slots):
             deps[int(b)].add(int(a))
 
     for s in range(pp):
         mine = np.flatnonzero(t.slot_stage == s)
         comp = mine[np.isin(t.slot_optype[mine], ot.COMPUTE)]
-        comp = comp[np.lexsort((t.slot_seq[comp], t.slot_optype[comp].astype(str), t.order[comp]))]
+        comp = comp[
+            np.lexsort(
+                (t.slot_seq[comp], t.slot_optype[comp].astype(str), t.order[comp])
+            )
+        ]
         if len(comp) == 0:
-            raise InputError(f"{t.source}: stage {s} has no forward-compute/backward-compute ops")
+            raise InputError(
+                f"{t.source}: stage {s} has no forward-compute/backward-compute ops"
+            )
         chain(comp)
         comp_pos = {int(c): i for i, c in enumerate(comp)}
         by_type = {name: t.slots_of(s, name) for name in ot.COMPUTE}
@@ -113,7 +120,8 @@ def build_model(t: OpTensor) -> DependencyModel:
                 raise InputError(
                     f"{t.source}: stage {s} has {len(p2p)} {name} but {len(compute)}"
                     f" {ot.P2P_COMPUTE[name]} ops; each PP transfer must belong to one microbatch"
-                    " (non-interleaved schedules only)")
+                    " (non-interleaved schedules only)"
+                )
             for op, c in zip(p2p, compute):
                 if name.endswith("send"):
                     deps[int(op)].add(int(c))
@@ -125,12 +133,14 @@ def build_model(t: OpTensor) -> DependencyModel:
         # DP stream: params-sync and grads-sync in recorded order.
         dpc = mine[np.isin(t.slot_optype[mine], ot.DP_COMM)]
         chain(dpc[np.lexsort((t.slot_seq[dpc], t.order[dpc]))])
-        fwd = by_type[ot.FORWARD_COMPUTE]
         bwd = by_type[ot.BACKWARD_COMPUTE]
         # The latest params-sync of a model chunk gates that chunk's first forward.
         fwd_in_order = [int(c) for c in comp if t.slot_optype[c] == ot.FORWARD_COMPUTE]
         ags = t.slots_of(s, ot.PARAMS_ALL_GATHER)
-        last_ag = {int(t.slot_mc[a]): int(a) for a in ags[np.argsort(t.order[ags], kind="stable")]}
+        last_ag = {
+            int(t.slot_mc[a]): int(a)
+            for a in ags[np.argsort(t.order[ags], kind="stable")]
+        }
         for mc, ag in last_ag.items():
             targets = [c for c in fwd_in_order if t.slot_mc[c] == mc] or fwd_in_order
             if targets:
@@ -160,11 +170,16 @@ def build_model(t: OpTensor) -> DependencyModel:
                 continue
             peer_type, off = ot.P2P_PEER[name]
             peer = s + off
-            recvs = t.slots_of(peer, peer_type) if 0 <= peer < pp else np.empty(0, dtype=np.int64)
+            recvs = (
+                t.slots_of(peer, peer_type)
+                if 0 <= peer < pp
+                else np.empty(0, dtype=np.int64)
+            )
             if len(recvs) != len(sends):
                 raise InputError(
                     f"{t.source}: stage {s} has {len(sends)} {name} but stage {peer} has"
-                    f" {len(recvs)} {peer_type}; PP sends and receives must pair up")
+                    f" {len(recvs)} {peer_type}; PP sends and receives must pair up"
+                )
             for a, b in zip(sends, recvs):
                 groups.append([int(a), int(b)])
                 group_sync.append(False)
@@ -173,15 +188,21 @@ def build_model(t: OpTensor) -> DependencyModel:
             if name.endswith("recv"):
                 peer_type, off = ot.P2P_PEER[name]
                 peer = s + off
-                if len(t.slots_of(s, name)) and not (0 <= peer < pp and len(t.slots_of(peer, peer_type))):
+                if len(t.slots_of(s, name)) and not (
+                    0 <= peer < pp and len(t.slots_of(peer, peer_type))
+                ):
                     raise InputError(
-                        f"{t.source}: stage {s} has {name} ops but stage {peer} has no {peer_type}")
+                        f"{t.source}: stage {s} has {name} ops but stage {peer} has no {peer_type}"
+                    )
     # DP collectives: one slot, all DP ranks of the stage.
     for slot in np.flatnonzero(np.isin(t.slot_optype, ot.DP_COMM)):
         groups.append([int(slot)])
         group_sync.append(dp_sync)
     # Stage-spanning collectives, matched by seq_id.
-    for name, sync in ((ot.EMBEDDING_GRADS_ALL_REDUCE, False), (ot.OPTIMIZER_CLIP_MAIN_GRAD, dp_sync)):
+    for name, sync in (
+        (ot.EMBEDDING_GRADS_ALL_REDUCE, False),
+        (ot.OPTIMIZER_CLIP_MAIN_GRAD, dp_sync),
+    ):
         idx = np.flatnonzero(t.slot_optype == name)
         for q in np.unique(t.slot_seq[idx]):
             groups.append([int(x) for x in idx[t.slot_seq[idx] == q]])
@@ -191,8 +212,12 @@ def build_model(t: OpTensor) -> DependencyModel:
     for g, members in enumerate(groups):
         group_of[members] = g
     model = DependencyModel(
-        n_slots=n, deps=[sorted(d) for d in deps], groups=groups,
-        group_dp_sync=group_sync, group_of=group_of)
+        n_slots=n,
+        deps=[sorted(d) for d in deps],
+        groups=groups,
+        group_dp_sync=group_sync,
+        group_of=group_of,
+    )
     model.levels = _levelise(model, t)
     return model
 
@@ -215,13 +240,22 @@ def _levelise(m: DependencyModel, t: OpTensor) -> list[Level]:
         for u in ps:
             succs[u].append(v)
     # A slot in a group is represented by its group's node only.
-    live = list(range(len(m.groups))) + [len(m.groups) + i for i in range(n) if m.group_of[i] < 0]
+    live = list(range(len(m.groups))) + [
+        len(m.groups) + i for i in range(n) if m.group_of[i] < 0
+    ]
     live_set = set(live)
     frontier = [v for v in live if indeg[v] == 0]
     levels: list[Level] = []
     done = 0
     while frontier:
-        levels.append(_make_level(m, [members[v] for v in frontier], [v < len(m.groups) for v in frontier], n))
+        levels.append(
+            _make_level(
+                m,
+                [members[v] for v in frontier],
+                [v < len(m.groups) for v in frontier],
+                n,
+            )
+        )
         done += len(frontier)
         nxt = []
         for u in frontier:
@@ -233,12 +267,18 @@ def _levelise(m: DependencyModel, t: OpTensor) -> list[Level]:
     if done != len(live):
         stuck = [members[v][0] for v in live if indeg[v] > 0][:4]
         names = ", ".join(
-            f"stage {int(t.slot_stage[s])} {t.slot_optype[s]} #{int(t.slot_seq[s])}" for s in stuck)
-        raise InputError(f"{t.source}: the recorded op order has a dependency cycle (involving {names})")
+            f"stage {int(t.slot_stage[s])} {t.slot_optype[s]} #{int(t.slot_seq[s])}"
+            for s in stuck
+        )
+        raise InputError(
+            f"{t.source}: the recorded op order has a dependency cycle (involving {names})"
+        )
     return levels
 
 
-def _make_level(m: DependencyModel, node_members: list[list[int]], is_group: list[bool], n: int) -> Level:
+def _make_level(
+    m: DependencyModel, node_members: list[list[int]], is_group: list[bool], n: int
+) -> Level:
     slots: list[int] = []
     member_pos: list[int] = []
     member_group: list[int] = []
@@ -266,9 +306,11 @@ def _make_level(m: DependencyModel, node_members: list[list[int]], is_group: lis
     for i, g in enumerate(grp):
         gm[i, : len(g)] = g
     return Level(
-        slots=np.asarray(slots, dtype=np.int64), deps=deps,
+        slots=np.asarray(slots, dtype=np.int64),
+        deps=deps,
         local_pos=np.asarray(local_pos, dtype=np.int64),
         member_pos=np.asarray(member_pos, dtype=np.int64),
         member_group=np.asarray(member_group, dtype=np.int64),
-        group_members=gm, group_dp_sync=np.asarray(sync, dtype=bool),
+        group_members=gm,
+        group_dp_sync=np.asarray(sync, dtype=bool),
     )

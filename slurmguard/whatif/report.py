@@ -52,15 +52,25 @@ def to_json(r: WhatIfResult) -> dict[str, Any]:
         "by_worker": by_worker,
         "workers": workers,
         "by_dp_rank_per_step": {
-            k: {str(d): float(v) for d, v in enumerate(row)} for k, row in zip(steps, r.by_dp_rank_per_step)},
+            k: {str(d): float(v) for d, v in enumerate(row)}
+            for k, row in zip(steps, r.by_dp_rank_per_step)
+        },
         "by_stage_per_step": {
-            k: {str(s): float(v) for s, v in enumerate(row)} for k, row in zip(steps, r.by_stage_per_step)},
+            k: {str(s): float(v) for s, v in enumerate(row)}
+            for k, row in zip(steps, r.by_stage_per_step)
+        },
         "mw": float(r.mw),
         "ms": float(r.ms),
         "mw_detail": {
             "top_workers": [
-                {"rank": w.rank, "dp_rank": w.dp_rank, "stage": w.stage, "slowdown": w.slowdown}
-                for w in r.top_workers],
+                {
+                    "rank": w.rank,
+                    "dp_rank": w.dp_rank,
+                    "stage": w.stage,
+                    "slowdown": w.slowdown,
+                }
+                for w in r.top_workers
+            ],
             "step_time_fixed_s": r.t_fix_top_workers,
         },
         "ms_detail": {"step_time_fixed_s": r.t_fix_last_stage},
@@ -74,8 +84,13 @@ def to_json(r: WhatIfResult) -> dict[str, Any]:
             "sequence_imbalance_likely": r.diagnosis.sequence_imbalance_likely,
             "fidelity_ok": r.diagnosis.fidelity_ok,
         },
-        "by_worker_exact": None if r.worker_slowdown_exact is None else {
-            str(int(r.rank[s, d])): float(r.worker_slowdown_exact[s, d]) for s in range(pp) for d in range(dp)},
+        "by_worker_exact": None
+        if r.worker_slowdown_exact is None
+        else {
+            str(int(r.rank[s, d])): float(r.worker_slowdown_exact[s, d])
+            for s in range(pp)
+            for d in range(dp)
+        },
         "simulations": r.simulations,
         "timings_s": {k: float(v) for k, v in r.timings.items()},
     }
@@ -85,22 +100,34 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
     """Human-readable tables (summary, op types, stages, DP ranks, workers)."""
     buf = io.StringIO()
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    summary = Table(title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False)
+    summary = Table(
+        title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False
+    )
     summary.add_column("metric")
     summary.add_column("value")
     ss = r.step_slowdown
     rows = [
         ("slowdown S (Eq. 1)", f"{r.slowdown:.3f}"),
         ("resource waste (Eq. 3)", f"{100 * r.waste:.1f}% of GPU-hours"),
-        ("step time actual / simulated / ideal", f"{r.t_actual:.4g} / {r.t_original:.4g} / {r.t_ideal:.4g} s"),
-        ("per-step slowdown min / median / max",
-         f"{ss.min():.3f} / {float(np.median(ss)):.3f} / {ss.max():.3f} over {len(ss)} steps"),
+        (
+            "step time actual / simulated / ideal",
+            f"{r.t_actual:.4g} / {r.t_original:.4g} / {r.t_ideal:.4g} s",
+        ),
+        (
+            "per-step slowdown min / median / max",
+            f"{ss.min():.3f} / {float(np.median(ss)):.3f} / {ss.max():.3f} over {len(ss)} steps",
+        ),
         ("M_W (Eq. 5, top workers fixed)", f"{r.mw:.3f}"),
         ("M_S (5.2, last stage fixed)", f"{r.ms:.3f}"),
-        ("simulation discrepancy (6)", f"{100 * r.discrepancy:.2f}%"
-         + ("" if r.diagnosis.fidelity_ok else "  (above the fidelity limit)")),
-        ("fwd/bwd compute correlation (5.3)",
-         "n/a" if r.fwd_bwd_correlation is None else f"{r.fwd_bwd_correlation:.3f}"),
+        (
+            "simulation discrepancy (6)",
+            f"{100 * r.discrepancy:.2f}%"
+            + ("" if r.diagnosis.fidelity_ok else "  (above the fidelity limit)"),
+        ),
+        (
+            "fwd/bwd compute correlation (5.3)",
+            "n/a" if r.fwd_bwd_correlation is None else f"{r.fwd_bwd_correlation:.3f}",
+        ),
         ("pattern", f"{r.diagnosis.pattern}: {r.diagnosis.detail}"),
     ]
     for k, v in rows:
@@ -122,14 +149,19 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
         stages.add_row(str(int(s)), f"{r.by_stage[s]:.3f}")
     con.print(stages)
 
-    dps = Table(title=f"S_w by DP rank (Eq. 4), top {min(top, r.dp_size)} of {r.dp_size}", min_width=50)
+    dps = Table(
+        title=f"S_w by DP rank (Eq. 4), top {min(top, r.dp_size)} of {r.dp_size}",
+        min_width=50,
+    )
     dps.add_column("dp_rank", justify="right")
     dps.add_column("S_w", justify="right")
     for d in np.argsort(-r.by_dp_rank, kind="stable")[:top]:
         dps.add_row(str(int(d)), f"{r.by_dp_rank[d]:.3f}")
     con.print(dps)
 
-    workers = Table(title="workers fixed for M_W (S_w = min of DP rank and stage)", min_width=60)
+    workers = Table(
+        title="workers fixed for M_W (S_w = min of DP rank and stage)", min_width=60
+    )
     for c in ("rank", "dp_rank", "stage", "S_w"):
         workers.add_column(c, justify="right")
     for w in r.top_workers:

@@ -34,7 +34,9 @@ class SimResult:
     """(slot, scenario, step, lane) end time, when requested."""
 
 
-def simulate(model: DependencyModel, dur: np.ndarray, keep_timeline: bool = False) -> SimResult:
+def simulate(
+    model: DependencyModel, dur: np.ndarray, keep_timeline: bool = False
+) -> SimResult:
     """Simulate every (scenario, step, lane) timeline of `dur` (slot, scenario, step, lane) at once.
 
     Durations are seconds: op durations for local slots, transfer-durations for
@@ -78,44 +80,54 @@ def simulate_naive(model: DependencyModel, dur: np.ndarray) -> np.ndarray:
 
     One Python iteration per op instance: the cost the vectorised simulator avoids.
     """
-    n, n_steps, dp = dur.shape
+    n, n_steps, _ = dur.shape
     succ: list[list[int]] = [[] for _ in range(n)]
     for v, ds in enumerate(model.deps):
         for u in ds:
             succ[u].append(v)
     out = np.zeros(n_steps)
     for t in range(n_steps):
-        end: dict[tuple[int, int], float] = {}
-        launched: dict[tuple[int, int], float] = {}
-        waiting = {(s, d): len(model.deps[s]) for s in range(n) for d in range(dp)}
-        group_count: dict[tuple[int, int], int] = {}
-        queue = deque(k for k, c in waiting.items() if c == 0)
+        out[t] = _naive_step(model, succ, dur[:, t, :])
+    return out
 
-        def finish(key: tuple[int, int], at: float) -> None:
-            end[key] = at
-            s, d = key
-            for v in succ[s]:
-                waiting[(v, d)] -= 1
-                if waiting[(v, d)] == 0:
-                    queue.append((v, d))
 
-        while queue:
-            s, d = queue.popleft()
-            ready = max((end[(u, d)] for u in model.deps[s]), default=0.0)
-            g = int(model.group_of[s])
-            if g < 0:
-                finish((s, d), ready + float(dur[s, t, d]))
-                continue
+def _naive_step(
+    model: DependencyModel, succ: list[list[int]], dur: np.ndarray
+) -> float:
+    """One step of the event loop; `dur` is (slot, dp)."""
+    n, dp = dur.shape
+    end: dict[tuple[int, int], float] = {}
+    launched: dict[tuple[int, int], float] = {}
+    waiting = {(s, d): len(model.deps[s]) for s in range(n) for d in range(dp)}
+    group_count: dict[tuple[int, int], int] = {}
+    queue = deque(k for k, c in waiting.items() if c == 0)
+    while queue:
+        s, d = queue.popleft()
+        ready = max((end[(u, d)] for u in model.deps[s]), default=0.0)
+        g = int(model.group_of[s])
+        done: list[tuple[int, int, float]] = []
+        if g < 0:
+            done.append((s, d, ready + float(dur[s, d])))
+        else:
             launched[(s, d)] = ready
             lanes = range(dp) if model.group_dp_sync[g] else (d,)
             gkey = (g, -1 if model.group_dp_sync[g] else d)
             group_count[gkey] = group_count.get(gkey, 0) + 1
             if group_count[gkey] == len(model.groups[g]) * len(lanes):
                 begin = max(launched[(m, e)] for m in model.groups[g] for e in lanes)
-                for m in model.groups[g]:
-                    for e in lanes:
-                        finish((m, e), begin + float(dur[m, t, e]))
-        if len(end) != n * dp:
-            raise RuntimeError("naive simulation did not finish every op (dependency cycle)")
-        out[t] = max(end.values())
-    return out
+                done.extend(
+                    (m, e, begin + float(dur[m, e]))
+                    for m in model.groups[g]
+                    for e in lanes
+                )
+        for s2, d2, at in done:
+            end[(s2, d2)] = at
+            for v in succ[s2]:
+                waiting[(v, d2)] -= 1
+                if waiting[(v, d2)] == 0:
+                    queue.append((v, d2))
+    if len(end) != n * dp:
+        raise RuntimeError(
+            "naive simulation did not finish every op (dependency cycle)"
+        )
+    return max(end.values())

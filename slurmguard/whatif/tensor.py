@@ -87,7 +87,9 @@ def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
     seq = df["seq_id"].to_numpy()
     if seq.min() < 0:
         row = int(np.argmin(seq))
-        raise InputError(f"{source}: column 'seq_id' row {row}: negative seq_id {int(seq[row])}")
+        raise InputError(
+            f"{source}: column 'seq_id' row {row}: negative seq_id {int(seq[row])}"
+        )
     opcode = df["optype"].cat.codes.to_numpy().astype(np.int64)
     names = np.asarray(df["optype"].cat.categories, dtype=object)
     n_codes = len(names)
@@ -105,15 +107,20 @@ def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
     def where(cell: int) -> str:
         s, rest = divmod(cell, n_steps * dp)
         t, d = divmod(rest, dp)
-        return (f"step {int(steps[t])} dp_rank {d} stage {int(slot_stage[s])}:"
-                f" {slot_optype[s]} seq_id {int(slot_seq[s])}")
+        return (
+            f"step {int(steps[t])} dp_rank {d} stage {int(slot_stage[s])}:"
+            f" {slot_optype[s]} seq_id {int(slot_seq[s])}"
+        )
 
     if (counts > 1).any():
-        raise InputError(f"{source}: {where(int(np.flatnonzero(counts > 1)[0]))} is recorded twice")
+        raise InputError(
+            f"{source}: {where(int(np.flatnonzero(counts > 1)[0]))} is recorded twice"
+        )
     if (counts == 0).any():
         raise InputError(
             f"{source}: {where(int(np.flatnonzero(counts == 0)[0]))} is missing"
-            " (every step and DP rank must record the same ops)")
+            " (every step and DP rank must record the same ops)"
+        )
     start = np.empty(n * n_steps * dp)
     dur = np.empty(n * n_steps * dp)
     start[flat] = df["start_ts"].to_numpy()
@@ -127,8 +134,15 @@ def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
     rank = np.full((pp, dp), -1, dtype=np.int64)
     rank[stage, dp_rank] = df["rank"].to_numpy()
     return OpTensor(
-        meta=meta, source=source, steps=steps,
-        slot_stage=slot_stage.astype(np.int64), slot_optype=slot_optype,
-        slot_seq=slot_seq.astype(np.int64), slot_mc=mc,
-        order=np.median(start, axis=(1, 2)), start=start, duration=dur, rank=rank,
+        meta=meta,
+        source=source,
+        steps=steps,
+        slot_stage=slot_stage.astype(np.int64),
+        slot_optype=slot_optype,
+        slot_seq=slot_seq.astype(np.int64),
+        slot_mc=mc,
+        order=np.median(start, axis=(1, 2)),
+        start=start,
+        duration=dur,
+        rank=rank,
     )

@@ -40,7 +40,10 @@ def timeline_events(t: OpTensor, steps: int = 2) -> list[dict[str, Any]]:
     original = simulation_durations(t, model)
     ideal = idealised_durations(t, original)
     k = max(1, min(steps, len(t.steps)))
-    dur = np.stack([original[:, :k], np.broadcast_to(ideal[:, None, None], original[:, :k].shape)], axis=1)
+    dur = np.stack(
+        [original[:, :k], np.broadcast_to(ideal[:, None, None], original[:, :k].shape)],
+        axis=1,
+    )
     res = simulate(model, dur, keep_timeline=True)
     assert res.start is not None and res.end is not None
     pp, dp = t.meta.pp_size, t.meta.dp_size
@@ -50,11 +53,34 @@ def timeline_events(t: OpTensor, steps: int = 2) -> list[dict[str, Any]]:
         for s in range(pp):
             for d in range(dp):
                 pid = sc * pp * dp + s * dp + d
-                events.append({"ph": "M", "name": "process_name", "pid": pid,
-                               "args": {"name": f"{label} dp{d} pp{s} (rank {int(t.rank[s, d])})"}})
-                events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "process_name",
+                        "pid": pid,
+                        "args": {
+                            "name": f"{label} dp{d} pp{s} (rank {int(t.rank[s, d])})"
+                        },
+                    }
+                )
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "process_sort_index",
+                        "pid": pid,
+                        "args": {"sort_index": pid},
+                    }
+                )
                 for name, i in tid.items():
-                    events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": i, "args": {"name": name}})
+                    events.append(
+                        {
+                            "ph": "M",
+                            "name": "thread_name",
+                            "pid": pid,
+                            "tid": i,
+                            "args": {"name": name},
+                        }
+                    )
         offset = 0.0
         for j in range(k):
             start = res.start[:, sc, j, :]
@@ -63,13 +89,23 @@ def timeline_events(t: OpTensor, steps: int = 2) -> list[dict[str, Any]]:
                 name = str(t.slot_optype[slot])
                 s = int(t.slot_stage[slot])
                 for d in range(dp):
-                    events.append({
-                        "ph": "X", "name": name, "cat": _stream(name),
-                        "pid": sc * pp * dp + s * dp + d, "tid": tid[_stream(name)],
-                        "ts": round((offset + start[slot, d]) * 1e6, 3),
-                        "dur": round(max(end[slot, d] - start[slot, d], 0.0) * 1e6, 3),
-                        "args": {"step": int(t.steps[j]), "seq_id": int(t.slot_seq[slot])},
-                    })
+                    events.append(
+                        {
+                            "ph": "X",
+                            "name": name,
+                            "cat": _stream(name),
+                            "pid": sc * pp * dp + s * dp + d,
+                            "tid": tid[_stream(name)],
+                            "ts": round((offset + start[slot, d]) * 1e6, 3),
+                            "dur": round(
+                                max(end[slot, d] - start[slot, d], 0.0) * 1e6, 3
+                            ),
+                            "args": {
+                                "step": int(t.steps[j]),
+                                "seq_id": int(t.slot_seq[slot]),
+                            },
+                        }
+                    )
             offset += float(res.step_time[sc, j])
     return events
 
@@ -77,8 +113,15 @@ def timeline_events(t: OpTensor, steps: int = 2) -> list[dict[str, Any]]:
 def write_timeline(t: OpTensor, path: str | Path, steps: int = 2) -> Path:
     """Write the Perfetto-readable timeline JSON of the first `steps` steps; returns the path."""
     p = Path(path)
-    doc = {"traceEvents": timeline_events(t, steps), "displayTimeUnit": "ms",
-           "otherData": {"trace": t.source, "dp_size": t.meta.dp_size, "pp_size": t.meta.pp_size}}
+    doc = {
+        "traceEvents": timeline_events(t, steps),
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "trace": t.source,
+            "dp_size": t.meta.dp_size,
+            "pp_size": t.meta.pp_size,
+        },
+    }
     data = json.dumps(doc, separators=(",", ":")).encode()
     try:
         if p.suffix == ".gz":

@@ -27,8 +27,17 @@ from slurmguard.errors import InputError
 from slurmguard.whatif import optypes
 
 REQUIRED_COLUMNS = (
-    "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
-    "seq_id", "mc", "mb_id", "gmc",
+    "dp_rank",
+    "stage",
+    "rank",
+    "step",
+    "optype",
+    "start_ts",
+    "duration",
+    "seq_id",
+    "mc",
+    "mb_id",
+    "gmc",
 )
 INT_COLUMNS = ("dp_rank", "stage", "rank", "step", "seq_id", "mc", "mb_id", "gmc")
 FLOAT_COLUMNS = ("start_ts", "duration")
@@ -51,7 +60,10 @@ class JobMeta:
     def __post_init__(self) -> None:
         if self.world_size == 0:
             object.__setattr__(
-                self, "world_size", self.dp_size * self.pp_size * self.tp_size * self.dsp_size)
+                self,
+                "world_size",
+                self.dp_size * self.pp_size * self.tp_size * self.dsp_size,
+            )
 
     @property
     def workers(self) -> int:
@@ -65,7 +77,9 @@ _SIZE_KEYS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_si
 def parse_meta(data: Any, source: str) -> JobMeta:
     """Validate a metadata mapping; errors name `source` and the key."""
     if not isinstance(data, dict):
-        raise InputError(f"{source}: metadata must be a YAML mapping of keys such as dp_size, pp_size")
+        raise InputError(
+            f"{source}: metadata must be a YAML mapping of keys such as dp_size, pp_size"
+        )
     data = dict(data)
     if "cp_size" in data and "dsp_size" not in data:
         data["dsp_size"] = data.pop("cp_size")
@@ -78,11 +92,15 @@ def parse_meta(data: Any, source: str) -> JobMeta:
             continue
         v = data[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputError(f"{source}: key '{key}' must be a positive integer, got {v!r}")
+            raise InputError(
+                f"{source}: key '{key}' must be a positive integer, got {v!r}"
+            )
         values[key] = v
     meta = JobMeta(
-        dp_size=values["dp_size"], pp_size=values["pp_size"],
-        tp_size=values.get("tp_size", 1), dsp_size=values.get("dsp_size", 1),
+        dp_size=values["dp_size"],
+        pp_size=values["pp_size"],
+        tp_size=values.get("tp_size", 1),
+        dsp_size=values.get("dsp_size", 1),
         vpp_size=values.get("vpp_size", 1),
         name=str(data.get("trial_name", "") or ""),
     )
@@ -90,11 +108,13 @@ def parse_meta(data: Any, source: str) -> JobMeta:
     if "world_size" in values and values["world_size"] != product:
         raise InputError(
             f"{source}: world_size={values['world_size']} but dp_size x pp_size x tp_size x dsp_size"
-            f" = {meta.dp_size} x {meta.pp_size} x {meta.tp_size} x {meta.dsp_size} = {product}")
+            f" = {meta.dp_size} x {meta.pp_size} x {meta.tp_size} x {meta.dsp_size} = {product}"
+        )
     if meta.vpp_size != 1:
         raise InputError(
             f"{source}: vpp_size={meta.vpp_size}: interleaved pipeline schedules are not supported;"
-            " only vpp_size=1 traces can be simulated")
+            " only vpp_size=1 traces can be simulated"
+        )
     return meta
 
 
@@ -112,7 +132,9 @@ def load_meta(path: str | Path) -> JobMeta:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(f"{p}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise InputError(
+            f"{p}{line}: invalid YAML: {getattr(exc, 'problem', exc)}"
+        ) from None
     return parse_meta(data, p.name)
 
 
@@ -121,15 +143,21 @@ def read_table(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: trace file not found")
+    import pyarrow as pa
+
     try:
         if p.suffix.lower() == ".csv":
             return pd.read_csv(p)
         return pd.read_parquet(p)
-    except Exception as exc:  # pyarrow raises many types for a corrupt file
-        raise InputError(f"{p}: cannot read trace: {type(exc).__name__}: {exc}") from None
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        raise InputError(
+            f"{p}: cannot read trace: {type(exc).__name__}: {exc}"
+        ) from None
 
 
-def check_trace(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str = "metadata") -> pd.DataFrame:
+def check_trace(
+    df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str = "metadata"
+) -> pd.DataFrame:
     """Validate a trace table against the schema and the metadata.
 
     Returns a copy with compact dtypes and an `end_ts` column (seconds).
@@ -144,17 +172,23 @@ def check_trace(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str =
     for col in INT_COLUMNS:
         s = df[col]
         if not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):
-            raise InputError(f"{source}: column '{col}' must be integer, got dtype {s.dtype}")
+            raise InputError(
+                f"{source}: column '{col}' must be integer, got dtype {s.dtype}"
+            )
         arr = s.to_numpy(dtype=np.float64, na_value=np.nan)
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{source}: column '{col}' row {row}: not an integer: {s.iloc[row]!r}")
+            raise InputError(
+                f"{source}: column '{col}' row {row}: not an integer: {s.iloc[row]!r}"
+            )
         out[col] = arr.astype(np.int64)
     for col in FLOAT_COLUMNS:
         s = df[col]
         if not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):
-            raise InputError(f"{source}: column '{col}' must be numeric seconds, got dtype {s.dtype}")
+            raise InputError(
+                f"{source}: column '{col}' must be numeric seconds, got dtype {s.dtype}"
+            )
         arr = s.to_numpy(dtype=np.float64, na_value=np.nan)
         bad = ~np.isfinite(arr)
         if bad.any():
@@ -165,7 +199,8 @@ def check_trace(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str =
     if neg.any():
         row = int(np.flatnonzero(neg)[0])
         raise InputError(
-            f"{source}: column 'duration' has {int(neg.sum())} negative value(s), first at row {row}")
+            f"{source}: column 'duration' has {int(neg.sum())} negative value(s), first at row {row}"
+        )
     out["optype"] = _optype_column(df["optype"], source)
     out["end_ts"] = out["start_ts"] + out["duration"]
     _check_layout(out, meta, source, meta_source)
@@ -183,35 +218,51 @@ def _optype_column(col: pd.Series, source: str) -> pd.Categorical:
         if (used < 0).any():
             raise InputError(f"{source}: column 'optype' has empty values")
         names = [cats[i] for i in used]
-        lookup = np.array([known.index(c) if c in optypes.KNOWN else -1 for c in cats], dtype=np.int64)
+        lookup = np.array(
+            [known.index(c) if c in optypes.KNOWN else -1 for c in cats], dtype=np.int64
+        )
     else:
         values = col.astype(str).to_numpy()
         names, codes = np.unique(values, return_inverse=True)
         names = [str(x) for x in names]
-        lookup = np.array([known.index(c) if c in optypes.KNOWN else -1 for c in names], dtype=np.int64)
+        lookup = np.array(
+            [known.index(c) if c in optypes.KNOWN else -1 for c in names],
+            dtype=np.int64,
+        )
     unknown = sorted(set(names) - optypes.KNOWN)
     if unknown:
         raise InputError(
             f"{source}: column 'optype' has unknown op type(s): {', '.join(unknown[:5])}"
-            f" (known: {', '.join(known)})")
+            f" (known: {', '.join(known)})"
+        )
     return pd.Categorical.from_codes(lookup[codes], categories=known)
 
 
-def _check_layout(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str) -> None:
+def _check_layout(
+    df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str
+) -> None:
     """The trace's ranks must form exactly the dp_size x pp_size grid of the metadata."""
-    for col, size, key in (("dp_rank", meta.dp_size, "dp_size"), ("stage", meta.pp_size, "pp_size")):
+    for col, size, key in (
+        ("dp_rank", meta.dp_size, "dp_size"),
+        ("stage", meta.pp_size, "pp_size"),
+    ):
         v = df[col].to_numpy()
         if v.min() < 0 or v.max() >= size:
             bad = int(v.max()) if v.max() >= size else int(v.min())
             raise InputError(
-                f"{meta_source}: {key}={size} but {source} has {col} {bad}")
+                f"{meta_source}: {key}={size} but {source} has {col} {bad}"
+            )
     rank = df["rank"].to_numpy()
-    n_ranks = len(np.unique(rank)) if len(rank) < 1_000_000 else int(
-        np.count_nonzero(np.bincount(rank - rank.min())))
+    n_ranks = (
+        len(np.unique(rank))
+        if len(rank) < 1_000_000
+        else int(np.count_nonzero(np.bincount(rank - rank.min())))
+    )
     if n_ranks != meta.workers:
         raise InputError(
             f"{meta_source}: dp={meta.dp_size} x pp={meta.pp_size} = {meta.workers} workers"
-            f" but {source} has {n_ranks} ranks")
+            f" but {source} has {n_ranks} ranks"
+        )
     # with as many ranks as cells, a bijection fails exactly when some row disagrees
     # with the rank first seen for its cell
     cell = df["stage"].to_numpy() * meta.dp_size + df["dp_rank"].to_numpy()
@@ -221,18 +272,23 @@ def _check_layout(df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str
     if len(bad) or (first < 0).any():
         if len(bad):
             row = int(bad[0])
-            what = (f"row {row}: rank {int(rank[row])} in cell dp_rank {int(df['dp_rank'].iloc[row])},"
-                    f" stage {int(df['stage'].iloc[row])} which already has rank {int(first[cell[row]])}")
+            what = (
+                f"row {row}: rank {int(rank[row])} in cell dp_rank {int(df['dp_rank'].iloc[row])},"
+                f" stage {int(df['stage'].iloc[row])} which already has rank {int(first[cell[row]])}"
+            )
         else:
             empty = int(np.flatnonzero(first < 0)[0])
             what = f"no rank in cell dp_rank {empty % meta.dp_size}, stage {empty // meta.dp_size}"
         raise InputError(f"{source}: {what}; expected one rank per DP x PP cell")
     if int(df["rank"].max()) >= meta.world_size or int(df["rank"].min()) < 0:
         raise InputError(
-            f"{meta_source}: world_size={meta.world_size} but {source} has rank {int(df['rank'].max())}")
+            f"{meta_source}: world_size={meta.world_size} but {source} has rank {int(df['rank'].max())}"
+        )
 
 
-def load_trace(trace_path: str | Path, meta_path: str | Path) -> tuple[pd.DataFrame, JobMeta]:
+def load_trace(
+    trace_path: str | Path, meta_path: str | Path
+) -> tuple[pd.DataFrame, JobMeta]:
     """Read and validate a trace file and its metadata file."""
     meta = load_meta(meta_path)
     df = read_table(trace_path)
