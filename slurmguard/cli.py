@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "triage": "slurmguard.triage.cli:triage",
     "incidents": "slurmguard.triage.cli:incidents",
     "sweep": "slurmguard.sweeps.cli:sweep",
+    "demo": "slurmguard.demo:demo",
 }
 
 # Short help shown in `slurmguard --help` without importing the module.
@@ -53,6 +54,7 @@ HELP: dict[str, str] = {
     "triage": "Triage report of nodes that are not healthy.",
     "incidents": "List incidents with detection delay and outcome.",
     "sweep": "Run or inspect node sweeps.",
+    "demo": "Run the closed loop on the embedded default (local cluster, SQLite).",
 }
 
 

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: C tests, then every pytest tier (unit, real Slurm, real PostgreSQL).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+export PATH="$PWD/.venv/bin:$PATH"
+if [ -f spank_plugin/Makefile ]; then
+  make -s -C spank_plugin test
+fi
+exec python -m pytest -q -p no:cacheprovider "$@"
