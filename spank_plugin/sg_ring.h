@@ -1,0 +1,319 @@
+/*
+ * sg_ring.h - the one definition of slurmguard's per-rank ring file.
+ *
+ * A ring is a regular file (normally under /dev/shm) that one rank appends
+ * fixed-size records to, and the node agent reads while the rank runs.
+ *
+ *   offset 0                : struct sg_ring_header (SG_RING_HEADER_SIZE bytes)
+ *   offset header_size + i*record_size : struct sg_record, slot i,
+ *                             i in [0, capacity), capacity a power of two
+ *
+ * All integers are little-endian (the file never leaves the node).
+ *
+ * File names: <ring dir>/rank-<global rank>.step-<step>.<source>.ring where
+ * <step> is the step id or batch/extern/interactive and <source> is nccl or
+ * torch. A name that is taken gets .pid-<pid> before .ring. Readers should
+ * trust the header, not the name.
+ *
+ * Commit protocol (lock-free, multi-writer, readers never block writers):
+ *   writer: n = fetch_add(write_counter, 1)
+ *           slot = n & (capacity - 1)
+ *           store(slot.seq, 0, relaxed); fence(release)   -- "being written"
+ *           write the other fields
+ *           store(slot.seq, n + 1, release)               -- committed
+ *   reader of record n (n < write_counter):
+ *           s1 = load(slot.seq, acquire)
+ *           s1 == n + 1 -> copy the record, fence(acquire),
+ *                          s2 = load(slot.seq); s2 == s1 -> consistent copy,
+ *                          otherwise it was overwritten while copying (torn)
+ *           s1 <  n + 1 (0 included) -> not committed yet; retry later
+ *           s1 >  n + 1 -> overwritten by a newer lap: lost
+ * When the ring is full the writer overwrites the oldest slot and stores
+ * overwritten = write_counter - capacity, so the loss is counted.
+ *
+ * Header fields are written once at creation before magic is stored (with
+ * release order); a reader that sees the magic sees a complete header.
+ *
+ * The control block lets the controller hold a rank at its next collective
+ * (Greyhound 4.3 "hang"): set SG_CTL_HOLD in control (optionally
+ * hold_timeout_ms first); the writer waits until the bit is cleared or the
+ * timeout passes (then it clears the bit itself and counts hold_timeouts).
+ *
+ * slurmguard/hook/ring.py mirrors this file; tests/test_hook_ring_format.py
+ * checks that both agree, field by field.
+ */
+#ifndef SG_RING_H
+#define SG_RING_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define SG_RING_MAGIC        0x3130474e49524753ULL /* "SGRING01" as bytes */
+#define SG_RING_VERSION      1u
+#define SG_RING_HEADER_SIZE  4096u
+#define SG_RING_RECORD_SIZE  64u
+#define SG_RING_MIN_CAPACITY 16u
+#define SG_RING_MAX_CAPACITY (1u << 24)
+#define SG_RING_DEFAULT_CAPACITY 65536u /* 4 MiB of records per rank */
+#define SG_NODE_NAME_LEN     64
+
+/* header.source: who writes the ring */
+#define SG_SOURCE_NCCL  1u
+#define SG_SOURCE_TORCH 2u
+#define SG_SOURCE_TEST  3u
+
+/* header.control bits, set by the controller */
+#define SG_CTL_HOLD 0x1u
+/* hold timeout when header.hold_timeout_ms is 0 (ms) */
+#define SG_HOLD_DEFAULT_TIMEOUT_MS 60000u
+
+/* step ids Slurm reserves for special steps (slurm.h) */
+#define SG_STEP_INTERACTIVE 0xfffffffaU
+#define SG_STEP_PENDING     0xfffffffdU
+#define SG_STEP_BATCH       0xfffffffbU
+#define SG_STEP_EXTERN      0xfffffffcU
+
+/* record.op; the names are what `slurmguard ring dump` prints */
+enum sg_op {
+	SG_OP_NONE = 0,          /* none */
+	SG_OP_ALLREDUCE = 1,     /* allreduce */
+	SG_OP_ALLGATHER = 2,     /* allgather */
+	SG_OP_REDUCESCATTER = 3, /* reducescatter */
+	SG_OP_BROADCAST = 4,     /* broadcast */
+	SG_OP_REDUCE = 5,        /* reduce */
+	SG_OP_ALLTOALL = 6,      /* alltoall */
+	SG_OP_SEND = 7,          /* send */
+	SG_OP_RECV = 8,          /* recv */
+	SG_OP_GROUP_START = 9,   /* group_start */
+	SG_OP_GROUP_END = 10,    /* group_end */
+	SG_OP_COMM_INIT = 11,    /* comm_init */
+	SG_OP_COMM_DESTROY = 12, /* comm_destroy */
+	SG_OP_COMM_ABORT = 13,   /* comm_abort */
+	SG_OP_BARRIER = 14,      /* barrier */
+	SG_OP_GATHER = 15,       /* gather */
+	SG_OP_SCATTER = 16,      /* scatter */
+	SG_OP_HOLD = 17,         /* hold */
+	SG_OP_COMM_SPLIT = 18,   /* comm_split */
+	SG_OP_COUNT = 19
+};
+
+/* record.datatype (our own numbering, independent of NCCL and torch) */
+enum sg_datatype {
+	SG_DT_UNKNOWN = 0,   /* unknown */
+	SG_DT_INT8 = 1,      /* int8 */
+	SG_DT_UINT8 = 2,     /* uint8 */
+	SG_DT_INT32 = 3,     /* int32 */
+	SG_DT_UINT32 = 4,    /* uint32 */
+	SG_DT_INT64 = 5,     /* int64 */
+	SG_DT_UINT64 = 6,    /* uint64 */
+	SG_DT_FLOAT16 = 7,   /* float16 */
+	SG_DT_FLOAT32 = 8,   /* float32 */
+	SG_DT_FLOAT64 = 9,   /* float64 */
+	SG_DT_BFLOAT16 = 10, /* bfloat16 */
+	SG_DT_FP8E4M3 = 11,  /* float8_e4m3 */
+	SG_DT_FP8E5M2 = 12,  /* float8_e5m2 */
+	SG_DT_BOOL = 13,     /* bool */
+	SG_DT_INT16 = 14,    /* int16 */
+	SG_DT_UINT16 = 15,   /* uint16 */
+	SG_DT_COMPLEX64 = 16,  /* complex64 */
+	SG_DT_COMPLEX128 = 17, /* complex128 */
+	SG_DT_COUNT = 18
+};
+
+/* record.redop */
+enum sg_redop {
+	SG_REDOP_NONE = 0,   /* none (not a reduction) */
+	SG_REDOP_SUM = 1,    /* sum */
+	SG_REDOP_PROD = 2,   /* prod */
+	SG_REDOP_MAX = 3,    /* max */
+	SG_REDOP_MIN = 4,    /* min */
+	SG_REDOP_AVG = 5,    /* avg */
+	SG_REDOP_OTHER = 6,  /* other (PreMulSum, custom, bitwise) */
+	SG_REDOP_COUNT = 7
+};
+
+/* record.flags */
+#define SG_F_IN_GROUP     0x01u /* issued between GroupStart and GroupEnd */
+#define SG_F_PENDING      0x02u /* end_ns not known yet (async op in flight) */
+#define SG_F_ASYNC        0x04u /* end_ns is the completion time of async work */
+#define SG_F_COMM_UNKNOWN 0x08u /* communicator not seen at init; id from handle */
+#define SG_F_ERROR        0x10u /* status is not success */
+#define SG_F_COALESCED    0x20u /* one record for a coalesced list of tensors */
+#define SG_F_TIMEOUT      0x40u /* hold record: released by timeout */
+
+/*
+ * Header page. Offsets are part of the format (checked below).
+ */
+struct sg_ring_header {
+	uint64_t magic;            /*   0 SG_RING_MAGIC, stored last */
+	uint32_t version;          /*   8 SG_RING_VERSION */
+	uint32_t header_size;      /*  12 bytes before slot 0 */
+	uint32_t record_size;      /*  16 bytes per record */
+	uint32_t capacity;         /*  20 records, power of two */
+	uint32_t job_id;           /*  24 Slurm job id (0 if unknown) */
+	uint32_t step_id;          /*  28 Slurm step id (SG_STEP_* for special) */
+	int32_t global_rank;       /*  32 rank in the job, -1 if unknown */
+	int32_t local_rank;        /*  36 rank on this node, -1 if unknown */
+	int32_t world_size;        /*  40 ranks in the job, 0 if unknown */
+	uint32_t pid;              /*  44 writer process id */
+	int64_t clock_offset_ns;   /*  48 CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
+	uint64_t created_ns;       /*  56 CLOCK_MONOTONIC at creation */
+	uint32_t source;           /*  64 SG_SOURCE_* */
+	uint32_t header_flags;     /*  68 reserved, 0 */
+	char node_name[SG_NODE_NAME_LEN]; /* 72 Slurm node name, NUL-terminated */
+	uint8_t reserved1[192 - 136];
+	/* written on every record: kept off the lines the controller writes */
+	_Atomic uint64_t write_counter; /* 192 records ever reserved (next n) */
+	_Atomic uint64_t overwritten;   /* 200 records lost to overwrite */
+	uint8_t reserved2[256 - 208];
+	/* control block, written by the controller / agent */
+	_Atomic uint32_t control;       /* 256 SG_CTL_* bits */
+	uint32_t hold_timeout_ms;       /* 260 0 = SG_HOLD_DEFAULT_TIMEOUT_MS */
+	_Atomic uint64_t hold_since_ns; /* 264 CLOCK_MONOTONIC when a writer
+					 * entered a hold; 0 = not holding */
+	_Atomic uint64_t holds;         /* 272 holds served */
+	_Atomic uint64_t hold_timeouts; /* 280 holds ended by timeout */
+	uint8_t reserved3[SG_RING_HEADER_SIZE - 288];
+};
+
+/*
+ * One record: one intercepted call. Times are CLOCK_MONOTONIC ns of this
+ * host (add clock_offset_ns for wall-clock time). For NCCL calls start/end
+ * are the host entry and return of the call (enqueue, not GPU completion);
+ * for torch async work end_ns is when the work completed.
+ * count is the call's count argument in elements (per rank for allgather,
+ * reducescatter and alltoall, as in the NCCL API); bytes = count * element size.
+ * comm_init / comm_split records carry the communicator size in count and the
+ * rank's position in it in peer.
+ */
+struct sg_record {
+	_Atomic uint64_t seq; /*  0 commit word: n + 1 once record n is complete */
+	uint64_t comm_id;     /*  8 communicator id, equal on all its ranks */
+	uint64_t count;       /* 16 elements */
+	uint64_t bytes;       /* 24 count * element size */
+	uint64_t start_ns;    /* 32 call entry, CLOCK_MONOTONIC */
+	uint64_t end_ns;      /* 40 call return / completion; 0 while pending */
+	int32_t peer;         /* 48 peer (send/recv), root (bcast/reduce/gather/
+			       *    scatter), own rank (comm_init/split), else -1 */
+	uint16_t op;          /* 52 enum sg_op */
+	uint8_t datatype;     /* 54 enum sg_datatype */
+	uint8_t redop;        /* 55 enum sg_redop */
+	uint32_t flags;       /* 56 SG_F_* */
+	int32_t status;       /* 60 library return code (0 = success) */
+};
+
+_Static_assert(sizeof(struct sg_ring_header) == SG_RING_HEADER_SIZE, "header size");
+_Static_assert(sizeof(struct sg_record) == SG_RING_RECORD_SIZE, "record size");
+_Static_assert(offsetof(struct sg_ring_header, node_name) == 72, "node_name");
+_Static_assert(offsetof(struct sg_ring_header, write_counter) == 192, "write_counter");
+_Static_assert(offsetof(struct sg_ring_header, control) == 256, "control");
+_Static_assert(offsetof(struct sg_ring_header, hold_timeouts) == 280, "hold_timeouts");
+_Static_assert(offsetof(struct sg_record, peer) == 48, "peer");
+_Static_assert(offsetof(struct sg_record, status) == 60, "status");
+
+static inline struct sg_record *sg_ring_slots(struct sg_ring_header *h)
+{
+	return (struct sg_record *)((char *)h + SG_RING_HEADER_SIZE);
+}
+
+static inline size_t sg_ring_file_size(uint32_t capacity)
+{
+	return (size_t)SG_RING_HEADER_SIZE + (size_t)capacity * SG_RING_RECORD_SIZE;
+}
+
+/*
+ * Reserve record number *n and mark its slot "being written"; fill the
+ * returned slot's fields (not seq) and call sg_ring_commit. Lock-free and
+ * wait-free: one atomic add and plain stores, whatever readers do.
+ */
+static inline struct sg_record *sg_ring_reserve(struct sg_ring_header *h, uint64_t *n)
+{
+	uint64_t i = atomic_fetch_add_explicit(&h->write_counter, 1, memory_order_relaxed);
+	struct sg_record *s = sg_ring_slots(h) + (i & (h->capacity - 1));
+
+	atomic_store_explicit(&s->seq, 0, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	*n = i;
+	return s;
+}
+
+static inline void sg_ring_commit(struct sg_ring_header *h, struct sg_record *s, uint64_t n)
+{
+	uint32_t cap = h->capacity;
+
+	atomic_store_explicit(&s->seq, n + 1, memory_order_release);
+	if (__builtin_expect(n >= cap, 0))
+		atomic_store_explicit(&h->overwritten, n + 1 - cap, memory_order_relaxed);
+}
+
+/* Append a copy of *r (r->seq is ignored). Returns the record number. */
+static inline uint64_t sg_ring_append(struct sg_ring_header *h, const struct sg_record *r)
+{
+	uint64_t n;
+	struct sg_record *s = sg_ring_reserve(h, &n);
+
+	s->comm_id = r->comm_id;
+	s->count = r->count;
+	s->bytes = r->bytes;
+	s->start_ns = r->start_ns;
+	s->end_ns = r->end_ns;
+	s->peer = r->peer;
+	s->op = r->op;
+	s->datatype = r->datatype;
+	s->redop = r->redop;
+	s->flags = r->flags;
+	s->status = r->status;
+	sg_ring_commit(h, s, n);
+	return n;
+}
+
+enum sg_read_result {
+	SG_READ_OK = 0,          /* *out holds record n */
+	SG_READ_NOT_YET = 1,     /* record n is reserved but not committed */
+	SG_READ_OVERWRITTEN = 2, /* record n was overwritten (lost) */
+	SG_READ_TORN = 3         /* overwritten while copying; retry or count lost */
+};
+
+/* Copy record n into *out, following the commit protocol above. */
+static inline enum sg_read_result sg_ring_read(struct sg_ring_header *h, uint64_t n,
+					       struct sg_record *out)
+{
+	struct sg_record *s = sg_ring_slots(h) + (n & (h->capacity - 1));
+	uint64_t s1 = atomic_load_explicit(&s->seq, memory_order_acquire);
+	uint64_t s2;
+
+	if (s1 < n + 1)
+		return SG_READ_NOT_YET;
+	if (s1 > n + 1)
+		return SG_READ_OVERWRITTEN;
+	out->comm_id = s->comm_id;
+	out->count = s->count;
+	out->bytes = s->bytes;
+	out->start_ns = s->start_ns;
+	out->end_ns = s->end_ns;
+	out->peer = s->peer;
+	out->op = s->op;
+	out->datatype = s->datatype;
+	out->redop = s->redop;
+	out->flags = s->flags;
+	out->status = s->status;
+	atomic_thread_fence(memory_order_acquire);
+	s2 = atomic_load_explicit(&s->seq, memory_order_relaxed);
+	if (s2 != s1)
+		return SG_READ_TORN;
+	atomic_store_explicit(&out->seq, s1, memory_order_relaxed);
+	return SG_READ_OK;
+}
+
+/* Element size in bytes of an sg_datatype; 0 when unknown. */
+static inline uint32_t sg_datatype_size(unsigned dt)
+{
+	static const uint8_t sizes[SG_DT_COUNT] = {
+		0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1, 2, 2, 8, 16,
+	};
+	return dt < SG_DT_COUNT ? sizes[dt] : 0;
+}
+
+#endif /* SG_RING_H */
