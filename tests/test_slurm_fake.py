@@ -1,0 +1,32 @@
+"""The fake follows the real backend's ownership rules (the cluster tests pin the real ones)."""
+
+import pytest
+
+from slurmguard.slurm.errors import NotOurs, SlurmUnavailable, UnknownNode
+from slurmguard.slurm.fake import FakeSlurm
+
+
+def test_fake_ownership_rules_match_real_backend():
+    s = FakeSlurm()
+    s.admin_drain("node3", "RMA 42")
+    with pytest.raises(NotOurs):
+        s.resume("node3")
+    with pytest.raises(NotOurs):
+        s.drain("node3", "ours")
+    assert s.drain("node1", "slow") == "slurmguard: slow"
+    s.resume("node1")
+    assert not s.node("node1").drained
+    with pytest.raises(UnknownNode):
+        s.node("nope")
+
+
+def test_fake_jobs_requeue_and_unavailable():
+    s = FakeSlurm()
+    jid = s.start_job(["node1", "node2"])
+    assert s.node("node1").jobs == (jid,) and s.node("node1").state == "ALLOCATED"
+    s.requeue(jid)
+    assert s.job(jid).state == "PENDING" and s.job(jid).restarts == 1
+    assert s.node("node1").idle
+    s.available = False
+    with pytest.raises(SlurmUnavailable):
+        s.nodes()
