@@ -256,7 +256,7 @@ def _gemm_group(devs: list[torch.device], dtype: str, size: int, duration_s: flo
             if now >= duration_s:
                 break
         out = []
-        for dev_i, w in enumerate(windows):
+        for w in windows:
             steady = [t for end, t in w if end >= duration_s / 2] or [t for _, t in w]
             n_steady = len(steady)
             out.append({"dtype": dtype,
@@ -329,17 +329,14 @@ def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: in
         for j in range(g):
             if i == j:
                 continue
-            src, dst = bufs[i], dsts[j]
-
-            def copy() -> None:
-                dst.copy_(src, non_blocking=True)
-
-            def timed(inner: int) -> float:
-                sync(devs[i]), sync(devs[j])
+            def timed(inner: int, src: torch.Tensor = bufs[i], dst: torch.Tensor = dsts[j],
+                      a: torch.device = devs[i], b: torch.device = devs[j]) -> float:
+                # host clock around both devices' syncs: a peer copy involves two GPUs
+                sync(a), sync(b)
                 t0 = time.perf_counter()
                 for _ in range(inner):
-                    copy()
-                sync(devs[i]), sync(devs[j])
+                    dst.copy_(src, non_blocking=True)
+                sync(a), sync(b)
                 return time.perf_counter() - t0
 
             timed(1)

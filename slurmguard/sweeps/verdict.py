@@ -324,7 +324,7 @@ def _node_peer_checks(result: SweepResult, metrics: dict[str, Metric],
         if rest.startswith("gpu") and "-" not in rest:  # per-GPU metrics only
             families[family].append(m)
     out = []
-    for family, ms in families.items():
+    for ms in families.values():
         if len(ms) < policy.peer_min_devices:
             continue
         med = statistics.median(m.value for m in ms)
