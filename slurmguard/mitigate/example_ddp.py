@@ -1,17 +1,21 @@
 """Worked example: weighted micro-batch redistribution in a torch DDP job.
 
-One run, three phases, all on the same model and data stream:
+One run, three regimes, same model and data stream:
 
-1. healthy: every rank runs M / W micro-batches per step;
-2. slowed: one rank is made ``slow_factor`` times slower (it sleeps
-   ``(slow_factor - 1) x`` its own measured compute time before each
-   micro-batch, like a throttled GPU), still the uniform split;
-3. mitigated: the ranks' measured seconds per micro-batch from phase 2 go to
-   the exact planner (or a plan is fetched from a controller with
-   ``--controller-url``), and each rank runs its planned count. Every
-   micro-batch's loss carries ``dp_size / M`` (weighted aggregation), so DDP's
-   gradient average equals the uniform split's; the example checks this on one
-   global batch before phase 3 and reports the largest gradient difference.
+- healthy: every rank runs M / W micro-batches per step;
+- slowed: one rank is made ``slow_factor`` times slower (it sleeps
+  ``(slow_factor - 1) x`` its own measured compute time before each
+  micro-batch, like a throttled GPU), still the uniform split;
+- mitigated: the same slowdown, but each rank runs the count planned by the
+  exact planner from the seconds per micro-batch profiled on the slowed job
+  (or a plan fetched from a controller with ``--controller-url``). Every
+  micro-batch's loss carries ``dp_size / M`` (weighted aggregation), so DDP's
+  gradient average equals the uniform split's; the example checks this on one
+  global batch and reports the largest gradient difference.
+
+After warm-up and profiling, the three regimes are measured interleaved (one
+step of each per round, rotating order) so that background load on a shared
+machine does not favour one of them.
 
 The step time of a step is the slowest rank's (all ranks meet in the gradient
 all-reduce). Run locally with gloo on 127.0.0.1::
@@ -44,8 +48,9 @@ from slurmguard.mitigate.plan import JobPlan, rank_share
 @dataclass(frozen=True)
 class ExampleConfig:
     """Sizes: ``microbatches`` per global batch (M), ``batch`` samples per
-    micro-batch, ``steps`` measured steps per phase, after ``warmup`` steps.
-    ``slow_factor``: how many times slower the slowed rank is."""
+    micro-batch; ``steps`` measured steps per regime, after ``warmup`` steps;
+    ``profile_steps`` slowed steps whose per-micro-batch times feed the
+    planner. ``slow_factor``: how many times slower the slowed rank is."""
 
     world_size: int = 2
     slow_rank: int = 1
@@ -55,6 +60,7 @@ class ExampleConfig:
     width: int = 512
     steps: int = 10
     warmup: int = 3
+    profile_steps: int = 5
     seed: int = 0
     controller_url: str | None = None
     job_id: str | None = None
@@ -69,8 +75,9 @@ class ExampleConfig:
             raise InputError("example: --slow-factor must be >= 1")
         if self.microbatches < 2 * self.world_size:
             raise InputError("example: --microbatches must give every rank at least two micro-batches")
-        if self.steps < 1 or self.warmup < 0 or self.batch < 1 or self.width < 8:
-            raise InputError("example: --steps >= 1, --warmup >= 0, --batch >= 1, --width >= 8")
+        if self.steps < 1 or self.warmup < 0 or self.profile_steps < 1 or self.batch < 1 or self.width < 8:
+            raise InputError("example: needs --steps >= 1, --warmup >= 0, --profile-steps >= 1, "
+                             "--batch >= 1, --width >= 8")
 
 
 @dataclass
@@ -159,18 +166,12 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         for _ in range(cfg.warmup):
             run_step(step, None, slowed=False)
             step += 1
-        healthy = []
-        for _ in range(cfg.steps):
-            healthy.append(run_step(step, None, slowed=False)[0])
-            step += 1
-        for _ in range(min(cfg.warmup, 1)):  # let the slowed rank's behaviour settle
-            run_step(step, None, slowed=True)
-            step += 1
-        slowed, per_mb = [], []
-        for _ in range(cfg.steps):
-            s, m = run_step(step, None, slowed=True)
-            slowed.append(s)
-            per_mb.append(m)
+        # Profile: the slowed job under the uniform split, as the detector sees it.
+        per_mb = []
+        for i in range(cfg.warmup + cfg.profile_steps):
+            _, m = run_step(step, None, slowed=True)
+            if i >= cfg.warmup:  # let the slowed rank's behaviour settle first
+                per_mb.append(m)
             step += 1
 
         # Per-rank seconds per micro-batch, as the detector would profile them.
@@ -208,10 +209,17 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         diff = float((grads[0] - grads[1]).abs().max().item())
         gmax = float(grads[0].abs().max().item())
 
-        mitigated = []
-        for _ in range(cfg.steps):
-            mitigated.append(run_step(step, plan, slowed=True)[0])
-            step += 1
+        # Measure the three regimes interleaved, one step each per round, in a
+        # rotating order: background load on a shared machine then weighs on
+        # all three alike instead of on whichever phase ran while it lasted.
+        series: dict[str, list[float]] = {"healthy": [], "slowed": [], "mitigated": []}
+        regimes = [("healthy", None, False), ("slowed", None, True), ("mitigated", plan, True)]
+        for r in range(cfg.steps):
+            for k in range(3):
+                name, p_, slow = regimes[(r + k) % 3]
+                series[name].append(run_step(step, p_, slowed=slow)[0])
+                step += 1
+        healthy, slowed, mitigated = series["healthy"], series["slowed"], series["mitigated"]
 
         result = ExampleResult(
             healthy_step_s=statistics.median(healthy), slowed_step_s=statistics.median(slowed),
@@ -254,19 +262,21 @@ def _under_torchrun() -> bool:
 @click.option("--microbatches", default=16, show_default=True, type=int, help="Micro-batches per global batch.")
 @click.option("--batch", default=64, show_default=True, type=int, help="Samples per micro-batch.")
 @click.option("--width", default=512, show_default=True, type=int, help="Model width (MLP).")
-@click.option("--steps", default=10, show_default=True, type=int, help="Measured steps per phase.")
+@click.option("--steps", default=10, show_default=True, type=int, help="Measured steps per regime.")
 @click.option("--warmup", default=3, show_default=True, type=int)
+@click.option("--profile-steps", default=5, show_default=True, type=int,
+              help="Slowed steps profiled for the planner.")
 @click.option("--controller-url", default=None, help="Fetch the plan from this controller instead of planning locally.")
 @click.option("--job-id", default=None, help="Job id for the controller (default $SLURM_JOB_ID).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def example_ddp(world_size: int, slow_rank: int, slow_factor: float, microbatches: int, batch: int, width: int,
-                steps: int, warmup: int, controller_url: str | None, job_id: str | None, as_json: bool) -> None:
+                steps: int, warmup: int, profile_steps: int, controller_url: str | None, job_id: str | None, as_json: bool) -> None:
     """Healthy, slowed and mitigated step times of a small gloo DDP job."""
     if _under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])
     cfg = ExampleConfig(world_size=world_size, slow_rank=slow_rank, slow_factor=slow_factor,
                         microbatches=microbatches, batch=batch, width=width, steps=steps, warmup=warmup,
-                        controller_url=controller_url, job_id=job_id or os.environ.get("SLURM_JOB_ID"))
+                        profile_steps=profile_steps, controller_url=controller_url, job_id=job_id or os.environ.get("SLURM_JOB_ID"))
     cfg.check()
     if _under_torchrun():
         res = _worker(int(os.environ["RANK"]), cfg, "env://", None)
