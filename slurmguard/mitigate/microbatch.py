@@ -11,7 +11,9 @@ The exact algorithm: all micro-batches are identical, so the optimum assigns the
 ``M - D`` smallest "completion slots" ``k * t_i`` (k >= 2). We start from the
 continuous relaxation ``min T s.t. sum_i max(1, T / t_i) = M`` (a lower bound on
 the optimum), floor it, which takes only slots that the optimum takes too, and
-top up the at most ``D`` missing micro-batches with a heap. Cost O(D log D).
+top up the fewer than ``D`` missing micro-batches with the smallest remaining
+slots (vectorised selection; a heap for extreme speed ratios). Cost
+O(D log D); about 0.1-0.3 ms at 1024 groups (``slurmguard bench plan``).
 """
 
 from __future__ import annotations

@@ -327,9 +327,12 @@ def plan_role_swap(
             for w in workers:
                 if w == e:
                     continue
-                r = dict(cur_roles)
-                r[e], r[w] = cur_roles[w], cur_roles[e]
-                c = cost(r)
+                # Try the exchange in place and undo it: copying the role map
+                # per candidate would make a round quadratic in the job size.
+                re_, rw = cur_roles[e], cur_roles[w]
+                cur_roles[e], cur_roles[w] = rw, re_
+                c = cost(cur_roles)
+                cur_roles[e], cur_roles[w] = re_, rw
                 if c < best:
                     best, best_swap = c, Swap(e, w)
         if best_swap is None:
