@@ -52,6 +52,9 @@ class PeriodPolicy(Strict):
     min_repeats: int = Field(3, ge=2)
     """A period is accepted only if the window holds this many iterations."""
     acf_tolerance: float = Field(0.02, ge=0, lt=1)
+    """The period is the first lag reaching max(acf_threshold, best ACF - this), so
+    a half-iteration that almost repeats does not beat the real period."""
+    acf_tolerance: float = Field(0.02, ge=0, lt=1)
     """The period is the first lag reaching max(acf_threshold, best ACF - this):
     long runs of one op give lag 1 an ACF near 0.98, below the true period's."""
 

@@ -129,13 +129,14 @@ class BatchBocd:
         npts = np.arange(1, R + 1, dtype=np.float64)
         kappa = KAPPA0 + npts
         alpha = ALPHA0 + npts / 2.0
-        self._a = (kappa / (2.0 * (kappa + 1.0))).astype(dt)
-        self._b = (1.0 / (kappa + 1.0)).astype(dt)
+        # per-slot constants as (R, 1) columns: the state is run-length major
+        self._a = (kappa / (2.0 * (kappa + 1.0))).astype(dt)[:, None]
+        self._b = (1.0 / (kappa + 1.0)).astype(dt)[:, None]
         self._C = np.array([lgamma(al + 0.5) - lgamma(al) - 0.5 * log(2 * pi * (ka + 1) / ka)
                             for al, ka in zip(alpha, kappa)], dtype=dt)
         # alpha of the slot a sample moves *into*: j -> j+1 (last slot stays).
         alpha_next = np.append(alpha[1:], alpha[-1])
-        self._alpha_next = alpha_next.astype(dt)
+        self._alpha_next = alpha_next.astype(dt)[:, None]
         self._alpha = alpha.astype(dt)
         self._alpha_last = float(alpha[-1])
         # Forgetting factor of the last slot: keeps its alpha (and kappa) fixed.
@@ -147,16 +148,18 @@ class BatchBocd:
         self._logH = log(self.H)
         self._log1mH = log1m = log(1.0 - self.H)
         # Fold log(1 - H) into the per-slot constant (one add fewer per cell).
-        self._Cg = (self._C + log1m).astype(dt)
+        self._Cg = (self._C + log1m).astype(dt)[:, None]
 
-        # Double-buffered state, R+1 columns: the update of old column j lands
-        # in new column j+1, so the run-length shift is free; column R is scratch.
-        shape = (n_series, R + 1)
+        # Double-buffered state, (R+1, n_series), run length major: the update
+        # of old row j lands in new row j+1, so the run-length shift is free and
+        # every operation runs on contiguous blocks (reductions over run
+        # lengths become adds of whole rows); row R is scratch.
+        shape = (R + 1, n_series)
         self._bufs = [{name: np.zeros(shape, dt) for name in ("P", "mu", "beta", "hh")}
                       for _ in range(2)]
         self._cur = 0
-        self._d = np.empty((n_series, R), dt)
-        self._t = np.empty((n_series, R), dt)
+        self._d = np.empty((R, n_series), dt)
+        self._t = np.empty((R, n_series), dt)
         self.mu0 = np.zeros(n_series, dt)
         self.count = np.zeros(n_series, np.int64)       # samples seen per series
         self.regime_start = np.zeros(n_series, np.int64)  # index of first sample of the current level
@@ -168,16 +171,16 @@ class BatchBocd:
         self.max_r0 = 0.0  # largest P(r_t = 0 | x) seen (Adams-MacKay convention)
         self._rows = np.arange(n_series)
         for b in self._bufs:  # a valid (prior) state, so a first update is harmless
-            b["P"][:, 0] = 1.0
+            b["P"][0] = 1.0
             b["beta"][:] = self.beta0
-            b["hh"][:, : R] = self._alpha * self._H0 / ALPHA0
-            b["hh"][:, R] = self._H0
+            b["hh"][:R] = (self._alpha * self._H0 / ALPHA0)[:, None]
+            b["hh"][R] = self._H0
 
     # ------------------------------------------------------------------ state
     @property
     def posterior(self) -> np.ndarray:
-        """Run-length posterior, shape (n_series, R): column j = run of j+1 samples."""
-        return self._bufs[self._cur]["P"][:, : self.R]
+        """Run-length posterior, shape (R, n_series): row j = run of j+1 samples."""
+        return self._bufs[self._cur]["P"][: self.R]
 
     def _reset_rows(self, rows: np.ndarray, logs: np.ndarray) -> None:
         """Restart `rows` as one run holding the samples `logs` (NaN-padded, log space)."""
@@ -189,14 +192,14 @@ class BatchBocd:
         ss = np.nansum((logs - mean[:, None]) ** 2, axis=1)
         j = np.clip(m - 1, 0, self.R - 1)
         dt = self.dtype
-        b["P"][rows] = 0.0
-        b["P"][rows, j] = 1.0
-        b["mu"][rows] = mean[:, None].astype(dt)
-        b["beta"][rows] = dt.type(self.beta0)
-        b["hh"][rows, : self.R] = (self._alpha * np.float32(self._H0 / ALPHA0)).astype(dt)
+        b["P"][:, rows] = 0.0
+        b["P"][j, rows] = 1.0
+        b["mu"][:, rows] = mean[None, :].astype(dt)
+        b["beta"][:, rows] = dt.type(self.beta0)
+        b["hh"][: self.R, rows] = (self._alpha * np.float32(self._H0 / ALPHA0)).astype(dt)[:, None]
         beta = self.beta0 + 0.5 * ss
-        b["beta"][rows, j] = beta.astype(dt)
-        b["hh"][rows, j] = (self._alpha[j] * np.log(beta)).astype(dt)
+        b["beta"][j, rows] = beta.astype(dt)
+        b["hh"][j, rows] = (self._alpha[j] * np.log(beta)).astype(dt)
         self.mu0[rows] = mean.astype(dt)
 
     def _window(self, rows: np.ndarray, start: np.ndarray, stop: np.ndarray) -> np.ndarray:
@@ -235,7 +238,7 @@ class BatchBocd:
             old = self._bufs[1 - self._cur]
             mrows = np.nonzero(missing)[0]
             for name in cur:
-                cur[name][mrows] = old[name][mrows]
+                cur[name][:, mrows] = old[name][:, mrows]
         # record the sample
         ok = ~missing
         pos = np.mod(self.count, self.hcap)
@@ -251,23 +254,23 @@ class BatchBocd:
         R = self.R
         old = self._bufs[self._cur]
         new = self._bufs[1 - self._cur]
-        P, mu, beta, hh = (old[k][:, :R] for k in ("P", "mu", "beta", "hh"))
+        P, mu, beta, hh = (old[k][:R] for k in ("P", "mu", "beta", "hh"))
         d, t = self._d, self._t
         # clip to a factor e^10 around the regime level: absurd samples stay finite
         d0 = np.clip(y.astype(np.float64) - self.mu0, -10.0, 10.0)
         y = (self.mu0 + d0).astype(self.dtype)
-        yc = y[:, None]
+        yc = y[None, :]
         # predictive of y under every run length, and the grown statistics
         np.subtract(yc, mu, out=d)
         np.multiply(d, self._b, out=t)
-        np.add(mu, t, out=new["mu"][:, 1:])
+        np.add(mu, t, out=new["mu"][1:])
         np.multiply(d, d, out=d)
         np.multiply(d, self._a, out=d)
-        bnew = new["beta"][:, 1:]
+        bnew = new["beta"][1:]
         np.add(beta, d, out=bnew)
         lb = self._t
         np.log(bnew, out=lb)
-        hnew = new["hh"][:, 1:]
+        hnew = new["hh"][1:]
         np.multiply(lb, self._alpha_next, out=hnew)
         # log pi_j + log(1-H) - ref for every slot; lp0 = prior predictive
         lp0 = self._C0 + self._H0 - (ALPHA0 + 0.5) * np.log(self.beta0 + self._a0 * d0 * d0)
@@ -276,13 +279,13 @@ class BatchBocd:
         np.add(lp, self._Cg, out=lp)
         # reference: the larger of the prior and the long-run densities, so
         # exp() neither overflows nor underflows for every slot at once
-        ref = np.maximum(lp0, lp[:, R - 1])
+        ref = np.maximum(lp0, lp[R - 1])
         lp0 = lp0 - ref
-        np.subtract(lp, ref.astype(self.dtype)[:, None], out=lp)
+        np.subtract(lp, ref.astype(self.dtype)[None, :], out=lp)
         np.exp(lp, out=lp)
-        Pn = new["P"][:, 1:]
-        np.multiply(lp, P, out=Pn)       # (1-H) * P * pi / pi0
-        growth = Pn.sum(axis=1, dtype=np.float64)
+        Pn = new["P"][1:]
+        np.multiply(lp, P, out=Pn)       # (1-H) * P * pi / ref
+        growth = np.add.reduce(Pn, axis=0).astype(np.float64)
         cp = self.H * np.exp(lp0)        # H * sum(P) * pi0 / ref
         z = growth + cp
         if self.rule == "r0":
@@ -291,26 +294,26 @@ class BatchBocd:
             r0 = (self.H * evid) / (self.H * evid + growth)
             self.max_r0 = max(self.max_r0, float(np.max(r0)))
         inv = (1.0 / z).astype(self.dtype)
-        np.multiply(Pn, inv[:, None], out=Pn)
+        np.multiply(Pn, inv[None, :], out=Pn)
         newP = new["P"]
-        newP[:, 0] = (cp / z).astype(self.dtype)
-        # merge the continuing long run (column R) into the last slot (R-1)
-        wa = newP[:, R - 1].astype(np.float64)
-        wb = newP[:, R].astype(np.float64)
+        newP[0] = (cp / z).astype(self.dtype)
+        # merge the continuing long run (row R) into the last slot (R-1)
+        wa = newP[R - 1].astype(np.float64)
+        wb = newP[R].astype(np.float64)
         ws = wa + wb
         fa = np.divide(wa, ws, out=np.ones_like(ws), where=ws > 0)
-        mu_l = new["mu"][:, R - 1] * fa + new["mu"][:, R] * (1 - fa)
-        beta_b = self.beta0 + self._lam * (new["beta"][:, R] - self.beta0)
-        beta_l = new["beta"][:, R - 1] * fa + beta_b * (1 - fa)
-        new["mu"][:, R - 1] = mu_l
-        new["beta"][:, R - 1] = beta_l
-        new["hh"][:, R - 1] = self._alpha_last * np.log(beta_l)
-        newP[:, R - 1] = ws
+        mu_l = new["mu"][R - 1] * fa + new["mu"][R] * (1 - fa)
+        beta_b = self.beta0 + self._lam * (new["beta"][R] - self.beta0)
+        beta_l = new["beta"][R - 1] * fa + beta_b * (1 - fa)
+        new["mu"][R - 1] = mu_l
+        new["beta"][R - 1] = beta_l
+        new["hh"][R - 1] = self._alpha_last * np.log(beta_l)
+        newP[R - 1] = ws
         # the new run (one sample) under the prior
-        new["mu"][:, 0] = ((KAPPA0 * self.mu0 + y) / (KAPPA0 + 1.0)).astype(self.dtype)
+        new["mu"][0] = ((KAPPA0 * self.mu0 + y) / (KAPPA0 + 1.0)).astype(self.dtype)
         b0 = self.beta0 + self._a0 * d0 * d0
-        new["beta"][:, 0] = b0
-        new["hh"][:, 0] = self._alpha[0] * np.log(b0)
+        new["beta"][0] = b0
+        new["hh"][0] = self._alpha[0] * np.log(b0)
         self._cur = 1 - self._cur
 
     # ------------------------------------------------------------------ decide
@@ -319,21 +322,32 @@ class BatchBocd:
         n = self.count
         age = n - self.regime_start
         k = self.k
+        R = self.R
+        jstar = np.zeros(self.n, np.int64)
         if self.rule == "short_mass":
-            head = P[:, :k]
+            head = P[:k]
             lim = np.minimum(age - 1, k)
-            mask = np.arange(k)[None, :] < lim[:, None]
-            mass = np.where(mask, head, 0).sum(axis=1)
+            mask = np.arange(k)[:, None] < lim[None, :]
+            mass = np.where(mask, head, 0).sum(axis=0)
             fire = mass > self.policy.change_probability
             if fire.any():
-                jstar = np.argmax(np.where(mask, head, -1), axis=1)
+                fr = np.nonzero(fire)[0]
+                jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
         elif self.rule == "map_drop":
-            jmap = np.argmax(P, axis=1)
-            fire = jmap < np.minimum(age - 1, self.R - 1)
-            jstar = jmap
+            # The MAP run is shorter than the current level's age. For a level
+            # older than the cap that is max(P[:R-1]) > P[R-1]; argmax (slow
+            # on short axes) only runs on young levels and on the few fired.
+            fire = np.maximum.reduce(P[: R - 1], axis=0) > P[R - 1]
+            young = np.nonzero(age - 1 < R - 1)[0]
+            if young.size:
+                jm = np.argmax(P[:, young], axis=0)
+                fire[young] = jm < age[young] - 1
+                jstar[young] = jm
+            old_fired = np.nonzero(fire & (age - 1 >= R - 1))[0]
+            if old_fired.size:
+                jstar[old_fired] = np.argmax(P[:, old_fired], axis=0)
         else:  # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
             fire = np.zeros(self.n, bool) | (self.H > self.policy.change_probability)
-            jstar = np.zeros(self.n, np.int64)
         fire &= ok & (self.pending < 0)
         if fire.any():
             rows = np.nonzero(fire)[0]
@@ -349,8 +363,8 @@ class BatchBocd:
         cpi = self.pending[rows]
         before = self._window(rows, np.maximum(self.regime_start[rows], cpi - self.W), cpi)
         after = self._window_fwd(rows, cpi, n[rows])
-        lb = np.nanmedian(before, axis=1)
-        la = np.nanmedian(after, axis=1)
+        lb = _median_rows(before)
+        la = _median_rows(after)
         rel = la / lb - 1.0
         if self.verify:
             # A real level change moves (nearly) every sample after it; a GC
@@ -397,6 +411,16 @@ class BatchBocd:
         for t in range(series.shape[1]):
             out.extend(self.update(series[:, t]))
         return out
+
+
+def _median_rows(a: np.ndarray) -> np.ndarray:
+    """Row medians of a NaN-padded 2-D array (np.nanmedian is slow on short rows)."""
+    srt = np.sort(a, axis=1)  # NaN sorts last
+    m = np.sum(np.isfinite(a), axis=1)
+    r = np.arange(a.shape[0])
+    lo = srt[r, np.maximum((m - 1) // 2, 0)]
+    hi = srt[r, np.maximum(m // 2, 0)]
+    return np.where(m > 0, 0.5 * (lo + hi), np.nan)
 
 
 def detect_changepoints(step_times, policy: BocdPolicy | None = None, *,

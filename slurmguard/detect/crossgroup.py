@@ -25,7 +25,7 @@ class GroupTime:
     op: int
     nbytes: int
     ranks: tuple[int, ...]
-    seconds: float          # median op duration of the group (over ranks and ops)
+    seconds: float          # mean op duration of the group (over members and ops)
     samples: int
 
 
@@ -42,11 +42,12 @@ class SlowGroup:
 
 
 def group_times(ops: list[RankOps], since_ns: int = 0) -> list[GroupTime]:
-    """Median duration per (communicator, op, bytes) over completed ops after since_ns.
+    """Mean duration per (communicator, op, bytes) over completed ops after since_ns,
+    over all its members.
 
-    A collective's duration on a rank includes waiting for the others, so the
-    group's time is taken as the median over its ranks of each rank's median
-    (every member of a slow group sees the slow time).
+    A collective's duration on a rank includes waiting for the others. A slow
+    member often makes its peers wait in only the first collective after its
+    compute, so a median over ops would hide it; the mean keeps it.
     """
     per: dict[tuple[int, int, int], dict[int, list[np.ndarray]]] = defaultdict(lambda: defaultdict(list))
     for ro in ops:
@@ -60,9 +61,8 @@ def group_times(ops: list[RankOps], since_ns: int = 0) -> list[GroupTime]:
             per[tuple(int(v) for v in key)][ro.rank].append(dur[inv.ravel() == i])
     out = []
     for (comm, op, nb), by_rank in per.items():
-        meds = [float(np.median(np.concatenate(v))) for v in by_rank.values()]
-        n = sum(sum(a.size for a in v) for v in by_rank.values())
-        out.append(GroupTime(comm, op, nb, tuple(sorted(by_rank)), float(np.median(meds)), n))
+        allv = np.concatenate([np.concatenate(v) for v in by_rank.values()])
+        out.append(GroupTime(comm, op, nb, tuple(sorted(by_rank)), float(allv.mean()), int(allv.size)))
     return out
 
 

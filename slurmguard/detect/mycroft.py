@@ -26,6 +26,8 @@ from slurmguard.detect.records import JobLayout, RankOps
 LATE_FRACTION = 0.8
 #: instances needed before "constantly late" means anything
 MIN_INSTANCES = 3
+#: a window within this factor of normal updates the normal throughput/interval
+NORMAL_BAND = 0.8
 
 
 @dataclass(frozen=True)
@@ -115,42 +117,58 @@ def find_stall(ops: list[RankOps], now_ns: int, policy: MycroftPolicy | None = N
     return Stall(comm, culprit, waiting, progress, last)
 
 
-def straggler_triggers(ops: list[RankOps], now_ns: int, window_s: float,
-                       policy: MycroftPolicy | None = None,
-                       sampled: list[int] | None = None) -> list[StragglerTrigger]:
-    """Throughput halves or the op interval doubles in the last window, against
-    the same rank's earlier windows (Mycroft Algorithm 1)."""
-    p = policy or MycroftPolicy()
+def window_rates(ro: RankOps, now_ns: int, window_s: float) -> tuple[float, float] | None:
+    """(bytes/s completed, mean interval between op starts in s) over the last window."""
     w = int(window_s * 1e9)
-    out = []
-    for ro in ops:
-        if sampled is not None and ro.rank not in sampled:
-            continue
-        ok = ro.completed
-        end = ro.end_ns[ok]
-        nb = ro.nbytes[ok]
-        st = ro.start_ns
-        recent = end >= now_ns - w
-        base = end < now_ns - w
-        if recent.sum() < 2 or base.sum() < 2:
-            continue
-        base_span = max(float(end[base].max() - end[base].min()), 1.0)
-        thr_base = float(nb[base].sum()) / base_span
-        thr_recent = float(nb[recent].sum()) / w
-        s_recent = st[st >= now_ns - w]
-        s_base = st[st < now_ns - w]
-        iv_recent = float(np.mean(np.diff(s_recent))) if s_recent.size > 1 else float("inf")
-        iv_base = float(np.mean(np.diff(s_base))) if s_base.size > 1 else float("nan")
-        tr = thr_recent / thr_base if thr_base > 0 else 1.0
-        ir = iv_recent / iv_base if iv_base > 0 else 1.0
-        reasons = []
-        if tr <= p.throughput_drop:
-            reasons.append(f"throughput at {tr:.0%} of baseline")
-        if ir >= p.interval_growth:
-            reasons.append(f"op interval x{ir:.1f}")
-        if reasons:
-            out.append(StragglerTrigger(ro.rank, tr, ir, "; ".join(reasons)))
-    return out
+    done = ro.completed & (ro.end_ns >= now_ns - w) & (ro.end_ns <= now_ns)
+    starts = ro.start_ns[(ro.start_ns >= now_ns - w) & (ro.start_ns <= now_ns)]
+    if starts.size < 2:
+        return None
+    return float(ro.nbytes[done].sum()) / window_s, float(np.mean(np.diff(starts))) / 1e9
+
+
+class StragglerTriggers:
+    """Mycroft Algorithm 1's straggler trigger, stateful per sampled rank.
+
+    Each `check` measures the last window; a rank triggers when its throughput
+    falls to `throughput_drop` of its normal value or its op interval grows by
+    `interval_growth`. The normal values are updated only by windows that did
+    not trigger and stay within NORMAL_BAND of it, so a lasting slowdown keeps
+    triggering.
+    """
+
+    def __init__(self, policy: MycroftPolicy | None = None, window_s: float = 10.0) -> None:
+        self.policy = policy or MycroftPolicy()
+        self.window_s = window_s
+        self.normal: dict[int, tuple[float, float]] = {}
+
+    def check(self, ops: list[RankOps], now_ns: int, sampled: list[int] | None = None) -> list[StragglerTrigger]:
+        p = self.policy
+        out = []
+        for ro in ops:
+            if sampled is not None and ro.rank not in sampled:
+                continue
+            cur = window_rates(ro, now_ns, self.window_s)
+            if cur is None:
+                continue
+            base = self.normal.get(ro.rank)
+            if base is None:
+                self.normal[ro.rank] = cur
+                continue
+            tr = cur[0] / base[0] if base[0] > 0 else 1.0
+            ir = cur[1] / base[1] if base[1] > 0 else 1.0
+            reasons = []
+            if tr <= p.throughput_drop:
+                reasons.append(f"throughput at {tr:.0%} of normal")
+            if ir >= p.interval_growth:
+                reasons.append(f"op interval x{ir:.1f}")
+            if reasons:
+                out.append(StragglerTrigger(ro.rank, tr, ir, "; ".join(reasons)))
+            elif tr >= NORMAL_BAND and ir <= 1.0 / NORMAL_BAND:
+                # only a window that looks normal moves "normal": a window that
+                # straddles the onset must not drag the baseline halfway
+                self.normal[ro.rank] = cur
+        return out
 
 
 def late_ranks(ops: list[RankOps], policy: MycroftPolicy | None = None,

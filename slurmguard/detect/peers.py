@@ -156,6 +156,14 @@ class PeerScorer:
         devs = self.deviations(samples, peer_group)
         flags = hard_failures(samples)
         multi = {k: v for k, v in devs.items() if len({d.signal for d in v}) >= p.min_signals}
+        # a node whose devices deviate on several different signals (NIC errors
+        # and PCIe replays, say) counts too, as device "node"
+        per_node: dict[str, list[Deviation]] = defaultdict(list)
+        for (node, _), v in devs.items():
+            per_node[node].extend(v)
+        for node, v in per_node.items():
+            if len({d.signal for d in v}) >= p.min_signals and not any(k[0] == node for k in multi):
+                multi[(node, "node")] = v
         for k in list(self._streak):
             if k not in multi:
                 del self._streak[k]

@@ -11,17 +11,22 @@ Choices where the paper is silent:
 - Each lag is normalised over its overlap (a Pearson correlation of the lagged
   subsequences). The biased textbook estimator caps ACF_k at 1 - k/L, so a
   period longer than 5% of the window could never reach 0.95.
-- "First lag reaching M" is refined to the first lag reaching
-  max(M, best - acf_tolerance): a sequence with long runs of one op (e.g. 100
-  gradient-bucket AllReduces then one AllGather) has ACF_1 near 0.98, but its
-  real period scores 1.0.
+- One-hot coding also keeps long runs of one op (100 gradient-bucket
+  AllReduces, then one AllGather) from scoring lag 1 near 1, as integer codes
+  would. "First lag reaching M" is refined to the first lag reaching
+  max(M, best - acf_tolerance), so a half-iteration that almost repeats (two
+  micro-batches differing in one op) does not beat the real period.
 - Warm-up and phase changes: the ACF runs on the most recent ops; if no lag
   qualifies, the oldest half is dropped and it retries, down to min_repeats
   periods. The current phase is then extended backwards while ops keep
-  matching one period earlier, so warm-up ops and an earlier phase are left out.
+  matching one period earlier, and the ACF is re-run on that phase alone, so
+  warm-up ops and an earlier phase are left out.
 - Several communicators: if the interleaving of communicators is not itself
   periodic (ops issued from several threads), each communicator's own
-  sequence is tried, busiest first.
+  sequence is tried, busiest first. A communicator alone often repeats the same
+  op (three DP AllReduces), so its symbols also mark whether an op follows a
+  long gap (over 4x the communicator's median gap: the compute between
+  iterations); that puts the iteration boundary into the sequence.
 """
 
 from __future__ import annotations
@@ -32,6 +37,11 @@ import numpy as np
 
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.records import RankOps
+
+
+#: an op more than this many median gaps after the previous one of its
+#: communicator starts a new iteration (per-communicator fallback only)
+LONG_GAP = 4.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,12 @@ def find_period(symbols: np.ndarray, policy: PeriodPolicy | None = None) -> tupl
         if got is not None:
             k, val = got
             start = _phase_start(s, k, tolerance=max(1, s.size // (50 * k)))
+            if start > 0:
+                # re-run on the periodic phase alone (warm-up / old phase dropped)
+                again = _first_period(s[start:], p)
+                if again is not None:
+                    k, val = again
+                    start = max(start, _phase_start(s, k, tolerance=max(1, s.size // (50 * k))))
             return k, offset + start, val
         window = window[window.size // 2:]
     return None
@@ -142,7 +158,11 @@ def rank_period(ops: RankOps, policy: PeriodPolicy | None = None) -> PeriodResul
     comms, counts = np.unique(ops.comm, return_counts=True)
     for c in comms[np.argsort(-counts)]:
         idx = np.nonzero(ops.comm == c)[0]
-        got = find_period(ops.op[idx], p)
+        if idx.size < 2 * p.min_repeats:
+            continue
+        gaps = np.diff(ops.start_ns[idx], prepend=ops.start_ns[idx[0]])
+        big = gaps > LONG_GAP * max(float(np.median(gaps[1:])), 1.0)
+        got = find_period(ops.op[idx] * 2 + big, p)
         if got is not None:
             return PeriodResult(got[0], int(idx[got[1]]), got[2], int(c))
     return None
