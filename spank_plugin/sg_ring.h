@@ -136,7 +136,6 @@ enum sg_redop {
 
 /* record.flags */
 #define SG_F_IN_GROUP     0x01u /* issued between GroupStart and GroupEnd */
-#define SG_F_PENDING      0x02u /* end_ns not known yet (async op in flight) */
 #define SG_F_ASYNC        0x04u /* end_ns is the completion time of async work */
 #define SG_F_COMM_UNKNOWN 0x08u /* communicator not seen at init; id from handle */
 #define SG_F_ERROR        0x10u /* status is not success */
@@ -194,7 +193,7 @@ struct sg_record {
 	uint64_t count;       /* 16 elements */
 	uint64_t bytes;       /* 24 count * element size */
 	uint64_t start_ns;    /* 32 call entry, CLOCK_MONOTONIC */
-	uint64_t end_ns;      /* 40 call return / completion; 0 while pending */
+	uint64_t end_ns;      /* 40 call return, or completion of async work */
 	int32_t peer;         /* 48 peer (send/recv), root (bcast/reduce/gather/
 			       *    scatter), own rank (comm_init/split), else -1 */
 	uint16_t op;          /* 52 enum sg_op */

@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.sweeps",
     "tests.fixtures.whatif",
+    "tests.fixtures.hook",
 ]

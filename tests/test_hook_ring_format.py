@@ -1,0 +1,253 @@
+"""The Python ring reader/writer against the C definition (sg_ring.h):
+same layout, same enums, each reads what the other wrote, no torn record
+while the C writer runs, damaged files reported and skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from slurmguard.hook import ring
+from tests.fixtures.hook import SPANK_DIR
+
+HEADER_H = (SPANK_DIR / "sg_ring.h").read_text()
+
+
+def c_fill(i: int) -> dict:
+    """The record sg_ringtool writes as number i (tests/ringtool.c fill())."""
+    return {
+        "comm_id": 0x1000 + i % 3, "count": i, "bytes": i * 4,
+        "start_ns": 1_000_000_000 + i * 1000, "end_ns": 1_000_000_000 + i * 1000 + 500,
+        "peer": i % 5 - 1, "op": 1 + i % 8, "datatype": ring.DATATYPE["float32"],
+        "redop": ring.REDOP["sum"], "flags": ring.F_IN_GROUP if i % 2 else 0, "status": 0,
+    }
+
+
+def as_dict(rec: ring.RingRecord) -> dict:
+    d = {f: getattr(rec, f) for f, _, _ in ring.RECORD_FIELDS}
+    d.pop("seq")
+    return d
+
+
+def test_layout_matches_c_compiler(spank_build):
+    out = subprocess.run([str(spank_build.ringtool), "layout"], capture_output=True, text=True,
+                         check=True).stdout
+    c = json.loads(out)
+    assert c["header_size"] == ring.HEADER_SIZE and c["record_size"] == ring.RECORD_SIZE
+    assert c["magic"] == ring.MAGIC and c["version"] == ring.VERSION
+    assert c["node_name_len"] == ring.NODE_NAME_LEN
+    for name, off, _ in ring.HEADER_FIELDS:
+        assert c[f"sg_ring_header.{name}"] == off, name
+    for name, off, _ in ring.RECORD_FIELDS:
+        assert c[f"sg_record.{name}"] == off, name
+    # the struct codes add up to the offsets the compiler chose
+    pos = 0
+    for name, off, code in ring.RECORD_FIELDS:
+        assert pos == off, name
+        pos += struct.calcsize("<" + code)
+    assert ring.MAGIC.to_bytes(8, "little") == b"SGRING01"
+
+
+def _c_enum(name: str) -> dict[str, int]:
+    body = re.search(r"enum %s \{(.*?)\};" % name, HEADER_H, re.S).group(1)
+    return {m.group(2): int(m.group(1)) for m in
+            re.finditer(r"= (\d+),?\s*/\* ([a-z0-9_]+)", body)}
+
+
+def test_enum_names_match_header():
+    ops = _c_enum("sg_op")
+    assert ops == {n: i for i, n in enumerate(ring.OP_NAMES)}
+    dts = _c_enum("sg_datatype")
+    assert dts == {n: i for i, n in enumerate(ring.DATATYPE_NAMES)}
+    redops = _c_enum("sg_redop")
+    assert list(redops.values()) == list(range(len(ring.REDOP_NAMES)))
+    assert [k.split()[0] for k in redops] == list(ring.REDOP_NAMES)
+    flags = {m.group(1).lower(): int(m.group(2), 16)
+             for m in re.finditer(r"#define SG_F_([A-Z_]+)\s+0x([0-9a-f]+)u", HEADER_H)}
+    assert flags == {name: bit for bit, name in ring.FLAG_NAMES.items()}
+    sizes = re.search(r"sizes\[SG_DT_COUNT\] = \{(.*?)\}", HEADER_H, re.S).group(1)
+    assert tuple(int(x) for x in sizes.replace(",", " ").split()) == ring.DATATYPE_SIZES
+    for const in ("HEADER_SIZE", "RECORD_SIZE", "DEFAULT_CAPACITY"):
+        m = re.search(rf"#define SG_RING_{const}\s+(\d+)u", HEADER_H)
+        assert int(m.group(1)) == getattr(ring, const)
+
+
+def test_python_reads_a_ring_written_by_c(spank_build, tmp_path):
+    path = tmp_path / "c.ring"
+    subprocess.run([str(spank_build.ringtool), "write", str(path), "100", "64"], check=True,
+                   capture_output=True)
+    with ring.RingReader(str(path)) as r:
+        h = r.header
+        assert (h.job_id, h.step, h.global_rank, h.local_rank, h.world_size) == (
+            31337, "batch", 5, 1, 16)
+        assert h.node_name == "node-c" and h.source_name == "test" and h.capacity == 64
+        assert h.write_counter == 100 and h.overwritten == 36
+        # wall clock = monotonic + offset, within a second of now
+        assert abs(time.monotonic_ns() + h.clock_offset_ns - time.time_ns()) < 1e9
+        batch = r.read()
+        assert [rec.number for rec in batch.records] == list(range(36, 100))
+        assert all(as_dict(rec) == c_fill(rec.number) for rec in batch.records)
+        assert batch.cursor == 100 and batch.lost == 0
+        # a reader that was at 0 learns it lost the 36 overwritten ones
+        assert r.read(cursor=0).lost == 36
+        assert r.read(cursor=100).records == []
+
+
+def test_c_reads_a_ring_written_by_python(spank_build, tmp_path):
+    path = tmp_path / "py.ring"
+    w = ring.RingWriter(str(path), capacity=16, job_id=7, step_id=3, global_rank=2,
+                        world_size=4, node_name="node9")
+    for i in range(20):
+        w.append(ring.OP["allgather"], comm_id=99, count=i, nbytes=2 * i, start_ns=10 * i,
+                 end_ns=10 * i + 3, peer=i % 4, datatype=ring.DATATYPE["float16"], flags=ring.F_ASYNC)
+    w.close()
+    out = subprocess.run([str(spank_build.ringtool), "read", str(path)], capture_output=True,
+                         text=True, check=True).stdout.split("\n")
+    rows = [list(map(int, line.split())) for line in out if line]
+    assert [row[0] for row in rows] == list(range(4, 20))  # capacity 16: 4 overwritten
+    n = 7
+    assert rows[3] == [n, ring.OP["allgather"], 99, n, 2 * n, 10 * n, 10 * n + 3, n % 4,
+                       ring.DATATYPE["float16"], 0, ring.F_ASYNC, 0]
+
+
+def test_no_torn_record_while_c_writes(spank_build, tmp_path):
+    """The C writer appends 200k self-describing records into a 1024-slot
+    ring while Python reads behind it: every accepted record is exactly
+    the one its number says, gaps are counted as lost, never misread."""
+    path = tmp_path / "live.ring"
+    n = 200_000
+    proc = subprocess.Popen([str(spank_build.ringtool), "write", str(path), str(n), "1024", "1"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        r = ring.RingReader(str(path))
+        cursor, seen, lost, reads_during_write = 0, 0, 0, 0
+        while True:
+            running = proc.poll() is None
+            batch = r.read(cursor)
+            for rec in batch.records:
+                assert as_dict(rec) == c_fill(rec.number)
+            assert batch.corrupt == 0
+            if running and batch.records:
+                reads_during_write += 1
+            seen += len(batch.records)
+            lost += batch.lost
+            cursor = batch.cursor
+            if not running and cursor == r.write_counter:
+                break
+            time.sleep(0.001)
+        assert reads_during_write > 5, "the reader never overlapped the writer"
+        assert cursor == n and seen + lost == n
+        r.close()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_truncated_and_corrupt_files_are_reported_not_fatal(spank_build, tmp_path):
+    good = tmp_path / "job" / "rank-0.step-0.nccl.ring"
+    good.parent.mkdir()
+    subprocess.run([str(spank_build.ringtool), "write", str(good), "10", "16"], check=True,
+                   capture_output=True)
+    data = good.read_bytes()
+    (tmp_path / "job" / "rank-1.step-0.nccl.ring").write_bytes(data[:100])
+    (tmp_path / "job" / "rank-2.step-0.nccl.ring").write_bytes(data[:ring.HEADER_SIZE + 64])
+    (tmp_path / "job" / "rank-3.step-0.nccl.ring").write_bytes(b"\0" * 8 + data[8:])
+    bad_cap = bytearray(data)
+    struct.pack_into("<I", bad_cap, 20, 100)
+    (tmp_path / "job" / "rank-4.step-0.nccl.ring").write_bytes(bytes(bad_cap))
+
+    found = list(ring.scan(str(tmp_path)))
+    problems = {os.path.basename(p.path): p.problem for p in found
+                if isinstance(p, ring.RingProblem)}
+    headers = [h for h in found if isinstance(h, ring.RingHeader)]
+    assert [os.path.basename(h.path) for h in headers] == ["rank-0.step-0.nccl.ring"]
+    assert "truncated" in problems["rank-1.step-0.nccl.ring"]
+    assert "truncated" in problems["rank-2.step-0.nccl.ring"]
+    assert "magic" in problems["rank-3.step-0.nccl.ring"]
+    assert "capacity" in problems["rank-4.step-0.nccl.ring"]
+    with pytest.raises(ring.RingError, match="truncated"):
+        ring.RingReader(str(tmp_path / "job" / "rank-1.step-0.nccl.ring"))
+
+    # a committed record with impossible contents is skipped and counted
+    corrupt = bytearray(data)
+    off = ring.HEADER_SIZE + 3 * ring.RECORD_SIZE
+    struct.pack_into("<H", corrupt, off + 52, 999)  # op out of range, seq intact
+    path = tmp_path / "corrupt.ring"
+    path.write_bytes(bytes(corrupt))
+    with ring.RingReader(str(path)) as r:
+        batch = r.read()
+    assert batch.corrupt == 1 and [rec.number for rec in batch.records] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_abandoned_record_is_skipped_after_stall(tmp_path, fake_clock):
+    """A writer killed between reserving and committing leaves a hole; the
+    reader waits stall_s for it, then moves on and counts it."""
+    path = tmp_path / "hole.ring"
+    w = ring.RingWriter(str(path), capacity=16)
+    for i in range(3):
+        w.append(ring.OP["send"], count=i, start_ns=i, end_ns=i)
+    w.close()
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<Q", raw, 192, 4)  # record 3 reserved ...
+    struct.pack_into("<Q", raw, ring.HEADER_SIZE + 3 * 64, 0)  # ... and never committed
+    path.write_bytes(bytes(raw))
+    r = ring.RingReader(str(path), stall_s=5.0, clock=fake_clock.monotonic)
+    b = r.read(0)
+    assert len(b.records) == 3 and b.cursor == 3 and b.abandoned == 0
+    fake_clock.advance(1.0)
+    assert r.read(b.cursor).cursor == 3  # still waiting for it
+    fake_clock.advance(5.0)
+    b = r.read(3)
+    assert b.abandoned == 1 and b.cursor == 4
+
+
+def test_python_writer_hold_and_timeout(tmp_path):
+    path = tmp_path / "h.ring"
+    w = ring.RingWriter(str(path), capacity=16)
+    ctl = ring.RingControl(str(path))
+    assert not w.hold_requested()
+    ctl.hold(timeout_ms=30)
+    assert w.hold_requested() and ctl.state()["held"]
+    t0 = time.monotonic()
+    assert w.hold_wait() is True  # nobody released: timed out
+    assert time.monotonic() - t0 >= 0.03
+    st = ctl.state()
+    assert not st["held"] and st["holds"] == 1 and st["hold_timeouts"] == 1
+    with ring.RingReader(str(path)) as r:
+        rec = r.read().records[-1]
+    assert rec.op_name == "hold" and rec.flags & ring.F_TIMEOUT and rec.duration_ns >= 30e6
+
+
+def test_ring_dump_cli(spank_build, tmp_path):
+    from slurmguard.cli import cli
+
+    path = tmp_path / "d.ring"
+    subprocess.run([str(spank_build.ringtool), "write", str(path), "5", "16"], check=True,
+                   capture_output=True)
+    res = CliRunner().invoke(cli, ["ring", "dump", str(path)])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(line) for line in res.output.splitlines()]
+    assert lines[0]["header"]["job_id"] == 31337 and lines[0]["header"]["step"] == "batch"
+    recs = lines[1:-1]
+    assert [r["op"] for r in recs] == ["allreduce", "allgather", "reducescatter", "broadcast",
+                                       "reduce"]
+    assert recs[1] == {"seq": 2, "op": "allgather", "comm_id": 0x1001, "count": 1, "bytes": 4,
+                       "start_ns": 1_000_001_000, "end_ns": 1_000_001_500, "peer": 0,
+                       "datatype": "float32", "redop": "sum", "flags": ["in_group"],
+                       "status": 0}
+    assert lines[-1]["summary"]["records"] == 5
+
+    bad = tmp_path / "bad.ring"
+    bad.write_bytes(b"x" * 10)
+    res = subprocess.run(["slurmguard", "ring", "dump", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"slurmguard: error: ring {bad}: truncated: 10 bytes, the header alone is 4096"]
