@@ -35,15 +35,16 @@ def test_late_starting_rank_is_named():
 
 
 def test_straggler_trigger_when_throughput_halves_or_interval_doubles():
-    tr = make_job(JobSpec(iterations=40, slow_rank=0, slow_factor=3.0, slow_from=30))
-    trig = StragglerTriggers(window_s=3.0)
+    # step time 0.5 s -> ~1.9 s: throughput well under half, interval over double
+    tr = make_job(JobSpec(iterations=40, slow_rank=0, slow_factor=5.0, slow_from=30))
+    trig = StragglerTriggers(window_s=5.0)
     t0 = int(tr.ops[1].start_ns[10])
     fired = []
-    for t in range(t0 + 3_000_000_000, int(tr.ops[1].start_ns[-1]), 1_000_000_000):
+    for t in range(t0 + 5_000_000_000, int(tr.ops[1].start_ns[-1]), 1_000_000_000):
         fired.append((t, trig.check(tr.ops, t, sampled=[1])))
     slow_start = 1_350_000_000 + 30 * 500_000_000
     assert not any(f for t, f in fired if t < slow_start)          # healthy: no trigger
-    late = [f for t, f in fired if t > slow_start + 4_000_000_000]
+    late = [f for t, f in fired if t > slow_start + 6_000_000_000]
     assert late and all(f and f[0].rank == 1 for f in late)
     assert all(f[0].throughput_ratio <= 0.5 or f[0].interval_ratio >= 2.0 for f in late)
     assert max(f[0].interval_ratio for f in late) >= 2.0
