@@ -54,9 +54,6 @@ class PeriodPolicy(Strict):
     acf_tolerance: float = Field(0.02, ge=0, lt=1)
     """The period is the first lag reaching max(acf_threshold, best ACF - this), so
     a half-iteration that almost repeats does not beat the real period."""
-    acf_tolerance: float = Field(0.02, ge=0, lt=1)
-    """The period is the first lag reaching max(acf_threshold, best ACF - this):
-    long runs of one op give lag 1 an ACF near 0.98, below the true period's."""
 
 
 class BocdPolicy(Strict):
