@@ -90,3 +90,17 @@ def test_profile_config_errors_name_the_node():
         parse_profiles({"node3": {"profile": "low_power", "when": 3}})
     with pytest.raises(InputError, match="node9: not one of the simulated nodes"):
         SimTelemetrySource(NODES, {"node9": "low_power"}, clock=FakeClock())
+
+
+def test_open_source_builds_each_kind():
+    from slurmguard.errors import ConfigError
+    from slurmguard.telemetry import open_source
+    from slurmguard.telemetry.fake_nvml import FakeNvml
+
+    clock = FakeClock()
+    assert open_source("none", "n1") is None
+    assert open_source("sim", "n1", clock=clock).sample().samples[0].node == "n1"
+    nv = open_source("nvml", "n1", nvml=FakeNvml([]), clock=clock)
+    assert nv.sample().samples == []
+    with pytest.raises(ConfigError, match="unknown source 'snmp'"):
+        open_source("snmp", "n1")
