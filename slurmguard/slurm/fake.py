@@ -54,9 +54,11 @@ class FakeSlurm:
         """Place a RUNNING job on nodes (what the scheduler would do)."""
         self._check()
         jid = job_id or self._new_id()
+        restarts = self._jobs[jid].restarts if jid in self._jobs else 0  # a requeued job restarting
         self._jobs[jid] = JobInfo(job_id=jid, name=name, user=user, state="RUNNING",
                                   partition=self._get(nodes[0]).partitions[0], nodes=tuple(nodes),
-                                  num_nodes=len(nodes), start_time=self.clock.now())
+                                  num_nodes=len(nodes), start_time=self.clock.now(),
+                                  restarts=restarts)
         self._refresh_alloc()
         return jid
 

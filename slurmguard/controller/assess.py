@@ -1,0 +1,142 @@
+"""From the ranks' reports of one job to a JobAssessment.
+
+Step time is the primary signal (Guard 4.2): the job's current step time
+(median over ranks of each rank's recent median) against its healthy baseline
+(median of the ranks' baselines, measured by the agents on the first stable
+window). Localisation uses each rank's compute time (step minus time inside
+collectives): in synchronous training every rank's step stretches when one
+rank computes slowly, but only the slow rank's compute stretches, while its
+peers wait inside the collective instead (Greyhound's cross-group comparison
+applied to the compute phase; Mycroft's late-start rule seen from the rank).
+Telemetry flags of the same nodes are attached as supporting evidence.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timezone
+
+import numpy as np
+
+from slurmguard.config import Policy
+from slurmguard.detect.peers import PeerFlag
+from slurmguard.reports import RankReport
+from slurmguard.respond.tiers import Culprit, JobAssessment
+
+RECENT = 5  # iterations in the "current" window of a rank
+
+
+def _recent(r: RankReport, since: float | None) -> list:
+    steps = [s for s in r.steps if since is None or s.end > since]
+    return steps[-RECENT:]
+
+
+def _onset(ranks: list[RankReport], baseline: float, threshold: float, since: float | None) -> float | None:
+    """End time of the last healthy iteration before the current slow run."""
+    longest = max(ranks, key=lambda r: len(r.steps))
+    steps = [s for s in longest.steps if since is None or s.end > since]
+    if not steps:
+        return None
+    x = np.array([s.step_s for s in steps])
+    ends = np.array([s.end for s in steps])
+    # median of 3 so one GC pause or checkpoint neither starts nor ends a run
+    if x.size >= 3:
+        x = np.median(np.lib.stride_tricks.sliding_window_view(np.pad(x, 1, mode="edge"), 3), axis=1)
+    slow = x > baseline * (1.0 + threshold)
+    if not slow[-1]:
+        return None
+    healthy = np.nonzero(~slow)[0]
+    if healthy.size == 0:
+        # slow for the whole window: the run began before it; its first step's start
+        return float(ends[0] - steps[0].step_s)
+    return float(ends[healthy[-1]])
+
+
+def _fmt_flag(f: PeerFlag) -> str:
+    dev = f.device if f.device in ("node",) else f.device
+    if f.deviations:
+        d = f.deviations[0]
+        return f"{dev} {d.signal} {d.value:.4g} vs peers {d.median:.4g}"
+    return f"{dev} {f.reasons[0] if f.reasons else 'hard failure'}"
+
+
+def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, RankReport]],
+               flags_by_node: dict[str, list[PeerFlag]], policy: Policy, now: float,
+               since: float | None = None) -> JobAssessment | None:
+    """None while no rank has a baseline yet (warm-up) or nothing was reported.
+
+    since: ignore iterations that ended before this Unix time (the job's
+    previous run, before a requeue).
+    """
+    if not ranks:
+        return None
+    tiers = policy.response.tiers
+    baselines = [r.baseline_step_s for _, r in ranks if r.baseline_step_s]
+    recents = {(n, r.rank): _recent(r, since) for n, r in ranks}
+    currents = [float(np.median([s.step_s for s in st])) for st in recents.values() if st]
+    # stall: collectives in flight everywhere and no rank completed one lately
+    progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
+    in_flight = all(r.in_flight_since is not None for _, r in ranks)
+    stalled = (now - max(progress)) if (in_flight and progress) else 0.0
+    if not baselines or (not currents and stalled <= 0):
+        return None
+    baseline = float(np.median(baselines))
+    current = float(np.median(currents)) if currents else None
+    onset = _onset([r for _, r in ranks], baseline, tiers.moderate_slowdown / 2, since)
+    if stalled > 0 and onset is None:
+        onset = max(progress)
+
+    # compute time per rank against its own baseline and against its peers
+    ratios: dict[tuple[str, int], float] = {}
+    computes: dict[tuple[str, int], float] = {}
+    for (node, rank), st in recents.items():
+        rep = next(r for n, r in ranks if n == node and r.rank == rank)
+        if not st or not rep.baseline_compute_s:
+            continue
+        c = float(np.median([s.step_s - s.comm_s for s in st]))
+        computes[(node, rank)] = c
+        ratios[(node, rank)] = c / rep.baseline_compute_s
+    excess = policy.detection.cross_group.median_excess
+    slow_ranks: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for key, ratio in ratios.items():
+        others = [v for k, v in ratios.items() if k != key]
+        if not others:
+            continue
+        if ratio > 1.0 + excess and ratio > float(np.median(others)) * (1.0 + excess):
+            node, rank = key
+            peers_c = float(np.median([computes[k] for k in computes if k != key]))
+            slow_ranks[node].append((rank, computes[key], peers_c))
+    culprits = []
+    for node, rows in sorted(slow_ranks.items()):
+        rows.sort()
+        rank, c, peers_c = rows[0]
+        tel = tuple(_fmt_flag(f) for f in flags_by_node.get(node, ()))
+        gpu = next((r.gpu for n, r in ranks if n == node and r.rank == rank), None)
+        culprits.append(Culprit(node=node, ranks=tuple(r[0] for r in rows), gpu=gpu,
+                                why=f"rank {rank} compute {c:.3g}s vs peers {peers_c:.3g}s",
+                                telemetry=tel))
+    if not culprits and stalled > 0:
+        # Mycroft: a stall names the rank with the least progress
+        laggard = min(((n, r) for n, r in ranks if r.last_progress is not None),
+                      key=lambda nr: nr[1].last_progress)
+        culprits.append(Culprit(node=laggard[0], ranks=(laggard[1].rank,), gpu=laggard[1].gpu,
+                                why=f"rank {laggard[1].rank} made the least progress "
+                                    f"(last collective {now - laggard[1].last_progress:.0f}s ago)",
+                                telemetry=tuple(_fmt_flag(f) for f in flags_by_node.get(laggard[0], ()))))
+    return JobAssessment(
+        job_id=job_id, nodes=job_nodes, gpus=len(ranks), baseline_s=baseline, current_s=current,
+        onset=onset, stalled_for_s=stalled, culprits=tuple(culprits),
+        evidence={"ranks": len(ranks), "baseline_s": round(baseline, 6),
+                  "current_s": None if current is None else round(current, 6),
+                  "rank_compute_ratio": {f"{n}/{r}": round(v, 4) for (n, r), v in ratios.items()}})
+
+
+def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:
+    """Short and specific: 'step +23% since 14:02, gpu3 sm_clock 1380 vs peers 1980'."""
+    since = ""
+    if a.onset is not None:
+        since = " since " + datetime.fromtimestamp(a.onset, tz).strftime("%H:%M")
+    head = (f"stall {a.stalled_for_s:.0f}s" if a.stalled_for_s > 0 and a.slowdown <= 0
+            else f"step {a.slowdown * 100:+.0f}%{since}")
+    detail = culprit.telemetry[0] if culprit.telemetry else culprit.why
+    return f"{head}, job {a.job_id}, {detail}"

@@ -1,0 +1,89 @@
+"""The controller process: HTTP ingest in a thread, cycles in the main thread,
+clean shutdown on SIGTERM/SIGINT (the current cycle finishes, then the HTTP
+server and the database close)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+
+from slurmguard.clock import Clock, SystemClock
+from slurmguard.config import Policy
+from slurmguard.controller.loop import Controller
+from slurmguard.controller.metrics import ControllerMetrics
+from slurmguard.controller.server import ControllerHTTP
+from slurmguard.slurm.client import SlurmClient
+from slurmguard.store import Store
+
+log = logging.getLogger("slurmguard.controller")
+
+
+@dataclass
+class DaemonOptions:
+    host: str
+    port: int
+    secret: bytes
+    interval_s: float
+    once: bool = False
+    sweeps: bool = True
+
+
+def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor):
+    """The sweep scheduler when that part is installed; None otherwise."""
+    try:
+        from slurmguard.sweeps.scheduler import build_scheduler  # type: ignore[attr-defined]
+    except ImportError:
+        log.warning("sweep scheduler not available: drained nodes wait for an admin")
+        return None
+    return build_scheduler(policy=policy, store=store, slurm=slurm, clock=clock, executor=executor)
+
+
+def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
+        clock: Clock | None = None, stop: threading.Event | None = None) -> int:
+    clock = clock or SystemClock()
+    stop = stop or threading.Event()
+    metrics = ControllerMetrics()
+    ctl = Controller(policy, store, slurm, clock, metrics=metrics)
+    if opts.sweeps:
+        ctl.sweeper = _sweeper(policy, store, slurm, clock, ctl.executor)
+
+    def health() -> tuple[bool, str]:
+        last = metrics.last_cycle._value.get()  # noqa: SLF001 - our own gauge
+        if last == 0:
+            return True, "starting"
+        age = clock.now() - last
+        ok = age <= max(3 * opts.interval_s, 30.0)
+        return ok, f"last cycle {age:.0f}s ago"
+
+    def ingest(report) -> bool:
+        return ctl.fleet.ingest(report, clock.now())
+
+    http = ControllerHTTP(opts.host, opts.port, secret=opts.secret, ingest=ingest, metrics=metrics,
+                          now=clock.now, health=health)
+    http.start()
+    log.info("controller listening on %s:%d (dry_run=%s)", opts.host, http.port, policy.safety.dry_run)
+
+    def _stop(signum, _frame) -> None:
+        log.info("signal %d: finishing the current cycle and shutting down", signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+    try:
+        while not stop.is_set():
+            res = ctl.cycle()
+            for action, target in res.actions:
+                log.info("action %s %s", action, target)
+            for why in res.errors:
+                log.error("cycle error: %s", why)
+            if opts.once:
+                break
+            stop.wait(opts.interval_s)
+    finally:
+        http.stop()
+        store.close()
+        log.info("controller stopped")
+    return 0

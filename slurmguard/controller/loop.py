@@ -1,0 +1,327 @@
+"""One controller cycle: Slurm view + agent reports -> decisions -> audited actions.
+
+Every decision is derived from the database (open incidents, the audit log)
+plus the Slurm view (who drained a node, a job's restart count), never from
+memory alone, so a controller killed at any point and restarted neither
+repeats nor forgets an action:
+- a drain is taken only if the node is not already drained by slurmguard;
+- a checkpoint signal only if the audit log has none for that incident;
+- a requeue only if the job's restart count has not grown since detection.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from slurmguard.clock import Clock
+from slurmguard.config import Policy
+from slurmguard.controller.assess import assess_job, reason_text
+from slurmguard.controller.fleet import FleetView
+from slurmguard.detect.peers import PeerFlag, PeerScorer
+from slurmguard.respond.actions import ActionExecutor
+from slurmguard.respond.safety import SafetyGate
+from slurmguard.respond.tiers import JobAssessment, Tier, classify, gated_tier
+from slurmguard.slurm.client import SlurmClient
+from slurmguard.slurm.errors import NotOurs, SlurmError
+from slurmguard.slurm.models import JobInfo, NodeInfo
+from slurmguard.store import AuditOutcome, IncidentStatus, NodeState, Store
+
+log = logging.getLogger("slurmguard.controller")
+
+_TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
+
+
+class Ticker(Protocol):
+    def tick(self) -> Any: ...
+
+
+@dataclass
+class CycleResult:
+    """What one cycle saw and did (for logs, metrics and tests)."""
+
+    at: float
+    assessments: dict[int, JobAssessment] = field(default_factory=dict)
+    actions: list[tuple[str, str]] = field(default_factory=list)
+    suppressed: list[str] = field(default_factory=list)
+    flags: list[PeerFlag] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class Controller:
+    def __init__(self, policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, *,
+                 fleet: FleetView | None = None, executor: ActionExecutor | None = None,
+                 sweeper: Ticker | None = None, actor: str = "slurmguard", metrics=None) -> None:
+        self.policy = policy
+        self.store = store
+        self.slurm = slurm
+        self.clock = clock
+        self.actor = actor
+        self.fleet = fleet or FleetView(policy.controller.report_stale_s)
+        self.executor = executor or ActionExecutor(slurm, store, actor=actor,
+                                                   dry_run=policy.safety.dry_run)
+        self.safety = SafetyGate(store, policy.safety, actor)
+        self.scorer = PeerScorer(policy.detection.peers)
+        self.sweeper = sweeper
+        self.metrics = metrics
+        self._known_nodes: set[str] = set()
+        self._scored_until = clock.now()
+        self._flags: dict[str, list[PeerFlag]] = {}
+        self.breaker_open = False
+
+    # ------------------------------------------------------------------ the cycle
+    def cycle(self) -> CycleResult:
+        now = self.clock.now()
+        res = CycleResult(at=now)
+        try:
+            nodes = {n.name: n for n in self.slurm.nodes()}
+            jobs = {j.job_id: j for j in self.slurm.jobs()}
+        except SlurmError as exc:
+            res.errors.append(str(exc))
+            log.error("cycle skipped: %s", exc)
+            self._observe(res)
+            return res
+        self._sync_nodes(nodes)
+        self._score_telemetry(now, jobs, res)
+        self.breaker_open = False
+        partitions = self._partitions(nodes)
+        slow_nodes: set[str] = set()
+        for job_id in sorted(self.fleet.job_ids(now)):
+            job = jobs.get(job_id)
+            if job is None or job.state != "RUNNING":
+                continue
+            incident = self._live_incident(job_id)
+            since = _restart_cut(incident)
+            a = assess_job(job_id, job.nodes, self.fleet.job_ranks(job_id, now), self._flags,
+                           self.policy, now, since=since)
+            if a is None:
+                continue
+            res.assessments[job_id] = a
+            tier = classify(a, self.policy.response.tiers, now)
+            if tier >= Tier.DRAIN:
+                slow_nodes.update(c.node for c in a.culprits)
+            self._respond(a, tier, job, nodes, partitions, incident, now, res)
+        self._verify_flags(nodes, jobs, slow_nodes, res, now)
+        if self.sweeper is not None:
+            try:
+                self.sweeper.tick()
+            except SlurmError as exc:
+                res.errors.append(f"sweeps: {exc}")
+        self._observe(res)
+        return res
+
+    # ------------------------------------------------------------------ pieces
+    def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
+        for name, n in nodes.items():
+            if name not in self._known_nodes:
+                self.store.get_or_create_node(name, partitions=list(n.partitions))
+                self._known_nodes.add(name)
+
+    @staticmethod
+    def _partitions(nodes: dict[str, NodeInfo]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for n in nodes.values():
+            for p in n.partitions:
+                out.setdefault(p, []).append(n.name)
+        return out
+
+    def _score_telemetry(self, now: float, jobs: dict[int, JobInfo], res: CycleResult) -> None:
+        """Score one peer window once per peers.window_s (Guard 4.2)."""
+        if now - self._scored_until < self.policy.detection.peers.window_s:
+            return
+        samples = self.fleet.telemetry(self._scored_until, now, now)
+        self._scored_until = now
+        if not samples:
+            return
+        group = {n: f"job:{j.job_id}" for j in jobs.values() if j.state == "RUNNING" for n in j.nodes}
+        flags = self.scorer.window(samples, group)
+        self._flags = {}
+        for f in flags:
+            self._flags.setdefault(f.node, []).append(f)
+        res.flags = flags
+
+    def _live_incident(self, job_id: int):
+        """The job's latest incident that is not closed (open, mitigated or suppressed)."""
+        rows = [r for r in self.store.incidents(job_id=str(job_id))
+                if r.status in (IncidentStatus.OPEN, IncidentStatus.MITIGATED, IncidentStatus.SUPPRESSED)]
+        return rows[-1] if rows else None
+
+    def _respond(self, a: JobAssessment, tier: Tier, job: JobInfo, nodes: dict[str, NodeInfo],
+                 partitions: dict[str, list[str]], incident, now: float, res: CycleResult) -> None:
+        if tier < Tier.DRAIN:
+            return
+        if incident is not None and incident.evidence.get("requeued_at") is not None:
+            if a.onset is None or a.onset <= float(incident.evidence["requeued_at"]):
+                return  # the slowdown of the run we already requeued
+            incident = None  # a new slowdown in the restarted run: a new incident
+        if incident is None:
+            # recorded at first detection, before any action is due: the
+            # detection delay is onset -> now, and the onset survives the
+            # agents' rolling windows for the cost gate below
+            incident = self.store.add_incident(
+                str(a.job_id), nodes=[c.node for c in a.culprits] or list(a.nodes),
+                tier=_TIER_NAME[Tier.NONE], onset_at=min(a.onset or now, now), detected_at=now,
+                slowdown=a.slowdown,
+                evidence={**a.evidence, "restarts_at_detection": job.restarts,
+                          "culprits": [{"node": c.node, "ranks": list(c.ranks), "why": c.why,
+                                        "telemetry": list(c.telemetry)} for c in a.culprits],
+                          **({} if a.culprits else
+                             {"note": "slowdown not localised to a node; no action"})})
+            if self.metrics is not None:
+                self.metrics.detection_delay.observe(incident.detection_delay_s or 0.0)
+        if not a.culprits:
+            return
+        onset = incident.onset_at.timestamp()
+        if a.onset is None or onset < a.onset:
+            a = replace(a, onset=onset)
+        gated = gated_tier(a, tier, self.policy.response.escalation, now)
+        if gated < Tier.DRAIN:
+            return  # the slowdown has not yet cost the price of the next action
+        if gated > _tier_of(incident.tier):
+            incident = self.store.update_incident(incident.id, tier=_TIER_NAME[gated],
+                                                  nodes=[c.node for c in a.culprits])
+        evidence = {"incident": incident.id, "job": a.job_id, "slowdown": round(a.slowdown, 4),
+                    "tier": _TIER_NAME[gated]}
+        drained_any = False
+        for c in a.culprits:
+            node = nodes.get(c.node)
+            if node is None:
+                continue
+            if node.drained_by_us:
+                drained_any = True
+                continue
+            if node.drained_by_others:
+                res.suppressed.append(f"{c.node}: drained by someone else; left alone")
+                continue
+            verdict = self.safety.may_drain(c.node, partitions, now)
+            if not verdict.allowed:
+                self._alert(verdict.why, c.node, incident.id, res)
+                self.store.update_incident(incident.id, status=IncidentStatus.SUPPRESSED,
+                                           outcome=verdict.why)
+                return
+            try:
+                self.executor.drain(c.node, reason_text(a, c), evidence={**evidence, "why": c.why,
+                                                                        "telemetry": list(c.telemetry)})
+            except NotOurs as exc:
+                res.suppressed.append(str(exc))
+                continue
+            except SlurmError as exc:
+                res.errors.append(str(exc))
+                continue
+            drained_any = True
+            res.actions.append(("drain", c.node))
+            self._lifecycle(c.node, NodeState.DRAINING, f"drained: {reason_text(a, c)}", evidence)
+        if not drained_any:
+            return
+        if gated == Tier.DRAIN:
+            self._checkpoint(a, incident, evidence, res)
+        elif gated == Tier.REQUEUE:
+            self._requeue(a, job, incident, evidence, res, now)
+
+    def _checkpoint(self, a: JobAssessment, incident, evidence: dict, res: CycleResult) -> None:
+        done = [e for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
+                if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id]
+        if done or self.policy.safety.dry_run and incident.status != IncidentStatus.OPEN:
+            return
+        verdict = self.safety.may_act(self.clock.now())
+        if not verdict.allowed:
+            self._alert(verdict.why, None, incident.id, res)
+            return
+        sig = self.policy.response.tiers.checkpoint_signal
+        try:
+            self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job",
+                                 evidence=evidence)
+        except SlurmError as exc:
+            res.errors.append(str(exc))
+            return
+        res.actions.append(("signal", str(a.job_id)))
+        self.store.update_incident(incident.id, status=IncidentStatus.MITIGATED,
+                                   action_at=self.clock.now(),
+                                   outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})")
+
+    def _requeue(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
+                 res: CycleResult, now: float) -> None:
+        before = int(incident.evidence.get("restarts_at_detection", job.restarts))
+        if job.restarts > before:
+            return  # already requeued (possibly by a controller that was killed right after)
+        verdict = self.safety.may_act(now)
+        if not verdict.allowed:
+            self._alert(verdict.why, None, incident.id, res)
+            return
+        try:
+            self.executor.requeue(a.job_id, "restart on healthy nodes", evidence=evidence)
+        except SlurmError as exc:
+            res.errors.append(str(exc))
+            return
+        res.actions.append(("requeue", str(a.job_id)))
+        self.store.update_incident(incident.id, status=IncidentStatus.MITIGATED,
+                                   action_at=self.clock.now(),
+                                   outcome="drained and requeued on healthy nodes",
+                                   evidence={"requeued_at": self.clock.now()})
+
+    def _verify_flags(self, nodes: dict[str, NodeInfo], jobs: dict[int, JobInfo],
+                      slow_nodes: set[str], res: CycleResult, now: float) -> None:
+        """Telemetry deviates but no job is measurably slower: pending verification."""
+        for node, flags in self._flags.items():
+            n = nodes.get(node)
+            if n is None or node in slow_nodes or n.drained or n.down:
+                continue
+            text = "pending verification: " + "; ".join(_flag_text(f) for f in flags[:2])
+            if n.comment and n.comment.startswith("slurmguard: pending verification"):
+                continue
+            if n.comment:
+                res.suppressed.append(f"{node}: has an admin comment; not marking it")
+                continue
+            if not self.safety.may_act(now).allowed:
+                continue
+            try:
+                self.executor.comment(node, text, evidence={"flags": [_flag_text(f) for f in flags]})
+            except SlurmError as exc:
+                res.errors.append(str(exc))
+                continue
+            res.actions.append(("comment", node))
+            self._lifecycle(node, NodeState.SUSPECT, text, {"flags": [_flag_text(f) for f in flags]})
+
+    def _lifecycle(self, node: str, to: NodeState, cause: str, evidence: dict) -> None:
+        if self.policy.safety.dry_run:
+            return
+        rec = self.store.get_or_create_node(node)
+        if rec.state == to:
+            return
+        try:
+            self.store.transition(node, to, cause[:250], evidence, actor=self.actor)
+        except Exception as exc:  # an illegal lifecycle step must not stop the loop
+            log.warning("lifecycle %s -> %s for %s not recorded: %s", rec.state, to, node, exc)
+
+    def _alert(self, why: str, node: str | None, incident_id: int, res: CycleResult) -> None:
+        self.breaker_open = self.breaker_open or why.startswith("circuit breaker")
+        res.suppressed.append(why)
+        log.error("ALERT: %s (node %s, incident %s): not acting", why, node, incident_id)
+        recent = self.store.audit_entries(action="alert", since=self.clock.now() - 600)
+        if not any(e.reason == why and e.node == node for e in recent):
+            self.store.audit("alert", actor=self.actor, node=node, reason=why,
+                             outcome=AuditOutcome.OK, evidence={"incident": incident_id})
+
+    def _observe(self, res: CycleResult) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_cycle(self, res)
+
+
+def _flag_text(f: PeerFlag) -> str:
+    if f.deviations:
+        d = f.deviations[0]
+        return f"{f.device} {d.signal} {d.value:.4g} vs peers {d.median:.4g}"
+    return f"{f.device} {f.reasons[0] if f.reasons else 'hard failure'}"
+
+
+def _tier_of(name: str) -> Tier:
+    return {v: k for k, v in _TIER_NAME.items()}.get(str(name), Tier.NONE)
+
+
+def _restart_cut(incident) -> float | None:
+    """After a requeue, only iterations of the new run count."""
+    if incident is None:
+        return None
+    at = incident.evidence.get("requeued_at")
+    return float(at) if at else None

@@ -1,0 +1,50 @@
+"""Prometheus metrics of the controller (its own registry, served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from slurmguard.store import NodeState
+
+
+class ControllerMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.nodes = Gauge("slurmguard_nodes", "Nodes by lifecycle state", ["state"], registry=r)
+        self.actions = Counter("slurmguard_actions_total", "Slurm actions taken by the controller",
+                               ["action"], registry=r)
+        self.suppressed = Counter("slurmguard_actions_suppressed_total",
+                                  "Actions held back by the breaker, rate limit or ownership", registry=r)
+        self.detection_delay = Histogram(
+            "slurmguard_detection_delay_seconds", "Slowdown onset to detection",
+            buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=r)
+        self.breaker = Gauge("slurmguard_breaker_open", "1 while the circuit breaker holds actions back",
+                             registry=r)
+        self.report_lag = Gauge("slurmguard_report_lag_seconds", "Seconds since the node's last report",
+                                ["node"], registry=r)
+        self.reports = Counter("slurmguard_reports_total", "Agent reports received", ["outcome"],
+                               registry=r)
+        self.cycle_errors = Counter("slurmguard_cycle_errors_total", "Errors inside controller cycles",
+                                    registry=r)
+        self.last_cycle = Gauge("slurmguard_last_cycle_timestamp_seconds", "Unix time of the last cycle",
+                                registry=r)
+
+    def observe_cycle(self, controller, res) -> None:
+        for action, _ in res.actions:
+            self.actions.labels(action).inc()
+        if res.suppressed:
+            self.suppressed.inc(len(res.suppressed))
+        if res.errors:
+            self.cycle_errors.inc(len(res.errors))
+        self.breaker.set(1 if controller.breaker_open else 0)
+        counts = {s.value: 0 for s in NodeState}
+        for rec in controller.store.list_nodes():
+            counts[str(rec.state)] = counts.get(str(rec.state), 0) + 1
+        for state, n in counts.items():
+            self.nodes.labels(state).set(n)
+        for node, lag in controller.fleet.report_lag(res.at).items():
+            self.report_lag.labels(node).set(lag)
+        self.last_cycle.set(res.at)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,255 @@
+"""The controller cycle on FakeSlurm + a real SQLite store + a FakeClock.
+
+Reports are built the way an agent builds them (rolling windows of step and
+collective times per rank); each case has a known answer.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmguard.config import Policy, parse_policy
+from slurmguard.controller.loop import Controller
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
+from slurmguard.slurm.fake import FakeSlurm
+from slurmguard.store import IncidentStatus, NodeState
+
+POLICY = parse_policy("""
+response:
+  tiers: {moderate_slowdown: 0.10, severe_slowdown: 0.20, sustained_s: 20, stall_s: 60}
+  escalation: {drain_checkpoint_gpu_s: 2.0, requeue_gpu_s: 4.0}
+safety:
+  breaker: {max_nodes: 2, max_partition_percent: 50, window_s: 3600}
+detection:
+  peers: {window_s: 10, consecutive_windows: 2, min_peers: 4}
+""")
+
+
+def rank_report(rank: int, now: float, *, base=1.0, slow_factor=1.0, slow_iters=0, culprit=False,
+                n=60, comm=0.2) -> RankReport:
+    """n iterations ending at `now`; the last slow_iters are slowed by slow_factor.
+
+    The culprit rank computes longer; its peers wait the difference inside the collective.
+    """
+    steps, t = [], now - n * base * slow_factor
+    for i in range(n):
+        slow = i >= n - slow_iters
+        step = base * (slow_factor if slow else 1.0)
+        compute = base - comm
+        if slow:
+            extra = step - base
+            c = compute + extra if culprit else compute
+        else:
+            c = compute
+        t += step
+        steps.append(StepSample(end=t, step_s=step, comm_s=step - c))
+    return RankReport(rank=rank, gpu=0, baseline_step_s=base, baseline_compute_s=base - comm,
+                      steps=steps, total_steps=n, last_progress=t)
+
+
+def report(node: str, job: int, ranks: list[RankReport], seq: int, now: float,
+           telemetry: list[TelemetryRecord] = ()) -> AgentReport:
+    return AgentReport(node=node, seq=seq, sent_at=now, jobs=[JobReport(job_id=job, ranks=ranks)],
+                       telemetry=list(telemetry))
+
+
+@pytest.fixture
+def env(sqlite_store, fake_clock):
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(POLICY, sqlite_store, slurm, fake_clock)
+    return ctl, slurm, sqlite_store, fake_clock
+
+
+def feed_job(ctl, clock, job, nodes_slow: dict[str, float], slow_iters: int, seq: int) -> None:
+    now = clock.now()
+    for r, (node, factor) in enumerate(nodes_slow.items()):
+        rk = rank_report(r, now, slow_factor=max(nodes_slow.values()), slow_iters=slow_iters,
+                         culprit=factor > 1.0)
+        ctl.fleet.ingest(report(node, job, [rk], seq, now), now)
+
+
+def test_severe_slowdown_drains_culprit_only_and_requeues_once(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    res = ctl.cycle()
+    a = res.assessments[job]
+    assert a.slowdown == pytest.approx(0.3, abs=0.01)
+    assert [c.node for c in a.culprits] == ["node2"]
+    assert ("drain", "node2") in res.actions and ("requeue", str(job)) in res.actions
+    n2 = slurm.node("node2")
+    assert n2.drained_by_us and n2.reason.startswith("slurmguard: step +30%")
+    assert "rank 1 compute" in n2.reason
+    assert not slurm.node("node1").drained
+    assert slurm.job(job).restarts == 1
+    (inc,) = store.incidents(job_id=str(job))
+    assert inc.tier == "requeue" and inc.status == IncidentStatus.MITIGATED
+    assert store.get_node("node2").state == NodeState.DRAINING
+    # the next cycle repeats nothing, also while node2's agent still reports the old run
+    clock.advance(5)
+    assert ctl.cycle().actions == []
+    # the job restarts on healthy nodes: a restarted controller acts on nothing
+    slurm.start_job(["node1", "node3"], job_id=job)
+    clock.advance(60)
+    restarted = Controller(POLICY, store, slurm, clock)
+    feed_job(restarted, clock, job, {"node1": 1.0, "node3": 1.0}, slow_iters=0, seq=2)
+    assert restarted.cycle().actions == []
+    assert len(store.audit_entries(action="drain")) == 1
+    assert len(store.audit_entries(action="requeue")) == 1
+
+
+def test_killed_between_drain_and_requeue_resumes_without_duplicates(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    real_requeue = slurm.requeue
+
+    def dies(*a, **k):  # the process dies right after the drain: requeue never happens
+        raise SystemExit("killed")
+
+    slurm.requeue = dies
+    with pytest.raises(SystemExit):
+        ctl.cycle()
+    slurm.requeue = real_requeue
+    assert slurm.node("node2").drained_by_us and slurm.job(job).restarts == 0
+    restarted = Controller(POLICY, store, slurm, clock)
+    clock.advance(5)
+    feed_job(restarted, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=20, seq=2)
+    res = restarted.cycle()
+    assert res.actions == [("requeue", str(job))]
+    assert len(store.audit_entries(action="drain")) == 1
+    assert slurm.job(job).restarts == 1
+
+
+def test_moderate_sustained_drains_and_signals_without_requeue(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.12}, slow_iters=10, seq=1)
+    res = ctl.cycle()  # onset ~11 s ago: not yet sustained (20 s)
+    assert res.actions == []
+    clock.advance(30)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.12}, slow_iters=40, seq=2)
+    res = ctl.cycle()
+    assert res.actions == [("drain", "node2"), ("signal", str(job))]
+    assert slurm.signals == [(job, "USR1")]
+    assert slurm.job(job).restarts == 0 and slurm.job(job).state == "RUNNING"
+    clock.advance(5)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.12}, slow_iters=45, seq=3)
+    assert ctl.cycle().actions == []
+
+
+def test_cost_gate_waits_until_the_slowdown_has_cost_the_action(sqlite_store, fake_clock):
+    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
+        "escalation": POLICY.response.escalation.model_copy(update={"drain_checkpoint_gpu_s": 50.0,
+                                                                      "requeue_gpu_s": 100.0})})})
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    job = slurm.start_job(["node1", "node2"])
+    # 30% slower on 2 GPUs: 0.6 GPU-s per 1.3 s iteration; 15 slow iterations = 9 GPU-s
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    assert ctl.cycle().actions == []
+    fake_clock.advance(100)  # ~86 slow iterations: 52 GPU-s > drain price, < requeue price
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=59, seq=2)
+    res = ctl.cycle()
+    assert ("drain", "node2") in res.actions and not any(a == "requeue" for a, _ in res.actions)
+    fake_clock.advance(60)  # ~132 slow iterations: 79 GPU-s, requeue not yet paid
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=59, seq=3)
+    assert ctl.cycle().actions == []
+    fake_clock.advance(60)  # ~178 slow iterations: 107 GPU-s >= 100
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=59, seq=4)
+    res = ctl.cycle()
+    assert res.actions == [("requeue", str(job))]
+
+
+def healthy_telemetry(node: str, now: float, temp=60.0, clock_mhz=1980.0, power=650.0) -> list:
+    return [TelemetryRecord(signal=s, value=v, unit=u, timestamp=now - 1, gpu=g)
+            for g in range(2)
+            for s, v, u in (("gpu_temp", temp, "C"), ("sm_clock", clock_mhz, "MHz"),
+                            ("power", power, "W"), ("gpu_util", 99.0, "%"))]
+
+
+def test_telemetry_without_step_impact_only_marks_pending_verification(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2", "node3", "node4"])
+    actions = []
+    for seq in (1, 2, 3):
+        clock.advance(11)
+        now = clock.now()
+        for r, node in enumerate(["node1", "node2", "node3", "node4"]):
+            tel = healthy_telemetry(node, now) if node != "node3" else healthy_telemetry(
+                node, now, temp=80.0, clock_mhz=1380.0, power=540.0)
+            ctl.fleet.ingest(report(node, job, [rank_report(r, now)], seq, now, tel), now)
+        res = ctl.cycle()
+    assert res.actions == [("comment", "node3")]
+    n3 = slurm.node("node3")
+    assert n3.comment.startswith("slurmguard: pending verification: gpu0") and not n3.drained
+    assert store.get_node("node3").state == NodeState.SUSPECT
+    assert all(not slurm.node(n).drained for n in ("node1", "node2", "node3", "node4"))
+
+
+def test_healthy_job_no_action(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    for seq in range(1, 4):
+        clock.advance(11)
+        feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.0}, slow_iters=0, seq=seq)
+        assert ctl.cycle().actions == []
+    assert store.audit_entries() == [] and store.incidents() == []
+
+
+def test_admin_drained_node_is_never_touched(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    slurm.admin_drain("node2", "RMA 7")
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    res = ctl.cycle()
+    assert not any(a == "drain" for a, _ in res.actions)
+    assert slurm.node("node2").reason == "RMA 7"
+    assert any("someone else" in s for s in res.suppressed)
+
+
+def test_breaker_at_one_node_holds_second_drain_and_alerts(sqlite_store, fake_clock):
+    policy = POLICY.model_copy(update={"safety": POLICY.safety.model_copy(update={
+        "breaker": POLICY.safety.breaker.model_copy(update={"max_nodes": 1})})})
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    j1 = slurm.start_job(["node1", "node2"])
+    j2 = slurm.start_job(["node3", "node4"])
+    feed_job(ctl, fake_clock, j1, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    ctl.cycle()
+    assert slurm.node("node2").drained_by_us
+    fake_clock.advance(5)
+    feed_job(ctl, fake_clock, j2, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=1)
+    res = ctl.cycle()
+    assert not slurm.node("node4").drained
+    assert ctl.breaker_open and any(s.startswith("circuit breaker") for s in res.suppressed)
+    (alert,) = sqlite_store.audit_entries(action="alert")
+    assert "circuit breaker" in alert.reason and alert.node == "node4"
+    (inc,) = sqlite_store.incidents(job_id=str(j2))
+    assert inc.status == IncidentStatus.SUPPRESSED
+
+
+def test_dry_run_audits_but_does_not_touch_slurm(sqlite_store, fake_clock):
+    policy = POLICY.model_copy(update={"safety": POLICY.safety.model_copy(update={"dry_run": True})})
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    ctl.cycle()
+    assert not slurm.node("node2").drained and slurm.job(job).restarts == 0
+    assert {str(e.outcome) for e in sqlite_store.audit_entries()} == {"dry_run"}
+
+
+def test_stall_names_least_progress_rank(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    r0 = rank_report(0, now - 100).model_copy(update={"in_flight_since": now - 90})
+    r1 = rank_report(1, now - 130).model_copy(update={"in_flight_since": now - 95})
+    ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
+    ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
+    res = ctl.cycle()
+    a = res.assessments[job]
+    assert a.stalled_for_s == pytest.approx(100, abs=1)
+    assert [c.node for c in a.culprits] == ["node2"]
+    assert ("requeue", str(job)) in res.actions
