@@ -17,7 +17,7 @@ def test_bench_detect_small_run_prints_table_and_throughput():
                                    "--series", "300", "--steps", "10"])
     assert res.exit_code == 0, res.output
     out = res.output
-    for needle in ("SlidingWindow", "BOCD (no verification)", "literal P(r_t=0)>0.9", "MAP run-length drop",
+    for needle in ("SlidingWindow", "no verif", "BOCD+V on healthy + comm", "literal P(r_t=0)>0.9", "MAP run-length drop",
                    "samples/s", "R=500", "iteration time from the ACF period", "run-length cap"):
         assert needle in out, needle
     assert "0.004000 = hazard" in out
