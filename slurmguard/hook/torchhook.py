@@ -12,9 +12,13 @@ through the torch dispatcher as a ``c10d::*`` operator, so the hook
 registers a kernel for each of them at the Autograd dispatch keys (which
 run before the backend kernels and where c10d has none of its own): it
 notes the start time, redispatches to the real kernel below autograd with
-the same arguments, and returns its result unchanged. Async work gets its
-end time from a done-callback on the work's future; sync work completes
-before the call returns. Tensors created under torch.inference_mode() carry
+the same arguments, and returns its result unchanged. Work with a future
+(all gloo collectives) gets its end time from a done-callback on that
+future and the ASYNC flag; the callback needs the interpreter lock, so the
+end can lag the real completion by up to the switch interval (5 ms by
+default) and records appear in completion order. start_ns is exact, which
+is what period detection uses. Work without a future (gloo p2p) ends when
+the call returns. Tensors created under torch.inference_mode() carry
 no autograd keys and are not seen (those calls run normally, untimed).
 
 NCCL-backed calls are left to the C hook when it is loaded in the process
@@ -195,8 +199,8 @@ class Recorder:
                 from torch._C._distributed_c10d import Work
 
                 w = work if isinstance(work, Work) else Work.unbox(work)
-                if not w.is_completed():
-                    fut = w.get_future()
+                # a future that is already done runs the callback at once
+                fut = w.get_future()
             except Exception:
                 fut = None  # e.g. gloo p2p work has no future: end = return
         if fut is None:
