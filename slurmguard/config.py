@@ -185,6 +185,14 @@ class AgentPolicy(Strict):
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)
     secret_file: str = "/etc/slurmguard/secret"
+    warmup_steps: int = Field(5, ge=0)
+    """Iterations skipped before the baseline window (compilation, cache warm-up)."""
+    baseline_steps: int = Field(20, ge=3)
+    """Iterations whose median is the rank's healthy baseline."""
+    report_steps: int = Field(256, ge=8)
+    """Most recent iterations of each rank sent in every report."""
+    max_ops_per_rank: int = Field(16384, ge=256)
+    """Ring records kept per rank for period and step-time analysis."""
 
 
 class ControllerPolicy(Strict):
@@ -224,6 +232,20 @@ class SweepPolicy(Strict):
     """Directory of node_sweep.py/pair_sweep.py/templates; None = sweeps/ beside the package."""
     python: str | None = None
     """Interpreter on the nodes that runs the workloads; None = the controller's own."""
+    result_dir: str = "/var/lib/slurmguard/sweeps"
+    """Where sweep jobs write results and logs; shared by the controller and the nodes."""
+    hw_class_feature_prefix: str = "hwclass="
+    """A node feature with this prefix names its hardware class; else the DB's, else 'default'."""
+    quarantine_reservation_min: int = Field(10080, ge=10)
+    """Length of the MAINT reservation holding a node under verification, minutes."""
+    start_timeout_min: int = Field(10, ge=1)
+    """A sweep job still pending after this is cancelled and counts as not run, minutes."""
+    master_addr: str | None = None
+    """Rendezvous address of pair sweeps; None = the batch host's hostname."""
+    workload_args: tuple[str, ...] = ()
+    """Extra workload options appended to every sweep job (e.g. --threads 1)."""
+    inject_file: str | None = None
+    """TESTS/DEMO ONLY: fault file passed to sweep jobs as SLURMGUARD_SWEEP_INJECT_FILE."""
 
 
 class TriagePolicy(Strict):
@@ -236,6 +258,8 @@ class TriagePolicy(Strict):
     reimage_command: tuple[str, ...] = ()
     """Site command run as argv with the node name appended; empty = skip rung."""
     reimage_timeout_s: float = Field(3600.0, gt=0)
+    reboot_timeout_s: float = Field(1800.0, gt=0)
+    """A reboot not completed (new boot time, reboot flags cleared) by then fails its rung."""
 
     @field_validator("ladder")
     @classmethod
@@ -267,6 +291,46 @@ class WhatIfPolicy(Strict):
     """Simulator working-set budget; scenarios are simulated in chunks that fit."""
 
 
+# ---------------------------------------------------------------- prolog / epilog
+class PrologPolicy(Strict):
+    """Slurm Prolog/Epilog (prolog_epilog/): pre-job node checks and the job trace archive."""
+
+    checks: tuple[Literal["gpu_count", "gpu_health", "nic_link"], ...] = (
+        "gpu_count", "gpu_health", "nic_link")
+    """Checks the prolog runs; a failing one exits non-zero and Slurm drains the node."""
+    timeout_s: float = Field(8.0, gt=0, le=60)
+    """Total budget of the prolog (s): a check still running then is a failure."""
+    check_timeout_s: float = Field(5.0, gt=0)
+    """Each check's own limit (s), capped by what is left of timeout_s."""
+    nvml: bool = True
+    """False: the GPU checks pass without touching NVML (nodes without the NVIDIA driver)."""
+    expected_gpus: int | None = Field(None, ge=0)
+    """GPUs NVML must see; None = the node's Gres=gpu count in slurm.conf (0 without Gres)."""
+    max_ecc_dbe: int = Field(0, ge=0)
+    """Volatile (since driver load) uncorrectable ECC errors tolerated per GPU."""
+    ib_sysfs_root: str = "/sys/class/infiniband"
+    ib_ports: tuple[str, ...] = ()
+    """fnmatch patterns of the ports checked, as "mlx5_0:1"; empty = every port."""
+    min_ib_ports: int = Field(0, ge=0)
+    """Fewer ACTIVE ports than this fails the node (0 = no count check)."""
+    min_ib_rate_gbps: float | None = Field(None, gt=0)
+    """An ACTIVE port below this rate (Gb/s) fails; None = no rate check."""
+    fail_on_internal_error: bool = False
+    """A prolog bug or a bad policy file: False = log and pass, so that one typo cannot
+    drain every node of the cluster."""
+    trace_store: str = "/var/lib/slurmguard/traces"
+    """Epilog archive: <trace_store>/<job_id>/<node>/ ring files + manifest.json."""
+    trace_retention_days: float = Field(30.0, gt=0)
+    """Job archives older than this are pruned by the epilog."""
+    max_archive_mb: int = Field(4096, ge=1)
+    """Per job and node: rings beyond this many MB are not archived (still removed)."""
+    min_free_mb: int = Field(1024, ge=0)
+    """Never fill the trace store's file system below this many free MB."""
+    epilog_fail_on_cleanup_error: bool = True
+    """Rings the epilog cannot remove keep RAM (tmpfs) in use: exit non-zero so Slurm
+    drains the node. Archive problems never fail the epilog."""
+
+
 class Policy(Strict):
     database: DatabasePolicy = DatabasePolicy()
     slurm: SlurmPolicy = SlurmPolicy()
@@ -278,6 +342,7 @@ class Policy(Strict):
     sweeps: SweepPolicy = SweepPolicy()
     triage: TriagePolicy = TriagePolicy()
     whatif: WhatIfPolicy = WhatIfPolicy()
+    prolog: PrologPolicy = PrologPolicy()
 
 
 # ---------------------------------------------------------------- loading
