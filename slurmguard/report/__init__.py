@@ -1,0 +1,1 @@
+"""Rendering of the admin report: terminal (rich), JSON (versioned schema), HTML (self-contained)."""

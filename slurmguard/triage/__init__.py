@@ -1,0 +1,1 @@
+"""Triage: the ladder that remediates failed nodes, and the admin view of the fleet (report*)."""
