@@ -97,3 +97,15 @@ def resume(ctx: click.Context, name: str) -> None:
         app.store.transition(name, NodeState.HEALTHY, "admin resume", {"source": "cli"},
                              actor=ex.actor, force=True)
     click.echo(f"{name}: {'dry-run, not resumed' if ex.dry_run else 'resumed'}")
+
+
+@node.command()
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option("--offline", is_flag=True, help="Do not ask Slurm; the database view only.")
+@click.pass_context
+def show(ctx: click.Context, name: str, fmt: str, offline: bool) -> None:
+    """Full history of NAME: lifecycle rows, audited actions, incidents, sweeps, triage."""
+    from slurmguard.triage.cli import show_node
+
+    show_node(ctx, name, fmt, offline)
