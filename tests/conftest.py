@@ -6,5 +6,6 @@ pytest_plugins = [
     "tests.fixtures.postgres",
     "tests.fixtures.sweeps",
     "tests.fixtures.whatif",
+    "tests.fixtures.report",
     "tests.fixtures.hook",
 ]
