@@ -179,7 +179,9 @@ error:
 
 int sg_option_value(const char *optarg, enum sg_choice *out)
 {
-	if (!optarg || !*optarg || strcmp(optarg, "on") == 0 || strcmp(optarg, "yes") == 0 ||
+	/* "(null)": how Slurm 22.05 passes a bare flag to job steps through
+	 * SLURM_SPANK__SLURM_SPANK_OPTION_* (it printf's a NULL optarg) */
+	if (!optarg || !*optarg || strcmp(optarg, "(null)") == 0 || strcmp(optarg, "on") == 0 || strcmp(optarg, "yes") == 0 ||
 	    strcmp(optarg, "1") == 0) {
 		*out = SG_OPT_ON;
 		return 0;

@@ -81,6 +81,7 @@ static void test_choice(void)
 
 	CHECK(sg_option_value(NULL, &v) == 0 && v == SG_OPT_ON, "bare flag");
 	CHECK(sg_option_value("on", &v) == 0 && v == SG_OPT_ON, "on");
+	CHECK(sg_option_value("(null)", &v) == 0 && v == SG_OPT_ON, "flag passed on by sbatch");
 	CHECK(sg_option_value("off", &v) == 0 && v == SG_OPT_OFF, "off");
 	CHECK(sg_option_value("sometimes", &v) != 0, "bad value accepted");
 
