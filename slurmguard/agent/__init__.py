@@ -42,20 +42,25 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     kind = source_kind or p.telemetry_source
     kw: dict = {"clock": app.clock}
-    if kind == "sim":
-        spec = sim_profiles or os.environ.get("SLURMGUARD_SIM_PROFILES")
+    spec = sim_profiles or os.environ.get("SLURMGUARD_SIM_PROFILES")
+    source = None
+    if kind == "sim" and spec and spec.startswith("@"):
+        from slurmguard.agent.simfile import SimFromFile
+
+        source = SimFromFile(spec[1:], node, app.clock)  # follows edits of the file
+    elif kind == "sim":
         profiles = None
         if spec:
-            text = open(spec[1:]).read() if spec.startswith("@") else spec
             try:
-                profiles = json.loads(text)
+                profiles = json.loads(spec)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"--sim-profiles: not JSON: {exc}") from None
             if not isinstance(profiles, dict):
                 raise ConfigError("--sim-profiles: expected an object {node: profile}")
             profiles = {n: v for n, v in profiles.items() if n == node}
         kw["profiles"] = profiles
-    source = open_source(kind, node, **kw)
+    if source is None:
+        source = open_source(kind, node, **kw)
     sender = ReportSender(controller_url or p.controller_url, read_secret(secret_file or p.secret_file),
                           timeout_s=p.request_timeout_s, max_reports=p.buffer_max_reports, now=app.clock.now)
     agent = Agent(node=node, policy=app.policy, sender=sender, source=source, clock=app.clock,

@@ -144,7 +144,9 @@ class RingTracker:
         tr.in_flight_since_ns = min((r.start_ns for r in pending), default=None)
         if not done:
             return
-        a = np.array([(r.op, r.comm_id, r.bytes, r.start_ns, r.end_ns) for r in done], dtype=np.int64)
+        # communicator ids are unsigned 64-bit: fold to int64 (only equality matters)
+        a = np.array([(r.op, r.comm_id - (1 << 64) if r.comm_id >= 1 << 63 else r.comm_id,
+                       r.bytes, r.start_ns, r.end_ns) for r in done], dtype=np.int64)
         tr.op = np.concatenate([tr.op, a[:, 0]])[-self.max_ops:]
         tr.comm = np.concatenate([tr.comm, a[:, 1]])[-self.max_ops:]
         tr.nbytes = np.concatenate([tr.nbytes, a[:, 2]])[-self.max_ops:]

@@ -25,11 +25,25 @@ def devcluster() -> None:
 @click.option("--nodes", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--partition", default="debug", show_default=True)
 @click.option("--cpus-per-node", default=2, show_default=True, type=click.IntRange(1, 256))
-def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int) -> None:
+@click.option("--guard", is_flag=True,
+              help="Also install the SPANK plugin and prolog/epilog and start the controller "
+                   "(SQLite) and one agent per node (sim telemetry).")
+def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: bool) -> None:
     """Start munged, slurmctld and NODES slurmd; wait until all nodes are idle."""
     c = DevCluster(ClusterSpec(state_dir=state_dir, nodes=nodes, partition=partition,
                                cpus_per_node=cpus_per_node))
     c.up()
+    if guard:
+        from slurmguard.devcluster.guard import Guard
+
+        try:
+            g = Guard(c).start()
+        except BaseException:
+            c.down()
+            raise
+        click.echo(f"slurmguard: controller {g.controller_url}, agents on {', '.join(c.node_names)}, "
+                   f"database {g.db_url}, policy {g.policy_path}")
+        click.echo("submit guarded jobs with: sbatch --straggler-guard ...")
     click.echo(f"development cluster up: {nodes} nodes ({', '.join(c.node_names)}) "
                f"in partition {partition}")
     click.echo(f"SLURM_CONF={c.conf_path}")

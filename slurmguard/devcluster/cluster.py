@@ -267,13 +267,44 @@ class DevCluster:
         self._wait(lambda: self.munge_socket.exists(), deadline, "munged did not create its socket",
                    log=self.log_dir / "munged.log")
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> None:
+    def spawn_service(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+        """Start a slurmguard daemon (name 'sg-...') that `down` stops first; its
+        command line must mention this cluster's state directory. Returns its pid."""
+        if not name.startswith("sg-"):
+            raise ValueError("service names start with 'sg-'")
+        if self._load_state() is None:
+            raise DevClusterError("the cluster is not up")
+        self._spawn(name, argv, env)
+        return self._state.pids[name]  # type: ignore[union-attr]
+
+    def service_pid(self, name: str) -> int | None:
+        st = self._load_state()
+        pid = st.pids.get(name) if st else None
+        return pid if pid is not None and self._ours(name, pid) else None
+
+    def stop_service(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        """Signal one slurmguard service and wait (bounded) until it is gone."""
+        pid = self.service_pid(name)
+        if pid is None:
+            return
+        os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._ours(name, pid):
+            for proc in self._children:
+                if proc.pid == pid:
+                    proc.poll()
+            time.sleep(0.1)
+
+    def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         assert self._state is not None
         out = open(self.log_dir / f"{name.replace(':', '-')}.stdout", "ab")
+        full_env = self.env
+        if env:
+            full_env.update(env)
         try:
             proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=self.env, close_fds=True)
+                                    env=full_env, close_fds=True)
         finally:
             out.close()
         self._children.append(proc)
@@ -301,6 +332,8 @@ class DevCluster:
     def _check_alive(self) -> None:
         assert self._state is not None
         for name, pid in self._state.pids.items():
+            if name.startswith("sg-"):
+                continue  # slurmguard's own services may be stopped on purpose (tests)
             if not _pid_alive(pid):
                 logname = "slurmctld.log" if name == "slurmctld" else (
                     f"slurmd-{name.split(':', 1)[1]}.log" if name.startswith("slurmd:") else "munged.log")
@@ -342,6 +375,8 @@ class DevCluster:
         if not _pid_alive(pid):
             return False
         argv = _cmdline(pid)
+        if name.startswith("sg-"):
+            return str(self.state_dir) in " ".join(argv)
         prog = name.split(":", 1)[0]
         return bool(argv) and os.path.basename(argv[0]) == prog and (
             prog == "munged" or str(self.conf_path) in argv)
@@ -357,7 +392,8 @@ class DevCluster:
             return
         if any(self._ours(n, p) for n, p in st.pids.items() if n == "slurmctld"):
             self.run(["scancel", "--partition", self.partition], timeout=10)
-        order = [n for n in st.pids if n.startswith("slurmd:")] + ["slurmctld", "munged"]
+        services = [n for n in st.pids if n.startswith("sg-")]
+        order = services + [n for n in st.pids if n.startswith("slurmd:")] + ["slurmctld", "munged"]
         for name in order:
             pid = st.pids.get(name)
             if pid is not None and self._ours(name, pid):

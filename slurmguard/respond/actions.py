@@ -70,8 +70,11 @@ class ActionExecutor:
 
     def signal(self, job_id: int, signal: str, reason: str,
                evidence: dict[str, Any] | None = None) -> None:
-        self._do("signal", lambda: self.slurm.signal(job_id, signal), job_id=job_id, reason=reason,
-                 argv=["scancel", f"--signal={signal}", "--batch", str(job_id)], evidence=evidence)
+        """Signal the job's steps (where the ranks run), not the batch shell,
+        which a USR1 without a trap would kill."""
+        self._do("signal", lambda: self.slurm.signal(job_id, signal, batch_only=False),
+                 job_id=job_id, reason=reason,
+                 argv=["scancel", f"--signal={signal}", str(job_id)], evidence=evidence)
 
     def create_reservation(self, name: str, nodes: list[str], duration_min: int,
                            evidence: dict[str, Any] | None = None) -> None:

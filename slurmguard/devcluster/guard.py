@@ -1,0 +1,169 @@
+"""`devcluster up --guard`: the development cluster with slurmguard watching it.
+
+Adds to a running DevCluster: the SPANK plugin in plugstack.conf (so
+`--straggler-guard` works), the prolog/epilog when present, a shared secret,
+a policy file for this cluster (SQLite database in the state directory,
+private ring root, demo-friendly windows unless overridden), the controller
+and one agent per node (sim telemetry by default). Everything is started as
+a cluster service, so `devcluster down` stops it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from slurmguard.devcluster.cluster import DevCluster, DevClusterError, _free_ports
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = REPO / "spank_plugin" / "build"
+
+#: Windows and prices for a cluster where a job has 2 ranks and iterations of
+#: a fraction of a second; production defaults assume thousands of GPUs.
+GUARD_DEFAULTS: dict[str, Any] = {
+    "response": {"tiers": {"sustained_s": 10.0, "stall_s": 60.0},
+                 "escalation": {"drain_checkpoint_gpu_s": 1.0, "requeue_gpu_s": 2.0}},
+    "safety": {"breaker": {"max_nodes": 2, "max_partition_percent": 50.0}},
+    "agent": {"sample_interval_s": 1.0, "report_interval_s": 2.0, "warmup_steps": 5,
+              "baseline_steps": 20},
+    "controller": {"cycle_interval_s": 2.0, "report_stale_s": 30.0},
+    "detection": {"peers": {"window_s": 4.0, "consecutive_windows": 2}},
+}
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_plugin() -> Path:
+    """Build the SPANK plugin and hooks if needed; return the build directory."""
+    if not (BUILD / "slurmguard_spank.so").exists() or not (BUILD / "libslurmguard_nccl.so").exists():
+        res = subprocess.run(["make", "-s", "-C", str(REPO / "spank_plugin")], capture_output=True,
+                             text=True, timeout=300)
+        if res.returncode != 0:
+            raise DevClusterError(f"building spank_plugin failed: {res.stderr.strip()[-400:]}")
+    return BUILD
+
+
+class Guard:
+    """The slurmguard services of one development cluster."""
+
+    def __init__(self, cluster: DevCluster, *, overrides: Mapping[str, Any] | None = None,
+                 sim_profiles: Mapping[str, Any] | None = None, telemetry: str = "sim") -> None:
+        self.cluster = cluster
+        self.state = cluster.state_dir
+        self.overrides = overrides or {}
+        self.telemetry = telemetry
+        self.sim_profiles_path = self.state / "sim_profiles.json"
+        self.inject_dir = self.state / "inject"
+        self.secret_path = self.state / "secret"
+        self.policy_path = self.state / "policies.yaml"
+        self.db_path = self.state / "slurmguard.db"
+        # a private ring root: several dev clusters can share this host
+        digest = hashlib.sha1(str(self.state).encode()).hexdigest()[:10]
+        self.ring_root = f"/dev/shm/slurmguard-{digest}"
+        self.port = 0
+        if sim_profiles is not None:
+            self.set_sim_profiles(sim_profiles)
+
+    @property
+    def db_url(self) -> str:
+        return f"sqlite:///{self.db_path}"
+
+    @property
+    def controller_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_policy(self) -> dict:
+        self.port = self.port or _free_ports(1)[0]
+        data = _merge(GUARD_DEFAULTS, {
+            "database": {"url": self.db_url},
+            "agent": {"ring_root": self.ring_root, "controller_url": self.controller_url,
+                      "secret_file": str(self.secret_path), "telemetry_source": self.telemetry},
+            "controller": {"listen_host": "127.0.0.1", "listen_port": self.port,
+                           "secret_file": str(self.secret_path)},
+        })
+        data = _merge(data, self.overrides)
+        self.policy_path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return data
+
+    def set_sim_profiles(self, profiles: Mapping[str, Any]) -> None:
+        """Fault profiles for the sim telemetry; agents pick up changes within a sample."""
+        tmp = self.sim_profiles_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dict(profiles)))
+        tmp.replace(self.sim_profiles_path)
+
+    def inject(self, node: str, factor: float | None) -> None:
+        """Slow the training rank on `node` by `factor` (None: stop)."""
+        self.inject_dir.mkdir(exist_ok=True)
+        f = self.inject_dir / node
+        if factor is None:
+            f.unlink(missing_ok=True)
+        else:
+            f.write_text(f"{factor}\n")
+
+    def start(self) -> "Guard":
+        from slurmguard.store import db
+
+        build = build_plugin()
+        if not self.secret_path.exists():
+            self.secret_path.write_text(secrets.token_hex(32) + "\n")
+            os.chmod(self.secret_path, 0o600)
+        self.write_policy()
+        if not self.sim_profiles_path.exists():
+            self.set_sim_profiles({})
+        self.inject_dir.mkdir(exist_ok=True)
+        os.makedirs(self.ring_root, exist_ok=True)
+        self.cluster.set_plugstack(
+            f"required {build}/slurmguard_spank.so nccl_hook={build}/libslurmguard_nccl.so "
+            f"torch_hook={REPO}/slurmguard/hook/site ring_root={self.ring_root} default=off\n")
+        for slot, name in (("prolog", "slurmguard-prolog"), ("epilog", "slurmguard-epilog")):
+            script = REPO / "prolog_epilog" / name
+            if script.exists():
+                getattr(self.cluster, f"set_{slot}")(script)
+        db.upgrade(self.db_url)
+        self.start_controller()
+        for node in self.cluster.node_names:
+            self.start_agent(node)
+        return self
+
+    def _cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "slurmguard.cli", "--policy", str(self.policy_path), *args]
+
+    def _env(self) -> dict[str, str]:
+        return {"SLURMGUARD_SIM_PROFILES": f"@{self.sim_profiles_path}",
+                "SLURMGUARD_POLICY": str(self.policy_path), "PYTHONUNBUFFERED": "1"}
+
+    def start_controller(self, wait_s: float = 30.0) -> None:
+        self.cluster.spawn_service("sg-controller", self._cli("controller", "-v"), self._env())
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.controller_url + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.cluster.service_pid("sg-controller") is None:
+                break
+            time.sleep(0.3)
+        log = self.cluster.log_dir / "sg-controller.stdout"
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
+        raise DevClusterError(f"controller did not come up: {' | '.join(tail)}")
+
+    def start_agent(self, node: str) -> None:
+        self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"),
+                                   self._env())
