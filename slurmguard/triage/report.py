@@ -246,7 +246,8 @@ def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
     ln: NodeInfo | None = view.nodes.get(name)
     start = episode_start(snap, name) if rec is not None else None
     if rec is not None and rec.state is NodeState.HEALTHY:
-        start = rec.state_since
+        # In service: nothing is open; what led back here belongs to the closed episode.
+        start = rec.state_since + timedelta(microseconds=1)
     steps = evidence_chain(snap, name, start) if rec is not None else []
 
     def in_ep(t: datetime) -> bool:
