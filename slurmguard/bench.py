@@ -14,6 +14,7 @@ BENCHES = {
     "plan": "slurmguard.mitigate.bench:bench_plan",
     "sweeps": "slurmguard.sweeps.bench:bench_sweeps",
     "loop": "slurmguard.respond.bench:bench_loop",
+    "prolog": "slurmguard.nodecheck.bench:bench_prolog",
 }
 
 BENCH_HELP = {
@@ -23,6 +24,7 @@ BENCH_HELP = {
     "plan": "Micro-batch planner: exact algorithm vs. cvxpy MILP.",
     "sweeps": "Time and node-hours to verify and return a drained node.",
     "loop": "Detection delay of the online loop on the local cluster.",
+    "prolog": "Prolog wall time, hung-NVML bound, epilog archive time.",
 }
 
 
