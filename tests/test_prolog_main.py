@@ -40,8 +40,8 @@ def test_failed_check_exits_1_with_one_line_per_problem(tmp_path):
     code, err, _ = run(policy(f"prolog:\n  expected_gpus: 8\n  ib_sysfs_root: {tmp_path / 'ib'}\n"))
     assert code == 1
     assert err.splitlines() == [
-        "slurmguard-prolog: node7: gpu_count: NVML unavailable (NVML Shared Library Not Found); "
-        "expected 8 GPU(s)",
+        ("slurmguard-prolog: node7: gpu_count: NVML unavailable (NVML Shared Library Not Found); "
+         "expected 8 GPU(s)"),
         "slurmguard-prolog: node7: gpu_health: NVML unavailable: NVML Shared Library Not Found",
         "slurmguard-prolog: node7: nic_link: mlx5_0:1: link down (port not ACTIVE, phys_state 3: Disabled)",
         "slurmguard-prolog: node7: nic_link: mlx5_1:1: link down (port not ACTIVE, phys_state 2: Polling)",
@@ -130,7 +130,7 @@ def _wrapper_env(tmp_path, policy_text: str) -> dict[str, str]:
 def test_wrapper_without_path_fails_a_down_port(tmp_path):
     fake_ib(tmp_path / "ib", {"mlx5_0:1": {"state": "1: DOWN", "phys_state": "3: Disabled"}})
     env = _wrapper_env(tmp_path, f"prolog:\n  expected_gpus: 0\n  ib_sysfs_root: {tmp_path / 'ib'}\n")
-    res = subprocess.run([str(WRAPPER)], env=env, capture_output=True, text=True, timeout=60,
+    res = subprocess.run([str(WRAPPER)], env=env, check=False, capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert res.returncode == 1, res.stderr
     assert not (tmp_path / "executed").exists()  # the env file is parsed, never run
@@ -148,7 +148,7 @@ def test_wrapper_healthy_and_job_cwd_not_importable(tmp_path):
     for mod in ("pydantic.py", "yaml.py", "numpy.py"):
         (job_dir / mod).write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     (job_dir / "policies.yaml").write_text("prolog:\n  expected_gpus: 64\n")
-    res = subprocess.run([str(WRAPPER), "-v"], env=env, capture_output=True, text=True, timeout=60,
+    res = subprocess.run([str(WRAPPER), "-v"], env=env, check=False, capture_output=True, text=True, timeout=60,
                          cwd=job_dir)
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
@@ -158,7 +158,7 @@ def test_wrapper_healthy_and_job_cwd_not_importable(tmp_path):
 
 def test_wrapper_missing_interpreter_passes_with_a_message(tmp_path):
     env = {"SLURMGUARD_PYTHON": str(tmp_path / "no-python"), "SLURMGUARD_ENV_FILE": "/nonexistent"}
-    res = subprocess.run([str(WRAPPER)], env=env, capture_output=True, text=True, timeout=30)
+    res = subprocess.run([str(WRAPPER)], env=env, check=False, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0
     assert "no Python interpreter" in res.stderr
 
@@ -168,12 +168,12 @@ def test_wrapper_is_executable_sh():
         p = ROOT / "prolog_epilog" / name
         assert os.access(p, os.X_OK), name
         assert p.read_text().startswith("#!/bin/sh\n")
-        res = subprocess.run(["sh", "-n", str(p)], capture_output=True, text=True)
+        res = subprocess.run(["sh", "-n", str(p)], check=False, capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
 
 
 @pytest.mark.parametrize("argv", [["--help"]])
 def test_entry_help_exits_0(argv):
     res = subprocess.run([sys.executable, "-m", "slurmguard.nodecheck.prolog", *argv],
-                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+                         check=False, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert res.returncode == 0 and "--policy" in res.stdout

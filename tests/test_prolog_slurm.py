@@ -96,16 +96,16 @@ def test_epilog_archives_each_nodes_rings_and_removes_the_ring_dir(clean_cluster
                                       f"prolog:\n  trace_store: {store}\n  min_free_mb: 0\n")
     c.set_epilog(slot)
     # each task writes the ring its rank would have, named for its node, into the shared dir
-    writer = (
-        "import os, sys; from pathlib import Path; sys.path.insert(0, %r)\n"
-        "from tests.fixtures.prolog import write_ring\n"
-        "job, node, rank = int(os.environ['SLURM_JOB_ID']), os.environ['SLURMD_NODENAME'], "
-        "int(os.environ['SLURM_PROCID'])\n"
-        "d = Path(%r) / str(job)\n"
-        "write_ring(d / f'rank-{rank}.step-0.torch.ring', node=node, job_id=job, rank=rank, "
-        "world_size=2)\n"
-        "if rank == 0: (d / 'stray.txt').write_text('not a ring')\n"
-    ) % (str(ROOT), str(ring_root))
+    writer = f"""import os, sys
+from pathlib import Path
+sys.path.insert(0, {str(ROOT)!r})
+from tests.fixtures.prolog import write_ring
+job, node, rank = int(os.environ["SLURM_JOB_ID"]), os.environ["SLURMD_NODENAME"], int(os.environ["SLURM_PROCID"])
+d = Path({str(ring_root)!r}) / str(job)
+write_ring(d / f"rank-{{rank}}.step-0.torch.ring", node=node, job_id=job, rank=rank, world_size=2)
+if rank == 0:
+    (d / "stray.txt").write_text("not a ring")
+"""
     (tmp_path / "writer.py").write_text(writer)
     try:
         job = c.sbatch(f"#!/bin/sh\nsrun -N2 --ntasks-per-node=1 {sys.executable} {tmp_path / 'writer.py'}\n",

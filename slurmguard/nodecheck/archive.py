@@ -36,7 +36,7 @@ import os
 import shutil
 import stat
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from slurmguard.clock import Clock, SystemClock
@@ -102,7 +102,7 @@ class ArchiveError(Exception):
 
 
 def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _open_ring_root(ring_root: Path) -> int | None:

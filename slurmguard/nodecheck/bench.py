@@ -34,7 +34,7 @@ DEFAULT_CAPACITY = 65536  # SG_RING_DEFAULT_CAPACITY
 
 def _time(argv: list[str], env: dict[str, str]) -> tuple[float, int, str]:
     t0 = time.perf_counter()
-    res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd="/")
+    res = subprocess.run(argv, env=env, check=False, capture_output=True, text=True, timeout=120, cwd="/")
     return time.perf_counter() - t0, res.returncode, res.stderr
 
 
@@ -89,8 +89,8 @@ def bench_prolog(runs: int, rings: int, hang_budget: float) -> None:
             click.echo(f"prolog with NVML hung in nvmlInit: exit {code} after {took:.3f} s "
                        f"(baseline: budget prolog.timeout_s = {hang_budget:g} s)")
 
-        from slurmguard.nodecheck.archive import archive_job
         from slurmguard.config import PrologPolicy
+        from slurmguard.nodecheck.archive import archive_job
         root = tmpd / "shm"
         root.mkdir(mode=0o755)
         os.chmod(root, 0o755)

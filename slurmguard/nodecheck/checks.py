@@ -12,8 +12,9 @@ kept apart from node failures so the caller can decide what it means.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.errors import SlurmguardError
@@ -75,7 +76,7 @@ def run_checks(checks: Sequence[Check], *, budget_s: float, check_timeout_s: flo
                 box["failures"] = tuple(check.run(progress))
             except SlurmguardError as exc:  # a bad setting: its message names file and key
                 box["error"] = str(exc)
-            except Exception as exc:  # a bug, not a node fault
+            except Exception as exc:  # noqa: BLE001 - a bug, not a node fault
                 box["error"] = f"{type(exc).__name__}: {exc}"
             box["duration"] = clock.monotonic() - t0
             done.set()

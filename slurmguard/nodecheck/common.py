@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from slurmguard.config import Policy, load_policy
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Mapping, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
@@ -57,8 +58,7 @@ def run_epilog(policy: Policy, job_id: int, node: str, env: Mapping[str, str], *
         restart = 0
     res = archive_job(job_id, node, ring_root=policy.agent.ring_root, policy=p,
                       job_nodes=_job_nodes(env), restart_count=restart, clock=clock)
-    for e in res.errors:
-        err.write(f"{PROG}: job {job_id} on {node}: {e}\n")
+    err.writelines(f"{PROG}: job {job_id} on {node}: {e}\n" for e in res.errors)
     if res.files or res.skipped or res.ring_dir_removed:
         left = ", ".join(f"{n}: {c}" for n, c in sorted(res.left_for.items()))
         out.write(f"{PROG}: job {job_id} on {node}: archived {len(res.files)} ring(s), "
@@ -104,7 +104,7 @@ def entry() -> None:
         code = main()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 2
-    except Exception as exc:  # a bug must not drain the node nor fill slurmd's log with a traceback
+    except Exception as exc:  # noqa: BLE001 - a bug must not drain the node nor fill slurmd's log with a traceback
         sys.stderr.write(f"{PROG}: internal error (ignored): {type(exc).__name__}: {exc}\n")
         code = 0
     sys.stdout.flush()

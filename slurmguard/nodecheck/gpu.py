@@ -20,7 +20,8 @@ healthy only where 0 GPUs are expected.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slurmguard.detect.peers import hard_failures
 from slurmguard.nodecheck.checks import Progress
@@ -126,9 +127,7 @@ class GpuHealthCheck:
     def _judge(self, reading: Any) -> list[str]:
         out = []
         for ev in reading.events:
-            if ev.kind in ("timeout", "hard_failure"):
-                out.append(ev.detail)
-            elif ev.kind == "error" and ev.gpu is None and "init" in ev.detail:
+            if ev.kind in ("timeout", "hard_failure") or ev.kind == "error" and ev.gpu is None and "init" in ev.detail:
                 out.append(ev.detail)
         for flag in hard_failures(reading.samples):
             if flag.device.startswith("gpu"):

@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Mapping, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy, PrologPolicy
 from slurmguard.errors import ConfigError
-from slurmguard.nodecheck.common import SYSTEM_POLICY, load, node_name
 from slurmguard.nodecheck.checks import Check, CheckResult, run_checks
+from slurmguard.nodecheck.common import SYSTEM_POLICY, load, node_name
 from slurmguard.nodecheck.gpu import GpuCountCheck, GpuHealthCheck, NvmlLoader
 from slurmguard.nodecheck.nic import NicLinkCheck
 from slurmguard.nodecheck.slurmconf import expected_gpus
@@ -144,7 +145,7 @@ def entry() -> None:
         code = main()
     except SystemExit as exc:  # argparse --help / usage errors
         code = exc.code if isinstance(exc.code, int) else 2
-    except Exception as exc:  # never a traceback in slurmd's log, never a drain for a bug
+    except Exception as exc:  # noqa: BLE001 - never a traceback in slurmd's log, never a drain for a bug
         sys.stderr.write(f"{PROG}: internal error (ignored): {type(exc).__name__}: {exc}\n")
         code = 0
     sys.stdout.flush()
