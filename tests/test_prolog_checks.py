@@ -170,7 +170,7 @@ def test_gpu_health_no_driver_only_ok_when_no_gpus_expected():
 
 
 def test_gpu_health_hung_gpu_call_names_the_gpu_and_stays_in_budget():
-    nv = NvmlWithRemap(h100(2), hang={"nvmlDeviceGetTemperature"})
+    nv = NvmlWithRemap(h100(2), hang={"nvmlDeviceGetTemperature", "nvmlDeviceGetRemappedRows"})
     try:
         t0 = time.monotonic()
         r = run(health(nv, call_timeout_s=0.2), check_timeout_s=3.0)
