@@ -162,36 +162,35 @@ class Recorder:
         skip = device_type == "cuda" and self.nccl_hook_loaded and "nccl" in backend
         cid = _ring.comm_id_of(pg.group_name)
         w = None if skip else self._writer()
-        if w is not None and pg.group_name not in self._announced:
-            # the group's rank and size, once, like the NCCL hook's comm_init
-            self._announced.add(pg.group_name)
-            now = time.monotonic_ns()
-            w.append(_ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(),
-                     start_ns=now, end_ns=now)
+        with self._init_lock:  # completion callbacks run on other threads
+            if w is not None and pg.group_name not in self._announced:
+                # the group's rank and size, once, like the NCCL hook's comm_init
+                self._announced.add(pg.group_name)
+                now = time.monotonic_ns()
+                w.append(_ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(),
+                         start_ns=now, end_ns=now)
         self._groups[key] = (cid, skip)
         return cid, skip
 
     # ---------------------------------------------------------------- calls
-    def before(self, opname: str, args: tuple, device_type: str) -> Optional[list]:
-        spec = _OPS[opname]
-        op, pg_i, t_i, kind, peer_i, red_i, coalesced = spec
-        cid, skip = self._group(args[pg_i], device_type)
-        if skip:
-            return None
+    # The call's own path only takes the start time, checks the hold word
+    # and attaches a callback; describing the call (group, sizes, reduce op:
+    # several microseconds of TorchScript object access) happens when the
+    # work completes, off the caller's path.
+
+    def before(self, opname: str, args: tuple, device_type: str) -> Optional[tuple]:
+        if device_type == "cuda" and self.nccl_hook_loaded:
+            _, skip = self._group(args[_OPS[opname][1]], device_type)
+            if skip:
+                return None
         w = self._writer()
         if w is None:
             return None
         if w.hold_requested():
             w.hold_wait()
-        count, dt = _count(args, t_i, kind, args[pg_i])
-        peer = int(args[peer_i]) if peer_i is not None and peer_i < len(args) else -1
-        redop = _redop(args[red_i]) if red_i is not None and red_i < len(args) else 0
-        flags = _ring.F_COALESCED if coalesced and _list_len(args, t_i) > 1 else 0
-        # [writer, op, comm, count, bytes, peer, dtype, redop, flags, start]
-        return [w, _ring.OP[op], cid, count, count * _ring.DATATYPE_SIZES[dt], peer, dt, redop,
-                flags, time.monotonic_ns()]
+        return (w, opname, args, device_type, time.monotonic_ns())
 
-    def after(self, ctx: list, out: Any, error: bool = False) -> None:
+    def after(self, ctx: tuple, out: Any, error: bool = False) -> None:
         work = _work_of(out)
         fut = None
         if work is not None and not error:
@@ -207,22 +206,31 @@ class Recorder:
             self._emit(ctx, time.monotonic_ns(), error, False)
             return
 
-        def done(_f: Any, ctx: list = ctx) -> None:
+        def done(_f: Any, ctx: tuple = ctx) -> None:
+            end = time.monotonic_ns()
             try:
-                self._emit(ctx, time.monotonic_ns(), False, True)
+                self._emit(ctx, end, False, True)
             except Exception as exc:  # pragma: no cover - defensive
                 self._fail(f"recording failed: {exc!r}")
 
         fut.add_done_callback(done)
 
-    def _emit(self, ctx: list, end: int, error: bool, is_async: bool) -> None:
-        w, op, cid, count, nbytes, peer, dt, redop, flags, start = ctx
+    def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
+        w, opname, args, device_type, start = ctx
+        op, pg_i, t_i, kind, peer_i, red_i, coalesced = _OPS[opname]
+        cid, _ = self._group(args[pg_i], device_type)
+        count, dt = _count(args, t_i, kind, args[pg_i])
+        flags = _ring.F_COALESCED if coalesced and _list_len(args, t_i) > 1 else 0
         if error:
             flags |= _ring.F_ERROR
         if is_async:
             flags |= _ring.F_ASYNC
-        w.append(op, comm_id=cid, count=count, nbytes=nbytes, start_ns=start, end_ns=end,
-                 peer=peer, datatype=dt, redop=redop, flags=flags, status=1 if error else 0)
+        w.append(_ring.OP[op], comm_id=cid, count=count,
+                 nbytes=count * _ring.DATATYPE_SIZES[dt], start_ns=start, end_ns=end,
+                 peer=int(args[peer_i]) if peer_i is not None and peer_i < len(args) else -1,
+                 datatype=dt,
+                 redop=_redop(args[red_i]) if red_i is not None and red_i < len(args) else 0,
+                 flags=flags, status=1 if error else 0)
 
 
 def _env_int(env: Dict[str, str], names: tuple, default: int) -> int:

@@ -1,0 +1,392 @@
+"""`slurmguard bench hook`: what instrumentation costs a job.
+
+1. NCCL hook, per call: ncclAllReduce into the fake libnccl, millions of
+   calls, without the hook, with it recording, with it loaded but not
+   recording, and with a minimal reference shim (two clock_gettime and a
+   32-byte record), all in the same run, interleaved, medians of rounds.
+   Target: at most 60 ns added per call.
+2. torch hook, per collective: all_reduce on a 1-rank gloo group with and
+   without the hook (microseconds added per call).
+3. Step time of a guarded torch DDP job on the local cluster (2 nodes,
+   gloo) against the same job unguarded, both running at the same time on
+   disjoint node pairs (swapped between repetitions), in the same run.
+   Target: under 1%. On a shared machine the measured difference is
+   noisy, so the report also gives the hook's cost per step derived from
+   (2): collectives per step x added time per collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import click
+
+from slurmguard.errors import SlurmguardError
+from slurmguard.runner import CommandRunner, SubprocessRunner
+
+REPO = Path(__file__).resolve().parents[2]
+SPANK = REPO / "spank_plugin"
+BUILD = SPANK / "build"
+SITE = Path(__file__).resolve().parent / "site"
+
+NCCL_TARGET_NS = 60.0
+STEP_TARGET_PCT = 1.0
+
+
+@dataclass
+class CallCost:
+    """ns per ncclAllReduce (medians over rounds) and what each adds."""
+
+    calls_per_round: int
+    rounds: int
+    clocksource: str
+    base_ns: float
+    hook_ns: float
+    passthrough_ns: float
+    reference_ns: float
+
+    @property
+    def added_ns(self) -> float:
+        return self.hook_ns - self.base_ns
+
+    @property
+    def passthrough_added_ns(self) -> float:
+        return self.passthrough_ns - self.base_ns
+
+    @property
+    def reference_added_ns(self) -> float:
+        return self.reference_ns - self.base_ns
+
+
+@dataclass
+class TorchCallCost:
+    """microseconds per all_reduce on a 1-rank gloo group."""
+
+    calls: int
+    plain_us: float
+    hooked_us: float
+
+    @property
+    def added_us(self) -> float:
+        return self.hooked_us - self.plain_us
+
+
+@dataclass
+class StepCost:
+    """Median step times (ms) of the same DDP job, guarded and not."""
+
+    steps: int
+    pairs: int
+    params: int
+    collectives_per_step: float
+    guarded_ms: float
+    unguarded_ms: float
+    guarded_runs_ms: list = field(default_factory=list)
+    unguarded_runs_ms: list = field(default_factory=list)
+
+    @property
+    def overhead_pct(self) -> float:
+        return 100.0 * (self.guarded_ms - self.unguarded_ms) / self.unguarded_ms
+
+
+def build(runner: CommandRunner) -> None:
+    runner.run(["make", "-C", str(SPANK), "-s", "all", "tools"], timeout=300)
+
+
+def _clocksource() -> str:
+    try:
+        return Path("/sys/devices/system/clocksource/clocksource0/current_clocksource").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _ns_per_call(runner: CommandRunner, calls: int, rounds: int, env: dict) -> list[float]:
+    res = runner.run([str(BUILD / "tests" / "bench_hook"), str(calls), str(rounds)],
+                     timeout=600, env=env)
+    return [float(m) for m in re.findall(r"^ns_per_call ([0-9.]+)$", res.stdout, re.M)]
+
+
+def measure_nccl_calls(runner: CommandRunner, calls: int, rounds: int, repeats: int) -> CallCost:
+    ring_dir = tempfile.mkdtemp(prefix="sg-bench-rings-")
+    hook = str(BUILD / "libslurmguard_nccl.so")
+    configs = {
+        "base": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": ""},
+        "hook": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ring_dir},
+        "passthrough": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ""},
+        "reference": {"LD_PRELOAD": str(BUILD / "tests" / "libref_shim.so"),
+                      "SLURMGUARD_RING_DIR": ""},
+    }
+    samples: dict[str, list[float]] = {k: [] for k in configs}
+    try:
+        for rep in range(repeats):
+            names = list(configs)
+            # rotate the order so slow drift of the machine hits all alike
+            names = names[rep % len(names):] + names[:rep % len(names)]
+            for name in names:
+                for f in os.listdir(ring_dir):
+                    os.unlink(os.path.join(ring_dir, f))
+                samples[name] += _ns_per_call(runner, calls, rounds, configs[name])
+    finally:
+        shutil.rmtree(ring_dir, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    return CallCost(calls_per_round=calls, rounds=rounds * repeats, clocksource=_clocksource(),
+                    base_ns=med["base"], hook_ns=med["hook"], passthrough_ns=med["passthrough"],
+                    reference_ns=med["reference"])
+
+
+TORCH_CALLS = textwrap.dedent('''
+    import os, sys, tempfile, time, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    t = torch.ones(1)
+    for _ in range(200):
+        dist.all_reduce(t)
+    n = int(sys.argv[1])
+    best = None
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dist.all_reduce(t)
+        dt = (time.perf_counter() - t0) / n
+        best = dt if best is None else min(best, dt)
+    print("us_per_call", best * 1e6)
+''')
+
+
+def measure_torch_calls(runner: CommandRunner, calls: int) -> TorchCallCost:
+    tmp = Path(tempfile.mkdtemp(prefix="sg-bench-torch-"))
+    try:
+        script = tmp / "calls.py"
+        script.write_text(TORCH_CALLS)
+        rings = tmp / "rings"
+        rings.mkdir()
+        out = {}
+        for name, env in (("plain", {"SLURMGUARD_RING_DIR": ""}),
+                          ("hooked", {"SLURMGUARD_RING_DIR": str(rings),
+                                      "SLURMGUARD_RING_RECORDS": "65536"}),
+                          ("plain2", {"SLURMGUARD_RING_DIR": ""})):
+            env["PYTHONPATH"] = str(SITE)
+            res = runner.run([sys.executable, str(script), str(calls)], timeout=600, env=env)
+            out[name] = float(re.search(r"us_per_call ([0-9.e+-]+)", res.stdout).group(1))
+        return TorchCallCost(calls=calls, plain_us=min(out["plain"], out["plain2"]),
+                             hooked_us=out["hooked"])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+DDP_JOB = textwrap.dedent('''
+    import json, os, time, torch, torch.distributed as dist
+    torch.set_num_threads(1)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear({width}, {width}) for _ in range({depth})]
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn({batch}, {width})
+    times = []
+    for i in range({warmup} + {steps}):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        nparams = sum(p.numel() for p in model.parameters())
+        print("STEPS", json.dumps({{"times": times[{warmup}:], "params": nparams}}), flush=True)
+    dist.destroy_process_group()
+''')
+
+
+def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: int = 768,
+                      depth: int = 4, batch: int = 32, warmup: int = 5) -> StepCost:
+    """Run the same 2-node DDP job guarded and unguarded at the same time on
+    disjoint node pairs of `cluster` (a DevCluster with the plugin
+    installed, rings under ring_root), `pairs` times, swapping the node
+    pairs each time; on a shared machine both then see the same load.
+    Step times are medians over all timed steps; collectives per step are
+    counted in the guarded jobs' rings."""
+    from slurmguard.hook import ring as ringfmt
+
+    nodes = cluster.node_names
+    if len(nodes) < 4:
+        raise SlurmguardError(f"the step-time benchmark needs 4 nodes, the cluster has {len(nodes)}")
+    tmp = Path(tempfile.mkdtemp(prefix="sg-bench-ddp-"))
+    try:
+        script = tmp / "ddp.py"
+        script.write_text(DDP_JOB.format(width=width, depth=depth, batch=batch, warmup=warmup,
+                                         steps=steps))
+        runs: dict[bool, list[list[float]]] = {True: [], False: []}
+        params = 0
+        per_step: list[float] = []
+        for p in range(pairs):
+            sets = [",".join(nodes[0:2]), ",".join(nodes[2:4])]
+            if p % 2:
+                sets.reverse()
+            jobs = []
+            for guarded, nodelist in ((True, sets[0]), (False, sets[1])):
+                out = tmp / f"pair{p}-{'g' if guarded else 'u'}.out"
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", 0))
+                    port = sock.getsockname()[1]
+                batch_script = (
+                    "#!/bin/bash\n"
+                    f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n"
+                    "srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
+                    f"exec {sys.executable} {script}'\n")
+                args = ["-N2", "-n2", "-w", nodelist, "-o", str(out)]
+                if guarded:
+                    args.append("--straggler-guard")
+                jobs.append((guarded, cluster.sbatch(batch_script, *args), out))
+            for guarded, jid, out in jobs:
+                state = cluster.wait_job(jid, timeout=900)
+                text = out.read_text() if out.exists() else ""
+                m = re.search(r"^STEPS (.*)$", text, re.M)
+                if state != "COMPLETED" or not m:
+                    raise SlurmguardError(f"bench job {jid} ended {state}: {text[-500:]}")
+                data = json.loads(m.group(1))
+                runs[guarded].append(data["times"])
+                params = data["params"]
+                if guarded:
+                    with ringfmt.RingReader(os.path.join(ring_root, str(jid),
+                                                         "rank-0.step-0.torch.ring")) as r:
+                        n = sum(1 for x in r.read().records if x.op_name == "allreduce")
+                    per_step.append(n / (warmup + steps))
+        med = {g: statistics.median([t for run in runs[g] for t in run]) * 1e3 for g in runs}
+        return StepCost(steps=steps, pairs=pairs, params=params,
+                        collectives_per_step=statistics.median(per_step),
+                        guarded_ms=med[True], unguarded_ms=med[False],
+                        guarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[True]],
+                        unguarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[False]])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _GuardedCluster:
+    """A temporary devcluster with the plugin installed (or an existing one
+    named by slurm_conf, whose plugstack.conf is rewritten and restored)."""
+
+    def __init__(self, state_dir: str | None) -> None:
+        self.state_dir = state_dir
+        self.cluster = None
+        self.started = False
+        self.ring_root = None
+        self.old_plugstack = None
+
+    def __enter__(self) -> "_GuardedCluster":
+        from slurmguard.devcluster import ClusterSpec, DevCluster
+
+        if self.state_dir:
+            self.cluster = DevCluster.attach(self.state_dir)
+        else:
+            self.tmp = tempfile.mkdtemp(prefix="sg-bench-cluster-")
+            os.chmod(self.tmp, 0o755)
+            self.cluster = DevCluster(ClusterSpec(state_dir=Path(self.tmp), nodes=4))
+            self.cluster.up()
+            self.started = True
+        self.ring_root = tempfile.mkdtemp(prefix="sg-bench-", dir="/dev/shm")
+        os.chmod(self.ring_root, 0o755)
+        path = self.cluster.plugstack_path
+        self.old_plugstack = path.read_text() if path.exists() else ""
+        self.cluster.set_plugstack(
+            f"optional {BUILD / 'slurmguard_spank.so'} nccl_hook={BUILD / 'libslurmguard_nccl.so'} "
+            f"torch_hook={SITE} ring_root={self.ring_root}/rings\n")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cluster is not None:
+            if self.started:
+                self.cluster.down()
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            else:
+                self.cluster.set_plugstack(self.old_plugstack or "")
+        if self.ring_root:
+            shutil.rmtree(self.ring_root, ignore_errors=True)
+
+
+def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> str:
+    lines = []
+    if c is not None:
+        ok = "meets" if c.added_ns <= NCCL_TARGET_NS else "MISSES"
+        lines += [
+            f"NCCL hook, ns per ncclAllReduce into the fake libnccl "
+            f"(median of {c.rounds} rounds x {c.calls_per_round} calls, clocksource {c.clocksource}):",
+            f"  no hook (baseline)          {c.base_ns:8.1f} ns",
+            f"  hook recording              {c.hook_ns:8.1f} ns   added {c.added_ns:6.1f} ns "
+            f"({ok} target <= {NCCL_TARGET_NS:.0f} ns)",
+            f"  hook loaded, not recording  {c.passthrough_ns:8.1f} ns   added {c.passthrough_added_ns:6.1f} ns",
+            f"  reference shim (2 x clock_gettime + 32 B record)"
+            f"  {c.reference_ns:.1f} ns   added {c.reference_added_ns:6.1f} ns",
+        ]
+    if t is not None:
+        lines += [
+            f"torch hook, us per all_reduce (gloo, 1 rank, best of 5 x {t.calls} calls):",
+            f"  plain {t.plain_us:.2f} us   hooked {t.hooked_us:.2f} us   added {t.added_us:.2f} us",
+        ]
+    if s is not None:
+        ok = "meets" if s.overhead_pct < STEP_TARGET_PCT else "MISSES"
+        lines += [
+            f"Guarded DDP step time on the local cluster (2 nodes, gloo, {s.params} params, "
+            f"{s.steps} steps x {s.pairs} concurrent job pairs):",
+            f"  unguarded {s.unguarded_ms:.2f} ms   guarded {s.guarded_ms:.2f} ms   "
+            f"overhead {s.overhead_pct:+.2f}% ({ok} target < {STEP_TARGET_PCT:.0f}%)",
+            f"  per-job medians: unguarded {', '.join(f'{x:.1f}' for x in s.unguarded_runs_ms)} ms; "
+            f"guarded {', '.join(f'{x:.1f}' for x in s.guarded_runs_ms)} ms",
+        ]
+        if t is not None:
+            derived = s.collectives_per_step * max(t.added_us, 0.0) / 1e3
+            lines.append(
+                f"  hook cost per step from the per-call figure: {s.collectives_per_step:.1f} "
+                f"collective(s) x {max(t.added_us, 0):.1f} us = {derived * 1e3:.1f} us "
+                f"= {100 * derived / s.unguarded_ms:.3f}% of a step")
+    return "\n".join(lines)
+
+
+@click.command("hook")
+@click.option("--calls", default=2_000_000, show_default=True, help="ncclAllReduce calls per round.")
+@click.option("--rounds", default=3, show_default=True, help="Rounds per process run.")
+@click.option("--repeats", default=3, show_default=True, help="Interleaved process runs per setup.")
+@click.option("--torch-calls", default=2000, show_default=True, help="all_reduce calls per torch round.")
+@click.option("--steps", default=30, show_default=True, help="Timed DDP steps per job.")
+@click.option("--pairs", default=2, show_default=True,
+              help="Concurrent guarded/unguarded job pairs (node pairs swapped each time).")
+@click.option("--cluster/--no-cluster", default=True, show_default=True,
+              help="Also measure step time on the local cluster (needs root).")
+@click.option("--devcluster-dir", default=None,
+              help="Use this running devcluster instead of starting a temporary one.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, steps: int, pairs: int,
+               cluster: bool, devcluster_dir: str | None, as_json: bool) -> None:
+    """Per-call cost of the NCCL and torch hooks and guarded step-time overhead."""
+    runner = SubprocessRunner()
+    build(runner)
+    c = measure_nccl_calls(runner, calls, rounds, repeats)
+    t = measure_torch_calls(runner, torch_calls)
+    s = None
+    if cluster:
+        if os.geteuid() != 0:
+            raise SlurmguardError("the step-time benchmark starts slurmd, which needs root; "
+                                  "run as root or pass --no-cluster")
+        with _GuardedCluster(devcluster_dir) as g:
+            s = measure_step_time(g.cluster, os.path.join(g.ring_root, "rings"), steps, pairs)
+    if as_json:
+        out = {"nccl": dict(asdict(c), added_ns=c.added_ns,
+                            passthrough_added_ns=c.passthrough_added_ns,
+                            reference_added_ns=c.reference_added_ns, target_ns=NCCL_TARGET_NS),
+               "torch": dict(asdict(t), added_us=t.added_us)}
+        if s is not None:
+            out["step"] = dict(asdict(s), overhead_pct=s.overhead_pct, target_pct=STEP_TARGET_PCT)
+        click.echo(json.dumps(out, indent=2))
+    else:
+        click.echo(report(c, t, s))
