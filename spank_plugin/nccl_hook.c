@@ -37,11 +37,39 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
-/* set while this thread is inside the hook: calls NCCL makes to its own
- * public entry points (e.g. ncclBcast -> ncclBroadcast) are forwarded only */
-static SG_TLS int tls_busy;
-/* ncclGroupStart nesting depth of this thread (NCCL groups are per thread) */
-static SG_TLS int tls_group;
+struct thread_state {
+	/* set while this thread is inside the hook: calls NCCL makes to its
+	 * own public entry points (ncclBcast -> ncclBroadcast) are forwarded only */
+	int busy;
+	/* ncclGroupStart nesting depth (NCCL groups are per thread) */
+	int group;
+	/* the last communicator this thread used, its id and flags, valid
+	 * while no communicator was created or destroyed since (last_gen) */
+	ncclComm_t last_comm;
+	uint64_t last_id;
+	uint32_t last_flags;
+	uint32_t last_gen;
+	/* record numbers this thread reserved in blk_ring: [blk_next, blk_end) */
+	struct sg_ring_header *blk_ring;
+	uint64_t blk_next, blk_end;
+};
+
+static SG_TLS struct thread_state tls;
+#define tls_busy (tls.busy)
+#define tls_group (tls.group)
+
+/* reservation mode, see reserve() */
+static _Atomic uintptr_t g_block_owner; /* &tls of the thread using blocks */
+static _Atomic int g_many_writers;
+
+/* bumped whenever a handle is registered or destroyed, in any thread */
+static _Atomic uint32_t g_comm_gen = 1;
+
+static inline void comm_forget_cached(ncclComm_t comm)
+{
+	(void)comm;
+	atomic_fetch_add_explicit(&g_comm_gen, 1, memory_order_release);
+}
 
 enum { RING_IDLE = 0, RING_CREATING = 1, RING_READY = 2, RING_OFF = 3 };
 static _Atomic(struct sg_ring_header *) g_ring;
@@ -254,8 +282,9 @@ static void after_fork_child(void)
 	 * rank; it gets its own ring if it ever calls NCCL */
 	atomic_store(&g_ring, NULL);
 	atomic_store(&g_ring_state, RING_IDLE);
-	tls_busy = 0;
-	tls_group = 0;
+	atomic_store(&g_block_owner, 0);
+	atomic_store(&g_many_writers, 0);
+	memset(&tls, 0, sizeof(tls));
 }
 
 __attribute__((constructor)) static void hook_init(void)
@@ -310,6 +339,7 @@ static void comm_remember(ncclComm_t comm, uint64_t id, int rank, int nranks, ui
 
 	if (!comm)
 		return;
+	comm_forget_cached(comm);
 	for (i = 0; i < COMM_PROBES; i++) {
 		struct comm_slot *s = &g_comms[(idx + i) & (COMM_SLOTS - 1)];
 		uintptr_t k = atomic_load_explicit(&s->key, memory_order_acquire);
@@ -381,14 +411,32 @@ static uint64_t comm_learn(ncclComm_t comm, uint32_t *flags)
 
 static inline uint64_t comm_id(ncclComm_t comm, uint32_t *flags)
 {
-	struct comm_slot *s = comm_find(comm);
+	struct comm_slot *s;
+	uint64_t id;
 
-	if (likely(s != NULL)) {
-		*flags |= s->flags;
-		return atomic_load_explicit(&s->id, memory_order_relaxed);
+	uint32_t gen = atomic_load_explicit(&g_comm_gen, memory_order_acquire);
+
+	if (likely(comm == tls.last_comm && gen == tls.last_gen)) {
+		*flags |= tls.last_flags;
+		return tls.last_id;
 	}
-	return comm_learn(comm, flags);
+	s = comm_find(comm);
+	if (likely(s != NULL)) {
+		id = atomic_load_explicit(&s->id, memory_order_relaxed);
+		tls.last_flags = s->flags;
+	} else {
+		uint32_t learned = 0;
+
+		id = comm_learn(comm, &learned);
+		tls.last_flags = learned;
+	}
+	tls.last_comm = comm;
+	tls.last_id = id;
+	tls.last_gen = gen;
+	*flags |= tls.last_flags;
+	return id;
 }
+
 
 /* ------------------------------------------------------------------ records */
 
@@ -407,15 +455,86 @@ static inline uint8_t map_redop(int op)
 	return (unsigned)op < (unsigned)ncclNumOps ? (uint8_t)(op + 1) : SG_REDOP_OTHER;
 }
 
+/*
+ * Record numbers. While one thread issues all NCCL calls (the usual case)
+ * it reserves SG_RING_BLOCK numbers with one atomic add and uses them one
+ * by one (see "Block reservation" in sg_ring.h): one locked instruction per
+ * block instead of per call. Once a second thread records, every thread
+ * reserves one number per record, and the first thread pads the rest of
+ * its block with SG_OP_NONE records so no hole is left for readers to wait
+ * on.
+ */
+static inline struct sg_record *slot_of(struct sg_ring_header *h, uint64_t i)
+{
+	struct sg_record *s = sg_ring_slots(h) + (i & (h->capacity - 1));
+
+	atomic_store_explicit(&s->seq, 0, memory_order_relaxed);
+	atomic_thread_fence(memory_order_release);
+	return s;
+}
+
+static void __attribute__((noinline)) pad_block(struct sg_ring_header *h)
+{
+	while (tls.blk_next < tls.blk_end) {
+		uint64_t i = tls.blk_next++;
+		struct sg_record *s = slot_of(h, i);
+
+		memset((char *)s + sizeof(s->seq), 0, sizeof(*s) - sizeof(s->seq));
+		s->peer = -1;
+		sg_ring_commit(h, s, i);
+	}
+}
+
+static struct sg_record *__attribute__((noinline)) reserve_slow(struct sg_ring_header *h,
+								uint64_t *n)
+{
+	uintptr_t me = (uintptr_t)&tls, owner = 0;
+
+	if (tls.blk_ring == h && tls.blk_next < tls.blk_end)
+		pad_block(h); /* another thread showed up */
+	if (!atomic_load(&g_many_writers)) {
+		if (!atomic_compare_exchange_strong(&g_block_owner, &owner, me) && owner != me)
+			atomic_store(&g_many_writers, 1);
+	}
+	if (atomic_load(&g_many_writers) ||
+	    atomic_load(&g_block_owner) != me || h->capacity < 256) {
+		uint64_t i = atomic_fetch_add_explicit(&h->write_counter, 1, memory_order_relaxed);
+
+		tls.blk_ring = NULL;
+		*n = i;
+		return slot_of(h, i);
+	}
+	tls.blk_next = atomic_fetch_add_explicit(&h->write_counter, SG_RING_BLOCK,
+						 memory_order_relaxed);
+	tls.blk_end = tls.blk_next + SG_RING_BLOCK;
+	tls.blk_ring = h;
+	*n = tls.blk_next++;
+	return slot_of(h, *n);
+}
+
+static inline struct sg_record *reserve(struct sg_ring_header *h, uint64_t *n)
+{
+	if (likely(tls.blk_ring == h && tls.blk_next < tls.blk_end &&
+		   !atomic_load_explicit(&g_many_writers, memory_order_relaxed))) {
+		*n = tls.blk_next++;
+		return slot_of(h, *n);
+	}
+	return reserve_slow(h, n);
+}
+
+/* r0, r1: raw clock readings (sg_clock_raw) around the call */
 static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, int32_t peer,
-			uint64_t count, ncclDataType_t dt, uint8_t redop, uint64_t t0, uint64_t t1,
+			uint64_t count, ncclDataType_t dt, uint8_t redop, uint64_t r0, uint64_t r1,
 			ncclResult_t rc)
 {
 	uint32_t flags = tls_group > 0 ? SG_F_IN_GROUP : 0;
 	uint8_t sdt = map_datatype(dt);
 	uint64_t id = comm ? comm_id(comm, &flags) : 0;
-	uint64_t n;
-	struct sg_record *s = sg_ring_reserve(h, &n);
+	uint64_t n, t0, t1;
+	struct sg_record *s;
+
+	sg_clock_ns2(&g_clock, r0, r1, &t0, &t1);
+	s = reserve(h, &n);
 
 	s->comm_id = id;
 	s->count = count;
@@ -447,7 +566,23 @@ static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_
 	r.op = op;
 	r.flags = flags | (tls_group > 0 ? SG_F_IN_GROUP : 0) | (rc != ncclSuccess ? SG_F_ERROR : 0);
 	r.status = (int32_t)rc;
-	sg_ring_append(h, &r);
+	{
+		uint64_t n;
+		struct sg_record *s = reserve(h, &n);
+
+		s->comm_id = r.comm_id;
+		s->count = r.count;
+		s->bytes = r.bytes;
+		s->start_ns = r.start_ns;
+		s->end_ns = r.end_ns;
+		s->peer = r.peer;
+		s->op = r.op;
+		s->datatype = r.datatype;
+		s->redop = r.redop;
+		s->flags = r.flags;
+		s->status = r.status;
+		sg_ring_commit(h, s, n);
+	}
 }
 
 static void __attribute__((noinline)) hold_wait(struct sg_ring_header *h)
@@ -498,9 +633,9 @@ static inline void hold_point(struct sg_ring_header *h)
 			return CALL;                                           \
 		tls_busy = 1;                                                  \
 		hold_point(h_);                                                \
-		t0_ = now_ns();                                                \
+		t0_ = sg_clock_raw(&g_clock);                                  \
 		rc_ = CALL;                                                    \
-		t1_ = now_ns();                                                \
+		t1_ = sg_clock_raw(&g_clock);                                  \
 		emit(h_, OP, COMM, PEER, COUNT, DT, REDOP, t0_, t1_, rc_);     \
 		tls_busy = 0;                                                  \
 		return rc_;                                                    \
@@ -844,6 +979,7 @@ static ncclResult_t comm_end(comm_fn fn, ncclComm_t comm, uint16_t op)
 	}
 	t0 = now_ns();
 	rc = fn(comm);
+	comm_forget_cached(comm);
 	emit_meta(h, op, id, rank, n, flags, t0, now_ns(), rc);
 	tls_busy = 0;
 	return rc;

@@ -151,32 +151,72 @@ static void sg_clock_setup(struct sg_clock *c)
 	atomic_store(&c->mode, 1);
 }
 
-static inline uint64_t sg_clock_now(struct sg_clock *c)
+/* A raw reading: TSC ticks in tsc mode, else CLOCK_MONOTONIC ns. Taking
+ * raw readings around a call and converting both afterwards with one anchor
+ * read keeps the conversion off the timed section. */
+static inline uint64_t sg_clock_raw(struct sg_clock *c)
+{
+#if SG_HAVE_TSC
+	if (__builtin_expect(atomic_load_explicit(&c->mode, memory_order_relaxed) == 2, 1))
+		return __rdtsc();
+#else
+	(void)c;
+#endif
+	return sg_clock_mono();
+}
+
+#if SG_HAVE_TSC
+static inline void sg_clock_anchor_read(struct sg_clock *c, struct sg_clock_anchor *a)
+{
+	unsigned s1, s2;
+
+	do {
+		s1 = atomic_load_explicit(&c->seq, memory_order_acquire);
+		*a = c->a;
+		atomic_thread_fence(memory_order_acquire);
+		s2 = atomic_load_explicit(&c->seq, memory_order_relaxed);
+	} while (__builtin_expect((s1 & 1) || s1 != s2, 0));
+}
+
+static inline uint64_t sg_clock_apply(const struct sg_clock_anchor *a, uint64_t raw)
+{
+	/* signed: another thread may have re-anchored after raw was read */
+	int64_t d = (int64_t)(raw - a->tsc_base);
+
+	return a->ns_base + (uint64_t)(((__int128)d * (__int128)a->mult) >> 32);
+}
+#endif
+
+/* Convert two raw readings (r0 <= r1 in time) to CLOCK_MONOTONIC ns. */
+static inline void sg_clock_ns2(struct sg_clock *c, uint64_t r0, uint64_t r1, uint64_t *t0,
+				uint64_t *t1)
 {
 #if SG_HAVE_TSC
 	if (__builtin_expect(atomic_load_explicit(&c->mode, memory_order_relaxed) == 2, 1)) {
 		struct sg_clock_anchor a;
-		unsigned s1, s2;
-		uint64_t tsc, d;
 
-		do {
-			s1 = atomic_load_explicit(&c->seq, memory_order_acquire);
-			a = c->a;
-			atomic_thread_fence(memory_order_acquire);
-			s2 = atomic_load_explicit(&c->seq, memory_order_relaxed);
-		} while (__builtin_expect((s1 & 1) || s1 != s2, 0));
-		tsc = __rdtsc();
-		d = tsc - a.tsc_base;
-		if (__builtin_expect(d > a.limit, 0)) {
-			/* also covers tsc < tsc_base (another thread re-anchored
-			 * after we read the TSC): d wraps to a huge value */
+		sg_clock_anchor_read(c, &a);
+		if (__builtin_expect(r1 - a.tsc_base > a.limit && r1 > a.tsc_base, 0)) {
 			sg_clock_reanchor(c);
-			return sg_clock_mono();
+			sg_clock_anchor_read(c, &a);
 		}
-		return a.ns_base + (uint64_t)(((unsigned __int128)d * a.mult) >> 32);
+		*t0 = sg_clock_apply(&a, r0);
+		*t1 = sg_clock_apply(&a, r1);
+		return;
 	}
+#else
+	(void)c;
 #endif
-	return sg_clock_mono();
+	*t0 = r0;
+	*t1 = r1;
+}
+
+static inline uint64_t sg_clock_now(struct sg_clock *c)
+{
+	uint64_t r = sg_clock_raw(c), t, unused;
+
+	sg_clock_ns2(c, r, r, &t, &unused);
+	return t;
 }
 
 #endif /* SG_CLOCK_H */

@@ -29,7 +29,19 @@
  *           s1 <  n + 1 (0 included) -> not committed yet; retry later
  *           s1 >  n + 1 -> overwritten by a newer lap: lost
  * When the ring is full the writer overwrites the oldest slot and stores
- * overwritten = write_counter - capacity, so the loss is counted.
+ * overwritten = (its record number + 1) - capacity, so the loss is counted.
+ *
+ * Block reservation: a writer that is the only writer of the ring may
+ * reserve SG_RING_BLOCK consecutive numbers with one fetch_add and commit
+ * them one by one (the NCCL hook does, to keep the locked instruction off
+ * most calls); if another writer appears it commits SG_OP_NONE padding
+ * records into the rest of its block and reserves one number at a time.
+ * write_counter therefore counts reserved numbers and may run ahead of the
+ * newest committed record by up to one block. Readers stop at the first
+ * uncommitted record and come back later, skip SG_OP_NONE records
+ * silently, and give up on a hole only when records after it are
+ * committed and it stays open (its writer died), or when the ring is about
+ * to overwrite it.
  *
  * Header fields are written once at creation before magic is stored (with
  * release order); a reader that sees the magic sees a complete header.
@@ -77,7 +89,7 @@
 
 /* record.op; the names are what `slurmguard ring dump` prints */
 enum sg_op {
-	SG_OP_NONE = 0,          /* none */
+	SG_OP_NONE = 0,          /* none (padding: skip) */
 	SG_OP_ALLREDUCE = 1,     /* allreduce */
 	SG_OP_ALLGATHER = 2,     /* allgather */
 	SG_OP_REDUCESCATTER = 3, /* reducescatter */
@@ -164,7 +176,7 @@ struct sg_ring_header {
 	char node_name[SG_NODE_NAME_LEN]; /* 72 Slurm node name, NUL-terminated */
 	uint8_t reserved1[192 - 136];
 	/* written on every record: kept off the lines the controller writes */
-	_Atomic uint64_t write_counter; /* 192 records ever reserved (next n) */
+	_Atomic uint64_t write_counter; /* 192 record numbers ever reserved */
 	_Atomic uint64_t overwritten;   /* 200 records lost to overwrite */
 	uint8_t reserved2[256 - 208];
 	/* control block, written by the controller / agent */
@@ -211,6 +223,9 @@ _Static_assert(offsetof(struct sg_ring_header, control) == 256, "control");
 _Static_assert(offsetof(struct sg_ring_header, hold_timeouts) == 280, "hold_timeouts");
 _Static_assert(offsetof(struct sg_record, peer) == 48, "peer");
 _Static_assert(offsetof(struct sg_record, status) == 60, "status");
+
+/* numbers one block reservation takes (only in rings of >= 256 records) */
+#define SG_RING_BLOCK 64u
 
 static inline struct sg_record *sg_ring_slots(struct sg_ring_header *h)
 {

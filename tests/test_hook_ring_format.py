@@ -186,27 +186,43 @@ def test_truncated_and_corrupt_files_are_reported_not_fatal(spank_build, tmp_pat
         batch = r.read()
     assert batch.corrupt == 1 and [rec.number for rec in batch.records] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
 
+    # padding records (op none) are skipped silently
+    padded = bytearray(data)
+    struct.pack_into("<H", padded, off + 52, 0)
+    path.write_bytes(bytes(padded))
+    with ring.RingReader(str(path)) as r:
+        batch = r.read()
+    assert batch.corrupt == 0 and [rec.number for rec in batch.records] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
 
 def test_abandoned_record_is_skipped_after_stall(tmp_path, fake_clock):
-    """A writer killed between reserving and committing leaves a hole; the
-    reader waits stall_s for it, then moves on and counts it."""
+    """A writer killed between reserving and committing leaves a hole. At
+    the tail the reader just waits (writers reserve ahead); once later
+    records are committed it waits stall_s more, then skips and counts it."""
     path = tmp_path / "hole.ring"
     w = ring.RingWriter(str(path), capacity=16)
     for i in range(3):
         w.append(ring.OP["send"], count=i, start_ns=i, end_ns=i)
     w.close()
     raw = bytearray(path.read_bytes())
-    struct.pack_into("<Q", raw, 192, 4)  # record 3 reserved ...
-    struct.pack_into("<Q", raw, ring.HEADER_SIZE + 3 * 64, 0)  # ... and never committed
+    struct.pack_into("<Q", raw, 192, 5)  # records 3 and 4 reserved ...
     path.write_bytes(bytes(raw))
     r = ring.RingReader(str(path), stall_s=5.0, clock=fake_clock.monotonic)
     b = r.read(0)
     assert len(b.records) == 3 and b.cursor == 3 and b.abandoned == 0
+    fake_clock.advance(60.0)
+    assert r.read(3).cursor == 3  # a tail reservation: never given up
+    # ... and record 4 gets committed by another writer, 3 never
+    rec4 = struct.pack("<QQQQQQiHBBIi", 5, 0, 4, 0, 4, 4, -1, ring.OP["send"], 0, 0, 0, 0)
+    raw[ring.HEADER_SIZE + 4 * 64:ring.HEADER_SIZE + 5 * 64] = rec4
+    path.write_bytes(bytes(raw))
+    r = ring.RingReader(str(path), stall_s=5.0, clock=fake_clock.monotonic)
+    assert r.read(3).cursor == 3
     fake_clock.advance(1.0)
-    assert r.read(b.cursor).cursor == 3  # still waiting for it
+    assert r.read(3).cursor == 3  # still waiting for it
     fake_clock.advance(5.0)
     b = r.read(3)
-    assert b.abandoned == 1 and b.cursor == 4
+    assert b.abandoned == 1 and b.cursor == 5 and [x.count for x in b.records] == [4]
 
 
 def test_python_writer_hold_and_timeout(tmp_path):

@@ -289,7 +289,8 @@ class RingReader:
     Use ``read()`` repeatedly with the returned cursor; each call returns
     the records committed since. `stall_s` (seconds, default 5): a reserved
     record that stays uncommitted that long is given up as abandoned;
-    `clock` returns seconds (default time.monotonic).
+    `clock` returns seconds (default time.monotonic). write_counter counts
+    reserved numbers and may run ahead of the newest committed record.
     """
 
     def __init__(self, path: str, *, stall_s: float = 5.0,
@@ -373,6 +374,8 @@ class RingReader:
                 break
             if state == _LOST:
                 out.lost += 1
+            elif rec is not None and rec.op == 0:
+                pass  # padding a writer left when it stopped reserving blocks
             elif rec is not None and _plausible(rec):
                 out.records.append(rec)
             else:
@@ -382,16 +385,27 @@ class RingReader:
         return out
 
     def _give_up(self, cursor: int, wc: int) -> bool:
-        # A writer needs nanoseconds between reserving and committing; a
-        # slot that stays uncommitted while many later ones were reserved,
-        # or for stall_s, belongs to a writer that died or was stopped.
-        if wc - cursor > 1024:
+        # Writers may reserve blocks of numbers ahead (see sg_ring.h), so an
+        # uncommitted record at the tail is normal: wait for it. A hole with
+        # committed records after it that stays open for stall_s belongs to
+        # a writer that died; one the ring is about to overwrite is lost.
+        if wc - cursor > self.capacity // 2:
             return True
+        if not self._committed_after(cursor, wc):
+            self._stuck = None
+            return False
         now = self._clock()
         if self._stuck is None or self._stuck[0] != cursor:
             self._stuck = (cursor, now)
             return False
         return now - self._stuck[1] >= self._stall_s
+
+    def _committed_after(self, cursor: int, wc: int) -> bool:
+        for n in range(cursor + 1, min(wc, cursor + 257)):
+            off = HEADER_SIZE + (n & self._mask) * RECORD_SIZE
+            if _U64.unpack_from(self._mm, off)[0] >= n + 1:
+                return True
+        return False
 
     def records(self) -> Iterator[RingRecord]:
         """All records currently in the ring, oldest first."""

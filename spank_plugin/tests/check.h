@@ -28,4 +28,19 @@ static int check_count;
 		return check_failures ? 1 : 0;                                 \
 	} while (0)
 
+#ifdef SG_RING_H
+/* Records committed so far by a single-threaded writer: the first number
+ * not yet committed (write_counter may run a block ahead, see sg_ring.h). */
+static inline uint64_t committed(struct sg_ring_header *h)
+{
+	uint64_t wc = atomic_load(&h->write_counter);
+	uint64_t n = wc > h->capacity ? wc - h->capacity : 0;
+	struct sg_record r;
+
+	while (n < wc && sg_ring_read(h, n, &r) != SG_READ_NOT_YET)
+		n++;
+	return n;
+}
+#endif
+
 #endif

@@ -121,6 +121,25 @@ static void *release_later(void *p)
 	return NULL;
 }
 
+#define MT_CALLS 60
+
+struct mt_arg {
+	ncclComm_t comm;
+	int id;
+};
+
+static void *mt_worker(void *p)
+{
+	struct mt_arg *a = p;
+	static float in[4][5000], out[4][5000];
+	int i;
+
+	for (i = 0; i < MT_CALLS; i++)
+		ncclAllReduce(in[a->id], out[a->id], (size_t)(1000 * (a->id + 1) + i), ncclFloat32,
+			      ncclMax, a->comm, NULL);
+	return NULL;
+}
+
 int main(void)
 {
 	char dir[] = "/tmp/sg-test-hook-XXXXXX";
@@ -267,8 +286,10 @@ int main(void)
 		};
 		const size_t nwant = sizeof(want) / sizeof(want[0]);
 
-		wc = atomic_load(&h->write_counter);
-		CHECK(wc == nwant, "write_counter %llu, want %zu", (unsigned long long)wc, nwant);
+		wc = committed(h);
+		CHECK(wc == nwant, "records %llu, want %zu", (unsigned long long)wc, nwant);
+		CHECK(atomic_load(&h->write_counter) == 64, "one block of 64 reserved, not %llu",
+		      (unsigned long long)atomic_load(&h->write_counter));
 		/* the split id is whatever the comm_split record says; it must
 		 * then be used by the records of that communicator */
 		if (wc > 14 && sg_ring_read(h, 14, &r) == SG_READ_OK) {
@@ -293,8 +314,10 @@ int main(void)
 	/* overflow: the oldest records are overwritten and the loss counted */
 	for (i = 0; i < 3000; i++)
 		ncclAllReduce(fsend, frecv, 1, ncclFloat32, ncclSum, comm, NULL);
-	wc = atomic_load(&h->write_counter);
-	CHECK(wc == 17 + 3000, "write_counter after overflow %llu", (unsigned long long)wc);
+	wc = committed(h);
+	CHECK(wc == 17 + 3000, "records after overflow %llu", (unsigned long long)wc);
+	CHECK(atomic_load(&h->write_counter) == 3072, "reserved %llu",
+	      (unsigned long long)atomic_load(&h->write_counter));
 	CHECK(atomic_load(&h->overwritten) == wc - 1024, "overwritten %llu",
 	      (unsigned long long)atomic_load(&h->overwritten));
 	CHECK(sg_ring_read(h, 0, &r) == SG_READ_OVERWRITTEN, "record 0 not reported lost");
@@ -319,7 +342,7 @@ int main(void)
 		      (unsigned long long)dt);
 		CHECK(atomic_load(&h->holds) == 1 && atomic_load(&h->hold_timeouts) == 0, "holds");
 		CHECK(atomic_load(&h->hold_since_ns) == 0, "hold_since not cleared");
-		wc = atomic_load(&h->write_counter);
+		wc = committed(h);
 		CHECK(sg_ring_read(h, wc - 2, &r) == SG_READ_OK && r.op == SG_OP_HOLD &&
 			      r.end_ns - r.start_ns >= 140000000ull && !(r.flags & SG_F_TIMEOUT),
 		      "hold record op %u", r.op);
@@ -342,10 +365,50 @@ int main(void)
 		CHECK((atomic_load(&h->control) & SG_CTL_HOLD) == 0, "hold bit not cleared");
 		CHECK(atomic_load(&h->hold_timeouts) == 1 && atomic_load(&h->holds) == 2,
 		      "timeouts %llu", (unsigned long long)atomic_load(&h->hold_timeouts));
-		wc = atomic_load(&h->write_counter);
+		wc = committed(h);
 		CHECK(sg_ring_read(h, wc - 2, &r) == SG_READ_OK && r.op == SG_OP_HOLD &&
 			      (r.flags & SG_F_TIMEOUT),
 		      "timeout hold record");
+	}
+	/* several threads issuing at once: every call recorded exactly once,
+	 * no hole left once the first thread calls again */
+	{
+		pthread_t th[4];
+		struct mt_arg args[4];
+		uint64_t n0 = committed(h), n, seen[4] = { 0 }, pads = 0, other = 0;
+		int k;
+
+		for (k = 0; k < 4; k++) {
+			args[k].comm = comm;
+			args[k].id = k;
+			pthread_create(&th[k], NULL, mt_worker, &args[k]);
+		}
+		for (k = 0; k < 4; k++)
+			pthread_join(th[k], NULL);
+		ncclAllReduce(fsend, frecv, 2, ncclFloat32, ncclSum, comm, NULL);
+		wc = atomic_load(&h->write_counter);
+		for (n = n0; n < wc; n++) {
+			enum sg_read_result res = sg_ring_read(h, n, &r);
+
+			if (res == SG_READ_NOT_YET)
+				break;
+			CHECK(res == SG_READ_OK, "record %llu: %d", (unsigned long long)n, res);
+			if (r.op == SG_OP_NONE)
+				pads++;
+			else if (r.op == SG_OP_ALLREDUCE && r.count >= 1000)
+				seen[r.count / 1000 - 1] |= 1ull << (r.count % 1000);
+			else
+				other++;
+		}
+		for (k = 0; k < 4; k++)
+			CHECK(seen[k] == (1ull << MT_CALLS) - 1, "thread %d: records %#llx", k,
+			      (unsigned long long)seen[k]);
+		CHECK(other == 1, "records besides the threads' and the padding: %llu",
+		      (unsigned long long)other);
+		CHECK(n == wc, "a hole at record %llu of %llu", (unsigned long long)n,
+		      (unsigned long long)wc);
+		printf("test_hook: 4 threads: %d records each, %llu padding records\n", MT_CALLS,
+		       (unsigned long long)pads);
 	}
 	CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
 	CHECK(ncclCommDestroy(comm_twin) == ncclSuccess, "destroy twin");

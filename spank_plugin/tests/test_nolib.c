@@ -67,8 +67,7 @@ int main(int argc, char **argv)
 	h = sg_ring_open(path, &why);
 	CHECK(h != NULL, "ring %s: %s", path, why ? why : "");
 	if (h) {
-		CHECK(atomic_load(&h->write_counter) == 2, "records %llu",
-		      (unsigned long long)atomic_load(&h->write_counter));
+		CHECK(committed(h) == 2, "records %llu", (unsigned long long)committed(h));
 		CHECK(sg_ring_read(h, 1, &r) == SG_READ_OK && r.op == SG_OP_ALLREDUCE && r.count == 4 &&
 			      r.bytes == 16,
 		      "allreduce record");

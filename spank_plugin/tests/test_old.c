@@ -65,8 +65,8 @@ int main(void)
 	h = sg_ring_open(path, &why);
 	CHECK(h != NULL, "ring %s: %s", path, why ? why : "");
 	if (h) {
-		CHECK(atomic_load(&h->write_counter) == 2, "records %llu, want init + allreduce",
-		      (unsigned long long)atomic_load(&h->write_counter));
+		CHECK(committed(h) == 2, "records %llu, want init + allreduce",
+		      (unsigned long long)committed(h));
 		CHECK(sg_ring_read(h, 0, &r) == SG_READ_OK && r.op == SG_OP_COMM_INIT && r.peer == 1 &&
 			      r.count == 2,
 		      "init record");
