@@ -251,3 +251,22 @@ def test_bad_plugstack_line_never_breaks_jobs(devcluster, guard, outdir):
     assert state == "COMPLETED" and "ran-unguarded" in out
     log = "".join(p.read_text(errors="replace") for p in devcluster.log_dir.glob("slurmd-*.log"))
     assert "slurmguard: plugstack.conf: unknown argument 'colour=blue'" in log
+
+
+def test_partition_default_on_without_opt_out(devcluster, guard, outdir):
+    """default=on for the job's partition guards jobs that do not ask; with
+    allow_opt_out=no, =off is refused at submission with a clear message."""
+    strict = guard["line"].replace("ring_records=4096",
+                                   f"ring_records=4096 default=on allow_opt_out=no "
+                                   f"partitions={devcluster.partition}")
+    devcluster.set_plugstack(strict)
+    try:
+        jid, state, out = run_batch(devcluster, "#!/bin/bash\necho dir=${SLURMGUARD_RING_DIR:-none}\n",
+                                    outdir / "d.out", "-N1")
+        res = devcluster.run(["sbatch", "--parsable", "-N1", "--straggler-guard=off",
+                              "--wrap", "true"])
+    finally:
+        devcluster.set_plugstack(guard["line"])
+    assert state == "COMPLETED" and f"dir={guard['root'] / str(jid)}" in out
+    assert res.returncode != 0
+    assert "slurmguard: --straggler-guard=off: opting out is not allowed on this cluster" in res.stderr
