@@ -142,6 +142,14 @@ class Recorder:
         except OSError as exc:
             return self._fail(f"cannot create {path}: {exc.strerror}")
 
+    def forked(self) -> None:
+        """In a forked child: never write into the parent's ring (its lock
+        stayed in the parent); a child that runs collectives gets its own."""
+        self.writer = None
+        self._init_lock = threading.Lock()
+        self._groups = {}
+        self._announced = set()
+
     def _fail(self, msg: str) -> None:
         if self.enabled:
             self.enabled = False
@@ -335,6 +343,8 @@ def patch(env: Optional[Dict[str, str]] = None) -> bool:
     # the registrations live as long as the Library object
     _state["lib"] = lib
     _state["recorder"] = rec
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=rec.forked)
     return True
 
 
