@@ -119,7 +119,7 @@ def test_slurm_down_falls_back_to_the_audit_log(report_fleet, how):
 
 
 def test_filters(report_fleet):
-    store, slurm, clock, fleet = report_fleet
+    store, slurm, _clock, _fleet = report_fleet
     pol = Policy()
     rep = build_report(store, slurm, pol, ReportFilters(states=(S.QUARANTINED, S.TERMINAL)))
     assert {r.state for r in rep.rows} == {S.QUARANTINED, S.TERMINAL} and len(rep.rows) == 4
@@ -140,7 +140,7 @@ def test_filters(report_fleet):
 
 
 def test_unknown_node_and_bad_filters_are_clear_errors(report_fleet):
-    store, slurm, clock, _ = report_fleet
+    store, slurm, _clock, _ = report_fleet
     pol = Policy()
     with pytest.raises(InputError, match=r"^node gpu9999: not in the slurmguard database or Slurm$"):
         build_report(store, slurm, pol, ReportFilters(nodes=("gpu9999",)))

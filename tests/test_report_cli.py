@@ -75,7 +75,7 @@ def test_report_json_html_and_filters(sg, report_fleet, tmp_path):
     (("incidents", "--node", "gpu9999"), "node gpu9999: not in the slurmguard database"),
 ])
 def test_bad_input_is_one_line(sg, args, message):
-    code, out, err = sg(*args)
+    code, _out, err = sg(*args)
     assert code == 2
     assert err.strip().startswith("slurmguard: error: ") and message in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

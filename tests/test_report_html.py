@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from slurmguard.config import Policy
-from slurmguard.report.html import render_html
+from slurmguard.report.html import report_html
 from slurmguard.runner import SubprocessRunner
 from slurmguard.triage.report import build_report
-from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot
+from slurmguard.triage.report_data import FleetSnapshot
 from slurmguard.triage.report_model import ReportFilters
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -34,11 +34,11 @@ def _browser(tmp_path: Path, *args: str) -> str:
     return SubprocessRunner().run(argv, timeout=120).stdout
 
 
-def _render(store, slurm, filters=ReportFilters(), **kw) -> str:
+def _render(store, slurm, filters: ReportFilters | None = None, **kw) -> str:
+    filters = filters or ReportFilters()
     snap = FleetSnapshot.load(store)
     rep = build_report(store, slurm, Policy(), filters, snapshot=snap)
-    series = SeriesSnapshot.load(store, store.now() - filters.window)
-    return render_html(rep, snap, series, Policy(), **kw)
+    return report_html(store, rep, snap, Policy(), **kw)
 
 
 def test_html_is_self_contained(report_fleet):

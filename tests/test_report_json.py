@@ -9,7 +9,12 @@ import jsonschema
 import pytest
 
 from slurmguard.config import Policy
-from slurmguard.report.jsonout import SCHEMA_VERSION, load_schema, render_json, report_dict
+from slurmguard.report.jsonout import (
+    SCHEMA_VERSION,
+    load_schema,
+    render_json,
+    report_dict,
+)
 from slurmguard.triage.report import build_report
 from slurmguard.triage.report_model import ReportFilters
 

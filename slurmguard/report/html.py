@@ -208,10 +208,25 @@ def _detail(r: NodeRow, snap: FleetSnapshot, series: SeriesSnapshot, base: Class
     return "".join(parts)
 
 
+def detail_rows(report: Report, max_detail: int = DEFAULT_MAX_DETAIL) -> list[NodeRow]:
+    """The rows that get a detail section with charts: the first `max_detail` known nodes."""
+    return [r for r in report.rows if r.state is not None][:max_detail]
+
+
+def report_html(store, report: Report, snap: FleetSnapshot, policy: Policy, *,
+                max_detail: int = DEFAULT_MAX_DETAIL) -> str:
+    """Load the chart series (detailed nodes and their jobs only) and render the page."""
+    names = [r.name for r in detail_rows(report, max_detail)]
+    prefer = {n: {i.job_id for i in snap.incidents_by_node.get(n, ())} for n in names}
+    series = SeriesSnapshot.load(store, report.generated_at - report.filters.window, names,
+                                 prefer_jobs=prefer)
+    return render_html(report, snap, series, policy, max_detail=max_detail)
+
+
 def render_html(report: Report, snap: FleetSnapshot, series: SeriesSnapshot, policy: Policy,
                 *, max_detail: int = DEFAULT_MAX_DETAIL) -> str:
     """The whole report page. Detailed sections (charts) for the first `max_detail` rows."""
-    detailed_rows = [r for r in report.rows if r.state is not None][:max_detail]
+    detailed_rows = detail_rows(report, max_detail)
     detailed = {r.name for r in detailed_rows}
     slow = fleet_slowdowns(series)
     base = ClassBaselines(snap.sweeps)

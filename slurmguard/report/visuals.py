@@ -150,6 +150,11 @@ def step_charts(node: str, snap: FleetSnapshot, series: SeriesSnapshot) -> list[
         node_xy = XY(xs, tuple(statistics.mean(mine[x]) for x in xs))
         pxs = tuple(sorted(peers))
         med = XY(pxs, tuple(statistics.median(peers[x]) for x in pxs))
+        if not pxs:
+            # Peers not loaded (a job too large for a band): the job's baseline instead.
+            base = {_ts(r.window_end): r.baseline_step_s for r in all_rows
+                    if r.node == node and r.baseline_step_s}
+            med = XY(tuple(sorted(base)), tuple(base[x] for x in sorted(base)))
         lo = tuple(min(peers[x]) for x in pxs)
         hi = tuple(max(peers[x]) for x in pxs)
         cps, events = [], []
@@ -246,6 +251,8 @@ def sweep_charts(node: str, snap: FleetSnapshot, baselines: ClassBaselines,
 
 def fleet_slowdowns(series: SeriesSnapshot) -> dict[str, float]:
     """Node -> slowdown (fraction) of its newest step-time window (max over jobs ending then)."""
+    if series.newest_slowdown:
+        return dict(series.newest_slowdown)
     out: dict[str, float] = {}
     for node, rows in series.step_times.items():
         newest = max(r.window_end for r in rows)

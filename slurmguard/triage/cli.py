@@ -55,7 +55,7 @@ def report_cmd(ctx: click.Context, nodes, states, since, partition, fmt, output,
         parse_since,
         parse_states,
     )
-    from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot
+    from slurmguard.triage.report_data import FleetSnapshot
     from slurmguard.triage.report_model import ReportFilters
 
     app = app_context(ctx)
@@ -89,10 +89,9 @@ def report_cmd(ctx: click.Context, nodes, states, since, partition, fmt, output,
         else:
             click.echo(text)
         return
-    from slurmguard.report.html import render_html
+    from slurmguard.report.html import report_html
 
-    series = SeriesSnapshot.load(store, now - filters.window)
-    page = render_html(rep, snap, series, app.policy, max_detail=max_detail)
+    page = report_html(store, rep, snap, app.policy, max_detail=max_detail)
     path = Path(output or "slurmguard-report.html")
     path.write_text(page, encoding="utf-8")
     click.echo(f"wrote {path} ({len(rep.rows)} nodes listed, {len(page) // 1024} KiB)")
