@@ -105,7 +105,7 @@ def tasks(output: str) -> dict[str, dict[str, str]]:
 
 
 def params(output: str) -> dict[str, str]:
-    return {m.group(1): m.group(2) for m in re.finditer(r"^PARAMS (\d+) (\w+)$", output, re.M)}
+    return {m.group(1): m.group(2) for m in re.finditer(r"^PARAMS (\d+) (\w+)$", output, re.MULTILINE)}
 
 
 def test_option_in_help(devcluster, guard):

@@ -56,7 +56,7 @@ def test_layout_matches_c_compiler(spank_build):
 
 
 def _c_enum(name: str) -> dict[str, int]:
-    body = re.search(r"enum %s \{(.*?)\};" % name, HEADER_H, re.S).group(1)
+    body = re.search(r"enum %s \{(.*?)\};" % name, HEADER_H, re.DOTALL).group(1)
     return {m.group(2): int(m.group(1)) for m in
             re.finditer(r"= (\d+),?\s*/\* ([a-z0-9_]+)", body)}
 
@@ -72,7 +72,7 @@ def test_enum_names_match_header():
     flags = {m.group(1).lower(): int(m.group(2), 16)
              for m in re.finditer(r"#define SG_F_([A-Z_]+)\s+0x([0-9a-f]+)u", HEADER_H)}
     assert flags == {name: bit for bit, name in ring.FLAG_NAMES.items()}
-    sizes = re.search(r"sizes\[SG_DT_COUNT\] = \{(.*?)\}", HEADER_H, re.S).group(1)
+    sizes = re.search(r"sizes\[SG_DT_COUNT\] = \{(.*?)\}", HEADER_H, re.DOTALL).group(1)
     assert tuple(int(x) for x in sizes.replace(",", " ").split()) == ring.DATATYPE_SIZES
     for const in ("HEADER_SIZE", "RECORD_SIZE", "DEFAULT_CAPACITY"):
         m = re.search(rf"#define SG_RING_{const}\s+(\d+)u", HEADER_H)

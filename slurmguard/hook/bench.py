@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -120,7 +119,7 @@ def _ns_per_call(runner: CommandRunner, calls: int, rounds: int, env: dict) -> l
     res = runner.run([str(BUILD / "tests" / "bench_hook"), str(calls), str(rounds)],
                      timeout=600, env=env)
     return [(float(w), float(c)) for w, c in re.findall(
-        r"^ns_per_call ([0-9.]+) cpu_ns_per_call ([0-9.]+)$", res.stdout, re.M)]
+        r"^ns_per_call ([0-9.]+) cpu_ns_per_call ([0-9.]+)$", res.stdout, re.MULTILINE)]
 
 
 SETUPS = ("base", "hook", "passthrough", "reference")
@@ -259,7 +258,7 @@ def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: in
             for guarded, jid, out in jobs:
                 state = cluster.wait_job(jid, timeout=900)
                 text = out.read_text() if out.exists() else ""
-                m = re.search(r"^STEPS (.*)$", text, re.M)
+                m = re.search(r"^STEPS (.*)$", text, re.MULTILINE)
                 if state != "COMPLETED" or not m:
                     raise SlurmguardError(f"bench job {jid} ended {state}: {text[-500:]}")
                 data = json.loads(m.group(1))
@@ -291,7 +290,7 @@ class _GuardedCluster:
         self.ring_root = None
         self.old_plugstack = None
 
-    def __enter__(self) -> "_GuardedCluster":
+    def __enter__(self) -> _GuardedCluster:
         from slurmguard.devcluster import ClusterSpec, DevCluster
 
         if self.state_dir:

@@ -25,8 +25,8 @@ import re
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, List, Optional, Tuple
 
 MAGIC = 0x3130474E49524753  # b"SGRING01" read as little-endian u64
 VERSION = 1
@@ -51,7 +51,7 @@ STEP_EXTERN = 0xFFFFFFFC
 STEP_PENDING = 0xFFFFFFFD
 
 # enum sg_op, by value
-OP_NAMES: Tuple[str, ...] = (
+OP_NAMES: tuple[str, ...] = (
     "none", "allreduce", "allgather", "reducescatter", "broadcast", "reduce",
     "alltoall", "send", "recv", "group_start", "group_end", "comm_init",
     "comm_destroy", "comm_abort", "barrier", "gather", "scatter", "hold", "comm_split",
@@ -59,16 +59,16 @@ OP_NAMES: Tuple[str, ...] = (
 OP = {name: value for value, name in enumerate(OP_NAMES)}
 
 # enum sg_datatype, by value, and element sizes in bytes
-DATATYPE_NAMES: Tuple[str, ...] = (
+DATATYPE_NAMES: tuple[str, ...] = (
     "unknown", "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
     "float32", "float64", "bfloat16", "float8_e4m3", "float8_e5m2", "bool", "int16",
     "uint16", "complex64", "complex128",
 )
 DATATYPE = {name: value for value, name in enumerate(DATATYPE_NAMES)}
-DATATYPE_SIZES: Tuple[int, ...] = (0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1, 2, 2, 8, 16)
+DATATYPE_SIZES: tuple[int, ...] = (0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1, 2, 2, 8, 16)
 
 # enum sg_redop, by value
-REDOP_NAMES: Tuple[str, ...] = ("none", "sum", "prod", "max", "min", "avg", "other")
+REDOP_NAMES: tuple[str, ...] = ("none", "sum", "prod", "max", "min", "avg", "other")
 REDOP = {name: value for value, name in enumerate(REDOP_NAMES)}
 
 F_IN_GROUP = 0x01
@@ -83,7 +83,7 @@ FLAG_NAMES = {
 }
 
 # struct sg_ring_header: (field, offset, struct code); node_name is char[64]
-HEADER_FIELDS: Tuple[Tuple[str, int, str], ...] = (
+HEADER_FIELDS: tuple[tuple[str, int, str], ...] = (
     ("magic", 0, "Q"), ("version", 8, "I"), ("header_size", 12, "I"),
     ("record_size", 16, "I"), ("capacity", 20, "I"), ("job_id", 24, "I"),
     ("step_id", 28, "I"), ("global_rank", 32, "i"), ("local_rank", 36, "i"),
@@ -97,7 +97,7 @@ HEADER_FIELDS: Tuple[Tuple[str, int, str], ...] = (
 _HDR = {name: (off, struct.Struct("<" + code)) for name, off, code in HEADER_FIELDS}
 
 # struct sg_record, in order; offsets follow from the packing below
-RECORD_FIELDS: Tuple[Tuple[str, int, str], ...] = (
+RECORD_FIELDS: tuple[tuple[str, int, str], ...] = (
     ("seq", 0, "Q"), ("comm_id", 8, "Q"), ("count", 16, "Q"), ("bytes", 24, "Q"),
     ("start_ns", 32, "Q"), ("end_ns", 40, "Q"), ("peer", 48, "i"), ("op", 52, "H"),
     ("datatype", 54, "B"), ("redop", 55, "B"), ("flags", 56, "I"), ("status", 60, "i"),
@@ -243,7 +243,7 @@ class ReadBatch:
     corrupt: committed records with impossible contents, skipped.
     abandoned: reserved records that were never committed (writer died)."""
 
-    records: List[RingRecord] = field(default_factory=list)
+    records: list[RingRecord] = field(default_factory=list)
     cursor: int = 0
     lost: int = 0
     corrupt: int = 0
@@ -298,7 +298,7 @@ class RingReader:
         self.path = os.fspath(path)
         self._stall_s = stall_s
         self._clock = clock
-        self._stuck: Optional[Tuple[int, float]] = None
+        self._stuck: tuple[int, float] | None = None
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as exc:
@@ -322,7 +322,7 @@ class RingReader:
     def close(self) -> None:
         self._mm.close()
 
-    def __enter__(self) -> "RingReader":
+    def __enter__(self) -> RingReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -337,7 +337,7 @@ class RingReader:
     def write_counter(self) -> int:
         return _U64.unpack_from(self._mm, _HDR["write_counter"][0])[0]
 
-    def _read_one(self, n: int) -> Tuple[int, Optional[RingRecord]]:
+    def _read_one(self, n: int) -> tuple[int, RingRecord | None]:
         off = HEADER_SIZE + (n & self._mask) * RECORD_SIZE
         mm = self._mm
         for _ in range(3):
@@ -354,7 +354,7 @@ class RingReader:
                     return _OK, rec
         return _LOST, None  # rewritten under us three times: treat as overwritten
 
-    def read(self, cursor: Optional[int] = None, max_records: Optional[int] = None) -> ReadBatch:
+    def read(self, cursor: int | None = None, max_records: int | None = None) -> ReadBatch:
         """Records from `cursor` (default: the oldest still in the ring) up
         to what is committed now, at most `max_records`."""
         wc = self.write_counter

@@ -37,7 +37,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 if __package__:
     from . import ring as _ring
@@ -50,7 +51,7 @@ else:  # loaded by sitecustomize.py under a private name, ring.py likewise
 # count kinds: "list" = first tensor of a Tensor[] (sum over the list when
 # coalesced), "tensor" = a Tensor, "nested" = first list of a Tensor[][],
 # "per_peer" = Tensor / group size (alltoall_base), "none" = no payload.
-_OPS: Dict[str, tuple] = {
+_OPS: dict[str, tuple] = {
     "allreduce_": ("allreduce", 1, 0, "list", None, 2, False),
     "allreduce_coalesced_": ("allreduce", 1, 0, "list", None, 2, True),
     "allgather_": ("allgather", 2, 1, "list", None, None, False),
@@ -96,17 +97,17 @@ def _warn(msg: str) -> None:
 class Recorder:
     """Turns dispatcher calls into ring records. One per process."""
 
-    def __init__(self, env: Dict[str, str], nccl_hook_loaded: bool) -> None:
+    def __init__(self, env: dict[str, str], nccl_hook_loaded: bool) -> None:
         self.env = env
         self.nccl_hook_loaded = nccl_hook_loaded
         self.enabled = True
-        self.writer: Optional[_ring.RingWriter] = None
+        self.writer: _ring.RingWriter | None = None
         self._init_lock = threading.Lock()
-        self._groups: Dict[tuple, tuple] = {}  # (group name, device) -> (comm_id, skip)
+        self._groups: dict[tuple, tuple] = {}  # (group name, device) -> (comm_id, skip)
         self._announced: set = set()
 
     # ---------------------------------------------------------------- setup
-    def _writer(self) -> Optional[_ring.RingWriter]:
+    def _writer(self) -> _ring.RingWriter | None:
         if self.writer is not None or not self.enabled:
             return self.writer
         with self._init_lock:
@@ -114,7 +115,7 @@ class Recorder:
                 self.writer = self._create()
         return self.writer
 
-    def _create(self) -> Optional[_ring.RingWriter]:
+    def _create(self) -> _ring.RingWriter | None:
         import torch.distributed as dist
 
         env = self.env
@@ -154,7 +155,6 @@ class Recorder:
         if self.enabled:
             self.enabled = False
             _warn(msg)
-        return None
 
     def _group(self, pg_obj: Any, device_type: str) -> tuple:
         """(comm_id, skip) of a process group; the first sight of a group
@@ -186,7 +186,7 @@ class Recorder:
     # several microseconds of TorchScript object access) happens when the
     # work completes, off the caller's path.
 
-    def before(self, opname: str, args: tuple, device_type: str) -> Optional[tuple]:
+    def before(self, opname: str, args: tuple, device_type: str) -> tuple | None:
         if device_type == "cuda" and self.nccl_hook_loaded:
             _, skip = self._group(args[_OPS[opname][1]], device_type)
             if skip:
@@ -241,7 +241,7 @@ class Recorder:
                  flags=flags, status=1 if error else 0)
 
 
-def _env_int(env: Dict[str, str], names: tuple, default: int) -> int:
+def _env_int(env: dict[str, str], names: tuple, default: int) -> int:
     for n in names:
         v = env.get(n)
         if v:
@@ -252,7 +252,7 @@ def _env_int(env: Dict[str, str], names: tuple, default: int) -> int:
     return default
 
 
-def _list_len(args: tuple, i: Optional[int]) -> int:
+def _list_len(args: tuple, i: int | None) -> int:
     if i is None or i >= len(args):
         return 0
     a = args[i]
@@ -263,7 +263,7 @@ def _dtype_code(t: Any) -> int:
     return _ring.DATATYPE.get(_DTYPES.get(str(t.dtype), "unknown"), 0)
 
 
-def _count(args: tuple, i: Optional[int], kind: str, pg_obj: Any) -> tuple:
+def _count(args: tuple, i: int | None, kind: str, pg_obj: Any) -> tuple:
     """(elements, datatype code) as the NCCL call would count them."""
     if i is None or kind == "none" or i >= len(args):
         return 0, 0
@@ -303,10 +303,10 @@ def _work_of(out: Any) -> Any:
 
 # --------------------------------------------------------------------- patch
 
-_state: Dict[str, Any] = {}
+_state: dict[str, Any] = {}
 
 
-def _nccl_hook_loaded(env: Dict[str, str]) -> bool:
+def _nccl_hook_loaded(env: dict[str, str]) -> bool:
     path = env.get("SLURMGUARD_NCCL_HOOK")
     if not path:
         return False
@@ -317,7 +317,7 @@ def _nccl_hook_loaded(env: Dict[str, str]) -> bool:
         return False
 
 
-def patch(env: Optional[Dict[str, str]] = None) -> bool:
+def patch(env: dict[str, str] | None = None) -> bool:
     """Register the recording kernels (idempotent). Returns True if active."""
     if "lib" in _state:
         return True
@@ -414,7 +414,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(env: Optional[Dict[str, str]] = None) -> bool:
+def install(env: dict[str, str] | None = None) -> bool:
     """Arrange for patch() once torch.distributed is imported. Returns
     False (and does nothing) outside guarded jobs."""
     env = os.environ if env is None else env
