@@ -198,7 +198,8 @@ def _detail(r: NodeRow, snap: FleetSnapshot, series: SeriesSnapshot, base: Class
         tol = policy.sweeps.pass_tolerance
         bars = [svg.Bar(k, d, d < -tol) for k, d in c.deviations[:16]]
         title = (f"sweep {c.sweep_id} ({c.kind}, {c.verdict}) vs class {c.hw_class or '-'} "
-                 f"baseline of {c.baseline_nodes} nodes")
+                 + (f"baseline of {c.baseline_nodes} nodes" if c.baseline_nodes else
+                    "(no passed sweep of this class yet: no baseline to compare with)"))
         parts.append(f'<div><div class="muted">{escape(title)}'
                      + (f": {escape(c.failure_reason)}" if c.failure_reason else "") + "</div>"
                      + svg.deviation_bars(ident=f"{aid}-sweep-{c.sweep_id}",
