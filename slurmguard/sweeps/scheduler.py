@@ -51,6 +51,7 @@ from slurmguard.store import NodeRecord, NodeState, Store, StoreError, SweepKind
 from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.baseline import baseline_for, settings_fingerprint
+from slurmguard.sweeps.local import free_port
 from slurmguard.sweeps.episode import LAST_SWEEP, ROLLING, Episode, load_episode
 from slurmguard.sweeps.quarantine import (PAIR_PREFIX, QUARANTINE_PREFIX, is_free,
                                           is_idle_in_service, node_of, pair_name, quarantine_name,
@@ -71,6 +72,7 @@ FINAL_JOB_STATES = frozenset({
 NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 VANISHED = "VANISHED"
 INJECT_ENV = "SLURMGUARD_SWEEP_INJECT_FILE"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -479,10 +481,15 @@ class SweepScheduler:
         try:
             out, logp = self.files.paths(node, s.id, kind)
             parts = self._partition(nodes, view)
+            port = None
+            if kind == "pair" and self.policy.master_addr in LOOPBACK:
+                # every "node" shares this host (development cluster): a port free here now,
+                # not the job-id formula, which collides between clusters on one host
+                port = free_port()
             spec = SweepJobSpec(kind=kind, nodes=nodes, out_path=out, log_path=logp,  # type: ignore[arg-type]
                                 time_limit_min=self.policy.time_limit_min, reservation=resv,
                                 partition=parts, job_name=job_name(s.id, node),
-                                master_addr=self.policy.master_addr, hw_class=klass,
+                                master_addr=self.policy.master_addr, master_port=port, hw_class=klass,
                                 extra_args=workload_args(self.policy))
             script = render_sweep_script(spec, self.policy)
             env = {INJECT_ENV: self.policy.inject_file} if self.policy.inject_file else None
