@@ -549,7 +549,7 @@ static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, 
 	s->status = (int32_t)rc;
 	sg_ring_commit(h, s, n);
 	/* the next call's slot: take the cache miss now, off its path */
-	__builtin_prefetch(sg_ring_slots(h) + ((n + 1) & (h->capacity - 1)), 1, 3);
+	/* no prefetch */
 }
 
 static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
