@@ -548,8 +548,6 @@ static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, 
 	s->flags = flags | (rc != ncclSuccess ? SG_F_ERROR : 0);
 	s->status = (int32_t)rc;
 	sg_ring_commit(h, s, n);
-	/* the next call's slot: take the cache miss now, off its path */
-	/* no prefetch */
 }
 
 static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
