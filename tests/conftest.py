@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.whatif",
     "tests.fixtures.report",
     "tests.fixtures.hook",
+    "tests.fixtures.guard",
 ]

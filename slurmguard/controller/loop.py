@@ -103,6 +103,7 @@ class Controller:
                 slow_nodes.update(c.node for c in a.culprits)
             self._respond(a, tier, job, nodes, partitions, incident, now, res)
         self._verify_flags(nodes, jobs, slow_nodes, res, now)
+        self.breaker_open = self.breaker_open or self.safety.breaker_open(now)
         if self.sweeper is not None:
             try:
                 self.sweeper.tick()

@@ -95,6 +95,7 @@ class Guard:
                       "secret_file": str(self.secret_path), "telemetry_source": self.telemetry},
             "controller": {"listen_host": "127.0.0.1", "listen_port": self.port,
                            "secret_file": str(self.secret_path)},
+            "prolog": {"trace_store": str(self.state / "traces")},
         })
         data = _merge(data, self.overrides)
         self.policy_path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -130,10 +131,17 @@ class Guard:
         self.cluster.set_plugstack(
             f"required {build}/slurmguard_spank.so nccl_hook={build}/libslurmguard_nccl.so "
             f"torch_hook={REPO}/slurmguard/hook/site ring_root={self.ring_root} default=off\n")
+        # slurmd runs the prolog/epilog with an empty environment: a wrapper
+        # points them at this cluster's policy (ring root, trace store)
+        env_file = self.state / "slurmguard.env"
+        env_file.write_text(f"SLURMGUARD_POLICY={self.policy_path}\nSLURMGUARD_PYTHON={sys.executable}\n")
         for slot, name in (("prolog", "slurmguard-prolog"), ("epilog", "slurmguard-epilog")):
             script = REPO / "prolog_epilog" / name
             if script.exists():
-                getattr(self.cluster, f"set_{slot}")(script)
+                wrapper = self.state / f"{name}.sh"
+                wrapper.write_text(f'#!/bin/sh\nSLURMGUARD_ENV_FILE={env_file} exec {script} "$@"\n')
+                wrapper.chmod(0o755)
+                getattr(self.cluster, f"set_{slot}")(wrapper)
         db.upgrade(self.db_url)
         self.start_controller()
         for node in self.cluster.node_names:

@@ -67,6 +67,14 @@ class SafetyGate:
                                             f"{b.max_partition_percent:g}%)")
         return self.may_act(now)
 
+    def breaker_open(self, now: float) -> bool:
+        """True while the breaker holds drains back: it raised an alert in the
+        window and the drains counted in the window are still at the limit."""
+        b = self.policy.breaker
+        alerts = [r for r in self.store.audit_entries(action="alert", since=now - b.window_s)
+                  if r.actor == self.actor and (r.reason or "").startswith("circuit breaker")]
+        return bool(alerts) and len(self.drained_recently(now)) >= b.max_nodes
+
     def may_act(self, now: float) -> SafetyVerdict:
         r = self.policy.rate_limit
         n = len(self._ours(RATE_LIMITED, r.window_s, now))
