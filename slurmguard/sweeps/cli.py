@@ -149,3 +149,104 @@ def schedule(topology: str, ranks: int) -> None:
     """Print the O(1) link-validation passes of a ring or tree over RANKS nodes."""
     for i, p in enumerate(passes_for(topology, ranks)):  # type: ignore[arg-type]
         click.echo(f"pass {i}: " + " ".join(f"{s}->{d}" for s, d in p))
+
+
+# ---------------------------------------------------------------- scheduling (issue 6)
+def _scheduler(ctx: click.Context, dry_run: bool = False):
+    from slurmguard.context import app_context
+    from slurmguard.respond.actions import ActionExecutor
+    from slurmguard.sweeps.scheduler import build_scheduler
+
+    app = app_context(ctx)
+    pol = app.policy
+    executor = ActionExecutor(app.slurm, app.store, actor="slurmguard",
+                              dry_run=dry_run or pol.safety.dry_run)
+    return app, build_scheduler(policy=pol, store=app.store, slurm=app.slurm, clock=app.clock,
+                                executor=executor)
+
+
+def _print_tick(res, verbose: bool) -> None:
+    for line in res.done:
+        click.echo(line)
+    for s in res.steps:
+        if verbose or s.action not in ("wait", "blocked"):
+            if not any(line.startswith(f"{s.node}:") for line in res.done):
+                click.echo(f"{s.node}: {s.action}: {s.why}")
+    for e in res.errors:
+        click.echo(f"error: {e}", err=True)
+
+
+@sweep.command("scheduler")
+@click.option("--once", is_flag=True, help="one tick, then exit (cron, debugging)")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=None,
+              help="seconds between ticks [default: controller.cycle_interval_s]")
+@click.option("--dry-run", is_flag=True, help="decide and print, change nothing")
+@click.option("-v", "--verbose", is_flag=True, help="also print nodes that are only waiting")
+@click.pass_context
+def scheduler_cmd(ctx: click.Context, once: bool, interval: float | None, dry_run: bool, verbose: bool) -> None:
+    """Quarantine, sweep and gate drained nodes without the controller (one tick per cycle).
+
+    The controller runs the same scheduler every cycle; run this only where the controller
+    runs with --no-sweeps. Exit status 1 when a tick reported errors (--once)."""
+    import signal
+    import threading
+
+    from slurmguard.slurm.errors import SlurmError
+
+    app, sched = _scheduler(ctx, dry_run)
+    if once:
+        res = sched.tick()
+        _print_tick(res, verbose or dry_run)
+        ctx.exit(1 if res.errors else 0)
+    period = interval or app.policy.controller.cycle_interval_s
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.is_set():
+        try:
+            _print_tick(sched.tick(), verbose)
+        except SlurmError as exc:  # slurmctld away: say so and try again next cycle
+            click.echo(f"error: {exc}", err=True)
+        stop.wait(period)
+
+
+@sweep.command("status")
+@click.option("--all", "show_all", is_flag=True, help="also nodes that are healthy")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def status_cmd(ctx: click.Context, show_all: bool, as_json: bool) -> None:
+    """Nodes under verification: lifecycle, the sweeps of this episode, the triage rung."""
+    from slurmguard.context import app_context
+    from slurmguard.store import NodeState
+    from slurmguard.sweeps.episode import load_episode
+    from slurmguard.sweeps.records import outcome_of
+
+    app = app_context(ctx)
+    rows = []
+    for r in app.store.list_nodes():
+        if r.state is NodeState.HEALTHY and not show_all:
+            continue
+        ep = load_episode(app.store, r.name)
+        sweeps = [{"id": s.id, "kind": s.kind.value, "job": s.slurm_job_id, "reference": s.reference_node,
+                   "outcome": outcome_of(s) or "pending",
+                   "reason": s.failure_reason or (s.metrics or {}).get("reason")} for s in ep.sweeps]
+        a = ep.last_action
+        rows.append({"node": r.name, "state": r.state.value, "hw_class": r.hw_class,
+                     "since": r.state_since.isoformat(), "rolling": ep.rolling, "sweeps": sweeps,
+                     "triage": None if a is None else {"rung": a.rung.value, "status": a.status.value,
+                                                       "detail": a.detail}})
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        click.echo("no node under verification")
+    for row in rows:
+        tri = row["triage"]
+        click.echo(f"{row['node']}: {row['state']} since {row['since'][:19]}"
+                   + (" (rolling sweep)" if row["rolling"] else "")
+                   + (f"; triage {tri['rung']} {tri['status']}" if tri else ""))
+        for s in row["sweeps"]:
+            ref = f" vs {s['reference']}" if s["reference"] else ""
+            job = f" job {s['job']}" if s["job"] else ""
+            click.echo(f"  {s['kind']} sweep {s['id']}{ref}{job}: {s['outcome']}"
+                       + (f": {s['reason']}" if s["reason"] and s["outcome"] != "pass" else ""))
