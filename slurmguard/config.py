@@ -246,20 +246,6 @@ class SweepPolicy(Strict):
     """Extra workload options appended to every sweep job (e.g. --threads 1)."""
     inject_file: str | None = None
     """TESTS/DEMO ONLY: fault file passed to sweep jobs as SLURMGUARD_SWEEP_INJECT_FILE."""
-    result_dir: str = "/var/lib/slurmguard/sweeps"
-    """Where sweep jobs write results and logs; shared by the controller and the nodes."""
-    hw_class_feature_prefix: str = "hwclass="
-    """A node feature with this prefix names its hardware class; else the DB's, else 'default'."""
-    quarantine_reservation_min: int = Field(10080, ge=10)
-    """Length of the MAINT reservation holding a node under verification, minutes."""
-    start_timeout_min: int = Field(10, ge=1)
-    """A sweep job still pending after this is cancelled and counts as not run, minutes."""
-    master_addr: str | None = None
-    """Rendezvous address of pair sweeps; None = the batch host's hostname."""
-    workload_args: tuple[str, ...] = ()
-    """Extra workload options appended to every sweep job (e.g. --threads 1)."""
-    inject_file: str | None = None
-    """TESTS/DEMO ONLY: fault file passed to sweep jobs as SLURMGUARD_SWEEP_INJECT_FILE."""
 
 
 class TriagePolicy(Strict):
@@ -272,8 +258,6 @@ class TriagePolicy(Strict):
     reimage_command: tuple[str, ...] = ()
     """Site command run as argv with the node name appended; empty = skip rung."""
     reimage_timeout_s: float = Field(3600.0, gt=0)
-    reboot_timeout_s: float = Field(1800.0, gt=0)
-    """A reboot not completed (new boot time, reboot flags cleared) by then fails its rung."""
     reboot_timeout_s: float = Field(1800.0, gt=0)
     """A reboot not completed (new boot time, reboot flags cleared) by then fails its rung."""
 
