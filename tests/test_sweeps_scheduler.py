@@ -27,12 +27,12 @@ POL = SweepPolicy(bootstrap_min_nodes=2, time_limit_min=5, start_timeout_min=3)
 
 class Rig:
     def __init__(self, store, clock, tmp_path, *, sweeps: SweepPolicy = POL,
-                 triage: TriagePolicy = TriagePolicy(), runner=None) -> None:
+                 triage: TriagePolicy | None = None, runner=None) -> None:
         self.store, self.clock = store, clock
         self.fake = FakeSlurm(clock=clock, features=(f"hwclass={CLASS}",))
         self.executor = ActionExecutor(self.fake, store)
         self.files = LocalResultFiles(tmp_path / "results")
-        self.sweeps, self.triage, self.runner = sweeps, triage, runner
+        self.sweeps, self.triage, self.runner = sweeps, triage or TriagePolicy(), runner
         for n in self.fake.nodes():
             store.get_or_create_node(n.name, partitions=list(n.partitions))
         self.sched = self.new_scheduler()
@@ -77,8 +77,8 @@ class Rig:
         assert s is not None and s.slurm_job_id is not None
         jid = int(s.slurm_job_id)
         job = self.fake.job(jid)
-        self.fake._jobs[jid] = replace(job, state="RUNNING", start_time=self.clock.now())  # noqa: SLF001
-        self.fake._refresh_alloc()  # noqa: SLF001
+        self.fake._jobs[jid] = replace(job, state="RUNNING", start_time=self.clock.now())
+        self.fake._refresh_alloc()
         kind = "node" if s.kind is SweepKind.ONE_NODE else "pair"
         out, _ = self.files.paths(node, s.id, kind)
         if doc is None and text is None and state == "COMPLETED" and write:
@@ -394,7 +394,7 @@ def test_ladder_resweep_reboot_reimage_terminal(sqlite_store, fake_clock, tmp_pa
     reboot = rig.store.triage_actions("node2")[-1]
     assert reboot.rung is TriageRung.REBOOT and not reboot.is_entry
     boot0 = 1_600_000_000.0
-    rig.fake._nodes["node2"] = replace(rig.fake.node("node2"), boot_time=boot0)  # noqa: SLF001
+    rig.fake._nodes["node2"] = replace(rig.fake.node("node2"), boot_time=boot0)
     rig.tick()
     assert len(rig.fake.reboots) == 1
     node, reason, nxt = rig.fake.reboots[0]
@@ -406,7 +406,7 @@ def test_ladder_resweep_reboot_reimage_terminal(sqlite_store, fake_clock, tmp_pa
     assert len(rig.fake.reboots) == 1 and _state(rig, "node2") is NodeState.REMEDIATION
     # Slurm: rebooted (new boot time, flags cleared, next state resume)
     n2 = rig.fake.node("node2")
-    rig.fake._nodes["node2"] = replace(n2, boot_time=boot0 + 500, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},  # noqa: SLF001
+    rig.fake._nodes["node2"] = replace(n2, boot_time=boot0 + 500, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},
                                        reason=None)
     rig.tick()
     assert _state(rig, "node2") is NodeState.QUARANTINED
@@ -454,13 +454,13 @@ def test_reboot_dropped_by_slurm_without_new_boot_time_fails(sqlite_store, fake_
     """Slurm 22.05 returns a node that kept answering to service after ResumeTimeout
     without a new boot time: not a reboot."""
     rig = Rig(sqlite_store, fake_clock, tmp_path, triage=TriagePolicy(ladder=("reboot", "terminal")))
-    rig.fake._nodes["node2"] = replace(rig.fake.node("node2"), boot_time=1_600_000_000.0)  # noqa: SLF001
+    rig.fake._nodes["node2"] = replace(rig.fake.node("node2"), boot_time=1_600_000_000.0)
     rig.drain("node2")
     rig.tick()
     _fail_round(rig)
     rig.tick()
     n2 = rig.fake.node("node2")
-    rig.fake._nodes["node2"] = replace(n2, flags=frozenset())  # noqa: SLF001
+    rig.fake._nodes["node2"] = replace(n2, flags=frozenset())
     rig.tick()
     a = rig.store.triage_actions("node2")[-1]
     assert a.status is ActionStatus.FAILED and "boot time did not change" in a.detail

@@ -19,7 +19,15 @@ from slurmguard.clock import SystemClock
 from slurmguard.config import SweepPolicy, TriagePolicy
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.slurm.commands import CommandSlurmClient
-from slurmguard.store import ActionStatus, NodeState, Store, SweepKind, TriageRung, Verdict, db
+from slurmguard.store import (
+    ActionStatus,
+    NodeState,
+    Store,
+    SweepKind,
+    TriageRung,
+    Verdict,
+    db,
+)
 from slurmguard.sweeps.episode import AFTER_SWEEP, LAST_SWEEP, load_episode
 from slurmguard.sweeps.scheduler import SweepScheduler
 
@@ -27,13 +35,12 @@ pytestmark = pytest.mark.slurm
 
 
 def sweep_policy(tmp: Path, **kw) -> SweepPolicy:
-    base = dict(device="cpu", gemm_duration_s=0.5, gemm_dtypes=("float32",), gemm_size=96,
-                membw_bytes=2 << 20, message_sizes_mb=(1,), repeats=3, comm_timeout_s=60.0,
-                time_limit_min=3, start_timeout_min=2, pass_tolerance=0.75, bootstrap_min_nodes=1,
-                master_addr="127.0.0.1", workload_args=("--threads", "1"),
-                inject_file=str(tmp / "inject.json"), result_dir=str(tmp / "results"))
-    base.update(kw)
-    return SweepPolicy(**base)
+    base = {"device": "cpu", "gemm_duration_s": 0.5, "gemm_dtypes": ("float32",), "gemm_size": 96,
+            "membw_bytes": 2 << 20, "message_sizes_mb": (1,), "repeats": 3, "comm_timeout_s": 60.0,
+            "time_limit_min": 3, "start_timeout_min": 2, "pass_tolerance": 0.75,
+            "bootstrap_min_nodes": 1, "master_addr": "127.0.0.1", "workload_args": ("--threads", "1"),
+            "inject_file": str(tmp / "inject.json"), "result_dir": str(tmp / "results")}
+    return SweepPolicy(**(base | kw))
 
 
 class Env:

@@ -69,7 +69,7 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
     db.upgrade(url)
     store = Store.open(url, clock)
     fake = FakeSlurm(clock=clock, features=(f"hwclass={CLASS}",))
-    fake._nodes["node2"] = replace(fake.node("node2"), boot_time=1.6e9)  # noqa: SLF001
+    fake._nodes["node2"] = replace(fake.node("node2"), boot_time=1.6e9)
     files = LocalResultFiles(tmp_path / f"res{crash_at}")
     counter = Counter(crash_at)
     cslurm = CrashAfter(fake, SLURM_WRITES, counter)
@@ -121,12 +121,12 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
                     "node2", s.reference_node, hw_class=CLASS)
                 with open(out, "w") as fh:
                     json.dump({**doc, "job_id": str(j.job_id)}, fh)
-            fake._jobs[j.job_id] = replace(j, state="RUNNING", start_time=clock.now())  # noqa: SLF001
+            fake._jobs[j.job_id] = replace(j, state="RUNNING", start_time=clock.now())
             fake.finish_job(j.job_id, state)
             ran[j.job_id] = state
         n2 = fake.node("node2")
         if "REBOOT_REQUESTED" in n2.flags:
-            fake._nodes["node2"] = replace(n2, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},  # noqa: SLF001
+            fake._nodes["node2"] = replace(n2, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},
                                            reason=None, boot_time=(n2.boot_time or 0) + 100)
     final = {
         "state": store.get_node("node2").state,

@@ -169,9 +169,9 @@ def _print_tick(res, verbose: bool) -> None:
     for line in res.done:
         click.echo(line)
     for s in res.steps:
-        if verbose or s.action not in ("wait", "blocked"):
-            if not any(line.startswith(f"{s.node}:") for line in res.done):
-                click.echo(f"{s.node}: {s.action}: {s.why}")
+        shown = any(line.startswith(f"{s.node}:") for line in res.done)
+        if (verbose or s.action not in ("wait", "blocked")) and not shown:
+            click.echo(f"{s.node}: {s.action}: {s.why}")
     for e in res.errors:
         click.echo(f"error: {e}", err=True)
 

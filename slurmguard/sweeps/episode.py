@@ -15,7 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from slurmguard.store import NodeState, Store, SweepKind, SweepRecord, TriageActionRecord
+from slurmguard.store import (
+    NodeState,
+    Store,
+    SweepKind,
+    SweepRecord,
+    TriageActionRecord,
+)
 from slurmguard.sweeps.records import outcome_of
 from slurmguard.sweeps.verdict import Outcome
 

@@ -18,8 +18,9 @@ Store verdict mapping: pass/bootstrap -> pass; a node-blaming fail of a measured
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from slurmguard.store import SweepKind, SweepRecord
 from slurmguard.store import Verdict as StoreVerdict

@@ -14,8 +14,8 @@ gave an inconclusive result in this round is not asked again.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from slurmguard.config import SweepPolicy
 from slurmguard.slurm.models import NodeInfo

@@ -37,30 +37,52 @@ Dry run (`safety.dry_run`): the tick decides and reports every step, changes not
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from slurmguard.clock import Clock
 from slurmguard.config import Policy, SweepPolicy, TriagePolicy
+from slurmguard.errors import SlurmguardError
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.runner import CommandRunner
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError, UnknownJob
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo, is_ours
-from slurmguard.store import NodeRecord, NodeState, Store, StoreError, SweepKind, SweepRecord
+from slurmguard.store import (
+    NodeRecord,
+    NodeState,
+    Store,
+    StoreError,
+    SweepKind,
+    SweepRecord,
+)
 from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.baseline import baseline_for, settings_fingerprint
-from slurmguard.sweeps.local import free_port
 from slurmguard.sweeps.episode import LAST_SWEEP, ROLLING, Episode, load_episode
-from slurmguard.sweeps.quarantine import (PAIR_PREFIX, QUARANTINE_PREFIX, is_free,
-                                          is_idle_in_service, node_of, pair_name, quarantine_name,
-                                          reserved_nodes)
+from slurmguard.sweeps.local import free_port
+from slurmguard.sweeps.quarantine import (
+    PAIR_PREFIX,
+    QUARANTINE_PREFIX,
+    is_free,
+    is_idle_in_service,
+    node_of,
+    pair_name,
+    quarantine_name,
+    reserved_nodes,
+)
 from slurmguard.sweeps.reference import choose_reference, hw_class
-from slurmguard.sweeps.resultfiles import LocalResultFiles, ResultFiles
 from slurmguard.sweeps.result import ResultError, parse_result_text
+from slurmguard.sweeps.resultfiles import LocalResultFiles, ResultFiles
 from slurmguard.sweeps.templates import SweepJobSpec, render_sweep_script
-from slurmguard.sweeps.verdict import JobOutcome, Outcome, judge_job, make_reason, reference_status
+from slurmguard.sweeps.verdict import (
+    JobOutcome,
+    Outcome,
+    judge_job,
+    make_reason,
+    reference_status,
+)
 from slurmguard.triage.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 
 log = logging.getLogger("slurmguard.sweeps")
@@ -175,7 +197,8 @@ class SweepScheduler:
                 if done:
                     res.done.append(f"{name}: {done}")
                     log.info("%s: %s", name, done)
-            except (SlurmError, StoreError, ResultError, ValueError) as exc:
+            except (SlurmguardError, ValueError, OSError) as exc:
+                # one node's trouble (a refused command, a bad result dir) must not stop the others
                 res.errors.append(f"{name}: {exc}")
                 log.error("sweep scheduler: %s: %s", name, exc)
         if rolling_active == 0:
@@ -216,8 +239,6 @@ class SweepScheduler:
             # the ladder itself decides what a rung can do on a node taken out by others
             # (a reboot in flight may see Slurm's own reasons)
             return self._decide_remediation(ep, live, view)
-        if live.drained_by_others:
-            return Step(name, "blocked", f"taken out by someone else ({live.reason!r}): not ours")
         return self._decide_quarantined(r, ep, live, view, records, taken)
 
     def _decide_draining(self, live: NodeInfo) -> Step:
@@ -236,7 +257,11 @@ class SweepScheduler:
         name = r.name
         pending = ep.pending()
         if pending is not None:
+            # judging only reads Slurm and writes the database: also for a node Slurm took
+            # out meanwhile (NODE_FAIL, "Not responding")
             return self._decide_pending(pending, view)
+        if live.drained_by_others:
+            return Step(name, "blocked", f"taken out by someone else ({live.reason!r}): not ours")
         la = ep.last_action
         if la is not None and la.status in OPEN and la.evidence.get(FAILED_SWEEP) is not None:
             # the rung was planned for a failed sweep, the move to remediation not recorded
@@ -527,7 +552,7 @@ class SweepScheduler:
     def _cancel(self, job_id: int, node: str, reason: str) -> None:
         # ActionExecutor has no cancel(); use its generic audited path so the scancel
         # is logged like every other Slurm action (and skipped in dry-run)
-        self.executor._do("cancel", lambda: self.slurm.cancel(job_id), node=node,  # noqa: SLF001
+        self.executor._do("cancel", lambda: self.slurm.cancel(job_id), node=node,
                           job_id=job_id, reason=reason, argv=["scancel", str(job_id)])
 
     @staticmethod
@@ -551,11 +576,11 @@ class SweepScheduler:
                 parsed = parse_result_text(text, out_path)
             except ResultError:
                 parsed = None
-        if state == VANISHED:
-            # the job left the queue before we saw how it ended; only a complete, valid result
-            # written by this very job may stand in for COMPLETED
-            if parsed is not None and parsed.job_id == s.slurm_job_id and not parsed.errors:
-                state = "COMPLETED"
+        # the job left the queue before we saw how it ended; only a complete, valid result
+        # written by this very job may stand in for COMPLETED
+        if (state == VANISHED and parsed is not None and parsed.job_id == s.slurm_job_id
+                and not parsed.errors):
+            state = "COMPLETED"
         baseline = None
         ref_status = None
         if parsed is not None:

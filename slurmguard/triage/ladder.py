@@ -27,9 +27,10 @@ Bookkeeping lives in the database, so a restarted controller continues the same 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from slurmguard.clock import Clock
 from slurmguard.config import TriagePolicy
@@ -37,7 +38,14 @@ from slurmguard.respond.actions import ActionExecutor
 from slurmguard.runner import CommandError, CommandRunner, SubprocessRunner
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import NodeInfo
-from slurmguard.store import ActionStatus, NodeState, Store, TriageActionRecord, TriageRung, utc
+from slurmguard.store import (
+    ActionStatus,
+    NodeState,
+    Store,
+    TriageActionRecord,
+    TriageRung,
+    utc,
+)
 from slurmguard.sweeps.episode import AFTER_SWEEP, Episode
 from slurmguard.sweeps.quarantine import REBOOT_FLAGS
 from slurmguard.sweeps.verdict import make_reason
@@ -89,9 +97,9 @@ class TriageLadder:
         since = self.clock.now() - self.policy.repeat_window_days * 86400.0
         count = len(self.store.recent_triage_entries(episode.node, since)) + 1
         if count >= self.policy.repeat_limit:
-            return (TriageRung.TERMINAL, True,
-                    f"triage entry {count} within {self.policy.repeat_window_days:g} days"
-                    f" (limit {self.policy.repeat_limit}): replace", count)
+            why = (f"triage entry {count} within {self.policy.repeat_window_days:g} days"
+                   f" (limit {self.policy.repeat_limit}): replace")
+            return TriageRung.TERMINAL, True, why, count
         return TriageRung(ladder[0]), True, f"triage entry {count}", count
 
     def enter(self, node: str, episode: Episode, *, failed_sweep: int | None, reason: str,
@@ -191,7 +199,7 @@ class TriageLadder:
                 self.store.update_triage_action(a.id, status=ActionStatus.RUNNING,
                                                 evidence={"issued": True, "issued_at": now})
             else:
-                reason = make_reason(f"triage reboot: {str(ev.get('reason') or 'sweep failed')}"
+                reason = make_reason(f"triage reboot: {ev.get('reason') or 'sweep failed'!s}"
                                      .replace("slurmguard: ", ""))
                 try:
                     self.executor.reboot(node, reason, next_state=self.policy.reboot_next_state,
