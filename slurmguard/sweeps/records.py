@@ -85,8 +85,25 @@ def passed(rec: SweepRecord) -> bool:
     return o in (Outcome.PASS.value, Outcome.BOOTSTRAP.value)
 
 
-def result_of(rec: SweepRecord) -> SweepResult | None:
-    """The parsed result stored with a judged sweep (None if absent or unreadable)."""
+class ResultCache:
+    """Parsed results by sweep id. A judged sweep's result never changes, and the
+    scheduler reads the same history every tick (baselines, reference trust)."""
+
+    def __init__(self, max_entries: int = 20000) -> None:
+        self._parsed: dict[int, SweepResult | None] = {}
+        self.max_entries = max_entries
+
+    def get(self, rec: SweepRecord) -> SweepResult | None:
+        if rec.verdict is StoreVerdict.PENDING:
+            return None
+        if rec.id not in self._parsed:
+            if len(self._parsed) >= self.max_entries:
+                self._parsed.clear()
+            self._parsed[rec.id] = _parse_stored(rec)
+        return self._parsed[rec.id]
+
+
+def _parse_stored(rec: SweepRecord) -> SweepResult | None:
     doc = rec.metrics.get("result") if isinstance(rec.metrics, dict) else None
     if not isinstance(doc, dict):
         return None
@@ -96,7 +113,13 @@ def result_of(rec: SweepRecord) -> SweepResult | None:
         return None
 
 
-def healthy_results(records: Iterable[SweepRecord], *, exclude_nodes: Iterable[str] = ()) -> list[SweepResult]:
+def result_of(rec: SweepRecord, cache: ResultCache | None = None) -> SweepResult | None:
+    """The parsed result stored with a judged sweep (None if absent or unreadable)."""
+    return cache.get(rec) if cache is not None else _parse_stored(rec)
+
+
+def healthy_results(records: Iterable[SweepRecord], *, exclude_nodes: Iterable[str] = (),
+                    cache: ResultCache | None = None) -> list[SweepResult]:
     """Results that may form a class baseline.
 
     Per node and kind only the latest judged sweep counts, and only when it passed: a node
@@ -115,20 +138,20 @@ def healthy_results(records: Iterable[SweepRecord], *, exclude_nodes: Iterable[s
     out = []
     for r in latest.values():
         if passed(r):
-            res = result_of(r)
+            res = result_of(r, cache)
             if res is not None:
                 out.append(res)
     return out
 
 
-def past_sweeps(records: Iterable[SweepRecord]) -> list[PastSweep]:
+def past_sweeps(records: Iterable[SweepRecord], cache: ResultCache | None = None) -> list[PastSweep]:
     """Judged sweeps with a result, for reference trust (verdict.reference_status)."""
     out = []
     for r in records:
         o = outcome_of(r)
         if o is None or o == NOT_RUN:
             continue
-        res = result_of(r)
+        res = result_of(r, cache)
         if res is None:
             continue
         try:

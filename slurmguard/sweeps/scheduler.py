@@ -166,6 +166,7 @@ class SweepScheduler:
         self.ladder = TriageLadder(triage, store, executor, clock, runner=runner, actor=actor,
                                    delete_quarantine=self._delete_quarantine)
         self._view_cache: _View | None = None
+        self._results = rec.ResultCache()
 
     @property
     def dry_run(self) -> bool:
@@ -301,7 +302,7 @@ class SweepScheduler:
                    if s.reference_node and rec.outcome_of(s) in (Outcome.INCONCLUSIVE.value, rec.NOT_RUN)}
         if last.kind is SweepKind.TWO_NODE and out == rec.NOT_RUN and self._too_soon(last):
             return Step(name, "wait", "retrying the 2-node sweep shortly")
-        hist = rec.past_sweeps(self.store.sweeps(limit=2000))
+        hist = rec.past_sweeps(self.store.sweeps(limit=2000), self._results)
         choice = choose_reference(name, klass, live=view.nodes, records=records, reserved=view.reserved,
                                   taken=taken, exclude=exclude, history=hist, policy=self.policy)
         if choice is None:
@@ -587,11 +588,11 @@ class SweepScheduler:
             healthy_nodes = {n for n, r in records.items() if r.state is NodeState.HEALTHY}
             pool = self.store.sweeps(hw_class=parsed.hw_class, kind=s.kind, limit=2000)
             healthy = rec.healthy_results(
-                (x for x in pool if x.node in healthy_nodes), exclude_nodes=(s.node,))
+                (x for x in pool if x.node in healthy_nodes), exclude_nodes=(s.node,), cache=self._results)
             baseline = baseline_for(parsed, healthy)
             if s.reference_node:
-                ref_status = reference_status(s.reference_node,
-                                              rec.past_sweeps(self.store.sweeps(limit=2000)), self.policy)
+                ref_status = reference_status(
+                    s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
         v = judge_job(JobOutcome(state, None, text, out_path), kind=kind, node=s.node, baseline=baseline,
                       policy=self.policy, suspected=ep.suspected, reference=s.reference_node,
                       ref_status=ref_status)
@@ -619,15 +620,15 @@ class SweepScheduler:
 
     def _baseline_count(self, klass: str, last: SweepRecord) -> int:
         """Healthy nodes behind the class baseline that judged `last` now."""
-        res = rec.result_of(last)
+        res = rec.result_of(last, self._results)
         if res is None:
             return 0
         healthy_nodes = {r.name for r in self.store.list_nodes(NodeState.HEALTHY)}
         pool = [x for x in self.store.sweeps(hw_class=klass, kind=last.kind, limit=2000)
                 if x.node in healthy_nodes]
         fp = settings_fingerprint(res)
-        return len({r.node_under_test for r in rec.healthy_results(pool, exclude_nodes=(last.node,))
-                    if settings_fingerprint(r) == fp})
+        healthy = rec.healthy_results(pool, exclude_nodes=(last.node,), cache=self._results)
+        return len({r.node_under_test for r in healthy if settings_fingerprint(r) == fp})
 
     # ------------------------------------------------------------------ gate
     def _fail(self, live: NodeInfo, ep: Episode, step: Step) -> str:
