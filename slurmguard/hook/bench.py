@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,13 @@ class StepCost:
     unguarded_ms: float
     guarded_runs_ms: list = field(default_factory=list)
     unguarded_runs_ms: list = field(default_factory=list)
+    hook_on_ms: float = 0.0   # in-job A/B: median step with the torch hook on
+    hook_off_ms: float = 0.0  # ... and with it removed, alternating blocks
+    ab_steps: int = 0
+
+    @property
+    def ab_overhead_pct(self) -> float:
+        return 100.0 * (self.hook_on_ms / self.hook_off_ms - 1.0) if self.hook_off_ms else 0.0
 
     @property
     def overhead_pct(self) -> float:
@@ -173,6 +181,7 @@ TORCH_CALLS = textwrap.dedent('''
         dt = (time.perf_counter() - t0) / n
         best = dt if best is None else min(best, dt)
     print("us_per_call", best * 1e6)
+    dist.destroy_process_group()
 ''')
 
 
@@ -198,7 +207,7 @@ def measure_torch_calls(runner: CommandRunner, calls: int) -> TorchCallCost:
 
 
 DDP_JOB = textwrap.dedent('''
-    import json, os, time, torch, torch.distributed as dist
+    import json, os, sys, time, torch, torch.distributed as dist
     torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -207,22 +216,51 @@ DDP_JOB = textwrap.dedent('''
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn({batch}, {width})
-    times = []
-    for i in range({warmup} + {steps}):
-        t0 = time.perf_counter()
+
+    def step():
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
+
+    for _ in range({warmup}):
+        step()
+    # both jobs of a pair time their steps over the same stretch of time:
+    # report ready, wait for the bench to say go (then every rank goes)
+    if rank == 0:
+        open(os.environ["SG_BENCH_READY"], "w").close()
+        while not os.path.exists(os.environ["SG_BENCH_GO"]):
+            time.sleep(0.01)
+    dist.barrier()
+    times = []
+    for _ in range({steps}):
+        t0 = time.perf_counter()
+        step()
         times.append(time.perf_counter() - t0)
+    # guarded jobs also switch the torch hook off and on in alternating
+    # blocks of steps (all ranks at the same steps): neighbouring blocks
+    # see the same machine, so this isolates the hook's own cost
+    hook = sys.modules.get("_slurmguard_torchhook")
+    ab = {{"on": [], "off": []}}
+    if hook is not None:
+        for block in range({ab_blocks}):
+            on = block % 2 == 0
+            (hook.patch if on else hook.unpatch)()
+            dist.barrier()
+            for _ in range({ab_steps}):
+                t0 = time.perf_counter()
+                step()
+                ab["on" if on else "off"].append(time.perf_counter() - t0)
+        hook.patch()
     if rank == 0:
         nparams = sum(p.numel() for p in model.parameters())
-        print("STEPS", json.dumps({{"times": times[{warmup}:], "params": nparams}}), flush=True)
+        print("STEPS", json.dumps({{"times": times, "params": nparams, "ab": ab}}), flush=True)
     dist.destroy_process_group()
 ''')
 
 
 def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: int = 768,
-                      depth: int = 4, batch: int = 32, warmup: int = 5) -> StepCost:
+                      depth: int = 4, batch: int = 32, warmup: int = 5, ab_blocks: int = 12,
+                      ab_steps: int = 5) -> StepCost:
     """Run the same 2-node DDP job guarded and unguarded at the same time on
     disjoint node pairs of `cluster` (a DevCluster with the plugin
     installed, rings under ring_root), `pairs` times, swapping the node
@@ -238,29 +276,45 @@ def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: in
     try:
         script = tmp / "ddp.py"
         script.write_text(DDP_JOB.format(width=width, depth=depth, batch=batch, warmup=warmup,
-                                         steps=steps))
+                                         steps=steps, ab_blocks=ab_blocks, ab_steps=ab_steps))
         runs: dict[bool, list[list[float]]] = {True: [], False: []}
         params = 0
         per_step: list[float] = []
+        ab_on: list[float] = []
+        ab_off: list[float] = []
         for p in range(pairs):
             sets = [",".join(nodes[0:2]), ",".join(nodes[2:4])]
             if p % 2:
                 sets.reverse()
             jobs = []
-            for guarded, nodelist in ((True, sets[0]), (False, sets[1])):
-                out = tmp / f"pair{p}-{'g' if guarded else 'u'}.out"
+            go = tmp / f"pair{p}.go"
+            # submission order alternates too: nothing systematic favours a side
+            order = ((True, sets[0]), (False, sets[1])) if p % 2 == 0 else \
+                ((False, sets[1]), (True, sets[0]))
+            for guarded, nodelist in order:
+                tag = f"pair{p}-{'g' if guarded else 'u'}"
+                out = tmp / f"{tag}.out"
                 with socket.socket() as sock:
                     sock.bind(("127.0.0.1", 0))
                     port = sock.getsockname()[1]
                 batch_script = (
                     "#!/bin/bash\n"
                     f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n"
+                    f"export SG_BENCH_READY={tmp / (tag + '.ready')} SG_BENCH_GO={go}\n"
                     "srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
                     f"exec {sys.executable} {script}'\n")
                 args = ["-N2", "-n2", "-w", nodelist, "-o", str(out)]
                 if guarded:
                     args.append("--straggler-guard")
                 jobs.append((guarded, cluster.sbatch(batch_script, *args), out))
+            deadline = time.monotonic() + 600
+            while not all((tmp / f"pair{p}-{t}.ready").exists() for t in "gu"):
+                if time.monotonic() > deadline or any(
+                        cluster.job_state(jid) in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+                        for _, jid, _ in jobs):
+                    break
+                time.sleep(0.05)
+            go.touch()
             for guarded, jid, out in jobs:
                 state = cluster.wait_job(jid, timeout=900)
                 text = out.read_text() if out.exists() else ""
@@ -269,6 +323,8 @@ def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: in
                     raise SlurmguardError(f"bench job {jid} ended {state}: {text[-500:]}")
                 data = json.loads(m.group(1))
                 runs[guarded].append(data["times"])
+                ab_on += data["ab"]["on"]
+                ab_off += data["ab"]["off"]
                 params = data["params"]
                 if guarded:
                     with ringfmt.RingReader(os.path.join(ring_root, str(jid),
@@ -280,7 +336,10 @@ def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: in
                         collectives_per_step=statistics.median(per_step),
                         guarded_ms=med[True], unguarded_ms=med[False],
                         guarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[True]],
-                        unguarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[False]])
+                        unguarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[False]],
+                        hook_on_ms=statistics.median(ab_on) * 1e3 if ab_on else 0.0,
+                        hook_off_ms=statistics.median(ab_off) * 1e3 if ab_off else 0.0,
+                        ab_steps=len(ab_on) + len(ab_off))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -364,6 +423,9 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
             f"overhead {s.overhead_pct:+.2f}% ({ok} target < {STEP_TARGET_PCT:.0f}%)",
             f"  per pair: {', '.join(f'{x:+.1f}%' for x in s.pair_overheads_pct)} "
             f"(jobs of a pair share the machine with each other and everyone else)",
+            f"  in-job A/B (guarded jobs, torch hook on/off in alternating blocks, {s.ab_steps} "
+            f"steps): on {s.hook_on_ms:.2f} ms, off {s.hook_off_ms:.2f} ms, "
+            f"overhead {s.ab_overhead_pct:+.2f}%",
             f"  per-job medians: unguarded {', '.join(f'{x:.1f}' for x in s.unguarded_runs_ms)} ms; "
             f"guarded {', '.join(f'{x:.1f}' for x in s.guarded_runs_ms)} ms",
         ]
@@ -410,6 +472,7 @@ def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, steps: i
                "torch": dict(asdict(t), added_us=t.added_us)}
         if s is not None:
             out["step"] = dict(asdict(s), overhead_pct=s.overhead_pct,
+                               ab_overhead_pct=s.ab_overhead_pct,
                                pair_overheads_pct=s.pair_overheads_pct, target_pct=STEP_TARGET_PCT)
         click.echo(json.dumps(out, indent=2))
     else:

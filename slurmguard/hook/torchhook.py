@@ -14,11 +14,14 @@ run before the backend kernels and where c10d has none of its own): it
 notes the start time, redispatches to the real kernel below autograd with
 the same arguments, and returns its result unchanged. Work with a future
 (all gloo collectives) gets its end time from a done-callback on that
-future and the ASYNC flag; the callback needs the interpreter lock, so the
-end can lag the real completion by up to the switch interval (5 ms by
-default) and records appear in completion order. start_ns is exact, which
-is what period detection uses. Work without a future (gloo p2p) ends when
-the call returns. Tensors created under torch.inference_mode() carry
+future and the ASYNC flag. That callback runs on the completing thread
+ahead of the job's own continuations, so it only takes a timestamp and
+queues the call; a daemon thread writes the queued records every
+DRAIN_INTERVAL_S (and at exit). The callback needs the interpreter lock,
+so the end can lag the real completion when the lock is busy; records
+appear in completion order, up to DRAIN_INTERVAL_S late. start_ns is
+exact, which is what period detection uses. Work without a future (gloo
+p2p) ends when the call returns and is written at once. Tensors created under torch.inference_mode() carry
 no autograd keys and are not seen (those calls run normally, untimed).
 
 NCCL-backed calls are left to the C hook when it is loaded in the process
@@ -31,6 +34,8 @@ stderr and stops recording, while calls keep going to the real kernels.
 
 from __future__ import annotations
 
+import atexit
+import collections
 import importlib.abc
 import importlib.util
 import os
@@ -44,6 +49,9 @@ if __package__:
     from . import ring as _ring
 else:  # loaded by sitecustomize.py under a private name, ring.py likewise
     import _slurmguard_ring as _ring  # type: ignore[no-redef]
+
+#: how often the drain thread writes records of completed async work (s)
+DRAIN_INTERVAL_S = 0.2
 
 # c10d operator -> (sg op, index of the process group, index of the count
 # tensor(s), how to count, index of peer/root or None, index of the
@@ -103,6 +111,8 @@ class Recorder:
         self.enabled = True
         self.writer: _ring.RingWriter | None = None
         self._init_lock = threading.Lock()
+        self._done: collections.deque = collections.deque()  # (ctx, end_ns) to write
+        self._drainer: threading.Thread | None = None
         self._groups: dict[tuple, tuple] = {}  # (group name, device) -> (comm_id, skip)
         self._announced: set = set()
 
@@ -148,6 +158,8 @@ class Recorder:
         stayed in the parent); a child that runs collectives gets its own."""
         self.writer = None
         self._init_lock = threading.Lock()
+        self._done = collections.deque()
+        self._drainer = None
         self._groups = {}
         self._announced = set()
 
@@ -156,9 +168,10 @@ class Recorder:
             self.enabled = False
             _warn(msg)
 
-    def _group(self, pg_obj: Any, device_type: str) -> tuple:
+    def _group(self, pg_obj: Any, device_type: str, first_use_ns: int = 0) -> tuple:
         """(comm_id, skip) of a process group; the first sight of a group
-        also records a comm_init with its rank and size."""
+        also records a comm_init with its rank and size, stamped with the
+        start of the call that showed it (first_use_ns)."""
         import torch.distributed as dist
 
         pg = pg_obj if isinstance(pg_obj, dist.ProcessGroup) else dist.ProcessGroup.unbox(pg_obj)
@@ -174,9 +187,9 @@ class Recorder:
             if w is not None and pg.group_name not in self._announced:
                 # the group's rank and size, once, like the NCCL hook's comm_init
                 self._announced.add(pg.group_name)
-                now = time.monotonic_ns()
+                t = first_use_ns or time.monotonic_ns()
                 w.append(_ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(),
-                         start_ns=now, end_ns=now)
+                         start_ns=t, end_ns=t)
         self._groups[key] = (cid, skip)
         return cid, skip
 
@@ -213,20 +226,43 @@ class Recorder:
         if fut is None:
             self._emit(ctx, time.monotonic_ns(), error, False)
             return
+        done = self._done
 
-        def done(_f: Any, ctx: tuple = ctx) -> None:
-            end = time.monotonic_ns()
-            try:
+        # Runs on the thread that completes the work, ahead of the job's own
+        # continuations of the same future: only a timestamp and a deque
+        # append here; the record is written by the drain thread.
+        fut.add_done_callback(lambda _f, ctx=ctx: done.append((ctx, time.monotonic_ns())))
+        self._start_drain()
+
+    def _start_drain(self) -> None:
+        if self._drainer is not None:
+            return
+        with self._init_lock:
+            if self._drainer is None:
+                t = threading.Thread(target=self._drain_loop, name="slurmguard-ring", daemon=True)
+                self._drainer = t
+                t.start()
+                atexit.register(self.drain)
+
+    def _drain_loop(self) -> None:
+        while self.enabled:
+            time.sleep(DRAIN_INTERVAL_S)
+            self.drain()
+
+    def drain(self) -> None:
+        """Write the records of completed async work (oldest first)."""
+        done = self._done
+        try:
+            while done:
+                ctx, end = done.popleft()
                 self._emit(ctx, end, False, True)
-            except Exception as exc:  # pragma: no cover - defensive
-                self._fail(f"recording failed: {exc!r}")
-
-        fut.add_done_callback(done)
+        except Exception as exc:  # pragma: no cover - defensive
+            self._fail(f"recording failed: {exc!r}")
 
     def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
         w, opname, args, device_type, start = ctx
         op, pg_i, t_i, kind, peer_i, red_i, coalesced = _OPS[opname]
-        cid, _ = self._group(args[pg_i], device_type)
+        cid, _ = self._group(args[pg_i], device_type, start)
         count, dt = _count(args, t_i, kind, args[pg_i])
         flags = _ring.F_COALESCED if coalesced and _list_len(args, t_i) > 1 else 0
         if error:
@@ -327,7 +363,7 @@ def patch(env: dict[str, str] | None = None) -> bool:
     try:
         import torch
 
-        rec = Recorder(env, _nccl_hook_loaded(env))
+        rec = _state.get("recorder") or Recorder(env, _nccl_hook_loaded(env))
         lib = torch.library.Library("c10d", "IMPL")
         below = torch._C._after_autograd_keyset
         for key, device in (("AutogradCPU", "cpu"), ("AutogradCUDA", "cuda")):
@@ -342,10 +378,19 @@ def patch(env: dict[str, str] | None = None) -> bool:
         return False
     # the registrations live as long as the Library object
     _state["lib"] = lib
-    _state["recorder"] = rec
-    if hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=rec.forked)
+    if "recorder" not in _state:
+        _state["recorder"] = rec
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=rec.forked)
     return True
+
+
+def unpatch() -> None:
+    """Remove the recording kernels again (the job continues unhooked);
+    patch() puts them back. The ring stays open for a later patch()."""
+    lib = _state.pop("lib", None)
+    if lib is not None:
+        lib._destroy()
 
 
 def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Callable:
