@@ -36,7 +36,6 @@ from slurmguard.clock import SystemClock
 from slurmguard.config import SweepPolicy, TriagePolicy
 from slurmguard.store import NodeState, Store, SweepKind, db
 from slurmguard.sweeps import records as rec
-from slurmguard.sweeps.episode import load_episode
 from slurmguard.sweeps.quarantine import pair_name
 
 
@@ -172,9 +171,11 @@ def run_bench(cluster, workdir: Path, *, nodes: list[str], tick_s: float, durati
         run = NodeRun(node, returned, wall, jobs_s, node_s, held, pair_job, nsweeps, queue_s, ticks,
                       tick_mean)
         runs.append(run)
-        outcomes = [rec.outcome_of(s) for s in load_episode(rig.store, node).sweeps] if not returned else []
+        mine = [x for x in rig.store.sweeps(node=node) if x.created_at.timestamp() >= t_drain - 1]
+        outcomes = ", ".join(f"{'sweep1' if x.kind is SweepKind.ONE_NODE else 'sweep2'} {rec.outcome_of(x)}"
+                             + ("" if rec.passed(x) else f" ({x.failure_reason})") for x in mine)
         echo(f"{node}: {'returned' if returned else 'NOT returned'} in {wall:.1f}s"
-             f" ({nsweeps} sweeps, jobs {jobs_s:.1f}s){' ' + str(outcomes) if outcomes else ''}")
+             f" ({nsweeps} sweeps, jobs {jobs_s:.1f}s): {outcomes}")
     rig.store.close()
     return summarise(runs), runs
 
