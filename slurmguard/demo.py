@@ -1,12 +1,22 @@
-"""`slurmguard demo`: the main job on the embedded default (local cluster, SQLite)."""
+"""`slurmguard demo`: the closed loop on the embedded default.
+
+A local 4-node Slurm cluster with the SPANK plugin and prolog/epilog, one
+agent per node (sim telemetry), the controller on SQLite; a guarded 2-node
+torch DDP job; a fail-slow injected on one node (slower compute on its rank
+and, in the sim telemetry, the matching thermal throttling). It prints what
+happened: detection, the drain reason, the requeue, the job finishing on
+healthy nodes, then the sweeps that verify the drained node.
+"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import click
 
-from slurmguard.context import app_context
 from slurmguard.devcluster import ClusterSpec, DevCluster
 from slurmguard.devcluster.cluster import DEFAULT_STATE_DIR
 
@@ -14,33 +24,85 @@ from slurmguard.devcluster.cluster import DEFAULT_STATE_DIR
 @click.command()
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               default=DEFAULT_STATE_DIR, show_default=True)
-@click.option("--nodes", "n_nodes", default=4, show_default=True, type=click.IntRange(2, 16))
-@click.pass_context
-def demo(ctx: click.Context, state_dir: Path, n_nodes: int) -> None:
-    """Start the local cluster, create the database, register and show the fleet."""
-    from slurmguard.slurm.cli import nodes
-    from slurmguard.slurm.commands import CommandSlurmClient
-    from slurmguard.store import Store, db
+@click.option("--factor", type=float, default=1.3, show_default=True,
+              help="How much slower the injected node's rank computes.")
+@click.option("--sweep-wait", type=float, default=180.0, show_default=True,
+              help="Seconds to wait for the drained node's sweeps (0: don't wait).")
+@click.option("--down", "stop_after", is_flag=True, help="Stop the cluster at the end.")
+def demo(state_dir: Path, factor: float, sweep_wait: float, stop_after: bool) -> None:
+    """Run the online loop end to end on a local cluster and show what happened."""
+    from slurmguard.devcluster.guard import Guard
+    from slurmguard.devcluster.scenario import Scenario
 
-    cluster = DevCluster(ClusterSpec(state_dir=state_dir, nodes=n_nodes))
+    cluster = DevCluster(ClusterSpec(state_dir=state_dir, nodes=4))
     if cluster.is_running():
         click.echo(f"stopping the previous development cluster in {state_dir}")
         cluster.down()
+    t0 = time.monotonic()
     cluster.up()
-    click.echo(f"[1/3] local Slurm cluster up: {', '.join(cluster.node_names)} "
-               f"(SLURM_CONF={cluster.conf_path})")
-    app = app_context(ctx)
-    url = app.db_url
-    rev = db.upgrade(url)
-    click.echo(f"[2/3] database ready: {db.mask_url(url)} (revision {rev})")
-    import os
+    step = _Steps()
+    step(f"local Slurm cluster up: {', '.join(cluster.node_names)} (SLURM_CONF={cluster.conf_path})")
+    try:
+        guard = Guard(cluster).start()
+        step(f"slurmguard up: SPANK plugin in plugstack.conf, prolog/epilog, controller "
+             f"{guard.controller_url} on {guard.db_url}, 4 agents (sim telemetry)")
+        res = Scenario(guard, say=step).run(factor=factor)
+        if sweep_wait > 0:
+            _wait_sweeps(cluster, guard, res.slow_node, sweep_wait, step)
+        step("the fleet now:")
+        _cli(guard, cluster, "nodes")
+        _cli(guard, cluster, "triage", "report", "--format", "table")
+        click.echo(f"\nSummary: {res.slow_node} slowed {factor:g}x at iteration {res.inject_index}; "
+                   f"drained after {res.detection_delay_s:.1f}s ({res.iterations_to_drain} iterations); "
+                   f"job {res.job} requeued and {res.final_state.lower()} on {', '.join(res.final_nodes)}. "
+                   f"Total {time.monotonic() - t0:.0f}s.")
+    except BaseException:
+        click.echo(f"demo failed; logs in {cluster.log_dir}", err=True)
+        cluster.down()
+        raise
+    if stop_after:
+        cluster.down()
+        click.echo("cluster stopped")
+    else:
+        click.echo(f"\nThe cluster keeps running: {cluster.export_line()}\n"
+                   f"  slurmguard --policy {guard.policy_path} triage report\n"
+                   f"  slurmguard devcluster down --state-dir {state_dir}")
 
-    os.environ["SLURM_CONF"] = str(cluster.conf_path)
-    slurm = CommandSlurmClient(timeout_s=app.policy.slurm.command_timeout_s)
-    with Store.open(url) as store:
-        for n in slurm.nodes():
-            store.get_or_create_node(n.name, partitions=list(n.partitions))
-    click.echo("[3/3] fleet as Slurm and slurmguard see it:")
-    ctx.invoke(nodes, fmt="table")
-    click.echo(f"\nThe cluster keeps running. Use it with: {cluster.export_line()}\n"
-               f"Stop it with: slurmguard devcluster down --state-dir {state_dir}")
+
+class _Steps:
+    def __init__(self) -> None:
+        self.n = 0
+        self.t0 = time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        self.n += 1
+        click.echo(f"[{time.monotonic() - self.t0:6.1f}s] {text}")
+
+
+def _cli(guard, cluster, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "slurmguard.cli", "--policy", str(guard.policy_path), *args],
+                   env=cluster.env, timeout=120, check=False)
+
+
+def _wait_sweeps(cluster, guard, node: str, timeout: float, say) -> None:
+    from slurmguard.store import Store
+
+    say(f"{node} is drained and idle: the sweep scheduler quarantines it and runs its 1-node and "
+        f"2-node sweeps")
+    deadline = time.monotonic() + timeout
+    seen: set[tuple] = set()
+    state = None
+    while time.monotonic() < deadline:
+        with Store.open(guard.db_url) as store:
+            rec = store.get_node(node)
+            state = str(rec.state) if rec else None
+            for sw in store.sweeps(node=node):
+                key = (sw.id, str(sw.verdict))
+                if key not in seen and str(sw.verdict) != "pending":
+                    seen.add(key)
+                    say(f"sweep {sw.kind} of {node} (job {sw.slurm_job_id}): {sw.verdict}"
+                        + (f" - {sw.failure_reason}" if sw.failure_reason else ""))
+        if state in ("healthy", "terminal"):
+            break
+        time.sleep(2)
+    say(f"{node} lifecycle: {state}")

@@ -32,12 +32,17 @@ BUILD = REPO / "spank_plugin" / "build"
 #: a fraction of a second; production defaults assume thousands of GPUs.
 GUARD_DEFAULTS: dict[str, Any] = {
     "response": {"tiers": {"sustained_s": 10.0, "stall_s": 60.0},
-                 "escalation": {"drain_checkpoint_gpu_s": 1.0, "requeue_gpu_s": 2.0}},
+                 "escalation": {"drain_checkpoint_gpu_s": 0.3, "requeue_gpu_s": 0.6}},
     "safety": {"breaker": {"max_nodes": 2, "max_partition_percent": 50.0}},
-    "agent": {"sample_interval_s": 1.0, "report_interval_s": 2.0, "warmup_steps": 5,
+    "agent": {"sample_interval_s": 1.0, "report_interval_s": 1.0, "warmup_steps": 5,
               "baseline_steps": 20},
-    "controller": {"cycle_interval_s": 2.0, "report_stale_s": 30.0},
-    "detection": {"peers": {"window_s": 4.0, "consecutive_windows": 2}},
+    "controller": {"cycle_interval_s": 1.0, "report_stale_s": 30.0},
+    "detection": {"peers": {"window_s": 3.0, "consecutive_windows": 2}},
+    # CPU sweeps of a few seconds (the workloads have the same code path on GPUs)
+    "sweeps": {"device": "cpu", "gemm_duration_s": 1.0, "gemm_dtypes": ["float32"],
+               "gemm_size": 256, "membw_bytes": 16 << 20, "message_sizes_mb": [1, 2],
+               "repeats": 2, "time_limit_min": 5, "bootstrap_min_nodes": 1,
+               "quarantine_reservation_min": 60},
 }
 
 
@@ -96,6 +101,7 @@ class Guard:
             "controller": {"listen_host": "127.0.0.1", "listen_port": self.port,
                            "secret_file": str(self.secret_path)},
             "prolog": {"trace_store": str(self.state / "traces")},
+            "sweeps": {"result_dir": str(self.state / "sweeps")},
         })
         data = _merge(data, self.overrides)
         self.policy_path.write_text(yaml.safe_dump(data, sort_keys=False))
