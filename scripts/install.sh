@@ -45,4 +45,4 @@ fi
 if [ -f spank_plugin/Makefile ]; then
   make -s -C spank_plugin
 fi
-echo "install.sh: ok (python: $(.venv/bin/python --version), slurm: $(sinfo --version))"
+echo "install.sh: ok ($(.venv/bin/python --version), slurm $(dpkg-query -W -f='${Version}' slurm-client))"

@@ -246,8 +246,9 @@ def test_stall_names_least_progress_rank(env):
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
     now = clock.now()
-    r0 = rank_report(0, now - 100).model_copy(update={"in_flight_since": now - 90})
-    r1 = rank_report(1, now - 130).model_copy(update={"in_flight_since": now - 95})
+    # no collective completed for 100 s (stall_s is 60): a stall; rank 1 progressed least
+    r0 = rank_report(0, now - 100)
+    r1 = rank_report(1, now - 130)
     ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
     ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
     res = ctl.cycle()
@@ -255,3 +256,13 @@ def test_stall_names_least_progress_rank(env):
     assert a.stalled_for_s == pytest.approx(100, abs=1)
     assert [c.node for c in a.culprits] == ["node2"]
     assert ("requeue", str(job)) in res.actions
+
+
+def test_quiet_below_stall_window_is_not_a_stall(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    for r, node in enumerate(["node1", "node2"]):
+        ctl.fleet.ingest(report(node, job, [rank_report(r, now - 30)], 1, now), now)
+    res = ctl.cycle()
+    assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []

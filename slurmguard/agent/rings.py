@@ -23,6 +23,9 @@ log = logging.getLogger("slurmguard.agent.rings")
 
 # op codes that are bookkeeping, not collectives (sg_ring.h)
 _NOT_COLLECTIVE = {0, 9, 10, 11, 12, 13, 17, 18}
+# Records written before completion would carry this bit; today's hooks write
+# on completion only, so no op is ever seen in flight (stalls are found from
+# the lack of progress instead, see controller/assess.py).
 _PENDING = 0x02
 
 

@@ -74,10 +74,15 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
     baselines = [r.baseline_step_s for _, r in ranks if r.baseline_step_s]
     recents = {(n, r.rank): _recent(r, since) for n, r in ranks}
     currents = [float(np.median([s.step_s for s in st])) for st in recents.values() if st]
-    # stall: collectives in flight everywhere and no rank completed one lately
+    # stall (Mycroft Alg. 1): no rank completed a collective for stall_s while
+    # the job runs. Hooks that record only completed ops give no in-flight
+    # marker, so progress alone decides; where a hook reports ops in flight,
+    # a rank with none in flight is idle, not stalled.
     progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
-    in_flight = all(r.in_flight_since is not None for _, r in ranks)
-    stalled = (now - max(progress)) if (in_flight and progress) else 0.0
+    marked = [r for _, r in ranks if r.in_flight_since is not None]
+    idle = bool(marked) and len(marked) < len(ranks)
+    quiet = (now - max(progress)) if progress else 0.0
+    stalled = quiet if (quiet >= tiers.stall_s and not idle) else 0.0
     if not baselines or (not currents and stalled <= 0):
         return None
     baseline = float(np.median(baselines))
