@@ -12,14 +12,15 @@ import os
 import struct
 from dataclasses import dataclass
 
-MAGIC = 0x3130474E49524753   # SG_RING_MAGIC: b"SGRING01" as a little-endian u64
-MAX_CAPACITY = 1 << 24       # SG_RING_MAX_CAPACITY
-NODE_NAME_LEN = 64           # SG_NODE_NAME_LEN
-#: magic, version, header_size, record_size, capacity, job_id, step_id, global_rank,
-#: local_rank, world_size, pid, clock_offset_ns, created_ns, source, header_flags,
-#: node_name: offsets 0..136 of struct sg_ring_header (little-endian)
-PREFIX = struct.Struct("<QIIIIIIiiiIqQII64s")
-SOURCES = {1: "nccl", 2: "torch", 3: "test"}
+# The layout comes from the one Python mirror of sg_ring.h (checked field by
+# field against the C header in tests/test_hook_ring_format.py).
+from slurmguard.hook.ring import HEADER_FIELDS, MAGIC, MAX_CAPACITY, NODE_NAME_LEN
+from slurmguard.hook.ring import SOURCE_NAMES as SOURCES
+
+#: magic .. node_name: the contiguous leading fields of struct sg_ring_header
+_LEADING = HEADER_FIELDS[: [name for name, _, _ in HEADER_FIELDS].index("node_name") + 1]
+PREFIX = struct.Struct("<" + "".join(code for _, _, code in _LEADING))
+assert PREFIX.size == _LEADING[-1][1] + NODE_NAME_LEN  # no gaps before node_name
 
 
 @dataclass(frozen=True)
