@@ -266,3 +266,38 @@ def test_quiet_below_stall_window_is_not_a_stall(env):
         ctl.fleet.ingest(report(node, job, [rank_report(r, now - 30)], 1, now), now)
     res = ctl.cycle()
     assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
+
+
+def test_opted_in_job_is_rebalanced_before_any_drain(sqlite_store, fake_clock):
+    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
+        "escalation": POLICY.response.escalation.model_copy(update={
+            "rebalance_gpu_s": 0.5, "drain_checkpoint_gpu_s": 1000.0, "requeue_gpu_s": 2000.0})})})
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    job = slurm.start_job(["node1", "node2"], comment="slurmguard:mitigate,microbatches=16")
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    res = ctl.cycle()
+    assert res.actions == [("rebalance", str(job))]
+    plan = ctl.plans.served(job)
+    # rank 1 computes 1.1 s per 8 micro-batches, rank 0 0.8 s: the slow rank gets fewer
+    assert plan["microbatches"][0] > plan["microbatches"][1] and sum(plan["microbatches"]) == 16
+    assert plan["version"] == 1
+    assert not slurm.node("node2").drained
+    fake_clock.advance(2)
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=17, seq=2)
+    assert ctl.cycle().actions == []  # one plan per incident
+    # a restarted controller serves the same plan from the incident's evidence
+    restarted = Controller(policy, sqlite_store, slurm, fake_clock)
+    feed_job(restarted, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=18, seq=3)
+    restarted.cycle()
+    assert restarted.plans.served(job) == plan
+    (entry,) = sqlite_store.audit_entries(action="rebalance")
+    assert entry.job_id == str(job)
+
+
+def test_job_without_opt_in_gets_no_plan(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    ctl.cycle()
+    assert ctl.plans.served(job) is None

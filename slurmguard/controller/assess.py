@@ -133,7 +133,8 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
         onset=onset, stalled_for_s=stalled, culprits=tuple(culprits),
         evidence={"ranks": len(ranks), "baseline_s": round(baseline, 6),
                   "current_s": None if current is None else round(current, 6),
-                  "rank_compute_ratio": {f"{n}/{r}": round(v, 4) for (n, r), v in ratios.items()}})
+                  "rank_compute_ratio": {f"{n}/{r}": round(v, 4) for (n, r), v in ratios.items()},
+                  "rank_compute_s": {f"{n}/{r}": round(v, 6) for (n, r), v in computes.items()}})
 
 
 def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:

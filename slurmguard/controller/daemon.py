@@ -61,7 +61,7 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
         return ctl.fleet.ingest(report, clock.now())
 
     http = ControllerHTTP(opts.host, opts.port, secret=opts.secret, ingest=ingest, metrics=metrics,
-                          now=clock.now, health=health)
+                          now=clock.now, health=health, plan=ctl.plans.served)
     http.start()
     log.info("controller listening on %s:%d (dry_run=%s)", opts.host, http.port, policy.safety.dry_run)
 

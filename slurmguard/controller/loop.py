@@ -19,6 +19,7 @@ from slurmguard.clock import Clock
 from slurmguard.config import Policy
 from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
+from slurmguard.controller.plans import PlanBook, opt_in
 from slurmguard.detect.peers import PeerFlag, PeerScorer
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.respond.safety import SafetyGate
@@ -69,6 +70,7 @@ class Controller:
         self._scored_until = clock.now()
         self._flags: dict[str, list[PeerFlag]] = {}
         self.breaker_open = False
+        self.plans = PlanBook()
 
     # ------------------------------------------------------------------ the cycle
     def cycle(self) -> CycleResult:
@@ -178,6 +180,8 @@ class Controller:
             a = replace(a, onset=onset)
         gated = gated_tier(a, tier, self.policy.response.escalation, now)
         if gated < Tier.DRAIN:
+            # cheaper than a drain, for jobs that opted in: rebalance micro-batches
+            self._rebalance(a, job, incident, now, res)
             return  # the slowdown has not yet cost the price of the next action
         if gated > _tier_of(incident.tier):
             incident = self.store.update_incident(incident.id, tier=_TIER_NAME[gated],
@@ -219,6 +223,33 @@ class Controller:
             self._checkpoint(a, incident, evidence, res)
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
+
+    def _rebalance(self, a: JobAssessment, job: JobInfo, incident, now: float,
+                   res: CycleResult) -> None:
+        from slurmguard.respond.tiers import accumulated_cost_gpu_s
+
+        want = opt_in(job.comment)
+        if want is None:
+            return
+        if self.plans.get(a.job_id) is None and incident.evidence.get("plan"):
+            from slurmguard.mitigate.plan import JobPlan
+
+            self.plans.put(JobPlan.model_validate(incident.evidence["plan"]))
+        if accumulated_cost_gpu_s(a, now) < self.policy.response.escalation.rebalance_gpu_s:
+            return
+        if self.plans.get(a.job_id) is not None:
+            return  # one plan per incident; a plan that does not help escalates by cost
+        compute = {int(k.split("/")[1]): v for k, v in a.evidence.get("rank_compute_s", {}).items()}
+        plan = self.plans.rebalance(a.job_id, compute, want.microbatches)
+        if plan is None:
+            return
+        self.store.audit("rebalance", actor=self.actor, job_id=str(a.job_id),
+                         reason=f"micro-batches {list(plan.microbatches)} (plan v{plan.version})",
+                         evidence={"incident": incident.id, "plan": plan.model_dump(mode="json"),
+                                   "rank_compute_s": compute})
+        self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json")},
+                                   outcome=f"rebalanced: micro-batches {list(plan.microbatches)}")
+        res.actions.append(("rebalance", str(a.job_id)))
 
     def _checkpoint(self, a: JobAssessment, incident, evidence: dict, res: CycleResult) -> None:
         done = [e for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)

@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ckpt", type=Path, required=True, help="checkpoint directory (shared)")
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--inject-dir", type=Path, default=None)
+    ap.add_argument("--microbatches", type=int, default=0,
+                    help="global batch in micro-batches (M); >0 splits --compute-ms over them and "
+                         "follows the controller's plan (opt in with --comment=slurmguard:mitigate,"
+                         "microbatches=M and SLURMGUARD_CONTROLLER_URL)")
+    ap.add_argument("--plan-every", type=int, default=10, help="steps between plan polls")
     ap.add_argument("--log", type=Path, default=None, help="JSON lines of per-iteration times (rank 0)")
     args = ap.parse_args(argv)
 
@@ -67,6 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     y = torch.randint(0, 8, (64,))
     w = torch.randn(256, 256)
     log = open(args.log, "a") if (args.log and rank == 0) else None
+    poller = None
+    if args.microbatches:
+        from slurmguard.mitigate.client import PlanClient
+        from slurmguard.mitigate.plan import rank_share
+
+        client = PlanClient.from_env()
+        plan = None
+        per_mb_ms = args.compute_ms * world / args.microbatches
+        poller = client
     print(f"rank {rank}/{world} on {node}: starting at iteration {start}", flush=True)
     for it in range(start, args.iters):
         t0 = time.perf_counter()
@@ -81,14 +95,24 @@ def main(argv: list[str] | None = None) -> int:
                 factor = 1.0
         # forward/backward "on the accelerator": modelled time, then the real
         # (small) model, whose backward() runs DDP's gradient all-reduce
-        time.sleep(args.compute_ms / 1000.0 * factor)
+        compute_ms, count = args.compute_ms, None
+        if args.microbatches:
+            if poller is not None and it % args.plan_every == 0:
+                plan = poller.fetch() or plan
+            try:
+                count = rank_share(plan, rank, world, args.microbatches).count
+            except Exception:  # a plan that does not fit: keep the uniform split
+                count = rank_share(None, rank, world, args.microbatches).count
+            compute_ms = per_mb_ms * count
+        time.sleep(compute_ms / 1000.0 * factor)
         loss = torch.nn.functional.cross_entropy(ddp(a), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
         if log is not None:
             log.write(json.dumps({"iter": it, "t": time.time(), "step_s": time.perf_counter() - t0,
-                                  "node": node}) + "\n")
+                                  "node": node, "microbatches": count,
+                                  "plan": plan.version if args.microbatches and plan else None}) + "\n")
             log.flush()
         if (it + 1) % args.ckpt_every == 0 or want_ckpt["now"]:
             if rank == 0:

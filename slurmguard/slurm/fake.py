@@ -50,7 +50,7 @@ class FakeSlurm:
         self._nodes[node] = replace(self._get(node), comment=text)
 
     def start_job(self, nodes: Sequence[str], *, name: str = "train", user: str = "alice",
-                  job_id: int | None = None) -> int:
+                  job_id: int | None = None, comment: str | None = None) -> int:
         """Place a RUNNING job on nodes (what the scheduler would do)."""
         self._check()
         jid = job_id or self._new_id()
@@ -58,7 +58,7 @@ class FakeSlurm:
         self._jobs[jid] = JobInfo(job_id=jid, name=name, user=user, state="RUNNING",
                                   partition=self._get(nodes[0]).partitions[0], nodes=tuple(nodes),
                                   num_nodes=len(nodes), start_time=self.clock.now(),
-                                  restarts=restarts)
+                                  restarts=restarts, comment=comment)
         self._refresh_alloc()
         return jid
 
