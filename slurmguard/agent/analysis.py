@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slurmguard.agent.rings import TrackedRing
-from slurmguard.config import AgentPolicy, DetectionPolicy
+from slurmguard.config import AgentPolicy, DetectionPolicy, PeriodPolicy
 from slurmguard.detect.bocd import BatchBocd
 from slurmguard.detect.period import step_times
 from slurmguard.detect.records import RankOps
@@ -24,14 +24,22 @@ from slurmguard.reports import ChangeReport, RankReport, StepSample
 
 def iteration_bounds(tr: TrackedRing, detection: DetectionPolicy) -> np.ndarray | None:
     """Monotonic ns at which each iteration started (anchor op starts), or None."""
-    n = tr.op.size
+    ops = RankOps(tr.header.global_rank, tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns)
+    return iteration_starts(ops, detection.period)
+
+
+def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
+    """Start times (ns, the ops' clock) of each iteration's anchor op, or None.
+
+    Pure: the same logic for the agent's live rings and for archived traces.
+    """
+    n = len(ops)
     if n < 4:
         return None
-    symbols = np.stack([tr.op, tr.comm, tr.nbytes], axis=1)
+    symbols = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
     if (symbols == symbols[-1]).all():
-        return tr.start_ns.copy()  # one collective per iteration: period of one op
-    ops = RankOps(tr.header.global_rank, tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns)
-    st = step_times(ops, detection.period)
+        return ops.start_ns.copy()  # one collective per iteration: period of one op
+    st = step_times(ops, period)
     if st is None:
         return None
     first = st.end_ns[0] - int(st.seconds[0] * 1e9)
