@@ -1,4 +1,5 @@
-"""`slurmguard whatif TRACE --meta META`: what-if analysis of one job trace."""
+"""`slurmguard whatif TRACE --meta META` / `slurmguard whatif --rings DIR [--meta META]`:
+what-if analysis of one job trace, or of a job's slurmguard rings."""
 
 from __future__ import annotations
 
@@ -33,13 +34,25 @@ def parse_steps(text: str) -> set[int]:
 
 
 @click.command("whatif")
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", required=False, type=click.Path(dir_okay=False))
 @click.option(
     "--meta",
     "meta_path",
-    required=True,
     type=click.Path(dir_okay=False),
-    help="YAML with dp_size, pp_size (tp_size, dsp_size, vpp_size, world_size).",
+    help="YAML with dp_size, pp_size (tp_size, dsp_size, vpp_size, world_size);"
+    " required with TRACE, optional with --rings (default dp = world size, pp = 1).",
+)
+@click.option(
+    "--rings",
+    "rings_dir",
+    type=click.Path(file_okay=False),
+    help="Analyse a job's rings instead of TRACE: an archived job <trace_store>/<job>"
+    " or a ring directory.",
+)
+@click.option(
+    "--job-step",
+    default=None,
+    help="With --rings: the Slurm job step (0, 1, batch, ...) when the rings hold several.",
 )
 @click.option(
     "--json", "as_json", is_flag=True, help="Print one JSON object instead of tables."
@@ -88,8 +101,10 @@ def parse_steps(text: str) -> set[int]:
 @click.pass_context
 def whatif(
     ctx: click.Context,
-    trace: str,
-    meta_path: str,
+    trace: str | None,
+    meta_path: str | None,
+    rings_dir: str | None,
+    job_step: str | None,
     as_json: bool,
     heatmap_path: str | None,
     timeline_path: str | None,
@@ -110,12 +125,35 @@ def whatif(
     from slurmguard.whatif.trace import check_trace, load_meta, read_table
 
     obj = ctx.obj or {}
-    policy = load_policy(obj.get("policy_path")).whatif
-    meta = load_meta(meta_path)
-    name = Path(trace).name
-    table = read_table(trace)
-    if rank_ops:
-        table = trace_from_rank_ops(table, meta, name)
+    full_policy = load_policy(obj.get("policy_path"))
+    policy = full_policy.whatif
+    ring_job = None
+    if rings_dir is not None:
+        from slurmguard.whatif.rings import RING_OP_MAP, load_ring_job
+
+        if trace is not None or rank_ops:
+            raise InputError("--rings: give either TRACE or --rings DIR, not both")
+        ring_job = load_ring_job(
+            rings_dir,
+            load_meta(meta_path) if meta_path else None,
+            period=full_policy.detection.period,
+            job_step=job_step,
+            meta_source=Path(meta_path).name if meta_path else "--meta",
+        )
+        meta = ring_job.meta
+        name = trace = str(rings_dir)
+        meta_path = meta_path or "rings"
+        table = trace_from_rank_ops(ring_job.table, meta, name, op_map=RING_OP_MAP)
+    else:
+        if trace is None:
+            raise InputError("whatif: give a TRACE file (with --meta) or --rings DIR")
+        if meta_path is None:
+            raise InputError(f"{trace}: --meta META is required with a trace file")
+        meta = load_meta(meta_path)
+        name = Path(trace).name
+        table = read_table(trace)
+        if rank_ops:
+            table = trace_from_rank_ops(table, meta, name)
     if steps_text:
         wanted = parse_steps(steps_text)
         if "step" in table.columns:
@@ -154,8 +192,20 @@ def whatif(
     if timeline_path:
         write_timeline(t, timeline_path, steps=timeline_steps)
     if as_json:
-        click.echo(json.dumps(to_json(result), indent=2))
+        out = to_json(result)
+        if ring_job is not None:
+            out["input"] = ring_job.summary()
+        click.echo(json.dumps(out, indent=2))
     else:
+        if ring_job is not None:
+            j = ring_job
+            click.echo(
+                f"rings: job {j.job_id} step {j.summary()['job_step']}, {j.world_size} ranks on"
+                f" {len(set(j.nodes.values()))} node(s), {j.steps} iterations matched;"
+                " compute between iterations -> forward-compute, collectives -> grads-reduce-scatter"
+            )
+            for note in j.notes:
+                click.echo(f"rings: {note}")
         click.echo(to_text(result), nl=False)
         for label, path in (("heatmap", heatmap_path), ("timeline", timeline_path)):
             if path:

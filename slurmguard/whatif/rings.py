@@ -1,0 +1,420 @@
+"""What-if input from slurmguard's own rings (archived job traces or a live ring dir).
+
+A ring holds one rank's collectives only, so the per-rank op table the what-if
+adapter takes (`adapter.trace_from_rank_ops`) is inferred, per rank and
+iteration, from the gaps between collectives:
+
+* iterations come from the agent's own logic (`agent.analysis.iteration_starts`:
+  Greyhound's ACF period, a constant sequence being one collective per
+  iteration); iteration k spans the ops from its anchor op (the first
+  collective after the longest typical gap) up to the next anchor;
+* ``compute``: from the end of the previous iteration's last collective to the
+  start of this iteration's first one. In a data-parallel job that is the
+  optimizer step, forward and backward (up to the first gradient bucket);
+  mapped to the simulator's ``forward-compute``. One op, not a made-up
+  forward/backward split: any ratio would only invent S_t for the two types and
+  a perfect forward/backward correlation (paper 004, 5.3);
+* ``dp-collectives``: from this iteration's first collective start to the end
+  of the last one to finish, one op, mapped to ``grads-reduce-scatter`` (the
+  paper's grads-sync, a collective over all DP ranks). One op, because the
+  simulator runs a stage's DP ops back to back and idealises per op type: the
+  compute between gradient buckets would vanish and differently sized buckets
+  would share one median. The price: backward compute that overlaps earlier
+  buckets counts as communication time.
+
+Steps are matched across ranks by time: iteration j of rank r is step k when
+its collectives end nearest to those of the reference rank's iteration k and
+the reverse holds too (a synchronous collective ends at the same instant on
+every rank). Iterations without a partner on every rank, or with a different
+number of collectives, are dropped. Each rank's times are first moved to
+wall-clock (the ring's clock_offset_ns), then by the median difference of
+those matched ends to the reference rank, which removes the nodes' clock skew.
+
+The default metadata is pure data parallelism: dp = world size, pp = 1.
+A `--meta` file may say tp/dsp > 1 (pp must stay 1); then only the ranks with
+tp_rank = cp_rank = 0 are analysed, and only their DP communicators (ids that
+all of them use and no other rank does).
+
+Layouts read: <trace_store>/<job>/<node>[.restart-<n>]/*.ring (the epilog's
+archive; the latest restart is analysed) or a directory of rings
+(<ring_root>/<job>/*.ring while the job runs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from slurmguard.agent.analysis import iteration_starts
+from slurmguard.config import PeriodPolicy
+from slurmguard.detect.period import PeriodResult, find_period, step_times
+from slurmguard.detect.records import RankOps
+from slurmguard.errors import InputError
+from slurmguard.hook.ring import OP, RingError, RingHeader, RingReader, step_name
+from slurmguard.whatif import optypes as ot
+from slurmguard.whatif.trace import JobMeta
+
+COMPUTE_OP = "compute"
+DP_OP = "dp-collectives"
+#: how the inferred ops map to the simulator's op types (see module docstring)
+RING_OP_MAP = {COMPUTE_OP: ot.FORWARD_COMPUTE, DP_OP: ot.GRADS_REDUCE_SCATTER}
+
+# bookkeeping records, not collectives (sg_ring.h)
+_NOT_COLLECTIVE = frozenset(
+    OP[n] for n in ("none", "group_start", "group_end", "comm_init", "comm_destroy",
+                    "comm_abort", "hold", "comm_split"))
+_RESTART = re.compile(r"\.restart-(\d+)(?:\.\d+)?$")
+
+
+@dataclass(frozen=True)
+class RingFile:
+    path: Path
+    header: RingHeader
+    restart: int
+    """SLURM_JOB_RESTART_COUNT of the run that wrote it (archive layout), else 0."""
+
+
+@dataclass(frozen=True)
+class RankIterations:
+    """One rank's iterations, wall-clock ns (before skew correction)."""
+
+    rank: int
+    compute_start: np.ndarray
+    comm_start: np.ndarray
+    comm_end: np.ndarray
+    n_ops: np.ndarray
+
+
+@dataclass
+class RingJob:
+    """A job's rings turned into the adapter's per-rank op table."""
+
+    path: Path
+    job_id: int
+    step_id: int
+    restart: int
+    world_size: int
+    meta: JobMeta
+    table: pd.DataFrame
+    """Columns rank, step, op, start_ns, end_ns (op: compute | dp-collectives)."""
+    nodes: dict[int, str]
+    """global rank -> node name (from the ring headers)."""
+    iterations: dict[int, int]
+    """rank -> iterations found on it."""
+    steps: int
+    """Steps matched on every analysed rank."""
+    clock_skew_ns: dict[int, int]
+    """rank -> correction applied (ns, median collective-end difference to the reference rank)."""
+    lost_records: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {
+            "rings": str(self.path),
+            "job_id": self.job_id,
+            "job_step": step_name(self.step_id),
+            "restart": self.restart,
+            "world_size": self.world_size,
+            "nodes": {str(r): n for r, n in sorted(self.nodes.items())},
+            "iterations_per_rank": {str(r): n for r, n in sorted(self.iterations.items())},
+            "steps_matched": self.steps,
+            "clock_skew_ns": {str(r): v for r, v in sorted(self.clock_skew_ns.items())},
+            "lost_records": self.lost_records,
+            "op_map": dict(RING_OP_MAP),
+            "notes": list(self.notes),
+        }
+
+
+# ---------------------------------------------------------------- finding rings
+def _restart_of(node_dir: Path) -> int:
+    try:
+        data = json.loads((node_dir / "manifest.json").read_text(encoding="utf-8"))
+        return int(data["restart_count"])
+    except (OSError, ValueError, KeyError, TypeError):
+        m = _RESTART.search(node_dir.name)
+        return int(m.group(1)) if m else 0
+
+
+def find_rings(path: str | Path) -> list[RingFile]:
+    """Ring files of DIR (a ring dir) or DIR/*/ (an archived job); InputError when none."""
+    root = Path(path)
+    if not root.exists():
+        raise InputError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise InputError(f"{root}: not a directory (give <trace_store>/<job> or a ring dir)")
+    try:
+        candidates = [(p, 0) for p in sorted(root.glob("*.ring"))]
+        for sub in sorted(root.iterdir()):
+            # the epilog's .staging-* dirs are archives still being written
+            if sub.is_dir() and not sub.name.startswith("."):
+                restart = _restart_of(sub)
+                candidates += [(p, restart) for p in sorted(sub.glob("*.ring"))]
+    except OSError as exc:
+        raise InputError(f"{root}: cannot list: {exc.strerror or exc}") from None
+    if not candidates:
+        empty = not any(root.iterdir())
+        raise InputError(
+            f"{root}: {'empty directory' if empty else 'no ring files'}"
+            " (expected <trace_store>/<job>/<node>/rank-*.ring or a dir of rank-*.ring)")
+    out = []
+    for p, restart in candidates:
+        try:
+            with RingReader(p) as r:
+                out.append(RingFile(p, r.header, restart))
+        except RingError as exc:
+            raise InputError(str(exc)) from None
+    return out
+
+
+def _read_rank(files: list[RingFile]) -> tuple[RankOps, int]:
+    """All collectives of one rank (its rings merged), wall-clock ns, and records lost."""
+    rows: list[tuple[int, int, int, int, int]] = []
+    lost = 0
+    for f in files:
+        try:
+            with RingReader(f.path) as r:
+                batch = r.read()
+        except (RingError, OSError, ValueError) as exc:
+            raise InputError(f"{f.path}: cannot read: {exc}") from None
+        lost += batch.lost + batch.corrupt + batch.abandoned
+        off = f.header.clock_offset_ns
+        for rec in batch.records:
+            if rec.op in _NOT_COLLECTIVE:
+                continue
+            # communicator ids are unsigned 64-bit: fold to int64 (only equality matters)
+            cid = rec.comm_id - (1 << 64) if rec.comm_id >= 1 << 63 else rec.comm_id
+            rows.append((rec.op, cid, rec.bytes, rec.start_ns + off, rec.end_ns + off))
+    rank = files[0].header.global_rank
+    if not rows:
+        return RankOps(rank, *(np.zeros(0, np.int64) for _ in range(5))), lost
+    a = np.array(rows, dtype=np.int64)
+    a = a[np.argsort(a[:, 3], kind="stable")]
+    return RankOps(rank, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]), lost
+
+
+def _select(files: list[RingFile], root: Path, job_step: str | None) -> tuple[list[RingFile], list[str]]:
+    """One job, its latest run, one job step."""
+    notes: list[str] = []
+    jobs = sorted({f.header.job_id for f in files})
+    if len(jobs) > 1:
+        raise InputError(
+            f"{root}: rings of several jobs ({', '.join(map(str, jobs[:6]))}); "
+            "give one job's directory")
+    restarts = sorted({f.restart for f in files})
+    if len(restarts) > 1:
+        notes.append(f"restarts {', '.join(map(str, restarts))} archived; analysed restart {restarts[-1]}")
+        files = [f for f in files if f.restart == restarts[-1]]
+    steps = sorted({f.header.step_id for f in files})
+    if job_step is not None:
+        files = [f for f in files if f.header.step == job_step]
+        if not files:
+            raise InputError(
+                f"{root}: no rings of job step {job_step} (steps: "
+                f"{', '.join(step_name(s) for s in steps)})")
+    elif len(steps) > 1:
+        raise InputError(
+            f"{root}: rings of job steps {', '.join(step_name(s) for s in steps)}; "
+            "choose one with --job-step")
+    return files, notes
+
+
+# ---------------------------------------------------------------- iterations
+def _edges(ops: RankOps, min_repeats: int) -> tuple[int, int]:
+    """[lo, hi): the ops without start-up and shutdown collectives (a DDP parameter
+    broadcast, a final barrier: symbols seen fewer than min_repeats times at either end)."""
+    sym = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
+    _, code, count = np.unique(sym, axis=0, return_inverse=True, return_counts=True)
+    rare = count[code.ravel()] < min_repeats
+    lo, hi = 0, len(ops)
+    while lo < hi and rare[lo]:
+        lo += 1
+    while hi > lo and rare[hi - 1]:
+        hi -= 1
+    return lo, hi
+
+
+def _sized_period_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
+    """Iteration starts from the ACF of (op, communicator, bytes) symbols.
+
+    The agent's period detection codes ops by type and communicator only, so a
+    DDP iteration of bucket all-reduces and a small loss all-reduce on one
+    communicator looks constant there; the message sizes tell them apart.
+    """
+    _, code = np.unique(np.stack([ops.op, ops.comm, ops.nbytes], axis=1), axis=0,
+                        return_inverse=True)
+    got = find_period(code.ravel(), period)
+    if got is None:
+        return None
+    st = step_times(ops, period, PeriodResult(got[0], got[1], got[2], None))
+    if st is None:
+        return None
+    return np.concatenate([[st.end_ns[0] - int(round(st.seconds[0] * 1e9))], st.end_ns])
+
+
+def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIterations:
+    """Iterations of one rank (see module docstring); InputError when none are found."""
+    n = len(ops)
+    if n == 0:
+        raise InputError(f"{source}: rank {ops.rank} recorded no collectives")
+    lo, hi = _edges(ops, period.min_repeats)
+    core = RankOps(ops.rank, ops.op[lo:hi], ops.comm[lo:hi], ops.nbytes[lo:hi],
+                   ops.start_ns[lo:hi], ops.end_ns[lo:hi])
+    starts = None
+    if len(core) >= 4 and len(np.unique(core.nbytes)) > 1:
+        starts = _sized_period_starts(core, period)
+    if starts is None:
+        starts = iteration_starts(core, period)
+    if starts is None or len(starts) < 2:
+        raise InputError(
+            f"{source}: rank {ops.rank}: no repeating iteration found in its {n} collectives")
+    # anchors as op indices (iteration_starts may round a start by a nanosecond)
+    t = ops.start_ns
+    pos = np.clip(np.searchsorted(t, starts), 1, n - 1)
+    pos = np.where(np.abs(t[pos - 1] - starts) <= np.abs(t[pos] - starts), pos - 1, pos)
+    pos = np.unique(np.clip(pos, lo, hi - 1))
+    if len(pos) >= 2 and hi - pos[-1] == int(np.median(np.diff(pos))):
+        pos = np.append(pos, hi)  # the last iteration is whole: close it at the shutdown ops
+    seg = pos[pos >= 1]  # the first op of the sequence has no compute before it
+    if len(seg) < 2:
+        raise InputError(
+            f"{source}: rank {ops.rank}: fewer than two whole iterations in its {n} collectives")
+    end = ops.end_ns
+    cummax = np.maximum.accumulate(end)
+    comm_start = t[seg[:-1]]
+    comm_end = np.maximum.reduceat(end[: seg[-1]], seg[:-1])
+    # an async op of the previous iteration may end after this one started
+    compute_start = np.minimum(cummax[seg[:-1] - 1], comm_start)
+    return RankIterations(ops.rank, compute_start, comm_start, comm_end, np.diff(seg))
+
+
+def match_steps(its: dict[int, RankIterations], ref: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Step k = the reference rank's iteration k where every rank has a mutual nearest
+    iteration (by collective end) with as many collectives. Returns (ref iteration
+    index per kept step, rank -> its iteration index per kept step)."""
+    r0 = its[ref]
+    keep = np.ones(len(r0.comm_end), dtype=bool)
+    picks: dict[int, np.ndarray] = {}
+    for rank, ri in its.items():
+        if rank == ref:
+            picks[rank] = np.arange(len(r0.comm_end))
+            continue
+        j = _nearest(ri.comm_end, r0.comm_end)
+        back = _nearest(r0.comm_end, ri.comm_end[j])
+        keep &= (back == np.arange(len(r0.comm_end))) & (ri.n_ops[j] == r0.n_ops)
+        picks[rank] = j
+    idx = np.flatnonzero(keep)
+    return idx, {r: p[idx] for r, p in picks.items()}
+
+
+def _nearest(sorted_values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    i = np.clip(np.searchsorted(sorted_values, x), 1, max(len(sorted_values) - 1, 1))
+    if len(sorted_values) == 1:
+        return np.zeros(len(x), dtype=np.int64)
+    left = np.abs(x - sorted_values[i - 1]) <= np.abs(sorted_values[i] - x)
+    return np.where(left, i - 1, i)
+
+
+# ---------------------------------------------------------------- the job
+def _dp_comms(ops: dict[int, RankOps], reps: list[int]) -> set[int]:
+    on_reps = set.intersection(*(set(np.unique(ops[r].comm).tolist()) for r in reps))
+    others = set().union(*(set(np.unique(o.comm).tolist()) for r, o in ops.items() if r not in reps))
+    return on_reps - others
+
+
+def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
+                  period: PeriodPolicy | None = None, job_step: str | None = None,
+                  meta_source: str = "--meta") -> RingJob:
+    """Read a job's rings and infer the per-rank op table (module docstring).
+
+    `meta`: parallelism; None = dp = world size, pp = 1. `job_step`: Slurm step
+    name (0, 1, batch, ...) when the rings hold several. Every problem is an
+    InputError naming the directory or ring file.
+    """
+    root = Path(path)
+    period = period or PeriodPolicy()
+    files, notes = _select(find_rings(root), root, job_step)
+    h0 = files[0].header
+    sizes = sorted({f.header.world_size for f in files})
+    if len(sizes) > 1:
+        raise InputError(f"{root}: rings disagree on the world size ({', '.join(map(str, sizes))})")
+    world = sizes[0]
+    if world < 1:
+        raise InputError(f"{files[0].path}: ring header has world_size {world}")
+    by_rank: dict[int, list[RingFile]] = {}
+    for f in files:
+        by_rank.setdefault(f.header.global_rank, []).append(f)
+    outside = sorted(r for r in by_rank if not 0 <= r < world)
+    if outside:
+        raise InputError(f"{by_rank[outside[0]][0].path}: rank {outside[0]} is outside world size {world}")
+    missing = sorted(set(range(world)) - set(by_rank))
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        raise InputError(
+            f"{root}: job {h0.job_id} step {h0.step}: no ring of rank(s) {shown} "
+            f"(world size {world}, {len(by_rank)} ring(s) found)")
+    if meta is None:
+        meta = JobMeta(dp_size=world, pp_size=1, name=f"job {h0.job_id}")
+    else:
+        if meta.pp_size != 1:
+            raise InputError(
+                f"{meta_source}: pp_size={meta.pp_size}: rings give compute and DP "
+                "communication only; pipeline-parallel jobs need per-op traces")
+        if meta.world_size != world:
+            raise InputError(f"{meta_source}: world_size={meta.world_size} but the rings in {root} "
+                             f"are of {world} ranks")
+        if not meta.name:
+            meta = JobMeta(**{**meta.__dict__, "name": f"job {h0.job_id}"})
+    inner = meta.tp_size * meta.dsp_size
+    reps = [r for r in range(world) if r % inner == 0]
+    ops: dict[int, RankOps] = {}
+    lost = 0
+    for r in range(world):
+        ops[r], n_lost = _read_rank(by_rank[r])
+        lost += n_lost
+    if inner > 1:
+        comms = _dp_comms(ops, reps)
+        if not comms:
+            raise InputError(
+                f"{root}: no communicator is used by exactly the ranks with tp_rank = cp_rank = 0 "
+                f"({meta_source}: tp_size={meta.tp_size}, dsp_size={meta.dsp_size})")
+        for r in reps:
+            o = ops[r]
+            m = np.isin(o.comm, list(comms))
+            ops[r] = RankOps(r, o.op[m], o.comm[m], o.nbytes[m], o.start_ns[m], o.end_ns[m])
+    if lost:
+        notes.append(f"{lost} ring record(s) were lost or corrupt")
+    its = {r: rank_iterations(ops[r], period, str(by_rank[r][0].path)) for r in reps}
+    ref = reps[0]
+    idx, picks = match_steps(its, ref)
+    if len(idx) < 2:
+        raise InputError(
+            f"{root}: only {len(idx)} iteration(s) line up across all {len(reps)} ranks "
+            "(ranks ran different collectives, or their clocks are far apart)")
+    dropped = len(its[ref].comm_end) - len(idx)
+    if dropped:
+        notes.append(f"{dropped} iteration(s) of rank {ref} without a partner on every rank dropped")
+    skew = {r: int(np.median(its[r].comm_end[picks[r]] - its[ref].comm_end[idx])) for r in reps}
+    frames = []
+    for r in reps:
+        ri, j = its[r], picks[r]
+        d = skew[r]
+        n = len(j)
+        frames.append(pd.DataFrame({
+            "rank": np.full(2 * n, r, dtype=np.int64),
+            "step": np.tile(np.arange(n, dtype=np.int64), 2),
+            "op": np.repeat([COMPUTE_OP, DP_OP], n),
+            "start_ns": np.concatenate([ri.compute_start[j], ri.comm_start[j]]) - d,
+            "end_ns": np.concatenate([ri.comm_start[j], ri.comm_end[j]]) - d,
+        }))
+    table = pd.concat(frames, ignore_index=True)
+    return RingJob(
+        path=root, job_id=h0.job_id, step_id=files[0].header.step_id,
+        restart=files[0].restart, world_size=world, meta=meta, table=table,
+        nodes={r: fs[0].header.node_name for r, fs in sorted(by_rank.items())},
+        iterations={r: len(its[r].comm_end) for r in reps}, steps=int(len(idx)),
+        clock_skew_ns=skew, lost_records=lost, notes=notes)
