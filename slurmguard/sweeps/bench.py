@@ -40,11 +40,12 @@ from slurmguard.sweeps.quarantine import pair_name
 
 
 def devcluster_sweep_policy(workdir: Path, *, duration: float = 0.5) -> SweepPolicy:
-    """Short CPU sweeps for the shared development machine (wide tolerance: timings on a
-    busy 2-core host are noisy; a baseline of one bootstrap node suffices)."""
+    """Short CPU sweeps for the shared development machine. The tolerance is wide (85%):
+    CPU timings on a 2-core host shared with other work swing by 2-5x, and this benchmark
+    measures the path back to service, not the detector's sensitivity."""
     return SweepPolicy(device="cpu", gemm_duration_s=duration, gemm_dtypes=("float32",), gemm_size=96,
-                       membw_bytes=2 << 20, message_sizes_mb=(1,), repeats=3, comm_timeout_s=60.0,
-                       time_limit_min=3, start_timeout_min=2, pass_tolerance=0.75,
+                       membw_bytes=2 << 20, message_sizes_mb=(4,), repeats=5, comm_timeout_s=60.0,
+                       time_limit_min=3, start_timeout_min=2, pass_tolerance=0.85,
                        bootstrap_min_nodes=1, master_addr="127.0.0.1",
                        workload_args=("--threads", "1"), result_dir=str(workdir / "results"))
 
@@ -202,6 +203,8 @@ def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, s
                  as_json: bool) -> None:
     """Time and sweep node-hours to verify and return a drained node (dev cluster)."""
     from slurmguard.devcluster import ClusterSpec, DevCluster
+    from slurmguard.triage.devreboot import adopt_restarted
+    from slurmguard.triage.devreboot import install as install_devreboot
 
     workdir = Path(tempfile.mkdtemp(prefix="sg-bench-sweeps-"))
     started = False
@@ -213,6 +216,8 @@ def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, s
         cluster = DevCluster(ClusterSpec(state_dir=workdir / "cluster", nodes=4))
         cluster.up()
         started = True
+        # a node that fails a noisy sweep twice climbs to the reboot rung: make it real
+        install_devreboot(cluster)
     echo = (lambda *_: None) if as_json else click.echo
     try:
         cluster.wait_nodes_idle(timeout=60)
@@ -220,6 +225,7 @@ def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, s
                                   duration=duration, timeout_s=timeout_s, echo=echo)
     finally:
         if started:
+            adopt_restarted(cluster)
             cluster.down()
         else:
             res = cluster.run(["scontrol", "show", "reservation", "-o"])
