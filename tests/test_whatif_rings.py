@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +22,11 @@ import pytest
 from click.testing import CliRunner
 
 from slurmguard.cli import cli, main
+from slurmguard.config import PeriodPolicy
+from slurmguard.detect.records import RankOps
 from slurmguard.errors import InputError
 from slurmguard.hook.ring import OP, SOURCE_TORCH, RingReader, RingWriter, comm_id_of
-from slurmguard.whatif.rings import load_ring_job
+from slurmguard.whatif.rings import load_ring_job, rank_iterations
 from slurmguard.whatif.trace import JobMeta
 
 JOB = 4242
@@ -128,11 +131,11 @@ def test_slow_rank_is_the_top_worker_and_S_matches_the_hand_computation(tmp_path
     job = write_job(tmp_path, slow={2: 1.3})
     rj = load_ring_job(tmp_path / str(JOB))
     assert rj.meta == JobMeta(dp_size=4, pp_size=1, name=f"job {JOB}")
-    assert rj.nodes == NODES and rj.steps == 40
+    assert rj.nodes == NODES and rj.steps == 39  # the first all-reduce has no compute before it
     its = matched_iterations(rj, job)
-    assert list(its) == list(range(40))
+    assert list(its) == list(range(1, 40))
     # node-b's 2 ms clock error is found from the all-reduce ends and removed
-    assert abs(rj.clock_skew_ns[2] - 2_000_000) < 60_000 and abs(rj.clock_skew_ns[1]) < 60_000
+    assert abs(rj.clock_skew_ns[2] - 2_000_000) < 60_000 and rj.clock_skew_ns[1] == 0
     want = expected_slowdown(job, its)
     assert want == pytest.approx(150 / 127.5, abs=0.02)  # 1.176 without the jitter
     out = run_json("--rings", str(tmp_path / str(JOB)))
@@ -146,7 +149,7 @@ def test_slow_rank_is_the_top_worker_and_S_matches_the_hand_computation(tmp_path
     assert out["diagnosis"]["pattern"] == "worker"
     assert abs(out["discrepancy"]) < 0.01  # the inferred ops replay the recorded steps
     assert out["by_optype"]["forward-compute"] > out["by_optype"]["grads-reduce-scatter"]
-    assert out["input"]["job_id"] == JOB and out["input"]["steps_matched"] == 40
+    assert out["input"]["job_id"] == JOB and out["input"]["steps_matched"] == 39
 
 
 def test_healthy_job_has_no_slowdown(tmp_path):
@@ -192,6 +195,26 @@ def test_the_latest_restart_is_analysed(tmp_path):
     assert rj.restart == 1 and "analysed restart 1" in rj.notes[0]
     out = run_json("--rings", str(tmp_path / str(JOB)))
     assert out["mw_detail"]["top_workers"][0]["rank"] == 3
+
+
+def test_time_inside_one_off_collectives_is_not_compute():
+    # one all-reduce per 150 ms iteration (100 ms compute, 50 ms in the all-reduce);
+    # before iteration 5's all-reduce the rank waits 40 ms in a one-off broadcast
+    ms = 1_000_000
+    rows = []
+    for k in range(10):
+        if k == 5:
+            rows.append((OP["broadcast"], 7, 20, 150 * k + 30, 0))
+        rows.append((OP["allreduce"], 7, GRAD_BYTES, 150 * k + 100, 150 * k + 150))
+    op, comm, nbytes, start, end = (np.array(c, dtype=np.int64) for c in zip(*rows))
+    start, end = start * ms, end * ms
+    b = np.flatnonzero(op == OP["broadcast"])
+    end[b] = start[b] + 40 * ms
+    it = rank_iterations(RankOps(0, op, comm, nbytes, start, end), PeriodPolicy(), "r0")
+    compute_ms = (it.comm_start - it.compute_start) / ms
+    assert list(it.n_ops) == [1] * 9  # the broadcast is no part of any iteration
+    assert list(compute_ms) == [100] * 4 + [60] + [100] * 4
+    assert list((it.comm_end - it.comm_start) / ms) == [50] * 9
 
 
 # ---------------------------------------------------------------- bad input
@@ -278,3 +301,39 @@ def test_meta_must_fit_the_rings(tmp_path, one_line_error):
 def test_trace_file_still_needs_meta(tmp_path, one_line_error):
     (tmp_path / "t.parquet").write_bytes(b"")
     assert "--meta META is required" in one_line_error(str(tmp_path / "t.parquet"))
+
+
+# ---------------------------------------------------------------- the real cluster
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_archived_trace_of_a_guarded_job_names_the_slowed_rank(guarded, capsys):
+    from tests.fixtures.guard import wait_for
+
+    # dry run: the controller must not drain the slowed node and requeue the job
+    guarded.configure(safety={"dry_run": True})
+    first, second = guarded.cluster.node_names[:2]
+    guarded.guard.inject(second, 1.6)
+    job = guarded.submit(iters=50, nodes=f"{first},{second}")
+    assert guarded.cluster.wait_job(job, timeout=120) == "COMPLETED"
+    archive = guarded.guard.state / "traces" / str(job)
+    wait_for(lambda: all((archive / n / "manifest.json").exists() for n in (first, second)),
+             30, f"the epilogs to archive job {job}")
+    with pytest.raises(SystemExit) as exc:
+        main(["whatif", "--rings", str(archive), "--json"])
+    assert exc.value.code in (0, None)
+    out = json.loads(capsys.readouterr().out)
+    nodes = out["input"]["nodes"]
+    slowed = int(next(r for r, n in nodes.items() if n == second))
+    assert out["mw_detail"]["top_workers"][0]["rank"] == slowed
+    by_dp = out["by_dp_rank"]
+    assert by_dp[str(slowed)] == max(by_dp.values()) > 1.1
+    assert out["slowdown"] > 1.1 and out["diagnosis"]["pattern"] == "worker"
+    assert out["input"]["steps_matched"] >= 40
+    # the step time replayed from the rings is the one the job measured itself (rank 0)
+    logged = float(np.median([x["step_s"] for x in guarded.train_log(job)]))
+    assert out["step_time_s"]["actual"] == pytest.approx(logged, rel=0.1)
+    assert abs(out["discrepancy"]) < 0.05
+    print(json.dumps({k: out[k] for k in ("slowdown", "by_dp_rank", "mw", "discrepancy",
+                                          "step_time_s")} | {"logged_step_s": logged,
+                                                             "input": out["input"]}),
+          file=sys.stderr)

@@ -4,12 +4,20 @@ A ring holds one rank's collectives only, so the per-rank op table the what-if
 adapter takes (`adapter.trace_from_rank_ops`) is inferred, per rank and
 iteration, from the gaps between collectives:
 
-* iterations come from the agent's own logic (`agent.analysis.iteration_starts`:
-  Greyhound's ACF period, a constant sequence being one collective per
-  iteration); iteration k spans the ops from its anchor op (the first
-  collective after the longest typical gap) up to the next anchor;
+* one-off collectives (an (op, communicator, bytes) seen fewer than
+  detection.period.min_repeats times: DDP's start-up parameter broadcast, its
+  first-iteration buffer broadcasts, a final barrier) are set aside; time
+  spent inside them is not compute (a fast rank waits there for a slow one);
+* iterations of the remaining collectives: one per op when one (op,
+  communicator, bytes) repeats; otherwise Greyhound's ACF period over (op,
+  communicator, bytes) symbols, then the agent's own logic
+  (`agent.analysis.iteration_starts`, which codes ops by type and communicator
+  only). Iteration k spans the collectives from its anchor (the first one after
+  the longest typical gap) up to the next anchor; the first collective has no
+  compute before it, so its iteration is left out;
 * ``compute``: from the end of the previous iteration's last collective to the
-  start of this iteration's first one. In a data-parallel job that is the
+  start of this iteration's first one, less the time inside one-off
+  collectives in between. In a data-parallel job that is the
   optimizer step, forward and backward (up to the first gradient bucket);
   mapped to the simulator's ``forward-compute``. One op, not a made-up
   forward/backward split: any ratio would only invent S_t for the two types and
@@ -27,8 +35,10 @@ its collectives end nearest to those of the reference rank's iteration k and
 the reverse holds too (a synchronous collective ends at the same instant on
 every rank). Iterations without a partner on every rank, or with a different
 number of collectives, are dropped. Each rank's times are first moved to
-wall-clock (the ring's clock_offset_ns), then by the median difference of
-those matched ends to the reference rank, which removes the nodes' clock skew.
+wall-clock (the ring's clock_offset_ns), then, per node, by the median
+difference of those matched ends to the reference rank (rank 0's node stays
+put), which removes the nodes' clock error; it must be well under half an
+iteration for the matching to hold (NTP or PTP gives milliseconds).
 
 The default metadata is pure data parallelism: dp = world size, pp = 1.
 A `--meta` file may say tp/dsp > 1 (pp must stay 1); then only the ranks with
@@ -109,7 +119,8 @@ class RingJob:
     steps: int
     """Steps matched on every analysed rank."""
     clock_skew_ns: dict[int, int]
-    """rank -> correction applied (ns, median collective-end difference to the reference rank)."""
+    """rank -> correction applied (ns): its node's median collective-end difference to
+    the reference rank (0 on the reference rank's node)."""
     lost_records: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -224,18 +235,16 @@ def _select(files: list[RingFile], root: Path, job_step: str | None) -> tuple[li
 
 
 # ---------------------------------------------------------------- iterations
-def _edges(ops: RankOps, min_repeats: int) -> tuple[int, int]:
-    """[lo, hi): the ops without start-up and shutdown collectives (a DDP parameter
-    broadcast, a final barrier: symbols seen fewer than min_repeats times at either end)."""
-    sym = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
-    _, code, count = np.unique(sym, axis=0, return_inverse=True, return_counts=True)
-    rare = count[code.ravel()] < min_repeats
-    lo, hi = 0, len(ops)
-    while lo < hi and rare[lo]:
-        lo += 1
-    while hi > lo and rare[hi - 1]:
-        hi -= 1
-    return lo, hi
+def _symbols(ops: RankOps) -> np.ndarray:
+    """Integer code per op of (op type, communicator, bytes)."""
+    _, code = np.unique(np.stack([ops.op, ops.comm, ops.nbytes], axis=1), axis=0,
+                        return_inverse=True)
+    return code.ravel()
+
+
+def _take(ops: RankOps, idx: np.ndarray) -> RankOps:
+    return RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
+                   ops.end_ns[idx])
 
 
 def _sized_period_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
@@ -243,52 +252,82 @@ def _sized_period_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | Non
 
     The agent's period detection codes ops by type and communicator only, so a
     DDP iteration of bucket all-reduces and a small loss all-reduce on one
-    communicator looks constant there; the message sizes tell them apart.
+    communicator looks constant there; the message sizes tell them apart. A
+    phase of one repeated symbol is one collective per iteration (the ACF
+    cannot say so: every lag scores 1 and the smallest allowed one wins).
     """
-    _, code = np.unique(np.stack([ops.op, ops.comm, ops.nbytes], axis=1), axis=0,
-                        return_inverse=True)
-    got = find_period(code.ravel(), period)
+    code = _symbols(ops)
+    got = find_period(code, period)
     if got is None:
         return None
+    if (code[got[1]:] == code[-1]).all():
+        return ops.start_ns[got[1]:].copy()
     st = step_times(ops, period, PeriodResult(got[0], got[1], got[2], None))
     if st is None:
         return None
-    return np.concatenate([[st.end_ns[0] - int(round(st.seconds[0] * 1e9))], st.end_ns])
+    return np.concatenate([[st.end_ns[0] - round(st.seconds[0] * 1e9)], st.end_ns])
+
+
+def _busy_ns(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window [lo_i, hi_i), ns spent inside the intervals [start_j, end_j)
+    (start ascending)."""
+    out = np.zeros(lo.size, dtype=np.int64)
+    if start.size == 0:
+        return out
+    longest = int((end - start).max())
+    first = np.searchsorted(start, lo - longest)
+    last = np.searchsorted(start, hi)
+    for i in np.flatnonzero(last > first):
+        s = np.maximum(start[first[i]:last[i]], lo[i])
+        e = np.minimum(end[first[i]:last[i]], hi[i])
+        out[i] = np.clip(e - s, 0, None).sum()
+    return out
 
 
 def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIterations:
-    """Iterations of one rank (see module docstring); InputError when none are found."""
+    """Iterations of one rank (see module docstring); InputError when none are found.
+
+    One-off collectives (an (op, communicator, bytes) seen fewer than
+    period.min_repeats times: DDP's start-up parameter broadcast, its
+    first-iteration buffer broadcasts, a final barrier) are not part of the
+    repeating iteration: they are left out of the period, the iterations and
+    the communication op, and the time spent inside them is taken off the
+    compute of the iteration they fall in (a fast rank waits there for a slow
+    one; that wait is not its compute).
+    """
     n = len(ops)
     if n == 0:
         raise InputError(f"{source}: rank {ops.rank} recorded no collectives")
-    lo, hi = _edges(ops, period.min_repeats)
-    core = RankOps(ops.rank, ops.op[lo:hi], ops.comm[lo:hi], ops.nbytes[lo:hi],
-                   ops.start_ns[lo:hi], ops.end_ns[lo:hi])
+    code = _symbols(ops)
+    rare = np.bincount(code)[code] < period.min_repeats
+    core = _take(ops, np.flatnonzero(~rare))
+    m = len(core)
     starts = None
-    if len(core) >= 4 and len(np.unique(core.nbytes)) > 1:
-        starts = _sized_period_starts(core, period)
-    if starts is None:
-        starts = iteration_starts(core, period)
+    if m >= 4:
+        if len(np.unique(core.nbytes)) > 1:
+            starts = _sized_period_starts(core, period)
+        if starts is None:
+            starts = iteration_starts(core, period)
     if starts is None or len(starts) < 2:
         raise InputError(
             f"{source}: rank {ops.rank}: no repeating iteration found in its {n} collectives")
     # anchors as op indices (iteration_starts may round a start by a nanosecond)
-    t = ops.start_ns
-    pos = np.clip(np.searchsorted(t, starts), 1, n - 1)
-    pos = np.where(np.abs(t[pos - 1] - starts) <= np.abs(t[pos] - starts), pos - 1, pos)
-    pos = np.unique(np.clip(pos, lo, hi - 1))
-    if len(pos) >= 2 and hi - pos[-1] == int(np.median(np.diff(pos))):
-        pos = np.append(pos, hi)  # the last iteration is whole: close it at the shutdown ops
-    seg = pos[pos >= 1]  # the first op of the sequence has no compute before it
+    t = core.start_ns
+    pos = np.clip(np.searchsorted(t, starts), 1, m - 1)
+    pos = np.unique(np.where(np.abs(t[pos - 1] - starts) <= np.abs(t[pos] - starts), pos - 1, pos))
+    if len(pos) >= 2 and m - pos[-1] == int(np.median(np.diff(pos))):
+        pos = np.append(pos, m)  # the last iteration is whole: close it
+    seg = pos[pos >= 1]  # the first collective has no compute before it
     if len(seg) < 2:
         raise InputError(
             f"{source}: rank {ops.rank}: fewer than two whole iterations in its {n} collectives")
-    end = ops.end_ns
-    cummax = np.maximum.accumulate(end)
+    end = core.end_ns
     comm_start = t[seg[:-1]]
     comm_end = np.maximum.reduceat(end[: seg[-1]], seg[:-1])
     # an async op of the previous iteration may end after this one started
-    compute_start = np.minimum(cummax[seg[:-1] - 1], comm_start)
+    prev_end = np.minimum(np.maximum.accumulate(end)[seg[:-1] - 1], comm_start)
+    waited = _busy_ns(ops.start_ns[rare], ops.end_ns[rare], prev_end, comm_start)
+    compute_start = np.minimum(prev_end + waited, comm_start)
     return RankIterations(ops.rank, compute_start, comm_start, comm_end, np.diff(seg))
 
 
@@ -398,7 +437,13 @@ def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
     dropped = len(its[ref].comm_end) - len(idx)
     if dropped:
         notes.append(f"{dropped} iteration(s) of rank {ref} without a partner on every rank dropped")
-    skew = {r: int(np.median(its[r].comm_end[picks[r]] - its[ref].comm_end[idx])) for r in reps}
+    # clock error is a node's: one correction per node, none on the reference's
+    node_of = {r: by_rank[r][0].header.node_name for r in reps}
+    diff = {r: np.median(its[r].comm_end[picks[r]] - its[ref].comm_end[idx]) for r in reps}
+    node_skew = {nd: 0 if nd == node_of[ref] else
+                 int(np.median([diff[r] for r in reps if node_of[r] == nd]))
+                 for nd in set(node_of.values())}
+    skew = {r: node_skew[node_of[r]] for r in reps}
     frames = []
     for r in reps:
         ri, j = its[r], picks[r]
@@ -416,5 +461,5 @@ def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
         path=root, job_id=h0.job_id, step_id=files[0].header.step_id,
         restart=files[0].restart, world_size=world, meta=meta, table=table,
         nodes={r: fs[0].header.node_name for r, fs in sorted(by_rank.items())},
-        iterations={r: len(its[r].comm_end) for r in reps}, steps=int(len(idx)),
+        iterations={r: len(its[r].comm_end) for r in reps}, steps=len(idx),
         clock_skew_ns=skew, lost_records=lost, notes=notes)
