@@ -217,6 +217,48 @@ def test_time_inside_one_off_collectives_is_not_compute():
     assert list((it.comm_end - it.comm_start) / ms) == [50] * 9
 
 
+def test_tensor_parallel_meta_uses_the_dp_communicator(tmp_path):
+    # tp=2, dp=2: ranks 0,1 and 2,3 are TP pairs running TP all-reduces through the
+    # compute; ranks 0,2 (and 1,3) sync gradients. DP rank 1 (ranks 2,3) is 40% slower.
+    ms = 1_000_000
+    t0 = time.time_ns() - 30 * 10**9
+    d = tmp_path / "55" / "n"
+    d.mkdir(parents=True)
+    tp = {r: comm_id_of(f"tp{r // 2}") for r in range(4)}
+    dp = {r: comm_id_of(f"dp{r % 2}") for r in range(4)}
+    writers = {}
+    for r in range(4):
+        path = str(d / f"rank-{r}.step-0.torch.ring")
+        writers[r] = RingWriter(path, capacity=1024, job_id=55, step_id=0, global_rank=r,
+                                world_size=4, node_name="n")
+        with RingReader(path) as rd:
+            writers[r].shift = rd.header.clock_offset_ns
+    t = t0
+    for _ in range(12):
+        compute = {r: (140 if r >= 2 else 100) * ms for r in range(4)}
+        end = t + max(compute.values()) + 20 * ms
+        for r, w in writers.items():
+            for q in range(4):  # TP all-reduces inside the compute, 1 ms each
+                s0 = t + (q + 1) * compute[r] // 5
+                w.append(OP["allreduce"], comm_id=tp[r], nbytes=4096, start_ns=s0 - w.shift,
+                         end_ns=s0 + ms - w.shift)
+            w.append(OP["allreduce"], comm_id=dp[r], nbytes=GRAD_BYTES,
+                     start_ns=t + compute[r] - w.shift, end_ns=end - w.shift)
+        t = end
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("dp_size: 2\npp_size: 1\ntp_size: 2\n")
+    from slurmguard.whatif.trace import load_meta
+
+    rj = load_ring_job(tmp_path / "55", load_meta(meta))
+    assert sorted(rj.table["rank"].unique()) == [0, 2] and rj.steps == 11
+    # compute spans the TP all-reduces: from the DP all-reduce's end to the next one's start
+    c = rj.table[(rj.table["op"] == "compute")]
+    assert set(((c["end_ns"] - c["start_ns"]) // ms).tolist()) == {100, 140}
+    out = run_json("--rings", str(tmp_path / "55"), "--meta", str(meta))
+    assert out["mw_detail"]["top_workers"][0]["rank"] == 2
+    assert out["slowdown"] == pytest.approx(160 / 140, rel=1e-3)
+
+
 # ---------------------------------------------------------------- bad input
 @pytest.fixture
 def one_line_error(capsys):
