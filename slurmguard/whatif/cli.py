@@ -115,7 +115,9 @@ def whatif(
     rank_ops: bool,
 ) -> None:
     """What-if analysis of TRACE (paper 004): slowdown S, S_t per op type, S_w per DP rank
-    and stage, M_W, M_S and the simulation discrepancy."""
+    and stage, M_W, M_S and the simulation discrepancy. With --rings DIR, of a job's own
+    slurmguard rings: per iteration, the compute between collectives and the DP
+    collectives are inferred (see slurmguard/whatif/rings.py)."""
     from slurmguard.whatif.adapter import trace_from_rank_ops
     from slurmguard.whatif.analysis import analyse
     from slurmguard.whatif.heatmap import write_heatmap
