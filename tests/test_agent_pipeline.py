@@ -131,3 +131,20 @@ def test_sender_buffers_bounded_while_controller_down(tmp_path):
         sender.flush()
         clock.advance(120)
     assert [r.seq for r in sender.queue] == [3, 4, 5] and sender.dropped == 2 and sender.failures >= 1
+
+
+def test_one_collective_per_iteration_despite_startup_broadcasts_and_final_barrier():
+    import numpy as np
+
+    from slurmguard.agent.analysis import iteration_starts
+    from slurmguard.config import Policy
+    from slurmguard.detect.records import RankOps
+
+    n = 50
+    t = np.cumsum(np.full(n, 100_000_000)).astype(np.int64)
+    op = np.ones(n, np.int64)
+    op[:3] = 4    # DDP's start-up broadcasts
+    op[-1] = 14   # the job's final barrier
+    starts = iteration_starts(RankOps(0, op, np.zeros(n), np.full(n, 4000), t, t + 20_000_000),
+                              Policy().detection.period)
+    assert len(starts) == n - 4 and set(np.diff(starts)) == {100_000_000}

@@ -37,8 +37,18 @@ def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
     if n < 4:
         return None
     symbols = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
-    if (symbols == symbols[-1]).all():
-        return ops.start_ns.copy()  # one collective per iteration: period of one op
+    # One collective per iteration (a single DDP bucket): the sequence is
+    # constant and has no ACF. Start-up broadcasts and a final barrier
+    # around it must not hide that, so look for the longest run of one
+    # repeated symbol; when it holds most of the ops, each op is an iteration.
+    same = np.concatenate([[False], (symbols[1:] == symbols[:-1]).all(axis=1), [False]])
+    edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+    if edges.size:
+        starts, ends = edges[0::2], edges[1::2]
+        k = int(np.argmax(ends - starts))
+        lo, hi = int(starts[k]), int(ends[k]) + 1  # ops lo..hi-1 share one symbol
+        if hi - lo >= max(4, n // 2):
+            return ops.start_ns[lo:hi].copy()
     st = step_times(ops, period)
     if st is None:
         return None
