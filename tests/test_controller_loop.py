@@ -301,3 +301,52 @@ def test_job_without_opt_in_gets_no_plan(env):
     feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
     ctl.cycle()
     assert ctl.plans.served(job) is None
+
+
+def test_pipeline_job_gets_rebalanced_then_retopologised_then_drained(sqlite_store, fake_clock):
+    """Ski-rental order for an opted-in pp=2 x dp=2 job whose ranks 0 (stage 0, replica 0)
+    and 3 (stage 1, replica 1) are slow: S2 cannot help (each replica has a slow stage),
+    S3 consolidates both into one stage, then the drain follows at its price."""
+    from slurmguard.respond.tiers import accumulated_cost_gpu_s
+
+    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
+        "escalation": POLICY.response.escalation.model_copy(update={
+            "rebalance_gpu_s": 10.0, "retopology_gpu_s": 40.0, "drain_checkpoint_gpu_s": 80.0,
+            "requeue_gpu_s": 1e6})})})
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    job = slurm.start_job(["node1", "node2", "node3", "node4"],
+                          comment="slurmguard:mitigate,microbatches=16,pp=2")
+    paid = []
+
+    def cycle(seq):
+        now = fake_clock.now()
+        for r, node in enumerate(["node1", "node2", "node3", "node4"]):
+            # stage-major ranks: 0 = stage 0/replica 0, 3 = stage 1/replica 1
+            rk = rank_report(r, now, slow_factor=1.3, slow_iters=20, culprit=r in (0, 3))
+            ctl.fleet.ingest(report(node, job, [rk], seq, now), now)
+        res = ctl.cycle()
+        (inc,) = sqlite_store.incidents(job_id=str(job))
+        a = res.assessments[job]
+        from dataclasses import replace
+
+        paid.append(accumulated_cost_gpu_s(replace(a, onset=inc.onset_at.timestamp()), now))
+        return res.actions
+
+    assert cycle(1) == [] and 10 <= paid[-1] < 40  # S2 due, but the uniform split is optimal
+    assert ctl.plans.served(job) is None
+    while paid[-1] < 40:
+        fake_clock.advance(5)
+        actions = cycle(len(paid) + 1)
+        if paid[-1] < 40:
+            assert actions == []
+    assert actions == [("retopology", str(job))]
+    plan = ctl.plans.served(job)
+    assert plan["action"] == "retopology" and plan["version"] == 1
+    # one swap moves w3 into stage 0 beside w0 (or w0 into stage 1 beside w3)
+    assert len(plan["swaps"]) == 1 and ({"w0", "w3"} & set(plan["swaps"][0]))
+    while paid[-1] < 80:
+        fake_clock.advance(5)
+        actions = cycle(len(paid) + 1)
+    assert ("drain", "node1") in actions and ("drain", "node4") in actions
+    assert [e.action for e in sqlite_store.audit_entries()][:2] == ["retopology", "drain"]

@@ -181,7 +181,7 @@ class Controller:
         gated = gated_tier(a, tier, self.policy.response.escalation, now)
         if gated < Tier.DRAIN:
             # cheaper than a drain, for jobs that opted in: rebalance micro-batches
-            self._rebalance(a, job, incident, now, res)
+            self._mitigate(a, job, incident, now, res)
             return  # the slowdown has not yet cost the price of the next action
         if gated > _tier_of(incident.tier):
             incident = self.store.update_incident(incident.id, tier=_TIER_NAME[gated],
@@ -224,32 +224,50 @@ class Controller:
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
 
-    def _rebalance(self, a: JobAssessment, job: JobInfo, incident, now: float,
-                   res: CycleResult) -> None:
+    def _mitigate(self, a: JobAssessment, job: JobInfo, incident, now: float,
+                  res: CycleResult) -> None:
+        """In-job tiers for opted-in jobs, each taken once, when its price is paid."""
+        from slurmguard.mitigate.escalation import Action, RootCause, candidate_actions
+        from slurmguard.mitigate.plan import JobPlan
         from slurmguard.respond.tiers import accumulated_cost_gpu_s
 
         want = opt_in(job.comment)
         if want is None:
             return
         if self.plans.get(a.job_id) is None and incident.evidence.get("plan"):
-            from slurmguard.mitigate.plan import JobPlan
-
             self.plans.put(JobPlan.model_validate(incident.evidence["plan"]))
-        if accumulated_cost_gpu_s(a, now) < self.policy.response.escalation.rebalance_gpu_s:
+        world = a.gpus
+        if world % want.pp:
             return
-        if self.plans.get(a.job_id) is not None:
-            return  # one plan per incident; a plan that does not help escalates by cost
+        paid = accumulated_cost_gpu_s(a, now)
+        taken = set(incident.evidence.get("mitigations", []))
         compute = {int(k.split("/")[1]): v for k, v in a.evidence.get("rank_compute_s", {}).items()}
-        plan = self.plans.rebalance(a.job_id, compute, want.microbatches)
-        if plan is None:
-            return
-        self.store.audit("rebalance", actor=self.actor, job_id=str(a.job_id),
-                         reason=f"micro-batches {list(plan.microbatches)} (plan v{plan.version})",
-                         evidence={"incident": incident.id, "plan": plan.model_dump(mode="json"),
-                                   "rank_compute_s": compute})
-        self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json")},
-                                   outcome=f"rebalanced: micro-batches {list(plan.microbatches)}")
-        res.actions.append(("rebalance", str(a.job_id)))
+        for cand in candidate_actions(self.policy.response.escalation, RootCause.COMPUTE, opted_in=True,
+                                      dp_groups=world // want.pp, pp_stages=want.pp):
+            if cand.action not in (Action.REBALANCE, Action.RETOPOLOGY):
+                continue
+            if cand.action.value in taken or paid < cand.cost_gpu_s:
+                continue
+            if cand.action is Action.REBALANCE:
+                plan = self.plans.rebalance(a.job_id, compute, want.microbatches, want.pp)
+            else:
+                slow = sorted({r for c in a.culprits for r in c.ranks})
+                plan = self.plans.retopology(a.job_id, slow, world, want.pp)
+            taken.add(cand.action.value)
+            if plan is None:
+                self.store.update_incident(incident.id, evidence={"mitigations": sorted(taken)})
+                continue
+            what = (f"micro-batches {list(plan.microbatches)}" if cand.action is Action.REBALANCE
+                    else f"swaps {[list(s) for s in plan.swaps]}")
+            self.store.audit(cand.action.value, actor=self.actor, job_id=str(a.job_id),
+                             reason=f"{what} (plan v{plan.version})",
+                             evidence={"incident": incident.id, "plan": plan.model_dump(mode="json"),
+                                       "rank_compute_s": compute, "paid_gpu_s": round(paid, 3)})
+            self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json"),
+                                                              "mitigations": sorted(taken)},
+                                       outcome=f"{cand.action.value}: {what}")
+            res.actions.append((cand.action.value, str(a.job_id)))
+            return  # one in-job change per cycle: let the job apply it before the next
 
     def _checkpoint(self, a: JobAssessment, incident, evidence: dict, res: CycleResult) -> None:
         done = [e for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)

@@ -1,13 +1,18 @@
 """Mitigation plans the controller serves to opted-in jobs (Greyhound S2).
 
-A job opts in with its Slurm comment: `slurmguard:mitigate,microbatches=M`
-(M = micro-batches in its global batch). When its slowdown has cost the
-price of a rebalance (response.escalation.rebalance_gpu_s) but not yet that
-of a drain, the controller plans micro-batch counts per DP rank from each
-rank's measured time per micro-batch (slurmguard.mitigate.plan_microbatches,
-exact) and serves them at /v1/jobs/<id>/plan; the training loop polls it
-(slurmguard.mitigate.client). Plans are also kept in the incident's evidence,
-so a restarted controller serves the same plan.
+A job opts in with its Slurm comment: `slurmguard:mitigate,microbatches=M[,pp=P]`
+(M = micro-batches in its global batch, P = pipeline stages, default 1; ranks
+in Megatron order, stage-major: rank = stage * dp + dp_rank). In the
+ski-rental order of Greyhound Algorithm 1, once its slowdown has cost:
+- response.escalation.rebalance_gpu_s (S2, needs dp >= 2): micro-batch counts
+  per DP group from each group's measured time per micro-batch
+  (slurmguard.mitigate.plan_microbatches, exact; multiples of P);
+- response.escalation.retopology_gpu_s (S3, needs pp >= 2): role swaps that
+  consolidate the slow ranks into the fewest, interior PP stages
+  (slurmguard.mitigate.plan_consolidation);
+then drain and requeue at their own prices. Plans are served at
+/v1/jobs/<id>/plan for the training loop (slurmguard.mitigate.client) and
+kept in the incident's evidence, so a restarted controller serves the same.
 """
 
 from __future__ import annotations
@@ -18,21 +23,24 @@ from dataclasses import dataclass
 
 from slurmguard.mitigate.microbatch import plan_microbatches
 from slurmguard.mitigate.plan import JobPlan
+from slurmguard.mitigate.topology import Layout, plan_consolidation
 
-_OPT_IN = re.compile(r"slurmguard:mitigate(?:,microbatches=(\d+))?")
+_OPT_IN = re.compile(r"slurmguard:mitigate,microbatches=(\d+)(?:,pp=(\d+))?")
 
 
 @dataclass(frozen=True)
 class OptIn:
     microbatches: int
+    pp: int = 1
 
 
 def opt_in(comment: str | None) -> OptIn | None:
     """The job's opt-in from its Slurm comment, or None."""
     m = _OPT_IN.search(comment or "")
-    if m is None or m.group(1) is None:
+    if m is None:
         return None
-    return OptIn(microbatches=int(m.group(1)))
+    pp = int(m.group(2) or 1)
+    return OptIn(microbatches=int(m.group(1)), pp=max(1, pp))
 
 
 class PlanBook:
@@ -52,22 +60,47 @@ class PlanBook:
         p = self.get(job_id)
         return None if p is None else p.model_dump(mode="json")
 
-    def rebalance(self, job_id: int, compute_s: dict[int, float], total: int) -> JobPlan | None:
-        """Plan from each DP rank's compute time per step (s) under the current split."""
+    def rebalance(self, job_id: int, compute_s: dict[int, float], total: int, pp: int = 1) -> JobPlan | None:
+        """S2 plan from each rank's compute time per step (s) under the current split.
+
+        A DP group's time per micro-batch is that of its slowest stage (a
+        pipeline runs at the pace of its slowest stage)."""
         ranks = sorted(compute_s)
-        if len(ranks) < 2 or ranks != list(range(len(ranks))) or total < len(ranks):
+        world = len(ranks)
+        if ranks != list(range(world)) or world % pp:
+            return None
+        dp = world // pp
+        if dp < 2 or total < dp * pp:
             return None
         current = self.get(job_id)
-        if current is not None and current.microbatches is not None and len(current.microbatches) == len(ranks):
+        if current is not None and current.microbatches is not None and len(current.microbatches) == dp:
             counts = list(current.microbatches)
         else:
-            base, extra = divmod(total, len(ranks))
-            counts = [base + (1 if i < extra else 0) for i in range(len(ranks))]
-        per_mb = [max(compute_s[r], 1e-6) / counts[r] for r in ranks]
-        plan = plan_microbatches(per_mb, total)
-        if current is not None and tuple(plan.m) == current.microbatches:
+            base = total // (dp * pp) * pp
+            extra = (total - base * dp) // pp
+            counts = [base + (pp if d < extra else 0) for d in range(dp)]
+        per_mb = [max(max(compute_s[s * dp + d] for s in range(pp)), 1e-6) / counts[d] for d in range(dp)]
+        plan = plan_microbatches(per_mb, total, pp)
+        if list(plan.m) == counts:
+            return None  # the current split is already the best one: nothing to serve
+        return self._next(job_id, current, action="rebalance", microbatches=tuple(plan.m), pp=pp,
+                          makespan_s=plan.makespan)
+
+    def retopology(self, job_id: int, slow_ranks: list[int], world: int, pp: int) -> JobPlan | None:
+        """S3 plan: swaps that put the slow ranks into the fewest interior stages."""
+        if pp < 2 or world % pp or not slow_ranks:
             return None
-        new = JobPlan(job_id=str(job_id), version=(current.version + 1) if current else 1,
-                      action="rebalance", microbatches=tuple(plan.m), makespan_s=plan.makespan)
+        layout = Layout.grid(pp, world // pp)
+        plan = plan_consolidation(layout, [f"w{r}" for r in slow_ranks])
+        if not plan.improves:
+            return None
+        current = self.get(job_id)
+        return self._next(job_id, current, action="retopology",
+                          microbatches=current.microbatches if current else None,
+                          pp=pp, swaps=tuple((s.a, s.b) for s in plan.swaps),
+                          makespan_s=current.makespan_s if current else None)
+
+    def _next(self, job_id: int, current: JobPlan | None, **fields) -> JobPlan:
+        new = JobPlan(job_id=str(job_id), version=(current.version + 1) if current else 1, **fields)
         self.put(new)
         return new
