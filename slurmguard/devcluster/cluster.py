@@ -385,11 +385,24 @@ class DevCluster:
         st = self._load_state()
         return bool(st) and any(self._ours(n, p) for n, p in st.pids.items())
 
+    def _adopt_pidfiles(self, st: _State) -> None:
+        """slurmd restarted by the dev RebootProgram has a new pid: read it from
+        its SlurmdPidFile (checked against /proc like every recorded pid)."""
+        for node in st.node_ports:
+            name = f"slurmd:{node}"
+            try:
+                pid = int((self.state_dir / "run" / f"slurmd-{node}.pid").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            if pid != st.pids.get(name) and self._ours(name, pid):
+                st.pids[name] = pid
+
     def down(self, timeout: float = 20.0) -> None:
         """Stop jobs, then the daemons this cluster started, by pid."""
         st = self._load_state()
         if st is None:
             return
+        self._adopt_pidfiles(st)
         if any(self._ours(n, p) for n, p in st.pids.items() if n == "slurmctld"):
             self.run(["scancel", "--partition", self.partition], timeout=10)
         services = [n for n in st.pids if n.startswith("sg-")]

@@ -68,6 +68,11 @@ class ActionExecutor:
         self._do("requeue", lambda: self.slurm.requeue(job_id), job_id=job_id, reason=reason,
                  argv=["scontrol", "requeue", str(job_id)], evidence=evidence)
 
+    def cancel(self, job_id: int, reason: str, node: str | None = None,
+               evidence: dict[str, Any] | None = None) -> None:
+        self._do("cancel", lambda: self.slurm.cancel(job_id), job_id=job_id, node=node, reason=reason,
+                 argv=["scancel", str(job_id)], evidence=evidence)
+
     def signal(self, job_id: int, signal: str, reason: str,
                evidence: dict[str, Any] | None = None) -> None:
         """Signal the job's steps (where the ranks run), not the batch shell,

@@ -551,10 +551,7 @@ class SweepScheduler:
         return f"sweep {sweep_id} not run: {detail}"
 
     def _cancel(self, job_id: int, node: str, reason: str) -> None:
-        # ActionExecutor has no cancel(); use its generic audited path so the scancel
-        # is logged like every other Slurm action (and skipped in dry-run)
-        self.executor._do("cancel", lambda: self.slurm.cancel(job_id), node=node,
-                          job_id=job_id, reason=reason, argv=["scancel", str(job_id)])
+        self.executor.cancel(job_id, reason, node=node)
 
     @staticmethod
     def _label(s: SweepRecord) -> str:
