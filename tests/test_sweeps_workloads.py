@@ -25,7 +25,8 @@ SMALL = ["--device", "cpu", "--duration", "0.3", "--gemm-size", "96", "--dtypes"
 
 def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
     out = tmp_path / "node.json"
-    inject = json.dumps({"node3": {"gemm_slowdown": 0.6, "gpus": [1]}})
+    # a strong fault: on a loaded 2-core machine the twin's own speed varies 2-3x
+    inject = json.dumps({"node3": {"gemm_slowdown": 0.85, "gpus": [1]}})
     res = run_node_local(str(out), "node3", SMALL + ["--cpu-devices", "2"], POL, timeout_s=180,
                          env={"SLURMGUARD_SWEEP_INJECT": inject})
     assert res.returncode == 0, res.stderr[-2000:]
@@ -39,11 +40,11 @@ def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
     assert r.injected == {"node3": json.loads(inject)["node3"] | {
         "membw_slowdown": 0.0, "p2p_slowdown": 0.0, "link_slowdown": 0.0, "link_direction": "both",
         "crash": False, "hang_s": 0.0, "corrupt_output": False}}
-    # 60% slower by injection: 2.5x below its twin even on a noisy shared CPU
+    # 85% slower by injection: well below its twin even on a noisy shared CPU
     g0, g1 = (d.gemm[0].tflops for d in r.devices)
     assert g1 < 0.6 * g0
     # the node's own GPUs are the reference when two or more are compared: with two,
-    # the median is their mean, so 0.4 of its twin reads about -43%
+    # the median is their mean, so 0.15 of its twin reads about -74%
     v = judge_result(r, None, POL.model_copy(update={"peer_min_devices": 2}), suspected=False)
     assert v.outcome is Outcome.FAIL
     assert re.match(r"slurmguard: sweep1 gpu1 gemm_(fp32|bf16) -[2-9]\d% vs node", v.reason), v.reason
@@ -59,7 +60,7 @@ def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path):
     assert {(t.src_node, t.dst_node) for t in healthy.transfers} == {("node2", "node1"), ("node1", "node2")}
     assert [(a.scope, a.ranks) for a in healthy.allreduce] == [("cross", 2)]
 
-    inject = json.dumps({"node2": {"link_slowdown": 0.75}})
+    inject = json.dumps({"node2": {"link_slowdown": 0.9}})
     rs = run_pair_local(str(slow_out), ["node2", "node1"], SMALL, POL, timeout_s=180,
                         env={"SLURMGUARD_SWEEP_INJECT": inject})
     assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
