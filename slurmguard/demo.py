@@ -46,6 +46,10 @@ def demo(state_dir: Path, factor: float, sweep_wait: float, stop_after: bool) ->
         guard = Guard(cluster).start()
         step(f"slurmguard up: SPANK plugin in plugstack.conf, prolog/epilog, controller "
              f"{guard.controller_url} on {guard.db_url}, 4 agents (sim telemetry)")
+        if sweep_wait > 0:
+            seeded = guard.bootstrap_sweeps()
+            step(f"sweep baselines seeded by rolling sweeps of unsuspected {', '.join(seeded)} "
+                 f"(1-node and 2-node, CPU path)")
         res = Scenario(guard, say=step).run(factor=factor)
         if sweep_wait > 0:
             _wait_sweeps(cluster, guard, res.slow_node, sweep_wait, step)
