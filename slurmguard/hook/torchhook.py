@@ -50,6 +50,8 @@ if __package__:
 else:  # loaded by sitecustomize.py under a private name, ring.py likewise
     import _slurmguard_ring as _ring  # type: ignore[no-redef]
 
+_monotonic_ns = time.monotonic_ns
+
 #: how often the drain thread writes records of completed async work (s)
 DRAIN_INTERVAL_S = 0.2
 
@@ -172,9 +174,7 @@ class Recorder:
         """(comm_id, skip) of a process group; the first sight of a group
         also records a comm_init with its rank and size, stamped with the
         start of the call that showed it (first_use_ns)."""
-        import torch.distributed as dist
-
-        pg = pg_obj if isinstance(pg_obj, dist.ProcessGroup) else dist.ProcessGroup.unbox(pg_obj)
+        pg = _c10d().pg(pg_obj)
         key = (pg.group_name, device_type)
         cached = self._groups.get(key)
         if cached is not None:
@@ -204,35 +204,35 @@ class Recorder:
             _, skip = self._group(args[_OPS[opname][1]], device_type)
             if skip:
                 return None
-        w = self._writer()
+        w = self.writer
         if w is None:
-            return None
+            w = self._writer()
+            if w is None:
+                return None
         if w.hold_requested():
             w.hold_wait()
-        return (w, opname, args, device_type, time.monotonic_ns())
+        return (w, opname, args, device_type, _monotonic_ns())
 
     def after(self, ctx: tuple, out: Any, error: bool = False) -> None:
-        work = _work_of(out)
-        fut = None
-        if work is not None and not error:
+        if not error:
+            # (outputs, work) or a bare work; the work arrives boxed as a
+            # TorchScript object
+            work = out[-1] if type(out) is tuple and out else out
             try:
-                from torch._C._distributed_c10d import Work
-
-                w = work if isinstance(work, Work) else Work.unbox(work)
-                # a future that is already done runs the callback at once
-                fut = w.get_future()
+                fut = _c10d().work_unbox(work).get_future()
             except Exception:
                 fut = None  # e.g. gloo p2p work has no future: end = return
-        if fut is None:
-            self._emit(ctx, time.monotonic_ns(), error, False)
-            return
-        done = self._done
-
-        # Runs on the thread that completes the work, ahead of the job's own
-        # continuations of the same future: only a timestamp and a deque
-        # append here; the record is written by the drain thread.
-        fut.add_done_callback(lambda _f, ctx=ctx: done.append((ctx, time.monotonic_ns())))
-        self._start_drain()
+            if fut is not None:
+                done = self._done
+                # Runs on the thread that completes the work (a future that
+                # is already done runs it here, at once), ahead of the job's
+                # own continuations: only a timestamp and a deque append;
+                # the drain thread writes the record.
+                fut.add_done_callback(lambda _f, ctx=ctx: done.append((ctx, _monotonic_ns())))
+                if self._drainer is None:
+                    self._start_drain()
+                return
+        self._emit(ctx, _monotonic_ns(), error, False)
 
     def _start_drain(self) -> None:
         if self._drainer is not None:
@@ -307,10 +307,7 @@ def _count(args: tuple, i: int | None, kind: str, pg_obj: Any) -> tuple:
     if kind == "tensor":
         return a.numel(), _dtype_code(a)
     if kind == "per_peer":
-        import torch.distributed as dist
-
-        pg = pg_obj if isinstance(pg_obj, dist.ProcessGroup) else dist.ProcessGroup.unbox(pg_obj)
-        size = pg.size() or 1
+        size = _c10d().pg(pg_obj).size() or 1
         return a.numel() // size, _dtype_code(a)
     if not a:
         return 0, 0
@@ -331,10 +328,34 @@ def _redop(obj: Any) -> int:
         return _ring.REDOP["other"]
 
 
-def _work_of(out: Any) -> Any:
-    if isinstance(out, tuple):
-        return out[-1] if out else None
-    return out
+class _C10d:
+    """torch's c10d classes, looked up once (an import statement per call
+    costs microseconds on the caller's path)."""
+
+    def __init__(self) -> None:
+        import torch
+        from torch._C._distributed_c10d import ProcessGroup, Work
+
+        self.script_object = torch.ScriptObject
+        self.work_cls = Work
+        self.pg_cls = ProcessGroup
+
+    def work_unbox(self, work: Any) -> Any:
+        return work if type(work) is self.work_cls else self.work_cls.unbox(work)
+
+    def pg(self, obj: Any) -> Any:
+        """The ProcessGroup of a dispatcher argument (a boxed TorchScript
+        object there; a ProcessGroup when called directly)."""
+        return self.pg_cls.unbox(obj) if type(obj) is self.script_object else obj
+
+
+_c10d_cache: list = []
+
+
+def _c10d() -> _C10d:
+    if not _c10d_cache:
+        _c10d_cache.append(_C10d())
+    return _c10d_cache[0]
 
 
 # --------------------------------------------------------------------- patch
@@ -394,17 +415,22 @@ def unpatch() -> None:
 
 
 def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Callable:
+    # the OpOverload's own redispatch is one Python frame around this
+    handle = getattr(op, "_handle", None)
+    redispatch = getattr(handle, "redispatch_boxed", None) or op.redispatch
+
     def kernel(keyset: Any, *args: Any) -> Any:
-        ctx = None
-        if rec.enabled:
-            try:
-                ctx = rec.before(name, args, device)
-            except Exception as exc:
-                rec._fail(f"recording failed: {exc!r}")
-        if ctx is None:
-            return op.redispatch(keyset & below, *args)
+        if not rec.enabled:
+            return redispatch(keyset & below, *args)
         try:
-            out = op.redispatch(keyset & below, *args)
+            ctx = rec.before(name, args, device)
+        except Exception as exc:
+            rec._fail(f"recording failed: {exc!r}")
+            ctx = None
+        if ctx is None:
+            return redispatch(keyset & below, *args)
+        try:
+            out = redispatch(keyset & below, *args)
         except BaseException:
             try:
                 rec.after(ctx, None, error=True)
