@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_bench_hook_small_run(spank_build):
     res = subprocess.run(
         ["slurmguard", "bench", "hook", "--no-cluster", "--calls", "200000", "--rounds", "2",
-         "--repeats", "1", "--torch-calls", "100", "--json"],
+         "--repeats", "1", "--torch-calls", "100", "--torch-blocks", "4", "--json"],
         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -27,7 +27,12 @@ def test_bench_hook_small_run(spank_build):
     # recording costs more than forwarding alone, and forwarding more than nothing
     assert cpu["hook"] > cpu["passthrough"] >= 0.5 * cpu["base"]
     assert out["nccl"]["added_cpu_ns"]["hook"] == pytest.approx(cpu["hook"] - cpu["base"])
-    assert out["torch"]["hooked_us"] > 0 and out["torch"]["plain_us"] > 0
+    torch_ = out["torch"]
+    assert torch_["hooked_us"] > 0 and torch_["plain_us"] > 0 and torch_["ranks"] == 2
+    assert torch_["added_us"] == pytest.approx(torch_["hooked_us"] - torch_["plain_us"])
+    # recorded: the 200 warm-up calls and the 2 hooked blocks of 10 + 100
+    # calls; the blocks with the hook removed leave no records
+    assert torch_["records"] == 200 + 2 * 110
     assert "step" not in out
 
 
@@ -35,14 +40,17 @@ def test_report_lines():
     c = CallCost(calls_per_round=10, rounds=3, runs=5, clocksource="tsc",
                  cpu_ns={"base": 8.0, "hook": 58.0, "passthrough": 10.0, "reference": 70.0},
                  wall_ns={"base": 9.0, "hook": 60.0, "passthrough": 11.0, "reference": 75.0})
-    t = TorchCallCost(calls=100, plain_us=15.0, hooked_us=45.0)
-    s = StepCost(steps=40, pairs=3, params=1000, collectives_per_step=2.0, guarded_ms=50.25,
-                 unguarded_ms=50.0, guarded_runs_ms=[50.5, 40.2, 61.0],
-                 unguarded_runs_ms=[50.0, 40.0, 61.0])
+    t = TorchCallCost(ranks=2, calls=100, blocks=8,
+                      thread_us={"plain": 15.0, "hooked": 45.0},
+                      process_us={"plain": 20.0, "hooked": 60.0},
+                      wall_us={"plain": 30.0, "hooked": 80.0}, records=400)
+    s = StepCost(iters=300, pairs=3, compute_ms=80.0, collectives_per_step=2.0, guarded_ms=80.4,
+                 unguarded_ms=80.0, guarded_runs_ms=[80.8, 80.4, 81.0],
+                 unguarded_runs_ms=[80.0, 80.4, 81.0], steps_used=850, ci_pct=(-0.1, 0.9))
     text = report(c, t, s)
     assert "added by the hook: 50.0 ns per call (meets target <= 60 ns)" in text
     assert "the reference shim adds 62.0 ns" in text
-    assert "added 30.00 us" in text
-    assert "overhead +0.50% (meets target < 1%)" in text
-    assert "per pair: +1.0%, +0.5%, +0.0%" in text
-    assert "2.0 collective(s) x 30.0 us = 60.0 us = 0.120% of a step" in text
+    assert "added per call          +30.0         +40.0    +50.0" in text
+    assert "overhead +0.50% (95% interval -0.10% .. +0.90%; meets target < 1%)" in text
+    assert "per pair: +1.00%, +0.00%, +0.00%" in text
+    assert "2.0 collective(s) x 30.0 us = 60.0 us = 0.075% of a step" in text

@@ -7,15 +7,24 @@
    Both the calling thread's CPU time and wall time are reported; the
    target (at most 60 ns added per call) is checked on CPU time, which
    other processes' time slices on a shared machine do not inflate.
-2. torch hook, per collective: all_reduce on a 1-rank gloo group with and
-   without the hook (microseconds added per call).
-3. Step time of a guarded torch DDP job on the local cluster (2 nodes,
-   gloo) against the same job unguarded, both running at the same time on
-   disjoint node pairs (swapped between repetitions), in the same run;
-   overhead = median guarded step / median unguarded step - 1 over all
-   timed steps. Target: under 1%. On a shared machine the measured difference is
-   noisy, so the report also gives the hook's cost per step derived from
-   (2): collectives per step x added time per collective.
+2. torch hook, per collective: a 2-rank gloo job on 127.0.0.1, started
+   with a guarded job's environment, does all_reduce of a small tensor in
+   blocks with the hook switched on and off between blocks (on, off, off,
+   on, ...), so both sides see the same machine; medians over blocks of
+   the calling thread's CPU time (the headline: the hook's own work on the
+   caller's path), the process's CPU time (adds the completion callbacks
+   and the drain thread) and wall time, per call.
+3. Step time of a guarded job against the same job unguarded on the local
+   cluster: slurmguard.devcluster.train (DDP over 2 nodes, gloo) with its
+   accelerator compute modelled as a sleep (--compute-ms), so its step
+   time does not swing with how busy the machine's cores are. A guarded
+   and an unguarded job run at the same time on disjoint node pairs
+   (swapped, and submitted in the other order, from one pair to the next);
+   only steps both jobs of a pair ran in the same stretch of time count.
+   Overhead = median guarded step / median unguarded step - 1, all pairs
+   pooled, with a bootstrap 95% interval over steps. Target: under 1%.
+   The report also derives the hook's cost per step from (2): collectives
+   per step x added time per collective.
 """
 
 from __future__ import annotations
@@ -29,7 +38,6 @@ import statistics
 import sys
 import tempfile
 import textwrap
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -71,41 +79,57 @@ class CallCost:
 
 @dataclass
 class TorchCallCost:
-    """microseconds per all_reduce on a 1-rank gloo group."""
+    """us per all_reduce (16 float32, gloo) with the torch hook on ("hooked")
+    and off ("plain"), medians over interleaved blocks of `calls` calls:
+    the calling thread's CPU time, the process's CPU time, wall time."""
 
+    ranks: int
     calls: int
-    plain_us: float
-    hooked_us: float
+    blocks: int
+    thread_us: dict
+    process_us: dict
+    wall_us: dict
+    records: int = 0  # allreduce records in rank 0's ring afterwards
+
+    @property
+    def plain_us(self) -> float:
+        return self.thread_us["plain"]
+
+    @property
+    def hooked_us(self) -> float:
+        return self.thread_us["hooked"]
 
     @property
     def added_us(self) -> float:
+        """Added per call, calling thread's CPU time."""
         return self.hooked_us - self.plain_us
+
+    def added(self, clock: str) -> float:
+        """Added per call on one clock: thread, process or wall."""
+        d = {"thread": self.thread_us, "process": self.process_us, "wall": self.wall_us}[clock]
+        return d["hooked"] - d["plain"]
 
 
 @dataclass
 class StepCost:
-    """Median step times (ms) of the same DDP job, guarded and not."""
+    """Median step times (ms) of the same sleep-modelled DDP job, guarded
+    and not, over the steps both jobs of each pair ran at the same time."""
 
-    steps: int
+    iters: int
     pairs: int
-    params: int
+    compute_ms: float
     collectives_per_step: float
     guarded_ms: float
     unguarded_ms: float
     guarded_runs_ms: list = field(default_factory=list)
     unguarded_runs_ms: list = field(default_factory=list)
-    hook_on_ms: float = 0.0   # in-job A/B: median step with the torch hook on
-    hook_off_ms: float = 0.0  # ... and with it removed, alternating blocks
-    ab_steps: int = 0
-
-    @property
-    def ab_overhead_pct(self) -> float:
-        return 100.0 * (self.hook_on_ms / self.hook_off_ms - 1.0) if self.hook_off_ms else 0.0
+    steps_used: int = 0  # per side, all pairs
+    ci_pct: tuple = (0.0, 0.0)  # bootstrap 95% interval of overhead_pct
 
     @property
     def overhead_pct(self) -> float:
-        """Median guarded step over median unguarded step, all timed steps
-        of all pairs pooled (both sides ran in the same time windows)."""
+        """Median guarded step over median unguarded step, all counted
+        steps of all pairs pooled (both sides ran in the same windows)."""
         return 100.0 * (self.guarded_ms - self.unguarded_ms) / self.unguarded_ms
 
     @property
@@ -166,107 +190,116 @@ def measure_nccl_calls(runner: CommandRunner, calls: int, rounds: int, repeats: 
 
 
 TORCH_CALLS = textwrap.dedent('''
-    import os, sys, tempfile, time, torch, torch.distributed as dist
+    # a guarded job's ranks (the hook loaded by sitecustomize.py); rank 0
+    # starts rank 1 as a copy of itself with the same environment
+    import json, os, subprocess, sys, time, torch, torch.distributed as dist
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-    t = torch.ones(1)
+    n, blocks, world = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    rank = int(os.environ.get("RANK", "0"))
+    peers = []
+    if rank == 0 and world > 1:
+        for r in range(1, world):
+            peers.append(subprocess.Popen([sys.executable] + sys.argv, env=dict(os.environ, RANK=str(r))))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    hook = sys.modules.get("_slurmguard_torchhook")
+    if hook is None or not hook.patch():
+        sys.exit("the torch hook is not loaded")
+    t = torch.ones(16)
     for _ in range(200):
         dist.all_reduce(t)
-    n = int(sys.argv[1])
-    best = None
-    for _ in range(5):
-        t0 = time.perf_counter()
+    out = {"hooked": [], "plain": []}
+    for b in range(blocks):
+        on = b % 4 in (0, 3)  # on, off, off, on: drift hits both alike
+        (hook.patch if on else hook.unpatch)()
+        dist.barrier()
+        for _ in range(10):
+            dist.all_reduce(t)
+        w0, p0, c0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(n):
             dist.all_reduce(t)
-        dt = (time.perf_counter() - t0) / n
-        best = dt if best is None else min(best, dt)
-    print("us_per_call", best * 1e6)
+        c1, p1, w1 = time.thread_time(), time.process_time(), time.perf_counter()
+        out["hooked" if on else "plain"].append(
+            [(c1 - c0) / n * 1e6, (p1 - p0) / n * 1e6, (w1 - w0) / n * 1e6])
+    hook.patch()
+    hook._state["recorder"].drain()
+    dist.barrier()
+    if rank == 0:
+        print("CALLS", json.dumps(out), flush=True)
     dist.destroy_process_group()
+    for p in peers:
+        if p.wait() != 0:
+            sys.exit(f"rank {p.args} failed")
 ''')
 
 
-def measure_torch_calls(runner: CommandRunner, calls: int) -> TorchCallCost:
+def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
+                        ranks: int = 2) -> TorchCallCost:
+    """Run TORCH_CALLS as a guarded job would run (the plugin's environment:
+    PYTHONPATH=site dir, ring dir, job and step id); `blocks` blocks of
+    `calls` all_reduce, half of them with the hook removed."""
+    from slurmguard.hook import ring as ringfmt
+
     tmp = Path(tempfile.mkdtemp(prefix="sg-bench-torch-"))
     try:
         script = tmp / "calls.py"
         script.write_text(TORCH_CALLS)
         rings = tmp / "rings"
         rings.mkdir()
-        out = {}
-        for name, env in (("plain", {"SLURMGUARD_RING_DIR": ""}),
-                          ("hooked", {"SLURMGUARD_RING_DIR": str(rings),
-                                      "SLURMGUARD_RING_RECORDS": "65536"}),
-                          ("plain2", {"SLURMGUARD_RING_DIR": ""})):
-            env["PYTHONPATH"] = str(SITE)
-            res = runner.run([sys.executable, str(script), str(calls)], timeout=600, env=env)
-            out[name] = float(re.search(r"us_per_call ([0-9.e+-]+)", res.stdout).group(1))
-        return TorchCallCost(calls=calls, plain_us=min(out["plain"], out["plain2"]),
-                             hooked_us=out["hooked"])
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {"PYTHONPATH": str(SITE), "SLURMGUARD_RING_DIR": str(rings),
+               "SLURMGUARD_JOB_ID": "1", "SLURMGUARD_STEP_ID": "0",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
+               "WORLD_SIZE": str(ranks)}
+        res = runner.run([sys.executable, str(script), str(calls), str(blocks), str(ranks)],
+                         timeout=900, env=env)
+        m = re.search(r"^CALLS (.*)$", res.stdout, re.MULTILINE)
+        if not m:
+            raise SlurmguardError(f"torch call benchmark printed no timings: {res.stderr[-500:]}")
+        data = json.loads(m.group(1))
+        with ringfmt.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
+            records = sum(1 for x in r.read().records if x.op_name == "allreduce")
+        med = {clock: {side: statistics.median(b[i] for b in data[side]) for side in data}
+               for i, clock in enumerate(("thread", "process", "wall"))}
+        return TorchCallCost(ranks=ranks, calls=calls, blocks=blocks, thread_us=med["thread"],
+                             process_us=med["process"], wall_us=med["wall"], records=records)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-DDP_JOB = textwrap.dedent('''
-    import json, os, sys, time, torch, torch.distributed as dist
-    torch.set_num_threads(1)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear({width}, {width}) for _ in range({depth})]
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn({batch}, {width})
-
-    def step():
-        opt.zero_grad()
-        model(x).pow(2).mean().backward()
-        opt.step()
-
-    for _ in range({warmup}):
-        step()
-    # both jobs of a pair time their steps over the same stretch of time:
-    # report ready, wait for the bench to say go (then every rank goes)
-    if rank == 0:
-        open(os.environ["SG_BENCH_READY"], "w").close()
-        while not os.path.exists(os.environ["SG_BENCH_GO"]):
-            time.sleep(0.01)
-    dist.barrier()
-    times = []
-    for _ in range({steps}):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    # guarded jobs also switch the torch hook off and on in alternating
-    # blocks of steps (all ranks at the same steps): neighbouring blocks
-    # see the same machine, so this isolates the hook's own cost
-    hook = sys.modules.get("_slurmguard_torchhook")
-    ab = {{"on": [], "off": []}}
-    if hook is not None:
-        for block in range({ab_blocks}):
-            on = block % 2 == 0
-            (hook.patch if on else hook.unpatch)()
-            dist.barrier()
-            for _ in range({ab_steps}):
-                t0 = time.perf_counter()
-                step()
-                ab["on" if on else "off"].append(time.perf_counter() - t0)
-        hook.patch()
-    if rank == 0:
-        nparams = sum(p.numel() for p in model.parameters())
-        print("STEPS", json.dumps({{"times": times, "params": nparams, "ab": ab}}), flush=True)
-    dist.destroy_process_group()
-''')
+def _window_steps(log: Path, warmup: int) -> list[tuple[float, float]]:
+    """(wall-clock end time s, step time ms) of rank 0's logged iterations
+    after the first `warmup`."""
+    rows = []
+    for line in log.read_text().splitlines():
+        d = json.loads(line)
+        rows.append((float(d["t"]), float(d["step_s"]) * 1e3))
+    return rows[warmup:]
 
 
-def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: int = 768,
-                      depth: int = 4, batch: int = 32, warmup: int = 5, ab_blocks: int = 12,
-                      ab_steps: int = 5) -> StepCost:
-    """Run the same 2-node DDP job guarded and unguarded at the same time on
-    disjoint node pairs of `cluster` (a DevCluster with the plugin
-    installed, rings under ring_root), `pairs` times, swapping the node
-    pairs each time; on a shared machine both then see the same load.
-    Step times are medians over all timed steps; collectives per step are
-    counted in the guarded jobs' rings."""
+def _bootstrap_ci(g: list[float], u: list[float], n: int = 1000, seed: int = 0) -> tuple:
+    """95% percentile interval of 100*(median g / median u - 1), steps
+    resampled with replacement on both sides."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ga, ua = np.asarray(g), np.asarray(u)
+    ratios = [np.median(rng.choice(ga, ga.size)) / np.median(rng.choice(ua, ua.size))
+              for _ in range(n)]
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return (float(100 * (lo - 1)), float(100 * (hi - 1)))
+
+
+def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_ms: float = 80.0,
+                      warmup: int = 5) -> StepCost:
+    """Run slurmguard.devcluster.train over 2 nodes guarded and unguarded at
+    the same time on disjoint node pairs of `cluster` (a DevCluster with the
+    plugin installed, rings under ring_root), `pairs` times, swapping the
+    node pairs and the submission order each time. Step times are rank 0's
+    logged iterations (after `warmup`) that ended while both jobs of the
+    pair were stepping; collectives per step are counted in the guarded
+    jobs' rings."""
     from slurmguard.hook import ring as ringfmt
 
     nodes = cluster.node_names
@@ -274,72 +307,63 @@ def measure_step_time(cluster, ring_root: str, steps: int, pairs: int, width: in
         raise SlurmguardError(f"the step-time benchmark needs 4 nodes, the cluster has {len(nodes)}")
     tmp = Path(tempfile.mkdtemp(prefix="sg-bench-ddp-"))
     try:
-        script = tmp / "ddp.py"
-        script.write_text(DDP_JOB.format(width=width, depth=depth, batch=batch, warmup=warmup,
-                                         steps=steps, ab_blocks=ab_blocks, ab_steps=ab_steps))
         runs: dict[bool, list[list[float]]] = {True: [], False: []}
-        params = 0
         per_step: list[float] = []
-        ab_on: list[float] = []
-        ab_off: list[float] = []
         for p in range(pairs):
             sets = [",".join(nodes[0:2]), ",".join(nodes[2:4])]
             if p % 2:
                 sets.reverse()
+            order = (True, False) if p % 2 == 0 else (False, True)
             jobs = []
-            go = tmp / f"pair{p}.go"
-            # submission order alternates too: nothing systematic favours a side
-            order = ((True, sets[0]), (False, sets[1])) if p % 2 == 0 else \
-                ((False, sets[1]), (True, sets[0]))
-            for guarded, nodelist in order:
+            for guarded, nodelist in zip(order, sets):
                 tag = f"pair{p}-{'g' if guarded else 'u'}"
-                out = tmp / f"{tag}.out"
                 with socket.socket() as sock:
                     sock.bind(("127.0.0.1", 0))
                     port = sock.getsockname()[1]
                 batch_script = (
-                    "#!/bin/bash\n"
-                    f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n"
-                    f"export SG_BENCH_READY={tmp / (tag + '.ready')} SG_BENCH_GO={go}\n"
-                    "srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS "
-                    f"exec {sys.executable} {script}'\n")
-                args = ["-N2", "-n2", "-w", nodelist, "-o", str(out)]
+                    "#!/bin/bash\\n"
+                    f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\\n"
+                    f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.devcluster.train "
+                    f"--iters {iters} --compute-ms {compute_ms} --ckpt {tmp / (tag + '-ckpt')} "
+                    f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\\n")
+                args = ["-N2", "-n2", "-w", nodelist, "-o", str(tmp / f"{tag}.out")]
                 if guarded:
                     args.append("--straggler-guard")
-                jobs.append((guarded, cluster.sbatch(batch_script, *args), out))
-            deadline = time.monotonic() + 600
-            while not all((tmp / f"pair{p}-{t}.ready").exists() for t in "gu"):
-                if time.monotonic() > deadline or any(
-                        cluster.job_state(jid) in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
-                        for _, jid, _ in jobs):
-                    break
-                time.sleep(0.05)
-            go.touch()
-            for guarded, jid, out in jobs:
-                state = cluster.wait_job(jid, timeout=900)
-                text = out.read_text() if out.exists() else ""
-                m = re.search(r"^STEPS (.*)$", text, re.MULTILINE)
-                if state != "COMPLETED" or not m:
+                jobs.append((guarded, tag, cluster.sbatch(batch_script, *args)))
+            steps = {}
+            for guarded, tag, jid in jobs:
+                state = cluster.wait_job(jid, timeout=max(900.0, iters * compute_ms / 100))
+                log = tmp / f"{tag}.jsonl"
+                if state != "COMPLETED" or not log.exists():
+                    out = tmp / f"{tag}.out"
+                    text = out.read_text() if out.exists() else ""
                     raise SlurmguardError(f"bench job {jid} ended {state}: {text[-500:]}")
-                data = json.loads(m.group(1))
-                runs[guarded].append(data["times"])
-                ab_on += data["ab"]["on"]
-                ab_off += data["ab"]["off"]
-                params = data["params"]
+                steps[guarded] = _window_steps(log, warmup)
                 if guarded:
                     with ringfmt.RingReader(os.path.join(ring_root, str(jid),
                                                          "rank-0.step-0.torch.ring")) as r:
                         n = sum(1 for x in r.read().records if x.op_name == "allreduce")
-                    per_step.append(n / (warmup + steps))
-        med = {g: statistics.median([t for run in runs[g] for t in run]) * 1e3 for g in runs}
-        return StepCost(steps=steps, pairs=pairs, params=params,
+                    per_step.append(n / iters)
+            # the steps both jobs ran at the same time: each step ends at t
+            # and began step_ms earlier
+            lo = max(steps[g][0][0] - steps[g][0][1] / 1e3 for g in steps)
+            hi = min(steps[g][-1][0] for g in steps)
+            for g in steps:
+                window = [ms for t, ms in steps[g] if lo <= t - ms / 1e3 and t <= hi]
+                if len(window) < 10:
+                    raise SlurmguardError(
+                        f"the guarded and unguarded jobs of pair {p} overlapped for only "
+                        f"{len(window)} steps; was the cluster busy with other jobs?")
+                runs[g].append(window)
+        pooled = {g: [t for run in runs[g] for t in run] for g in runs}
+        med = {g: statistics.median(pooled[g]) for g in runs}
+        return StepCost(iters=iters, pairs=pairs, compute_ms=compute_ms,
                         collectives_per_step=statistics.median(per_step),
                         guarded_ms=med[True], unguarded_ms=med[False],
-                        guarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[True]],
-                        unguarded_runs_ms=[statistics.median(r) * 1e3 for r in runs[False]],
-                        hook_on_ms=statistics.median(ab_on) * 1e3 if ab_on else 0.0,
-                        hook_off_ms=statistics.median(ab_off) * 1e3 if ab_off else 0.0,
-                        ab_steps=len(ab_on) + len(ab_off))
+                        guarded_runs_ms=[statistics.median(r) for r in runs[True]],
+                        unguarded_runs_ms=[statistics.median(r) for r in runs[False]],
+                        steps_used=min(len(pooled[True]), len(pooled[False])),
+                        ci_pct=_bootstrap_ci(pooled[True], pooled[False]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -411,23 +435,28 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
                      "32-byte record per call")
     if t is not None:
         lines += [
-            f"torch hook, us per all_reduce (gloo, 1 rank, best of 5 x {t.calls} calls):",
-            f"  plain {t.plain_us:.2f} us   hooked {t.hooked_us:.2f} us   added {t.added_us:.2f} us",
+            f"torch hook, us per all_reduce (gloo, {t.ranks} rank(s) on 127.0.0.1, 16 float32; "
+            f"medians over {t.blocks} interleaved blocks of {t.calls} calls, hook on/off):",
+            "                      thread CPU   process CPU     wall",
         ]
+        for side, label in (("plain", "hook off"), ("hooked", "hook on")):
+            lines.append(f"  {label:<18} {t.thread_us[side]:10.1f} {t.process_us[side]:13.1f} "
+                         f"{t.wall_us[side]:8.1f}")
+        lines.append(f"  added per call     {t.added('thread'):+10.1f} {t.added('process'):+13.1f} "
+                     f"{t.added('wall'):+8.1f}   ({t.records} allreduce records in rank 0's ring)")
     if s is not None:
         ok = "meets" if s.overhead_pct < STEP_TARGET_PCT else "MISSES"
+        lo, hi = s.ci_pct
         lines += [
-            f"Guarded DDP step time on the local cluster (2 nodes, gloo, {s.params} params, "
-            f"{s.steps} steps x {s.pairs} concurrent job pairs):",
+            f"Guarded step time on the local cluster (slurmguard.devcluster.train, 2 nodes, gloo, "
+            f"compute modelled as {s.compute_ms:g} ms asleep; {s.iters} iterations x {s.pairs} "
+            f"concurrent guarded/unguarded job pairs, {s.steps_used} overlapping steps per side):",
             f"  median step: unguarded {s.unguarded_ms:.2f} ms   guarded {s.guarded_ms:.2f} ms   "
-            f"overhead {s.overhead_pct:+.2f}% ({ok} target < {STEP_TARGET_PCT:.0f}%)",
-            f"  per pair: {', '.join(f'{x:+.1f}%' for x in s.pair_overheads_pct)} "
-            f"(jobs of a pair share the machine with each other and everyone else)",
-            f"  in-job A/B (guarded jobs, torch hook on/off in alternating blocks, {s.ab_steps} "
-            f"steps): on {s.hook_on_ms:.2f} ms, off {s.hook_off_ms:.2f} ms, "
-            f"overhead {s.ab_overhead_pct:+.2f}%",
-            f"  per-job medians: unguarded {', '.join(f'{x:.1f}' for x in s.unguarded_runs_ms)} ms; "
-            f"guarded {', '.join(f'{x:.1f}' for x in s.guarded_runs_ms)} ms",
+            f"overhead {s.overhead_pct:+.2f}% (95% interval {lo:+.2f}% .. {hi:+.2f}%; "
+            f"{ok} target < {STEP_TARGET_PCT:.0f}%)",
+            f"  per pair: {', '.join(f'{x:+.2f}%' for x in s.pair_overheads_pct)}",
+            f"  per-job medians: unguarded {', '.join(f'{x:.2f}' for x in s.unguarded_runs_ms)} ms; "
+            f"guarded {', '.join(f'{x:.2f}' for x in s.guarded_runs_ms)} ms",
         ]
         if t is not None:
             derived = s.collectives_per_step * max(t.added_us, 0.0) / 1e3
@@ -442,37 +471,51 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
 @click.option("--calls", default=2_000_000, show_default=True, help="ncclAllReduce calls per round.")
 @click.option("--rounds", default=3, show_default=True, help="Rounds per process run.")
 @click.option("--repeats", default=5, show_default=True, help="Interleaved process runs per setup.")
-@click.option("--torch-calls", default=2000, show_default=True, help="all_reduce calls per torch round.")
-@click.option("--steps", default=40, show_default=True, help="Timed DDP steps per job.")
-@click.option("--pairs", default=3, show_default=True,
+@click.option("--torch-calls", default=400, show_default=True,
+              help="all_reduce calls per block of the torch per-call part.")
+@click.option("--torch-blocks", default=24, show_default=True,
+              help="Blocks of the torch per-call part (half with the hook off).")
+@click.option("--torch-ranks", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="gloo ranks of the torch per-call part.")
+@click.option("--steps", default=300, show_default=True,
+              help="Training iterations per job of the step-time part.")
+@click.option("--compute-ms", default=80.0, show_default=True,
+              help="Modelled accelerator time per iteration (ms, spent asleep).")
+@click.option("--pairs", default=4, show_default=True,
               help="Concurrent guarded/unguarded job pairs (node pairs swapped each time).")
 @click.option("--cluster/--no-cluster", default=True, show_default=True,
               help="Also measure step time on the local cluster (needs root).")
 @click.option("--devcluster-dir", default=None,
               help="Use this running devcluster instead of starting a temporary one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, steps: int, pairs: int,
-               cluster: bool, devcluster_dir: str | None, as_json: bool) -> None:
+def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, torch_blocks: int,
+               torch_ranks: int, steps: int, compute_ms: float, pairs: int, cluster: bool,
+               devcluster_dir: str | None, as_json: bool) -> None:
     """Per-call cost of the NCCL and torch hooks and guarded step-time overhead."""
+    if steps < 20 or pairs < 1 or torch_calls < 1 or torch_blocks < 2:
+        raise SlurmguardError("--steps must be at least 20, --pairs and --torch-calls at least 1, "
+                              "--torch-blocks at least 2")
     runner = SubprocessRunner()
     build(runner)
     c = measure_nccl_calls(runner, calls, rounds, repeats)
-    t = measure_torch_calls(runner, torch_calls)
+    t = measure_torch_calls(runner, torch_calls, torch_blocks, torch_ranks)
     s = None
     if cluster:
         if os.geteuid() != 0:
             raise SlurmguardError("the step-time benchmark starts slurmd, which needs root; "
                                   "run as root or pass --no-cluster")
         with _GuardedCluster(devcluster_dir) as g:
-            s = measure_step_time(g.cluster, os.path.join(g.ring_root, "rings"), steps, pairs)
+            s = measure_step_time(g.cluster, os.path.join(g.ring_root, "rings"), steps, pairs,
+                                  compute_ms)
     if as_json:
         out = {"nccl": dict(asdict(c), added_cpu_ns={k: c.added(k) for k in SETUPS[1:]},
                             added_wall_ns={k: c.added(k, wall=True) for k in SETUPS[1:]},
                             target_ns=NCCL_TARGET_NS),
-               "torch": dict(asdict(t), added_us=t.added_us)}
+               "torch": dict(asdict(t), plain_us=t.plain_us, hooked_us=t.hooked_us,
+                             added_us=t.added_us,
+                             added={k: t.added(k) for k in ("thread", "process", "wall")})}
         if s is not None:
             out["step"] = dict(asdict(s), overhead_pct=s.overhead_pct,
-                               ab_overhead_pct=s.ab_overhead_pct,
                                pair_overheads_pct=s.pair_overheads_pct, target_pct=STEP_TARGET_PCT)
         click.echo(json.dumps(out, indent=2))
     else:
