@@ -321,11 +321,11 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                     sock.bind(("127.0.0.1", 0))
                     port = sock.getsockname()[1]
                 batch_script = (
-                    "#!/bin/bash\\n"
-                    f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\\n"
+                    "#!/bin/bash\n"
+                    f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n"
                     f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.devcluster.train "
                     f"--iters {iters} --compute-ms {compute_ms} --ckpt {tmp / (tag + '-ckpt')} "
-                    f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\\n")
+                    f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\n")
                 args = ["-N2", "-n2", "-w", nodelist, "-o", str(tmp / f"{tag}.out")]
                 if guarded:
                     args.append("--straggler-guard")
