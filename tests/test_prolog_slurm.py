@@ -68,8 +68,9 @@ def test_failing_prolog_drains_the_node_and_healthy_prolog_runs_the_job(clean_cl
                 "(port not ACTIVE, phys_state 3: Disabled)") in new_log
         assert "internal error" not in new_log  # GPU count found in $SLURM_CONF, policy read
         # Slurm requeues the batch job and holds it (launch_failed_requeued_held)
-        info = c.run(["scontrol", "show", "job", "-o", str(job)]).stdout
-        assert "JobState=PENDING" in info and "Restarts=1" in info, info
+        info = _wait(lambda: (t := c.run(["scontrol", "show", "job", "-o", str(job)]).stdout)
+                     and "JobState=PENDING" in t and t, 30, "the job requeued and held")
+        assert "Restarts=1" in info and "launch_failed_requeued_held" in info, info
         c.run(["scancel", str(job)])
 
         # the port comes back: the same prolog passes and the job runs on node2

@@ -80,7 +80,9 @@ def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path):
                   baseline=baseline_for(slow, hist), policy=POL, reference="node1",
                   ref_status=ReferenceStatus("node1", True, "passed its own sweep"))
     assert v.outcome is Outcome.FAIL and v.node == "node2"
-    assert v.reason.startswith("slurmguard: sweep2 gpu0 ") and "vs class" in v.reason
+    # the node under test's GPU 0 link, both directions, and the all-reduce over it
+    assert {c.key for c in v.failures} >= {"send/gpu0/1MB", "recv/gpu0/1MB"}
+    assert v.reason.startswith("slurmguard: sweep2 ") and "vs class" in v.reason
     assert "node1" not in v.reason
 
 
