@@ -192,3 +192,38 @@ def test_unusable_ring_dir_never_breaks_the_job(spank_build, tmp_path):
     out = outputs(tmp_path, "broken")
     assert torch.equal(out[0]["max"], torch.arange(10, dtype=torch.float64) * 2)
     assert torch.equal(out[1]["recv"], torch.arange(7.0))
+
+
+MANY = textwrap.dedent('''
+    import os, sys, tempfile, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    hook = sys.modules["_slurmguard_torchhook"]
+    hook.DRAIN_BATCH = 8  # many batches in one drain
+    works = [dist.all_reduce(torch.ones(i % 7 + 1), async_op=True) for i in range(300)]
+    for w in works:
+        w.wait()
+    hook.unpatch()
+    dist.all_reduce(torch.ones(99))  # not recorded
+    hook.patch()
+    dist.all_reduce(torch.ones(100))
+    hook._state["recorder"].drain()
+    dist.destroy_process_group()
+''')
+
+
+def test_many_async_calls_all_recorded_and_unpatch_stops_recording(spank_build, tmp_path):
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    script = tmp_path / "many.py"
+    script.write_text(MANY)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
+    env.update(PYTHONPATH=str(spank_build.torch_site), SLURMGUARD_RING_DIR=str(rings),
+               SLURMGUARD_STEP_ID="0")
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and "slurmguard:" not in res.stderr, res.stderr[-2000:]
+    with ring.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
+        recs = [x for x in r.read().records if x.op_name == "allreduce"]
+    by_start = sorted(recs, key=lambda x: x.start_ns)
+    assert [x.count for x in by_start] == [i % 7 + 1 for i in range(300)] + [100]
+    assert all(x.flags & ring.F_ASYNC and x.start_ns <= x.end_ns for x in recs)
