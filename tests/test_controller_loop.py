@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmguard.config import Policy, parse_policy
+from slurmguard.config import parse_policy
 from slurmguard.controller.loop import Controller
 from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
 from slurmguard.slurm.fake import FakeSlurm

@@ -44,7 +44,9 @@ class Scenario:
         self.cluster = guard.cluster
         self.say = say
 
-    def submit(self, iters: int, compute_ms: float = 80.0) -> int:
+    def submit(self, iters: int, compute_ms: float = 80.0, *, guarded: bool = True,
+               nodes: str | None = None) -> int:
+        """The DDP training job on 2 exclusive nodes (GPU training jobs do not share nodes)."""
         st = self.cluster.state_dir
         script = (
             "#!/bin/bash\n"
@@ -52,8 +54,12 @@ class Scenario:
             f"srun {sys.executable} -m slurmguard.devcluster.train --iters {iters} "
             f"--compute-ms {compute_ms} --ckpt {st}/ckpt-$SLURM_JOB_ID "
             f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n")
-        return self.cluster.sbatch(script, "-N2", "--ntasks-per-node=1", "--exclusive",
-                                   "--straggler-guard", "-J", "ddp-train", "-o", f"{st}/job-%j.out")
+        args = ["-N2", "--ntasks-per-node=1", "--exclusive", "-J", "ddp-train", "-o", f"{st}/job-%j.out"]
+        if guarded:
+            args.append("--straggler-guard")
+        if nodes:
+            args += ["-w", nodes]
+        return self.cluster.sbatch(script, *args)
 
     def log(self, job: int) -> list[dict]:
         p = Path(self.cluster.state_dir) / f"train-{job}.jsonl"
