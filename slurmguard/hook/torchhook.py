@@ -25,15 +25,15 @@ p2p) ends when the call returns and is written at once. Tensors created
 under torch.inference_mode() carry no autograd keys and are not seen (those
 calls run normally, untimed).
 
-What a call costs (all_reduce on a 1-rank gloo group, one core, interleaved
-hook on/off blocks; `slurmguard bench hook` measures 2 ranks): about 25 us
-of wall time, of which about 11 us is the dispatcher's round trip through
-Python (arguments boxed into Python objects and back; any Python kernel
-pays it), about 8 us the done-callback (a Python callable on a C++ future:
-wrapping, the interpreter lock and a thread state on the completing
-thread), and the rest the start time, the hold check and queueing. Per
-training step that is collectives per step x this, against steps of tens
-of milliseconds or more.
+What a call costs (all_reduce on a 1-rank gloo group pinned to one core of
+the 2-core development machine, interleaved hook on/off blocks; `slurmguard
+bench hook` measures 2 ranks): 25-35 us of wall time, of which about 45% is
+the dispatcher's round trip through Python (arguments boxed into Python
+objects and back; any Python kernel pays it), about 30% the done-callback
+(a Python callable on a C++ future: wrapping it, then the interpreter lock
+and a thread state on the completing thread), and the rest the start time,
+the hold check, the future and the queueing. Per training step that is
+collectives per step x this, against steps of tens of milliseconds or more.
 
 NCCL-backed calls are left to the C hook when it is loaded in the process
 (SLURMGUARD_NCCL_HOOK mapped), so nothing is recorded twice.
