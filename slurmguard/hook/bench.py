@@ -10,10 +10,11 @@
 2. torch hook, per collective: a 2-rank gloo job on 127.0.0.1, started
    with a guarded job's environment, does all_reduce of a small tensor in
    blocks with the hook switched on and off between blocks (on, off, off,
-   on, ...), so both sides see the same machine; medians over blocks of
-   the calling thread's CPU time (the headline: the hook's own work on the
-   caller's path), the process's CPU time (adds the completion callbacks
-   and the drain thread) and wall time, per call.
+   on, ...), so both sides see the same machine. Added per call = median
+   over neighbouring on/off block pairs of the difference, on the calling
+   thread's CPU time (the headline: the hook's own work on the caller's
+   path), the process's CPU time (adds the completion callbacks and the
+   drain thread) and wall time.
 3. Step time of a guarded job against the same job unguarded on the local
    cluster: slurmguard.devcluster.train (DDP over 2 nodes, gloo) with its
    accelerator compute modelled as a sleep (--compute-ms), so its step
@@ -90,6 +91,10 @@ class TorchCallCost:
     process_us: dict
     wall_us: dict
     records: int = 0  # allreduce records in rank 0's ring afterwards
+    # clock -> [median, lower quartile, upper quartile] of hooked minus plain
+    # over neighbouring block pairs (the blocks go on, off, off, on, ...);
+    # empty: difference of the medians
+    paired_us: dict = field(default_factory=dict)
 
     @property
     def plain_us(self) -> float:
@@ -102,10 +107,14 @@ class TorchCallCost:
     @property
     def added_us(self) -> float:
         """Added per call, calling thread's CPU time."""
-        return self.hooked_us - self.plain_us
+        return self.added("thread")
 
     def added(self, clock: str) -> float:
-        """Added per call on one clock: thread, process or wall."""
+        """Added per call on one clock (thread, process or wall): median of
+        the neighbouring blocks' differences, which slow drift of the
+        machine's load does not bias."""
+        if clock in self.paired_us:
+            return self.paired_us[clock][0]
         d = {"thread": self.thread_us, "process": self.process_us, "wall": self.wall_us}[clock]
         return d["hooked"] - d["plain"]
 
@@ -260,10 +269,18 @@ def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
         data = json.loads(m.group(1))
         with ringfmt.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
             records = sum(1 for x in r.read().records if x.op_name == "allreduce")
+        clocks = ("thread", "process", "wall")
         med = {clock: {side: statistics.median(b[i] for b in data[side]) for side in data}
-               for i, clock in enumerate(("thread", "process", "wall"))}
+               for i, clock in enumerate(clocks)}
+        # the j-th hooked and the j-th plain block are neighbours (2j, 2j+1)
+        paired = {}
+        for i, clock in enumerate(clocks):
+            d = [h[i] - p[i] for h, p in zip(data["hooked"], data["plain"])]
+            q = statistics.quantiles(d, n=4, method="inclusive") if len(d) > 1 else [d[0]] * 3
+            paired[clock] = [statistics.median(d), q[0], q[2]]
         return TorchCallCost(ranks=ranks, calls=calls, blocks=blocks, thread_us=med["thread"],
-                             process_us=med["process"], wall_us=med["wall"], records=records)
+                             process_us=med["process"], wall_us=med["wall"], records=records,
+                             paired_us=paired)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -442,8 +459,16 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
         for side, label in (("plain", "hook off"), ("hooked", "hook on")):
             lines.append(f"  {label:<18} {t.thread_us[side]:10.1f} {t.process_us[side]:13.1f} "
                          f"{t.wall_us[side]:8.1f}")
-        lines.append(f"  added per call     {t.added('thread'):+10.1f} {t.added('process'):+13.1f} "
+        lines.append(f"  added per call *   {t.added('thread'):+10.1f} {t.added('process'):+13.1f} "
                      f"{t.added('wall'):+8.1f}   ({t.records} allreduce records in rank 0's ring)")
+        if t.paired_us:
+            iqr = "   ".join(f"{clock} {t.paired_us[clock][1]:+.1f} .. {t.paired_us[clock][2]:+.1f}"
+                           for clock in ("thread", "process", "wall"))
+            lines.append(f"  * median over neighbouring on/off block pairs; quartiles: {iqr}")
+        if t.ranks > 1:
+            lines.append("  (with fewer free cores than the ranks' threads, gloo's polling and the "
+                         "scheduler dominate process CPU and wall time; thread CPU is the hook's "
+                         "own work)")
     if s is not None:
         ok = "meets" if s.overhead_pct < STEP_TARGET_PCT else "MISSES"
         lo, hi = s.ci_pct
