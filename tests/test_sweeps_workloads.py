@@ -114,7 +114,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
 def test_three_node_pass_sweep_localizes_the_slow_node(tmp_path):
     out = tmp_path / "multi.json"
     rs = run_pair_local(str(out), ["n0", "n1", "n2"], SMALL, POL, timeout_s=240,
-                        env={"SLURMGUARD_SWEEP_INJECT": '{"n1": {"link_slowdown": 0.75}}'})
+                        env={"SLURMGUARD_SWEEP_INJECT": '{"n1": {"link_slowdown": 0.9}}'})
     assert [r.returncode for r in rs] == [0, 0, 0], [r.stderr[-1500:] for r in rs]
     r = load_result(str(out))
     assert r.kind == "multi" and r.label == "sweep3" and r.reference is None

@@ -229,6 +229,9 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         )
         if rank == 0 and out_path:
             Path(out_path).write_text(json.dumps(asdict(result)))
+        # both ranks finish their collectives before either tears gloo down: a rank
+        # that destroys the group while its peer is mid-call can abort the process
+        dist.barrier()
         return result if rank == 0 else None
     finally:
         dist.destroy_process_group()

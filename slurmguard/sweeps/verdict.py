@@ -364,14 +364,21 @@ def localize_links(transfers: Sequence[Transfer], policy: SweepPolicy,
     """Name the node or link behind slow transfers of a ring/tree pass sweep.
 
     Each transfer is compared with the class baseline of 2-node sends of the same GPU and
-    message size when there is one, else with the median of this sweep's transfers of that
-    size (all transfers move identical bytes, Greyhound 4.3). A degraded node slows every
-    link it touches while its neighbours keep their other links fast, so a node is suspect
-    when at least two of its links, and at least half of them, are slow.
+    message size when there is one, else with this sweep's own reference for that size (all
+    transfers move identical bytes, Greyhound 4.3): the median over nodes of each node's
+    median transfer. A plain median of the transfers would not do on small sweeps: in a
+    3-node sweep one slow node touches 3 of the 5 transfers and drags the median down with
+    it. A degraded node slows every link it touches while its neighbours keep their other
+    links fast, so a node is suspect when at least two of its links, and at least half of
+    them, are slow.
     """
-    by_size: dict[int, list[float]] = defaultdict(list)
+    per_node: dict[tuple[int, str], list[float]] = defaultdict(list)
     for t in transfers:
-        by_size[t.size_mb].append(t.gbps)
+        for n in {t.src_node, t.dst_node}:
+            per_node[(t.size_mb, n)].append(t.gbps)
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for (size, _), vals in per_node.items():
+        by_size[size].append(statistics.median(vals))
     checks = []
     for t in transfers:
         ref = None
