@@ -302,17 +302,3 @@ char *sg_path_remove(const char *current, const char *entry, const char *seps)
 	return rebuild(current, entry, seps, 0);
 }
 
-const char *sg_step_name(uint32_t step, char *buf, size_t len)
-{
-	switch (step) {
-	case SG_STEP_BATCH:
-		return "batch";
-	case SG_STEP_EXTERN:
-		return "extern";
-	case SG_STEP_INTERACTIVE:
-		return "interactive";
-	default:
-		snprintf(buf, len, "%u", step);
-		return buf;
-	}
-}

@@ -179,20 +179,6 @@ static int env_first_int(const char *const *names, int fallback)
 	return fallback;
 }
 
-static const char *step_name(uint32_t step, char *buf, size_t len)
-{
-	switch (step) {
-	case SG_STEP_BATCH:
-		return "batch";
-	case SG_STEP_EXTERN:
-		return "extern";
-	case SG_STEP_INTERACTIVE:
-		return "interactive";
-	default:
-		snprintf(buf, len, "%u", step);
-		return buf;
-	}
-}
 
 static struct sg_ring_header *ring_create(int rank_hint, int size_hint)
 {
@@ -228,7 +214,7 @@ static struct sg_ring_header *ring_create(int rank_hint, int size_hint)
 		node = host;
 	}
 	m.node_name = node;
-	sname = step_name(m.step_id, sbuf, sizeof(sbuf));
+	sname = sg_step_name(m.step_id, sbuf, sizeof(sbuf));
 	n = snprintf(path, sizeof(path), "%s/rank-%d.step-%s.nccl.ring", dir, m.global_rank, sname);
 	if (n < 0 || (size_t)n >= sizeof(path))
 		return NULL;

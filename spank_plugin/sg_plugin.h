@@ -52,7 +52,6 @@ int sg_partition_matches(const char *list, const char *partition);
 int sg_should_guard(const struct sg_config *cfg, enum sg_choice choice, const char *partition);
 char *sg_path_prepend(const char *current, const char *entry, const char *seps);
 char *sg_path_remove(const char *current, const char *entry, const char *seps);
-const char *sg_step_name(uint32_t step, char *buf, size_t len);
 
 /* ringdir.c */
 int sg_make_job_dir(const char *root, uint32_t job_id, uid_t uid, gid_t gid, char *out,

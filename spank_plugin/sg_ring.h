@@ -60,6 +60,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #define SG_RING_MAGIC        0x3130474e49524753ULL /* "SGRING01" as bytes */
@@ -328,6 +329,23 @@ static inline uint32_t sg_datatype_size(unsigned dt)
 		0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1, 2, 2, 8, 16,
 	};
 	return dt < SG_DT_COUNT ? sizes[dt] : 0;
+}
+
+/* The <step> part of a ring file name: Slurm's special steps by name, others
+ * by number (buf holds the number; it must hold 11 bytes). */
+static inline const char *sg_step_name(uint32_t step, char *buf, size_t len)
+{
+	switch (step) {
+	case SG_STEP_BATCH:
+		return "batch";
+	case SG_STEP_EXTERN:
+		return "extern";
+	case SG_STEP_INTERACTIVE:
+		return "interactive";
+	default:
+		snprintf(buf, len, "%u", step);
+		return buf;
+	}
 }
 
 #endif /* SG_RING_H */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "../sg_plugin.h"
+#include "../sg_ring.h"
 #include "check.h"
 
 struct sg_state sg;
