@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.fixtures.common import wait_for as _wait
 from tests.fixtures.prolog import ROOT, fake_ib
 
 pytestmark = pytest.mark.slurm
@@ -38,14 +38,6 @@ def _reason(cluster, node: str) -> str:
     return res.stdout.strip()
 
 
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_failing_prolog_drains_the_node_and_healthy_prolog_runs_the_job(clean_cluster, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from slurmguard.devcluster import ClusterSpec, DevCluster
 from slurmguard.slurm.commands import CommandSlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmUnavailable, UnknownJob, UnknownNode
+from tests.fixtures.common import wait_for as _wait
 
 pytestmark = pytest.mark.slurm
 
@@ -18,14 +19,6 @@ def client(clean_cluster):
     return CommandSlurmClient(env=clean_cluster.env, timeout_s=20)
 
 
-def _wait(pred, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize("use_json", [True, False], ids=["json", "scontrol"])
