@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "plan": "slurmguard.mitigate.cli:plan",
     "agent": "slurmguard.agent:agent_cmd",
     "controller": "slurmguard.controller:controller_cmd",
+    "keys": "slurmguard.controller:keys",
     "triage": "slurmguard.triage.cli:triage",
     "incidents": "slurmguard.triage.cli:incidents",
     "sweep": "slurmguard.sweeps.cli:sweep",
@@ -51,6 +52,7 @@ HELP: dict[str, str] = {
     "plan": "Mitigation planners (micro-batch redistribution, consolidation).",
     "agent": "Run the node agent.",
     "controller": "Run the controller daemon.",
+    "keys": "Derive a node's report key from the controller's master secret.",
     "triage": "Triage report of nodes that are not healthy.",
     "incidents": "List incidents with detection delay and outcome.",
     "sweep": "Run or inspect node sweeps.",
@@ -114,7 +116,8 @@ def _listing_only(ctx: click.Context) -> bool:
     "policy_path",
     default=None,
     type=click.Path(dir_okay=False),
-    help="Policy file (default: $SLURMGUARD_POLICY, ./policies.yaml, /etc/slurmguard/policies.yaml, built-in).",
+    help="Policy file (default: $SLURMGUARD_POLICY, /etc/slurmguard/policies.yaml, built-in; never ./). "
+         "Run as root, it must be owned by root and not group/other-writable.",
 )
 @click.version_option(package_name="slurmguard")
 @click.pass_context

@@ -4,14 +4,20 @@
 there is mirrored by a field here with the same default. Unknown keys are
 errors, and every error names the file, the dotted key path and the line.
 
-Lookup order for the file: --policy, $SLURMGUARD_POLICY, ./policies.yaml,
-/etc/slurmguard/policies.yaml, then the built-in defaults below.
+Lookup order for the file: --policy, $SLURMGUARD_POLICY,
+/etc/slurmguard/policies.yaml, then the built-in defaults below. Never the
+current directory: the policy names the Slurm binaries and the secret, and an
+admin's command run as root in a user's directory must not take them from it.
+Run as root, a policy (and a secret) that is not owned by root or that group or
+others may write is refused (`read_trusted`).
 Database URL order: --db, $SLURMGUARD_DB, database.url.
 """
 
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from slurmguard.errors import ConfigError
 
-SEARCH_PATHS = ("policies.yaml", "/etc/slurmguard/policies.yaml")
+SYSTEM_POLICY = Path("/etc/slurmguard/policies.yaml")
 
 
 class Strict(BaseModel):
@@ -128,7 +134,9 @@ class TierPolicy(Strict):
     stall_s: float = Field(120.0, gt=0)
     """No completed iteration for this long is a stall (severe)."""
     checkpoint_signal: str = "USR1"
-    """Signal sent to the job's batch step to ask for a checkpoint."""
+    """Signal sent to the job's batch step to ask for a checkpoint, for jobs that opted in
+    with `--comment=slurmguard:signal` (a job may name its own: `signal=USR2`); other jobs
+    are drained under and left running (slurmguard.controller.plans.job_options)."""
 
     @model_validator(mode="after")
     def _ordered(self) -> "TierPolicy":
@@ -162,6 +170,9 @@ class BreakerPolicy(Strict):
     max_partition_percent: float = Field(10.0, ge=0, le=100)
     """At most this share of a partition drained by slurmguard per window."""
     window_s: float = Field(3600.0, gt=0)
+    max_job_actions: int = Field(4, ge=0)
+    """At most this many requeues and checkpoint signals per window (whole cluster): each
+    one passes this itself, also when its node was drained by an earlier cycle."""
 
 
 class RateLimitPolicy(Strict):
@@ -184,7 +195,11 @@ class AgentPolicy(Strict):
     controller_url: str = "http://127.0.0.1:8642"
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)
-    secret_file: str = "/etc/slurmguard/secret"
+    secret_file: str = "/etc/slurmguard/node.key"
+    """This node's report key (`slurmguard keys derive NODE`), mode 0600, owned by root."""
+    tls_ca_file: str | None = None
+    """CA bundle that signed the controller's certificate (https controller_url);
+    None = the system's trust store."""
     warmup_steps: int = Field(5, ge=0)
     """Iterations skipped before the baseline window (compilation, cache warm-up)."""
     baseline_steps: int = Field(20, ge=3)
@@ -201,6 +216,47 @@ class ControllerPolicy(Strict):
     cycle_interval_s: float = Field(5.0, gt=0)
     report_stale_s: float = Field(120.0, gt=0)
     secret_file: str = "/etc/slurmguard/secret"
+    """Master secret (32+ random bytes, mode 0600, root): each node's report key is
+    HMAC-SHA256(master, node) (slurmguard.reports.node_key)."""
+    max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
+    """Largest report body accepted (bytes); larger is refused before reading it (413)."""
+    request_timeout_s: float = Field(10.0, gt=0)
+    """Whole-request limit (s): a client that has not sent its request by then is cut off."""
+    workers: int = Field(8, ge=1, le=256)
+    """Threads serving requests; connections beyond workers + max_pending get 503."""
+    max_pending: int = Field(32, ge=0)
+    """Accepted connections waiting for a worker."""
+    ip_rate_per_s: float = Field(20.0, gt=0)
+    """Requests per second per client address (token bucket; 429 past it)..."""
+    ip_burst: int = Field(100, ge=1)
+    """...with this many in a burst."""
+    node_rate_per_s: float = Field(2.0, gt=0)
+    """Signed reports per second per node (token bucket; 429 past it)..."""
+    node_burst: int = Field(20, ge=1)
+    """...with this many in a burst."""
+    tls_cert_file: str | None = None
+    """PEM certificate (chain) of the controller: serve HTTPS. None = plain HTTP."""
+    tls_key_file: str | None = None
+    """PEM private key of tls_cert_file (root, mode 0600)."""
+    management_host: str | None = None
+    """Address of a second listener for /metrics, /healthz and /v1/jobs/<id>/plan; when set,
+    the report listener serves only reports and /healthz. None = one listener."""
+    management_port: int = Field(8643, ge=1, le=65535)
+    read_clients: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    """Networks (CIDR) allowed to read /metrics and plans, on either listener (jobs that
+    fetch plans run on the compute nodes: add their network)."""
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "ControllerPolicy":
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        import ipaddress
+        for net in self.read_clients:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"read_clients: {net!r} is not a network (CIDR)") from None
+        return self
 
 
 # ---------------------------------------------------------------- sweeps / triage
@@ -326,6 +382,15 @@ class PrologPolicy(Strict):
     """Per job and node: rings beyond this many MB are not archived (still removed)."""
     min_free_mb: int = Field(1024, ge=0)
     """Never fill the trace store's file system below this many free MB."""
+    max_ring_entries: int = Field(4096, ge=1)
+    """Directory entries of a job's ring directory the epilog looks at; the rest are removed
+    unread and counted (a job can create millions of files)."""
+    ring_root_shared: bool = False
+    """True when several nodes share one ring root (the development cluster, all slurmd on
+    one host): rings naming another node of the job are left for that node's epilog. False
+    (a real cluster, /dev/shm per node): every ring in the directory is this node's."""
+    epilog_lock_timeout_s: float = Field(2.0, ge=0, le=30)
+    """Shared ring root only: wait this long for another epilog's lock, then go on without it."""
     epilog_fail_on_cleanup_error: bool = True
     """Rings the epilog cannot remove keep RAM (tmpfs) in use: exit non-zero so Slurm
     drains the node. Archive problems never fail the epilog."""
@@ -417,29 +482,72 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         raise ConfigError("; ".join(messages)) from None
 
 
-def find_policy_file(explicit: str | os.PathLike | None = None) -> Path | None:
+def find_policy_file(explicit: str | os.PathLike | None = None,
+                     env: Mapping[str, str] | None = None) -> Path | None:
+    """--policy, then $SLURMGUARD_POLICY, then /etc/slurmguard/policies.yaml; never ./."""
+    env = os.environ if env is None else env
     if explicit:
         return Path(explicit)
-    env = os.environ.get("SLURMGUARD_POLICY")
-    if env:
-        return Path(env)
-    for candidate in SEARCH_PATHS:
-        p = Path(candidate)
-        if p.is_file():
-            return p
-    return None
+    if env.get("SLURMGUARD_POLICY"):
+        return Path(env["SLURMGUARD_POLICY"])
+    return SYSTEM_POLICY if SYSTEM_POLICY.is_file() else None
 
 
-def load_policy(path: str | os.PathLike | None = None) -> Policy:
-    """Load and validate the policy; built-in defaults when no file is found."""
+def read_trusted(path: str | os.PathLike, what: str, *, secret: bool = False,
+                 as_root: bool | None = None) -> bytes:
+    """Content of a file that steers what root does (a policy, a secret).
+
+    Run as root (as_root: default euid 0), the file must be owned by root and not writable by its
+    group or others, else whoever may write it could make root run their programs
+    or forge reports. A secret must also not be readable by others. The checks are
+    made on the opened descriptor, so what is checked is what is read.
+    """
+    p = Path(path)
+    as_root = os.geteuid() == 0 if as_root is None else as_root
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: {what} not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read {what}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"{p}: {what} is not a regular file")
+        mode = stat.S_IMODE(st.st_mode)
+        if as_root and st.st_uid != 0:
+            raise ConfigError(f"{p}: {what} is owned by uid {st.st_uid}, not root; refusing it "
+                              f"(chown root {p})")
+        if as_root and mode & 0o022:
+            raise ConfigError(f"{p}: {what} is writable by group or others (mode {mode:04o}); "
+                              f"refusing it (chmod go-w {p})")
+        if secret and mode & 0o007:
+            raise ConfigError(f"{p}: {what} is accessible by others (mode {mode:04o}); "
+                              f"refusing it (chmod 600 {p})")
+        if st.st_size > 16 << 20:
+            raise ConfigError(f"{p}: {what} is {st.st_size} bytes; too large")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read {what}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def load_policy(path: str | os.PathLike | None = None, *, trusted: bool = True) -> Policy:
+    """Load and validate the policy; built-in defaults when no file is found.
+
+    trusted=False only for `slurmguard policy check FILE`, which validates a file
+    without acting on it (no owner check)."""
     p = find_policy_file(path)
     if p is None:
         return Policy()
+    raw = read_trusted(p, "policy file", as_root=None if trusted else False)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: policy file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: cannot read policy file: {exc}") from None
     return parse_policy(text, str(p))
 

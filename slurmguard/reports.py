@@ -5,26 +5,41 @@ the telemetry samples since the previous report), so the controller can
 rebuild its view from the next report after a restart and a lost report
 costs nothing but latency. Raw ring records stay on the node.
 
-Authentication: HMAC-SHA256 over "<unix time>\\n<body>" with a shared secret
-(headers X-Slurmguard-Time and X-Slurmguard-Signature); the controller rejects
-a bad signature, a time more than `MAX_SKEW_S` away from its own, and a
-sequence number it has already seen from that agent.
+Authentication: each node has its own key, derived from the controller's
+master secret: key = HMAC-SHA256(master, "slurmguard node key v1\\0" + node)
+(`node_key`; the admin installs it with `slurmguard keys derive NODE`). A
+report is signed with HMAC-SHA256 over "<unix time>\\n<node>\\n<body>"; the
+headers X-Slurmguard-Node, -Time and -Signature carry node, time and signature,
+so the controller derives the key and checks the signature before it parses
+the body, and then requires the body's `node` to be the signed one. Root on one
+compute node holds only that node's key and can report only for that node.
+The controller rejects a bad signature, a time that is not finite or more than
+`MAX_SKEW_S` away from its own, and an (epoch, seq) it has already seen from
+that node: `epoch` is the agent process's start (Unix ns), `seq` counts its
+reports, so a restarted agent is accepted at once and a replay is not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from slurmguard.config import read_trusted
 from slurmguard.errors import ConfigError
 
 SCHEMA_VERSION = 1
 MAX_SKEW_S = 300.0
 TIME_HEADER = "X-Slurmguard-Time"
 SIG_HEADER = "X-Slurmguard-Signature"
+NODE_HEADER = "X-Slurmguard-Node"
+KEY_CONTEXT = b"slurmguard node key v1\0"
+#: a Slurm node name as slurmguard accepts it anywhere (slurm.validate)
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 class _Model(BaseModel):
@@ -85,40 +100,61 @@ class TelemetryRecord(_Model):
 
 class AgentReport(_Model):
     schema_version: int = SCHEMA_VERSION
-    node: str
+    node: str = Field(pattern=NODE_NAME.pattern)
     seq: int = Field(ge=0)
+    epoch: int = Field(0, ge=0)
+    """Start of the sending agent process, Unix ns: (epoch, seq) grows across restarts."""
     sent_at: float
     jobs: list[JobReport] = Field(default_factory=list)
     telemetry: list[TelemetryRecord] = Field(default_factory=list)
     events: list[str] = Field(default_factory=list)
 
 
-def sign(secret: bytes, timestamp: str, body: bytes) -> str:
-    return hmac.new(secret, timestamp.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+def node_key(master: bytes, node: str) -> bytes:
+    """The report key of `node` (64 hex characters, as installed in its key file)."""
+    if not NODE_NAME.match(node or ""):
+        raise ConfigError(f"invalid node name {node!r}: letters, digits, '.', '_', '-' only")
+    return hmac.new(master, KEY_CONTEXT + node.encode(), hashlib.sha256).hexdigest().encode()
 
 
-def verify(secret: bytes, timestamp: str, body: bytes, signature: str, now: float) -> str | None:
-    """None if valid, else why not (for the log; the client only sees 401)."""
+def sign(key: bytes, timestamp: str, node: str, body: bytes) -> str:
+    msg = timestamp.encode() + b"\n" + node.encode() + b"\n" + body
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+
+
+def check_time(timestamp: str, now: float) -> str | None:
+    """None if the time header is a finite Unix time within MAX_SKEW_S of now."""
     try:
         ts = float(timestamp)
     except (TypeError, ValueError):
         return "missing or malformed time header"
+    if not math.isfinite(ts):
+        return f"time header {timestamp!r} is not a finite number"
     if abs(now - ts) > MAX_SKEW_S:
         return f"time {ts:.0f} is {abs(now - ts):.0f}s from the controller's clock"
-    if not signature or not hmac.compare_digest(sign(secret, timestamp, body), signature):
-        return "bad signature"
     return None
 
 
-def read_secret(path: str | Path) -> bytes:
-    """The shared secret (file content, stripped); ConfigError if unusable."""
+def verify(master: bytes, node: str, timestamp: str, body: bytes, signature: str,
+           now: float) -> str | None:
+    """None if `body` was signed by `node`'s key at `timestamp`, else why not (for
+    the log; the client sees 401)."""
+    if not NODE_NAME.match(node or ""):
+        return f"missing or invalid {NODE_HEADER} header"
+    why = check_time(timestamp, now)
+    if why is not None:
+        return why
+    key = node_key(master, node)
+    if not signature or not hmac.compare_digest(sign(key, timestamp, node, body), signature):
+        return f"bad signature for node {node}"
+    return None
+
+
+def read_secret(path: str | Path, what: str = "secret") -> bytes:
+    """A secret or key file (content, stripped); ConfigError if unusable, missing, too
+    short, or (run as root) not root-owned 0600 (config.read_trusted)."""
     p = Path(path)
-    try:
-        data = p.read_bytes().strip()
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: shared secret file not found (create it with 32+ random bytes, mode 0600)") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read shared secret: {exc}") from None
+    data = read_trusted(p, what, secret=True).strip()
     if len(data) < 16:
-        raise ConfigError(f"{p}: shared secret too short (need at least 16 bytes)")
+        raise ConfigError(f"{p}: {what} too short (need at least 16 bytes)")
     return data

@@ -123,7 +123,7 @@ def test_killed_between_drain_and_requeue_resumes_without_duplicates(env):
 
 def test_moderate_sustained_drains_and_signals_without_requeue(env):
     ctl, slurm, store, clock = env
-    job = slurm.start_job(["node1", "node2"])
+    job = slurm.start_job(["node1", "node2"], comment="slurmguard:signal")
     feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.12}, slow_iters=10, seq=1)
     res = ctl.cycle()  # onset ~11 s ago: not yet sustained (20 s)
     assert res.actions == []

@@ -61,9 +61,14 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
         return ctl.fleet.ingest(report, clock.now())
 
     http = ControllerHTTP(opts.host, opts.port, secret=opts.secret, ingest=ingest, metrics=metrics,
-                          now=clock.now, health=health, plan=ctl.plans.served)
+                          now=clock.now, health=health, plan=ctl.plans.served,
+                          policy=policy.controller, known=ctl.fleet.known)
     http.start()
-    log.info("controller listening on %s:%d (dry_run=%s)", opts.host, http.port, policy.safety.dry_run)
+    c = policy.controller
+    log.info("controller listening on %s://%s:%d%s (dry_run=%s)", "https" if c.tls_cert_file else "http",
+             opts.host, http.port,
+             f", management on {c.management_host}:{http.management_port}" if c.management_host else "",
+             policy.safety.dry_run)
 
     def _stop(signum, _frame) -> None:
         log.info("signal %d: finishing the current cycle and shutting down", signum)

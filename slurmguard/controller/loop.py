@@ -7,6 +7,13 @@ repeats nor forgets an action:
 - a drain is taken only if the node is not already drained by slurmguard;
 - a checkpoint signal only if the audit log has none for that incident;
 - a requeue only if the job's restart count has not grown since detection.
+
+What a job can write is not trusted: ranks reported by nodes outside the job's
+Slurm allocation are dropped and counted, every requeue and checkpoint signal
+passes the breaker (safety.breaker.max_job_actions) and the rate limit on its
+own, a checkpoint signal goes only to a job that asked for one in its comment
+(plans.job_options), and an error while assessing or acting on one job is
+recorded in that job's incident and the cycle goes on with the next job.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from slurmguard.clock import Clock
 from slurmguard.config import Policy
 from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
-from slurmguard.controller.plans import PlanBook, opt_in
+from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.respond.safety import SafetyGate
@@ -48,6 +55,8 @@ class CycleResult:
     suppressed: list[str] = field(default_factory=list)
     flags: list[PeerFlag] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    foreign_ranks: int = 0
+    """Ranks reported for a job by nodes outside its allocation, dropped this cycle."""
 
 
 class Controller:
@@ -85,6 +94,7 @@ class Controller:
             self._observe(res)
             return res
         self._sync_nodes(nodes)
+        self.fleet.set_known_nodes(nodes)
         self._score_telemetry(now, jobs, res)
         self.breaker_open = False
         partitions = self._partitions(nodes)
@@ -93,17 +103,12 @@ class Controller:
             job = jobs.get(job_id)
             if job is None or job.state != "RUNNING":
                 continue
-            incident = self._live_incident(job_id)
-            since = _restart_cut(incident)
-            a = assess_job(job_id, job.nodes, self.fleet.job_ranks(job_id, now), self._flags,
-                           self.policy, now, since=since)
-            if a is None:
-                continue
-            res.assessments[job_id] = a
-            tier = classify(a, self.policy.response.tiers, now)
-            if tier >= Tier.DRAIN:
-                slow_nodes.update(c.node for c in a.culprits)
-            self._respond(a, tier, job, nodes, partitions, incident, now, res)
+            try:
+                self._job(job, nodes, partitions, slow_nodes, now, res)
+            except SlurmError as exc:
+                res.errors.append(f"job {job_id}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others
+                self._job_failed(job_id, exc, now, res)
         self._verify_flags(nodes, jobs, slow_nodes, res, now)
         self.breaker_open = self.breaker_open or self.safety.breaker_open(now)
         if self.sweeper is not None:
@@ -113,6 +118,44 @@ class Controller:
                 res.errors.append(f"sweeps: {exc}")
         self._observe(res)
         return res
+
+    def _job(self, job: JobInfo, nodes: dict[str, NodeInfo], partitions: dict[str, list[str]],
+             slow_nodes: set[str], now: float, res: CycleResult) -> None:
+        incident = self._live_incident(job.job_id)
+        since = _restart_cut(incident)
+        ranks, foreign = self.fleet.job_ranks(job.job_id, now, allocation=job.nodes)
+        if foreign:
+            res.foreign_ranks += foreign
+            log.warning("job %d: dropped %d rank(s) reported by nodes outside its allocation %s",
+                        job.job_id, foreign, ",".join(job.nodes))
+        a = assess_job(job.job_id, job.nodes, ranks, self._flags, self.policy, now, since=since)
+        if a is None:
+            return
+        res.assessments[job.job_id] = a
+        tier = classify(a, self.policy.response.tiers, now)
+        if tier >= Tier.DRAIN:
+            slow_nodes.update(c.node for c in a.culprits)
+        self._respond(a, tier, job, nodes, partitions, incident, now, res)
+
+    def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:
+        """Record an error of one job's assessment/plan in its incident (once per text)."""
+        why = f"{type(exc).__name__}: {exc}"[:400]
+        res.errors.append(f"job {job_id}: {why}")
+        log.error("job %d skipped this cycle: %s", job_id, why, exc_info=log.isEnabledFor(logging.DEBUG))
+        try:
+            incident = self._live_incident(job_id)
+            if incident is None:
+                open_errors = [r for r in self.store.incidents(job_id=str(job_id))
+                               if r.kind == "error" and r.status == IncidentStatus.OPEN]
+                incident = open_errors[-1] if open_errors else None
+            if incident is None:
+                self.store.add_incident(str(job_id), nodes=[], tier=_TIER_NAME[Tier.NONE], onset_at=now,
+                                        detected_at=now, kind="error",
+                                        evidence={"error": why, "error_at": now})
+            elif incident.evidence.get("error") != why:
+                self.store.update_incident(incident.id, evidence={"error": why, "error_at": now})
+        except Exception as exc2:  # noqa: BLE001 - the database itself may be what failed
+            res.errors.append(f"job {job_id}: error not recorded: {exc2}")
 
     # ------------------------------------------------------------------ pieces
     def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
@@ -146,8 +189,8 @@ class Controller:
 
     def _live_incident(self, job_id: int):
         """The job's latest incident that is not closed (open, mitigated or suppressed)."""
-        rows = [r for r in self.store.incidents(job_id=str(job_id))
-                if r.status in (IncidentStatus.OPEN, IncidentStatus.MITIGATED, IncidentStatus.SUPPRESSED)]
+        rows = [r for r in self.store.incidents(job_id=str(job_id)) if r.kind != "error"
+                and r.status in (IncidentStatus.OPEN, IncidentStatus.MITIGATED, IncidentStatus.SUPPRESSED)]
         return rows[-1] if rows else None
 
     def _respond(self, a: JobAssessment, tier: Tier, job: JobInfo, nodes: dict[str, NodeInfo],
@@ -220,7 +263,7 @@ class Controller:
         if not drained_any:
             return
         if gated == Tier.DRAIN:
-            self._checkpoint(a, incident, evidence, res)
+            self._checkpoint(a, job, incident, evidence, res)
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
 
@@ -231,7 +274,10 @@ class Controller:
         from slurmguard.mitigate.plan import JobPlan
         from slurmguard.respond.tiers import accumulated_cost_gpu_s
 
-        want = opt_in(job.comment)
+        opts = job_options(job.comment, self.policy.response.tiers.checkpoint_signal)
+        if opts.problems and incident.evidence.get("opt_in_problems") != list(opts.problems):
+            self.store.update_incident(incident.id, evidence={"opt_in_problems": list(opts.problems)})
+        want = opts.mitigate
         if want is None:
             return
         if self.plans.get(a.job_id) is None and incident.evidence.get("plan"):
@@ -269,16 +315,24 @@ class Controller:
             res.actions.append((cand.action.value, str(a.job_id)))
             return  # one in-job change per cycle: let the job apply it before the next
 
-    def _checkpoint(self, a: JobAssessment, incident, evidence: dict, res: CycleResult) -> None:
+    def _checkpoint(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
+                    res: CycleResult) -> None:
         done = [e for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
                 if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id]
         if done or self.policy.safety.dry_run and incident.status != IncidentStatus.OPEN:
             return
-        verdict = self.safety.may_act(self.clock.now())
+        sig = job_options(job.comment, self.policy.response.tiers.checkpoint_signal).signal
+        if sig is None:
+            if incident.status == IncidentStatus.OPEN:
+                self.store.update_incident(
+                    incident.id, status=IncidentStatus.MITIGATED, action_at=self.clock.now(),
+                    outcome="drained; job left running (it did not ask for a checkpoint signal: "
+                            "--comment=slurmguard:signal)")
+            return
+        verdict = self.safety.may_act_on_job(self.clock.now())
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
             return
-        sig = self.policy.response.tiers.checkpoint_signal
         try:
             self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job",
                                  evidence=evidence)
@@ -295,7 +349,7 @@ class Controller:
         before = int(incident.evidence.get("restarts_at_detection", job.restarts))
         if job.restarts > before:
             return  # already requeued (possibly by a controller that was killed right after)
-        verdict = self.safety.may_act(now)
+        verdict = self.safety.may_act_on_job(now)
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
             return

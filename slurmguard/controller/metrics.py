@@ -24,6 +24,12 @@ class ControllerMetrics:
                                 ["node"], registry=r)
         self.reports = Counter("slurmguard_reports_total", "Agent reports received", ["outcome"],
                                registry=r)
+        self.http_refused = Counter("slurmguard_http_refused_total",
+                                    "HTTP requests refused other than reports (overload, rate, access)",
+                                    ["reason"], registry=r)
+        self.foreign_ranks = Counter("slurmguard_foreign_ranks_total",
+                                     "Ranks reported for a job by a node outside its Slurm allocation "
+                                     "(dropped)", registry=r)
         self.cycle_errors = Counter("slurmguard_cycle_errors_total", "Errors inside controller cycles",
                                     registry=r)
         self.last_cycle = Gauge("slurmguard_last_cycle_timestamp_seconds", "Unix time of the last cycle",
@@ -34,6 +40,8 @@ class ControllerMetrics:
             self.actions.labels(action).inc()
         if res.suppressed:
             self.suppressed.inc(len(res.suppressed))
+        if res.foreign_ranks:
+            self.foreign_ranks.inc(res.foreign_ranks)
         if res.errors:
             self.cycle_errors.inc(len(res.errors))
         self.breaker.set(1 if controller.breaker_open else 0)

@@ -1,8 +1,18 @@
-"""Mitigation plans the controller serves to opted-in jobs (Greyhound S2).
+"""Mitigation plans the controller serves to opted-in jobs (Greyhound S2), and the
+job's opt-ins read from its Slurm comment.
 
-A job opts in with its Slurm comment: `slurmguard:mitigate,microbatches=M[,pp=P]`
-(M = micro-batches in its global batch, P = pipeline stages, default 1; ranks
-in Megatron order, stage-major: rank = stage * dp + dp_rank). In the
+A job opts in with its Slurm comment, `--comment=slurmguard:ITEM[,ITEM...]`:
+- `mitigate,microbatches=M[,pp=P]`: in-job mitigation (M = micro-batches in its
+  global batch, 1..65536, a multiple of P; P = pipeline stages, 1..1024, default
+  1; ranks in Megatron order, stage-major: rank = stage * dp + dp_rank);
+- `signal[=NAME]`: when a node under the job is drained, send it NAME (default
+  response.tiers.checkpoint_signal) to ask for a checkpoint; NAME is one of
+  CHECKPOINT_SIGNALS. A job without it is drained under and left running.
+The comment belongs to the job's user, so every value is bounded and checked:
+a bad item is ignored and named in `JobOptions.problems` (recorded in the job's
+incident), never an exception in the controller. Slurm 22.05 does not report a
+job's own `--signal` in squeue or scontrol (checked), so the comment is the way
+to ask. In the
 ski-rental order of Greyhound Algorithm 1, once its slowdown has cost:
 - response.escalation.rebalance_gpu_s (S2, needs dp >= 2): micro-batch counts
   per DP group from each group's measured time per micro-batch
@@ -25,7 +35,11 @@ from slurmguard.mitigate.microbatch import plan_microbatches
 from slurmguard.mitigate.plan import JobPlan
 from slurmguard.mitigate.topology import Layout, plan_consolidation
 
-_OPT_IN = re.compile(r"slurmguard:mitigate,microbatches=(\d+)(?:,pp=(\d+))?")
+_OPT_IN = re.compile(r"slurmguard:(\S{0,256})")
+MAX_MICROBATCHES = 65536
+MAX_PP = 1024
+#: signals a job may ask to receive; never KILL or STOP, which a job cannot handle
+CHECKPOINT_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT"})
 
 
 @dataclass(frozen=True)
@@ -34,13 +48,64 @@ class OptIn:
     pp: int = 1
 
 
-def opt_in(comment: str | None) -> OptIn | None:
-    """The job's opt-in from its Slurm comment, or None."""
+@dataclass(frozen=True)
+class JobOptions:
+    """What a job asked for in its comment. signal: the checkpoint signal name
+    (without SIG) or None; problems: items that were ignored, and why."""
+
+    mitigate: OptIn | None = None
+    signal: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+def _bounded_int(item: str, value: str, lo: int, hi: int, problems: list[str]) -> int | None:
+    if not value.isdigit() or len(value) > 6 or not lo <= int(value) <= hi:
+        problems.append(f"{item}: expected an integer {lo}..{hi}")
+        return None
+    return int(value)
+
+
+def job_options(comment: str | None, default_signal: str = "USR1") -> JobOptions:
+    """The opt-ins of a job from its Slurm comment (see the module docstring)."""
     m = _OPT_IN.search(comment or "")
     if m is None:
-        return None
-    pp = int(m.group(2) or 1)
-    return OptIn(microbatches=int(m.group(1)), pp=max(1, pp))
+        return JobOptions()
+    problems: list[str] = []
+    mitigate = False
+    mb: int | None = None
+    pp: int | None = 1
+    signal: str | None = None
+    for item in filter(None, m.group(1).split(",")):
+        key, eq, value = item.partition("=")
+        if key == "mitigate" and not eq:
+            mitigate = True
+        elif key == "microbatches" and eq:
+            mb = _bounded_int(item, value, 1, MAX_MICROBATCHES, problems)
+        elif key == "pp" and eq:
+            pp = _bounded_int(item, value, 1, MAX_PP, problems)
+        elif key == "signal":
+            name = (value.upper().removeprefix("SIG") if eq else default_signal.removeprefix("SIG"))
+            if name in CHECKPOINT_SIGNALS:
+                signal = name
+            else:
+                problems.append(f"{item}: signal must be one of {', '.join(sorted(CHECKPOINT_SIGNALS))}")
+        else:
+            problems.append(f"{item[:40]}: unknown item (known: mitigate, microbatches=M, pp=P, "
+                            "signal[=NAME])")
+    opt = None
+    if mitigate:
+        if mb is None or pp is None:
+            problems.append("mitigate: needs microbatches=M (and a valid pp=P)")
+        elif mb % pp:
+            problems.append(f"mitigate: microbatches={mb} is not a multiple of pp={pp}")
+        else:
+            opt = OptIn(microbatches=mb, pp=pp)
+    return JobOptions(mitigate=opt, signal=signal, problems=tuple(problems))
+
+
+def opt_in(comment: str | None) -> OptIn | None:
+    """The job's mitigation opt-in from its Slurm comment, or None."""
+    return job_options(comment).mitigate
 
 
 class PlanBook:

@@ -1,53 +1,233 @@
-"""The controller's HTTP endpoints (stdlib server, one thread per request).
+"""The controller's HTTP endpoints (stdlib server, bounded worker pool).
 
-POST /v1/report        signed AgentReport (see slurmguard.reports)
-GET  /metrics          Prometheus text format
-GET  /healthz          200 while cycles run, 503 when the last one is stale
-GET  /v1/jobs/<id>/plan  the job's mitigation plan (204 when there is none)
+POST /v1/report          signed AgentReport (see slurmguard.reports)
+GET  /healthz            200 while cycles run, 503 when the last one is stale
+GET  /metrics            Prometheus text format         } controller.read_clients only;
+GET  /v1/jobs/<id>/plan  the job's mitigation plan      } on the management listener
+                         (204 when there is none)       } when one is configured
+
+The listener faces every node of the cluster, so nothing is done for a client
+before it has shown who it is, and nothing it does can hold more than a bounded
+share of the controller:
+- `workers` threads serve connections; `max_pending` more wait; beyond that a
+  connection is answered 503 and closed at once;
+- every connection has `request_timeout_s` in total (a watchdog shuts the socket
+  of a client that sends slowly), not per read;
+- requests per client address and signed reports per node pass token buckets
+  (429 past them);
+- a report's Content-Length is checked against `max_body_bytes` before a byte
+  of the body is read (413), the node, time and signature headers before the
+  body is parsed (401/403), the body's node against the signed one after;
+- TLS when `tls_cert_file`/`tls_key_file` are set.
+Every refusal is a 4xx with a one-line reason in JSON and counted in /metrics
+(`slurmguard_reports_total{outcome}` for reports, `slurmguard_http_refused_total
+{reason}` for the rest).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
+import queue
 import re
+import socket
+import socketserver
+import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 
 from pydantic import ValidationError
 
-from slurmguard.reports import SIG_HEADER, TIME_HEADER, AgentReport, verify
+from slurmguard.config import ControllerPolicy
+from slurmguard.reports import (NODE_HEADER, NODE_NAME, SIG_HEADER, TIME_HEADER, AgentReport,
+                                check_time, verify)
 
 log = logging.getLogger("slurmguard.controller.http")
-MAX_BODY = 8 << 20
+
+_BUSY = b'{"error": "controller busy (all workers and queue slots taken): try again later"}'
+_OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY), _BUSY))
+
+
+class TokenBuckets:
+    """Per-key token buckets (rate per second, burst); at most `max_keys` keys are
+    remembered (the least recently used is forgotten, i.e. starts full again)."""
+
+    def __init__(self, rate: float, burst: int, now: Callable[[], float] = time.monotonic,
+                 max_keys: int = 10000) -> None:
+        self.rate, self.burst, self.now, self.max_keys = rate, float(burst), now, max_keys
+        self._b: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def allow(self, key: str) -> bool:
+        t = self.now()
+        with self._lock:
+            tokens, last = self._b.pop(key, (self.burst, t))
+            tokens = min(self.burst, tokens + (t - last) * self.rate)
+            ok = tokens >= 1.0
+            self._b[key] = (tokens - 1.0 if ok else tokens, t)
+            while len(self._b) > self.max_keys:
+                self._b.popitem(last=False)
+            return ok
+
+
+class _PoolServer(socketserver.TCPServer):
+    """TCPServer whose accepted connections go to a fixed pool of worker threads."""
+
+    allow_reuse_address = True
+
+    def __init__(self, addr, handler, *, workers: int, max_pending: int, timeout_s: float,
+                 tls: ssl.SSLContext | None, on_overload: Callable[[], None]) -> None:
+        self.timeout_s = timeout_s
+        self.tls = tls
+        self.on_overload = on_overload
+        self._q: queue.Queue = queue.Queue(maxsize=max(1, max_pending))
+        self._active: dict[socket.socket, float] = {}
+        self._active_lock = threading.Lock()
+        self._stopping = threading.Event()
+        family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        self.address_family = family
+        super().__init__(addr, handler)
+        self._threads = [threading.Thread(target=self._work, name=f"controller-http-{i}", daemon=True)
+                         for i in range(workers)]
+        self._threads.append(threading.Thread(target=self._watchdog, name="controller-http-watchdog",
+                                              daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def process_request(self, request, client_address) -> None:
+        try:
+            self._q.put_nowait((request, client_address, time.monotonic() + self.timeout_s))
+        except queue.Full:
+            self.on_overload()
+            try:
+                if self.tls is None:
+                    request.settimeout(0.2)
+                    request.sendall(_OVERLOADED)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            sock, addr, deadline = item
+            if time.monotonic() >= deadline:  # waited its whole time in the queue
+                self.shutdown_request(sock)
+                continue
+            with self._active_lock:
+                self._active[sock] = deadline
+            conn = sock
+            try:
+                sock.settimeout(max(0.05, deadline - time.monotonic()))
+                if self.tls is not None:
+                    conn = self.tls.wrap_socket(sock, server_side=True)
+                self.finish_request(conn, addr)
+            except Exception as exc:  # noqa: BLE001 - one client must not take a worker down
+                log.debug("connection from %s ended: %s", addr[0], exc)
+            finally:
+                with self._active_lock:
+                    self._active.pop(sock, None)
+                self.shutdown_request(conn)
+
+    def _watchdog(self) -> None:
+        while not self._stopping.wait(0.2):
+            now = time.monotonic()
+            with self._active_lock:
+                late = [s for s, d in self._active.items() if now >= d]
+            for s in late:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)  # the worker's pending read returns at once
+                except OSError:
+                    pass
+
+    def server_close(self) -> None:
+        self._stopping.set()
+        for _ in self._threads:
+            try:
+                self._q.put_nowait(None)
+            except queue.Full:
+                break
+        super().server_close()
 
 
 class ControllerHTTP:
+    """The report listener (host, port) and, if policy.management_host is set, the
+    management listener. `secret` is the master secret; `known(node)` says whether
+    Slurm knows a node (reports of other nodes are refused before their body is read)."""
+
     def __init__(self, host: str, port: int, *, secret: bytes, ingest: Callable[[AgentReport], bool],
                  metrics, now: Callable[[], float], health: Callable[[], tuple[bool, str]],
-                 plan: Callable[[int], dict | None] = lambda job: None) -> None:
+                 plan: Callable[[int], dict | None] = lambda job: None,
+                 policy: ControllerPolicy | None = None,
+                 known: Callable[[str], bool] = lambda node: True) -> None:
+        p = policy or ControllerPolicy()
+        self.policy = p
         self.secret = secret
-        handler = _make_handler(self, ingest, metrics, now, health, plan)
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self.metrics = metrics
+        tls = None
+        if p.tls_cert_file:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            tls.load_cert_chain(p.tls_cert_file, p.tls_key_file)
+        ctx = _Ctx(self, ingest=ingest, now=now, health=health, plan=plan, known=known,
+                   readers=[ipaddress.ip_network(n, strict=False) for n in p.read_clients],
+                   ip_limit=TokenBuckets(p.ip_rate_per_s, p.ip_burst),
+                   node_limit=TokenBuckets(p.node_rate_per_s, p.node_burst))
+        split = p.management_host is not None
+        self.servers = [self._server((host, port), ctx, "report" if split else "all", tls)]
+        if split:
+            self.servers.append(self._server((p.management_host, p.management_port), ctx,
+                                             "management", tls))
+        self._threads: list[threading.Thread] = []
+
+    def _server(self, addr, ctx: "_Ctx", role: str, tls) -> _PoolServer:
+        p = self.policy
+        handler = _make_handler(ctx, role)
+        return _PoolServer(addr, handler, workers=p.workers, max_pending=p.max_pending,
+                           timeout_s=p.request_timeout_s, tls=tls,
+                           on_overload=lambda: ctx.refused("overloaded"))
 
     @property
     def port(self) -> int:
-        return self.httpd.server_address[1]
+        return self.servers[0].server_address[1]
+
+    @property
+    def management_port(self) -> int | None:
+        return self.servers[1].server_address[1] if len(self.servers) > 1 else None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="controller-http",
-                                        daemon=True)
-        self._thread.start()
+        for i, srv in enumerate(self.servers):
+            t = threading.Thread(target=srv.serve_forever, name=f"controller-http-accept-{i}",
+                                 daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        for srv in self.servers:
+            srv.shutdown()
+            srv.server_close()
 
 
-def _make_handler(server: ControllerHTTP, ingest, metrics, now, health, plan):
+class _Ctx:
+    def __init__(self, server: ControllerHTTP, **kw) -> None:
+        self.server = server
+        self.__dict__.update(kw)
+
+    def refused(self, reason: str) -> None:
+        self.server.metrics.http_refused.labels(reason).inc()
+
+
+def _make_handler(ctx: _Ctx, role: str):
+    p = ctx.server.policy
+    metrics = ctx.server.metrics
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -55,60 +235,133 @@ def _make_handler(server: ControllerHTTP, ingest, metrics, now, health, plan):
             log.debug("%s " + fmt, self.client_address[0], *args)
 
         def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.close_connection = True  # one request per connection: workers are few
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
         def _json(self, code: int, obj) -> None:
             self._send(code, json.dumps(obj).encode())
 
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path == "/metrics":
-                self._send(200, metrics.render(), "text/plain; version=0.0.4")
-            elif self.path == "/healthz":
-                ok, why = health()
-                self._json(200 if ok else 503, {"ok": ok, "detail": why})
-            elif m := re.fullmatch(r"/v1/jobs/(\d+)/plan", self.path):
-                p = plan(int(m.group(1)))
-                if p is None:
-                    self._send(204, b"")
-                else:
-                    self._json(200, p)
+        def _refuse(self, code: int, why: str, label: str, *, report: bool = False) -> None:
+            if report:
+                metrics.reports.labels(label).inc()
             else:
-                self._json(404, {"error": "not found"})
+                ctx.refused(label)
+            self._json(code, {"error": why})
+
+        def _rate_ok(self) -> bool:
+            if ctx.ip_limit.allow(self.client_address[0]):
+                return True
+            self._refuse(429, f"too many requests from {self.client_address[0]} "
+                              f"(controller.ip_rate_per_s={p.ip_rate_per_s:g})", "rate_limited_ip")
+            return False
+
+        def _reader_ok(self, what: str) -> bool:
+            try:
+                ip = ipaddress.ip_address(self.client_address[0])
+            except ValueError:
+                ip = None
+            if ip is not None and any(ip in net for net in ctx.readers):
+                return True
+            self._refuse(403, f"{what} is served only to controller.read_clients", "forbidden_reader")
+            return False
+
+        def do_GET(self) -> None:  # noqa: N802
+            if not self._rate_ok():
+                return
+            path = self.path.split("?", 1)[0]
+            if path == "/healthz":
+                ok, why = ctx.health()
+                self._json(200 if ok else 503, {"ok": ok, "detail": why})
+            elif role == "report" and (path == "/metrics" or path.startswith("/v1/jobs/")):
+                self._refuse(404, "served on the management listener (controller.management_host)",
+                             "not_found")
+            elif path == "/metrics":
+                if self._reader_ok("/metrics"):
+                    self._send(200, metrics.render(), "text/plain; version=0.0.4")
+            elif m := re.fullmatch(r"/v1/jobs/(\d{1,12})/plan", path):
+                if self._reader_ok("plans"):
+                    plan = ctx.plan(int(m.group(1)))
+                    if plan is None:
+                        self._send(204, b"")
+                    else:
+                        self._json(200, plan)
+            else:
+                self._refuse(404, "not found", "not_found")
 
         def do_POST(self) -> None:  # noqa: N802
-            if self.path != "/v1/report":
-                self._json(404, {"error": "not found"})
+            if not self._rate_ok():
                 return
-            try:
-                length = int(self.headers.get("Content-Length", "0"))
-            except ValueError:
-                length = -1
-            if length <= 0 or length > MAX_BODY:
-                metrics.reports.labels("bad_request").inc()
-                self._json(400, {"error": "missing or oversized body"})
+            if self.path != "/v1/report" or role == "management":
+                self._refuse(404, "not found", "not_found")
+                return
+            self._report()
+
+        def _report(self) -> None:
+            raw = self.headers.get("Content-Length")
+            if raw is None or not raw.isdigit():
+                self._refuse(411, "a report needs a Content-Length", "bad_request", report=True)
+                return
+            length = int(raw)
+            if length == 0:
+                self._refuse(400, "empty report", "bad_request", report=True)
+                return
+            if length > p.max_body_bytes:
+                self._refuse(413, f"report of {length} bytes is over controller.max_body_bytes "
+                                  f"({p.max_body_bytes})", "too_large", report=True)
+                return
+            node = self.headers.get(NODE_HEADER, "")
+            if not NODE_NAME.match(node):
+                self._refuse(401, f"missing or invalid {NODE_HEADER} header", "unauthorized",
+                             report=True)
+                return
+            why = check_time(self.headers.get(TIME_HEADER, ""), ctx.now())
+            if why is not None:
+                log.warning("rejected report from %s (node %s): %s", self.client_address[0], node, why)
+                self._refuse(401, why, "unauthorized", report=True)
+                return
+            if not ctx.known(node):
+                self._refuse(403, f"node {node} is not a node of this cluster", "unknown_node",
+                             report=True)
+                return
+            if not ctx.node_limit.allow(node):
+                self._refuse(429, f"too many reports for node {node} "
+                                  f"(controller.node_rate_per_s={p.node_rate_per_s:g})",
+                             "rate_limited_node", report=True)
                 return
             body = self.rfile.read(length)
-            why = verify(server.secret, self.headers.get(TIME_HEADER, ""), body,
-                         self.headers.get(SIG_HEADER, ""), now())
+            if len(body) != length:
+                self._refuse(400, f"body ended after {len(body)} of {length} bytes", "bad_request",
+                             report=True)
+                return
+            why = verify(ctx.server.secret, node, self.headers.get(TIME_HEADER, ""), body,
+                         self.headers.get(SIG_HEADER, ""), ctx.now())
             if why is not None:
-                metrics.reports.labels("unauthorized").inc()
                 log.warning("rejected report from %s: %s", self.client_address[0], why)
-                self._json(401, {"error": "unauthorized"})
+                self._refuse(401, "bad signature", "unauthorized", report=True)
                 return
             try:
                 report = AgentReport.model_validate_json(body)
             except ValidationError as exc:
-                metrics.reports.labels("invalid").inc()
                 first = exc.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                self._json(422, {"error": f"invalid report: {where}: {first['msg']}"})
+                where = ".".join(str(x) for x in first["loc"])
+                self._refuse(422, f"invalid report: {where}: {first['msg']}", "invalid", report=True)
                 return
-            accepted = ingest(report)
-            metrics.reports.labels("ok" if accepted else "stale").inc()
-            self._json(200, {"accepted": accepted})
+            if report.node != node:
+                log.warning("node %s signed a report for node %s (from %s)", node, report.node,
+                            self.client_address[0])
+                self._refuse(403, f"report names node {report.node} but is signed by node {node}",
+                             "forbidden", report=True)
+                return
+            if not ctx.ingest(report):
+                self._refuse(409, f"report (epoch {report.epoch}, seq {report.seq}) is not newer "
+                                  f"than the last one of node {node}", "stale", report=True)
+                return
+            metrics.reports.labels("ok").inc()
+            self._json(200, {"accepted": True})
 
     return Handler

@@ -6,22 +6,15 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from slurmguard.config import Policy, load_policy
+from slurmguard.config import SYSTEM_POLICY, Policy, find_policy_file, load_policy
 
-SYSTEM_POLICY = Path("/etc/slurmguard/policies.yaml")
+__all__ = ["SYSTEM_POLICY", "load", "node_name", "policy_path"]
 
 
 def policy_path(explicit: str | None, env: Mapping[str, str]) -> Path | None:
-    """--policy, then $SLURMGUARD_POLICY, then /etc/slurmguard/policies.yaml.
-
-    Never ./policies.yaml: slurmd runs prolog and epilog in the job's working
-    directory, which the job's user controls, and both run as root.
-    """
-    if explicit:
-        return Path(explicit)
-    if env.get("SLURMGUARD_POLICY"):
-        return Path(env["SLURMGUARD_POLICY"])
-    return SYSTEM_POLICY if SYSTEM_POLICY.is_file() else None
+    """config.find_policy_file with the hook's environment: never ./policies.yaml
+    (slurmd runs prolog and epilog as root in the job's working directory)."""
+    return find_policy_file(explicit, env)
 
 
 def load(explicit: str | None, env: Mapping[str, str]) -> Policy:

@@ -5,8 +5,11 @@ Circuit breaker (DESIGN.md "Rules that keep it safe"): at most
 and at most `max_partition_percent` of any partition; past either limit the
 controller alerts and stops draining (a detector bug must not empty the
 cluster). The percentage limit always allows one node per partition, else a
-small partition could never lose a node. Rate limit: at most `max_actions`
-Slurm actions of any kind in `rate_limit.window_s`.
+small partition could never lose a node. Requeues and checkpoint signals
+count on their own: at most `breaker.max_job_actions` in the window, each one
+checked when it is taken (a node drained once must not let every later cycle
+requeue another job). Rate limit: at most `max_actions` Slurm actions of any
+kind in `rate_limit.window_s`.
 
 Both are computed from the audit log (successful drains and actions by the
 controller's actor), not from memory, so a restarted controller counts what
@@ -74,6 +77,15 @@ class SafetyGate:
         alerts = [r for r in self.store.audit_entries(action="alert", since=now - b.window_s)
                   if r.actor == self.actor and (r.reason or "").startswith("circuit breaker")]
         return bool(alerts) and len(self.drained_recently(now)) >= b.max_nodes
+
+    def may_act_on_job(self, now: float) -> SafetyVerdict:
+        """May slurmguard requeue or signal a job now (breaker for job actions, then rate)?"""
+        b = self.policy.breaker
+        n = len(self._ours(("requeue", "signal"), b.window_s, now))
+        if n >= b.max_job_actions:
+            return SafetyVerdict(False, f"circuit breaker: {n} requeue(s)/signal(s) by slurmguard in "
+                                        f"the last {b.window_s:g}s (limit {b.max_job_actions})")
+        return self.may_act(now)
 
     def may_act(self, now: float) -> SafetyVerdict:
         r = self.policy.rate_limit
