@@ -20,7 +20,7 @@ from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
 from slurmguard.hook.ring import SOURCE_TORCH, RingWriter
-from slurmguard.reports import AgentReport, sign
+from slurmguard.reports import NODE_HEADER, AgentReport, node_key, sign
 from slurmguard.slurm.fake import FakeSlurm
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -71,7 +71,7 @@ def stack(sqlite_store, tmp_path):
     url = f"http://127.0.0.1:{http.port}"
 
     def agent(node: str) -> Agent:
-        sender = ReportSender(url, SECRET, timeout_s=5, max_reports=5, now=time.time)
+        sender = ReportSender(url, node_key(SECRET, node), timeout_s=5, max_reports=5, now=time.time)
         return Agent(node=node, policy=POLICY, sender=sender, clock=clock, ring_root=str(tmp_path / "rings"))
 
     yield ctl, slurm, clock, agent, url, metrics
@@ -106,9 +106,12 @@ def test_controller_rejects_unsigned_stale_and_replayed_reports(stack):
     rep = AgentReport(node="node1", seq=5, sent_at=time.time())
     body = rep.model_dump_json().encode()
 
+    key = node_key(SECRET, "node1")
+
     def post(ts, sig):
         req = urllib.request.Request(url + "/v1/report", data=body, method="POST", headers={
-            "Content-Type": "application/json", "X-Slurmguard-Time": ts, "X-Slurmguard-Signature": sig})
+            "Content-Type": "application/json", "X-Slurmguard-Time": ts, NODE_HEADER: "node1",
+            "X-Slurmguard-Signature": sig})
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status, r.read()
@@ -118,14 +121,16 @@ def test_controller_rejects_unsigned_stale_and_replayed_reports(stack):
     now = f"{time.time():.3f}"
     assert post(now, "0" * 64)[0] == 401
     old = f"{time.time() - 3600:.3f}"
-    assert post(old, sign(SECRET, old, body))[0] == 401
-    assert post(now, sign(SECRET, now, body)) == (200, b'{"accepted": true}')
-    assert post(now, sign(SECRET, now, body)) == (200, b'{"accepted": false}')
+    assert post(old, sign(key, old, "node1", body))[0] == 401
+    assert post(now, sign(key, now, "node1", body)) == (200, b'{"accepted": true}')
+    code, answer = post(now, sign(key, now, "node1", body))
+    assert code == 409 and b"not newer" in answer
 
 
 def test_sender_buffers_bounded_while_controller_down(tmp_path):
     clock = FakeClock(start=time.time())
-    sender = ReportSender("http://127.0.0.1:9", SECRET, timeout_s=0.5, max_reports=3, now=clock.now)
+    sender = ReportSender("http://127.0.0.1:9", node_key(SECRET, "n1"), timeout_s=0.5, max_reports=3,
+                          now=clock.now)
     for seq in range(1, 6):
         sender.enqueue(AgentReport(node="n1", seq=seq, sent_at=clock.now()))
         sender.flush()

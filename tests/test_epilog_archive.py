@@ -14,7 +14,8 @@ import pytest
 
 from slurmguard.clock import FakeClock
 from slurmguard.config import PrologPolicy, parse_policy
-from slurmguard.nodecheck import archive, epilog, ringhead
+from slurmguard.hook import ring
+from slurmguard.nodecheck import archive, epilog
 from slurmguard.nodecheck.archive import archive_job, prune
 from tests.fixtures.prolog import ROOT, ring_bytes, write_ring
 
@@ -35,34 +36,110 @@ def pol(store, **kw) -> PrologPolicy:
 
 
 # ------------------------------------------------------------------ ring header
-def test_ringhead_constants_match_sg_ring_h():
-    text = (ROOT / "spank_plugin" / "sg_ring.h").read_text()
-
-    def define(name):
-        return int(re.search(rf"#define {name}\s+\(?([0-9a-fx]+)(?:ULL|u)?", text).group(1), 0)
-
-    assert define("SG_RING_MAGIC") == ringhead.MAGIC
-    assert ringhead.MAGIC.to_bytes(8, "little") == b"SGRING01"
-    assert define("SG_NODE_NAME_LEN") == ringhead.NODE_NAME_LEN
-    assert "SG_RING_MAX_CAPACITY (1u << 24)" in text and ringhead.MAX_CAPACITY == 1 << 24
-    assert "char node_name[SG_NODE_NAME_LEN]; /* 72" in text
-    assert ringhead.PREFIX.size == 72 + ringhead.NODE_NAME_LEN
+def _header(path):
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        return ring.read_header(fd, path.name)
+    finally:
+        os.close(fd)
 
 
-def test_parse_header_fields_and_rejections():
-    data = ring_bytes(node="node2", job_id=77, rank=5, local_rank=1, world_size=8, step_id=3)
-    h = ringhead.parse_header(data[:200], len(data))
+def test_read_header_fields_and_exact_geometry(tmp_path):
+    """The epilog uses hook.ring's one header reader: exact size, allocated, regular."""
+    p = tmp_path / "r.ring"
+    p.write_bytes(ring_bytes(node="node2", job_id=77, rank=5, local_rank=1, world_size=8, step_id=3))
+    h = _header(p)
     assert (h.job_id, h.step_id, h.global_rank, h.local_rank, h.world_size) == (77, 3, 5, 1, 8)
-    assert (h.node_name, h.source, h.capacity, h.file_size) == ("node2", "torch", 16, len(data))
-    with pytest.raises(ringhead.NotARing, match="no ring magic"):
-        ringhead.parse_header(ring_bytes(node="n", job_id=1, magic=b"NOTARING"), len(data))
-    with pytest.raises(ringhead.NotARing, match="no ring magic"):
-        ringhead.parse_header(b"", 0)
-    with pytest.raises(ringhead.NotARing, match=f"size {len(data) - 64} bytes, header says {len(data)}"):
-        ringhead.parse_header(data, len(data) - 64)
-    bad = ring_bytes(node="n", job_id=1, capacity=24)  # not a power of two
-    with pytest.raises(ringhead.NotARing, match="implausible header"):
-        ringhead.parse_header(bad, len(bad))
+    assert (h.node_name, h.source_name, h.capacity) == ("node2", "torch", 16)
+    bad = tmp_path / "bad"
+    bad.write_bytes(ring_bytes(node="n", job_id=1, magic=b"NOTARING"))
+    with pytest.raises(ring.RingError, match="bad magic"):
+        _header(bad)
+    bad.write_bytes(b"")
+    with pytest.raises(ring.RingError, match="bad magic"):
+        _header(bad)
+    bad.write_bytes(ring_bytes(node="n", job_id=1) + b"\0" * 64)  # one record too long
+    with pytest.raises(ring.RingError, match=f"size {RING_SIZE_16 + 64} bytes, a ring of 16 records is"):
+        _header(bad)
+    bad.write_bytes(ring_bytes(node="n", job_id=1, capacity=24))  # not a power of two
+    with pytest.raises(ring.RingError, match="bad capacity 24"):
+        _header(bad)
+
+
+def test_sparse_ring_claiming_a_huge_geometry_is_not_archived(dirs):
+    """Attack (issue 18.6): a 4 KiB sparse file whose header claims 2^24 records was
+    archived as gigabytes; now it is refused and removed, nothing is copied."""
+    ring_root, store = dirs
+    jd = ring_root / "61"
+    jd.mkdir()
+    cap = 1 << 24
+    size = 4096 + cap * 64
+    with open(jd / "rank-0.step-0.torch.ring", "wb") as f:
+        f.write(ring_bytes(node="node1", job_id=61, capacity=cap, records=0)[:4096])
+        f.truncate(size)  # 1 GiB apparent, 4 KiB allocated
+    res = archive_job(61, "node1", ring_root=ring_root, policy=pol(store))
+    assert res.files == [] and res.archived_bytes == 0
+    assert res.skipped[0].reason.startswith("sparse: ")
+    assert res.ring_dir_removed and not jd.exists()
+
+
+def test_fifo_and_many_entries_neither_block_nor_flood_the_epilog(dirs):
+    """Attack (18.6): a FIFO named like a ring, and more files than max_ring_entries."""
+    ring_root, store = dirs
+    jd = ring_root / "62"
+    jd.mkdir()
+    os.mkfifo(jd / "a.ring")
+    for i in range(300):
+        (jd / f"junk-{i:04d}").write_bytes(b"")
+    res = archive_job(62, "node1", ring_root=ring_root, policy=pol(store, max_ring_entries=50))
+    assert res.unread == 251 and len(res.skipped) == 50
+    assert res.ring_dir_removed and not jd.exists()
+    m = json.loads((store / "62" / "node1" / "manifest.json").read_text())
+    assert m["unread_count"] == 251 and m["skipped_count"] == 50
+    assert len(m["skipped"]) <= archive.MANIFEST_MAX_SKIPPED
+
+
+def test_lock_held_by_the_job_does_not_stall_or_keep_the_dir(dirs):
+    """Attack (18.6): the user's other job holds an flock on the ring dir; the epilog
+    waited 60 s and left the directory. Now: at most epilog_lock_timeout_s, then removed."""
+    import fcntl
+    import time
+
+    ring_root, store = dirs
+    write_ring(ring_root / "63" / "rank-0.step-0.torch.ring", node="node1", job_id=63)
+    fd = os.open(ring_root / "63", os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        t0 = time.monotonic()
+        res = archive_job(63, "node1", ring_root=ring_root,
+                          policy=pol(store, ring_root_shared=True, epilog_lock_timeout_s=0.3),
+                          job_nodes=["node1"])
+        took = time.monotonic() - t0
+    finally:
+        os.close(fd)
+    assert took < 5 and "went on without the lock" in res.errors[0]
+    assert [f.name for f in res.files] == ["rank-0.step-0.torch.ring"]
+    assert res.ring_dir_removed and not (ring_root / "63").exists()
+    # on a per-node ring root there is no lock at all
+    write_ring(ring_root / "64" / "rank-0.step-0.torch.ring", node="node1", job_id=64)
+    fd = os.open(ring_root / "64", os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        res = archive_job(64, "node1", ring_root=ring_root, policy=pol(store), job_nodes=["node1"])
+    finally:
+        os.close(fd)
+    assert res.errors == [] and res.ring_dir_removed
+
+
+def test_ring_naming_another_node_is_this_nodes_unless_the_root_is_shared(dirs):
+    """Attack (18.6): a ring naming another node of the job kept the directory forever
+    on a real cluster (that node's epilog never sees this node's /dev/shm)."""
+    ring_root, store = dirs
+    write_ring(ring_root / "65" / "rank-0.step-0.torch.ring", node="node1", job_id=65)
+    write_ring(ring_root / "65" / "rank-1.step-0.torch.ring", node="node2", job_id=65, rank=1)
+    res = archive_job(65, "node1", ring_root=ring_root, policy=pol(store), job_nodes=["node1", "node2"])
+    assert res.left_for == {} and len(res.files) == 2
+    assert res.ring_dir_removed and not (ring_root / "65").exists()
 
 
 # ------------------------------------------------------------------ archive
@@ -94,8 +171,9 @@ def test_archive_moves_own_rings_writes_manifest_removes_dir(dirs, tmp_path):
     assert m["archived_bytes"] == 2 * RING_SIZE_16
     assert m["skipped"] == [
         {"name": "evil.ring", "reason": "symbolic link", "bytes": None},
-        {"name": "notes.txt", "reason": "no ring magic", "bytes": 10},
-        {"name": "partial.ring", "reason": "no ring magic", "bytes": 4096}]
+        {"name": "notes.txt", "reason": "bad magic (not a ring, or not initialised yet)", "bytes": 10},
+        {"name": "partial.ring", "reason": "bad magic (not a ring, or not initialised yet)",
+         "bytes": 4096}]
     assert m["skipped_count"] == 3 and m["left_for_other_nodes"] == {}
     assert secret.read_bytes() == ring_bytes(node="node1", job_id=41, rank=9)  # never followed
     assert oct(os.stat(dest).st_mode & 0o777) == oct(archive.DIR_MODE)
@@ -120,15 +198,16 @@ def test_shared_ring_dir_each_node_takes_its_own(dirs):
             write_ring(jd / f"rank-{2 * i + lr}.step-0.nccl.ring", node=n, job_id=9, rank=2 * i + lr,
                        local_rank=lr, source=1)
     write_ring(jd / "rank-99.step-0.torch.ring", node="elsewhere", job_id=9, rank=99)
-    r2 = archive_job(9, "node2", ring_root=ring_root, policy=pol(store), job_nodes=nodes)
+    shared = pol(store, ring_root_shared=True)
+    r2 = archive_job(9, "node2", ring_root=ring_root, policy=shared, job_nodes=nodes)
     # a ring naming a node outside the job is on this host: the first taker archives it
     assert [f.name for f in r2.files] == ["rank-2.step-0.nccl.ring", "rank-3.step-0.nccl.ring",
                                           "rank-99.step-0.torch.ring"]
     assert r2.left_for == {"node1": 2, "node3": 2} and not r2.ring_dir_removed and jd.exists()
-    r1 = archive_job(9, "node1", ring_root=ring_root, policy=pol(store), job_nodes=nodes)
+    r1 = archive_job(9, "node1", ring_root=ring_root, policy=shared, job_nodes=nodes)
     assert [f.name for f in r1.files] == ["rank-0.step-0.nccl.ring", "rank-1.step-0.nccl.ring"]
     assert r1.left_for == {"node3": 2} and jd.exists()
-    r3 = archive_job(9, "node3", ring_root=ring_root, policy=pol(store), job_nodes=nodes)
+    r3 = archive_job(9, "node3", ring_root=ring_root, policy=shared, job_nodes=nodes)
     assert r3.left_for == {} and r3.ring_dir_removed and not jd.exists()
     assert sorted(p.name for p in (store / "9").iterdir()) == nodes
     m = json.loads((store / "9" / "node2" / "manifest.json").read_text())
@@ -136,13 +215,14 @@ def test_shared_ring_dir_each_node_takes_its_own(dirs):
     assert [(f["source"], f["node"]) for f in m["files"]] == [
         ("nccl", "node2"), ("nccl", "node2"), ("torch", "elsewhere")]
     # a late epilog (slurmd retry) finds nothing and does not fail
-    again = archive_job(9, "node1", ring_root=ring_root, policy=pol(store), job_nodes=nodes)
+    again = archive_job(9, "node1", ring_root=ring_root, policy=shared, job_nodes=nodes)
     assert (again.files, again.errors, again.archive_dir) == ([], [], None)
 
 
 def _epilog_proc(args):
     ring_root, store, node, nodes = args
-    res = archive_job(12, node, ring_root=ring_root, policy=pol(store), job_nodes=nodes)
+    res = archive_job(12, node, ring_root=ring_root, policy=pol(store, ring_root_shared=True,
+                                                             epilog_lock_timeout_s=30), job_nodes=nodes)
     return [f.name for f in res.files], res.ring_dir_removed, res.errors
 
 
@@ -292,7 +372,8 @@ def test_epilog_main_uses_slurm_environment(dirs, tmp_path, capsys):
     write_ring(ring_root / "55" / "rank-0.step-0.torch.ring", node="node2", job_id=55)
     write_ring(ring_root / "55" / "rank-1.step-0.torch.ring", node="node3", job_id=55, rank=1)
     p = tmp_path / "p.yaml"
-    p.write_text(f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n  min_free_mb: 0\n")
+    p.write_text(f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n  min_free_mb: 0\n"
+                 "  ring_root_shared: true\n")
     env = {"SLURM_JOB_ID": "55", "SLURMD_NODENAME": "node2", "SLURM_NODELIST": "node[2-3]",
            "SLURM_JOB_RESTART_COUNT": "0", "SLURMGUARD_POLICY": str(p)}
     assert epilog.main([], env=env) == 0

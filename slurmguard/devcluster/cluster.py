@@ -111,6 +111,36 @@ def _which(prog: str) -> str:
     return path
 
 
+def secure_dir(path: Path, mode: int = 0o755) -> Path:
+    """Create `path` (with `mode`) as this process's own directory, or check that the
+    one there is (its mode is left as it is).
+
+    The dev cluster's state directory (/var/tmp) and ring root (/dev/shm) live in
+    world-writable directories and are used as root: whoever creates the name first
+    would choose where root writes the prolog, the policy and the munge key. So the
+    last component must be a real directory (lstat: no symlink) owned by our euid and
+    writable by nobody else; anything else is refused, never adopted or removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)  # private until checked, then opened up to `mode`
+        created = True
+    except FileExistsError:
+        created = False
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise DevClusterError(f"{path} exists and is not a directory (a symlink or a file); "
+                              "refusing to use it: remove it or choose another directory")
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+        raise DevClusterError(f"{path} belongs to uid {st.st_uid} with mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}; it must be ours (uid {os.geteuid()}) "
+                              "and writable by nobody else: refusing to use it")
+    if created:
+        os.chmod(path, mode, follow_symlinks=False)
+    return path
+
+
 def _free_ports(n: int) -> list[int]:
     socks, ports = [], []
     try:
@@ -155,7 +185,9 @@ class DevCluster:
 
     def __init__(self, spec: ClusterSpec | None = None) -> None:
         self.spec = spec or ClusterSpec()
-        self.state_dir = Path(self.spec.state_dir).resolve()
+        # parents resolved (the admin's own links), the last component never followed
+        given = Path(self.spec.state_dir)
+        self.state_dir = given.parent.resolve() / given.name
         self._state: _State | None = None
         self._children: list[subprocess.Popen] = []
 
@@ -216,6 +248,7 @@ class DevCluster:
                 f"a development cluster is already running in {self.state_dir}; "
                 "run `slurmguard devcluster down` first")
         spec = self.spec
+        secure_dir(self.state_dir, 0o755)
         for sub in ("etc", "munge", "run", "log", "ctld-state", "spool", "slots"):
             (self.state_dir / sub).mkdir(parents=True, exist_ok=True)
         for node in spec.node_names:

@@ -1,7 +1,8 @@
 """`devcluster up --guard`: the development cluster with slurmguard watching it.
 
 Adds to a running DevCluster: the SPANK plugin in plugstack.conf (so
-`--straggler-guard` works), the prolog/epilog when present, a shared secret,
+`--straggler-guard` works), the prolog/epilog when present, a master secret
+and each node's report key derived from it (keys/<node>.key),
 a policy file for this cluster (SQLite database in the state directory,
 private ring root, demo-friendly windows unless overridden), the controller
 and one agent per node (sim telemetry by default). Everything is started as
@@ -23,7 +24,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from slurmguard.devcluster.cluster import DevCluster, DevClusterError, _free_ports
+from slurmguard.devcluster.cluster import DevCluster, DevClusterError, _free_ports, secure_dir
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "spank_plugin" / "build"
@@ -77,6 +78,7 @@ class Guard:
         self.sim_profiles_path = self.state / "sim_profiles.json"
         self.inject_dir = self.state / "inject"
         self.secret_path = self.state / "secret"
+        self.keys_dir = self.state / "keys"
         self.policy_path = self.state / "policies.yaml"
         self.db_path = self.state / "slurmguard.db"
         # a private ring root: several dev clusters can share this host
@@ -102,7 +104,8 @@ class Guard:
                       "secret_file": str(self.secret_path), "telemetry_source": self.telemetry},
             "controller": {"listen_host": "127.0.0.1", "listen_port": self.port,
                            "secret_file": str(self.secret_path)},
-            "prolog": {"trace_store": str(self.state / "traces")},
+            # every slurmd of the dev cluster shares this host's /dev/shm
+            "prolog": {"trace_store": str(self.state / "traces"), "ring_root_shared": True},
             "sweeps": {"result_dir": str(self.state / "sweeps")},
         })
         data = _merge(data, self.overrides)
@@ -128,14 +131,13 @@ class Guard:
         from slurmguard.store import db
 
         build = build_plugin()
-        if not self.secret_path.exists():
-            self.secret_path.write_text(secrets.token_hex(32) + "\n")
-            os.chmod(self.secret_path, 0o600)
+        self.write_keys()
         self.write_policy()
         if not self.sim_profiles_path.exists():
             self.set_sim_profiles({})
         self.inject_dir.mkdir(exist_ok=True)
-        os.makedirs(self.ring_root, exist_ok=True)
+        # /dev/shm is world-writable: a user who made this name first must not own it
+        secure_dir(Path(self.ring_root), 0o755)
         self.cluster.set_plugstack(
             f"required {build}/slurmguard_spank.so nccl_hook={build}/libslurmguard_nccl.so "
             f"torch_hook={REPO}/slurmguard/hook/site ring_root={self.ring_root} default=off\n")
@@ -155,6 +157,27 @@ class Guard:
         for node in self.cluster.node_names:
             self.start_agent(node)
         return self
+
+    def node_key_path(self, node: str) -> Path:
+        return self.keys_dir / f"{node}.key"
+
+    def write_keys(self) -> None:
+        """The master secret (once) and every node's key, as an admin would install them."""
+        from slurmguard.reports import node_key
+
+        for path, data in [(self.secret_path, None)] + [(self.node_key_path(n), n)
+                                                       for n in self.cluster.node_names]:
+            if data is None and path.exists():
+                continue
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            content = (secrets.token_hex(32).encode() if data is None
+                       else node_key(self.secret_path.read_bytes().strip(), data))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                os.write(fd, content + b"\n")
+            finally:
+                os.close(fd)
 
     def _cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "slurmguard.cli", "--policy", str(self.policy_path), *args]
@@ -213,5 +236,6 @@ class Guard:
             self.cluster.wait_nodes_idle(timeout=60)
 
     def start_agent(self, node: str) -> None:
-        self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"),
-                                   self._env())
+        self.cluster.spawn_service(f"sg-agent-{node}",
+                                   self._cli("agent", "--node", node, "--secret-file",
+                                             str(self.node_key_path(node)), "-v"), self._env())

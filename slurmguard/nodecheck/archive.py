@@ -10,21 +10,27 @@ A requeued job (same id, SLURM_JOB_RESTART_COUNT n > 0) goes to
 Each node's archive is built in a hidden staging directory and renamed into
 place, so a reader never sees half an archive.
 
-Several epilogs can work on one ring directory at once: on the development
-cluster every slurmd shares this host's /dev/shm, and a multi-node job runs one
-epilog per node. Each takes an exclusive flock on the ring directory, archives
-the rings whose header names its own node (or no node), and leaves rings of the
-job's other nodes for their epilogs. The epilog that finds no rings of other
-job nodes left removes the directory (with whatever non-ring files it holds);
-an epilog that finds the directory already gone has nothing to do.
+On a real cluster each node has its own ring root (/dev/shm), so every ring in
+the job's directory is this node's, whatever node name its header claims (the
+header is written by the job), and the directory is removed in every case.
+Only where several nodes share one ring root (`prolog.ring_root_shared`: the
+development cluster, where every slurmd shares this host's /dev/shm and a
+multi-node job runs one epilog per node on one directory) does an epilog leave
+the rings naming another node of the job for that node's epilog: it takes an
+flock on the directory (waiting at most `epilog_lock_timeout_s`, then going on
+without it, so a job holding the lock cannot stall the epilog), and the epilog
+that finds no rings of other job nodes left removes the directory.
 
 The ring directory belongs to the job's user and the epilog runs as root, so
 nothing in it is trusted: the ring root must be root-owned and not writable by
-others, entries are opened without following symlinks, only regular files
-with the ring magic and the size their header implies are copied (through
-the descriptor that was checked), at most `max_archive_mb` per node and never
-below `min_free_mb` free in the trace store. Rings that are not archived are
-still removed: tmpfs pages are RAM, traces are diagnostics.
+others, at most `max_ring_entries` entries are looked at (the rest are removed
+unread, and only counted in the manifest), entries are opened without
+following symlinks and without blocking (a FIFO), and only regular files whose
+header passes slurmguard.hook.ring.read_header (exact geometry, fully
+allocated) are copied, through the descriptor that was checked, at most
+`max_archive_mb` per node and never below `min_free_mb` free in the trace
+store. Rings that are not archived are still removed: tmpfs pages are RAM,
+traces are diagnostics.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from pathlib import Path
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import PrologPolicy
-from slurmguard.nodecheck.ringhead import NotARing, read_header
+from slurmguard.hook.ring import RingError, read_header
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -50,6 +56,8 @@ PRUNE_INTERVAL_S = 3600.0
 DIR_MODE = 0o750
 FILE_MODE = 0o640
 _COPY_CHUNK = 1 << 24
+MANIFEST_MAX_SKIPPED = 100
+"""Skipped entries listed by name in a manifest; the rest are only counted."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,8 @@ class ArchiveResult:
     left_for: dict[str, int] = field(default_factory=dict)
     """Rings left in place for the job's other nodes: node -> count."""
     errors: list[str] = field(default_factory=list)
+    unread: int = 0
+    """Entries beyond prolog.max_ring_entries: removed without being looked at."""
     ring_dir_removed: bool = False
     cleanup_failed: bool = False
     """A ring of this node could not be removed from the ring root (tmpfs leak)."""
@@ -186,13 +196,14 @@ class _Staging:
 
 def archive_job(job_id: int, node: str, *, ring_root: str | Path, policy: PrologPolicy,
                 job_nodes: list[str] | None = None, restart_count: int = 0,
-                clock: Clock | None = None, lock_timeout_s: float = 60.0) -> ArchiveResult:
+                clock: Clock | None = None) -> ArchiveResult:
     """Archive this node's rings of `job_id` and clean the ring directory.
 
-    job_nodes: the job's nodes ($SLURM_NODELIST expanded); rings of these other
-    nodes are left for their own epilogs. None = every other node named in a
-    header counts as a job node. Never raises for archive problems: they are
-    listed in `errors`.
+    job_nodes: the job's nodes ($SLURM_NODELIST expanded); with a shared ring
+    root (prolog.ring_root_shared), rings of these other nodes are left for
+    their own epilogs (None = every other node named in a header counts as a
+    job node); otherwise every ring is this node's. Never raises for archive
+    problems: they are listed in `errors`.
     """
     clock = clock or SystemClock()
     ring_root = Path(ring_root)
@@ -205,14 +216,14 @@ def archive_job(job_id: int, node: str, *, ring_root: str | Path, policy: Prolog
     if rootfd is None:
         return res
     try:
-        _archive_locked(res, rootfd, policy, job_nodes, clock, lock_timeout_s)
+        _archive_dir(res, rootfd, policy, job_nodes if policy.ring_root_shared else [res.node], clock)
     finally:
         os.close(rootfd)
     return res
 
 
-def _archive_locked(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
-                    job_nodes: list[str] | None, clock: Clock, lock_timeout_s: float) -> None:
+def _archive_dir(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
+                 job_nodes: list[str] | None, clock: Clock) -> None:
     name = str(res.job_id)
     try:
         dirfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -223,30 +234,32 @@ def _archive_locked(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
         res.errors.append(f"cannot open ring dir {res.ring_dir}: {exc.strerror}")
         return
     try:
-        if not _lock(dirfd, lock_timeout_s, clock):
-            res.errors.append(f"ring dir {res.ring_dir} stayed locked for {lock_timeout_s:g} s; "
-                              "left in place")
-            return
-        st = os.fstat(dirfd)
-        try:
-            now_st = os.stat(name, dir_fd=rootfd, follow_symlinks=False)
-        except FileNotFoundError:
-            now_st = None
-        if st.st_nlink == 0 or now_st is None or now_st.st_ino != st.st_ino:
-            return  # removed by the epilog of another node while we waited
+        if policy.ring_root_shared:
+            if not _lock(dirfd, policy.epilog_lock_timeout_s, clock):
+                res.errors.append(f"ring dir {res.ring_dir} stayed locked for "
+                                  f"{policy.epilog_lock_timeout_s:g} s; went on without the lock")
+            st = os.fstat(dirfd)
+            try:
+                now_st = os.stat(name, dir_fd=rootfd, follow_symlinks=False)
+            except FileNotFoundError:
+                now_st = None
+            if st.st_nlink == 0 or now_st is None or now_st.st_ino != st.st_ino:
+                return  # removed by the epilog of another node while we waited
         staging = _Staging(Path(policy.trace_store) / name, res.node)
         try:
             _take_rings(res, dirfd, staging, policy, job_nodes)
-            if res.files or res.skipped:
+            if res.files or res.skipped or res.unread:
                 _publish(res, staging, clock)
         except OSError as exc:
             res.errors.append(f"archive {staging.job_dir}: {exc}")
         finally:
             staging.discard()
-        if not res.left_for:
+        if not res.left_for or res.unread:
             try:
                 shutil.rmtree(name, dir_fd=rootfd)
                 res.ring_dir_removed = True
+            except FileNotFoundError:
+                res.ring_dir_removed = True  # another epilog (lock timed out) removed it
             except OSError as exc:
                 res.errors.append(f"cannot remove ring dir {res.ring_dir}: {exc}")
                 res.cleanup_failed = True
@@ -254,66 +267,81 @@ def _archive_locked(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
         os.close(dirfd)
 
 
+def _entries(res: ArchiveResult, dirfd: int, cap: int) -> list[str]:
+    """At most `cap` names of the directory (sorted); res.unread counts the rest."""
+    names: list[str] = []
+    with os.scandir(dirfd) as it:
+        for e in it:
+            if len(names) < cap:
+                names.append(e.name)
+            else:
+                res.unread += 1
+    return sorted(names)
+
+
 def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: PrologPolicy,
                 job_nodes: list[str] | None) -> None:
     cap = policy.max_archive_mb * 1024 * 1024
     min_free = policy.min_free_mb * 1024 * 1024
     store_broken: str | None = None
-    with os.scandir(dirfd) as it:
-        names = sorted(e.name for e in it)
+    names = _entries(res, dirfd, policy.max_ring_entries)
+    if res.unread:
+        res.errors.append(f"ring dir {res.ring_dir} holds more than prolog.max_ring_entries="
+                          f"{policy.max_ring_entries} entries; {res.unread} removed unread")
     for entry in names:
         try:
             fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                          dir_fd=dirfd)
         except OSError as exc:
-            # symlinks (ELOOP), fifos, vanished files: not rings
+            # symlinks (ELOOP), vanished files: not rings
             reason = "symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
             res.skipped.append(SkippedFile(entry, reason))
             continue
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                res.skipped.append(SkippedFile(entry, "not a regular file"))
-                continue
             try:
-                hdr = read_header(fd)
-            except NotARing as exc:
-                res.skipped.append(SkippedFile(entry, str(exc), st.st_size))
+                hdr = read_header(fd, entry)
+            except RingError as exc:
+                res.skipped.append(SkippedFile(entry, exc.problem,
+                                               st.st_size if stat.S_ISREG(st.st_mode) else None))
                 continue
+            size = st.st_size
             owner = hdr.node_name
             if owner and owner != res.node and (job_nodes is None or owner in job_nodes):
                 res.left_for[owner] = res.left_for.get(owner, 0) + 1
                 continue
-            if store_broken is None and res.archived_bytes + hdr.file_size > cap:
+            if store_broken is None and res.archived_bytes + size > cap:
                 res.skipped.append(SkippedFile(entry, f"over prolog.max_archive_mb "
                                                f"({policy.max_archive_mb} MB): removed, not archived",
-                                               hdr.file_size))
+                                               size))
             elif store_broken is not None:
-                res.skipped.append(SkippedFile(entry, f"not archived: {store_broken}", hdr.file_size))
+                res.skipped.append(SkippedFile(entry, f"not archived: {store_broken}", size))
             else:
                 try:
                     dest = staging.ensure()
                     free = shutil.disk_usage(dest).free
-                    if free - hdr.file_size < min_free:
+                    if free - size < min_free:
                         res.skipped.append(SkippedFile(
                             entry, f"trace store has {free >> 20} MB free, keeping "
                             f"prolog.min_free_mb={policy.min_free_mb}: removed, not archived",
-                            hdr.file_size))
+                            size))
                     else:
-                        _copy_into(fd, dest / entry, hdr.file_size)
-                        res.files.append(ArchivedFile(entry, hdr.file_size, hdr.job_id, hdr.step_id,
+                        _copy_into(fd, dest / entry, size)
+                        res.files.append(ArchivedFile(entry, size, hdr.job_id, hdr.step_id,
                                                       hdr.global_rank, hdr.local_rank,
-                                                      hdr.world_size, hdr.source, owner))
+                                                      hdr.world_size, hdr.source_name, owner))
                 except OSError as exc:
                     store_broken = f"trace store error: {exc.strerror or exc}"
                     res.errors.append(f"archive {entry}: {exc}")
-                    res.skipped.append(SkippedFile(entry, f"not archived: {store_broken}",
-                                                   hdr.file_size))
+                    res.skipped.append(SkippedFile(entry, f"not archived: {store_broken}", size))
         finally:
             os.close(fd)
-        # this node's ring: archived or not, its RAM is given back now
+        # this node's entry: archived or not, its RAM is given back now
         try:
-            os.unlink(entry, dir_fd=dirfd)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(entry, dir_fd=dirfd)
+            else:
+                os.unlink(entry, dir_fd=dirfd)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -340,8 +368,9 @@ def manifest(res: ArchiveResult, ts: float) -> dict:
         "ring_dir": res.ring_dir,
         "files": [asdict(f) for f in res.files],
         "archived_bytes": res.archived_bytes,
-        "skipped": [asdict(s) for s in res.skipped],
+        "skipped": [asdict(s) for s in res.skipped[:MANIFEST_MAX_SKIPPED]],
         "skipped_count": len(res.skipped),
+        "unread_count": res.unread,
         "left_for_other_nodes": dict(sorted(res.left_for.items())),
         "errors": list(res.errors),
     }
