@@ -241,7 +241,8 @@ class ControllerPolicy(Strict):
     management_host: str | None = None
     """Address of a second listener for /metrics, /healthz and /v1/jobs/<id>/plan; when set,
     the report listener serves only reports and /healthz. None = one listener."""
-    management_port: int = Field(8643, ge=1, le=65535)
+    management_port: int = Field(8643, ge=0, le=65535)
+    """Port of the management listener (0: any free port)."""
     read_clients: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     """Networks (CIDR) allowed to read /metrics and plans, on either listener (jobs that
     fetch plans run on the compute nodes: add their network)."""
