@@ -61,7 +61,8 @@ int sg_make_job_dir(const char *root, uint32_t job_id, uid_t uid, gid_t gid, cha
 	if (fstat(rootfd, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & 022)) {
 		snprintf(err, errlen,
 			 "ring root %s must be a directory owned by uid %u and writable only by it "
-			 "(found uid %u mode %04o); refusing",
+			 "(found uid %u mode %04o); refusing (create it at boot as root: "
+			 "systemd/slurmguard-tmpfiles.conf)",
 			 root, (unsigned)geteuid(), (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
 		close(rootfd);
 		return -1;
