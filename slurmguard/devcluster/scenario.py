@@ -54,7 +54,9 @@ class Scenario:
             f"srun {sys.executable} -m slurmguard.devcluster.train --iters {iters} "
             f"--compute-ms {compute_ms} --ckpt {st}/ckpt-$SLURM_JOB_ID "
             f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n")
-        args = ["-N2", "--ntasks-per-node=1", "--exclusive", "-J", "ddp-train", "-o", f"{st}/job-%j.out"]
+        # train.py checkpoints on SIGUSR1: it asks for slurmguard's checkpoint signal
+        args = ["-N2", "--ntasks-per-node=1", "--exclusive", "-J", "ddp-train", "-o", f"{st}/job-%j.out",
+                "--comment=slurmguard:signal=USR1"]
         if guarded:
             args.append("--straggler-guard")
         if nodes:
