@@ -7,7 +7,8 @@ SLURM_JOB_ID, SLURMD_NODENAME, SLURM_NODELIST and SLURM_JOB_RESTART_COUNT in
 its environment (checked on Slurm 22.05). It moves this node's rings from
 <agent.ring_root>/<job_id>/ to <prolog.trace_store>/<job_id>/<node>/ with a
 manifest.json (see slurmguard.nodecheck.archive), removes the ring directory
-once no other node of the job still needs it, and prunes archives older than
+(where nodes share one ring root, once no other node of the job still needs
+it), and prunes archives older than
 prolog.trace_retention_days.
 
 Exit codes (a non-zero epilog makes Slurm drain the node, "Epilog error"):
@@ -59,12 +60,13 @@ def run_epilog(policy: Policy, job_id: int, node: str, env: Mapping[str, str], *
     res = archive_job(job_id, node, ring_root=policy.agent.ring_root, policy=p,
                       job_nodes=_job_nodes(env), restart_count=restart, clock=clock)
     err.writelines(f"{PROG}: job {job_id} on {node}: {e}\n" for e in res.errors)
-    if res.files or res.skipped or res.ring_dir_removed:
+    if res.files or res.skipped or res.unread or res.ring_dir_removed:
         left = ", ".join(f"{n}: {c}" for n, c in sorted(res.left_for.items()))
         out.write(f"{PROG}: job {job_id} on {node}: archived {len(res.files)} ring(s), "
                   f"{res.archived_bytes} bytes, to {res.archive_dir or '(nothing)'}; "
                   f"skipped {len(res.skipped)}; "
-                  f"ring dir {'removed' if res.ring_dir_removed else 'kept'}"
+                  + (f"{res.unread} removed unread (over prolog.max_ring_entries); " if res.unread else "")
+                  + f"ring dir {'removed' if res.ring_dir_removed else 'kept'}"
                   + (f" (rings left for {left})" if left else "") + "\n")
     try:
         gone = prune(p.trace_store, p.trace_retention_days, clock=clock)
