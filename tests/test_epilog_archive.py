@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -94,6 +95,12 @@ def test_fifo_and_many_entries_neither_block_nor_flood_the_epilog(dirs):
     res = archive_job(62, "node1", ring_root=ring_root, policy=pol(store, max_ring_entries=50))
     assert res.unread == 251 and len(res.skipped) == 50
     assert res.ring_dir_removed and not jd.exists()
+    # the flooded directory was moved aside at once and is deleted in the background
+    assert "removed in the background" in res.errors[-1]
+    deadline = time.monotonic() + 30
+    while any(ring_root.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(ring_root.iterdir()) == []
     m = json.loads((store / "62" / "node1" / "manifest.json").read_text())
     assert m["unread_count"] == 251 and m["skipped_count"] == 50
     assert len(m["skipped"]) <= archive.MANIFEST_MAX_SKIPPED
@@ -103,7 +110,6 @@ def test_lock_held_by_the_job_does_not_stall_or_keep_the_dir(dirs):
     """Attack (18.6): the user's other job holds an flock on the ring dir; the epilog
     waited 60 s and left the directory. Now: at most epilog_lock_timeout_s, then removed."""
     import fcntl
-    import time
 
     ring_root, store = dirs
     write_ring(ring_root / "63" / "rank-0.step-0.torch.ring", node="node1", job_id=63)

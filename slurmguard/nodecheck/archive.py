@@ -256,7 +256,10 @@ def _archive_dir(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
             staging.discard()
         if not res.left_for or res.unread:
             try:
-                shutil.rmtree(name, dir_fd=rootfd)
+                if res.unread:
+                    _remove_later(rootfd, name, res)
+                else:
+                    shutil.rmtree(name, dir_fd=rootfd)
                 res.ring_dir_removed = True
             except FileNotFoundError:
                 res.ring_dir_removed = True  # another epilog (lock timed out) removed it
@@ -265,6 +268,29 @@ def _archive_dir(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
                 res.cleanup_failed = True
     finally:
         os.close(dirfd)
+
+
+def _remove_later(rootfd: int, name: str, res: ArchiveResult) -> None:
+    """Take a directory flooded with entries out of the way at once and delete it in a
+    detached process: removing millions of files takes longer than Slurm's
+    PrologEpilogTimeout, and a late epilog drains the node. The rename is atomic, the
+    new name (.trash-...) is no job id, and the ring root is root's."""
+    trash = f".trash-{name}-{os.getpid()}"
+    os.rename(name, trash, src_dir_fd=rootfd, dst_dir_fd=rootfd)
+    res.errors.append(f"ring dir {res.ring_dir} moved to {trash} and removed in the background")
+    pid = os.fork()
+    if pid == 0:  # child: detach, so slurmd waits for neither it nor its output
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.nice(10)
+                shutil.rmtree(trash, dir_fd=rootfd, ignore_errors=True)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _entries(res: ArchiveResult, dirfd: int, cap: int) -> list[str]:
