@@ -52,7 +52,9 @@ def _ring(node: str, job: int, rank: int, capacity: int) -> bytes:
 @click.option("--rings", default=8, show_default=True, help="Rings archived by the epilog figure.")
 @click.option("--hang-budget", default=2.0, show_default=True,
               help="prolog.timeout_s for the hung-NVML figure (s).")
-def bench_prolog(runs: int, rings: int, hang_budget: float) -> None:
+@click.option("--flood", default=100000, show_default=True,
+              help="Empty files a job leaves in its ring dir for the flooded-epilog figure (0: skip).")
+def bench_prolog(runs: int, rings: int, hang_budget: float, flood: int) -> None:
     """Prolog wall time and bounds, epilog archive time."""
     with tempfile.TemporaryDirectory(prefix="sg-bench-prolog-") as tmp:
         tmpd = Path(tmp)
@@ -110,3 +112,20 @@ def bench_prolog(runs: int, rings: int, hang_budget: float) -> None:
         arch_s = time.perf_counter() - t0
         click.echo(f"epilog archive: {len(res.files)} rings, {total / 2**20:.1f} MiB in {arch_s * 1000:.1f} ms "
                    f"(dir removed: {res.ring_dir_removed}); baseline shutil.copyfile: {copy_s * 1000:.1f} ms")
+        if flood:
+            def fill(d: Path) -> None:
+                d.mkdir()
+                for i in range(flood):
+                    os.close(os.open(d / f"f{i}", os.O_CREAT | os.O_WRONLY, 0o600))
+
+            fill(root / "2")
+            t0 = time.perf_counter()
+            res = archive_job(2, "bench", ring_root=root,
+                              policy=PrologPolicy(trace_store=str(tmpd / "traces"), min_free_mb=0))
+            flood_s = time.perf_counter() - t0
+            fill(tmpd / "rm")
+            t0 = time.perf_counter()
+            shutil.rmtree(tmpd / "rm")
+            rm_s = time.perf_counter() - t0
+            click.echo(f"epilog on a ring dir of {flood} empty files: {flood_s:.2f} s ({res.unread} removed "
+                       f"unread, in the background); baseline shutil.rmtree of the same: {rm_s:.2f} s")
