@@ -196,7 +196,8 @@ class AgentPolicy(Strict):
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)
     secret_file: str = "/etc/slurmguard/node.key"
-    """This node's report key (`slurmguard keys derive NODE`), mode 0600, owned by root."""
+    """This node's report key (`slurmguard keys derive NODE`), mode 0600, owned by root;
+    `{node}` in the path is replaced by the agent's node name (one policy for all nodes)."""
     tls_ca_file: str | None = None
     """CA bundle that signed the controller's certificate (https controller_url);
     None = the system's trust store."""

@@ -16,6 +16,7 @@ import os
 import subprocess
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,10 @@ def test_rings_claiming_another_users_job_do_not_touch_it(guarded, attacker):
             # long enough for the old code to drain and requeue (reports every 1 s, cycles
             # every 1 s, a drain/requeue costs 0.3/0.6 GPU-s in the guard's policy)
             time.sleep(30)
+        # the agents did report meanwhile (with their own node keys): the attack was heard
+        metrics = urllib.request.urlopen(run.guard.controller_url + "/metrics", timeout=5).read()
+        assert b'slurmguard_report_lag_seconds{node="node3"}' in metrics
+        assert b'slurmguard_reports_total{outcome="unauthorized"}' not in metrics
         assert c.job_state(victim) == "RUNNING"
         assert not any(e.job_id == str(victim) for e in run.audit())
         with run.store() as s:

@@ -62,7 +62,7 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     if source is None:
         source = open_source(kind, node, **kw)
     sender = ReportSender(controller_url or p.controller_url,
-                          read_secret(secret_file or p.secret_file, "node key"),
+                          read_secret((secret_file or p.secret_file).replace("{node}", node), "node key"),
                           timeout_s=p.request_timeout_s, max_reports=p.buffer_max_reports,
                           now=app.clock.now, ca_file=p.tls_ca_file)
     agent = Agent(node=node, policy=app.policy, sender=sender, source=source, clock=app.clock,

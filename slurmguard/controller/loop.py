@@ -216,6 +216,10 @@ class Controller:
                              {"note": "slowdown not localised to a node; no action"})})
             if self.metrics is not None:
                 self.metrics.detection_delay.observe(incident.detection_delay_s or 0.0)
+        problems = list(job_options(job.comment).problems)
+        if problems and incident.evidence.get("opt_in_problems") != problems:
+            # the job's own comment: ignored where bad, and said so in its incident
+            incident = self.store.update_incident(incident.id, evidence={"opt_in_problems": problems})
         if not a.culprits:
             return
         onset = incident.onset_at.timestamp()
@@ -274,10 +278,7 @@ class Controller:
         from slurmguard.mitigate.plan import JobPlan
         from slurmguard.respond.tiers import accumulated_cost_gpu_s
 
-        opts = job_options(job.comment, self.policy.response.tiers.checkpoint_signal)
-        if opts.problems and incident.evidence.get("opt_in_problems") != list(opts.problems):
-            self.store.update_incident(incident.id, evidence={"opt_in_problems": list(opts.problems)})
-        want = opts.mitigate
+        want = job_options(job.comment).mitigate
         if want is None:
             return
         if self.plans.get(a.job_id) is None and incident.evidence.get("plan"):

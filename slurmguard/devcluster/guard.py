@@ -101,7 +101,7 @@ class Guard:
         data = _merge(GUARD_DEFAULTS, {
             "database": {"url": self.db_url},
             "agent": {"ring_root": self.ring_root, "controller_url": self.controller_url,
-                      "secret_file": str(self.secret_path), "telemetry_source": self.telemetry},
+                      "secret_file": str(self.keys_dir / "{node}.key"), "telemetry_source": self.telemetry},
             "controller": {"listen_host": "127.0.0.1", "listen_port": self.port,
                            "secret_file": str(self.secret_path)},
             # every slurmd of the dev cluster shares this host's /dev/shm
@@ -159,6 +159,7 @@ class Guard:
         return self
 
     def node_key_path(self, node: str) -> Path:
+        """Where the agent of `node` finds its key (agent.secret_file = keys/{node}.key)."""
         return self.keys_dir / f"{node}.key"
 
     def write_keys(self) -> None:
@@ -236,6 +237,5 @@ class Guard:
             self.cluster.wait_nodes_idle(timeout=60)
 
     def start_agent(self, node: str) -> None:
-        self.cluster.spawn_service(f"sg-agent-{node}",
-                                   self._cli("agent", "--node", node, "--secret-file",
-                                             str(self.node_key_path(node)), "-v"), self._env())
+        self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"),
+                                   self._env())
