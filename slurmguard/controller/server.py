@@ -37,6 +37,7 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from typing import Callable
 
@@ -215,10 +216,19 @@ class ControllerHTTP:
             srv.server_close()
 
 
+@dataclass
 class _Ctx:
-    def __init__(self, server: ControllerHTTP, **kw) -> None:
-        self.server = server
-        self.__dict__.update(kw)
+    """What the handlers of both listeners share."""
+
+    server: ControllerHTTP
+    ingest: Callable[[AgentReport], bool]
+    now: Callable[[], float]
+    health: Callable[[], tuple[bool, str]]
+    plan: Callable[[int], dict | None]
+    known: Callable[[str], bool]
+    readers: list
+    ip_limit: TokenBuckets
+    node_limit: TokenBuckets
 
     def refused(self, reason: str) -> None:
         self.server.metrics.http_refused.labels(reason).inc()
