@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from click.testing import CliRunner
+
+from slurmguard.cli import cli
 from slurmguard.config import load_policy, read_trusted
 from slurmguard.errors import ConfigError
 from slurmguard.reports import node_key, read_secret
@@ -36,18 +39,19 @@ def user_dir(attacker):
 
 def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-    env.update(PYTHONPATH=str(ROOT), SLURM_CONF="/nonexistent/slurm.conf", **extra)
+    env.update({"PYTHONPATH": str(ROOT), "SLURM_CONF": "/nonexistent/slurm.conf", **extra})
     return env
 
 
 def test_root_running_the_admin_cli_in_a_users_directory_runs_nothing_of_theirs(attacker, user_dir):
     """Attack (18.2): ./policies.yaml set slurm.bin_dir, so root ran the user's `sinfo`."""
     plant(attacker, user_dir / "policies.yaml", f"slurm:\n  bin_dir: {user_dir}\n")
-    plant(attacker, user_dir / "sinfo", f"#!/bin/sh\ntouch {user_dir}/pwned-by-$(id -u)\necho '{{}}'\n",
-          0o755)
+    plant(attacker, user_dir / "sinfo",
+          f"#!/bin/sh\n/usr/bin/touch {user_dir}/pwned-by-$(/usr/bin/id -u)\necho 'slurm 22.05.8'\n", 0o755)
     assert (user_dir / "policies.yaml").stat().st_uid == attacker.pw_uid
-    out = subprocess.run(CLI + ["nodes"], cwd=user_dir, env=_env(), capture_output=True, text=True,
-                         timeout=60)
+    # no Slurm on PATH: only a bin_dir from the user's policy could find a `sinfo`
+    out = subprocess.run(CLI + ["nodes"], cwd=user_dir, env=_env(PATH="/nonexistent"),
+                         capture_output=True, text=True, timeout=60)
     assert not list(user_dir.glob("pwned-by-*")), "root ran the user's sinfo"
     assert "Traceback" not in out.stderr
     shown = subprocess.run(CLI + ["policy", "show"], cwd=user_dir, env=_env(), capture_output=True,
@@ -100,20 +104,19 @@ def test_secret_must_be_roots_and_private(attacker, user_dir, tmp_path):
     assert read_trusted(theirs, "secret", secret=True, as_root=False) == b"x" * 64
 
 
-def test_keys_derive_gives_the_key_the_controller_expects(tmp_path):
+def test_keys_derive_gives_the_key_the_controller_expects(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURMGUARD_POLICY", raising=False)
     master = tmp_path / "secret"
     master.write_text("m" * 64 + "\n")
     master.chmod(0o600)
-    out = subprocess.run(CLI + ["keys", "derive", "node7", "--secret-file", str(master)],
-                         env=_env(), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().encode() == node_key(b"m" * 64, "node7")
+    out = CliRunner().invoke(cli, ["keys", "derive", "node7", "--secret-file", str(master)])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip().encode() == node_key(b"m" * 64, "node7")
     assert node_key(b"m" * 64, "node7") != node_key(b"m" * 64, "node8")
     dest = tmp_path / "node7.key"
-    out = subprocess.run(CLI + ["keys", "derive", "node7", "--secret-file", str(master), "-o", str(dest)],
-                         env=_env(), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and oct(dest.stat().st_mode & 0o777) == "0o600"
+    out = CliRunner().invoke(cli, ["keys", "derive", "node7", "--secret-file", str(master), "-o", str(dest)])
+    assert out.exit_code == 0 and oct(dest.stat().st_mode & 0o777) == "0o600"
     assert read_secret(dest, "node key") == node_key(b"m" * 64, "node7")
-    bad = subprocess.run(CLI + ["keys", "derive", "node7;rm", "--secret-file", str(master)],
-                         env=_env(), capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "invalid node name" in bad.stderr
+    with pytest.raises(ConfigError, match="invalid node name"):
+        CliRunner().invoke(cli, ["keys", "derive", "node7;rm", "--secret-file", str(master)],
+                           catch_exceptions=False)
