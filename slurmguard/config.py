@@ -15,6 +15,7 @@ Database URL order: --db, $SLURMGUARD_DB, database.url.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import stat
 from collections.abc import Mapping
@@ -252,7 +253,6 @@ class ControllerPolicy(Strict):
     def _tls_pair(self) -> "ControllerPolicy":
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
-        import ipaddress
         for net in self.read_clients:
             try:
                 ipaddress.ip_network(net, strict=False)
