@@ -104,6 +104,16 @@ def test_fifo_and_many_entries_neither_block_nor_flood_the_epilog(dirs):
     m = json.loads((store / "62" / "node1" / "manifest.json").read_text())
     assert m["unread_count"] == 251 and m["skipped_count"] == 50
     assert len(m["skipped"]) <= archive.MANIFEST_MAX_SKIPPED
+    # the FIFO is opened without blocking; files nested in a subdirectory are not walked
+    # inline either (the whole directory goes in the background)
+    (jd / "deep" / "deeper").mkdir(parents=True)
+    (jd / "deep" / "deeper" / "x").write_bytes(b"")
+    os.mkfifo(jd / "b.ring")
+    write_ring(jd / "rank-0.step-0.torch.ring", node="node1", job_id=62)
+    res = archive_job(62, "node1", ring_root=ring_root, policy=pol(store))
+    assert [(s.name, s.reason) for s in res.skipped] == [
+        ("b.ring", "not a regular file"), ("deep", "a directory: removed unread")]
+    assert [f.name for f in res.files] == ["rank-0.step-0.torch.ring"] and not jd.exists()
 
 
 def test_lock_held_by_the_job_does_not_stall_or_keep_the_dir(dirs):

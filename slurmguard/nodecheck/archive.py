@@ -97,7 +97,8 @@ class ArchiveResult:
     """Rings left in place for the job's other nodes: node -> count."""
     errors: list[str] = field(default_factory=list)
     unread: int = 0
-    """Entries beyond prolog.max_ring_entries: removed without being looked at."""
+    """Entries beyond prolog.max_ring_entries, and subdirectories: removed (in the
+    background, with the whole ring dir) without being looked at."""
     ring_dir_removed: bool = False
     cleanup_failed: bool = False
     """A ring of this node could not be removed from the ring root (tmpfs leak)."""
@@ -325,6 +326,11 @@ def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: Prolo
             continue
         try:
             st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                # its contents are not looked at: the whole ring dir goes in the background
+                res.unread += 1
+                res.skipped.append(SkippedFile(entry, "a directory: removed unread"))
+                continue
             try:
                 hdr = read_header(fd, entry)
             except RingError as exc:
@@ -364,10 +370,7 @@ def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: Prolo
             os.close(fd)
         # this node's entry: archived or not, its RAM is given back now
         try:
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(entry, dir_fd=dirfd)
-            else:
-                os.unlink(entry, dir_fd=dirfd)
+            os.unlink(entry, dir_fd=dirfd)
         except FileNotFoundError:
             pass
         except OSError as exc:
