@@ -75,8 +75,10 @@ def test_sparse_ring_claiming_a_huge_geometry_is_not_archived(dirs):
     jd.mkdir()
     cap = 1 << 24
     size = 4096 + cap * 64
+    header = bytearray(ring_bytes(node="node1", job_id=61, records=0)[:4096])
+    header[20:24] = cap.to_bytes(4, "little")  # capacity, sg_ring.h offset 20
     with open(jd / "rank-0.step-0.torch.ring", "wb") as f:
-        f.write(ring_bytes(node="node1", job_id=61, capacity=cap, records=0)[:4096])
+        f.write(header)
         f.truncate(size)  # 1 GiB apparent, 4 KiB allocated
     res = archive_job(61, "node1", ring_root=ring_root, policy=pol(store))
     assert res.files == [] and res.archived_bytes == 0
