@@ -7,7 +7,14 @@ and NVML's error behaviour: every call before nvmlInit fails with
 NVML_ERROR_UNINITIALIZED, an unknown index with NVML_ERROR_INVALID_ARGUMENT, a
 feature the GPU lacks with NVML_ERROR_NOT_SUPPORTED, a GPU that fell off the
 bus with NVML_ERROR_GPU_IS_LOST, and nvmlEventSetWait_v2 with
-NVML_ERROR_TIMEOUT when no event is pending.
+NVML_ERROR_TIMEOUT when no event is pending. As with ctypes, the device of an
+event is a new handle object that neither == nor id() matches with the
+handle nvmlDeviceGetHandleByIndex gave; nvmlDeviceGetIndex maps it back.
+nvmlDeviceGetFieldValues answers per field (the call succeeds, a field the GPU
+lacks carries its own NVML_ERROR_NOT_SUPPORTED). A device lacking
+"remapped_rows" answers nvmlDeviceGetRemappedRows with NOT_SUPPORTED
+(pre-Ampere); an NVLink link's "unsupported" list names its DL counters that
+answer NOT_SUPPORTED (Hopper drops some of them).
 
 Device state comes from a dict in the layout of the recorded fixture
 (tests/fixtures/telemetry/nvml_h100x8.json); `hang` names functions that block
@@ -52,6 +59,27 @@ class _EventData:
         self.computeInstanceId = 0xFFFFFFFF
 
 
+class _Value:
+    """c_nvmlValue_t (a union; only the member of the field's type is meaningful)."""
+
+    def __init__(self, v: int) -> None:
+        self.uiVal = self.ulVal = self.ullVal = v
+        self.dVal = float(v)
+
+
+class _FieldValue:
+    """Fields of c_nvmlFieldValue_t."""
+
+    def __init__(self, field_id: int, ret: int, value: int = 0) -> None:
+        self.fieldId = field_id
+        self.scopeId = 0
+        self.timestamp = 0
+        self.latencyUsec = 0
+        self.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+        self.nvmlReturn = ret
+        self.value = _Value(value)
+
+
 class _Utilization:
     def __init__(self, gpu: int, memory: int) -> None:
         self.gpu = gpu
@@ -86,7 +114,8 @@ class FakeNvml:
     def inject_xid(self, index: int, xid: int) -> None:
         for s in self._sets:
             if index in s["registered"]:
-                s["queue"].append(_EventData(self._handles[index], _real.nvmlEventTypeXidCriticalError, xid))
+                # a fresh pointer object per event, as ctypes returns it
+                s["queue"].append(_EventData(_Handle(index), _real.nvmlEventTypeXidCriticalError, xid))
 
     def _enter(self, fn: str, handle: _Handle | None = None, feature: str | None = None) -> dict | None:
         if fn in self.hang:
@@ -122,6 +151,10 @@ class FakeNvml:
         if not 0 <= index < len(self.devices):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return self._handles[index]
+
+    def nvmlDeviceGetIndex(self, h: _Handle) -> int:
+        self._enter("nvmlDeviceGetIndex", h)
+        return h.index
 
     def nvmlDeviceGetName(self, h: _Handle) -> str:
         return self._enter("nvmlDeviceGetName", h)["name"]
@@ -182,7 +215,28 @@ class FakeNvml:
                _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data"}.get(counter)
         if key is None:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if key in links[link].get("unsupported", ()):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         return int(links[link][key])
+
+    def nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
+        """(corrRows, uncRows, isPending, failureOccurred), as pynvml returns them."""
+        dev = self._enter("nvmlDeviceGetRemappedRows", h, "remapped_rows")
+        rr = dev.get("remapped_rows")
+        if rr is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return (int(rr.get("correctable", 0)), int(rr.get("uncorrectable", 0)),
+                int(bool(rr.get("pending", False))), int(bool(rr.get("failure", False))))
+
+    def nvmlDeviceGetFieldValues(self, h: _Handle, field_ids: list[int]) -> list[_FieldValue]:
+        dev = self._enter("nvmlDeviceGetFieldValues", h)
+        out = []
+        for fid in field_ids:
+            if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and "gpu_recovery_action" in dev:
+                out.append(_FieldValue(fid, _real.NVML_SUCCESS, int(dev["gpu_recovery_action"])))
+            else:
+                out.append(_FieldValue(fid, _real.NVML_ERROR_NOT_SUPPORTED))
+        return out
 
     def nvmlEventSetCreate(self) -> dict[str, Any]:
         self._enter("nvmlEventSetCreate")
