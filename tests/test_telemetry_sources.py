@@ -1,9 +1,8 @@
-"""Prometheus (real local HTTP server), InfiniBand sysfs, DCGM reader: recorded fixtures."""
+"""Prometheus (real local HTTP server) and InfiniBand sysfs: recorded fixtures (DCGM: test_telemetry_dcgm)."""
 
 from __future__ import annotations
 
 import http.server
-import json
 import shutil
 import threading
 from pathlib import Path
@@ -12,7 +11,6 @@ import pytest
 
 from slurmguard.clock import FakeClock
 from slurmguard.telemetry.base import Signal
-from slurmguard.telemetry.dcgm import DcgmSource
 from slurmguard.telemetry.infiniband import InfinibandSource, parse_rate_gbps, parse_state
 from slurmguard.telemetry.prometheus import PrometheusSource, Target
 
@@ -148,34 +146,3 @@ def test_infiniband_missing_root_and_parsers(tmp_path):
     r = InfinibandSource("n1", tmp_path / "none", clock=FakeClock()).sample()
     assert r.samples == [] and r.events[0].kind == "unavailable" and r.events[0].signal == "source"
     assert parse_state("4: ACTIVE") == 4 and parse_rate_gbps("100 Gb/sec (4X EDR)") == 100.0
-
-
-class _Reader:
-    """Stands in for DcgmReader: returns recorded GetLatestGpuValuesAsFieldIdDict() output."""
-
-    def __init__(self, values):
-        self.values = values
-
-    def GetLatestGpuValuesAsFieldIdDict(self):  # noqa: N802 (DCGM's name)
-        return self.values
-
-
-def test_dcgm_reader_fixture():
-    vals = json.loads((FIX / "dcgm_latest_values.json").read_text())["values"]
-    vals["3"]["204"] = 9223372036854775794          # DCGM_INT64_NOT_SUPPORTED: absent
-    src = DcgmSource("a100-3", _Reader({int(g): {int(f): v for f, v in d.items()} for g, d in vals.items()}),
-                     clock=FakeClock())
-    r = src.sample()
-    v = _by(r, "a100-3")
-    assert v[(2, Signal.SM_CLOCK)] == 1095 and v[(2, Signal.GPU_TEMP)] == 84 and v[(2, Signal.THERMAL_THROTTLE)] == 1
-    assert v[(0, Signal.POWER)] == pytest.approx(312.4)
-    assert [(s.gpu, s.value) for s in r.samples if s.signal == Signal.XID] == [(1, 79)]
-    assert (3, Signal.MEM_UTIL) not in v and (2, Signal.MEM_UTIL) in v
-
-
-def test_dcgm_without_bindings_is_an_event():
-    def missing():
-        raise ImportError("No module named 'DcgmReader'")
-
-    r = DcgmSource("n", reader_factory=missing, clock=FakeClock()).sample()
-    assert r.samples == [] and "bindings not found" in r.events[0].detail

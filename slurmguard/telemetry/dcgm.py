@@ -52,6 +52,13 @@ class DcgmField:
     names: tuple[str, ...]  # dcgm-exporter metric names; the first is the current one
     signal: str
 
+    @property
+    def key(self) -> str:
+        """What is reported unavailable: the signal, or for the NVLink totals that
+        are summed into one signal, the field itself (one missing counter is not
+        every NVLink counter missing)."""
+        return f"{self.signal}:{self.names[0]}" if self.signal == Signal.NVLINK_ERRORS else self.signal
+
 
 #: dcgm_fields ids (stable across DCGM 2-4) and the signal each one feeds
 FIELDS: tuple[DcgmField, ...] = (
@@ -85,9 +92,9 @@ BY_ID = {f.fid: f for f in FIELDS}
 BY_NAME = {n: f for f in FIELDS for n in f.names}
 
 
-def field_names(signal: str) -> str:
-    """'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL (311)' for the fields that feed a signal."""
-    return ", ".join(f"{f.names[0]} ({f.fid})" for f in FIELDS if f.signal == signal)
+def field_names(key: str) -> str:
+    """'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL (311)' for the field(s) behind an unavailable key."""
+    return ", ".join(f"{f.names[0]} ({f.fid})" for f in FIELDS if f.key == key)
 
 
 class DcgmSignals:
@@ -173,7 +180,7 @@ class DcgmSource:
                 self.reader, self._unknown = self.deadline.call(self._factory)
                 for fid in self._unknown:
                     f = BY_ID[fid]
-                    self.unavailable.mark(out, self.node, f.signal,
+                    self.unavailable.mark(out, self.node, f.key,
                                           f"{f.names[0]} ({fid}): this DCGM version does not know the field", ts)
                 return True
             except ImportError as exc:
@@ -211,10 +218,11 @@ class DcgmSource:
             self._down(out, "nv-hostengine unreachable or sees no GPU (DcgmReader returned no values)", ts)
             return out
         self.unavailable.clear(out, self.node, WHOLE_SOURCE, ts)
-        watched = {f.signal for f in FIELDS if f.fid not in self._unknown}
+        watched = [f for f in FIELDS if f.fid not in self._unknown]
         for gpu, fields in sorted(data.items()):
             gpu = int(gpu)
             values: dict[str, float] = {}
+            got: set[str] = set()
             for fid, raw in fields.items():
                 f = BY_ID.get(int(fid))
                 if f is None:
@@ -225,13 +233,14 @@ class DcgmSource:
                     continue
                 if is_blank(v):
                     continue
+                got.add(f.key)
                 values[f.signal] = values.get(f.signal, 0.0) + v if f.signal == Signal.NVLINK_ERRORS else v
-            for sig in sorted(watched):
-                if sig in values:
-                    self.unavailable.clear(out, self.node, sig, ts, gpu=gpu)
+            for f in watched:
+                if f.key in got:
+                    self.unavailable.clear(out, self.node, f.key, ts, gpu=gpu)
                 else:
-                    self.unavailable.mark(out, self.node, sig, f"GPU {gpu}: {field_names(sig)}: no value (blank: "
-                                          "not supported on this GPU, or a module such as profiling is "
-                                          "not loaded)", ts, gpu=gpu)
+                    self.unavailable.mark(out, self.node, f.key, f"GPU {gpu}: {field_names(f.key)}: no value "
+                                          "(blank: not supported on this GPU, or a module such as profiling "
+                                          "is not loaded)", ts, gpu=gpu)
             self.signals.emit(out, self.node, gpu, values, ts)
         return out

@@ -43,8 +43,8 @@ IB_ERRORS = {"node_infiniband_port_errors_received_total": "port_rcv_errors",
              "node_infiniband_link_error_recovery_total": "link_error_recovery",
              "node_infiniband_port_constraint_errors_received_total": "port_rcv_constraint_errors",
              "node_infiniband_port_constraint_errors_transmitted_total": "port_xmit_constraint_errors"}
-#: signals every dcgm-exporter page should carry (the rest are derived from them)
-DCGM_EXPECTED = tuple(dict.fromkeys(f.signal for f in FIELDS))
+#: what every dcgm-exporter page should carry (the rest is derived from it)
+DCGM_EXPECTED = tuple(dict.fromkeys(f.key for f in FIELDS))
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,8 @@ class PrometheusSource:
         out = Reading()
         gpus: dict[tuple[str, int], dict[str, float]] = {}
         blank: dict[tuple[str, int], set[str]] = {}
-        exported: dict[str, set[str]] = {}  # node -> signals the page carries
+        got: dict[tuple[str, int], set[str]] = {}
+        exported: dict[str, set[str]] = {}  # node -> field keys the page carries
         ports: dict[str, dict[str, float]] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
@@ -123,26 +124,29 @@ class PrometheusSource:
                     exported.setdefault(node, set())
                     if f is None:
                         continue
-                    exported[node].add(f.signal)
+                    exported[node].add(f.key)
                     if is_blank(v):
-                        blank.setdefault((node, gpu), set()).add(f.signal)
+                        blank.setdefault((node, gpu), set()).add(f.key)
                         continue
+                    got.setdefault((node, gpu), set()).add(f.key)
                     vals = gpus.setdefault((node, gpu), {})
                     vals[f.signal] = vals.get(f.signal, 0.0) + v if f.signal == Signal.NVLINK_ERRORS else v
                 elif name.startswith("node_infiniband_") and "device" in labels:
                     ports.setdefault(f"{labels['device']}:{labels.get('port', '1')}", {})[name] = v
-        for (node, gpu), vals in sorted(gpus.items()):
-            for sig in blank.get((node, gpu), ()):
-                if sig not in vals:
-                    self.unavailable.mark(out, node, sig, f"GPU {gpu}: {field_names(sig)}: blank (not "
-                                          "supported on this GPU or not collected)", ts, gpu=gpu)
-            self.dcgm.emit(out, node, gpu, vals, ts)
-        for node, sigs in exported.items():
-            for sig in DCGM_EXPECTED:
-                if sig in sigs:
-                    self.unavailable.clear(out, node, sig, ts)
+        for key in sorted(set(gpus) | set(blank)):
+            node, gpu = key
+            for k in sorted(got.get(key, ())):
+                self.unavailable.clear(out, node, k, ts, gpu=gpu)
+            for k in sorted(blank.get(key, set()) - got.get(key, set())):
+                self.unavailable.mark(out, node, k, f"GPU {gpu}: {field_names(k)}: blank (not supported on "
+                                      "this GPU or not collected)", ts, gpu=gpu)
+            self.dcgm.emit(out, node, gpu, gpus.get(key, {}), ts)
+        for node, keys in exported.items():
+            for k in DCGM_EXPECTED:
+                if k in keys:
+                    self.unavailable.clear(out, node, k, ts)
                 else:
-                    self.unavailable.mark(out, node, sig, f"{field_names(sig)}: not exported by dcgm-exporter "
+                    self.unavailable.mark(out, node, k, f"{field_names(k)}: not exported by dcgm-exporter "
                                           "(add it to the exporter's counters CSV)", ts)
         for nic, m in sorted(ports.items()):
             self._ib_port(out, default_node, nic, m, ts)

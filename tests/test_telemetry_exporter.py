@@ -1,0 +1,95 @@
+"""dcgm-exporter scrapes with the default counter set and with the full set
+(tests/fixtures/telemetry/dcgm_exporter_{default,full}.prom: the metrics, types
+and HELP of the exporter's etc/default-counters.csv, and that plus the
+dcp-metrics-included.csv profiling ratios, ECC, NVLink error totals,
+clocks-event reasons, row-remap pending and the recovery action)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmguard.clock import FakeClock
+from slurmguard.config import PeerPolicy
+from slurmguard.detect.peers import PeerScorer, hard_failures
+from slurmguard.telemetry.base import Signal
+from slurmguard.telemetry.prometheus import PrometheusSource, Target
+
+FIX = Path(__file__).parent / "fixtures" / "telemetry"
+NODE = "gpu-node-11"
+
+
+def scrape(page: str, clock=None) -> tuple[PrometheusSource, dict]:
+    pages = {"u": (FIX / page).read_text()}
+    src = PrometheusSource([Target("u", "fallback")], clock=clock or FakeClock(), fetch=lambda url: pages[url])
+    return src, pages
+
+
+def _by(r):
+    return {(s.gpu, s.signal): s.value for s in r.samples if s.node == NODE}
+
+
+def test_default_counter_set_reports_what_it_lacks_once():
+    src, _ = scrape("dcgm_exporter_default.prom")
+    r = src.sample()
+    v = _by(r)
+    assert v[(0, Signal.POWER)] == pytest.approx(648.213) and v[(0, Signal.SM_CLOCK)] == 1980
+    assert v[(6, Signal.REMAPPED_ROWS_UNC)] == 1 and v[(6, Signal.ROW_REMAP_FAILURE)] == 0
+    missing = {e.signal for e in r.events if e.kind == "unavailable"}
+    assert missing == {Signal.THROTTLE_REASONS, Signal.ECC_SBE, Signal.ECC_DBE, Signal.ROW_REMAP_PENDING,
+                       Signal.RECOVERY_ACTION, Signal.SM_ACTIVE, Signal.TENSOR_ACTIVE, Signal.DRAM_ACTIVE,
+                       *(f"nvlink_errors:DCGM_FI_DEV_NVLINK_{c}_ERROR_COUNT_TOTAL"
+                         for c in ("CRC_FLIT", "CRC_DATA", "REPLAY", "RECOVERY"))}
+    ecc = next(e for e in r.events if e.signal == Signal.ECC_DBE)
+    assert ecc.node == NODE and ecc.gpu is None
+    assert ecc.detail == ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL (311): not exported by dcgm-exporter "
+                          "(add it to the exporter's counters CSV)")
+    assert not [e for e in src.sample().events if e.kind == "unavailable"]   # once, not every scrape
+
+
+def test_last_xid_gauge_is_flagged_on_change_only():
+    clock = FakeClock()
+    src, pages = scrape("dcgm_exporter_default.prom", clock)
+    r = src.sample()
+    assert [(s.gpu, s.value) for s in r.samples if s.signal == Signal.XID] == [(3, 79)]
+    assert [f.device for f in hard_failures(r.samples)] == ["gpu3"]
+    for _ in range(3):                        # the gauge stays 79: no new XID, no new flag
+        clock.advance(15)
+        r = src.sample()
+        assert not [s for s in r.samples if s.signal == Signal.XID] and not hard_failures(r.samples)
+    gpu3 = 'Hostname="gpu-node-11",DCGM_FI_DRIVER_VERSION="570.133.20"} 79'
+    pages["u"] = pages["u"].replace(gpu3, gpu3[:-2] + "94")
+    clock.advance(15)
+    assert [(s.gpu, s.value) for s in src.sample().samples if s.signal == Signal.XID] == [(3, 94)]
+
+
+def test_full_counter_set_row_remap_nvlink_blanks_and_profiling():
+    src, _ = scrape("dcgm_exporter_full.prom")
+    r = src.sample()
+    v = _by(r)
+    # H100 answers NOT_SUPPORTED (blank) for the NVLink CRC totals; replay/recovery still count
+    assert v[(1, Signal.NVLINK_ERRORS)] == 3 and v[(0, Signal.NVLINK_ERRORS)] == 0
+    blank = {(e.gpu, e.signal) for e in r.events if e.kind == "unavailable"}
+    assert blank == {(g, f"nvlink_errors:DCGM_FI_DEV_NVLINK_{c}_ERROR_COUNT_TOTAL")
+                     for g in range(8) for c in ("CRC_FLIT", "CRC_DATA")}
+    assert v[(2, Signal.THERMAL_THROTTLE)] == 1 and v[(5, Signal.ECC_SBE)] == 12
+    assert v[(0, Signal.RECOVERY_ACTION)] == 0
+    assert v[(2, Signal.TENSOR_ACTIVE)] == pytest.approx(0.347710)
+    assert [(f.device, f.reasons) for f in hard_failures(r.samples)] == [
+        ("gpu3", ("XID 79",)), ("gpu6", ("row remapping pending (GPU reset required)",))]
+
+
+def test_profiling_ratios_single_out_the_slow_gpu():
+    """GPU 2 of the full scrape: tensor and DRAM active well below its peers, SM
+    active above (it computes longer while they wait): flagged on those signals
+    alone, which clocks, power and utilisation (all normal) would not show."""
+    clock = FakeClock()
+    src, _ = scrape("dcgm_exporter_full.prom", clock)
+    scorer = PeerScorer(PeerPolicy(consecutive_windows=2))
+    flags = []
+    for _ in range(2):
+        flags = [f for f in scorer.window(src.sample().samples) if not f.hard]
+        clock.advance(30)
+    assert [f.device for f in flags] == ["gpu2"]
+    assert {d.signal for d in flags[0].deviations} == {Signal.SM_ACTIVE, Signal.TENSOR_ACTIVE, Signal.DRAM_ACTIVE}
