@@ -93,3 +93,26 @@ def test_profiling_ratios_single_out_the_slow_gpu():
         clock.advance(30)
     assert [f.device for f in flags] == ["gpu2"]
     assert {d.signal for d in flags[0].deviations} == {Signal.SM_ACTIVE, Signal.TENSOR_ACTIVE, Signal.DRAM_ACTIVE}
+
+
+def test_xid_154_without_the_recovery_action_field_fails_the_gpu():
+    """Default counters: no DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION. XID 154 then says
+    the driver wants an action we cannot see: a hard failure, not ignored."""
+    src, pages = scrape("dcgm_exporter_default.prom")
+    src.sample()
+    gpu0 = 'gpu="0",UUID="GPU-3f1c9a52-8d4e-4b7a-a1c3-5e2d9b70c600",pci_bus_id="00000000:18:00.0",'
+    xid0 = next(line for line in pages["u"].splitlines() if line.startswith("DCGM_FI_DEV_XID_ERRORS{" + gpu0))
+    pages["u"] = pages["u"].replace(xid0, xid0[:-2] + " 154")
+    assert [(f.device, f.reasons) for f in hard_failures(src.sample().samples)] == [
+        ("gpu0", ("XID 154: recovery action changed, action not readable",))]
+
+
+def test_open_source_scrapes_the_policy_targets():
+    from slurmguard.config import parse_policy
+    from slurmguard.telemetry import open_source
+
+    t = parse_policy("agent:\n  telemetry:\n    prometheus_targets: [http://10.0.0.7:9400/metrics]\n"
+                     "    ib_expected_ports: ['mlx5_0:1']\n").agent.telemetry
+    src = open_source("prometheus", "n7", targets=t.prometheus_targets, expected_ports=t.ib_expected_ports)
+    assert [(x.url, x.node) for x in src.targets] == [("http://10.0.0.7:9400/metrics", "n7")]
+    assert src.expected.patterns == ("mlx5_0:1",)

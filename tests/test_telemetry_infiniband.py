@@ -140,3 +140,25 @@ def test_64bit_counters_ext_preferred(tree):
     r = src.sample()
     assert _by(r)[("mlx5_0:1", Signal.NIC_TX_GBPS)] == pytest.approx(200.0)  # 2.5e11 B in 10 s
     assert not [e for e in r.events if e.kind == "unavailable"]
+
+
+def test_open_source_adds_the_ib_ports_the_policy_names(tree):
+    """agent.telemetry: infiniband, ib_sysfs_root and ib_expected_ports reach the sources."""
+    import json
+
+    from slurmguard.config import parse_policy
+    from slurmguard.telemetry import MultiSource, open_source
+    from slurmguard.telemetry.fake_nvml import FakeNvml
+
+    t = parse_policy(f"agent:\n  telemetry:\n    ib_sysfs_root: {tree}\n"
+                     "    ib_expected_ports: ['mlx5_0:1', 'mlx5_1:1']\n").agent.telemetry
+    devs = json.loads((FIX.parents[2] / "nvml_h100x8.json").read_text())["devices"][:2]
+    src = open_source("nvml", "n1", nvml=FakeNvml(devs), clock=FakeClock(), infiniband=t.infiniband,
+                      ib_root=t.ib_sysfs_root, expected_ports=t.ib_expected_ports, timeout_s=t.call_timeout_s)
+    assert isinstance(src, MultiSource) and src.name == "nvml+infiniband"
+    r = src.sample()
+    assert {s.gpu for s in r.samples if s.gpu is not None} == {0, 1}
+    assert {s.nic for s in r.samples if s.nic} == {"mlx5_0:1", "mlx5_1:1"}
+    assert [f.device for f in hard_failures(r.samples)] == ["mlx5_1:1"]
+    off = parse_policy("agent:\n  telemetry:\n    infiniband: false\n").agent.telemetry
+    assert open_source("nvml", "n1", nvml=FakeNvml(devs), clock=FakeClock(), infiniband=off.infiniband).name == "nvml"
