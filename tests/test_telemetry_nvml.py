@@ -62,8 +62,11 @@ def test_one_unsupported_nvlink_counter_switches_off_only_that_counter():
     v = {(s.gpu, s.signal): s.value for s in r.samples}
     assert v[(1, Signal.NVLINK_ERRORS)] == 2          # link 4's CRC flit count still read
     assert v[(2, Signal.NVLINK_ERRORS)] == 5          # replay/recovery of every link still read
-    ev = sorted((e.gpu, e.signal) for e in r.events if e.kind == "unavailable" and "nvlink" in e.signal)
-    assert ev[0] == (1, "nvlink_crc_data.link4") and len(ev) == 1 + 2 * 18
+    ev = {(e.gpu, e.signal): e.detail for e in r.events if e.kind == "unavailable" and "nvlink" in e.signal}
+    assert sorted(ev) == [(1, "nvlink_crc_data"), (2, "nvlink_crc_data"), (2, "nvlink_crc_flit")]
+    assert ev[(1, "nvlink_crc_data")] == ("GPU 1: NVLink crc_data not supported on link(s) 4; "
+                                          "the other counters still count")
+    assert "link(s) 0-17;" in ev[(2, "nvlink_crc_flit")]          # one entry per counter, not per link
     fake.devices[1]["nvlink"][0]["crc_flit"] = 7
     v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
     assert v[(1, Signal.NVLINK_ERRORS)] == 9          # other links of GPU 1 keep counting

@@ -127,11 +127,12 @@ class NvmlSource:
         return out
 
     def _get(self, out: Reading, i: int, signal: str, ts: float, fn: Any, *args: Any,
-             what: str | None = None) -> Any:
+             what: str | None = None, report: bool = True) -> Any:
         """One NVML getter: value, or None after recording why it is absent.
 
         `what` names the exact reading when one signal is read in parts (an
         NVLink counter of one link): only that part is switched off.
+        report=False: the caller reports the part unavailable itself (grouped).
         """
         nv = self.nv
         key = what or signal
@@ -143,7 +144,8 @@ class NvmlSource:
             code = getattr(exc, "value", None)
             if code in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_NO_PERMISSION):
                 self._unsupported.add((i, key))
-                self.unavailable.mark(out, self.node, key, f"GPU {i}: {key}: {exc}", ts, gpu=i)
+                if report:
+                    self.unavailable.mark(out, self.node, key, f"GPU {i}: {key}: {exc}", ts, gpu=i)
                 return None
             if code == nv.NVML_ERROR_GPU_IS_LOST:
                 raise _GpuLost() from None
@@ -243,20 +245,24 @@ class NvmlSource:
         got = False
         for link in links:
             st = self._get(out, i, Signal.NVLINK_DOWN, ts, nv.nvmlDeviceGetNvLinkState, h, link,
-                           what=f"nvlink_state.link{link}")
+                           what=f"nvlink_state.link{link}", report=False)
             if st is not None and st != nv.NVML_FEATURE_ENABLED:
                 down += 1
-            for counter, cname in ((nv.NVML_NVLINK_ERROR_DL_REPLAY, "replay"),
-                                   (nv.NVML_NVLINK_ERROR_DL_RECOVERY, "recovery"),
-                                   (nv.NVML_NVLINK_ERROR_DL_CRC_FLIT, "crc_flit"),
-                                   (nv.NVML_NVLINK_ERROR_DL_CRC_DATA, "crc_data")):
+            for counter, cname in NVLINK_COUNTERS:
                 # Hopper answers NOT_SUPPORTED for some DL counters: switch off that
                 # counter of that link only, never every NVLink counter of the GPU
                 v = self._get(out, i, Signal.NVLINK_ERRORS, ts, nv.nvmlDeviceGetNvLinkErrorCounter,
-                              h, link, counter, what=f"nvlink_{cname}.link{link}")
+                              h, link, getattr(nv, counter), what=f"nvlink_{cname}.link{link}", report=False)
                 if v is not None:
                     total += v
                     got = True
+        # one unavailable entry per GPU and counter, naming its links (not one per link)
+        for cname in ("state", *(c for _, c in NVLINK_COUNTERS)):
+            off = [link for link in links if (i, f"nvlink_{cname}.link{link}") in self._unsupported]
+            if off:
+                self.unavailable.mark(out, self.node, f"nvlink_{cname}", f"GPU {i}: NVLink {cname} not "
+                                      f"supported on link(s) {_ranges(off)}; the other counters still count",
+                                      ts, gpu=i)
         out.samples.append(sample(self.node, Signal.NVLINK_DOWN, down, ts, gpu=i))
         if got:
             out.samples.append(sample(self.node, Signal.NVLINK_ERRORS, total, ts, gpu=i))
@@ -301,3 +307,20 @@ class NvmlSource:
 
 class _GpuLost(Exception):
     pass
+
+
+#: NVLink DL error counters summed into nvlink_errors (pynvml constant, short name)
+NVLINK_COUNTERS = (("NVML_NVLINK_ERROR_DL_REPLAY", "replay"), ("NVML_NVLINK_ERROR_DL_RECOVERY", "recovery"),
+                   ("NVML_NVLINK_ERROR_DL_CRC_FLIT", "crc_flit"), ("NVML_NVLINK_ERROR_DL_CRC_DATA", "crc_data"))
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for k, x in enumerate(xs):
+        if start is None:
+            start = x
+        if k + 1 == len(xs) or xs[k + 1] != x + 1:
+            out.append(f"{start}-{x}" if x != start else f"{x}")
+            start = None
+    return ",".join(out)
