@@ -186,3 +186,26 @@ def test_deadline_fails_fast_while_an_earlier_call_is_stuck():
     gate.set()
     time.sleep(0.05)
     assert d.call(lambda: 7) == 7
+
+
+def test_gpm_gives_the_profiling_ratios_from_the_second_sample():
+    devs = _devices()
+    devs[4]["gpm"] = {"sm_util_pct": 96.1, "any_tensor_util_pct": 33.9, "dram_bw_util_pct": 29.5}  # the slow one
+    del devs[7]["gpm"]                                               # a GPU without GPM (pre-Hopper)
+    fake = FakeNvml(devs)
+    clock = FakeClock()
+    src = NvmlSource("gpu07", fake, clock=clock)
+    r = src.sample()
+    assert not [s for s in r.samples if s.signal == Signal.SM_ACTIVE]  # a metric needs two samples
+    assert {(e.gpu, e.signal) for e in r.events if e.kind == "unavailable" and e.gpu == 7} >= {
+        (7, Signal.SM_ACTIVE), (7, Signal.TENSOR_ACTIVE), (7, Signal.DRAM_ACTIVE)}
+    clock.advance(10)
+    v = {(s.gpu, s.signal): s for s in src.sample().samples}
+    assert v[(0, Signal.SM_ACTIVE)].value == pytest.approx(0.8745) and v[(0, Signal.SM_ACTIVE)].unit == "ratio"
+    assert v[(4, Signal.TENSOR_ACTIVE)].value == pytest.approx(0.339)
+    assert v[(4, Signal.DRAM_ACTIVE)].value == pytest.approx(0.295)
+    assert (7, Signal.SM_ACTIVE) not in v
+    fake.devices[4]["gpm"]["any_tensor_util_pct"] = 50.0
+    clock.advance(10)
+    v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
+    assert v[(4, Signal.TENSOR_ACTIVE)] == pytest.approx(0.5)   # the samples alternate, in order

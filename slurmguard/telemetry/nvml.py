@@ -9,7 +9,10 @@ reasons as a bitmask, volatile ECC counts, the PCIe replay counter, and NVLink
 DL error counters per link, HBM row remapping (nvmlDeviceGetRemappedRows ->
 corrected rows, uncorrected rows, pending, failure; Ampere and newer) and the
 GPU recovery action (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, an
-nvmlDeviceGpuRecoveryAction_t; set with XID 154). XIDs arrive as
+nvmlDeviceGpuRecoveryAction_t; set with XID 154), and on Hopper and newer the
+GPU performance metrics (GPM) that match DCGM's profiling ratios: SM util, any
+tensor util, DRAM bandwidth util, in percent (0-100) between two GPM samples,
+reported as ratios (0..1) like DCGM's. XIDs arrive as
 nvmlEventTypeXidCriticalError events on an event set polled with a 0 ms wait;
 an event's device handle is a fresh ctypes pointer, so its GPU is found with
 nvmlDeviceGetIndex, never by comparing handles.
@@ -57,6 +60,8 @@ class NvmlSource:
         self.unavailable = Unavailable(self.name)
         self._handles: list[Any] = []
         self._links: dict[int, list[int]] = {}
+        self._gpm: dict[int, list[Any]] = {}  # GPU -> [previous sample, current sample]
+        self._gpm_primed: set[int] = set()     # GPUs with a previous GPM sample
         self._events: Any = None
         self._init_error: str | None = None
         self._pending = Reading()  # events from setup, handed out with the first sample
@@ -95,10 +100,33 @@ class NvmlSource:
                     continue  # link index not present on this GPU
                 links.append(link)
             self._links[i] = links
+            self._gpm_init(i, h)
+
+    def _gpm_init(self, i: int, h: Any) -> None:
+        """Two GPM sample buffers per GPU that supports GPM (Hopper+); else unavailable."""
+        nv = self.nv
+        why = None
+        try:
+            if getattr(nv, "nvmlGpmQueryDeviceSupport", None) is None:
+                why = "this NVML has no GPM"
+            elif not nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
+                why = "GPM not supported on this GPU (before Hopper)"
+            else:
+                self._gpm[i] = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        except nv.NVMLError as exc:
+            why = f"GPM: {exc}"
+        if why is not None:
+            for sig in GPM_METRICS.values():
+                self._unsupported.add((i, sig))
+                self.unavailable.mark(self._pending, self.node, sig, f"GPU {i}: {sig} via NVML: {why}",
+                                      self.clock.now(), gpu=i)
 
     def close(self) -> None:
         nv = self.nv
         try:
+            for bufs in self._gpm.values():
+                for b in bufs:
+                    nv.nvmlGpmSampleFree(b)
             if self._events is not None:
                 nv.nvmlEventSetFree(self._events)
             self.deadline.call(nv.nvmlShutdown)
@@ -207,6 +235,7 @@ class NvmlSource:
             if action is not None:
                 out.samples.append(sample(node, Signal.RECOVERY_ACTION, action, ts, gpu=i))
             self._nvlink(out, i, h, ts)
+            self._gpm_metrics(out, i, h, ts)
         except _GpuLost:
             out.samples.append(sample(node, Signal.GPU_LOST, 1, ts, gpu=i))
             out.events.append(SourceEvent(node, self.name, "hard_failure",
@@ -234,6 +263,36 @@ class NvmlSource:
                                   f"GPU {i}: {Signal.RECOVERY_ACTION}: {nv.NVMLError(fv.nvmlReturn)}", ts, gpu=i)
             return None
         return int(fv.value.uiVal)
+
+    def _gpm_metrics(self, out: Reading, i: int, h: Any, ts: float) -> None:
+        """SM / tensor / DRAM activity between this sample and the previous one."""
+        nv = self.nv
+        bufs = self._gpm.get(i)
+        if bufs is None:
+            return
+        prev, cur = bufs
+        if self._get(out, i, Signal.SM_ACTIVE, ts, nv.nvmlGpmSampleGet, h, cur, what="gpm") is None:
+            return
+        bufs.reverse()  # this sample is the next one's "previous"
+        if i not in self._gpm_primed:
+            self._gpm_primed.add(i)  # a metric needs two samples
+            return
+        mg = nv.c_nvmlGpmMetricsGet_t()
+        mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(GPM_METRICS)
+        mg.sample1, mg.sample2 = prev, cur
+        for k, mid in enumerate(GPM_METRICS):
+            mg.metrics[k].metricId = getattr(nv, mid)
+        if self._get(out, i, Signal.SM_ACTIVE, ts, nv.nvmlGpmMetricsGet, mg, what="gpm") is None:
+            return
+        for k, sig in enumerate(GPM_METRICS.values()):
+            m = mg.metrics[k]
+            if m.nvmlReturn == nv.NVML_SUCCESS:
+                out.samples.append(sample(self.node, sig, m.value / 100.0, ts, gpu=i))  # % -> ratio
+                self.unavailable.clear(out, self.node, sig, ts, gpu=i)
+            else:
+                self.unavailable.mark(out, self.node, sig, f"GPU {i}: {sig} via NVML GPM: "
+                                      f"{nv.NVMLError(m.nvmlReturn)}", ts, gpu=i)
 
     def _nvlink(self, out: Reading, i: int, h: Any, ts: float) -> None:
         nv = self.nv
@@ -308,6 +367,12 @@ class NvmlSource:
 class _GpuLost(Exception):
     pass
 
+
+#: GPM metric (pynvml constant) -> signal: the GPM metrics closest to DCGM's profiling
+#: fields 1002/1004/1005 (DRAM: bandwidth used vs peak, DCGM: cycles the interface is
+#: busy). NVML gives percent, DCGM ratios; the signals are ratios
+GPM_METRICS = {"NVML_GPM_METRIC_SM_UTIL": Signal.SM_ACTIVE, "NVML_GPM_METRIC_ANY_TENSOR_UTIL": Signal.TENSOR_ACTIVE,
+               "NVML_GPM_METRIC_DRAM_BW_UTIL": Signal.DRAM_ACTIVE}
 
 #: NVLink DL error counters summed into nvlink_errors (pynvml constant, short name)
 NVLINK_COUNTERS = (("NVML_NVLINK_ERROR_DL_REPLAY", "replay"), ("NVML_NVLINK_ERROR_DL_RECOVERY", "recovery"),
