@@ -116,3 +116,24 @@ def test_open_source_scrapes_the_policy_targets():
     src = open_source("prometheus", "n7", targets=t.prometheus_targets, expected_ports=t.ib_expected_ports)
     assert [(x.url, x.node) for x in src.targets] == [("http://10.0.0.7:9400/metrics", "n7")]
     assert src.expected.patterns == ("mlx5_0:1",)
+
+
+def test_node_exporter_saturated_counters_and_64bit_legacy_data():
+    """node_exporter reads the same sysfs counters: the same widths, the same rule."""
+    clock = FakeClock()
+    page = ('node_infiniband_state_id{device="mlx5_0",port="1"} 4\n'
+            'node_infiniband_port_transmit_wait_total{device="mlx5_0",port="1"} %d\n'
+            'node_infiniband_port_errors_received_total{device="mlx5_0",port="1"} %d\n'
+            'node_infiniband_port_data_transmitted_bytes_total{device="mlx5_0",port="1"} %d\n'
+            'node_infiniband_legacy_data_transmitted_bytes_total{device="mlx5_0",port="1"} %d\n')
+    pages = {"u": page % (100, 3, (2**32 - 1) * 4, 4_000_000_000_000)}
+    src = PrometheusSource([Target("u", "n1")], clock=clock, fetch=lambda url: pages[url])
+    src.sample()
+    pages["u"] = page % (2**32 - 1, 65535, (2**32 - 1) * 4, 4_000_000_000_000 + 250_000_000_000)
+    clock.advance(10)
+    r = src.sample()
+    v = {(s.nic, s.signal): s.value for s in r.samples}
+    assert v[("mlx5_0:1", Signal.NIC_TX_GBPS)] == pytest.approx(200.0)   # from the 64-bit counter
+    assert ("mlx5_0:1", Signal.NIC_CONGESTION_RATE) not in v and ("mlx5_0:1", Signal.NIC_ERROR_RATE) not in v
+    assert {e.signal for e in r.events if e.kind == "unavailable"} == {Signal.NIC_CONGESTION_RATE,
+                                                                       Signal.NIC_ERROR_RATE}

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (XID_RECOVERY_ACTION, CounterRates, Deadline, Reading, Signal,
+from slurmguard.telemetry.base import (WHOLE_SOURCE, XID_RECOVERY_ACTION, CounterRates, Deadline, Reading, Signal,
                                        SourceEvent, SourceTimeout, Unavailable, sample)
 
 THERMAL_BITS = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
@@ -141,7 +141,7 @@ class NvmlSource:
         self._pending = Reading()
         if self._init_error is not None:
             out.events.append(SourceEvent(self.node, self.name, "error", self._init_error, ts))
-            self.unavailable.mark(out, self.node, "source", self._init_error, ts)
+            self.unavailable.mark(out, self.node, WHOLE_SOURCE, self._init_error, ts)
             return out
         for i, h in enumerate(self._handles):
             try:
@@ -262,6 +262,7 @@ class NvmlSource:
             self.unavailable.mark(out, self.node, Signal.RECOVERY_ACTION,
                                   f"GPU {i}: {Signal.RECOVERY_ACTION}: {nv.NVMLError(fv.nvmlReturn)}", ts, gpu=i)
             return None
+        self.unavailable.clear(out, self.node, Signal.RECOVERY_ACTION, ts, gpu=i)
         return int(fv.value.uiVal)
 
     def _gpm_metrics(self, out: Reading, i: int, h: Any, ts: float) -> None:

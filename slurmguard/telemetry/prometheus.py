@@ -164,13 +164,17 @@ class PrometheusSource:
         if "node_infiniband_rate_bytes_per_second" in m:
             rate = m["node_infiniband_rate_bytes_per_second"] * 8 / 1e9
             out.samples.append(sample(node, Signal.NIC_RATE, rate if active else 0.0, ts, nic=nic))
-        tx = m.get("node_infiniband_port_data_transmitted_bytes_total")
+        # the "legacy" metrics read counters_ext/*_64 (64-bit): preferred where present
+        wide = m.get("node_infiniband_legacy_data_transmitted_bytes_total")
+        tx = wide if wide is not None else m.get("node_infiniband_port_data_transmitted_bytes_total")
         if tx is not None:
             out.samples.append(sample(node, Signal.NIC_TX_BYTES, tx, ts, nic=nic))
             cs = CounterSet()
-            cs.add("port_xmit_data", int(tx) // 4, scale=4)  # the exporter multiplies words by 4
+            # the exporter multiplies the 4-octet words by 4
+            cs.add("port_xmit_data_64" if wide is not None else "port_xmit_data", int(tx) // 4, scale=4)
             emit_rate(out, self.rates, self.unavailable, node, nic, Signal.NIC_TX_GBPS, "tx", cs, ts, 8 / 1e9)
-        rx = m.get("node_infiniband_port_data_received_bytes_total")
+        rx = m.get("node_infiniband_legacy_data_received_bytes_total",
+                   m.get("node_infiniband_port_data_received_bytes_total"))
         if rx is not None:
             out.samples.append(sample(node, Signal.NIC_RX_BYTES, rx, ts, nic=nic))
         downed = m.get("node_infiniband_link_downed_total")
