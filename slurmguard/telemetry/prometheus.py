@@ -117,8 +117,8 @@ class PrometheusSource:
                     name = name[: -len("_total")]
                 if name.startswith("DCGM_FI_"):
                     f = BY_NAME.get(name)
-                    if "gpu" not in labels:
-                        continue
+                    if not labels.get("gpu", "").isdigit():
+                        continue  # not a per-GPU sample (or a MIG/entity label we do not map)
                     node = labels.get("Hostname") or default_node
                     gpu = int(labels["gpu"])
                     exported.setdefault(node, set())
