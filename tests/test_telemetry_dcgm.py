@@ -74,8 +74,14 @@ def test_recorded_values_units_and_profiling_fields():
 def test_last_xid_field_flags_a_new_xid_once_not_every_sample():
     clock = FakeClock()
     src, reader = source(clock=clock)
-    first = [(s.gpu, s.value) for s in src.sample().samples if s.signal == Signal.XID]
-    assert first == [(1, 79)]                                      # field 230 = last XID: seen once
+    r = src.sample()
+    # field 230 = the last XID, of unknown age when the source starts: noted, not flagged
+    assert not [s for s in r.samples if s.signal == Signal.XID]
+    assert [(e.kind, e.gpu) for e in r.events if "last XID 79" in e.detail] == [("info", 1)]
+    reader.values[1][230] = 79
+    reader.values[2][230] = 79                                     # a new XID on GPU 2
+    clock.advance(10)
+    assert [(s.gpu, s.value) for s in src.sample().samples if s.signal == Signal.XID] == [(2, 79)]
     for _ in range(3):
         clock.advance(10)
         r = src.sample()
@@ -148,7 +154,6 @@ def test_row_remap_and_recovery_action_fields_are_hard_failures():
     reasons = {(f.device, f.reasons[0]) for f in hard_failures(src.sample().samples)}
     assert reasons == {("gpu0", "row remapping pending (GPU reset required)"),
                        ("gpu1", "row remapping failed (uncorrectable memory, replace the GPU)"),
-                       ("gpu1", "XID 79"),
                        ("gpu2", "recovery action required: GPU reset")}
 
 

@@ -52,9 +52,11 @@ def test_last_xid_gauge_is_flagged_on_change_only():
     clock = FakeClock()
     src, pages = scrape("dcgm_exporter_default.prom", clock)
     r = src.sample()
-    assert [(s.gpu, s.value) for s in r.samples if s.signal == Signal.XID] == [(3, 79)]
-    assert [f.device for f in hard_failures(r.samples)] == ["gpu3"]
-    for _ in range(3):                        # the gauge stays 79: no new XID, no new flag
+    # 79 on GPU 3 was there before the source started (time unknown): noted, not flagged,
+    # so restarting an agent never drains a node again for an old XID
+    assert not [s for s in r.samples if s.signal == Signal.XID] and not hard_failures(r.samples)
+    assert [(e.kind, e.gpu, e.source) for e in r.events if "last XID 79" in e.detail] == [("info", 3, "prometheus")]
+    for _ in range(3):                        # the gauge stays 79: no new XID, no flag
         clock.advance(15)
         r = src.sample()
         assert not [s for s in r.samples if s.signal == Signal.XID] and not hard_failures(r.samples)
@@ -77,7 +79,7 @@ def test_full_counter_set_row_remap_nvlink_blanks_and_profiling():
     assert v[(0, Signal.RECOVERY_ACTION)] == 0
     assert v[(2, Signal.TENSOR_ACTIVE)] == pytest.approx(0.347710)
     assert [(f.device, f.reasons) for f in hard_failures(r.samples)] == [
-        ("gpu3", ("XID 79",)), ("gpu6", ("row remapping pending (GPU reset required)",))]
+        ("gpu6", ("row remapping pending (GPU reset required)",))]
 
 
 def test_profiling_ratios_single_out_the_slow_gpu():

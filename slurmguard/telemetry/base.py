@@ -203,17 +203,21 @@ class UnavailableSet:
 
 class ValueChange:
     """Fields that hold the *last* value of an event (DCGM field 230, the last
-    XID): report a value when it differs from the one seen before, not on
-    every sample. The first value seen counts as a change: it happened since
-    the driver/host engine started and nothing has cleared it."""
+    XID): a value is new when it differs from the one seen before, not on every
+    sample. The first value seen is a baseline, not a change: it happened at an
+    unknown time before the source started (flagging it would drain, again,
+    every node with an old XID each time its agent restarts)."""
 
     def __init__(self) -> None:
         self._last: dict[tuple, float] = {}
 
-    def changed(self, key: tuple, value: float) -> bool:
+    def update(self, key: tuple, value: float) -> str:
+        """'first' (no earlier value), 'changed' or 'same'."""
         prev = self._last.get(key)
         self._last[key] = value
-        return prev != value
+        if prev is None:
+            return "first"
+        return "same" if prev == value else "changed"
 
 
 class TelemetrySource(Protocol):

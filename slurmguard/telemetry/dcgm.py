@@ -9,7 +9,10 @@ watches the fields of `FIELDS` through `DcgmReader` and reads
 Field ids and units are dcgm_fields' (C, MHz, W, %, profiling ratios 0..1).
 Semantics that matter:
 - field 230 (DCGM_FI_DEV_XID_ERRORS) holds the *last* XID, not a count: a
-  value is reported when it changes, not on every sample (`ValueChange`);
+  value is reported when it changes, not on every sample (`ValueChange`); the
+  value found at start is an old XID of unknown time, noted, not flagged. The
+  same XID twice in a row leaves the field unchanged: only NVML's XID events
+  (the nvml source) see every occurrence;
 - 393-396 are the HBM row remapper (Ampere+): uncorrectable / correctable
   remapped rows, remap failure, remap pending; 1523 the GPU recovery action
   set with XID 154 (DCGM 4.x; older DCGM does not know the field);
@@ -105,13 +108,19 @@ class DcgmSignals:
         self.rates = CounterRates()
         self.xid = ValueChange()
 
-    def emit(self, out: Reading, node: str, gpu: int, values: dict[str, float], ts: float) -> None:
+    def emit(self, out: Reading, node: str, gpu: int, values: dict[str, float], ts: float,
+             source: str = "dcgm") -> None:
         """values: signal -> value for one GPU (NVLink parts already summed)."""
         for sig, v in values.items():
             if sig == Signal.XID:
                 # the last XID, held until the next one: report a new value only
-                if self.xid.changed((node, gpu), v) and v > 0:
+                seen = self.xid.update((node, gpu), v)
+                if seen == "changed" and v > 0:
                     out.samples.append(sample(node, sig, v, ts, gpu=gpu))
+                elif seen == "first" and v > 0:
+                    out.events.append(SourceEvent(node, source, "info", f"GPU {gpu}: last XID {int(v)} happened "
+                                                  "before this source started (time unknown): not flagged; "
+                                                  "see the kernel log", ts, gpu=gpu))
                 continue
             out.samples.append(sample(node, sig, v, ts, gpu=gpu))
             if sig == Signal.THROTTLE_REASONS:

@@ -140,7 +140,7 @@ class PrometheusSource:
             for k in sorted(blank.get(key, set()) - got.get(key, set())):
                 self.unavailable.mark(out, node, k, f"GPU {gpu}: {field_names(k)}: blank (not supported on "
                                       "this GPU or not collected)", ts, gpu=gpu)
-            self.dcgm.emit(out, node, gpu, gpus.get(key, {}), ts)
+            self.dcgm.emit(out, node, gpu, gpus.get(key, {}), ts, self.name)
         for node, keys in exported.items():
             for k in DCGM_EXPECTED:
                 if k in keys:
