@@ -176,9 +176,6 @@ class Unavailable:
             out.events.append(SourceEvent(node, self.source, "available", f"{signal} readable again", ts,
                                           gpu, nic, signal))
 
-    def is_marked(self, node: str, signal: str, *, gpu: int | None = None, nic: str | None = None) -> bool:
-        return (node, gpu, nic, signal) in self._on
-
 
 class UnavailableSet:
     """The agent's view of what cannot be read now, built from source events."""
