@@ -188,11 +188,32 @@ class SafetyPolicy(Strict):
 
 
 # ---------------------------------------------------------------- daemons
+class TelemetryPolicy(Strict):
+    """How the agent reads the hardware (agent.telemetry)."""
+
+    infiniband: bool = True
+    """With the nvml and dcgm sources, also sample the IB/RoCE ports under
+    ib_sysfs_root (the prometheus source reads them from node_exporter, sim
+    simulates them)."""
+    ib_sysfs_root: str = "/sys/class/infiniband"
+    ib_expected_ports: tuple[str, ...] = ()
+    """fnmatch patterns of the ports that must be up, as "mlx5_*:1". Empty: the
+    ports seen ACTIVE since the agent started (the node's healthy state). A
+    port that is not expected and not ACTIVE (uncabled, storage, an unused
+    Ethernet port) is ignored, never a link down."""
+    prometheus_targets: tuple[str, ...] = ("http://127.0.0.1:9400/metrics", "http://127.0.0.1:9100/metrics")
+    """Pages the prometheus source scrapes (dcgm-exporter, node_exporter) on this node."""
+    call_timeout_s: float = Field(2.0, gt=0)
+    """Longest a source call (NVML, DCGM, sysfs, a scrape) may take (s); a slower
+    call is a timeout event, never a hung agent."""
+
+
 class AgentPolicy(Strict):
     ring_root: str = "/dev/shm/slurmguard"
     sample_interval_s: float = Field(5.0, gt=0)
     report_interval_s: float = Field(10.0, gt=0)
     telemetry_source: Literal["sim", "nvml", "dcgm", "prometheus", "none"] = "sim"
+    telemetry: TelemetryPolicy = TelemetryPolicy()
     controller_url: str = "http://127.0.0.1:8642"
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)

@@ -98,6 +98,18 @@ class TelemetryRecord(_Model):
     nic: str | None = None
 
 
+class UnavailableSignal(_Model):
+    """A signal the agent's telemetry cannot read now (since: Unix s). signal
+    "source" means the whole source (nv-hostengine down, exporter unreachable)."""
+
+    source: str
+    signal: str
+    gpu: int | None = None
+    nic: str | None = None
+    detail: str = ""
+    since: float
+
+
 class AgentReport(_Model):
     schema_version: int = SCHEMA_VERSION
     node: str = Field(pattern=NODE_NAME.pattern)
@@ -108,6 +120,7 @@ class AgentReport(_Model):
     jobs: list[JobReport] = Field(default_factory=list)
     telemetry: list[TelemetryRecord] = Field(default_factory=list)
     events: list[str] = Field(default_factory=list)
+    unavailable: list[UnavailableSignal] = Field(default_factory=list)
 
 
 def node_key(master: bytes, node: str) -> bytes:

@@ -11,6 +11,7 @@ import pynvml
 import pytest
 
 from slurmguard.clock import FakeClock
+from slurmguard.detect.peers import hard_failures
 from slurmguard.telemetry.base import Deadline, Signal, SourceTimeout
 from slurmguard.telemetry.fake_nvml import FakeNvml
 from slurmguard.telemetry.nvml import NvmlSource
@@ -36,14 +37,80 @@ def test_values_and_units_from_recorded_h100_node():
     assert len({s.gpu for s in r.samples}) == 8
 
 
-def test_not_supported_means_signal_absent():
+def test_not_supported_is_reported_unavailable_once():
     src = NvmlSource("gpu07", FakeNvml(_devices()), clock=FakeClock())
     r = src.sample()
     assert (7, Signal.PCIE_REPLAY) not in {(s.gpu, s.signal) for s in r.samples}
     assert (6, Signal.PCIE_REPLAY) in {(s.gpu, s.signal) for s in r.samples}
-    ev = [e for e in r.events if e.kind == "unsupported"]
-    assert len(ev) == 1 and ev[0].gpu == 7
-    assert not [e for e in src.sample().events if e.kind == "unsupported"]  # reported once
+    ev = {(e.gpu, e.signal) for e in r.events if e.kind == "unavailable"}
+    # driver 550 has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: that field answers
+    # NOT_SUPPORTED on every GPU, each reported once
+    assert ev == {(7, Signal.PCIE_REPLAY)} | {(g, Signal.RECOVERY_ACTION) for g in range(8)}
+    assert all(e.source == "nvml" and "Not Supported" in e.detail for e in r.events if e.kind == "unavailable")
+    assert not [e for e in src.sample().events if e.kind == "unavailable"]  # reported once
+
+
+def test_one_unsupported_nvlink_counter_switches_off_only_that_counter():
+    devs = _devices()
+    devs[1]["nvlink"][4]["unsupported"] = ["crc_data"]   # the link that carries 2 CRC flit errors
+    for link in devs[2]["nvlink"]:                       # Hopper: no DL CRC counters at all
+        link["unsupported"] = ["crc_flit", "crc_data"]
+    devs[2]["nvlink"][7]["replay"] = 5
+    fake = FakeNvml(devs)
+    src = NvmlSource("gpu07", fake, clock=FakeClock())
+    r = src.sample()
+    v = {(s.gpu, s.signal): s.value for s in r.samples}
+    assert v[(1, Signal.NVLINK_ERRORS)] == 2          # link 4's CRC flit count still read
+    assert v[(2, Signal.NVLINK_ERRORS)] == 5          # replay/recovery of every link still read
+    ev = {(e.gpu, e.signal): e.detail for e in r.events if e.kind == "unavailable" and "nvlink" in e.signal}
+    assert sorted(ev) == [(1, "nvlink_crc_data"), (2, "nvlink_crc_data"), (2, "nvlink_crc_flit")]
+    assert ev[(1, "nvlink_crc_data")] == ("GPU 1: NVLink crc_data not supported on link(s) 4; "
+                                          "the other counters still count")
+    assert "link(s) 0-17;" in ev[(2, "nvlink_crc_flit")]          # one entry per counter, not per link
+    fake.devices[1]["nvlink"][0]["crc_flit"] = 7
+    v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
+    assert v[(1, Signal.NVLINK_ERRORS)] == 9          # other links of GPU 1 keep counting
+
+
+def test_row_remapping_pending_failed_and_pre_ampere():
+    devs = _devices()
+    devs[2]["remapped_rows"] = {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}
+    devs[3]["remapped_rows"] = {"correctable": 3, "uncorrectable": 512, "pending": False, "failure": True}
+    del devs[6]["remapped_rows"]                     # a GPU without a row remapper
+    src = NvmlSource("gpu07", FakeNvml(devs), clock=FakeClock())
+    r = src.sample()
+    v = {(s.gpu, s.signal): s.value for s in r.samples}
+    assert v[(2, Signal.ROW_REMAP_PENDING)] == 1 and v[(2, Signal.REMAPPED_ROWS_UNC)] == 1
+    assert v[(3, Signal.ROW_REMAP_FAILURE)] == 1 and v[(3, Signal.REMAPPED_ROWS_COR)] == 3
+    assert v[(0, Signal.ROW_REMAP_PENDING)] == 0 and v[(0, Signal.ROW_REMAP_FAILURE)] == 0
+    assert (6, Signal.ROW_REMAP_PENDING) not in v
+    assert any(e.kind == "unavailable" and e.gpu == 6 and e.signal == "row_remapping" for e in r.events)
+    flags = {(f.device, f.reasons) for f in hard_failures(r.samples)}
+    assert ("gpu2", ("row remapping pending (GPU reset required)",)) in flags
+    assert ("gpu3", ("row remapping failed (uncorrectable memory, replace the GPU)",)) in flags
+    assert not any(d in ("gpu0", "gpu6") for d, _ in flags)
+
+
+def test_xid_154_reads_the_recovery_action():
+    devs = _devices()
+    for d in devs:
+        d["gpu_recovery_action"] = pynvml.NVML_GPU_RECOVERY_ACTION_NONE  # a driver with the field
+    fake = FakeNvml(devs)
+    src = NvmlSource("gpu07", fake, clock=FakeClock())
+    r = src.sample()
+    assert not [e for e in r.events if e.kind == "unavailable" and e.signal == Signal.RECOVERY_ACTION]
+    assert not hard_failures(r.samples)
+    fake.devices[5]["gpu_recovery_action"] = pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT
+    fake.inject_xid(5, 154)
+    r = src.sample()
+    assert [(s.gpu, s.value) for s in r.samples if s.signal == Signal.XID] == [(5, 154)]
+    assert {s.value for s in r.samples if s.signal == Signal.RECOVERY_ACTION and s.gpu == 5} == {2}
+    assert [(f.device, f.reasons) for f in hard_failures(r.samples)] == \
+        [("gpu5", ("recovery action required: node reboot",))]
+    # the action back to none (XID 154 again): nothing to do
+    fake.devices[5]["gpu_recovery_action"] = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
+    fake.inject_xid(5, 154)
+    assert not hard_failures(src.sample().samples)
 
 
 def test_gpu_lost_is_a_hard_failure():
@@ -56,14 +123,19 @@ def test_gpu_lost_is_a_hard_failure():
     assert any(e.kind == "hard_failure" and e.gpu == 4 and "GPU_IS_LOST" in e.detail for e in r.events)
 
 
-def test_xid_events_arrive_through_the_event_set():
+def test_xid_events_keep_their_gpu():
     fake = FakeNvml(_devices())
     src = NvmlSource("gpu07", fake, clock=FakeClock())
     assert not [s for s in src.sample().samples if s.signal == Signal.XID]
     fake.inject_xid(6, 79)
     fake.inject_xid(6, 48)
+    fake.inject_xid(2, 13)
+    # as with ctypes, the event's device is a new pointer object: neither == nor
+    # id() matches the handle we hold, so the GPU must come from nvmlDeviceGetIndex
+    ev_dev = fake._sets[0]["queue"][0].device
+    assert ev_dev is not src._handles[6] and ev_dev != src._handles[6]
     xids = [(s.gpu, s.value) for s in src.sample().samples if s.signal == Signal.XID]
-    assert xids == [(6, 79), (6, 48)]
+    assert xids == [(6, 79), (6, 48), (2, 13)]
 
 
 def test_hung_nvml_call_becomes_a_timeout_event_not_a_hang():
@@ -114,3 +186,26 @@ def test_deadline_fails_fast_while_an_earlier_call_is_stuck():
     gate.set()
     time.sleep(0.05)
     assert d.call(lambda: 7) == 7
+
+
+def test_gpm_gives_the_profiling_ratios_from_the_second_sample():
+    devs = _devices()
+    devs[4]["gpm"] = {"sm_util_pct": 96.1, "any_tensor_util_pct": 33.9, "dram_bw_util_pct": 29.5}  # the slow one
+    del devs[7]["gpm"]                                               # a GPU without GPM (pre-Hopper)
+    fake = FakeNvml(devs)
+    clock = FakeClock()
+    src = NvmlSource("gpu07", fake, clock=clock)
+    r = src.sample()
+    assert not [s for s in r.samples if s.signal == Signal.SM_ACTIVE]  # a metric needs two samples
+    assert {(e.gpu, e.signal) for e in r.events if e.kind == "unavailable" and e.gpu == 7} >= {
+        (7, Signal.SM_ACTIVE), (7, Signal.TENSOR_ACTIVE), (7, Signal.DRAM_ACTIVE)}
+    clock.advance(10)
+    v = {(s.gpu, s.signal): s for s in src.sample().samples}
+    assert v[(0, Signal.SM_ACTIVE)].value == pytest.approx(0.8745) and v[(0, Signal.SM_ACTIVE)].unit == "ratio"
+    assert v[(4, Signal.TENSOR_ACTIVE)].value == pytest.approx(0.339)
+    assert v[(4, Signal.DRAM_ACTIVE)].value == pytest.approx(0.295)
+    assert (7, Signal.SM_ACTIVE) not in v
+    fake.devices[4]["gpm"]["any_tensor_util_pct"] = 50.0
+    clock.advance(10)
+    v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
+    assert v[(4, Signal.TENSOR_ACTIVE)] == pytest.approx(0.5)   # the samples alternate, in order

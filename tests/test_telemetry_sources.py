@@ -1,9 +1,8 @@
-"""Prometheus (real local HTTP server), InfiniBand sysfs, DCGM reader: recorded fixtures."""
+"""Prometheus (real local HTTP server) and InfiniBand sysfs: recorded fixtures (DCGM: test_telemetry_dcgm)."""
 
 from __future__ import annotations
 
 import http.server
-import json
 import shutil
 import threading
 from pathlib import Path
@@ -12,7 +11,6 @@ import pytest
 
 from slurmguard.clock import FakeClock
 from slurmguard.telemetry.base import Signal
-from slurmguard.telemetry.dcgm import DcgmSource
 from slurmguard.telemetry.infiniband import InfinibandSource, parse_rate_gbps, parse_state
 from slurmguard.telemetry.prometheus import PrometheusSource, Target
 
@@ -57,7 +55,7 @@ def test_dcgm_exporter_scrape(exporter):
     url, _ = exporter
     src = PrometheusSource([Target(url + "/metrics", "fallback")], clock=FakeClock())
     r = src.sample()
-    assert r.events == []
+    assert [e.kind for e in r.events] == ["unavailable"] * len(r.events)  # fields this page lacks
     v = _by(r, "gpu-node-07")                       # node from the Hostname label
     assert v[(3, Signal.GPU_TEMP)] == 78 and v[(3, Signal.SM_CLOCK)] == 1380
     assert v[(3, Signal.POWER)] == pytest.approx(548.3) and v[(3, Signal.THERMAL_THROTTLE)] == 1
@@ -86,8 +84,13 @@ def test_node_exporter_infiniband_scrape(exporter):
     clock = FakeClock()
     src = PrometheusSource([Target(url + "/node", "gpu-node-07")], clock=clock)
     v = _by(src.sample(), "gpu-node-07")
-    assert v[("mlx5_0:1", Signal.NIC_STATE)] == 1 and v[("mlx5_3:1", Signal.NIC_STATE)] == 0
+    assert v[("mlx5_0:1", Signal.NIC_STATE)] == 1
+    # mlx5_3 was never ACTIVE since the agent started: not an expected port, not "link down"
+    assert ("mlx5_3:1", Signal.NIC_STATE) not in v
     assert v[("mlx5_0:1", Signal.NIC_RATE)] == pytest.approx(400.0)       # 5e10 B/s
+    src = PrometheusSource([Target(url + "/node", "gpu-node-07")], clock=clock, expected_ports=("mlx5_*:1",))
+    v = _by(src.sample(), "gpu-node-07")
+    assert v[("mlx5_3:1", Signal.NIC_STATE)] == 0    # expected by policy: down
     assert v[("mlx5_3:1", Signal.NIC_LINK_DOWNED)] == 2
     assert v[("mlx5_3:1", Signal.NIC_ERRORS)] == 1 + 17 + 4
     # mlx5_0 carries twice the others: the NIC that took over a dead one (Guard Table 1)
@@ -101,11 +104,15 @@ def test_unreachable_and_malformed_exporters_are_events(exporter):
                             Target(url + "/bad", "n3")], clock=FakeClock(), timeout_s=1.0)
     r = src.sample()
     assert r.samples == []
-    assert [(e.node, e.kind) for e in r.events] == [("n1", "error"), ("n2", "error"), ("n3", "error")]
-    assert "bad exposition format" in r.events[2].detail
+    assert [(e.node, e.kind) for e in r.events] == [(n, k) for n in ("n1", "n2", "n3")
+                                                    for k in ("error", "unavailable")]
+    assert "bad exposition format" in r.events[4].detail and r.events[5].signal.startswith("source:")
+    r = src.sample()       # still down: the error again, "unavailable" only once
+    assert [e.kind for e in r.events] == ["error"] * 3
 
 
 def test_infiniband_sysfs_fixture():
+    # every port, as the prolog's nic_link check reads them (expected_ports=None)
     src = InfinibandSource("n1", FIX / "sysfs" / "class" / "infiniband", clock=FakeClock())
     v = _by(src.sample(), "n1")
     assert v[("mlx5_0:1", Signal.NIC_STATE)] == 1 and v[("mlx5_0:1", Signal.NIC_RATE)] == 400
@@ -137,36 +144,5 @@ def test_infiniband_rates_from_two_samples(tmp_path):
 
 def test_infiniband_missing_root_and_parsers(tmp_path):
     r = InfinibandSource("n1", tmp_path / "none", clock=FakeClock()).sample()
-    assert r.samples == [] and r.events[0].kind == "unsupported"
+    assert r.samples == [] and r.events[0].kind == "unavailable" and r.events[0].signal == "source"
     assert parse_state("4: ACTIVE") == 4 and parse_rate_gbps("100 Gb/sec (4X EDR)") == 100.0
-
-
-class _Reader:
-    """Stands in for DcgmReader: returns recorded GetLatestGpuValuesAsFieldIdDict() output."""
-
-    def __init__(self, values):
-        self.values = values
-
-    def GetLatestGpuValuesAsFieldIdDict(self):  # noqa: N802 (DCGM's name)
-        return self.values
-
-
-def test_dcgm_reader_fixture():
-    vals = json.loads((FIX / "dcgm_latest_values.json").read_text())["values"]
-    vals["3"]["204"] = 9223372036854775794          # DCGM_INT64_NOT_SUPPORTED: absent
-    src = DcgmSource("a100-3", _Reader({int(g): {int(f): v for f, v in d.items()} for g, d in vals.items()}),
-                     clock=FakeClock())
-    r = src.sample()
-    v = _by(r, "a100-3")
-    assert v[(2, Signal.SM_CLOCK)] == 1095 and v[(2, Signal.GPU_TEMP)] == 84 and v[(2, Signal.THERMAL_THROTTLE)] == 1
-    assert v[(0, Signal.POWER)] == pytest.approx(312.4)
-    assert [(s.gpu, s.value) for s in r.samples if s.signal == Signal.XID] == [(1, 79)]
-    assert (3, Signal.MEM_UTIL) not in v and (2, Signal.MEM_UTIL) in v
-
-
-def test_dcgm_without_bindings_is_an_event():
-    def missing():
-        raise ImportError("No module named 'DcgmReader'")
-
-    r = DcgmSource("n", reader_factory=missing, clock=FakeClock()).sample()
-    assert r.samples == [] and "bindings not found" in r.events[0].detail

@@ -60,6 +60,10 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
             profiles = {n: v for n, v in profiles.items() if n == node}
         kw["profiles"] = profiles
     if source is None:
+        if kind != "sim":
+            t = p.telemetry
+            kw.update(infiniband=t.infiniband, ib_root=t.ib_sysfs_root, expected_ports=t.ib_expected_ports,
+                      targets=t.prometheus_targets, timeout_s=t.call_timeout_s)
         source = open_source(kind, node, **kw)
     sender = ReportSender(controller_url or p.controller_url,
                           read_secret((secret_file or p.secret_file).replace("{node}", node), "node key"),

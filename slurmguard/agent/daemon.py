@@ -14,6 +14,7 @@ from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
 from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
+from slurmguard.telemetry.base import UnavailableSet
 
 log = logging.getLogger("slurmguard.agent")
 
@@ -34,6 +35,7 @@ class Agent:
         self.seq = 0
         self._telemetry: list[TelemetryRecord] = []
         self._events: list[str] = []
+        self._unavailable = UnavailableSet()  # what cannot be read now: sent with every report
 
     def sample_telemetry(self) -> None:
         if self.source is None:
@@ -44,6 +46,7 @@ class Agent:
                 continue
             self._telemetry.append(TelemetryRecord(signal=s.signal, value=s.value, unit=s.unit,
                                                    timestamp=s.timestamp, gpu=s.gpu, nic=s.nic))
+        self._unavailable.update(reading.events, self.node)
         for e in reading.events:
             self._events.append(f"{e.source} {e.kind}: {e.detail}")
         # bounded even if reports cannot be built for a while
@@ -67,7 +70,8 @@ class Agent:
                        for j, rows in sorted(jobs.items()) if j > 0]
         self.seq += 1
         report = AgentReport(node=self.node, seq=self.seq, sent_at=self.clock.now(), jobs=job_reports,
-                             telemetry=self._telemetry, events=self._events)
+                             telemetry=self._telemetry, events=self._events,
+                             unavailable=self._unavailable.records())
         self._telemetry, self._events = [], []
         return report
 

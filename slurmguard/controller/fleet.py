@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from slurmguard.reports import AgentReport, RankReport
+from slurmguard.reports import AgentReport, RankReport, UnavailableSignal
 from slurmguard.telemetry.base import TelemetrySample
 
 
@@ -101,6 +101,10 @@ class FleetView:
         with self._lock:
             self.foreign_ranks += dropped
         return out, dropped
+
+    def unavailable(self, now: float) -> dict[str, list[UnavailableSignal]]:
+        """node -> the signals its agent cannot read now (latest live report)."""
+        return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
     def telemetry(self, since: float, until: float, now: float) -> list[TelemetrySample]:
         """Samples with since < timestamp <= until from live agents."""

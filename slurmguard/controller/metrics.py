@@ -34,6 +34,9 @@ class ControllerMetrics:
                                     registry=r)
         self.last_cycle = Gauge("slurmguard_last_cycle_timestamp_seconds", "Unix time of the last cycle",
                                 registry=r)
+        self.unavailable = Gauge("slurmguard_telemetry_unavailable",
+                                 "1 per signal a node's agent cannot read now (signal=source: the whole source)",
+                                 ["node", "source", "signal", "device"], registry=r)
 
     def observe_cycle(self, controller, res) -> None:
         for action, _ in res.actions:
@@ -53,6 +56,16 @@ class ControllerMetrics:
         for node, lag in controller.fleet.report_lag(res.at).items():
             self.report_lag.labels(node).set(lag)
         self.last_cycle.set(res.at)
+        self.observe_unavailable(controller.fleet.unavailable(res.at))
+
+    def observe_unavailable(self, by_node) -> None:
+        """Exactly the signals the live reports say cannot be read (a signal that
+        is readable again, or a node gone stale, drops out)."""
+        self.unavailable.clear()
+        for node, rows in by_node.items():
+            for u in rows:
+                device = f"gpu{u.gpu}" if u.gpu is not None else (u.nic or "node")
+                self.unavailable.labels(node, u.source, u.signal, device).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

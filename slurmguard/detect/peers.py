@@ -7,7 +7,8 @@ exceeds `robust_z` in the signal's bad direction (hot, slow clock, low power,
 ...). A device is flagged only when at least `min_signals` signals deviate
 together in `consecutive_windows` consecutive windows; there are no absolute
 thresholds, except for hard failures (a hardware XID, a GPU fallen off the bus,
-an uncorrectable ECC error, a link down) which flag at once.
+an uncorrectable ECC error, a link down, a pending or failed HBM row remap, a
+GPU recovery action required by the driver: XID 154) which flag at once.
 
 The MAD has a floor of `mad_floor` times |median| so that a fleet of identical
 readings (MAD = 0) does not turn a 1 MHz difference into an infinite z.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slurmguard.config import PeerPolicy
-from slurmguard.telemetry.base import HARD_XIDS, Signal, TelemetrySample
+from slurmguard.telemetry.base import HARD_XIDS, RECOVERY_ACTIONS, XID_RECOVERY_ACTION, Signal, TelemetrySample
 
 #: +1: high is bad, -1: low is bad, 0: either way.
 BAD_DIRECTION: dict[str, int] = {
@@ -41,6 +42,11 @@ BAD_DIRECTION: dict[str, int] = {
     Signal.NIC_CONGESTION_RATE: +1,
     Signal.CPU_BUSY: +1,
     Signal.STEP_TIME: +1,
+    # DCGM profiling ratios: a starved GPU is idle more than its peers, a
+    # throttled one computes longer while its peers wait in collectives
+    Signal.SM_ACTIVE: 0,
+    Signal.TENSOR_ACTIVE: 0,
+    Signal.DRAM_ACTIVE: 0,
 }
 
 
@@ -73,12 +79,27 @@ def _device(s: TelemetrySample) -> str:
 
 
 def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
-    """Signals that fail a device on their own, whatever the peers say."""
+    """Signals that fail a device on their own, whatever the peers say.
+
+    XID 154 only says that the GPU's recovery action changed: the action read
+    with it decides (none = nothing to do); without a readable action it fails
+    the GPU, since the driver asked for something we cannot see.
+    """
     out = []
+    seen: set[tuple[str, str, str]] = set()
+    actions = {(s.node, s.gpu) for s in samples if s.signal == Signal.RECOVERY_ACTION}
     for s in samples:
         why = None
         if s.signal == Signal.XID and int(s.value) in HARD_XIDS:
             why = f"XID {int(s.value)}"
+        elif s.signal == Signal.XID and int(s.value) == XID_RECOVERY_ACTION and (s.node, s.gpu) not in actions:
+            why = f"XID {XID_RECOVERY_ACTION}: recovery action changed, action not readable"
+        elif s.signal == Signal.RECOVERY_ACTION and s.value > 0:
+            why = f"recovery action required: {RECOVERY_ACTIONS.get(int(s.value), f'code {int(s.value)}')}"
+        elif s.signal == Signal.ROW_REMAP_FAILURE and s.value > 0:
+            why = "row remapping failed (uncorrectable memory, replace the GPU)"
+        elif s.signal == Signal.ROW_REMAP_PENDING and s.value > 0:
+            why = "row remapping pending (GPU reset required)"
         elif s.signal == Signal.GPU_LOST and s.value > 0:
             why = "GPU is lost (fell off the bus)"
         elif s.signal == Signal.ECC_DBE_DELTA and s.value > 0:
@@ -87,7 +108,8 @@ def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
             why = "link down"
         elif s.signal == Signal.NVLINK_DOWN and s.value > 0:
             why = f"{int(s.value)} NVLink link(s) down"
-        if why:
+        if why and (s.node, _device(s), why) not in seen:
+            seen.add((s.node, _device(s), why))
             out.append(PeerFlag(s.node, _device(s), True, (why,)))
     return out
 

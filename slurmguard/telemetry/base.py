@@ -47,6 +47,16 @@ class Signal:
     NIC_CONGESTION_RATE = "nic_congestion_rate"  # per second
     CPU_BUSY = "cpu_busy"                 # % of allocated cores busy with other work
     STEP_TIME = "step_time"               # seconds, from the detectors
+    # HBM row remapping (Ampere and newer; the H100 memory-health signal)
+    ROW_REMAP_PENDING = "row_remap_pending"  # 1 = a remap waits for a GPU reset
+    ROW_REMAP_FAILURE = "row_remap_failure"  # 1 = a remap failed (out of spare rows)
+    REMAPPED_ROWS_UNC = "remapped_rows_unc"  # rows remapped for uncorrectable errors
+    REMAPPED_ROWS_COR = "remapped_rows_cor"  # rows remapped for correctable errors
+    RECOVERY_ACTION = "gpu_recovery_action"  # nvmlDeviceGpuRecoveryAction_t, 0 = none
+    # DCGM profiling (DCP) ratios, 0..1 of elapsed cycles
+    SM_ACTIVE = "sm_active"               # an SM has at least one warp assigned
+    TENSOR_ACTIVE = "tensor_active"       # a tensor pipe is active
+    DRAM_ACTIVE = "dram_active"           # the device memory interface is busy
 
 
 UNITS = {
@@ -60,12 +70,23 @@ UNITS = {
     Signal.NIC_ERRORS: "count", Signal.NIC_ERROR_RATE: "1/s", Signal.NIC_LINK_DOWNED: "count",
     Signal.NIC_CONGESTION: "count", Signal.NIC_CONGESTION_RATE: "1/s", Signal.CPU_BUSY: "%",
     Signal.STEP_TIME: "s",
+    Signal.ROW_REMAP_PENDING: "bool", Signal.ROW_REMAP_FAILURE: "bool", Signal.REMAPPED_ROWS_UNC: "rows",
+    Signal.REMAPPED_ROWS_COR: "rows", Signal.RECOVERY_ACTION: "code", Signal.SM_ACTIVE: "ratio",
+    Signal.TENSOR_ACTIVE: "ratio", Signal.DRAM_ACTIVE: "ratio",
 }
 
 #: XIDs that mean broken hardware (NVIDIA XID catalogue): 48 DBE, 63/64 row
 #: remap, 74 NVLink, 79 fallen off the bus, 92 high SBE rate, 94/95 contained/
 #: uncontained ECC, 119/120 GSP errors. Application XIDs (13, 31, 43, 45) are not.
 HARD_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+
+#: XID 154 "GPU recovery action changed": what to do is in the GPU's recovery
+#: action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, DCGM field 1523), not in the XID.
+XID_RECOVERY_ACTION = 154
+
+#: nvmlDeviceGpuRecoveryAction_t (NVML; DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION has the same values)
+RECOVERY_ACTIONS = {0: "none", 1: "GPU reset", 2: "node reboot", 3: "drain P2P", 4: "drain and reset",
+                    5: "recover IMEX domain", 6: "PCIe bus reset", 7: "system reboot"}
 
 
 @dataclass(frozen=True)
@@ -92,7 +113,13 @@ def sample(node: str, signal: str, value: float, ts: float, *, gpu: int | None =
 
 @dataclass(frozen=True)
 class SourceEvent:
-    """Something a source could not measure: kind is timeout, error, unsupported or hard_failure."""
+    """Something a source could not measure.
+
+    kind: timeout | error | hard_failure (each time it happens), or
+    unavailable / available (a signal that cannot be read, and its return;
+    each reported once per change, see `Unavailable`). `signal` names the
+    signal ("source" = the whole source) for unavailable/available.
+    """
 
     node: str
     source: str
@@ -101,6 +128,7 @@ class SourceEvent:
     timestamp: float
     gpu: int | None = None
     nic: str | None = None
+    signal: str | None = None
 
 
 @dataclass
@@ -114,6 +142,79 @@ class Reading:
 
     def values(self, signal: str) -> dict[tuple[str, int | None, str | None], float]:
         return {(s.node, s.gpu, s.nic): s.value for s in self.samples if s.signal == signal}
+
+
+#: signal name of an `Unavailable` entry that covers everything a source reads
+WHOLE_SOURCE = "source"
+
+
+class Unavailable:
+    """Signals of one source that cannot be read, reported once per change.
+
+    `mark` emits an "unavailable" event the first time a (node, gpu, nic,
+    signal) cannot be read; `clear` emits "available" when it can be read
+    again. The agent keeps the current set (`UnavailableSet`) and sends it
+    with every report, so a signal that cannot be read is visible, never
+    silently absent, without repeating the same event every sample.
+    """
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._on: dict[tuple, str] = {}
+
+    def mark(self, out: "Reading", node: str, signal: str, detail: str, ts: float, *,
+             gpu: int | None = None, nic: str | None = None) -> None:
+        key = (node, gpu, nic, signal)
+        if key in self._on:
+            return
+        self._on[key] = detail
+        out.events.append(SourceEvent(node, self.source, "unavailable", detail, ts, gpu, nic, signal))
+
+    def clear(self, out: "Reading", node: str, signal: str, ts: float, *, gpu: int | None = None,
+              nic: str | None = None) -> None:
+        if self._on.pop((node, gpu, nic, signal), None) is not None:
+            out.events.append(SourceEvent(node, self.source, "available", f"{signal} readable again", ts,
+                                          gpu, nic, signal))
+
+
+class UnavailableSet:
+    """The agent's view of what cannot be read now, built from source events."""
+
+    def __init__(self) -> None:
+        self._on: dict[tuple, dict] = {}
+
+    def update(self, events: list[SourceEvent], node: str | None = None) -> None:
+        for e in events:
+            if e.kind not in ("unavailable", "available") or (node is not None and e.node != node):
+                continue
+            key = (e.source, e.signal, e.gpu, e.nic)
+            if e.kind == "unavailable":
+                self._on.setdefault(key, {"source": e.source, "signal": e.signal or WHOLE_SOURCE, "gpu": e.gpu,
+                                          "nic": e.nic, "detail": e.detail, "since": e.timestamp})
+            else:
+                self._on.pop(key, None)
+
+    def records(self) -> list[dict]:
+        return [dict(v) for _, v in sorted(self._on.items(), key=lambda kv: repr(kv[0]))]
+
+
+class ValueChange:
+    """Fields that hold the *last* value of an event (DCGM field 230, the last
+    XID): a value is new when it differs from the one seen before, not on every
+    sample. The first value seen is a baseline, not a change: it happened at an
+    unknown time before the source started (flagging it would drain, again,
+    every node with an old XID each time its agent restarts)."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple, float] = {}
+
+    def update(self, key: tuple, value: float) -> str:
+        """'first' (no earlier value), 'changed' or 'same'."""
+        prev = self._last.get(key)
+        self._last[key] = value
+        if prev is None:
+            return "first"
+        return "same" if prev == value else "changed"
 
 
 class TelemetrySource(Protocol):

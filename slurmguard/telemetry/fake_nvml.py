@@ -7,7 +7,15 @@ and NVML's error behaviour: every call before nvmlInit fails with
 NVML_ERROR_UNINITIALIZED, an unknown index with NVML_ERROR_INVALID_ARGUMENT, a
 feature the GPU lacks with NVML_ERROR_NOT_SUPPORTED, a GPU that fell off the
 bus with NVML_ERROR_GPU_IS_LOST, and nvmlEventSetWait_v2 with
-NVML_ERROR_TIMEOUT when no event is pending.
+NVML_ERROR_TIMEOUT when no event is pending. As with ctypes, the device of an
+event is a new handle object that neither == nor id() matches with the
+handle nvmlDeviceGetHandleByIndex gave; nvmlDeviceGetIndex maps it back.
+nvmlDeviceGetFieldValues answers per field (the call succeeds, a field the GPU
+lacks carries its own NVML_ERROR_NOT_SUPPORTED). A device lacking
+"remapped_rows" answers nvmlDeviceGetRemappedRows with NOT_SUPPORTED
+(pre-Ampere); an NVLink link's "unsupported" list names its DL counters that
+answer NOT_SUPPORTED (Hopper drops some of them). A device with a "gpm" entry (percent values) has
+GPM (Hopper+): metrics need two nvmlGpmSampleGet samples of that GPU, in order.
 
 Device state comes from a dict in the layout of the recorded fixture
 (tests/fixtures/telemetry/nvml_h100x8.json); `hang` names functions that block
@@ -52,6 +60,65 @@ class _EventData:
         self.computeInstanceId = 0xFFFFFFFF
 
 
+class _Value:
+    """c_nvmlValue_t (a union; only the member of the field's type is meaningful)."""
+
+    def __init__(self, v: int) -> None:
+        self.uiVal = self.ulVal = self.ullVal = v
+        self.dVal = float(v)
+
+
+class _FieldValue:
+    """Fields of c_nvmlFieldValue_t."""
+
+    def __init__(self, field_id: int, ret: int, value: int = 0) -> None:
+        self.fieldId = field_id
+        self.scopeId = 0
+        self.timestamp = 0
+        self.latencyUsec = 0
+        self.valueType = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+        self.nvmlReturn = ret
+        self.value = _Value(value)
+
+
+class _GpmSupport:
+    def __init__(self, supported: bool) -> None:
+        self.version = _real.NVML_GPM_SUPPORT_VERSION
+        self.isSupportedDevice = int(supported)
+
+
+class _GpmSample:
+    """An nvmlGpmSample_t: filled by nvmlGpmSampleGet."""
+
+    def __init__(self) -> None:
+        self.device: int | None = None
+        self.seq = -1
+        self.values: dict[str, float] = {}
+
+
+class _GpmMetric:
+    def __init__(self) -> None:
+        self.metricId = 0
+        self.nvmlReturn = _real.NVML_SUCCESS
+        self.value = 0.0
+
+
+class _GpmMetricsGet:
+    """c_nvmlGpmMetricsGet_t."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: _GpmSample | None = None
+        self.sample2: _GpmSample | None = None
+        self.metrics = [_GpmMetric() for _ in range(_real.NVML_GPM_METRIC_MAX)]
+
+
+#: GPM metric id -> key of the device's "gpm" entry (percent over the interval)
+_GPM_KEYS = {_real.NVML_GPM_METRIC_SM_UTIL: "sm_util_pct", _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
+             "any_tensor_util_pct", _real.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_bw_util_pct"}
+
+
 class _Utilization:
     def __init__(self, gpu: int, memory: int) -> None:
         self.gpu = gpu
@@ -62,6 +129,7 @@ class FakeNvml:
     """Instance used in place of the pynvml module."""
 
     NVMLError = _real.NVMLError
+    c_nvmlGpmMetricsGet_t = _GpmMetricsGet
 
     def __init__(self, devices: list[dict[str, Any]], hang: set[str] | None = None) -> None:
         self.devices = devices
@@ -70,6 +138,7 @@ class FakeNvml:
         self._init = 0
         self._handles = [_Handle(i) for i in range(len(devices))]
         self._sets: list[dict[str, Any]] = []
+        self._gpm_seq = 0
         for name in dir(_real):
             if name.startswith(("NVML_", "nvmlClocks", "nvmlEventType")):
                 setattr(self, name, getattr(_real, name))
@@ -86,7 +155,8 @@ class FakeNvml:
     def inject_xid(self, index: int, xid: int) -> None:
         for s in self._sets:
             if index in s["registered"]:
-                s["queue"].append(_EventData(self._handles[index], _real.nvmlEventTypeXidCriticalError, xid))
+                # a fresh pointer object per event, as ctypes returns it
+                s["queue"].append(_EventData(_Handle(index), _real.nvmlEventTypeXidCriticalError, xid))
 
     def _enter(self, fn: str, handle: _Handle | None = None, feature: str | None = None) -> dict | None:
         if fn in self.hang:
@@ -122,6 +192,10 @@ class FakeNvml:
         if not 0 <= index < len(self.devices):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return self._handles[index]
+
+    def nvmlDeviceGetIndex(self, h: _Handle) -> int:
+        self._enter("nvmlDeviceGetIndex", h)
+        return h.index
 
     def nvmlDeviceGetName(self, h: _Handle) -> str:
         return self._enter("nvmlDeviceGetName", h)["name"]
@@ -182,7 +256,61 @@ class FakeNvml:
                _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data"}.get(counter)
         if key is None:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        if key in links[link].get("unsupported", ()):
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         return int(links[link][key])
+
+    def nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
+        """(corrRows, uncRows, isPending, failureOccurred), as pynvml returns them."""
+        dev = self._enter("nvmlDeviceGetRemappedRows", h, "remapped_rows")
+        rr = dev.get("remapped_rows")
+        if rr is None:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        return (int(rr.get("correctable", 0)), int(rr.get("uncorrectable", 0)),
+                int(bool(rr.get("pending", False))), int(bool(rr.get("failure", False))))
+
+    def nvmlDeviceGetFieldValues(self, h: _Handle, field_ids: list[int]) -> list[_FieldValue]:
+        dev = self._enter("nvmlDeviceGetFieldValues", h)
+        out = []
+        for fid in field_ids:
+            if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and "gpu_recovery_action" in dev:
+                out.append(_FieldValue(fid, _real.NVML_SUCCESS, int(dev["gpu_recovery_action"])))
+            else:
+                out.append(_FieldValue(fid, _real.NVML_ERROR_NOT_SUPPORTED))
+        return out
+
+    # GPM (Hopper+): a metric is computed between two samples of the same GPU
+    def nvmlGpmQueryDeviceSupport(self, h: _Handle) -> _GpmSupport:
+        return _GpmSupport("gpm" in self._enter("nvmlGpmQueryDeviceSupport", h))
+
+    def nvmlGpmSampleAlloc(self) -> _GpmSample:
+        self._enter("nvmlGpmSampleAlloc")
+        return _GpmSample()
+
+    def nvmlGpmSampleFree(self, s: _GpmSample) -> None:
+        self._enter("nvmlGpmSampleFree")
+
+    def nvmlGpmSampleGet(self, h: _Handle, s: _GpmSample) -> _GpmSample:
+        dev = self._enter("nvmlGpmSampleGet", h)
+        if "gpm" not in dev:
+            raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_seq += 1
+        s.device, s.seq, s.values = h.index, self._gpm_seq, dict(dev["gpm"])
+        return s
+
+    def nvmlGpmMetricsGet(self, mg: _GpmMetricsGet) -> _GpmMetricsGet:
+        self._enter("nvmlGpmMetricsGet")
+        a, b = mg.sample1, mg.sample2
+        if (mg.version != _real.NVML_GPM_METRICS_GET_VERSION or a is None or b is None or a.device is None
+                or a.device != b.device or a.seq >= b.seq):
+            raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
+        for m in mg.metrics[:mg.numMetrics]:
+            key = _GPM_KEYS.get(m.metricId)
+            if key is None or key not in b.values:
+                m.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
+            else:
+                m.nvmlReturn, m.value = _real.NVML_SUCCESS, float(b.values[key])
+        return mg
 
     def nvmlEventSetCreate(self) -> dict[str, Any]:
         self._enter("nvmlEventSetCreate")
