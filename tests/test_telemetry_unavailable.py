@@ -13,6 +13,7 @@ import pytest
 
 from slurmguard.agent.daemon import Agent
 from slurmguard.agent.sender import ReportSender
+from slurmguard.reports import node_key
 from slurmguard.clock import FakeClock
 from slurmguard.config import Policy
 from slurmguard.controller.loop import Controller
@@ -57,7 +58,7 @@ def test_unavailable_signals_reach_the_report_and_metrics_and_leave_them(stack, 
                       clock=clock)
     reader = FakeDcgmReader(recorded())
     dcgm = DcgmSource("node1", clock=clock, reader_factory=lambda: (reader, [1523]))
-    sender = ReportSender(url, SECRET, timeout_s=5, max_reports=5, now=time.time)
+    sender = ReportSender(url, node_key(SECRET, "node1"), timeout_s=5, max_reports=5, now=time.time)
     agent = Agent(node="node1", policy=Policy(), sender=sender, clock=clock,
                   source=MultiSource([nvml, dcgm]), ring_root=str(tmp_path / "rings"))
 
