@@ -533,6 +533,7 @@ static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, 
 	s->redop = redop;
 	s->flags = flags | (rc != ncclSuccess ? SG_F_ERROR : 0);
 	s->status = (int32_t)rc;
+	memset(&s->gpu_start_ns, 0, sizeof(*s) - offsetof(struct sg_record, gpu_start_ns));
 	sg_ring_commit(h, s, n);
 }
 
@@ -554,17 +555,7 @@ static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_
 		uint64_t n;
 		struct sg_record *s = reserve(h, &n);
 
-		s->comm_id = r.comm_id;
-		s->count = r.count;
-		s->bytes = r.bytes;
-		s->start_ns = r.start_ns;
-		s->end_ns = r.end_ns;
-		s->peer = r.peer;
-		s->op = r.op;
-		s->datatype = r.datatype;
-		s->redop = r.redop;
-		s->flags = r.flags;
-		s->status = r.status;
+		sg_record_copy_body(s, &r);
 		sg_ring_commit(h, s, n);
 	}
 }

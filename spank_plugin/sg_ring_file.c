@@ -118,8 +118,11 @@ struct sg_ring_header *sg_ring_open(const char *path, const char **why)
 	}
 	if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SG_RING_MAGIC)
 		*why = "bad magic";
+	else if (h->version < SG_RING_VERSION)
+		*why = "older ring format version (written by an earlier slurmguard; "
+		       "this reader knows version " SG_STR(SG_RING_VERSION_NUM) ")";
 	else if (h->version != SG_RING_VERSION)
-		*why = "unsupported version";
+		*why = "newer ring format version than this reader knows";
 	else if (h->header_size != SG_RING_HEADER_SIZE || h->record_size != SG_RING_RECORD_SIZE)
 		*why = "bad geometry";
 	else if (h->capacity < SG_RING_MIN_CAPACITY || h->capacity > SG_RING_MAX_CAPACITY ||
