@@ -7,6 +7,17 @@
  * entry/return timestamps is appended to this rank's ring. Arguments,
  * results, return codes and errno are never changed.
  *
+ * GPU time (gpu_timing.c): collectives and p2p calls outside a group, and
+ * each outermost ncclGroupStart/End group as a whole, also get CUDA events
+ * on their stream; their record is committed by the completion thread once
+ * the work has run on the GPU, with gpu_start_ns/gpu_end_ns. Calls inside
+ * a group only enqueue at ncclGroupEnd, so they carry host times and
+ * SG_F_IN_GROUP; the group_end record carries the group's GPU time.
+ *
+ * When the NCCL profiler plugin (nccl_profiler.c) is active in the same
+ * process it calls slurmguard_hook_defer() and the hook stops recording:
+ * one writer per call.
+ *
  * The hook does nothing until the first NCCL call, and only records when
  * SLURMGUARD_RING_DIR is set (the SPANK plugin sets it for guarded jobs).
  * A missing ring, a full /dev/shm or a missing NCCL symbol turns recording
@@ -28,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu_timing.h"
 #include "nccl_api.h"
 #include "sg_clock.h"
 #include "sg_ring.h"
@@ -52,11 +64,24 @@ struct thread_state {
 	/* record numbers this thread reserved in blk_ring: [blk_next, blk_end) */
 	struct sg_ring_header *blk_ring;
 	uint64_t blk_next, blk_end;
+	/* the stream of the first call in the current group: the group's
+	 * events go there (NCCL launches a group's work at ncclGroupEnd) */
+	cudaStream_t group_stream;
+	int group_has_stream;
 };
 
 static SG_TLS struct thread_state tls;
 #define tls_busy (tls.busy)
 #define tls_group (tls.group)
+
+/* set by the NCCL profiler plugin once NCCL loaded it: it records the calls
+ * from then on, the hook only forwards them */
+static _Atomic int g_defer;
+
+__attribute__((visibility("default"))) void slurmguard_hook_defer(void)
+{
+	atomic_store(&g_defer, 1);
+}
 
 /* reservation mode, see reserve() */
 static _Atomic uintptr_t g_block_owner; /* &tls of the thread using blocks */
@@ -271,6 +296,7 @@ static void after_fork_child(void)
 	atomic_store(&g_block_owner, 0);
 	atomic_store(&g_many_writers, 0);
 	memset(&tls, 0, sizeof(tls));
+	sg_gpu_after_fork();
 }
 
 __attribute__((constructor)) static void hook_init(void)
@@ -508,12 +534,14 @@ static inline struct sg_record *reserve(struct sg_ring_header *h, uint64_t *n)
 	return reserve_slow(h, n);
 }
 
-/* r0, r1: raw clock readings (sg_clock_raw) around the call */
+/* r0, r1: raw clock readings (sg_clock_raw) around the call; gflags:
+ * SG_F_* from sg_gpu_begin; pair >= 0: events in flight, the completion
+ * thread commits */
 static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, int32_t peer,
 			uint64_t count, ncclDataType_t dt, uint8_t redop, uint64_t r0, uint64_t r1,
-			ncclResult_t rc)
+			ncclResult_t rc, uint32_t gflags, int pair, cudaStream_t stream)
 {
-	uint32_t flags = tls_group > 0 ? SG_F_IN_GROUP : 0;
+	uint32_t flags = (tls_group > 0 ? SG_F_IN_GROUP : 0) | gflags;
 	uint8_t sdt = map_datatype(dt);
 	uint64_t id = comm ? comm_id(comm, &flags) : 0;
 	uint64_t n, t0, t1;
@@ -534,11 +562,15 @@ static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, 
 	s->flags = flags | (rc != ncclSuccess ? SG_F_ERROR : 0);
 	s->status = (int32_t)rc;
 	memset(&s->gpu_start_ns, 0, sizeof(*s) - offsetof(struct sg_record, gpu_start_ns));
-	sg_ring_commit(h, s, n);
+	if (pair >= 0)
+		sg_gpu_submit(h, s, n, pair, stream);
+	else
+		sg_ring_commit(h, s, n);
 }
 
-static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
-		      uint64_t nranks, uint32_t flags, uint64_t t0, uint64_t t1, ncclResult_t rc)
+static void emit_meta_gpu(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
+			  uint64_t nranks, uint32_t flags, uint64_t t0, uint64_t t1,
+			  ncclResult_t rc, int pair, cudaStream_t stream)
 {
 	struct sg_record r;
 
@@ -556,8 +588,18 @@ static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_
 		struct sg_record *s = reserve(h, &n);
 
 		sg_record_copy_body(s, &r);
-		sg_ring_commit(h, s, n);
+		if (pair >= 0)
+			sg_gpu_submit(h, s, n, pair, stream);
+		else
+			sg_ring_commit(h, s, n);
 	}
+}
+
+static inline void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
+			     uint64_t nranks, uint32_t flags, uint64_t t0, uint64_t t1,
+			     ncclResult_t rc)
+{
+	emit_meta_gpu(h, op, id, rank, nranks, flags, t0, t1, rc, -1, NULL);
 }
 
 static void __attribute__((noinline)) hold_wait(struct sg_ring_header *h)
@@ -592,26 +634,48 @@ static inline void hold_point(struct sg_ring_header *h)
 		hold_wait(h);
 }
 
+static inline int deferred(void)
+{
+	return atomic_load_explicit(&g_defer, memory_order_relaxed);
+}
+
 /*
  * Body shared by every collective and p2p wrapper: forward only when NCCL
- * is missing, re-entered, or recording is off; otherwise hold point,
- * timestamps around the real call, one record.
+ * is missing, re-entered, or recording is off (or the profiler plugin
+ * records); otherwise hold point, start event, host timestamps around the
+ * real call (not around the event records), end event, one record.
  */
-#define TIMED_CALL(OP, COMM, PEER, COUNT, DT, REDOP, CALL)                     \
+#define TIMED_CALL(OP, COMM, PEER, COUNT, DT, REDOP, STREAM, CALL)             \
 	do {                                                                   \
 		struct sg_ring_header *h_;                                     \
 		uint64_t t0_, t1_;                                             \
 		ncclResult_t rc_;                                              \
+		uint32_t gf_ = 0;                                              \
+		int pair_ = -1;                                                \
 		if (unlikely(!fn))                                             \
 			return ncclSystemError;                                \
-		if (unlikely(tls_busy) || unlikely(!(h_ = ring_get())))        \
+		if (unlikely(tls_busy) || unlikely(deferred()) ||              \
+		    unlikely(!(h_ = ring_get())))                              \
 			return CALL;                                           \
 		tls_busy = 1;                                                  \
 		hold_point(h_);                                                \
+		if (tls_group > 0) {                                           \
+			if (!tls.group_has_stream) {                           \
+				tls.group_stream = (STREAM);                   \
+				tls.group_has_stream = 1;                      \
+			}                                                      \
+		} else {                                                       \
+			gf_ = sg_gpu_begin(h_, (STREAM), &pair_);              \
+		}                                                              \
 		t0_ = sg_clock_raw(&g_clock);                                  \
 		rc_ = CALL;                                                    \
 		t1_ = sg_clock_raw(&g_clock);                                  \
-		emit(h_, OP, COMM, PEER, COUNT, DT, REDOP, t0_, t1_, rc_);     \
+		if (pair_ >= 0 && sg_gpu_end(pair_, (STREAM)) != 0) {          \
+			pair_ = -1;                                            \
+			gf_ |= SG_F_NO_EVENT;                                  \
+		}                                                              \
+		emit(h_, OP, COMM, PEER, COUNT, DT, REDOP, t0_, t1_, rc_, gf_, \
+		     pair_, (STREAM));                                         \
 		tls_busy = 0;                                                  \
 		return rc_;                                                    \
 	} while (0)
@@ -637,7 +701,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
 			   cudaStream_t stream)
 {
 	REAL(allreduce_fn, ncclAllReduce);
-	TIMED_CALL(SG_OP_ALLREDUCE, comm, -1, count, datatype, map_redop(op),
+	TIMED_CALL(SG_OP_ALLREDUCE, comm, -1, count, datatype, map_redop(op), stream,
 		   fn(sendbuff, recvbuff, count, datatype, op, comm, stream));
 }
 
@@ -646,7 +710,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 			       cudaStream_t stream)
 {
 	REAL(allreduce_fn, ncclReduceScatter);
-	TIMED_CALL(SG_OP_REDUCESCATTER, comm, -1, recvcount, datatype, map_redop(op),
+	TIMED_CALL(SG_OP_REDUCESCATTER, comm, -1, recvcount, datatype, map_redop(op), stream,
 		   fn(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
 }
 
@@ -654,7 +718,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 			   ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(allgather_fn, ncclAllGather);
-	TIMED_CALL(SG_OP_ALLGATHER, comm, -1, sendcount, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_ALLGATHER, comm, -1, sendcount, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, sendcount, datatype, comm, stream));
 }
 
@@ -662,7 +726,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
 			   ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(broadcast_fn, ncclBroadcast);
-	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, count, datatype, root, comm, stream));
 }
 
@@ -670,7 +734,7 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
 		       ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(bcast_fn, ncclBcast);
-	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE, stream,
 		   fn(buff, count, datatype, root, comm, stream));
 }
 
@@ -679,7 +743,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
 			cudaStream_t stream)
 {
 	REAL(reduce_fn, ncclReduce);
-	TIMED_CALL(SG_OP_REDUCE, comm, root, count, datatype, map_redop(op),
+	TIMED_CALL(SG_OP_REDUCE, comm, root, count, datatype, map_redop(op), stream,
 		   fn(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
 }
 
@@ -691,7 +755,7 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
 			  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(allgather_fn, ncclAlltoAll);
-	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
@@ -699,7 +763,7 @@ ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
 			  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(allgather_fn, ncclAllToAll);
-	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
@@ -707,7 +771,7 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
 		      ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(send_fn, ncclSend);
-	TIMED_CALL(SG_OP_SEND, comm, peer, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_SEND, comm, peer, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, count, datatype, peer, comm, stream));
 }
 
@@ -715,7 +779,7 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 		      ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(recv_fn, ncclRecv);
-	TIMED_CALL(SG_OP_RECV, comm, peer, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_RECV, comm, peer, count, datatype, SG_REDOP_NONE, stream,
 		   fn(recvbuff, count, datatype, peer, comm, stream));
 }
 
@@ -724,7 +788,10 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 static ncclResult_t group_call(void_fn fn, uint16_t op, int delta)
 {
 	struct sg_ring_header *h;
-	uint64_t t0;
+	cudaStream_t stream = NULL;
+	uint32_t gflags = 0;
+	int pair = -1, outermost;
+	uint64_t t0, t1;
 	ncclResult_t rc;
 
 	if (unlikely(!fn))
@@ -734,7 +801,12 @@ static ncclResult_t group_call(void_fn fn, uint16_t op, int delta)
 	/* the depth tracks the caller's view, whatever the call returns */
 	if (delta < 0 && tls_group > 0)
 		tls_group += delta;
-	h = ring_get();
+	outermost = delta < 0 && tls_group == 0 && tls.group_has_stream;
+	if (outermost) {
+		stream = tls.group_stream;
+		tls.group_has_stream = 0;
+	}
+	h = deferred() ? NULL : ring_get();
 	if (!h) {
 		rc = fn();
 		if (delta > 0)
@@ -742,9 +814,16 @@ static ncclResult_t group_call(void_fn fn, uint16_t op, int delta)
 		return rc;
 	}
 	tls_busy = 1;
+	if (outermost)
+		gflags = sg_gpu_begin(h, stream, &pair);
 	t0 = now_ns();
 	rc = fn();
-	emit_meta(h, op, 0, -1, 0, 0, t0, now_ns(), rc);
+	t1 = now_ns();
+	if (pair >= 0 && sg_gpu_end(pair, stream) != 0) {
+		pair = -1;
+		gflags |= SG_F_NO_EVENT;
+	}
+	emit_meta_gpu(h, op, 0, -1, 0, gflags, t0, t1, rc, pair, stream);
 	if (delta > 0)
 		tls_group += delta;
 	tls_busy = 0;
@@ -788,7 +867,8 @@ static void init_done(ncclComm_t *newcomm, uint64_t id, int rank, int nranks, ui
 	 * the handle already valid */
 	if ((rc == ncclSuccess || rc == ncclInProgress) && newcomm && *newcomm)
 		comm_remember(*newcomm, id, rank, nranks, 0);
-	if (h)
+	/* NCCL may have loaded the profiler plugin during this very init */
+	if (h && !deferred())
 		emit_meta(h, SG_OP_COMM_INIT, id, rank, (uint64_t)nranks, 0, t0, now_ns(), rc);
 }
 
@@ -901,7 +981,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 	if (tls_busy)
 		return fn(comm, color, key, newcomm, config);
 	tls_busy = 1;
-	h = ring_get();
+	h = deferred() ? NULL : ring_get();
 	parent = comm ? comm_id(comm, &flags) : 0;
 	t0 = now_ns();
 	rc = fn(comm, color, key, newcomm, config);
@@ -939,7 +1019,7 @@ static ncclResult_t comm_end(comm_fn fn, ncclComm_t comm, uint16_t op)
 
 	if (!fn)
 		return ncclSystemError;
-	if (tls_busy || !(h = ring_get()))
+	if (tls_busy || deferred() || !(h = ring_get()))
 		return fn(comm);
 	tls_busy = 1;
 	/* look the communicator up before NCCL frees it */
