@@ -630,6 +630,10 @@ void sg_gpu_after_fork(void)
 	g_count = 0;
 	g_head = 0;
 	atomic_store(&g_thread_running, 0);
-	atomic_store(&g_state, SG_GPU_DISABLED);
 	g_h = NULL;
+	/* a parent that never timed a call leaves the child free to start;
+	 * after the parent used CUDA the child cannot (and must not commit the
+	 * parent's records) */
+	if (atomic_load(&g_state) != SG_GPU_UNTRIED)
+		atomic_store(&g_state, SG_GPU_DISABLED);
 }

@@ -203,16 +203,18 @@ static void *worker(void *p)
 			s->tail = NULL;
 		if (it->kind == 0) {
 			struct timespec until;
-			uint64_t end = now_ns() + it->ns;
+			uint64_t end;
 
 			pthread_mutex_unlock(&mu);
+			/* fn first: a collective waits for its peers, then moves data */
+			if (it->fn)
+				it->fn(it->arg);
+			end = now_ns() + it->ns;
 			until.tv_sec = (time_t)(end / 1000000000ull);
 			until.tv_nsec = (long)(end % 1000000000ull);
 			while (it->ns && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) ==
 						 EINTR)
 				;
-			if (it->fn)
-				it->fn(it->arg);
 			pthread_mutex_lock(&mu);
 		} else if (it->ev->gen == it->gen) {
 			/* a re-record before the stream got here supersedes this one */
@@ -311,9 +313,10 @@ static void enqueue(struct CUstream_st *s, struct item *it)
 	pthread_cond_signal(&s->cond);
 }
 
-/* Test control: a kernel that runs for ns nanoseconds, then calls fn(arg)
- * on "the GPU" (the stream's worker); fn may block (waiting for peers). In
- * a capturing stream it becomes a graph node and does not run. */
+/* Test control: a kernel that calls fn(arg) on "the GPU" (the stream's
+ * worker; fn may block, e.g. waiting for peers), then runs for ns
+ * nanoseconds. In a capturing stream it becomes a graph node and does not
+ * run. */
 cudaError_t fakeCudaLaunch(cudaStream_t stream, uint64_t ns, void (*fn)(void *), void *arg)
 {
 	struct CUstream_st *s;

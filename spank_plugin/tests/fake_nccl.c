@@ -14,19 +14,128 @@
  *
  * fakeNcclCalls() reports how often each entry point ran, so tests can check
  * the hook forwarded every call exactly once.
+ *
+ * GPU model: when the fake CUDA runtime (fake_cudart.c) is loaded too, each
+ * collective and p2p call enqueues one kernel on its stream, as NCCL does,
+ * and returns: the call itself takes fakeNcclSetTiming's enqueue_ns (host
+ * side), the kernel kernel_ns on the stream. Inside ncclGroupStart/End the
+ * work is launched at the outermost ncclGroupEnd, on the first call's
+ * stream, as one kernel. With FAKE_NCCL_CLIQUE_DIR set, communicators made
+ * from the same unique id in different processes form a clique through a
+ * shared file: a collective's kernel starts moving data only once every
+ * rank's kernel for that collective has started, so a rank that arrives
+ * early waits on the GPU for the late one, as in NCCL.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "../nccl_api.h"
 
+#define CLIQUE_MAX 64
+
+struct clique {
+	_Atomic uint64_t arrived[CLIQUE_MAX]; /* per rank: last collective started */
+};
+
 struct ncclComm {
 	int rank;
 	int nranks;
+	struct clique *clique; /* NULL: no other process */
+	uint64_t seq;
 };
+
+static int group_depth_tls(void);
+
+typedef int (*launch_fn)(cudaStream_t, uint64_t, void (*)(void *), void *);
+static uint64_t enqueue_ns, kernel_ns;
+static __thread cudaStream_t group_stream;
+static __thread int group_launch;
+static __thread uint64_t group_kernel_ns;
+static __thread struct ncclComm *group_comm;
+
+/* Test-only: host time each call takes, and its kernel's time on the stream. */
+void fakeNcclSetTiming(uint64_t enqueue, uint64_t kernel)
+{
+	enqueue_ns = enqueue;
+	kernel_ns = kernel;
+}
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+struct wait_arg {
+	struct clique *clique;
+	int rank, nranks;
+	uint64_t seq;
+};
+
+/* on "the GPU": announce this rank's arrival, wait for the others */
+static void clique_wait(void *p)
+{
+	struct wait_arg *a = p;
+	uint64_t limit = mono_ns() + 10000000000ull;
+	struct timespec nap = { 0, 20000 };
+	int r;
+
+	atomic_store(&a->clique->arrived[a->rank], a->seq);
+	for (r = 0; r < a->nranks && mono_ns() < limit; r++)
+		while (atomic_load(&a->clique->arrived[r]) < a->seq && mono_ns() < limit)
+			nanosleep(&nap, NULL);
+	free(a);
+}
+
+static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
+{
+	static launch_fn launch;
+	struct wait_arg *a = NULL;
+
+	if (!launch)
+		launch = (launch_fn)dlsym(RTLD_DEFAULT, "fakeCudaLaunch");
+	if (!launch)
+		return;
+	if (c && c->clique && (a = malloc(sizeof(*a)))) {
+		a->clique = c->clique;
+		a->rank = c->rank;
+		a->nranks = c->nranks;
+		a->seq = ++c->seq;
+	}
+	if (launch(stream, ns, a ? clique_wait : NULL, a) != 0)
+		free(a);
+}
+
+/* every collective / p2p: the host part of the call, then its kernel */
+static void gpu_work(struct ncclComm *c, cudaStream_t stream)
+{
+	uint64_t until = mono_ns() + enqueue_ns;
+
+	while (enqueue_ns && mono_ns() < until)
+		;
+	if (group_depth_tls() > 0) {
+		if (!group_launch) {
+			group_launch = 1;
+			group_stream = stream;
+			group_comm = c;
+			group_kernel_ns = 0;
+		}
+		group_kernel_ns += kernel_ns;
+		return;
+	}
+	launch_now(c, stream, kernel_ns);
+}
 
 enum {
 	F_ALLREDUCE, F_ALLGATHER, F_REDUCESCATTER, F_BROADCAST, F_BCAST, F_REDUCE, F_ALLTOALL,
@@ -43,7 +152,12 @@ static const char *const fnames[F_NFUNCS] = {
 
 static unsigned long long calls[F_NFUNCS];
 static unsigned long long elements[F_NFUNCS];
-static int group_depth;
+static __thread int group_depth; /* NCCL groups are per thread */
+
+static int group_depth_tls(void)
+{
+	return group_depth;
+}
 
 /* Test-only: calls and total count argument seen by entry point `name`. */
 unsigned long long fakeNcclCalls(const char *name, unsigned long long *elems)
@@ -182,11 +296,42 @@ static ncclResult_t new_comm(ncclComm_t *comm, int nranks, int rank)
 	return ncclSuccess;
 }
 
+/* the file all ranks of one unique id share (never unmapped: kernels in
+ * flight may still use it after the communicator is destroyed) */
+static void join_clique(struct ncclComm *c, const ncclUniqueId *id)
+{
+	const char *dir = getenv("FAKE_NCCL_CLIQUE_DIR");
+	unsigned long long h = 0xcbf29ce484222325ull;
+	char path[4096];
+	size_t i;
+	void *m;
+	int fd;
+
+	if (!dir || c->nranks > CLIQUE_MAX)
+		return;
+	for (i = 0; i < sizeof(id->internal); i++)
+		h = (h ^ (unsigned char)id->internal[i]) * 0x100000001b3ull;
+	snprintf(path, sizeof(path), "%s/clique-%016llx", dir, h);
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	if (ftruncate(fd, sizeof(struct clique)) == 0) {
+		m = mmap(NULL, sizeof(struct clique), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (m != MAP_FAILED)
+			c->clique = m;
+	}
+	close(fd);
+}
+
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank)
 {
-	(void)commId;
+	ncclResult_t rc;
+
 	count_call(F_INITRANK, 0);
-	return new_comm(comm, nranks, rank);
+	rc = new_comm(comm, nranks, rank);
+	if (rc == ncclSuccess)
+		join_clique(*comm, &commId);
+	return rc;
 }
 
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
@@ -279,6 +424,11 @@ ncclResult_t ncclGroupEnd(void)
 	if (group_depth == 0)
 		return ncclInvalidUsage;
 	group_depth--;
+	if (group_depth == 0 && group_launch) {
+		/* NCCL launches a group's work here, not at the calls */
+		group_launch = 0;
+		launch_now(group_comm, group_stream, group_kernel_ns);
+	}
 	return ncclSuccess;
 }
 
@@ -286,10 +436,10 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
 			   ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
 			   cudaStream_t stream)
 {
-	(void)stream;
 	count_call(F_ALLREDUCE, count);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	return reduce_into(recvbuff, sendbuff, count, datatype, op, comm->nranks);
 }
 
@@ -297,10 +447,10 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 			       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
 			       cudaStream_t stream)
 {
-	(void)stream;
 	count_call(F_REDUCESCATTER, recvcount);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	return reduce_into(recvbuff,
 			   (const char *)sendbuff + (size_t)comm->rank * recvcount * dt_size(datatype),
 			   recvcount, datatype, op, comm->nranks);
@@ -312,10 +462,10 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 	size_t bytes = sendcount * dt_size(datatype);
 	int r;
 
-	(void)stream;
 	count_call(F_ALLGATHER, sendcount);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	for (r = 0; r < comm->nranks; r++)
 		memmove((char *)recvbuff + (size_t)r * bytes, sendbuff, bytes);
 	return ncclSuccess;
@@ -324,10 +474,10 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
 			   ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
-	(void)stream;
 	count_call(F_BROADCAST, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || root < 0 || root >= comm->nranks)
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	memmove(recvbuff, sendbuff, count * dt_size(datatype));
 	return ncclSuccess;
 }
@@ -344,10 +494,10 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
 			ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm,
 			cudaStream_t stream)
 {
-	(void)stream;
 	count_call(F_REDUCE, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || root < 0 || root >= comm->nranks)
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	if (comm->rank != root)
 		return ncclSuccess;
 	return reduce_into(recvbuff, sendbuff, count, datatype, op, comm->nranks);
@@ -360,10 +510,10 @@ ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
 	size_t bytes = count * dt_size(datatype);
 	int r;
 
-	(void)stream;
 	count_call(F_ALLTOALL, count);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	/* every peer sends us its block number `rank` of an identical buffer */
 	for (r = 0; r < comm->nranks; r++)
 		memmove((char *)recvbuff + (size_t)r * bytes,
@@ -376,20 +526,20 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
 		      ncclComm_t comm, cudaStream_t stream)
 {
 	(void)sendbuff;
-	(void)stream;
 	count_call(F_SEND, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || peer < 0 || peer >= comm->nranks)
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	return ncclSuccess;
 }
 
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
 		      ncclComm_t comm, cudaStream_t stream)
 {
-	(void)stream;
 	count_call(F_RECV, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || peer < 0 || peer >= comm->nranks)
 		return ncclInvalidArgument;
+	gpu_work(comm, stream);
 	memset(recvbuff, peer + 1, count * dt_size(datatype));
 	return ncclSuccess;
 }
