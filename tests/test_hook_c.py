@@ -14,7 +14,8 @@ import subprocess
 from tests.fixtures.hook import SPANK_DIR
 
 C_TESTS = ("test_args", "test_ring", "test_clock", "test_hook", "test_hook_cuda", "test_old",
-           "test_nolib")
+           "test_nolib", "test_profiler (interface <= v6)", "test_profiler (interface <= v5)",
+           "test_profiler (interface <= v4)", "test_profiler (interface <= v3)")
 
 
 def test_make_test_passes():

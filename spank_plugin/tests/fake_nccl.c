@@ -51,6 +51,8 @@ struct ncclComm {
 	int nranks;
 	struct clique *clique; /* NULL: no other process */
 	uint64_t seq;
+	void *prof;       /* the profiler plugin's context for this communicator */
+	uint64_t coll_seq; /* NCCL's per-communicator collective sequence number */
 };
 
 static int group_depth_tls(void);
@@ -117,13 +119,312 @@ static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
 		free(a);
 }
 
-/* every collective / p2p: the host part of the call, then its kernel */
-static void gpu_work(struct ncclComm *c, cudaStream_t stream)
-{
-	uint64_t until = mono_ns() + enqueue_ns;
+/* ------------------------------------------------------------------ profiler
+ *
+ * The profiler plugin, driven as NCCL does: NCCL_PROFILER_PLUGIN names the
+ * library (a path is opened as is, a name X as libnccl-profiler-X.so);
+ * ncclProfiler_v6, _v5, _v4 are looked up newest first (FAKE_NCCL_PROFILER_MAX
+ * caps the version, to play an older NCCL: 4 = 2.27, 3 = 2.26 which knows
+ * no version this plugin offers); init per communicator with its hash, an
+ * error from init disables the plugin for it; finalize at destroy/abort.
+ * Events: Coll/P2p started and stopped in the calling thread around the
+ * enqueue; then on "the GPU" (the kernel's stream worker) per channel a
+ * KernelCh event with the GPU globaltimer at start and at KernelChStop,
+ * and ProxyOp events (send to the next rank, receive from the previous,
+ * as in a ring) whose ProxySteps go through NCCL's states with transSize:
+ * SendGPUWait -> SendPeerWait_v4 -> SendWait, RecvWait -> RecvFlushWait ->
+ * RecvGPUWait. Each step's network time is the link's (fakeNcclSetLink).
+ */
+#include "../nccl_profiler_api.h"
 
+#define PROF_CHANNELS 2
+#define PROF_STEPS 4
+#define PROF_CHUNK 524288
+
+static int prof_version; /* 0: not loaded (yet), -1: none */
+static const ncclProfiler_v4_t *prof4;
+static const ncclProfiler_v5_t *prof5;
+static uint64_t link_ns[CLIQUE_MAX];
+
+/* Test-only: network time of one step to/from `peer` (ns). */
+void fakeNcclSetLink(int peer, uint64_t ns)
+{
+	if (peer >= 0 && peer < CLIQUE_MAX)
+		link_ns[peer] = ns;
+}
+
+/* the GPU's globaltimer: nanoseconds on a clock of its own */
+static uint64_t gtimer(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + 777000;
+}
+
+static void prof_load(void)
+{
+	const char *name = getenv("NCCL_PROFILER_PLUGIN");
+	const char *maxv = getenv("FAKE_NCCL_PROFILER_MAX");
+	int max = maxv ? atoi(maxv) : 6;
+	char lib[4096];
+	void *h;
+
+	prof_version = -1;
+	if (!name || !*name)
+		return;
+	if (strchr(name, '/'))
+		snprintf(lib, sizeof(lib), "%s", name);
+	else
+		snprintf(lib, sizeof(lib), "libnccl-profiler-%s.so", name);
+	h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+	if (!h)
+		return;
+	if (max >= 6 && (prof5 = dlsym(h, "ncclProfiler_v6")))
+		prof_version = 6;
+	else if (max >= 5 && (prof5 = dlsym(h, "ncclProfiler_v5")))
+		prof_version = 5;
+	else if (max >= 4 && (prof4 = dlsym(h, "ncclProfiler_v4")))
+		prof_version = 4;
+}
+
+static uint64_t comm_hash(const ncclUniqueId *id)
+{
+	unsigned long long h = 0xcbf29ce484222325ull;
+	size_t i;
+
+	for (i = 0; i < sizeof(id->internal); i++)
+		h = (h ^ (unsigned char)id->internal[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static void prof_init(struct ncclComm *c, uint64_t hash)
+{
+	int mask = 0;
+	ncclResult_t rc;
+
+	if (!prof_version)
+		prof_load();
+	if (prof_version == 4)
+		rc = prof4->init(&c->prof, &mask, "", hash, 1, c->nranks, c->rank, NULL);
+	else if (prof_version >= 5)
+		rc = prof5->init(&c->prof, hash, &mask, "", 1, c->nranks, c->rank, NULL);
+	else
+		return;
+	if (rc != ncclSuccess)
+		c->prof = NULL;
+}
+
+static void prof_finalize(struct ncclComm *c)
+{
+	if (c->prof && prof_version == 4)
+		prof4->finalize(c->prof);
+	else if (c->prof)
+		prof5->finalize(c->prof);
+	c->prof = NULL;
+}
+
+/* one event: a descriptor of the version in use */
+static void *prof_start(void *ctx, uint64_t type, void *parent, int rank,
+			const union sg_nccl_prof_descr_u *u)
+{
+	void *handle = NULL;
+
+	if (prof_version == 4) {
+		ncclProfilerEventDescr_v4_t d;
+
+		memset(&d, 0, sizeof(d));
+		d.type = (uint8_t)type;
+		d.parentObj = parent;
+		d.rank = rank;
+		d.u = *u;
+		prof4->startEvent(ctx, &handle, &d);
+	} else {
+		ncclProfilerEventDescr_v5_t d;
+
+		memset(&d, 0, sizeof(d));
+		d.type = type;
+		d.parentObj = parent;
+		d.rank = rank;
+		d.u = *u;
+		prof5->startEvent(ctx, &handle, &d);
+	}
+	return handle;
+}
+
+static void prof_stop(void *handle)
+{
+	if (handle)
+		(prof_version == 4 ? prof4->stopEvent : prof5->stopEvent)(handle);
+}
+
+static void prof_state(void *handle, ncclProfilerEventState_t st, ncclProfilerEventStateArgs_v4_t *a)
+{
+	if (handle)
+		(prof_version == 4 ? prof4->recordEventState : prof5->recordEventState)(handle, st, a);
+}
+
+static void nap_ns(uint64_t ns)
+{
+	struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+
+	if (ns)
+		nanosleep(&ts, NULL);
+}
+
+struct prof_kernel_arg {
+	void *ctx, *coll;
+	int rank, nranks;
+	struct wait_arg *wait;
+};
+
+/* the proxy's view of one ProxyOp on one channel */
+static void prof_op(struct prof_kernel_arg *a, int channel, int peer, int send)
+{
+	union sg_nccl_prof_descr_u u;
+	void *op;
+	int i;
+
+	memset(&u, 0, sizeof(u));
+	u.proxyOp.pid = getpid();
+	u.proxyOp.channelId = (uint8_t)channel;
+	u.proxyOp.peer = peer;
+	u.proxyOp.nSteps = PROF_STEPS;
+	u.proxyOp.chunkSize = PROF_CHUNK;
+	u.proxyOp.isSend = send;
+	op = prof_start(a->ctx, ncclProfileProxyOp, a->coll, a->rank, &u);
+	for (i = 0; i < PROF_STEPS; i++) {
+		ncclProfilerEventStateArgs_v4_t st = { .proxyStep = { PROF_CHUNK } };
+		void *step;
+
+		memset(&u, 0, sizeof(u));
+		u.proxyStep.step = i;
+		step = prof_start(a->ctx, ncclProfileProxyStep, op, a->rank, &u);
+		if (send) {
+			prof_state(step, ncclProfilerProxyStepSendGPUWait, &st);
+			nap_ns(20000);
+			prof_state(step, ncclProfilerProxyStepSendPeerWait_v4, &st);
+			nap_ns(10000);
+			prof_state(step, ncclProfilerProxyStepSendWait, &st);
+			nap_ns(link_ns[peer]);
+		} else {
+			prof_state(step, ncclProfilerProxyStepRecvWait, &st);
+			nap_ns(link_ns[peer]);
+			prof_state(step, ncclProfilerProxyStepRecvFlushWait, &st);
+			nap_ns(10000);
+			prof_state(step, ncclProfilerProxyStepRecvGPUWait, &st);
+			nap_ns(20000);
+		}
+		prof_stop(step);
+	}
+	prof_stop(op);
+}
+
+/* on "the GPU": channels start, wait for the peers, move data, stop */
+static void prof_kernel(void *p)
+{
+	struct prof_kernel_arg *a = p;
+	union sg_nccl_prof_descr_u u;
+	void *ch[PROF_CHANNELS];
+	int i;
+
+	for (i = 0; i < PROF_CHANNELS; i++) {
+		memset(&u, 0, sizeof(u));
+		u.kernelCh.channelId = (uint8_t)i;
+		u.kernelCh.pTimer = gtimer();
+		ch[i] = prof_start(a->ctx, ncclProfileKernelCh, a->coll, a->rank, &u);
+	}
+	if (a->wait)
+		clique_wait(a->wait);
+	nap_ns(kernel_ns);
+	for (i = 0; a->nranks > 1 && i < PROF_CHANNELS; i++) {
+		prof_op(a, i, (a->rank + 1) % a->nranks, 1);
+		prof_op(a, i, (a->rank + a->nranks - 1) % a->nranks, 0);
+	}
+	for (i = 0; i < PROF_CHANNELS; i++) {
+		ncclProfilerEventStateArgs_v4_t st = { .kernelCh = { gtimer() } };
+
+		prof_state(ch[i], ncclProfilerKernelChStop, &st);
+		prof_stop(ch[i]);
+	}
+	free(a);
+}
+
+static const char *dt_name(ncclDataType_t dt)
+{
+	static const char *const names[ncclNumTypes] = {
+		"ncclInt8",    "ncclUint8",   "ncclInt32",    "ncclUint32",
+		"ncclInt64",   "ncclUint64",  "ncclFloat16",  "ncclFloat32",
+		"ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3", "ncclFloat8e5m2",
+	};
+	return (unsigned)dt < ncclNumTypes ? names[dt] : "Unknown";
+}
+
+/* every collective / p2p: the host part of the call, then its kernel */
+static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, size_t count,
+		     ncclDataType_t dt, int root_or_peer, int p2p)
+{
+	uint64_t until;
+	void *ev = NULL;
+
+	if (c->prof) {
+		union sg_nccl_prof_descr_u u;
+
+		memset(&u, 0, sizeof(u));
+		if (p2p) {
+			u.p2p.func = func;
+			u.p2p.datatype = dt_name(dt);
+			u.p2p.count = count;
+			u.p2p.peer = root_or_peer;
+			u.p2p.nChannels = 0; /* host events only, see below */
+		} else {
+			u.coll.seqNumber = c->coll_seq++;
+			u.coll.func = func;
+			u.coll.count = count;
+			u.coll.root = root_or_peer;
+			u.coll.datatype = dt_name(dt);
+			u.coll.nChannels = PROF_CHANNELS;
+			u.coll.algo = "Ring";
+			u.coll.proto = "Simple";
+		}
+		ev = prof_start(c->prof, p2p ? ncclProfileP2p : ncclProfileColl, NULL, c->rank, &u);
+	}
+	until = mono_ns() + enqueue_ns;
 	while (enqueue_ns && mono_ns() < until)
 		;
+	if (ev && (p2p || group_depth_tls() > 0)) {
+		/* p2p and grouped work: host events only in this fake */
+		prof_stop(ev);
+		ev = NULL;
+	}
+	if (ev) {
+		static launch_fn launch;
+		struct prof_kernel_arg *a = calloc(1, sizeof(*a));
+
+		if (!launch)
+			launch = (launch_fn)dlsym(RTLD_DEFAULT, "fakeCudaLaunch");
+		if (a && launch) {
+			a->ctx = c->prof;
+			a->coll = ev;
+			a->rank = c->rank;
+			a->nranks = c->nranks;
+			if (c->clique && (a->wait = malloc(sizeof(*a->wait)))) {
+				a->wait->clique = c->clique;
+				a->wait->rank = c->rank;
+				a->wait->nranks = c->nranks;
+				a->wait->seq = ++c->seq;
+			}
+			prof_stop(ev); /* enqueued */
+			if (launch(stream, 0, prof_kernel, a) != 0) {
+				free(a->wait);
+				free(a);
+			}
+			return;
+		}
+		free(a);
+		prof_stop(ev);
+		return;
+	}
 	if (group_depth_tls() > 0) {
 		if (!group_launch) {
 			group_launch = 1;
@@ -329,8 +630,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 
 	count_call(F_INITRANK, 0);
 	rc = new_comm(comm, nranks, rank);
-	if (rc == ncclSuccess)
+	if (rc == ncclSuccess) {
 		join_clique(*comm, &commId);
+		prof_init(*comm, comm_hash(&commId));
+	}
 	return rc;
 }
 
@@ -372,6 +675,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
 	count_call(F_DESTROY, 0);
 	if (!comm)
 		return ncclInvalidArgument;
+	prof_finalize(comm);
 	free(comm);
 	return ncclSuccess;
 }
@@ -381,6 +685,7 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 	count_call(F_ABORT, 0);
 	if (!comm)
 		return ncclInvalidArgument;
+	prof_finalize(comm);
 	free(comm);
 	return ncclSuccess;
 }
@@ -389,10 +694,14 @@ ncclResult_t ncclCommAbort(ncclComm_t comm)
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
 				    ncclConfig_t *config)
 {
-	(void)commId;
+	ncclResult_t rc;
+
 	(void)config;
 	count_call(F_INITCONFIG, 0);
-	return new_comm(comm, nranks, rank);
+	rc = new_comm(comm, nranks, rank);
+	if (rc == ncclSuccess)
+		prof_init(*comm, comm_hash(&commId));
+	return rc;
 }
 
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
@@ -439,7 +748,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
 	count_call(F_ALLREDUCE, count);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "AllReduce", count, datatype, -1, 0);
 	return reduce_into(recvbuff, sendbuff, count, datatype, op, comm->nranks);
 }
 
@@ -450,7 +759,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 	count_call(F_REDUCESCATTER, recvcount);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "ReduceScatter", recvcount, datatype, -1, 0);
 	return reduce_into(recvbuff,
 			   (const char *)sendbuff + (size_t)comm->rank * recvcount * dt_size(datatype),
 			   recvcount, datatype, op, comm->nranks);
@@ -465,7 +774,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 	count_call(F_ALLGATHER, sendcount);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "AllGather", sendcount, datatype, -1, 0);
 	for (r = 0; r < comm->nranks; r++)
 		memmove((char *)recvbuff + (size_t)r * bytes, sendbuff, bytes);
 	return ncclSuccess;
@@ -477,7 +786,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
 	count_call(F_BROADCAST, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || root < 0 || root >= comm->nranks)
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "Broadcast", count, datatype, root, 0);
 	memmove(recvbuff, sendbuff, count * dt_size(datatype));
 	return ncclSuccess;
 }
@@ -497,7 +806,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
 	count_call(F_REDUCE, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || root < 0 || root >= comm->nranks)
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "Reduce", count, datatype, root, 0);
 	if (comm->rank != root)
 		return ncclSuccess;
 	return reduce_into(recvbuff, sendbuff, count, datatype, op, comm->nranks);
@@ -513,7 +822,7 @@ ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
 	count_call(F_ALLTOALL, count);
 	if (!valid_comm(comm) || !dt_size(datatype))
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "AllToAll", count, datatype, -1, 0);
 	/* every peer sends us its block number `rank` of an identical buffer */
 	for (r = 0; r < comm->nranks; r++)
 		memmove((char *)recvbuff + (size_t)r * bytes,
@@ -529,7 +838,7 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
 	count_call(F_SEND, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || peer < 0 || peer >= comm->nranks)
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "Send", count, datatype, peer, 1);
 	return ncclSuccess;
 }
 
@@ -539,7 +848,7 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 	count_call(F_RECV, count);
 	if (!valid_comm(comm) || !dt_size(datatype) || peer < 0 || peer >= comm->nranks)
 		return ncclInvalidArgument;
-	gpu_work(comm, stream);
+	gpu_work(comm, stream, "Recv", count, datatype, peer, 1);
 	memset(recvbuff, peer + 1, count * dt_size(datatype));
 	return ncclSuccess;
 }
