@@ -9,7 +9,13 @@ and hardening; everything once plain and once under ASan/UBSan."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
 
 from tests.fixtures.hook import SPANK_DIR
 
@@ -44,3 +50,35 @@ def test_missing_cuda_runtime_is_one_stderr_line():
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("slurmguard:")]
     assert lines == ["slurmguard: GPU timing of NCCL calls off: no CUDA runtime loaded in this "
                      "process; host times only from now on"]
+
+
+@pytest.mark.slurm
+def test_spank_sets_the_profiler_plugin_for_guarded_steps(devcluster, spank_build, tmp_path):
+    """plugstack.conf names the profiler plugin: guarded steps get
+    NCCL_PROFILER_PLUGIN (with the hook still preloaded, for NCCL < 2.27), a
+    job's own profiler plugin is kept, an opted-out step gets neither."""
+    prof = spank_build.hook.parent / "libslurmguard_nccl_profiler.so"
+    root = Path(tempfile.mkdtemp(prefix="sg-prof-", dir="/dev/shm"))
+    os.chmod(root, 0o755)
+    out = tmp_path / "o.out"
+    os.chmod(tmp_path, 0o1777)
+    devcluster.set_plugstack(f"optional {spank_build.plugin} nccl_hook={spank_build.hook} "
+                             f"nccl_profiler={prof} ring_root={root}/rings\n")
+    script = textwrap.dedent('''\
+        #!/bin/bash
+        srun bash -c 'echo "step=${NCCL_PROFILER_PLUGIN:-none},${LD_PRELOAD:-none}"'
+        srun --straggler-guard=off bash -c 'echo "optout=${NCCL_PROFILER_PLUGIN:-none}"'
+        NCCL_PROFILER_PLUGIN=inspector srun bash -c 'echo "own=${NCCL_PROFILER_PLUGIN:-none}"'
+        ''')
+    try:
+        jid = devcluster.sbatch(script, "-o", str(out), "-N1", "--straggler-guard")
+        state = devcluster.wait_job(jid, timeout=120)
+    finally:
+        devcluster.set_plugstack("")
+        shutil.rmtree(root, ignore_errors=True)
+    text = out.read_text() if out.exists() else ""
+    assert state == "COMPLETED", text
+    lines = text.splitlines()
+    assert f"step={prof},{spank_build.hook}" in lines
+    assert "optout=none" in lines
+    assert "own=inspector" in lines
