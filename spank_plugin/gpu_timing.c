@@ -457,12 +457,16 @@ void sg_gpu_submit(struct sg_ring_header *h, struct sg_record *slot, uint64_t n,
 
 	pthread_mutex_lock(&g_mu);
 	/* a record still waiting when the ring is half a lap further would
-	 * be overwritten under us: give its GPU time up (a hung collective) */
+	 * be overwritten under us: give its GPU time up (a hung collective).
+	 * The FIFO is in submission order, so only its head can be that old. */
 	for (i = 0; i < g_count; i++) {
 		struct pending *o = &g_q[(g_head + i) % (unsigned)g_max];
 
-		if (o->state == P_PENDING && o->h == h && o->n + lap <= n)
-			finish_lost(o);
+		if (o->state != P_PENDING)
+			continue;
+		if (o->h != h || o->n + lap > n)
+			break;
+		finish_lost(o);
 	}
 	trim();
 	state = atomic_load(&g_state);
@@ -487,79 +491,127 @@ void sg_gpu_submit(struct sg_ring_header *h, struct sg_record *slot, uint64_t n,
 
 /* ------------------------------------------------------------------ completion */
 
-/* g_mu held: both events completed; convert and commit. 0, or a CUDA error. */
-static cudaError_t finish(struct pending *q)
+/* g_mu held: commit q with the GPU times found for it */
+static void finish(struct pending *q, uint64_t gpu_start, uint64_t gpu_end)
 {
-	struct ref *r = &g_refs[g_pairs[q->pair].ref];
-	float ms0 = 0, ms1 = 0;
-	cudaError_t e;
-
-	if ((e = cu.ev_elapsed(&ms0, r->ev, g_pairs[q->pair].start)) ||
-	    (e = cu.ev_elapsed(&ms1, r->ev, g_pairs[q->pair].end)))
-		return e;
-	q->slot->gpu_start_ns = r->host_ns + (uint64_t)((int64_t)((double)ms0 * 1e6));
-	q->slot->gpu_end_ns = r->host_ns + (uint64_t)((int64_t)((double)ms1 * 1e6));
-	if (q->slot->gpu_end_ns < q->slot->gpu_start_ns)
-		q->slot->gpu_end_ns = q->slot->gpu_start_ns;
+	q->slot->gpu_start_ns = gpu_start;
+	q->slot->gpu_end_ns = gpu_end >= gpu_start ? gpu_end : gpu_start;
 	q->slot->flags |= SG_F_GPU_TIME;
 	sg_ring_commit(q->h, q->slot, q->n);
 	release_pair(q->pair);
 	q->state = P_FINAL;
-	return cudaSuccess;
 }
 
-/* One pass over the pending records. g_mu held. Returns how many remain. */
+#define SNAP 256
+
+struct snap {
+	unsigned idx;
+	int pair;
+	cudaStream_t stream;
+	cudaEvent_t ref, start, end;
+	uint64_t ref_host;
+	/* result */
+	cudaError_t err;
+	uint64_t gpu_start, gpu_end;
+};
+
+/*
+ * One pass over (up to SNAP of) the pending records. The CUDA calls run
+ * without g_mu, so a caller never waits on a query: the entries are copied
+ * out, queried, and the results applied to those still pending with the
+ * same pair (the ring-lap rule may have given one up meanwhile). Returns
+ * how many remain in flight. at_exit: errors mean "the runtime is going
+ * away", not "timing off".
+ */
 static unsigned poll_once(int at_exit)
 {
+	static struct snap sn[SNAP]; /* the completion thread, or exit with it parked */
 	cudaStream_t blocked[8];
-	unsigned i, nb = 0, left = 0;
+	unsigned i, k, n = 0, nb = 0, left = 0;
+	int fatal = 0;
+	cudaError_t fatal_err = cudaSuccess;
 
-	for (i = 0; i < g_count; i++) {
-		struct pending *q = &g_q[(g_head + i) % (unsigned)g_max];
-		cudaError_t e;
-		unsigned k;
+	pthread_mutex_lock(&g_mu);
+	for (i = 0; i < g_count && n < SNAP; i++) {
+		unsigned idx = (g_head + i) % (unsigned)g_max;
+		struct pending *q = &g_q[idx];
+		int ref;
 
 		if (q->state != P_PENDING)
 			continue;
-		if (!at_exit && atomic_load_explicit(&g_stopping, memory_order_relaxed))
-			break;
-		/* a stream runs in order: behind a pending event, later ones
-		 * on that stream are pending too */
-		for (k = 0; k < nb && blocked[k] != q->stream; k++)
-			;
-		if (k < nb) {
-			left++;
-			continue;
-		}
-		if (g_pairs[q->pair].ref < 0) {
+		ref = g_pairs[q->pair].ref;
+		if (ref < 0) {
 			finish_lost(q); /* no reference could be made */
 			continue;
 		}
-		e = cu.ev_query(g_pairs[q->pair].end);
-		if (e == cudaSuccess)
-			e = finish(q);
-		if (e == cudaSuccess)
+		sn[n].idx = idx;
+		sn[n].pair = q->pair;
+		sn[n].stream = q->stream;
+		sn[n].ref = g_refs[ref].ev;
+		sn[n].ref_host = g_refs[ref].host_ns;
+		sn[n].start = g_pairs[q->pair].start;
+		sn[n].end = g_pairs[q->pair].end;
+		n++;
+	}
+	pthread_mutex_unlock(&g_mu);
+
+	for (i = 0; i < n; i++) {
+		struct snap *p = &sn[i];
+		float ms0 = 0, ms1 = 0;
+
+		p->err = cudaErrorNotReady;
+		if (!at_exit && atomic_load_explicit(&g_stopping, memory_order_relaxed))
 			continue;
-		if (e == cudaErrorNotReady) {
-			if (nb < 8)
-				blocked[nb++] = q->stream;
+		/* a stream runs in order: behind a pending event, later ones on
+		 * that stream are pending too */
+		for (k = 0; k < nb && blocked[k] != p->stream; k++)
+			;
+		if (k < nb)
+			continue;
+		p->err = cu.ev_query(p->end);
+		if (p->err == cudaSuccess && !(p->err = cu.ev_elapsed(&ms0, p->ref, p->start)))
+			p->err = cu.ev_elapsed(&ms1, p->ref, p->end);
+		if (p->err == cudaSuccess) {
+			p->gpu_start = p->ref_host + (uint64_t)((int64_t)((double)ms0 * 1e6));
+			p->gpu_end = p->ref_host + (uint64_t)((int64_t)((double)ms1 * 1e6));
+		} else if (p->err == cudaErrorNotReady && nb < 8) {
+			blocked[nb++] = p->stream;
+		}
+	}
+
+	pthread_mutex_lock(&g_mu);
+	for (i = 0; i < n; i++) {
+		struct snap *p = &sn[i];
+		struct pending *q = &g_q[p->idx];
+
+		if (q->state != P_PENDING || q->pair != p->pair)
+			continue;
+		if (p->err == cudaSuccess) {
+			finish(q, p->gpu_start, p->gpu_end);
+		} else if (p->err == cudaErrorNotReady) {
 			left++;
-			continue;
+		} else if (at_exit) {
+			finish_lost(q);
+		} else if (!fatal) {
+			fatal = 1;
+			fatal_err = p->err;
 		}
-		if (at_exit) {
-			finish_lost(q); /* the runtime is going away */
-			continue;
-		}
-		gpu_off(SG_GPU_CUDA_ERROR, e);
-		for (; i < g_count; i++) {
-			q = &g_q[(g_head + i) % (unsigned)g_max];
+	}
+	if (fatal) {
+		/* a CUDA error: timing off, everything in flight keeps host times */
+		gpu_off(SG_GPU_CUDA_ERROR, fatal_err);
+		for (i = 0; i < g_count; i++) {
+			struct pending *q = &g_q[(g_head + i) % (unsigned)g_max];
+
 			if (q->state == P_PENDING)
 				finish_lost(q);
 		}
 		left = 0;
-		break;
 	}
 	trim();
+	if (!fatal)
+		left += g_count > n ? 1 : 0; /* more beyond this pass */
+	pthread_mutex_unlock(&g_mu);
 	return left;
 }
 
@@ -573,17 +625,13 @@ static void *completion_thread(void *arg)
 	 * in the job's threads */
 	if (cu.exch_mode(&mode) || cu.set_device(g_device)) {
 		gpu_off(SG_GPU_CUDA_ERROR, cudaErrorInitializationError);
-		pthread_mutex_lock(&g_mu);
 		poll_once(1);
-		pthread_mutex_unlock(&g_mu);
 	}
 	while (!atomic_load(&g_stopping)) {
-		unsigned left = 0;
+		unsigned left = poll_once(0);
 		uint32_t state = atomic_load(&g_state);
 
 		pthread_mutex_lock(&g_mu);
-		if (g_count)
-			left = poll_once(0);
 		if (state == SG_GPU_ON && mono() - g_ref_time > RECAL_NS &&
 		    !atomic_load(&g_stopping))
 			calibrate();
@@ -612,7 +660,9 @@ static void gpu_atexit(void)
 		return;
 	if (g_count) {
 		cu.exch_mode(&mode);
+		pthread_mutex_unlock(&g_mu);
 		poll_once(1); /* done ones get their GPU times */
+		pthread_mutex_lock(&g_mu);
 		for (i = 0; (unsigned)i < g_count; i++) {
 			struct pending *q = &g_q[(g_head + (unsigned)i) % (unsigned)g_max];
 
