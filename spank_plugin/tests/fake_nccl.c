@@ -100,13 +100,24 @@ static void clique_wait(void *p)
 	free(a);
 }
 
-static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
+/* the fake CUDA runtime's kernel launch, when it is loaded (looked up once) */
+static launch_fn cuda_launch(void)
 {
 	static launch_fn launch;
+	static int looked;
+
+	if (!looked) {
+		launch = (launch_fn)dlsym(RTLD_DEFAULT, "fakeCudaLaunch");
+		looked = 1;
+	}
+	return launch;
+}
+
+static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
+{
+	launch_fn launch = cuda_launch();
 	struct wait_arg *a = NULL;
 
-	if (!launch)
-		launch = (launch_fn)dlsym(RTLD_DEFAULT, "fakeCudaLaunch");
 	if (!launch)
 		return;
 	if (c && c->clique && (a = malloc(sizeof(*a)))) {
@@ -398,11 +409,9 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 		ev = NULL;
 	}
 	if (ev) {
-		static launch_fn launch;
+		launch_fn launch = cuda_launch();
 		struct prof_kernel_arg *a = calloc(1, sizeof(*a));
 
-		if (!launch)
-			launch = (launch_fn)dlsym(RTLD_DEFAULT, "fakeCudaLaunch");
 		if (a && launch) {
 			a->ctx = c->prof;
 			a->coll = ev;

@@ -12,7 +12,7 @@
  *             a whole; graph capture left intact while events are polled;
  *             several threads; a communicator destroyed with events in
  *             flight; no CUDA call before the first collective
- *   slowpeer  two ranks (processes) in one clique, rank 1 late by 40 ms:
+ *   slowpeer  two ranks (processes) in one clique, rank 1 late by 80 ms:
  *             rank 0's record shows the wait, rank 1's the late start
  *   pool      an exhausted event pool turns timing off, one stderr line,
  *             results and return codes untouched
@@ -210,7 +210,7 @@ static int scenario_timing(void)
 	CHECK(r.flags == SG_F_GPU_TIME, "flags %#x", r.flags);
 	CHECK(r.end_ns - r.start_ns >= 5 * US && r.end_ns - r.start_ns < 2 * MS,
 	      "host (enqueue) time %llu ns", (unsigned long long)(r.end_ns - r.start_ns));
-	CHECK(gpu_dur(&r) >= 20 * MS - 5 * US && gpu_dur(&r) < 30 * MS, "GPU time %llu ns, want 20 ms",
+	CHECK(gpu_dur(&r) >= 20 * MS - 5 * US && gpu_dur(&r) < 60 * MS, "GPU time %llu ns, want 20 ms",
 	      (unsigned long long)gpu_dur(&r));
 	/* on the host's clock: right after the call (the fake GPU is a thread,
 	 * late by scheduling on a busy machine; a bad conversion is seconds off) */
@@ -222,7 +222,7 @@ static int scenario_timing(void)
 	fakeNcclSetTiming(0, 3 * MS);
 	CHECK(ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, NULL) == ncclSuccess, "rc");
 	CHECK(find_op(h, SG_OP_ALLREDUCE, 2, &r, 3000 * MS), "default stream record");
-	CHECK((r.flags & SG_F_GPU_TIME) && gpu_dur(&r) >= 3 * MS - 5 * US && gpu_dur(&r) < 13 * MS,
+	CHECK((r.flags & SG_F_GPU_TIME) && gpu_dur(&r) >= 3 * MS - 5 * US && gpu_dur(&r) < 40 * MS,
 	      "default stream: flags %#x GPU %llu ns", r.flags, (unsigned long long)gpu_dur(&r));
 
 	/* a group: launched at ncclGroupEnd, timed as a whole there */
@@ -232,7 +232,7 @@ static int scenario_timing(void)
 	ncclRecv(fout, 8, ncclFloat32, 0, comm, s);
 	ncclGroupEnd();
 	CHECK(find_op(h, SG_OP_GROUP_END, 0, &r, 3000 * MS), "group_end record");
-	CHECK((r.flags & SG_F_GPU_TIME) && gpu_dur(&r) >= 8 * MS - 5 * US && gpu_dur(&r) < 20 * MS,
+	CHECK((r.flags & SG_F_GPU_TIME) && gpu_dur(&r) >= 8 * MS - 5 * US && gpu_dur(&r) < 50 * MS,
 	      "group: flags %#x GPU %llu ns, want 8 ms", r.flags, (unsigned long long)gpu_dur(&r));
 	CHECK(find_op(h, SG_OP_SEND, 0, &r, 100 * MS) && r.flags == SG_F_IN_GROUP,
 	      "send in group: flags %#x", r.flags);
@@ -322,7 +322,7 @@ static int scenario_rank(int rank, const ncclUniqueId *uid)
 	cudaStreamSynchronize(s);
 	clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &go, NULL);
 	/* the step's compute: rank 1 is the slow one */
-	fakeCudaLaunch(s, rank == 1 ? 40 * MS : 1 * MS, NULL, NULL);
+	fakeCudaLaunch(s, rank == 1 ? 80 * MS : 1 * MS, NULL, NULL);
 	fakeNcclSetTiming(5 * US, 2 * MS);
 	ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s);
 	h = open_ring(rank);
@@ -347,14 +347,14 @@ static void check_slow_peer(void)
 	      "host times %llu / %llu", (unsigned long long)(a.end_ns - a.start_ns),
 	      (unsigned long long)(b.end_ns - b.start_ns));
 	/* ... rank 0 waited on the GPU for rank 1 ... */
-	CHECK(gpu_dur(&a) >= 38 * MS, "rank 0 GPU time %llu ns: the wait is not visible",
+	CHECK(gpu_dur(&a) >= 70 * MS, "rank 0 GPU time %llu ns: the wait is not visible",
 	      (unsigned long long)gpu_dur(&a));
 	/* ... rank 1 started late and ran only the transfer */
-	CHECK(gpu_dur(&b) >= 2 * MS - 5 * US && gpu_dur(&b) < 15 * MS, "rank 1 GPU time %llu ns",
+	CHECK(gpu_dur(&b) >= 2 * MS - 5 * US && gpu_dur(&b) < 40 * MS, "rank 1 GPU time %llu ns",
 	      (unsigned long long)gpu_dur(&b));
-	CHECK(b.gpu_start_ns > a.gpu_start_ns + 30 * MS, "rank 1 started %lld ns after rank 0",
+	CHECK(b.gpu_start_ns > a.gpu_start_ns + 60 * MS, "rank 1 started %lld ns after rank 0",
 	      (long long)(b.gpu_start_ns - a.gpu_start_ns));
-	CHECK(b.gpu_end_ns + 5 * MS > a.gpu_end_ns && a.gpu_end_ns + 5 * MS > b.gpu_end_ns,
+	CHECK(b.gpu_end_ns + 20 * MS > a.gpu_end_ns && a.gpu_end_ns + 20 * MS > b.gpu_end_ns,
 	      "ends %llu apart", (unsigned long long)(a.gpu_end_ns - b.gpu_end_ns));
 	printf("test_hook_cuda: slow peer: rank 0 GPU %.1f ms (host %.3f ms), rank 1 GPU %.1f ms, "
 	       "late by %.1f ms\n", gpu_dur(&a) / 1e6, (a.end_ns - a.start_ns) / 1e6,
