@@ -211,8 +211,12 @@ int main(void)
 		/* per step: 3 ms on the slow link, 50 us on the healthy one */
 		CHECK(slow.xfer_net_ns >= slow.count * 3 * MS, "slow link: %llu ns on the network",
 		      (unsigned long long)slow.xfer_net_ns);
-		CHECK(fine.xfer_net_ns * 4 < slow.xfer_net_ns, "healthy link %llu ns vs slow %llu ns",
-		      (unsigned long long)fine.xfer_net_ns, (unsigned long long)slow.xfer_net_ns);
+		/* sleeps overshoot on a busy machine, alike on both links: compare
+		 * the difference (2.95 ms per step) */
+		CHECK(slow.xfer_net_ns > fine.xfer_net_ns &&
+			      slow.xfer_net_ns - fine.xfer_net_ns >= slow.count * 2500 * US,
+		      "healthy link %llu ns vs slow %llu ns", (unsigned long long)fine.xfer_net_ns,
+		      (unsigned long long)slow.xfer_net_ns);
 		CHECK(slow.xfer_peer_wait_ns > 0 && slow.xfer_gpu_wait_ns > 0 && fine.xfer_gpu_wait_ns > 0,
 		      "wait buckets %llu %llu %llu", (unsigned long long)slow.xfer_peer_wait_ns,
 		      (unsigned long long)slow.xfer_gpu_wait_ns,
