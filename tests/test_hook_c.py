@@ -82,3 +82,23 @@ def test_spank_sets_the_profiler_plugin_for_guarded_steps(devcluster, spank_buil
     assert f"step={prof},{spank_build.hook}" in lines
     assert "optout=none" in lines
     assert "own=inspector" in lines
+
+
+def test_gpu_event_bench_report():
+    """`slurmguard bench hook`'s CUDA-event part: added cost = events minus
+    host-only timing in the same run, and its share of a 50 ms step with
+    100 collectives, judged against both targets."""
+    from slurmguard.hook.bench import GpuCallCost, report
+
+    g = GpuCallCost(calls_per_round=20000, rounds=3, runs=5, burst=100,
+                    cpu_ns={"base": 150.0, "host": 700.0, "events": 1100.0},
+                    wall_ns={"base": 170.0, "host": 1100.0, "events": 1700.0})
+    assert g.added_ns == pytest.approx(600.0) and g.added() == pytest.approx(400.0)
+    assert g.step_pct == pytest.approx(100 * 600e-9 * 100 / 50e-3)
+    text = report(None, None, None, g)
+    assert "FAKE CUDA runtime" in text
+    assert ("added by event timing over host timing: 600 ns per call wall (400 ns thread CPU) "
+            "= 0.120% of a 50 ms step with 100 collectives (meets targets < 2 us per call, "
+            "< 1% of the step)") in text
+    g.wall_ns["events"] = 4000.0
+    assert "(MISSES targets" in report(None, None, None, g)

@@ -21,6 +21,9 @@
  *   exit      exit with a collective still running: exit is not delayed,
  *             the exit status is the job's, done records are flushed and
  *             the rest counted lost
+ *   killed    SIGKILL mid-collective: the finished records are intact, the
+ *             one in flight stays an uncommitted hole that readers give up
+ *             on (sg_ring.h), nothing after it is damaged
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -29,6 +32,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -465,6 +469,60 @@ static void check_exit(uint64_t took)
 	      (unsigned long long)atomic_load(&h->gpu_lost));
 }
 
+static int scenario_killed(void)
+{
+	ncclComm_t comm = make_comm(1, 0, NULL);
+	cudaStream_t s;
+	int i;
+
+	cudaStreamCreate(&s);
+	fakeNcclSetTiming(0, 1 * MS);
+	for (i = 0; i < 3; i++)
+		ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s);
+	cudaStreamSynchronize(s);
+	sleep_ns(20 * MS); /* the three are committed */
+	fakeNcclSetTiming(0, 5000 * MS);
+	ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s);
+	{
+		char path[512];
+		int fd;
+
+		snprintf(path, sizeof(path), "%s/inflight", g_dir);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	for (;;)
+		sleep_ns(1000 * MS); /* killed here */
+	return 0;
+}
+
+static void check_killed(void)
+{
+	struct sg_ring_header *h = open_ring(0);
+	struct sg_record r;
+	uint64_t n, wc;
+	int ok = 0;
+
+	if (!h)
+		return;
+	wc = atomic_load(&h->write_counter);
+	for (n = 0; n < wc; n++) {
+		enum sg_read_result res = sg_ring_read(h, n, &r);
+
+		if (res == SG_READ_OK && r.op == SG_OP_ALLREDUCE)
+			ok += r.flags == SG_F_GPU_TIME;
+		else if (res == SG_READ_OK)
+			continue;
+		else
+			break;
+	}
+	CHECK(ok == 3, "%d finished records intact", ok);
+	CHECK(n < wc && sg_ring_read(h, n, &r) == SG_READ_NOT_YET,
+	      "the killed call is an uncommitted hole (record %llu of %llu)", (unsigned long long)n,
+	      (unsigned long long)wc);
+}
+
 /* ------------------------------------------------------------------ driver */
 
 static void clean_dir(const char *dir)
@@ -601,6 +659,22 @@ int main(void)
 		took = sg_mono_ns() - t0;
 		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7, "exit status %#x, want 7", st);
 		check_exit(took);
+	}
+	clean_dir(g_dir);
+	{
+		pid_t pid = start_child("killed", scenario_killed, 0, NULL, NULL);
+		uint64_t until = sg_mono_ns() + 10000 * MS;
+		char marker[512];
+
+		/* kill once the long collective is in flight */
+		snprintf(marker, sizeof(marker), "%s/inflight", g_dir);
+		while (sg_mono_ns() < until && access(marker, F_OK) != 0)
+			sleep_ns(5 * MS);
+		sleep_ns(20 * MS);
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+		CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "killed: status %#x", st);
+		check_killed();
 	}
 	clean_dir(g_dir);
 	rmdir(g_dir);
