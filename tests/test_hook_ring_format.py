@@ -313,3 +313,31 @@ def test_duration_rule_prefers_gpu_time(spank_build, tmp_path):
     j = gpu.to_json()
     assert "gpu_time" in j["flags"] and j["gpu_end_ns"] - j["gpu_start_ns"] == 20303
     assert "gpu_start_ns" not in host.to_json()
+
+
+def test_python_reads_profiler_plugin_records(spank_build, tmp_path):
+    """What the NCCL profiler plugin writes under the fake NCCL core
+    (spank_plugin/tests/test_profiler.c) reads back in Python: collectives
+    with GPU times (duration = GPU time), NCCL sequence numbers, and
+    per-link peer_xfer aggregates that are not calls."""
+    build = spank_build.hook.parent
+    env = dict(os.environ, LD_PRELOAD=str(spank_build.hook), SG_TEST_RING_DIR=str(tmp_path),
+               NCCL_PROFILER_PLUGIN=str(build / "libslurmguard_nccl_profiler.so"))
+    res = subprocess.run([str(build / "tests" / "test_profiler")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    with ring.RingReader(str(tmp_path / "rank-0.step-0.ncclprof.ring")) as r:
+        assert r.header.source_name == "ncclprof" and r.header.gpu_state_name == "on"
+        recs = r.read().records
+    colls = [x for x in recs if x.op_name == "allreduce"]
+    assert [x.coll_seq for x in colls] == [1, 2, 3, 4, 5, 6]
+    for x in colls:
+        assert x.has_gpu_time and not x.is_peer_xfer
+        assert x.host_duration_ns < 3_000_000 <= 20_000_000 <= x.duration_ns == x.gpu_duration_ns
+    links = {(x.peer, "xfer_send" in x.to_json()["flags"]): x for x in recs if x.is_peer_xfer}
+    assert set(links) == {(1, True), (3, False)}
+    slow, fine = links[(1, True)], links[(3, False)]
+    assert slow.count == fine.count == 48 and slow.bytes == 48 * 524288
+    assert slow.xfer_net_ns - fine.xfer_net_ns >= 48 * 2_500_000
+    j = slow.to_json()
+    assert j["op"] == "peer_xfer" and j["xfer_channels"] == 3 and j["xfer_ops"] == 12

@@ -270,6 +270,12 @@ class RingRecord:
         return self.seq - 1
 
     @property
+    def is_peer_xfer(self) -> bool:
+        """A per-link transfer aggregate (profiler plugin), not a call: keep
+        it out of op sequences and iteration timing."""
+        return self.op == OP["peer_xfer"]
+
+    @property
     def has_gpu_time(self) -> bool:
         return bool(self.flags & F_GPU_TIME)
 

@@ -44,11 +44,12 @@ cudaError_t cudaStreamSynchronize(cudaStream_t);
 #define NCOLL 5
 #define STEPS (NCOLL * 2 /* channels */ * 4 /* steps */)
 
-static char g_dir[] = "/tmp/sg-test-prof-XXXXXX";
+static char g_dir[512] = "/tmp/sg-test-prof-XXXXXX";
+static int g_keep; /* SG_TEST_RING_DIR: write there and keep the rings */
 
 static struct sg_ring_header *try_ring(const char *source)
 {
-	char path[512];
+	char path[1024];
 	const char *why = NULL;
 
 	snprintf(path, sizeof(path), "%s/rank-0.step-0.%s.ring", g_dir, source);
@@ -72,9 +73,12 @@ static int count_op(struct sg_ring_header *h, uint16_t op)
 static void cleanup(void)
 {
 	char path[1024];
-	DIR *d = opendir(g_dir);
+	DIR *d;
 	struct dirent *de;
 
+	if (g_keep)
+		return;
+	d = opendir(g_dir);
 	while (d && (de = readdir(d))) {
 		if (de->d_name[0] == '.')
 			continue;
@@ -99,7 +103,10 @@ int main(void)
 	uint64_t n, wc;
 	char name[64];
 
-	if (!mkdtemp(g_dir)) {
+	if (getenv("SG_TEST_RING_DIR")) {
+		snprintf(g_dir, sizeof(g_dir), "%s", getenv("SG_TEST_RING_DIR"));
+		g_keep = 1;
+	} else if (!mkdtemp(g_dir)) {
 		perror("mkdtemp");
 		return 2;
 	}
