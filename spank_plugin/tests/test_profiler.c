@@ -118,7 +118,7 @@ int main(void)
 
 	/* rank 0 of a 4-rank ring: sends to 1 over a slow link, receives from
 	 * 3 over a healthy one */
-	fakeNcclSetLink(1, 3 * MS);
+	fakeNcclSetLink(1, 8 * MS);
 	fakeNcclSetLink(3, 50 * US);
 	cudaStreamCreate(&s);
 	ncclGetUniqueId(&uid);
@@ -177,8 +177,8 @@ int main(void)
 			CHECK(r.flags == SG_F_GPU_TIME, "collective %d flags %#x", i, r.flags);
 			CHECK(host >= 5 * US && host < 3 * MS, "collective %d host %llu ns", i,
 			      (unsigned long long)host);
-			/* 20 ms of kernel plus the ring's steps (~25 ms) */
-			CHECK(gpu >= 20 * MS && gpu < 150 * MS, "collective %d GPU %llu ns", i,
+			/* 20 ms of kernel plus the ring's steps (~65 ms) */
+			CHECK(gpu >= 20 * MS && gpu < 300 * MS, "collective %d GPU %llu ns", i,
 			      (unsigned long long)gpu);
 			CHECK(r.coll_seq == (uint64_t)i + 1 && r.count == 16 &&
 				      r.datatype == SG_DT_FLOAT32 && r.bytes == 64,
@@ -215,13 +215,13 @@ int main(void)
 		      "send aggregate: bytes %llu channels %#llx ops %u",
 		      (unsigned long long)slow.bytes, (unsigned long long)slow.xfer_channels,
 		      slow.xfer_ops);
-		/* per step: 3 ms on the slow link, 50 us on the healthy one */
-		CHECK(slow.xfer_net_ns >= slow.count * 3 * MS, "slow link: %llu ns on the network",
+		/* per step: 8 ms on the slow link, 50 us on the healthy one */
+		CHECK(slow.xfer_net_ns >= slow.count * 8 * MS, "slow link: %llu ns on the network",
 		      (unsigned long long)slow.xfer_net_ns);
-		/* sleeps overshoot on a busy machine, alike on both links: compare
-		 * the difference (2.95 ms per step) */
+		/* sleeps overshoot on a busy machine (by up to a millisecond or
+		 * so, on either link): compare the difference (7.95 ms per step) */
 		CHECK(slow.xfer_net_ns > fine.xfer_net_ns &&
-			      slow.xfer_net_ns - fine.xfer_net_ns >= slow.count * 2500 * US,
+			      slow.xfer_net_ns - fine.xfer_net_ns >= slow.count * 5 * MS,
 		      "healthy link %llu ns vs slow %llu ns", (unsigned long long)fine.xfer_net_ns,
 		      (unsigned long long)slow.xfer_net_ns);
 		CHECK(slow.xfer_peer_wait_ns > 0 && slow.xfer_gpu_wait_ns > 0 && fine.xfer_gpu_wait_ns > 0,
