@@ -337,7 +337,9 @@ def test_python_reads_profiler_plugin_records(spank_build, tmp_path):
     links = {(x.peer, "xfer_send" in x.to_json()["flags"]): x for x in recs if x.is_peer_xfer}
     assert set(links) == {(1, True), (3, False)}
     slow, fine = links[(1, True)], links[(3, False)]
-    assert slow.count == fine.count == 48 and slow.bytes == 48 * 524288
+    assert slow.count == 52 and fine.count == 48 and slow.bytes == 52 * 524288
     assert slow.xfer_net_ns - fine.xfer_net_ns >= 48 * 5_000_000
     j = slow.to_json()
-    assert j["op"] == "peer_xfer" and j["xfer_channels"] == 3 and j["xfer_ops"] == 12
+    assert j["op"] == "peer_xfer" and j["xfer_channels"] == 3 and j["xfer_ops"] == 13
+    send = next(x for x in recs if x.op_name == "send")
+    assert send.peer == 1 and send.has_gpu_time and send.duration_ns >= 2_000_000 + 4 * 8_000_000

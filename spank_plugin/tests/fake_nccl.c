@@ -286,6 +286,9 @@ static void nap_ns(uint64_t ns)
 struct prof_kernel_arg {
 	void *ctx, *coll;
 	int rank, nranks;
+	int channels;   /* kernel channels of the operation */
+	int p2p_peer;   /* p2p: the peer (one op on channel 0), else -1: a ring */
+	int p2p_send;
 	struct wait_arg *wait;
 };
 
@@ -339,7 +342,7 @@ static void prof_kernel(void *p)
 	void *ch[PROF_CHANNELS];
 	int i;
 
-	for (i = 0; i < PROF_CHANNELS; i++) {
+	for (i = 0; i < a->channels; i++) {
 		memset(&u, 0, sizeof(u));
 		u.kernelCh.channelId = (uint8_t)i;
 		u.kernelCh.pTimer = gtimer();
@@ -348,11 +351,15 @@ static void prof_kernel(void *p)
 	if (a->wait)
 		clique_wait(a->wait);
 	nap_ns(kernel_ns);
-	for (i = 0; a->nranks > 1 && i < PROF_CHANNELS; i++) {
-		prof_op(a, i, (a->rank + 1) % a->nranks, 1);
-		prof_op(a, i, (a->rank + a->nranks - 1) % a->nranks, 0);
+	if (a->p2p_peer >= 0) {
+		prof_op(a, 0, a->p2p_peer, a->p2p_send);
+	} else {
+		for (i = 0; a->nranks > 1 && i < a->channels; i++) {
+			prof_op(a, i, (a->rank + 1) % a->nranks, 1);
+			prof_op(a, i, (a->rank + a->nranks - 1) % a->nranks, 0);
+		}
 	}
-	for (i = 0; i < PROF_CHANNELS; i++) {
+	for (i = 0; i < a->channels; i++) {
 		ncclProfilerEventStateArgs_v4_t st = { .kernelCh = { gtimer() } };
 
 		prof_state(ch[i], ncclProfilerKernelChStop, &st);
@@ -387,7 +394,8 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 			u.p2p.datatype = dt_name(dt);
 			u.p2p.count = count;
 			u.p2p.peer = root_or_peer;
-			u.p2p.nChannels = 0; /* host events only, see below */
+			/* grouped p2p: host events only in this fake, see below */
+			u.p2p.nChannels = group_depth_tls() > 0 ? 0 : 1;
 		} else {
 			u.coll.seqNumber = c->coll_seq++;
 			u.coll.func = func;
@@ -403,8 +411,8 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 	until = mono_ns() + enqueue_ns;
 	while (enqueue_ns && mono_ns() < until)
 		;
-	if (ev && (p2p || group_depth_tls() > 0)) {
-		/* p2p and grouped work: host events only in this fake */
+	if (ev && group_depth_tls() > 0) {
+		/* grouped work: host events only in this fake */
 		prof_stop(ev);
 		ev = NULL;
 	}
@@ -417,7 +425,10 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 			a->coll = ev;
 			a->rank = c->rank;
 			a->nranks = c->nranks;
-			if (c->clique && (a->wait = malloc(sizeof(*a->wait)))) {
+			a->channels = p2p ? 1 : PROF_CHANNELS;
+			a->p2p_peer = p2p ? root_or_peer : -1;
+			a->p2p_send = p2p && strcmp(func, "Send") == 0;
+			if (!p2p && c->clique && (a->wait = malloc(sizeof(*a->wait)))) {
 				a->wait->clique = c->clique;
 				a->wait->rank = c->rank;
 				a->wait->nranks = c->nranks;

@@ -34,6 +34,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId,
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
 			   cudaStream_t);
+ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 void fakeNcclSetTiming(uint64_t enqueue_ns, uint64_t kernel_ns);
 void fakeNcclSetLink(int peer, uint64_t ns);
 cudaError_t cudaStreamCreate(cudaStream_t *);
@@ -129,6 +130,11 @@ int main(void)
 			      out[0] == 4, "allreduce %d", i);
 		cudaStreamSynchronize(s);
 	}
+	/* a send to the slow peer: one kernel channel, one proxy op */
+	fakeNcclSetTiming(5 * US, 2 * MS);
+	CHECK(ncclSend(in, 16, ncclFloat32, 1, comm, s) == ncclSuccess, "send");
+	cudaStreamSynchronize(s);
+	fakeNcclSetTiming(5 * US, 20 * MS);
 	prof = try_ring("ncclprof");
 	/* the controller holds this rank at its next collective (100 ms) */
 	if (prof) {
@@ -167,8 +173,8 @@ int main(void)
 	      "the hook recorded too: %d allreduce", count_op(hook, SG_OP_ALLREDUCE));
 
 	wc = atomic_load(&prof->write_counter);
-	/* init, 5 + 1 collectives, hold, 2 links, destroy: nothing per step */
-	CHECK(wc == 1 + NCOLL + 1 + 1 + 2 + 1, "%llu records", (unsigned long long)wc);
+	/* init, 5 + 1 collectives, send, hold, 2 links, destroy: nothing per step */
+	CHECK(wc == 1 + NCOLL + 1 + 1 + 1 + 2 + 1, "%llu records", (unsigned long long)wc);
 	for (n = 0, i = 0; n < wc; n++) {
 		CHECK(sg_ring_read(prof, n, &r) == SG_READ_OK, "record %llu", (unsigned long long)n);
 		if (r.op == SG_OP_ALLREDUCE && i < NCOLL) {
@@ -193,6 +199,16 @@ int main(void)
 		}
 	}
 	CHECK(i == NCOLL, "%d collectives", i);
+	for (n = 0; n < wc; n++) {
+		if (sg_ring_read(prof, n, &r) == SG_READ_OK && r.op == SG_OP_SEND) {
+			CHECK(r.flags == SG_F_GPU_TIME && r.peer == 1 && r.bytes == 64 &&
+				      r.gpu_end_ns - r.gpu_start_ns >= 2 * MS + 4 * 8 * MS,
+			      "send: flags %#x peer %d GPU %llu ns", r.flags, r.peer,
+			      (unsigned long long)(r.gpu_end_ns - r.gpu_start_ns));
+			break;
+		}
+	}
+	CHECK(n < wc, "no send record");
 	{
 		struct sg_record slow = { 0 }, fine = { 0 };
 		int links = 0;
@@ -207,11 +223,11 @@ int main(void)
 				fine = r;
 		}
 		CHECK(links == 2, "%d peer_xfer records", links);
-		/* the hold's collective adds its steps too */
-		CHECK(slow.count == STEPS + 8 && fine.count == STEPS + 8, "steps %llu / %llu",
+		/* the hold's collective adds its steps too, the send 4 to peer 1 */
+		CHECK(slow.count == STEPS + 8 + 4 && fine.count == STEPS + 8, "steps %llu / %llu",
 		      (unsigned long long)slow.count, (unsigned long long)fine.count);
 		CHECK(slow.bytes == slow.count * 524288 && slow.xfer_channels == 3 &&
-			      slow.xfer_ops == (NCOLL + 1) * 2,
+			      slow.xfer_ops == (NCOLL + 1) * 2 + 1,
 		      "send aggregate: bytes %llu channels %#llx ops %u",
 		      (unsigned long long)slow.bytes, (unsigned long long)slow.xfer_channels,
 		      slow.xfer_ops);
@@ -221,7 +237,7 @@ int main(void)
 		/* sleeps overshoot on a busy machine (by up to a millisecond or
 		 * so, on either link): compare the difference (7.95 ms per step) */
 		CHECK(slow.xfer_net_ns > fine.xfer_net_ns &&
-			      slow.xfer_net_ns - fine.xfer_net_ns >= slow.count * 5 * MS,
+			      slow.xfer_net_ns - fine.xfer_net_ns >= fine.count * 5 * MS,
 		      "healthy link %llu ns vs slow %llu ns", (unsigned long long)fine.xfer_net_ns,
 		      (unsigned long long)slow.xfer_net_ns);
 		CHECK(slow.xfer_peer_wait_ns > 0 && slow.xfer_gpu_wait_ns > 0 && fine.xfer_gpu_wait_ns > 0,
