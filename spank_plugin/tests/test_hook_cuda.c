@@ -16,6 +16,7 @@
  *             rank 0's record shows the wait, rank 1's the late start
  *   pool      an exhausted event pool turns timing off, one stderr line,
  *             results and return codes untouched
+ *   disabled  SLURMGUARD_CUDA_EVENTS=0: host times, no CUDA event made
  *   cudaerr   a CUDA error turns timing off, in-flight records keep host
  *             times and are counted lost
  *   exit      exit with a collective still running: exit is not delayed,
@@ -291,6 +292,22 @@ static int scenario_timing(void)
 		      (unsigned long long)ar, (unsigned long long)gpu);
 	}
 
+	/* another device: the pool's events belong to device 0; host times */
+	{
+		cudaStream_t s1;
+
+		cudaSetDevice(1);
+		cudaStreamCreate(&s1);
+		n = newest(h);
+		fakeNcclSetTiming(0, 1 * MS);
+		CHECK(ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s1) == ncclSuccess,
+		      "device 1 rc");
+		CHECK(wait_record(h, n, &r, 3000 * MS) && r.flags == SG_F_NO_EVENT,
+		      "device 1: flags %#x", r.flags);
+		cudaSetDevice(0);
+		CHECK(atomic_load(&h->gpu_state) == SG_GPU_ON, "still on for device 0");
+	}
+
 	/* destroyed with events in flight: the record still completes */
 	fakeNcclSetTiming(0, 30 * MS);
 	n = newest(h);
@@ -523,6 +540,27 @@ static void check_killed(void)
 	      (unsigned long long)wc);
 }
 
+static int scenario_disabled(void)
+{
+	struct sg_ring_header *h;
+	struct sg_record r;
+	ncclComm_t comm = make_comm(1, 0, NULL);
+	cudaStream_t s;
+
+	cudaStreamCreate(&s);
+	fakeNcclSetTiming(0, 1 * MS);
+	CHECK(ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s) == ncclSuccess, "rc");
+	h = open_ring(0);
+	if (!h)
+		return 1;
+	CHECK(find_op(h, SG_OP_ALLREDUCE, 0, &r, 3000 * MS) && r.flags == SG_F_NO_EVENT,
+	      "flags %#x", r.flags);
+	CHECK(atomic_load(&h->gpu_state) == SG_GPU_DISABLED, "gpu_state %u",
+	      atomic_load(&h->gpu_state));
+	CHECK(fakeCudaCalls("cudaEventCreateWithFlags") == 0, "events made while disabled");
+	return 0;
+}
+
 /* ------------------------------------------------------------------ driver */
 
 static void clean_dir(const char *dir)
@@ -644,6 +682,11 @@ int main(void)
 	snprintf(errfile, sizeof(errfile), "%s/pool.stderr", g_dir);
 	CHECK(stderr_lines(errfile, NULL) == 1 && stderr_lines(errfile, "pool exhausted") == 1,
 	      "pool: want one stderr line");
+
+	/* SLURMGUARD_CUDA_EVENTS=0: off by choice, silently */
+	run("disabled", scenario_disabled, "0");
+	snprintf(errfile, sizeof(errfile), "%s/disabled.stderr", g_dir);
+	CHECK(stderr_lines(errfile, NULL) == 0, "disabled: stderr lines");
 
 	run("cudaerr", scenario_cudaerr, NULL);
 	snprintf(errfile, sizeof(errfile), "%s/cudaerr.stderr", g_dir);
