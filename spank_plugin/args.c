@@ -5,6 +5,7 @@
  *
  * plugstack.conf line:
  *   optional /path/slurmguard_spank.so nccl_hook=/abs/libslurmguard_nccl.so \
+ *       nccl_profiler=/abs/libslurmguard_nccl_profiler.so \
  *       torch_hook=/abs/dir ring_root=/dev/shm/slurmguard default=off \
  *       allow_opt_out=yes partitions=gpu,debug ring_records=65536
  */
@@ -79,6 +80,7 @@ void sg_config_free(struct sg_config *cfg)
 {
 	free(cfg->nccl_hook);
 	free(cfg->torch_hook);
+	free(cfg->nccl_profiler);
 	free(cfg->ring_root);
 	free(cfg->partitions);
 	memset(cfg, 0, sizeof(*cfg));
@@ -112,9 +114,11 @@ int sg_args_parse(int ac, char **av, struct sg_config *cfg, char *err, size_t er
 			goto error;
 		}
 		if (strcmp(key, "nccl_hook") == 0 || strcmp(key, "torch_hook") == 0 ||
-		    strcmp(key, "ring_root") == 0) {
-			char **slot = key[0] == 'n' ? &cfg->nccl_hook :
-				      key[0] == 't' ? &cfg->torch_hook : &cfg->ring_root;
+		    strcmp(key, "ring_root") == 0 || strcmp(key, "nccl_profiler") == 0) {
+			char **slot = strcmp(key, "nccl_hook") == 0 ? &cfg->nccl_hook :
+				      strcmp(key, "torch_hook") == 0 ? &cfg->torch_hook :
+				      strcmp(key, "nccl_profiler") == 0 ? &cfg->nccl_profiler :
+				      &cfg->ring_root;
 
 			if (check_path(key, v, err, errlen) || set_str(slot, v))
 				goto error;
@@ -154,8 +158,9 @@ int sg_args_parse(int ac, char **av, struct sg_config *cfg, char *err, size_t er
 			goto unknown;
 		}
 	}
-	if (!cfg->nccl_hook && !cfg->torch_hook) {
-		snprintf(err, errlen, "need nccl_hook=PATH and/or torch_hook=DIR");
+	if (!cfg->nccl_hook && !cfg->torch_hook && !cfg->nccl_profiler) {
+		snprintf(err, errlen,
+			 "need at least one of nccl_hook=PATH, nccl_profiler=PATH, torch_hook=DIR");
 		goto error;
 	}
 	if (!cfg->ring_root && set_str(&cfg->ring_root, SG_DEFAULT_RING_ROOT))
@@ -167,8 +172,8 @@ bad_syntax:
 	goto error;
 unknown:
 	fail(err, errlen,
-	     "unknown argument '%s' (known: nccl_hook, torch_hook, ring_root, default, "
-	     "allow_opt_out, partitions, ring_records)%s",
+	     "unknown argument '%s' (known: nccl_hook, nccl_profiler, torch_hook, ring_root, "
+	     "default, allow_opt_out, partitions, ring_records)%s",
 	     av[i], "");
 error:
 	if (!err[0])

@@ -7,6 +7,17 @@
  * entry/return timestamps is appended to this rank's ring. Arguments,
  * results, return codes and errno are never changed.
  *
+ * GPU time (gpu_timing.c): collectives and p2p calls outside a group, and
+ * each outermost ncclGroupStart/End group as a whole, also get CUDA events
+ * on their stream; their record is committed by the completion thread once
+ * the work has run on the GPU, with gpu_start_ns/gpu_end_ns. Calls inside
+ * a group only enqueue at ncclGroupEnd, so they carry host times and
+ * SG_F_IN_GROUP; the group_end record carries the group's GPU time.
+ *
+ * When the NCCL profiler plugin (nccl_profiler.c) is active in the same
+ * process it calls slurmguard_hook_defer() and the hook stops recording:
+ * one writer per call.
+ *
  * The hook does nothing until the first NCCL call, and only records when
  * SLURMGUARD_RING_DIR is set (the SPANK plugin sets it for guarded jobs).
  * A missing ring, a full /dev/shm or a missing NCCL symbol turns recording
@@ -28,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gpu_timing.h"
 #include "nccl_api.h"
 #include "sg_clock.h"
 #include "sg_ring.h"
@@ -52,11 +64,24 @@ struct thread_state {
 	/* record numbers this thread reserved in blk_ring: [blk_next, blk_end) */
 	struct sg_ring_header *blk_ring;
 	uint64_t blk_next, blk_end;
+	/* the stream of the first call in the current group: the group's
+	 * events go there (NCCL launches a group's work at ncclGroupEnd) */
+	cudaStream_t group_stream;
+	int group_has_stream;
 };
 
 static SG_TLS struct thread_state tls;
 #define tls_busy (tls.busy)
 #define tls_group (tls.group)
+
+/* set by the NCCL profiler plugin once NCCL loaded it: it records the calls
+ * from then on, the hook only forwards them */
+static _Atomic int g_defer;
+
+__attribute__((visibility("default"))) void slurmguard_hook_defer(void)
+{
+	atomic_store(&g_defer, 1);
+}
 
 /* reservation mode, see reserve() */
 static _Atomic uintptr_t g_block_owner; /* &tls of the thread using blocks */
@@ -138,100 +163,9 @@ static inline void *real_fn(_Atomic(void *) *cache, const char *name, void *self
 
 /* ------------------------------------------------------------------ ring */
 
-static int env_int(const char *name, int fallback)
-{
-	const char *v = getenv(name);
-	char *end;
-	long x;
-
-	if (!v || !*v)
-		return fallback;
-	errno = 0;
-	x = strtol(v, &end, 10);
-	if (errno || *end || x < INT_MIN || x > INT_MAX)
-		return fallback;
-	return (int)x;
-}
-
-static uint32_t env_u32(const char *name, uint32_t fallback)
-{
-	const char *v = getenv(name);
-	char *end;
-	unsigned long long x;
-
-	if (!v || !*v || *v == '-')
-		return fallback;
-	errno = 0;
-	x = strtoull(v, &end, 10);
-	if (errno || *end || x > UINT32_MAX)
-		return fallback;
-	return (uint32_t)x;
-}
-
-static int env_first_int(const char *const *names, int fallback)
-{
-	for (; *names; names++) {
-		int v = env_int(*names, INT_MIN);
-
-		if (v != INT_MIN)
-			return v;
-	}
-	return fallback;
-}
-
-
 static struct sg_ring_header *ring_create(int rank_hint, int size_hint)
 {
-	static const char *const rank_vars[] = { "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-						 "PMI_RANK", NULL };
-	static const char *const size_vars[] = { "WORLD_SIZE", "SLURM_NTASKS",
-						 "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL };
-	static const char *const local_vars[] = { "LOCAL_RANK", "SLURM_LOCALID",
-						  "OMPI_COMM_WORLD_LOCAL_RANK", NULL };
-	const char *dir = getenv("SLURMGUARD_RING_DIR");
-	struct sg_ring_meta m;
-	struct sg_ring_header *h;
-	char host[SG_NODE_NAME_LEN];
-	char path[PATH_MAX], sbuf[16];
-	const char *node, *sname;
-	int n;
-
-	if (!dir || dir[0] != '/')
-		return NULL;
-	memset(&m, 0, sizeof(m));
-	m.capacity = env_u32("SLURMGUARD_RING_RECORDS", SG_RING_DEFAULT_CAPACITY);
-	m.job_id = env_u32("SLURMGUARD_JOB_ID", 0);
-	m.step_id = env_u32("SLURMGUARD_STEP_ID", SG_STEP_PENDING);
-	m.global_rank = env_first_int(rank_vars, rank_hint);
-	m.world_size = env_first_int(size_vars, size_hint);
-	m.local_rank = env_first_int(local_vars, -1);
-	m.source = SG_SOURCE_NCCL;
-	node = getenv("SLURMD_NODENAME");
-	if (!node || !*node) {
-		if (gethostname(host, sizeof(host)) != 0)
-			host[0] = '\0';
-		host[sizeof(host) - 1] = '\0';
-		node = host;
-	}
-	m.node_name = node;
-	sname = sg_step_name(m.step_id, sbuf, sizeof(sbuf));
-	n = snprintf(path, sizeof(path), "%s/rank-%d.step-%s.nccl.ring", dir, m.global_rank, sname);
-	if (n < 0 || (size_t)n >= sizeof(path))
-		return NULL;
-	h = sg_ring_create(path, &m);
-	if (!h && errno == EEXIST) {
-		/* same rank twice (a relaunch in the same step, or a forked
-		 * child): keep both, the header says whose is whose */
-		n = snprintf(path, sizeof(path), "%s/rank-%d.step-%s.nccl.pid-%d.ring", dir,
-			     m.global_rank, sname, (int)getpid());
-		if (n < 0 || (size_t)n >= sizeof(path))
-			return NULL;
-		h = sg_ring_create(path, &m);
-	}
-	if (!h)
-		fprintf(stderr, "slurmguard: NCCL call timing off: cannot create %s: %s\n", path,
-			strerror(errno));
-	return h;
+	return sg_ring_create_for_rank("nccl", SG_SOURCE_NCCL, rank_hint, size_hint);
 }
 
 static struct sg_ring_header *ring_slow(int rank_hint, int size_hint)
@@ -271,6 +205,7 @@ static void after_fork_child(void)
 	atomic_store(&g_block_owner, 0);
 	atomic_store(&g_many_writers, 0);
 	memset(&tls, 0, sizeof(tls));
+	sg_gpu_after_fork();
 }
 
 __attribute__((constructor)) static void hook_init(void)
@@ -508,12 +443,14 @@ static inline struct sg_record *reserve(struct sg_ring_header *h, uint64_t *n)
 	return reserve_slow(h, n);
 }
 
-/* r0, r1: raw clock readings (sg_clock_raw) around the call */
+/* r0, r1: raw clock readings (sg_clock_raw) around the call; gflags:
+ * SG_F_* from sg_gpu_begin; pair >= 0: events in flight, the completion
+ * thread commits */
 static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, int32_t peer,
 			uint64_t count, ncclDataType_t dt, uint8_t redop, uint64_t r0, uint64_t r1,
-			ncclResult_t rc)
+			ncclResult_t rc, uint32_t gflags, int pair, cudaStream_t stream)
 {
-	uint32_t flags = tls_group > 0 ? SG_F_IN_GROUP : 0;
+	uint32_t flags = (tls_group > 0 ? SG_F_IN_GROUP : 0) | gflags;
 	uint8_t sdt = map_datatype(dt);
 	uint64_t id = comm ? comm_id(comm, &flags) : 0;
 	uint64_t n, t0, t1;
@@ -533,11 +470,16 @@ static inline void emit(struct sg_ring_header *h, uint16_t op, ncclComm_t comm, 
 	s->redop = redop;
 	s->flags = flags | (rc != ncclSuccess ? SG_F_ERROR : 0);
 	s->status = (int32_t)rc;
-	sg_ring_commit(h, s, n);
+	memset(&s->gpu_start_ns, 0, sizeof(*s) - offsetof(struct sg_record, gpu_start_ns));
+	if (pair >= 0)
+		sg_gpu_submit(h, s, n, pair, stream);
+	else
+		sg_ring_commit(h, s, n);
 }
 
-static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
-		      uint64_t nranks, uint32_t flags, uint64_t t0, uint64_t t1, ncclResult_t rc)
+static void emit_meta_gpu(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
+			  uint64_t nranks, uint32_t flags, uint64_t t0, uint64_t t1,
+			  ncclResult_t rc, int pair, cudaStream_t stream)
 {
 	struct sg_record r;
 
@@ -554,44 +496,29 @@ static void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_
 		uint64_t n;
 		struct sg_record *s = reserve(h, &n);
 
-		s->comm_id = r.comm_id;
-		s->count = r.count;
-		s->bytes = r.bytes;
-		s->start_ns = r.start_ns;
-		s->end_ns = r.end_ns;
-		s->peer = r.peer;
-		s->op = r.op;
-		s->datatype = r.datatype;
-		s->redop = r.redop;
-		s->flags = r.flags;
-		s->status = r.status;
-		sg_ring_commit(h, s, n);
+		sg_record_copy_body(s, &r);
+		if (pair >= 0)
+			sg_gpu_submit(h, s, n, pair, stream);
+		else
+			sg_ring_commit(h, s, n);
 	}
+}
+
+static inline void emit_meta(struct sg_ring_header *h, uint16_t op, uint64_t id, int32_t rank,
+			     uint64_t nranks, uint32_t flags, uint64_t t0, uint64_t t1,
+			     ncclResult_t rc)
+{
+	emit_meta_gpu(h, op, id, rank, nranks, flags, t0, t1, rc, -1, NULL);
 }
 
 static void __attribute__((noinline)) hold_wait(struct sg_ring_header *h)
 {
-	uint64_t t0 = now_ns(), limit;
-	uint32_t tmo = h->hold_timeout_ms ? h->hold_timeout_ms : SG_HOLD_DEFAULT_TIMEOUT_MS;
-	struct timespec nap = { 0, 1000000 };
-	uint32_t flags = 0;
+	uint64_t t0, t1;
+	uint32_t flags;
 	int saved = errno;
 
-	limit = (uint64_t)tmo * 1000000ull;
-	atomic_store(&h->hold_since_ns, t0);
-	while (atomic_load_explicit(&h->control, memory_order_acquire) & SG_CTL_HOLD) {
-		if (now_ns() - t0 >= limit) {
-			/* the controller is gone or too slow: release everyone */
-			atomic_fetch_and(&h->control, ~SG_CTL_HOLD);
-			atomic_fetch_add(&h->hold_timeouts, 1);
-			flags = SG_F_TIMEOUT;
-			break;
-		}
-		nanosleep(&nap, NULL);
-	}
-	atomic_store(&h->hold_since_ns, 0);
-	atomic_fetch_add(&h->holds, 1);
-	emit_meta(h, SG_OP_HOLD, 0, -1, 0, flags, t0, now_ns(), ncclSuccess);
+	flags = sg_ring_hold(h, &t0, &t1);
+	emit_meta(h, SG_OP_HOLD, 0, -1, 0, flags, t0, t1, ncclSuccess);
 	errno = saved;
 }
 
@@ -601,26 +528,48 @@ static inline void hold_point(struct sg_ring_header *h)
 		hold_wait(h);
 }
 
+static inline int deferred(void)
+{
+	return atomic_load_explicit(&g_defer, memory_order_relaxed);
+}
+
 /*
  * Body shared by every collective and p2p wrapper: forward only when NCCL
- * is missing, re-entered, or recording is off; otherwise hold point,
- * timestamps around the real call, one record.
+ * is missing, re-entered, or recording is off (or the profiler plugin
+ * records); otherwise hold point, start event, host timestamps around the
+ * real call (not around the event records), end event, one record.
  */
-#define TIMED_CALL(OP, COMM, PEER, COUNT, DT, REDOP, CALL)                     \
+#define TIMED_CALL(OP, COMM, PEER, COUNT, DT, REDOP, STREAM, CALL)             \
 	do {                                                                   \
 		struct sg_ring_header *h_;                                     \
 		uint64_t t0_, t1_;                                             \
 		ncclResult_t rc_;                                              \
+		uint32_t gf_ = 0;                                              \
+		int pair_ = -1;                                                \
 		if (unlikely(!fn))                                             \
 			return ncclSystemError;                                \
-		if (unlikely(tls_busy) || unlikely(!(h_ = ring_get())))        \
+		if (unlikely(tls_busy) || unlikely(deferred()) ||              \
+		    unlikely(!(h_ = ring_get())))                              \
 			return CALL;                                           \
 		tls_busy = 1;                                                  \
 		hold_point(h_);                                                \
+		if (tls_group > 0) {                                           \
+			if (!tls.group_has_stream) {                           \
+				tls.group_stream = (STREAM);                   \
+				tls.group_has_stream = 1;                      \
+			}                                                      \
+		} else {                                                       \
+			gf_ = sg_gpu_begin(h_, (STREAM), &pair_);              \
+		}                                                              \
 		t0_ = sg_clock_raw(&g_clock);                                  \
 		rc_ = CALL;                                                    \
 		t1_ = sg_clock_raw(&g_clock);                                  \
-		emit(h_, OP, COMM, PEER, COUNT, DT, REDOP, t0_, t1_, rc_);     \
+		if (pair_ >= 0 && sg_gpu_end(pair_, (STREAM)) != 0) {          \
+			pair_ = -1;                                            \
+			gf_ |= SG_F_NO_EVENT;                                  \
+		}                                                              \
+		emit(h_, OP, COMM, PEER, COUNT, DT, REDOP, t0_, t1_, rc_, gf_, \
+		     pair_, (STREAM));                                         \
 		tls_busy = 0;                                                  \
 		return rc_;                                                    \
 	} while (0)
@@ -646,7 +595,7 @@ ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
 			   cudaStream_t stream)
 {
 	REAL(allreduce_fn, ncclAllReduce);
-	TIMED_CALL(SG_OP_ALLREDUCE, comm, -1, count, datatype, map_redop(op),
+	TIMED_CALL(SG_OP_ALLREDUCE, comm, -1, count, datatype, map_redop(op), stream,
 		   fn(sendbuff, recvbuff, count, datatype, op, comm, stream));
 }
 
@@ -655,7 +604,7 @@ ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recv
 			       cudaStream_t stream)
 {
 	REAL(allreduce_fn, ncclReduceScatter);
-	TIMED_CALL(SG_OP_REDUCESCATTER, comm, -1, recvcount, datatype, map_redop(op),
+	TIMED_CALL(SG_OP_REDUCESCATTER, comm, -1, recvcount, datatype, map_redop(op), stream,
 		   fn(sendbuff, recvbuff, recvcount, datatype, op, comm, stream));
 }
 
@@ -663,7 +612,7 @@ ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcoun
 			   ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(allgather_fn, ncclAllGather);
-	TIMED_CALL(SG_OP_ALLGATHER, comm, -1, sendcount, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_ALLGATHER, comm, -1, sendcount, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, sendcount, datatype, comm, stream));
 }
 
@@ -671,7 +620,7 @@ ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count,
 			   ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(broadcast_fn, ncclBroadcast);
-	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, count, datatype, root, comm, stream));
 }
 
@@ -679,7 +628,7 @@ ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int ro
 		       ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(bcast_fn, ncclBcast);
-	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_BROADCAST, comm, root, count, datatype, SG_REDOP_NONE, stream,
 		   fn(buff, count, datatype, root, comm, stream));
 }
 
@@ -688,7 +637,7 @@ ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count,
 			cudaStream_t stream)
 {
 	REAL(reduce_fn, ncclReduce);
-	TIMED_CALL(SG_OP_REDUCE, comm, root, count, datatype, map_redop(op),
+	TIMED_CALL(SG_OP_REDUCE, comm, root, count, datatype, map_redop(op), stream,
 		   fn(sendbuff, recvbuff, count, datatype, op, root, comm, stream));
 }
 
@@ -700,7 +649,7 @@ ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count,
 			  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(allgather_fn, ncclAlltoAll);
-	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
@@ -708,7 +657,7 @@ ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count,
 			  ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(allgather_fn, ncclAllToAll);
-	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_ALLTOALL, comm, -1, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, recvbuff, count, datatype, comm, stream));
 }
 
@@ -716,7 +665,7 @@ ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatyp
 		      ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(send_fn, ncclSend);
-	TIMED_CALL(SG_OP_SEND, comm, peer, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_SEND, comm, peer, count, datatype, SG_REDOP_NONE, stream,
 		   fn(sendbuff, count, datatype, peer, comm, stream));
 }
 
@@ -724,7 +673,7 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 		      ncclComm_t comm, cudaStream_t stream)
 {
 	REAL(recv_fn, ncclRecv);
-	TIMED_CALL(SG_OP_RECV, comm, peer, count, datatype, SG_REDOP_NONE,
+	TIMED_CALL(SG_OP_RECV, comm, peer, count, datatype, SG_REDOP_NONE, stream,
 		   fn(recvbuff, count, datatype, peer, comm, stream));
 }
 
@@ -733,7 +682,10 @@ ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int
 static ncclResult_t group_call(void_fn fn, uint16_t op, int delta)
 {
 	struct sg_ring_header *h;
-	uint64_t t0;
+	cudaStream_t stream = NULL;
+	uint32_t gflags = 0;
+	int pair = -1, outermost;
+	uint64_t t0, t1;
 	ncclResult_t rc;
 
 	if (unlikely(!fn))
@@ -743,7 +695,12 @@ static ncclResult_t group_call(void_fn fn, uint16_t op, int delta)
 	/* the depth tracks the caller's view, whatever the call returns */
 	if (delta < 0 && tls_group > 0)
 		tls_group += delta;
-	h = ring_get();
+	outermost = delta < 0 && tls_group == 0 && tls.group_has_stream;
+	if (outermost) {
+		stream = tls.group_stream;
+		tls.group_has_stream = 0;
+	}
+	h = deferred() ? NULL : ring_get();
 	if (!h) {
 		rc = fn();
 		if (delta > 0)
@@ -751,9 +708,16 @@ static ncclResult_t group_call(void_fn fn, uint16_t op, int delta)
 		return rc;
 	}
 	tls_busy = 1;
+	if (outermost)
+		gflags = sg_gpu_begin(h, stream, &pair);
 	t0 = now_ns();
 	rc = fn();
-	emit_meta(h, op, 0, -1, 0, 0, t0, now_ns(), rc);
+	t1 = now_ns();
+	if (pair >= 0 && sg_gpu_end(pair, stream) != 0) {
+		pair = -1;
+		gflags |= SG_F_NO_EVENT;
+	}
+	emit_meta_gpu(h, op, 0, -1, 0, gflags, t0, t1, rc, pair, stream);
 	if (delta > 0)
 		tls_group += delta;
 	tls_busy = 0;
@@ -797,7 +761,8 @@ static void init_done(ncclComm_t *newcomm, uint64_t id, int rank, int nranks, ui
 	 * the handle already valid */
 	if ((rc == ncclSuccess || rc == ncclInProgress) && newcomm && *newcomm)
 		comm_remember(*newcomm, id, rank, nranks, 0);
-	if (h)
+	/* NCCL may have loaded the profiler plugin during this very init */
+	if (h && !deferred())
 		emit_meta(h, SG_OP_COMM_INIT, id, rank, (uint64_t)nranks, 0, t0, now_ns(), rc);
 }
 
@@ -910,7 +875,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
 	if (tls_busy)
 		return fn(comm, color, key, newcomm, config);
 	tls_busy = 1;
-	h = ring_get();
+	h = deferred() ? NULL : ring_get();
 	parent = comm ? comm_id(comm, &flags) : 0;
 	t0 = now_ns();
 	rc = fn(comm, color, key, newcomm, config);
@@ -948,7 +913,7 @@ static ncclResult_t comm_end(comm_fn fn, ncclComm_t comm, uint16_t op)
 
 	if (!fn)
 		return ncclSystemError;
-	if (tls_busy || !(h = ring_get()))
+	if (tls_busy || deferred() || !(h = ring_get()))
 		return fn(comm);
 	tls_busy = 1;
 	/* look the communicator up before NCCL frees it */

@@ -4,9 +4,12 @@
  * init_post_opt (still root): decide whether this step is guarded and
  * create <ring_root>/<jobid> owned by the job's user, mode 0700.
  * user_init: put the NCCL hook first in LD_PRELOAD and the torch hook
- * first in PYTHONPATH (keeping the user's entries), and export the
- * SLURMGUARD_* variables. All paths come from plugstack.conf; values the
- * user set for these variables are overwritten.
+ * first in PYTHONPATH (keeping the user's entries), set NCCL_PROFILER_PLUGIN
+ * to the profiler plugin, and export the SLURMGUARD_* variables. All paths
+ * come from plugstack.conf; values the user set for the SLURMGUARD_*
+ * variables are overwritten. A profiler plugin of the user's own
+ * (NCCL_PROFILER_PLUGIN already set to something else) is kept: NCCL loads
+ * one profiler only, and the preloaded hook then records as on older NCCL.
  *
  * A step that is not guarded but inherited the hooks (srun
  * --straggler-guard=off inside a guarded batch script) gets them removed;
@@ -65,6 +68,9 @@ int sg_remote_post_opt(spank_t sp)
 	if (sg.cfg.nccl_hook && !usable_file(sg.cfg.nccl_hook, 0))
 		slurm_error("slurmguard: nccl_hook=%s is not a file; NCCL calls will not be timed",
 			    sg.cfg.nccl_hook);
+	if (sg.cfg.nccl_profiler && !usable_file(sg.cfg.nccl_profiler, 0))
+		slurm_error("slurmguard: nccl_profiler=%s is not a file; NCCL will run without it",
+			    sg.cfg.nccl_profiler);
 	if (sg.cfg.torch_hook && !usable_file(sg.cfg.torch_hook, 1))
 		slurm_error("slurmguard: torch_hook=%s is not a directory; torch.distributed calls "
 			    "will not be timed", sg.cfg.torch_hook);
@@ -119,6 +125,29 @@ static void set_num(spank_t sp, const char *var, unsigned long v)
 	spank_setenv(sp, var, buf, 1);
 }
 
+/* NCCL_PROFILER_PLUGIN is ours (or unset) */
+static int profiler_is_ours(spank_t sp)
+{
+	char cur[1100];
+	spank_err_t rc = spank_getenv(sp, "NCCL_PROFILER_PLUGIN", cur, sizeof(cur));
+
+	return rc == ESPANK_SUCCESS && strcmp(cur, sg.cfg.nccl_profiler) == 0;
+}
+
+static void set_profiler(spank_t sp)
+{
+	char cur[1100];
+	spank_err_t rc = spank_getenv(sp, "NCCL_PROFILER_PLUGIN", cur, sizeof(cur));
+
+	if (rc == ESPANK_NOSPACE ||
+	    (rc == ESPANK_SUCCESS && cur[0] && strcmp(cur, sg.cfg.nccl_profiler) != 0)) {
+		slurm_info("slurmguard: job %u: the job set NCCL_PROFILER_PLUGIN itself; kept (NCCL "
+			   "calls timed by the LD_PRELOAD hook where configured)", sg.job_id);
+		return;
+	}
+	spank_setenv(sp, "NCCL_PROFILER_PLUGIN", sg.cfg.nccl_profiler, 1);
+}
+
 int sg_remote_user_init(spank_t sp)
 {
 	int i;
@@ -131,6 +160,8 @@ int sg_remote_user_init(spank_t sp)
 			edit_path_var(sp, "LD_PRELOAD", sg.cfg.nccl_hook, ": \t", 0);
 		if (sg.cfg.torch_hook)
 			edit_path_var(sp, "PYTHONPATH", sg.cfg.torch_hook, ":", 0);
+		if (sg.cfg.nccl_profiler && profiler_is_ours(sp))
+			spank_unsetenv(sp, "NCCL_PROFILER_PLUGIN");
 		for (i = 0; exported[i]; i++) {
 			char probe[8];
 
@@ -147,6 +178,8 @@ int sg_remote_user_init(spank_t sp)
 	}
 	if (sg.cfg.torch_hook)
 		edit_path_var(sp, "PYTHONPATH", sg.cfg.torch_hook, ":", 1);
+	if (sg.cfg.nccl_profiler)
+		set_profiler(sp);
 	spank_setenv(sp, "SLURMGUARD_RING_DIR", sg.ring_dir, 1);
 	set_num(sp, "SLURMGUARD_JOB_ID", sg.job_id);
 	set_num(sp, "SLURMGUARD_STEP_ID", sg.step_id);

@@ -25,6 +25,9 @@ enum sg_choice { SG_OPT_UNSET = 0, SG_OPT_ON = 1, SG_OPT_OFF = 2 };
 struct sg_config {
 	char *nccl_hook;      /* nccl_hook=ABS: the NCCL LD_PRELOAD library */
 	char *torch_hook;     /* torch_hook=ABS: dir with the torch hook's sitecustomize.py */
+	char *nccl_profiler;  /* nccl_profiler=ABS: libslurmguard_nccl_profiler.so, set as
+			       * NCCL_PROFILER_PLUGIN (NCCL >= 2.27 then records through it
+			       * and a preloaded hook stands down) */
 	char *ring_root;      /* ring_root=ABS: per-job ring dirs below (SG_DEFAULT_RING_ROOT) */
 	int default_on;       /* default=on|off: guard jobs that do not ask (off) */
 	int allow_opt_out;    /* allow_opt_out=yes|no: may users say =off (yes) */

@@ -64,18 +64,24 @@
 #include <string.h>
 
 #define SG_RING_MAGIC        0x3130474e49524753ULL /* "SGRING01" as bytes */
-#define SG_RING_VERSION      1u
+/* 2: 128-byte records with GPU start/end and per-peer transfer aggregates;
+ * GPU timing state in the header. Readers reject other versions. */
+#define SG_RING_VERSION_NUM  2
+#define SG_RING_VERSION      2u
+#define SG_STR_(x) #x
+#define SG_STR(x) SG_STR_(x)
 #define SG_RING_HEADER_SIZE  4096u
-#define SG_RING_RECORD_SIZE  64u
+#define SG_RING_RECORD_SIZE  128u
 #define SG_RING_MIN_CAPACITY 16u
 #define SG_RING_MAX_CAPACITY (1u << 24)
-#define SG_RING_DEFAULT_CAPACITY 65536u /* 4 MiB of records per rank */
+#define SG_RING_DEFAULT_CAPACITY 65536u /* 8 MiB of records per rank */
 #define SG_NODE_NAME_LEN     64
 
 /* header.source: who writes the ring */
 #define SG_SOURCE_NCCL  1u
 #define SG_SOURCE_TORCH 2u
 #define SG_SOURCE_TEST  3u
+#define SG_SOURCE_NCCL_PROFILER 4u /* libslurmguard_nccl_profiler.so; file name "ncclprof" */
 
 /* header.control bits, set by the controller */
 #define SG_CTL_HOLD 0x1u
@@ -109,7 +115,8 @@ enum sg_op {
 	SG_OP_SCATTER = 16,      /* scatter */
 	SG_OP_HOLD = 17,         /* hold */
 	SG_OP_COMM_SPLIT = 18,   /* comm_split */
-	SG_OP_COUNT = 19
+	SG_OP_PEER_XFER = 19,    /* peer_xfer (aggregate of proxy steps to one peer) */
+	SG_OP_COUNT = 20
 };
 
 /* record.datatype (our own numbering, independent of NCCL and torch) */
@@ -154,6 +161,18 @@ enum sg_redop {
 #define SG_F_ERROR        0x10u /* status is not success */
 #define SG_F_COALESCED    0x20u /* one record for a coalesced list of tensors */
 #define SG_F_TIMEOUT      0x40u /* hold record: released by timeout */
+#define SG_F_GPU_TIME     0x80u /* gpu_start_ns/gpu_end_ns hold the GPU execution */
+#define SG_F_CAPTURED     0x100u /* issued into a CUDA graph capture: runs later, no events */
+#define SG_F_NO_EVENT     0x200u /* GPU timing wanted but not available for this call */
+#define SG_F_XFER_SEND    0x400u /* peer_xfer: data sent to peer (else received) */
+
+/* header.gpu_state: CUDA-event / profiler GPU timing of the writer */
+#define SG_GPU_UNTRIED    0u /* no timed call yet (or timing not wanted) */
+#define SG_GPU_ON         1u /* records carry GPU times (SG_F_GPU_TIME) */
+#define SG_GPU_NO_RUNTIME 2u /* no CUDA runtime in the process: host times only */
+#define SG_GPU_POOL       3u /* event pool exhausted: off for the rest of the process */
+#define SG_GPU_CUDA_ERROR 4u /* a CUDA call failed (gpu_error): off */
+#define SG_GPU_DISABLED   5u /* SLURMGUARD_CUDA_EVENTS=0 */
 
 /*
  * Header page. Offsets are part of the format (checked below).
@@ -179,7 +198,12 @@ struct sg_ring_header {
 	/* written on every record: kept off the lines the controller writes */
 	_Atomic uint64_t write_counter; /* 192 record numbers ever reserved */
 	_Atomic uint64_t overwritten;   /* 200 records lost to overwrite */
-	uint8_t reserved2[256 - 208];
+	/* GPU timing (written by the writer, rarely) */
+	_Atomic uint64_t gpu_lost;      /* 208 calls whose GPU times never came (exit,
+					 * timing turned off with events in flight) */
+	_Atomic uint32_t gpu_state;     /* 216 SG_GPU_* */
+	_Atomic int32_t gpu_error;      /* 220 CUDA error code that turned timing off */
+	uint8_t reserved2[256 - 224];
 	/* control block, written by the controller / agent */
 	_Atomic uint32_t control;       /* 256 SG_CTL_* bits */
 	uint32_t hold_timeout_ms;       /* 260 0 = SG_HOLD_DEFAULT_TIMEOUT_MS */
@@ -195,6 +219,21 @@ struct sg_ring_header {
  * host (add clock_offset_ns for wall-clock time). For NCCL calls start/end
  * are the host entry and return of the call (enqueue, not GPU completion);
  * for torch async work end_ns is when the work completed.
+ * With SG_F_GPU_TIME, gpu_start_ns/gpu_end_ns are when the call's work ran
+ * on the GPU (CUDA events recorded on its stream around it, or the NCCL
+ * kernel's own timer through the profiler plugin), mapped to this host's
+ * CLOCK_MONOTONIC: the duration of a collective is gpu_end - gpu_start when
+ * present, else end - start. A rank waiting for a slow peer shows a long GPU
+ * duration; the late rank shows a late gpu_start.
+ * coll_seq: NCCL's per-communicator sequence number of the collective
+ * (profiler plugin; equal on all ranks for the same call), 0 if unknown.
+ * peer_xfer records (profiler plugin) aggregate the proxy steps of one
+ * direction (SG_F_XFER_SEND) to one peer over a window [start_ns, end_ns]:
+ * count = steps, bytes = bytes moved, xfer_net_ns = time steps spent on
+ * the network (SendWait / RecvWait), xfer_peer_wait_ns = time a send waited
+ * for the peer's clear-to-send, xfer_gpu_wait_ns = time steps waited for the
+ * local GPU (SendGPUWait, RecvFlushWait, RecvGPUWait), xfer_channels =
+ * bitmask of the channels (id % 64) the steps used, xfer_ops = proxy ops.
  * count is the call's count argument in elements (per rank for allgather,
  * reducescatter and alltoall, as in the NCCL API); bytes = count * element size.
  * comm_init / comm_split records carry the communicator size in count and the
@@ -214,6 +253,15 @@ struct sg_record {
 	uint8_t redop;        /* 55 enum sg_redop */
 	uint32_t flags;       /* 56 SG_F_* */
 	int32_t status;       /* 60 library return code (0 = success) */
+	uint64_t gpu_start_ns; /* 64 work started on the GPU (SG_F_GPU_TIME) */
+	uint64_t gpu_end_ns;   /* 72 work finished on the GPU (SG_F_GPU_TIME) */
+	uint64_t coll_seq;     /* 80 NCCL sequence number in the communicator, 0 unknown */
+	uint64_t xfer_net_ns;       /* 88 peer_xfer: steps on the network */
+	uint64_t xfer_peer_wait_ns; /* 96 peer_xfer: sends waiting for the peer */
+	uint64_t xfer_gpu_wait_ns;  /* 104 peer_xfer: steps waiting for the local GPU */
+	uint64_t xfer_channels;     /* 112 peer_xfer: channel bitmask */
+	uint32_t xfer_ops;          /* 120 peer_xfer: proxy operations */
+	uint32_t reserved;          /* 124 0 */
 };
 
 _Static_assert(sizeof(struct sg_ring_header) == SG_RING_HEADER_SIZE, "header size");
@@ -224,6 +272,9 @@ _Static_assert(offsetof(struct sg_ring_header, control) == 256, "control");
 _Static_assert(offsetof(struct sg_ring_header, hold_timeouts) == 280, "hold_timeouts");
 _Static_assert(offsetof(struct sg_record, peer) == 48, "peer");
 _Static_assert(offsetof(struct sg_record, status) == 60, "status");
+_Static_assert(offsetof(struct sg_record, gpu_start_ns) == 64, "gpu_start_ns");
+_Static_assert(offsetof(struct sg_record, xfer_ops) == 120, "xfer_ops");
+_Static_assert(offsetof(struct sg_ring_header, gpu_lost) == 208, "gpu_lost");
 
 /* numbers one block reservation takes (only in rings of >= 256 records) */
 #define SG_RING_BLOCK 64u
@@ -263,23 +314,21 @@ static inline void sg_ring_commit(struct sg_ring_header *h, struct sg_record *s,
 		atomic_store_explicit(&h->overwritten, n + 1 - cap, memory_order_relaxed);
 }
 
+/* Copy every field but the commit word (plain stores: the commit protocol
+ * orders them). */
+static inline void sg_record_copy_body(struct sg_record *dst, const struct sg_record *src)
+{
+	memcpy((char *)dst + sizeof(dst->seq), (const char *)src + sizeof(src->seq),
+	       sizeof(*dst) - sizeof(dst->seq));
+}
+
 /* Append a copy of *r (r->seq is ignored). Returns the record number. */
 static inline uint64_t sg_ring_append(struct sg_ring_header *h, const struct sg_record *r)
 {
 	uint64_t n;
 	struct sg_record *s = sg_ring_reserve(h, &n);
 
-	s->comm_id = r->comm_id;
-	s->count = r->count;
-	s->bytes = r->bytes;
-	s->start_ns = r->start_ns;
-	s->end_ns = r->end_ns;
-	s->peer = r->peer;
-	s->op = r->op;
-	s->datatype = r->datatype;
-	s->redop = r->redop;
-	s->flags = r->flags;
-	s->status = r->status;
+	sg_record_copy_body(s, r);
 	sg_ring_commit(h, s, n);
 	return n;
 }
@@ -303,17 +352,7 @@ static inline enum sg_read_result sg_ring_read(struct sg_ring_header *h, uint64_
 		return SG_READ_NOT_YET;
 	if (s1 > n + 1)
 		return SG_READ_OVERWRITTEN;
-	out->comm_id = s->comm_id;
-	out->count = s->count;
-	out->bytes = s->bytes;
-	out->start_ns = s->start_ns;
-	out->end_ns = s->end_ns;
-	out->peer = s->peer;
-	out->op = s->op;
-	out->datatype = s->datatype;
-	out->redop = s->redop;
-	out->flags = s->flags;
-	out->status = s->status;
+	sg_record_copy_body(out, s);
 	atomic_thread_fence(memory_order_acquire);
 	s2 = atomic_load_explicit(&s->seq, memory_order_relaxed);
 	if (s2 != s1)

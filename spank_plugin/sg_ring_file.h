@@ -41,4 +41,24 @@ uint32_t sg_ring_round_capacity(uint64_t want);
 
 uint64_t sg_mono_ns(void);
 
+/*
+ * Create this process's ring for a writer (source_name: "nccl", "ncclprof";
+ * source: SG_SOURCE_*) in $SLURMGUARD_RING_DIR, named
+ * rank-<rank>.step-<step>.<source_name>[.pid-<pid>].ring, the header filled
+ * from SLURMGUARD_* and the launcher's rank variables (RANK, SLURM_PROCID,
+ * ...; the hints when none is set). NULL with errno ENOENT when
+ * SLURMGUARD_RING_DIR is unset (not guarded); NULL after one stderr line
+ * when the file cannot be made.
+ */
+struct sg_ring_header *sg_ring_create_for_rank(const char *source_name, uint32_t source,
+					       int rank_hint, int size_hint);
+
+/*
+ * Serve a hold the controller asked for (SG_CTL_HOLD, Greyhound 4.3): wait
+ * (1 ms polls) until the bit is cleared or hold_timeout_ms passes, keep the
+ * counters. t0, t1: CLOCK_MONOTONIC ns of the wait; returns the hold
+ * record's flags (SG_F_TIMEOUT when released by the timeout).
+ */
+uint32_t sg_ring_hold(struct sg_ring_header *h, uint64_t *t0, uint64_t *t1);
+
 #endif /* SG_RING_FILE_H */

@@ -22,12 +22,21 @@ HEADER_H = (SPANK_DIR / "sg_ring.h").read_text()
 
 def c_fill(i: int) -> dict:
     """The record sg_ringtool writes as number i (tests/ringtool.c fill())."""
-    return {
+    d = {
         "comm_id": 0x1000 + i % 3, "count": i, "bytes": i * 4,
         "start_ns": 1_000_000_000 + i * 1000, "end_ns": 1_000_000_000 + i * 1000 + 500,
         "peer": i % 5 - 1, "op": 1 + i % 8, "datatype": ring.DATATYPE["float32"],
         "redop": ring.REDOP["sum"], "flags": ring.F_IN_GROUP if i % 2 else 0, "status": 0,
+        "gpu_start_ns": 0, "gpu_end_ns": 0, "coll_seq": 0, "xfer_net_ns": 0,
+        "xfer_peer_wait_ns": 0, "xfer_gpu_wait_ns": 0, "xfer_channels": 0, "xfer_ops": 0,
+        "reserved": 0,
     }
+    if i % 3 == 0:
+        d.update(flags=d["flags"] | ring.F_GPU_TIME, gpu_start_ns=d["start_ns"] + 200,
+                 gpu_end_ns=d["end_ns"] + 20000 + i, coll_seq=i + 1, xfer_net_ns=i * 7,
+                 xfer_peer_wait_ns=i * 5, xfer_gpu_wait_ns=i * 3, xfer_channels=1 << (i % 64),
+                 xfer_ops=i)
+    return d
 
 
 def as_dict(rec: ring.RingRecord) -> dict:
@@ -114,7 +123,7 @@ def test_c_reads_a_ring_written_by_python(spank_build, tmp_path):
     assert [row[0] for row in rows] == list(range(4, 20))  # capacity 16: 4 overwritten
     n = 7
     assert rows[3] == [n, ring.OP["allgather"], 99, n, 2 * n, 10 * n, 10 * n + 3, n % 4,
-                       ring.DATATYPE["float16"], 0, ring.F_ASYNC, 0]
+                       ring.DATATYPE["float16"], 0, ring.F_ASYNC, 0, 0, 0, 0]
 
 
 def test_no_torn_record_while_c_writes(spank_build, tmp_path):
@@ -214,7 +223,8 @@ def test_abandoned_record_is_skipped_after_stall(tmp_path, fake_clock):
     assert r.read(3).cursor == 3  # a tail reservation: never given up
     # ... and record 4 gets committed by another writer, 3 never
     rec4 = struct.pack("<QQQQQQiHBBIi", 5, 0, 4, 0, 4, 4, -1, ring.OP["send"], 0, 0, 0, 0)
-    raw[ring.HEADER_SIZE + 4 * 64:ring.HEADER_SIZE + 5 * 64] = rec4
+    rec4 += bytes(ring.RECORD_SIZE - len(rec4))
+    raw[ring.HEADER_SIZE + 4 * ring.RECORD_SIZE:ring.HEADER_SIZE + 5 * ring.RECORD_SIZE] = rec4
     path.write_bytes(bytes(raw))
     r = ring.RingReader(str(path), stall_s=5.0, clock=fake_clock.monotonic)
     assert r.read(3).cursor == 3
@@ -267,3 +277,69 @@ def test_ring_dump_cli(spank_build, tmp_path):
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [
         f"slurmguard: error: ring {bad}: truncated: 10 bytes, the header alone is 4096"]
+
+
+def test_older_ring_version_is_rejected_with_a_clear_error(spank_build, tmp_path):
+    """A v1 ring (64-byte records, no GPU times) left by an older hook is
+    refused by name, by both readers, instead of being misread."""
+    path = tmp_path / "rank-0.step-0.nccl.ring"
+    subprocess.run([str(spank_build.ringtool), "write", str(path), "3", "16"], check=True,
+                   capture_output=True)
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<II", raw, 8, 1, ring.HEADER_SIZE)
+    struct.pack_into("<I", raw, 16, 64)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ring.RingError, match=r"version 1 was written by an older slurmguard"):
+        ring.RingReader(str(path))
+    res = subprocess.run([str(spank_build.ringtool), "read", str(path)], capture_output=True,
+                         text=True)
+    assert res.returncode == 1 and "older ring format version" in res.stderr
+
+
+def test_duration_rule_prefers_gpu_time(spank_build, tmp_path):
+    """duration_ns is the GPU execution when the record has it (a collective
+    that enqueued in 500 ns but ran 20 us on the stream), else host time."""
+    path = tmp_path / "g.ring"
+    subprocess.run([str(spank_build.ringtool), "write", str(path), "4", "16"], check=True,
+                   capture_output=True)
+    with ring.RingReader(str(path)) as r:
+        recs = r.read().records
+    gpu, host = recs[3], recs[1]
+    assert gpu.has_gpu_time and gpu.host_duration_ns == 500
+    assert gpu.gpu_duration_ns == gpu.duration_ns == (500 + 20000 + 3) - 200
+    assert gpu.begin_ns == gpu.start_ns + 200 and gpu.finish_ns == gpu.gpu_end_ns
+    assert not host.has_gpu_time and host.gpu_duration_ns is None
+    assert host.duration_ns == host.host_duration_ns == 500 and host.begin_ns == host.start_ns
+    j = gpu.to_json()
+    assert "gpu_time" in j["flags"] and j["gpu_end_ns"] - j["gpu_start_ns"] == 20303
+    assert "gpu_start_ns" not in host.to_json()
+
+
+def test_python_reads_profiler_plugin_records(spank_build, tmp_path):
+    """What the NCCL profiler plugin writes under the fake NCCL core
+    (spank_plugin/tests/test_profiler.c) reads back in Python: collectives
+    with GPU times (duration = GPU time), NCCL sequence numbers, and
+    per-link peer_xfer aggregates that are not calls."""
+    build = spank_build.hook.parent
+    env = dict(os.environ, LD_PRELOAD=str(spank_build.hook), SG_TEST_RING_DIR=str(tmp_path),
+               NCCL_PROFILER_PLUGIN=str(build / "libslurmguard_nccl_profiler.so"))
+    res = subprocess.run([str(build / "tests" / "test_profiler")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    with ring.RingReader(str(tmp_path / "rank-0.step-0.ncclprof.ring")) as r:
+        assert r.header.source_name == "ncclprof" and r.header.gpu_state_name == "on"
+        recs = r.read().records
+    colls = [x for x in recs if x.op_name == "allreduce"]
+    assert [x.coll_seq for x in colls] == [1, 2, 3, 4, 5, 6]
+    for x in colls:
+        assert x.has_gpu_time and not x.is_peer_xfer
+        assert x.host_duration_ns < 3_000_000 <= 20_000_000 <= x.duration_ns == x.gpu_duration_ns
+    links = {(x.peer, "xfer_send" in x.to_json()["flags"]): x for x in recs if x.is_peer_xfer}
+    assert set(links) == {(1, True), (3, False)}
+    slow, fine = links[(1, True)], links[(3, False)]
+    assert slow.count == 52 and fine.count == 48 and slow.bytes == 52 * 524288
+    assert slow.xfer_net_ns - fine.xfer_net_ns >= 48 * 5_000_000
+    j = slow.to_json()
+    assert j["op"] == "peer_xfer" and j["xfer_channels"] == 3 and j["xfer_ops"] == 13
+    send = next(x for x in recs if x.op_name == "send")
+    assert send.peer == 1 and send.has_gpu_time and send.duration_ns >= 2_000_000 + 4 * 8_000_000

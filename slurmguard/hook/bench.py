@@ -7,6 +7,16 @@
    Both the calling thread's CPU time and wall time are reported; the
    target (at most 60 ns added per call) is checked on CPU time, which
    other processes' time slices on a shared machine do not inflate.
+1b. NCCL hook with CUDA-event GPU timing, per call: the same calls on a
+   CUDA stream of the fake CUDA runtime (kernels take no time), in bursts
+   of --gpu-burst calls like a step's collectives, the stream synchronised
+   and 2 ms asleep between bursts (untimed) so the completion thread keeps
+   up as on a GPU; no hook, the hook with host timing only
+   (SLURMGUARD_CUDA_EVENTS=0) and the hook with events, interleaved in
+   the same run. Added by events = events - host only. Targets: under 2 us
+   per call, and under 1% of a 50 ms step that issues 100 collectives.
+   The fake runtime's own cudaEventRecord (a queue append and a thread
+   wake-up) is part of the figure, as the real one's would be.
 2. torch hook, per collective: a 2-rank gloo job on 127.0.0.1, started
    with a guarded job's environment, does all_reduce of a small tensor in
    blocks with the hook switched on and off between blocks (on, off, off,
@@ -54,6 +64,9 @@ SITE = Path(__file__).resolve().parent / "site"
 
 NCCL_TARGET_NS = 60.0
 STEP_TARGET_PCT = 1.0
+GPU_EVENTS_TARGET_NS = 2000.0
+GPU_STEP_MS = 50.0
+GPU_STEP_COLLECTIVES = 100
 
 
 @dataclass
@@ -76,6 +89,35 @@ class CallCost:
     @property
     def added_ns(self) -> float:
         return self.added("hook")
+
+
+@dataclass
+class GpuCallCost:
+    """ns per ncclAllReduce on a fake CUDA stream, medians over interleaved
+    process runs: no hook ("base"), hook with host timing only ("host"),
+    hook with CUDA events ("events"); thread CPU time and wall time."""
+
+    calls_per_round: int
+    rounds: int
+    runs: int
+    burst: int
+    cpu_ns: dict
+    wall_ns: dict
+
+    def added(self, setup: str = "events", over: str = "host", wall: bool = False) -> float:
+        d = self.wall_ns if wall else self.cpu_ns
+        return d[setup] - d[over]
+
+    @property
+    def added_ns(self) -> float:
+        """What event timing adds to a call over host timing (wall: the
+        caller waits for all of it)."""
+        return self.added(wall=True)
+
+    @property
+    def step_pct(self) -> float:
+        """Share of a GPU_STEP_MS step with GPU_STEP_COLLECTIVES collectives."""
+        return 100.0 * GPU_STEP_COLLECTIVES * max(self.added_ns, 0.0) / (GPU_STEP_MS * 1e6)
 
 
 @dataclass
@@ -157,10 +199,11 @@ def _clocksource() -> str:
         return "unknown"
 
 
-def _ns_per_call(runner: CommandRunner, calls: int, rounds: int, env: dict) -> tuple:
+def _ns_per_call(runner: CommandRunner, calls: int, rounds: int, env: dict,
+                 program: str = "bench_hook", extra: tuple = ()) -> tuple:
     """(wall, cpu) ns per call of one process run: the best of its rounds,
     i.e. the round least disturbed by the rest of the machine."""
-    res = runner.run([str(BUILD / "tests" / "bench_hook"), str(calls), str(rounds)],
+    res = runner.run([str(BUILD / "tests" / program), str(calls), str(rounds), *extra],
                      timeout=600, env=env)
     pairs = [(float(w), float(c)) for w, c in re.findall(
         r"^ns_per_call ([0-9.]+) cpu_ns_per_call ([0-9.]+)$", res.stdout, re.MULTILINE)]
@@ -196,6 +239,34 @@ def measure_nccl_calls(runner: CommandRunner, calls: int, rounds: int, repeats: 
     return CallCost(calls_per_round=calls, rounds=rounds, runs=repeats, clocksource=_clocksource(),
                     wall_ns={k: statistics.median(w for w, _ in v) for k, v in samples.items()},
                     cpu_ns={k: statistics.median(c for _, c in v) for k, v in samples.items()})
+
+
+GPU_SETUPS = ("base", "host", "events")
+
+
+def measure_gpu_calls(runner: CommandRunner, calls: int, rounds: int, repeats: int,
+                      burst: int) -> GpuCallCost:
+    ring_dir = tempfile.mkdtemp(prefix="sg-bench-rings-")
+    hook = str(BUILD / "libslurmguard_nccl.so")
+    configs = {
+        "base": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": ""},
+        "host": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ring_dir, "SLURMGUARD_CUDA_EVENTS": "0"},
+        "events": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ring_dir, "SLURMGUARD_CUDA_EVENTS": ""},
+    }
+    samples: dict[str, list[tuple]] = {k: [] for k in configs}
+    try:
+        for rep in range(repeats):
+            names = list(GPU_SETUPS[rep % 3:] + GPU_SETUPS[:rep % 3])
+            for name in names:
+                for f in os.listdir(ring_dir):
+                    os.unlink(os.path.join(ring_dir, f))
+                samples[name].append(_ns_per_call(runner, calls, rounds, configs[name],
+                                                  "bench_hook_cuda", (str(burst),)))
+    finally:
+        shutil.rmtree(ring_dir, ignore_errors=True)
+    return GpuCallCost(calls_per_round=calls, rounds=rounds, runs=repeats, burst=burst,
+                       wall_ns={k: statistics.median(w for w, _ in v) for k, v in samples.items()},
+                       cpu_ns={k: statistics.median(c for _, c in v) for k, v in samples.items()})
 
 
 TORCH_CALLS = textwrap.dedent('''
@@ -427,7 +498,8 @@ class _GuardedCluster:
             shutil.rmtree(self.ring_root, ignore_errors=True)
 
 
-def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> str:
+def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
+           g: GpuCallCost | None = None) -> str:
     lines = []
     if c is not None:
         ok = "meets" if c.added_ns <= NCCL_TARGET_NS else "MISSES"
@@ -450,6 +522,27 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
                      f"in the same run")
         lines.append("  * the least a monitor can do: two clock_gettime(CLOCK_MONOTONIC) and a "
                      "32-byte record per call")
+    if g is not None:
+        ok = "meets" if g.added_ns < GPU_EVENTS_TARGET_NS and g.step_pct < STEP_TARGET_PCT \
+            else "MISSES"
+        lines += [
+            f"NCCL hook with CUDA-event GPU timing, ns per ncclAllReduce on a stream of the FAKE "
+            f"CUDA runtime (no GPU; median over {g.runs} interleaved process runs of the best of "
+            f"{g.rounds} rounds x {g.calls_per_round} calls in bursts of {g.burst}):",
+            "                                   thread CPU time        wall time",
+        ]
+        labels = {"base": "no hook (baseline)", "host": "hook, host timing only",
+                  "events": "hook, CUDA events"}
+        for k in GPU_SETUPS:
+            cpu_add = "" if k == "base" else f"+{g.added(k, 'base'):6.1f}"
+            wall_add = "" if k == "base" else f"+{g.added(k, 'base', wall=True):6.1f}"
+            lines.append(f"  {labels[k]:<31} {g.cpu_ns[k]:7.1f} {cpu_add:>8}   "
+                         f"{g.wall_ns[k]:7.1f} {wall_add:>8}")
+        lines.append(f"  added by event timing over host timing: {g.added_ns:.0f} ns per call wall "
+                     f"({g.added():.0f} ns thread CPU) = {g.step_pct:.3f}% of a "
+                     f"{GPU_STEP_MS:g} ms step with {GPU_STEP_COLLECTIVES} collectives ({ok} "
+                     f"targets < {GPU_EVENTS_TARGET_NS / 1000:g} us per call, < "
+                     f"{STEP_TARGET_PCT:g}% of the step)")
     if t is not None:
         lines += [
             f"torch hook, us per all_reduce (gloo, {t.ranks} rank(s) on 127.0.0.1, 16 float32; "
@@ -496,6 +589,10 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
 @click.option("--calls", default=2_000_000, show_default=True, help="ncclAllReduce calls per round.")
 @click.option("--rounds", default=3, show_default=True, help="Rounds per process run.")
 @click.option("--repeats", default=5, show_default=True, help="Interleaved process runs per setup.")
+@click.option("--gpu-calls", default=20_000, show_default=True,
+              help="ncclAllReduce calls per round of the CUDA-event part (fake CUDA runtime).")
+@click.option("--gpu-burst", default=GPU_STEP_COLLECTIVES, show_default=True,
+              help="Calls per burst (a step's collectives) of the CUDA-event part.")
 @click.option("--torch-calls", default=400, show_default=True,
               help="all_reduce calls per block of the torch per-call part.")
 @click.option("--torch-blocks", default=24, show_default=True,
@@ -513,16 +610,20 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None) -> s
 @click.option("--devcluster-dir", default=None,
               help="Use this running devcluster instead of starting a temporary one.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, torch_blocks: int,
+def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst: int,
+               torch_calls: int, torch_blocks: int,
                torch_ranks: int, steps: int, compute_ms: float, pairs: int, cluster: bool,
                devcluster_dir: str | None, as_json: bool) -> None:
     """Per-call cost of the NCCL and torch hooks and guarded step-time overhead."""
     if steps < 20 or pairs < 1 or torch_calls < 1 or torch_blocks < 2:
         raise SlurmguardError("--steps must be at least 20, --pairs and --torch-calls at least 1, "
                               "--torch-blocks at least 2")
+    if gpu_calls < 1 or gpu_burst < 1:
+        raise SlurmguardError("--gpu-calls and --gpu-burst must be at least 1")
     runner = SubprocessRunner()
     build(runner)
     c = measure_nccl_calls(runner, calls, rounds, repeats)
+    g = measure_gpu_calls(runner, gpu_calls, rounds, repeats, gpu_burst)
     t = measure_torch_calls(runner, torch_calls, torch_blocks, torch_ranks)
     s = None
     if cluster:
@@ -536,6 +637,9 @@ def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, torch_bl
         out = {"nccl": dict(asdict(c), added_cpu_ns={k: c.added(k) for k in SETUPS[1:]},
                             added_wall_ns={k: c.added(k, wall=True) for k in SETUPS[1:]},
                             target_ns=NCCL_TARGET_NS),
+               "nccl_gpu_events": dict(asdict(g), added_ns=g.added_ns, added_cpu_ns=g.added(),
+                                       step_pct=g.step_pct, target_ns=GPU_EVENTS_TARGET_NS,
+                                       step_ms=GPU_STEP_MS, collectives_per_step=GPU_STEP_COLLECTIVES),
                "torch": dict(asdict(t), plain_us=t.plain_us, hooked_us=t.hooked_us,
                              added_us=t.added_us,
                              added={k: t.added(k) for k in ("thread", "process", "wall")})}
@@ -544,4 +648,4 @@ def bench_hook(calls: int, rounds: int, repeats: int, torch_calls: int, torch_bl
                                pair_overheads_pct=s.pair_overheads_pct, target_pct=STEP_TARGET_PCT)
         click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(report(c, t, s))
+        click.echo(report(c, t, s, g))

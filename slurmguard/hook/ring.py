@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 MAGIC = 0x3130474E49524753  # b"SGRING01" read as little-endian u64
-VERSION = 1
+#: 2: 128-byte records with GPU start/end and per-peer transfer aggregates
+VERSION = 2
 HEADER_SIZE = 4096
-RECORD_SIZE = 64
+RECORD_SIZE = 128
 MIN_CAPACITY = 16
 MAX_CAPACITY = 1 << 24
 DEFAULT_CAPACITY = 65536
@@ -40,7 +41,9 @@ NODE_NAME_LEN = 64
 SOURCE_NCCL = 1
 SOURCE_TORCH = 2
 SOURCE_TEST = 3
-SOURCE_NAMES = {SOURCE_NCCL: "nccl", SOURCE_TORCH: "torch", SOURCE_TEST: "test"}
+SOURCE_NCCL_PROFILER = 4
+SOURCE_NAMES = {SOURCE_NCCL: "nccl", SOURCE_TORCH: "torch", SOURCE_TEST: "test",
+                SOURCE_NCCL_PROFILER: "ncclprof"}
 
 CTL_HOLD = 0x1
 HOLD_DEFAULT_TIMEOUT_MS = 60000
@@ -55,6 +58,7 @@ OP_NAMES: tuple[str, ...] = (
     "none", "allreduce", "allgather", "reducescatter", "broadcast", "reduce",
     "alltoall", "send", "recv", "group_start", "group_end", "comm_init",
     "comm_destroy", "comm_abort", "barrier", "gather", "scatter", "hold", "comm_split",
+    "peer_xfer",
 )
 OP = {name: value for value, name in enumerate(OP_NAMES)}
 
@@ -77,10 +81,20 @@ F_COMM_UNKNOWN = 0x08
 F_ERROR = 0x10
 F_COALESCED = 0x20
 F_TIMEOUT = 0x40
+F_GPU_TIME = 0x80      # gpu_start_ns/gpu_end_ns hold the GPU execution of the call
+F_CAPTURED = 0x100     # issued into a CUDA graph capture: no events, runs later
+F_NO_EVENT = 0x200     # GPU timing wanted but not available for this call
+F_XFER_SEND = 0x400    # peer_xfer: data sent to the peer (else received)
 FLAG_NAMES = {
     F_IN_GROUP: "in_group", F_ASYNC: "async", F_COMM_UNKNOWN: "comm_unknown",
     F_ERROR: "error", F_COALESCED: "coalesced", F_TIMEOUT: "timeout",
+    F_GPU_TIME: "gpu_time", F_CAPTURED: "captured", F_NO_EVENT: "no_event",
+    F_XFER_SEND: "xfer_send",
 }
+
+# header.gpu_state: the writer's GPU timing (CUDA events or profiler plugin)
+GPU_STATE_NAMES: tuple[str, ...] = (
+    "untried", "on", "no_runtime", "pool_exhausted", "cuda_error", "disabled")
 
 # struct sg_ring_header: (field, offset, struct code); node_name is char[64]
 HEADER_FIELDS: tuple[tuple[str, int, str], ...] = (
@@ -91,6 +105,7 @@ HEADER_FIELDS: tuple[tuple[str, int, str], ...] = (
     ("created_ns", 56, "Q"), ("source", 64, "I"), ("header_flags", 68, "I"),
     ("node_name", 72, f"{NODE_NAME_LEN}s"),
     ("write_counter", 192, "Q"), ("overwritten", 200, "Q"),
+    ("gpu_lost", 208, "Q"), ("gpu_state", 216, "I"), ("gpu_error", 220, "i"),
     ("control", 256, "I"), ("hold_timeout_ms", 260, "I"), ("hold_since_ns", 264, "Q"),
     ("holds", 272, "Q"), ("hold_timeouts", 280, "Q"),
 )
@@ -101,11 +116,18 @@ RECORD_FIELDS: tuple[tuple[str, int, str], ...] = (
     ("seq", 0, "Q"), ("comm_id", 8, "Q"), ("count", 16, "Q"), ("bytes", 24, "Q"),
     ("start_ns", 32, "Q"), ("end_ns", 40, "Q"), ("peer", 48, "i"), ("op", 52, "H"),
     ("datatype", 54, "B"), ("redop", 55, "B"), ("flags", 56, "I"), ("status", 60, "i"),
+    ("gpu_start_ns", 64, "Q"), ("gpu_end_ns", 72, "Q"), ("coll_seq", 80, "Q"),
+    ("xfer_net_ns", 88, "Q"), ("xfer_peer_wait_ns", 96, "Q"), ("xfer_gpu_wait_ns", 104, "Q"),
+    ("xfer_channels", 112, "Q"), ("xfer_ops", 120, "I"), ("reserved", 124, "I"),
 )
-_REC = struct.Struct("<" + "".join(code for _, _, code in RECORD_FIELDS))
+# _REC: the first 64 bytes (what a host-only writer fills; the rest stays 0),
+# _REC_EXT: GPU times and transfer aggregates after it
+_N_HEAD = 12
+_REC = struct.Struct("<" + "".join(code for _, _, code in RECORD_FIELDS[:_N_HEAD]))
+_REC_EXT = struct.Struct("<" + "".join(code for _, _, code in RECORD_FIELDS[_N_HEAD:]))
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-assert _REC.size == RECORD_SIZE
+assert _REC.size + _REC_EXT.size == RECORD_SIZE
 
 #: how ring files are named: rank-<global>.step-<step>.<source>[.pid-<pid>].ring
 RING_NAME = re.compile(
@@ -169,6 +191,15 @@ class RingHeader:
     hold_since_ns: int
     holds: int
     hold_timeouts: int
+    gpu_lost: int = 0
+    gpu_state: int = 0
+    gpu_error: int = 0
+
+    @property
+    def gpu_state_name(self) -> str:
+        """How the writer timed GPU work: GPU_STATE_NAMES (sg_ring.h SG_GPU_*)."""
+        return GPU_STATE_NAMES[self.gpu_state] if self.gpu_state < len(GPU_STATE_NAMES) \
+            else str(self.gpu_state)
 
     @property
     def step(self) -> str:
@@ -183,13 +214,29 @@ class RingHeader:
         d.pop("path")
         d["step"] = self.step
         d["source"] = self.source_name
+        d["gpu_state"] = self.gpu_state_name
         return d
 
 
 @dataclass(frozen=True)
 class RingRecord:
-    """One intercepted call (struct sg_record). start_ns/end_ns are
-    CLOCK_MONOTONIC ns; count is elements, bytes = count * element size."""
+    """One intercepted call (struct sg_record). start_ns/end_ns are the host
+    entry/return of the call (for NCCL: the enqueue), CLOCK_MONOTONIC ns;
+    count is elements, bytes = count * element size.
+
+    GPU time: with F_GPU_TIME set, gpu_start_ns/gpu_end_ns (CLOCK_MONOTONIC
+    ns of this host) are when the call's work ran on the GPU. The duration
+    rule, used by :attr:`duration_ns`: GPU time when present, else host
+    time. A rank that waits inside a collective for a slow peer shows a long
+    GPU duration; the late rank shows a late gpu_start_ns (:attr:`begin_ns`).
+
+    peer_xfer records (op "peer_xfer", NCCL profiler plugin) aggregate the
+    network steps of one direction (F_XFER_SEND: sent) to one peer (comm
+    rank) over [start_ns, end_ns]: count = steps, bytes = bytes moved,
+    xfer_net_ns = time on the network, xfer_peer_wait_ns = sends waiting for
+    the peer's clear-to-send, xfer_gpu_wait_ns = waiting for the local GPU,
+    xfer_channels = channel bitmask, xfer_ops = proxy operations.
+    """
 
     seq: int
     comm_id: int
@@ -203,6 +250,15 @@ class RingRecord:
     redop: int
     flags: int
     status: int
+    gpu_start_ns: int = 0
+    gpu_end_ns: int = 0
+    coll_seq: int = 0
+    xfer_net_ns: int = 0
+    xfer_peer_wait_ns: int = 0
+    xfer_gpu_wait_ns: int = 0
+    xfer_channels: int = 0
+    xfer_ops: int = 0
+    reserved: int = 0
 
     @property
     def op_name(self) -> str:
@@ -214,8 +270,39 @@ class RingRecord:
         return self.seq - 1
 
     @property
-    def duration_ns(self) -> int:
+    def is_peer_xfer(self) -> bool:
+        """A per-link transfer aggregate (profiler plugin), not a call: keep
+        it out of op sequences and iteration timing."""
+        return self.op == OP["peer_xfer"]
+
+    @property
+    def has_gpu_time(self) -> bool:
+        return bool(self.flags & F_GPU_TIME)
+
+    @property
+    def host_duration_ns(self) -> int:
+        """Host entry to return of the call (for NCCL on a GPU: the enqueue)."""
         return self.end_ns - self.start_ns
+
+    @property
+    def gpu_duration_ns(self) -> int | None:
+        """Time the work ran on the GPU, None without GPU timing."""
+        return self.gpu_end_ns - self.gpu_start_ns if self.has_gpu_time else None
+
+    @property
+    def duration_ns(self) -> int:
+        """GPU time when the record has it, else host time (the duration rule)."""
+        return self.gpu_end_ns - self.gpu_start_ns if self.has_gpu_time else self.end_ns - self.start_ns
+
+    @property
+    def begin_ns(self) -> int:
+        """When the work started: on the GPU when known, else the host call."""
+        return self.gpu_start_ns if self.has_gpu_time else self.start_ns
+
+    @property
+    def finish_ns(self) -> int:
+        """When the work finished: on the GPU when known, else the host return."""
+        return self.gpu_end_ns if self.has_gpu_time else self.end_ns
 
     def to_json(self) -> dict:
         """Field names as in sg_ring.h; enums by name."""
@@ -233,6 +320,12 @@ class RingRecord:
             "redop": REDOP_NAMES[self.redop] if self.redop < len(REDOP_NAMES) else self.redop,
             "flags": [name for bit, name in FLAG_NAMES.items() if self.flags & bit],
             "status": self.status,
+            **({"gpu_start_ns": self.gpu_start_ns, "gpu_end_ns": self.gpu_end_ns}
+               if self.has_gpu_time else {}),
+            **({"coll_seq": self.coll_seq} if self.coll_seq else {}),
+            **({"xfer_net_ns": self.xfer_net_ns, "xfer_peer_wait_ns": self.xfer_peer_wait_ns,
+                "xfer_gpu_wait_ns": self.xfer_gpu_wait_ns, "xfer_channels": self.xfer_channels,
+                "xfer_ops": self.xfer_ops} if self.op == OP["peer_xfer"] else {}),
         }
 
 
@@ -255,7 +348,8 @@ _NOT_YET, _OK, _LOST = 0, 1, 2
 
 def _plausible(r: RingRecord) -> bool:
     return (0 < r.op < len(OP_NAMES) and r.datatype < len(DATATYPE_NAMES)
-            and r.redop < len(REDOP_NAMES) and r.end_ns >= r.start_ns)
+            and r.redop < len(REDOP_NAMES) and r.end_ns >= r.start_ns
+            and (not r.flags & F_GPU_TIME or r.gpu_end_ns >= r.gpu_start_ns))
 
 
 def _header_from(buf, path: str) -> RingHeader:
@@ -271,6 +365,10 @@ def _header_from(buf, path: str) -> RingHeader:
 def _validate(h: RingHeader, size: int) -> None:
     if h.magic != MAGIC:
         raise RingError(h.path, "bad magic (not a ring, or not initialised yet)")
+    if h.version < VERSION:
+        raise RingError(h.path, f"ring format version {h.version} was written by an older slurmguard "
+                                f"(this reader knows version {VERSION}); upgrade the job's hook "
+                                f"or read it with the slurmguard that wrote it")
     if h.version != VERSION:
         raise RingError(h.path, f"unsupported ring version {h.version} (this reader knows {VERSION})")
     if h.header_size != HEADER_SIZE or h.record_size != RECORD_SIZE:
@@ -374,7 +472,7 @@ class RingReader:
             raw = mm[off:off + RECORD_SIZE]
             s2 = _U64.unpack_from(mm, off)[0]
             if s2 == s1:
-                rec = RingRecord(*_REC.unpack(raw))
+                rec = RingRecord(*_REC.unpack_from(raw), *_REC_EXT.unpack_from(raw, _REC.size))
                 if rec.seq == s1:
                     return _OK, rec
         return _LOST, None  # rewritten under us three times: treat as overwritten

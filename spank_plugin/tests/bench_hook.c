@@ -2,16 +2,29 @@
  * bench_hook.c - time ncclAllReduce calls into the fake libnccl.
  *
  *   bench_hook CALLS ROUNDS
+ *   bench_hook_cuda CALLS ROUNDS BURST
  *
  * Prints one line per round: "ns_per_call <wall> cpu_ns_per_call <cpu>". Run once plain and once
  * with LD_PRELOAD=libslurmguard_nccl.so (and SLURMGUARD_RING_DIR set) to get
  * the hook's added cost; slurmguard bench hook does that, interleaved.
+ *
+ * bench_hook_cuda (built with -DWITH_CUDA, linked to the fake CUDA runtime)
+ * issues the calls on a CUDA stream, whose fake kernels take no time, in
+ * bursts of BURST calls like the collectives of a training step; between
+ * bursts (not timed) it synchronises the stream and sleeps 2 ms, as a step's
+ * compute would, so the hook's completion thread keeps up as on a GPU. Run
+ * with SLURMGUARD_CUDA_EVENTS=0 for host timing only, unset for events.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "../nccl_api.h"
+#ifdef WITH_CUDA
+#include "../cuda_api.h"
+cudaError_t cudaStreamCreate(cudaStream_t *);
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+#endif
 
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
 ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
@@ -30,30 +43,51 @@ int main(int argc, char **argv)
 {
 	long calls = argc > 1 ? atol(argv[1]) : 1000000;
 	int rounds = argc > 2 ? atoi(argv[2]) : 5;
+	long burst = argc > 3 ? atol(argv[3]) : 0;
 	float in = 1.0f, out = 0.0f;
+	cudaStream_t stream = NULL;
 	ncclUniqueId uid;
 	ncclComm_t comm;
 	int r;
 	long i;
 
+	if (burst <= 0 || burst > calls)
+		burst = calls;
 	ncclGetUniqueId(&uid);
 	if (ncclCommInitRank(&comm, 2, uid, 0) != ncclSuccess) {
 		fprintf(stderr, "bench_hook: init failed\n");
 		return 1;
 	}
-	/* warm up: ring creation, symbol lookup, page faults */
+#ifdef WITH_CUDA
+	cudaStreamCreate(&stream);
+#endif
+	/* warm up: ring creation, symbol lookup, page faults, event pool */
 	for (i = 0; i < 1000; i++)
-		ncclAllReduce(&in, &out, 1, ncclFloat32, ncclSum, comm, NULL);
+		ncclAllReduce(&in, &out, 1, ncclFloat32, ncclSum, comm, stream);
 	for (r = 0; r < rounds; r++) {
-		double t0 = clock_ns(CLOCK_MONOTONIC), c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+		double wall = 0, cpu = 0;
+		long done = 0;
 
-		for (i = 0; i < calls; i++)
-			ncclAllReduce(&in, &out, 1, ncclFloat32, ncclSum, comm, NULL);
-		/* wall time, and this thread's CPU time, which time slices given
-		 * to other processes on a shared machine do not inflate */
-		printf("ns_per_call %.3f cpu_ns_per_call %.3f\n",
-		       (clock_ns(CLOCK_MONOTONIC) - t0) / (double)calls,
-		       (clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0) / (double)calls);
+		while (done < calls) {
+			double t0 = clock_ns(CLOCK_MONOTONIC), c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+
+			for (i = 0; i < burst && done < calls; i++, done++)
+				ncclAllReduce(&in, &out, 1, ncclFloat32, ncclSum, comm, stream);
+			/* wall time, and this thread's CPU time, which time slices
+			 * given to other processes on a shared machine do not inflate */
+			wall += clock_ns(CLOCK_MONOTONIC) - t0;
+			cpu += clock_ns(CLOCK_THREAD_CPUTIME_ID) - c0;
+#ifdef WITH_CUDA
+			{
+				struct timespec nap = { 0, 2000000 };
+
+				cudaStreamSynchronize(stream);
+				nanosleep(&nap, NULL);
+			}
+#endif
+		}
+		printf("ns_per_call %.3f cpu_ns_per_call %.3f\n", wall / (double)calls,
+		       cpu / (double)calls);
 	}
 	if (out != 2.0f) {
 		fprintf(stderr, "bench_hook: wrong result %f\n", out);

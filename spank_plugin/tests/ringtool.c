@@ -10,6 +10,7 @@
  *   sg_ringtool read PATH               one line per readable record:
  *                                       n op comm_id count bytes start end
  *                                       peer datatype redop flags status
+ *                                       gpu_start gpu_end coll_seq
  *   sg_ringtool hold PATH               print control, holds, hold_timeouts
  */
 #define _GNU_SOURCE
@@ -35,6 +36,19 @@ static void fill(struct sg_record *r, uint64_t i)
 	r->redop = SG_REDOP_SUM;
 	r->flags = (uint32_t)(i % 2 ? SG_F_IN_GROUP : 0);
 	r->status = 0;
+	/* every third record carries GPU times and transfer fields, to check
+	 * the second half of the layout */
+	if (i % 3 == 0) {
+		r->flags |= SG_F_GPU_TIME;
+		r->gpu_start_ns = r->start_ns + 200;
+		r->gpu_end_ns = r->end_ns + 20000 + i;
+		r->coll_seq = i + 1;
+		r->xfer_net_ns = i * 7;
+		r->xfer_peer_wait_ns = i * 5;
+		r->xfer_gpu_wait_ns = i * 3;
+		r->xfer_channels = 1ull << (i % 64);
+		r->xfer_ops = (uint32_t)i;
+	}
 }
 
 #define OFF(T, f) printf("  \"%s.%s\": %zu,\n", #T, #f, offsetof(struct T, f))
@@ -79,6 +93,18 @@ static int layout(void)
 	OFF(sg_record, redop);
 	OFF(sg_record, flags);
 	OFF(sg_record, status);
+	OFF(sg_record, gpu_start_ns);
+	OFF(sg_record, gpu_end_ns);
+	OFF(sg_record, coll_seq);
+	OFF(sg_record, xfer_net_ns);
+	OFF(sg_record, xfer_peer_wait_ns);
+	OFF(sg_record, xfer_gpu_wait_ns);
+	OFF(sg_record, xfer_channels);
+	OFF(sg_record, xfer_ops);
+	OFF(sg_record, reserved);
+	OFF(sg_ring_header, gpu_lost);
+	OFF(sg_ring_header, gpu_state);
+	OFF(sg_ring_header, gpu_error);
 	printf("  \"magic\": %llu,\n  \"version\": %u,\n", (unsigned long long)SG_RING_MAGIC,
 	       SG_RING_VERSION);
 	printf("  \"node_name_len\": %d\n}\n", SG_NODE_NAME_LEN);
@@ -129,11 +155,13 @@ int main(int argc, char **argv)
 		for (i = n > h->capacity ? n - h->capacity : 0; i < n; i++) {
 			if (sg_ring_read(h, i, &r) != SG_READ_OK)
 				continue;
-			printf("%llu %u %llu %llu %llu %llu %llu %d %u %u %u %d\n",
+			printf("%llu %u %llu %llu %llu %llu %llu %d %u %u %u %d %llu %llu %llu\n",
 			       (unsigned long long)i, r.op, (unsigned long long)r.comm_id,
 			       (unsigned long long)r.count, (unsigned long long)r.bytes,
 			       (unsigned long long)r.start_ns, (unsigned long long)r.end_ns, r.peer,
-			       r.datatype, r.redop, r.flags, r.status);
+			       r.datatype, r.redop, r.flags, r.status,
+			       (unsigned long long)r.gpu_start_ns, (unsigned long long)r.gpu_end_ns,
+			       (unsigned long long)r.coll_seq);
 		}
 		sg_ring_unmap(h);
 		return 0;

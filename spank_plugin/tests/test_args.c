@@ -44,11 +44,23 @@ static void test_args(void)
 		    "allow_opt_out=no partitions=gpu,debug ring_records=1024",
 		    &c, err, sizeof(err)) == 0,
 	      "%s", err);
+	CHECK(c.nccl_profiler == NULL, "no profiler unless configured");
 	CHECK(strcmp(c.torch_hook, "/a/site") == 0 && strcmp(c.ring_root, "/run/sg") == 0 &&
 		      c.default_on == 1 && c.allow_opt_out == 0 &&
 		      strcmp(c.partitions, "gpu,debug") == 0 && c.ring_records == 1024,
 	      "all keys");
 	sg_config_free(&c);
+
+	/* the profiler plugin alone is enough (NCCL >= 2.27 only, no LD_PRELOAD) */
+	CHECK(parse("nccl_profiler=/opt/sg/libslurmguard_nccl_profiler.so", &c, err,
+		    sizeof(err)) == 0 &&
+		      strcmp(c.nccl_profiler, "/opt/sg/libslurmguard_nccl_profiler.so") == 0 &&
+		      c.nccl_hook == NULL,
+	      "profiler only: %s", err);
+	sg_config_free(&c);
+	CHECK(parse("nccl_hook=/a/h.so nccl_profiler=lib.so", &c, err, sizeof(err)) != 0 &&
+		      strstr(err, "nccl_profiler=lib.so: must be an absolute path"),
+	      "relative profiler: %s", err);
 
 	/* every bad line is refused with a message naming the argument */
 	CHECK(parse("nccl_hook=/a/h.so colour=blue", &c, err, sizeof(err)) != 0 &&
@@ -69,7 +81,8 @@ static void test_args(void)
 	CHECK(parse("nccl_hook=/a/h.so ring_records=1000", &c, err, sizeof(err)) != 0 &&
 		      strstr(err, "power of two"),
 	      "records: %s", err);
-	CHECK(parse("ring_root=/dev/shm/x", &c, err, sizeof(err)) != 0 && strstr(err, "nccl_hook"),
+	CHECK(parse("ring_root=/dev/shm/x", &c, err, sizeof(err)) != 0 && strstr(err, "nccl_hook") &&
+		      strstr(err, "nccl_profiler"),
 	      "no hook: %s", err);
 	CHECK(parse("nccl_hook=", &c, err, sizeof(err)) != 0 && strstr(err, "empty"), "empty: %s",
 	      err);

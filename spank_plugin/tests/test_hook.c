@@ -50,6 +50,7 @@ ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
 unsigned long long fakeNcclCalls(const char *name, unsigned long long *elems);
 
+#define NOEV SG_F_NO_EVENT
 #define RANK 3
 #define WORLD 8
 
@@ -262,26 +263,30 @@ int main(void)
 		      "clock offset %lld", (long long)h->clock_offset_ns);
 	}
 
+	/* no CUDA runtime in this process: host times, every call that wanted
+	 * GPU time says it has none, the header says why */
+	CHECK(atomic_load(&h->gpu_state) == SG_GPU_NO_RUNTIME, "gpu_state %u",
+	      atomic_load(&h->gpu_state));
 	{
 		/* the split communicator: id derived from parent and color */
 		const struct expect want[] = {
 			{ SG_OP_COMM_INIT, RANK, WORLD, 0, 0, 0, 0, 0 },
 			{ SG_OP_COMM_INIT, 5, WORLD, 0, 0, 0, 0, 0 },
-			{ SG_OP_ALLREDUCE, -1, 64, SG_DT_FLOAT32, SG_REDOP_SUM, 0, 0, 0 },
-			{ SG_OP_ALLGATHER, -1, 16, SG_DT_INT32, 0, 0, 0, 0 },
-			{ SG_OP_REDUCESCATTER, -1, 8, SG_DT_FLOAT32, SG_REDOP_MAX, 0, 0, 0 },
-			{ SG_OP_BROADCAST, 2, 10, SG_DT_FLOAT32, 0, 0, 0, 0 },
-			{ SG_OP_BROADCAST, 1, 12, SG_DT_FLOAT32, 0, 0, 0, 0 },
-			{ SG_OP_REDUCE, 0, 5, SG_DT_FLOAT32, SG_REDOP_AVG, 0, 0, 0 },
+			{ SG_OP_ALLREDUCE, -1, 64, SG_DT_FLOAT32, SG_REDOP_SUM, NOEV, 0, 0 },
+			{ SG_OP_ALLGATHER, -1, 16, SG_DT_INT32, 0, NOEV, 0, 0 },
+			{ SG_OP_REDUCESCATTER, -1, 8, SG_DT_FLOAT32, SG_REDOP_MAX, NOEV, 0, 0 },
+			{ SG_OP_BROADCAST, 2, 10, SG_DT_FLOAT32, 0, NOEV, 0, 0 },
+			{ SG_OP_BROADCAST, 1, 12, SG_DT_FLOAT32, 0, NOEV, 0, 0 },
+			{ SG_OP_REDUCE, 0, 5, SG_DT_FLOAT32, SG_REDOP_AVG, NOEV, 0, 0 },
 			{ SG_OP_GROUP_START, -1, 0, 0, 0, 0, 0, -1 },
 			{ SG_OP_SEND, 2, 100, SG_DT_FLOAT64, 0, SG_F_IN_GROUP, 0, 0 },
 			{ SG_OP_RECV, 4, 50, SG_DT_INT8, 0, SG_F_IN_GROUP, 0, 0 },
-			{ SG_OP_GROUP_END, -1, 0, 0, 0, 0, 0, -1 },
-			{ SG_OP_ALLTOALL, -1, 2, SG_DT_INT32, 0, 0, 0, 0 },
-			{ SG_OP_ALLREDUCE, -1, 4, SG_DT_UNKNOWN, SG_REDOP_SUM, SG_F_ERROR,
+			{ SG_OP_GROUP_END, -1, 0, 0, 0, NOEV, 0, -1 },
+			{ SG_OP_ALLTOALL, -1, 2, SG_DT_INT32, 0, NOEV, 0, 0 },
+			{ SG_OP_ALLREDUCE, -1, 4, SG_DT_UNKNOWN, SG_REDOP_SUM, SG_F_ERROR | NOEV,
 			  ncclInvalidArgument, 0 },
 			{ SG_OP_COMM_SPLIT, RANK, WORLD, 0, 0, 0, 0, 2 },
-			{ SG_OP_ALLREDUCE, -1, 16, SG_DT_INT32, SG_REDOP_SUM, 0, 0, 2 },
+			{ SG_OP_ALLREDUCE, -1, 16, SG_DT_INT32, SG_REDOP_SUM, NOEV, 0, 2 },
 			{ SG_OP_COMM_DESTROY, RANK, WORLD, 0, 0, 0, 0, 2 },
 		};
 		const size_t nwant = sizeof(want) / sizeof(want[0]);

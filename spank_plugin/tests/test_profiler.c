@@ -1,0 +1,255 @@
+/*
+ * test_profiler.c - libslurmguard_nccl_profiler.so under the fake NCCL,
+ * which loads it from NCCL_PROFILER_PLUGIN and drives it as NCCL's
+ * profiler interface documents (fake_nccl.c, "profiler"), with the hook
+ * preloaded as the SPANK plugin sets both up.
+ *
+ *   LD_PRELOAD=libslurmguard_nccl.so NCCL_PROFILER_PLUGIN=/abs/plugin.so \
+ *   FAKE_NCCL_PROFILER_MAX=6|5|4|3 test_profiler
+ *
+ * With interface v4 and later (NCCL 2.27+): the plugin writes the ncclprof
+ * ring and the hook records no call (one writer); a collective that
+ * enqueues in 5 us and runs 20 ms is recorded as 20 ms from the kernel's
+ * channel timers; NCCL's sequence numbers; one peer_xfer record per peer
+ * and direction, never one per step, whose network time shows the slow
+ * link; the hold control word works through the plugin. With v3 only
+ * (NCCL 2.26) NCCL finds no interface it knows: the hook records as before.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../cuda_api.h"
+#include "../nccl_api.h"
+#include "../sg_ring.h"
+#include "../sg_ring_file.h"
+#include "check.h"
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+			   cudaStream_t);
+ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+void fakeNcclSetTiming(uint64_t enqueue_ns, uint64_t kernel_ns);
+void fakeNcclSetLink(int peer, uint64_t ns);
+cudaError_t cudaStreamCreate(cudaStream_t *);
+cudaError_t cudaStreamSynchronize(cudaStream_t);
+
+#define MS 1000000ull
+#define US 1000ull
+#define NCOLL 5
+#define STEPS (NCOLL * 2 /* channels */ * 4 /* steps */)
+
+static char g_dir[512] = "/tmp/sg-test-prof-XXXXXX";
+static int g_keep; /* SG_TEST_RING_DIR: write there and keep the rings */
+
+static struct sg_ring_header *try_ring(const char *source)
+{
+	char path[1024];
+	const char *why = NULL;
+
+	snprintf(path, sizeof(path), "%s/rank-0.step-0.%s.ring", g_dir, source);
+	if (access(path, F_OK) != 0)
+		return NULL;
+	return sg_ring_open(path, &why);
+}
+
+static int count_op(struct sg_ring_header *h, uint16_t op)
+{
+	uint64_t n, wc = h ? atomic_load(&h->write_counter) : 0;
+	struct sg_record r;
+	int k = 0;
+
+	for (n = 0; n < wc; n++)
+		if (sg_ring_read(h, n, &r) == SG_READ_OK && r.op == op)
+			k++;
+	return k;
+}
+
+static void cleanup(void)
+{
+	char path[1024];
+	DIR *d;
+	struct dirent *de;
+
+	if (g_keep)
+		return;
+	d = opendir(g_dir);
+	while (d && (de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", g_dir, de->d_name);
+		unlink(path);
+	}
+	if (d)
+		closedir(d);
+	rmdir(g_dir);
+}
+
+int main(void)
+{
+	const char *maxv = getenv("FAKE_NCCL_PROFILER_MAX");
+	int version = maxv ? atoi(maxv) : 6, i;
+	float in[16] = { 1 }, out[16];
+	struct sg_ring_header *prof, *hook;
+	struct sg_record r;
+	ncclUniqueId uid;
+	ncclComm_t comm;
+	cudaStream_t s;
+	uint64_t n, wc;
+	char name[64];
+
+	if (getenv("SG_TEST_RING_DIR")) {
+		snprintf(g_dir, sizeof(g_dir), "%s", getenv("SG_TEST_RING_DIR"));
+		g_keep = 1;
+	} else if (!mkdtemp(g_dir)) {
+		perror("mkdtemp");
+		return 2;
+	}
+	setenv("SLURMGUARD_RING_DIR", g_dir, 1);
+	setenv("SLURMGUARD_STEP_ID", "0", 1);
+	setenv("RANK", "0", 1);
+	setenv("SLURMGUARD_XFER_INTERVAL_MS", "60000", 1); /* flushed at finalize */
+	snprintf(name, sizeof(name), "test_profiler (interface <= v%d)", version);
+
+	/* rank 0 of a 4-rank ring: sends to 1 over a slow link, receives from
+	 * 3 over a healthy one */
+	fakeNcclSetLink(1, 8 * MS);
+	fakeNcclSetLink(3, 50 * US);
+	cudaStreamCreate(&s);
+	ncclGetUniqueId(&uid);
+	CHECK(ncclCommInitRank(&comm, 4, uid, 0) == ncclSuccess, "init");
+	fakeNcclSetTiming(5 * US, 20 * MS);
+	for (i = 0; i < NCOLL; i++) {
+		CHECK(ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, comm, s) == ncclSuccess &&
+			      out[0] == 4, "allreduce %d", i);
+		cudaStreamSynchronize(s);
+	}
+	/* a send to the slow peer: one kernel channel, one proxy op */
+	fakeNcclSetTiming(5 * US, 2 * MS);
+	CHECK(ncclSend(in, 16, ncclFloat32, 1, comm, s) == ncclSuccess, "send");
+	cudaStreamSynchronize(s);
+	fakeNcclSetTiming(5 * US, 20 * MS);
+	prof = try_ring("ncclprof");
+	/* the controller holds this rank at its next collective (100 ms) */
+	if (prof) {
+		prof->hold_timeout_ms = 100;
+		atomic_fetch_or(&prof->control, SG_CTL_HOLD);
+		ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, comm, s);
+		cudaStreamSynchronize(s);
+		CHECK(atomic_load(&prof->holds) == 1 && atomic_load(&prof->hold_timeouts) == 1,
+		      "hold through the plugin: holds %llu",
+		      (unsigned long long)atomic_load(&prof->holds));
+	}
+	CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+	hook = try_ring("nccl");
+
+	if (version < 4) {
+		/* NCCL 2.26 knows only v1..v3: no plugin, the hook records */
+		int k;
+
+		CHECK(prof == NULL, "a ring from a plugin NCCL cannot load");
+		/* the hook's records come when their GPU events complete */
+		for (k = 0; k < 200 && hook && count_op(hook, SG_OP_ALLREDUCE) < NCOLL; k++)
+			usleep(10000);
+		CHECK(hook && count_op(hook, SG_OP_ALLREDUCE) == NCOLL, "hook records: %d",
+		      hook ? count_op(hook, SG_OP_ALLREDUCE) : -1);
+		cleanup();
+		DONE(name);
+	}
+	CHECK(prof != NULL, "no ncclprof ring");
+	if (!prof) {
+		cleanup();
+		DONE(name);
+	}
+	CHECK(prof->source == SG_SOURCE_NCCL_PROFILER, "source %u", prof->source);
+	/* one writer per call: the hook stood down when NCCL loaded the plugin */
+	CHECK(!hook || (count_op(hook, SG_OP_ALLREDUCE) == 0 && count_op(hook, SG_OP_COMM_INIT) == 0),
+	      "the hook recorded too: %d allreduce", count_op(hook, SG_OP_ALLREDUCE));
+
+	wc = atomic_load(&prof->write_counter);
+	/* init, 5 + 1 collectives, send, hold, 2 links, destroy: nothing per step */
+	CHECK(wc == 1 + NCOLL + 1 + 1 + 1 + 2 + 1, "%llu records", (unsigned long long)wc);
+	for (n = 0, i = 0; n < wc; n++) {
+		CHECK(sg_ring_read(prof, n, &r) == SG_READ_OK, "record %llu", (unsigned long long)n);
+		if (r.op == SG_OP_ALLREDUCE && i < NCOLL) {
+			uint64_t gpu = r.gpu_end_ns - r.gpu_start_ns, host = r.end_ns - r.start_ns;
+
+			CHECK(r.flags == SG_F_GPU_TIME, "collective %d flags %#x", i, r.flags);
+			CHECK(host >= 5 * US && host < 3 * MS, "collective %d host %llu ns", i,
+			      (unsigned long long)host);
+			/* 20 ms of kernel plus the ring's steps (~65 ms) */
+			CHECK(gpu >= 20 * MS && gpu < 300 * MS, "collective %d GPU %llu ns", i,
+			      (unsigned long long)gpu);
+			CHECK(r.coll_seq == (uint64_t)i + 1 && r.count == 16 &&
+				      r.datatype == SG_DT_FLOAT32 && r.bytes == 64,
+			      "collective %d: seq %llu count %llu", i, (unsigned long long)r.coll_seq,
+			      (unsigned long long)r.count);
+			/* the GPU timer mapped onto the host clock: after the enqueue */
+			CHECK(r.gpu_start_ns + 1 * MS >= r.start_ns &&
+				      r.gpu_start_ns < r.end_ns + 50 * MS,
+			      "collective %d GPU start %lld ns after the call", i,
+			      (long long)(r.gpu_start_ns - r.start_ns));
+			i++;
+		}
+	}
+	CHECK(i == NCOLL, "%d collectives", i);
+	for (n = 0; n < wc; n++) {
+		if (sg_ring_read(prof, n, &r) == SG_READ_OK && r.op == SG_OP_SEND) {
+			CHECK(r.flags == SG_F_GPU_TIME && r.peer == 1 && r.bytes == 64 &&
+				      r.gpu_end_ns - r.gpu_start_ns >= 2 * MS + 4 * 8 * MS,
+			      "send: flags %#x peer %d GPU %llu ns", r.flags, r.peer,
+			      (unsigned long long)(r.gpu_end_ns - r.gpu_start_ns));
+			break;
+		}
+	}
+	CHECK(n < wc, "no send record");
+	{
+		struct sg_record slow = { 0 }, fine = { 0 };
+		int links = 0;
+
+		for (n = 0; n < wc; n++) {
+			if (sg_ring_read(prof, n, &r) != SG_READ_OK || r.op != SG_OP_PEER_XFER)
+				continue;
+			links++;
+			if (r.peer == 1 && (r.flags & SG_F_XFER_SEND))
+				slow = r;
+			if (r.peer == 3 && !(r.flags & SG_F_XFER_SEND))
+				fine = r;
+		}
+		CHECK(links == 2, "%d peer_xfer records", links);
+		/* the hold's collective adds its steps too, the send 4 to peer 1 */
+		CHECK(slow.count == STEPS + 8 + 4 && fine.count == STEPS + 8, "steps %llu / %llu",
+		      (unsigned long long)slow.count, (unsigned long long)fine.count);
+		CHECK(slow.bytes == slow.count * 524288 && slow.xfer_channels == 3 &&
+			      slow.xfer_ops == (NCOLL + 1) * 2 + 1,
+		      "send aggregate: bytes %llu channels %#llx ops %u",
+		      (unsigned long long)slow.bytes, (unsigned long long)slow.xfer_channels,
+		      slow.xfer_ops);
+		/* per step: 8 ms on the slow link, 50 us on the healthy one */
+		CHECK(slow.xfer_net_ns >= slow.count * 8 * MS, "slow link: %llu ns on the network",
+		      (unsigned long long)slow.xfer_net_ns);
+		/* sleeps overshoot on a busy machine (by up to a millisecond or
+		 * so, on either link): compare the difference (7.95 ms per step) */
+		CHECK(slow.xfer_net_ns > fine.xfer_net_ns &&
+			      slow.xfer_net_ns - fine.xfer_net_ns >= fine.count * 5 * MS,
+		      "healthy link %llu ns vs slow %llu ns", (unsigned long long)fine.xfer_net_ns,
+		      (unsigned long long)slow.xfer_net_ns);
+		CHECK(slow.xfer_peer_wait_ns > 0 && slow.xfer_gpu_wait_ns > 0 && fine.xfer_gpu_wait_ns > 0,
+		      "wait buckets %llu %llu %llu", (unsigned long long)slow.xfer_peer_wait_ns,
+		      (unsigned long long)slow.xfer_gpu_wait_ns,
+		      (unsigned long long)fine.xfer_gpu_wait_ns);
+		printf("%s: slow link %.2f ms/step on the network, healthy %.3f ms/step\n", name,
+		       slow.xfer_net_ns / 1e6 / (double)slow.count,
+		       fine.xfer_net_ns / 1e6 / (double)fine.count);
+	}
+	CHECK(count_op(prof, SG_OP_HOLD) == 1 && count_op(prof, SG_OP_COMM_DESTROY) == 1,
+	      "hold / destroy records");
+	cleanup();
+	DONE(name);
+}
