@@ -53,8 +53,11 @@ class Rig:
         self.executor.drain(node, reason)
         self.store.transition(node, NodeState.DRAINING, f"drained: {reason}")
 
-    def seed(self, node: str, kind: str = "both", finished: float = 1000.0) -> None:
-        """A passed sweep of a healthy node (baseline sample, trusted reference)."""
+    def seed(self, node: str, kind: str = "both", finished: float | None = None) -> None:
+        """A passed sweep of a healthy node (baseline sample, trusted reference), a day old
+        by default: inside the baseline's age, outside any same-window peer window."""
+        if finished is None:
+            finished = self.clock.now() - 86400.0
         if kind in ("node", "both"):
             s = self.store.add_sweep(node, SweepKind.ONE_NODE, hw_class=CLASS)
             self.store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
@@ -82,8 +85,8 @@ class Rig:
         kind = "node" if s.kind is SweepKind.ONE_NODE else "pair"
         out, _ = self.files.paths(node, s.id, kind)
         if doc is None and text is None and state == "COMPLETED" and write:
-            doc = (node_doc(node, hw_class=CLASS) if kind == "node"
-                   else pair_doc(node, s.reference_node, hw_class=CLASS))
+            doc = (node_doc(node, hw_class=CLASS, finished=self.clock.now() + 30) if kind == "node"
+                   else pair_doc(node, s.reference_node, hw_class=CLASS, finished=self.clock.now() + 30))
         if doc is not None:
             doc = {**doc, "job_id": str(jid)}
             text = json.dumps(doc)
@@ -192,7 +195,7 @@ def test_compute_slowdown_fails_the_node_sweep_and_enters_triage(rig):
 
 
 @pytest.mark.parametrize("state,text,expect", [
-    ("CANCELLED", None, "slurmguard: sweep1 crashed (CANCELLED)"),
+    ("NODE_FAIL", None, "slurmguard: sweep1 crashed (NODE_FAIL)"),
     ("TIMEOUT", None, "slurmguard: sweep1 timed out"),
     ("COMPLETED", '{"schema": "slurmguard.sweep", "version": 1, "kind": "no', "slurmguard: sweep1 bad result"),
     ("COMPLETED", None, "slurmguard: sweep1 no result"),
@@ -207,6 +210,30 @@ def test_crash_timeout_or_bad_result_is_a_fail(rig, state, text, expect):
     assert s.verdict is Verdict.ERROR and s.failure_reason.startswith(expect)
     rig.tick()
     assert rig.fake.node("node2").reason.startswith(expect)
+    assert _state(rig, "node2") is NodeState.REMEDIATION
+
+
+def test_sweep_killed_by_slurm_is_recorded_and_retried_then_fails(rig):
+    """Cancelled or preempted from outside: no evidence about the node, so the sweep is
+    recorded and submitted again (killed_retries = 2); a third kill fails the sweep."""
+    rig.drain("node2")
+    rig.tick()
+    rig.tick()
+    ids = []
+    for state in ("CANCELLED", "PREEMPTED"):
+        s = rig.run_job("node2", state=state, write=False)
+        ids.append(s.id)
+        rig.tick()
+        got = rig.store.get_sweep(s.id)
+        assert got.metrics["outcome"] == "killed" and got.metrics["job_state"] == state
+        assert got.failure_reason == f"slurmguard: sweep1 killed by Slurm ({state}), retrying"
+        assert _state(rig, "node2") is NodeState.QUARANTINED
+        assert rig.tick(31).done and rig.pending("node2").id > s.id  # resubmitted after the back-off
+    assert not any(a.is_entry for a in rig.store.triage_actions("node2"))  # no triage entry
+    rig.run_job("node2", state="CANCELLED", write=False)
+    rig.tick()
+    assert rig.store.sweeps(node="node2")[-1].failure_reason == "slurmguard: sweep1 crashed (CANCELLED)"
+    rig.tick()
     assert _state(rig, "node2") is NodeState.REMEDIATION
 
 
@@ -503,8 +530,10 @@ def test_job_that_never_starts_is_cancelled_and_retried(rig):
     assert rig.pending("node2").id != s.id
 
 
-def test_suspected_node_without_class_baseline_is_held_not_returned(sqlite_store, fake_clock, tmp_path):
-    rig = Rig(sqlite_store, fake_clock, tmp_path)  # no seeds: empty baseline
+def test_suspected_node_without_any_reference_is_held_not_returned(sqlite_store, fake_clock, tmp_path):
+    # no seeds, no floor for the model, no peer sweeps: nothing can vouch for the node
+    pol = POL.model_copy(update={"floors": (), "peer_sweeps": False, "bootstrap_min_nodes": 3})
+    rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
     rig.drain("node2")
     rig.tick()
     rig.tick()
@@ -514,16 +543,23 @@ def test_suspected_node_without_class_baseline_is_held_not_returned(sqlite_store
     assert rig.store.get_sweep(s.id).metrics["outcome"] == "insufficient_baseline"
     rig.tick()
     n2 = rig.fake.node("node2")
-    assert n2.drained_by_us and "no class baseline (0/2 nodes)" in n2.reason
+    assert n2.drained_by_us and "no reference: class 0/3, peers 0/2, no floor" in n2.reason
     assert _state(rig, "node2") is NodeState.QUARANTINED
-    rig.seed("node3")
-    rig.seed("node4")
-    rig.tick()
-    assert rig.pending("node2").id > s.id and not rig.fake.node("node2").drained
+    # healthy nodes swept within the window become its reference: judged again, not re-swept
+    rig.seed("node3", finished=fake_clock.now() - 60)
+    rig.seed("node4", finished=fake_clock.now() - 60)
+    res = rig.tick()
+    assert any("judged again as sweep" in d and ": pass:" in d for d in res.done), res.done
+    held, got = rig.store.sweeps(node="node2")[-2:]
+    assert held.id == s.id and held.metrics["outcome"] == "insufficient_baseline"  # history kept
+    assert got.metrics["rejudge_of"] == s.id and got.slurm_job_id == held.slurm_job_id
+    assert got.metrics["basis"] == "peers" and got.metrics["basis_nodes"] == ["node3", "node4"]
+    assert "same-window peers (node3,node4)" in got.metrics["reference_text"]
+    assert rig.pending("node2") is None or rig.pending("node2").kind is SweepKind.TWO_NODE
 
 
 def test_rolling_sweep_bootstraps_an_empty_class_and_respects_its_rate(sqlite_store, fake_clock, tmp_path):
-    pol = SweepPolicy(bootstrap_min_nodes=2, rolling_enabled=True, rolling_nodes_per_hour=2.0)
+    pol = SweepPolicy(bootstrap_min_nodes=2, rolling_enabled=True, rolling_nodes_per_hour=2.0, floors=())
     rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
     rig.fake.start_job(["node2", "node3", "node4"])
     res = rig.tick()
