@@ -606,3 +606,64 @@ def test_results_and_verdicts_survive_a_restart(rig):
     sweeps = rig.store.sweeps(node="node2")
     assert [(s.kind.value, s.verdict.value) for s in sweeps] == [("1node", "pass"), ("2node", "pass")]
     assert sweeps[1].metrics["result"]["reference"] == "node3"
+
+
+def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqlite_store, fake_clock, tmp_path):
+    """Fresh database, no floor for the model: two drained nodes are judged against a
+    healthy idle peer the scheduler sweeps itself in the same window; the busy node is
+    never taken; the slow one fails 'vs peers', the healthy one returns."""
+    pol = POL.model_copy(update={"floors": (), "bootstrap_min_nodes": 3, "peer_min_nodes": 1})
+    rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
+    busy = rig.fake.start_job(["node4"])
+    rig.drain("node2")
+    rig.drain("node3")
+    res = rig.tick()
+    assert "node1: peer sweep started" in res.done  # node4 is busy: never a busy node
+    assert _state(rig, "node4") is NodeState.HEALTHY
+    ep1 = load_episode(rig.store, "node1")
+    assert ep1.rolling and not ep1.suspected
+    rig.tick()  # 1-node sweeps of node1 (peer), node2, node3
+    now = fake_clock.now()
+    rig.run_job("node2")
+    rig.run_job("node3", doc=node_doc("node3", hw_class=CLASS, finished=now + 30,
+                                      gemm_scale={(i, "float32"): 0.3 for i in range(8)}))
+    rig.tick()  # both judged: no reference yet -> held
+    assert [rig.store.sweeps(node=n)[-1].metrics["outcome"] for n in ("node2", "node3")] == \
+        ["insufficient_baseline"] * 2
+    assert all("peer sweep started" not in d for d in rig.tick().done)  # one peer at a time
+    rig.run_job("node1")
+    rig.tick()  # peer judged (bootstrap: nothing to compare with); node2/node3 judged again
+    v2, v3 = rig.store.sweeps(node="node2")[-1], rig.store.sweeps(node="node3")[-1]
+    assert v2.metrics["outcome"] == "pass" and v2.metrics["basis"] == "peers", v2.metrics["reason"]
+    assert v2.metrics["basis_nodes"] == ["node1"]
+    assert v3.metrics["outcome"] == "fail" and v3.failure_reason.startswith("slurmguard: sweep1 gpu")
+    assert "gemm_fp32 -70% vs peers" in v3.failure_reason
+    rig.tick()
+    assert _state(rig, "node3") is NodeState.REMEDIATION
+    assert "vs peers" in rig.fake.node("node3").reason
+    # the triage report says which reference the verdict used
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+    out = CliRunner().invoke(cli, ["--db", str(rig.store.engine.url), "triage", "report", "--node", "node3",
+                                   "--offline", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert "[judged vs same-window peers (node1), judged again from sweep 3]" in out.output
+    assert "gemm_fp32 -70% vs peers" in out.output
+    # a suspected node's failed sweep never vouches for anything; node3 sweeps again (ladder)
+    # node2 goes on to its 2-node sweep once a reference is free (and is judged vs the
+    # peer's own 2-node sweep, also in the window)
+    rig.fake.finish_job(busy)
+    for _ in range(12):
+        rig.tick()
+        s = rig.pending("node1")
+        if s is not None and s.slurm_job_id is not None:
+            rig.run_job("node1")
+        s = rig.pending("node2")
+        if s is not None and s.slurm_job_id is not None:
+            rig.run_job("node2")
+        if _state(rig, "node2") is NodeState.HEALTHY:
+            break
+    assert _state(rig, "node1") is NodeState.HEALTHY and _state(rig, "node2") is NodeState.HEALTHY
+    pair = rig.store.sweeps(node="node2", kind=SweepKind.TWO_NODE)[-1]
+    assert pair.metrics["outcome"] == "pass" and pair.metrics["basis"] in ("peers", "none"), pair.metrics

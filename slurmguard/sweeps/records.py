@@ -189,3 +189,12 @@ def sweep_cost(rec: SweepRecord) -> SweepCost:
         else:
             runtime = 0.0
     return SweepCost(rec.id, max(0.0, float(runtime)) * int(nodes))
+
+
+def sweep_reference_text(metrics: object) -> str:
+    """' [judged vs same-window peers (node1,node4)]': which reference a sweep verdict used
+    (class baseline, same-window peers, policy floor), '' for sweeps judged before it was kept."""
+    if not isinstance(metrics, dict) or not metrics.get("reference_text") or metrics.get("basis") == "none":
+        return ""
+    again = f", judged again from sweep {metrics['rejudge_of']}" if metrics.get("rejudge_of") else ""
+    return f" [judged vs {metrics['reference_text']}{again}]"

@@ -661,7 +661,7 @@ class SweepScheduler:
                     exclude: tuple[str, ...]) -> tuple[ClassBaseline, ClassBaseline]:
         """(class baseline, same-window peers) for a result, from the healthy nodes' sweeps
         in the database. Results older than baseline_max_age_h have left the class baseline."""
-        healthy_nodes = {n for n, r in records.items() if r.state is NodeState.HEALTHY}
+        healthy_nodes = self._vouching_nodes(records)
         pool = self.store.sweeps(hw_class=result.hw_class, kind=kind, limit=2000)
         healthy = rec.healthy_results((x for x in pool if x.node in healthy_nodes),
                                       exclude_nodes=exclude, cache=self._results)
@@ -832,9 +832,22 @@ class SweepScheduler:
                                     f"same-window peer for class {klass} (no baseline yet)",
                                     {PEER: klass}, taken, res)
 
+    def _vouching_nodes(self, records: Mapping[str, NodeRecord]) -> set[str]:
+        """Nodes whose passed sweeps may judge others: healthy ones, and unsuspected nodes in
+        a rolling/peer/baseline episode (their 1-node pass counts before their 2-node sweep)."""
+        out = set()
+        for n, r in records.items():
+            if r.state is NodeState.HEALTHY:
+                out.add(n)
+            elif r.state is NodeState.QUARANTINED:
+                ep = load_episode(self.store, n)
+                if ep.rolling and not ep.suspected:
+                    out.add(n)
+        return out
+
     def _fresh_nodes(self, klass: str, records: Mapping[str, NodeRecord], since: float) -> int:
-        """Healthy nodes of the class whose latest judged 1-node sweep passed after `since`."""
-        healthy = {n for n, r in records.items() if r.state is NodeState.HEALTHY}
+        """Vouching nodes of the class whose latest judged 1-node sweep passed after `since`."""
+        healthy = self._vouching_nodes(records)
         pool = [x for x in self.store.sweeps(hw_class=klass, kind=SweepKind.ONE_NODE, limit=2000)
                 if x.node in healthy]
         return sum(1 for r in rec.healthy_results(pool, cache=self._results) if r.finished >= since)
