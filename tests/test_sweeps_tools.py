@@ -37,7 +37,7 @@ def test_nccl_tests_wrong_values_fail_and_old_layout_parses():
     p = tools.parse_nccl_tests(fixture("nccl_allreduce_wrong.txt"))
     assert p.failed == ("12 wrong values at 1024MB", "out of bounds values: 12 FAILED")
     old = tools.parse_nccl_tests(fixture("nccl_allreduce_v100_old.txt"))  # no root, float error
-    assert not old.failed and old.figures["busbw_gbps/1310720000B"] == 1.11
+    assert not old.failed and old.figures["busbw_gbps/1250MB"] == 1.11  # -b 1250M
     with pytest.raises(tools.ParseError, match="no result rows"):
         tools.parse_nccl_tests("# nThread 1 nGpus 8\n# Avg bus bandwidth    : 0\n")
     with pytest.raises(tools.ParseError, match="unexpected result row"):
