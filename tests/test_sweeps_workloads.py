@@ -39,7 +39,7 @@ def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
     assert r.allreduce[0].busbw_gbps == pytest.approx(r.allreduce[0].algbw_gbps)  # 2(n-1)/n = 1
     assert r.injected == {"node3": json.loads(inject)["node3"] | {
         "membw_slowdown": 0.0, "p2p_slowdown": 0.0, "link_slowdown": 0.0, "link_direction": "both",
-        "crash": False, "hang_s": 0.0, "corrupt_output": False}}
+        "crash": False, "hang_s": 0.0, "corrupt_output": False, "gemm_corrupt": False}}
     # 85% slower by injection: well below its twin even on a noisy shared CPU
     g0, g1 = (d.gemm[0].tflops for d in r.devices)
     assert g1 < 0.6 * g0
@@ -125,3 +125,28 @@ def test_three_node_pass_sweep_localizes_the_slow_node(tmp_path):
     verdicts = {v.node: v for v in judge_multi(r, POL.model_copy(update={"pass_tolerance": 0.4}))}
     assert verdicts["n1"].outcome is Outcome.FAIL and "link n1-" in verdicts["n1"].reason
     assert verdicts["n0"].outcome is Outcome.PASS and verdicts["n2"].outcome is Outcome.PASS
+
+
+def test_silent_data_corruption_fails_the_sweep(tmp_path):
+    """One wrong element per verified product (gemm_corrupt): the float64 reference check
+    catches it, the sweep reports an error and the verdict fails with it."""
+    out = tmp_path / "node.json"
+    fp32 = ["float32" if a == "float32,bfloat16" else a for a in SMALL]
+    res = run_node_local(str(out), "node3", fp32, POL,
+                         timeout_s=180, env={"SLURMGUARD_SWEEP_INJECT": '{"node3": {"gemm_corrupt": true}}'})
+    assert res.returncode == 1, res.stderr[-2000:]
+    r = load_result(str(out))
+    [g] = r.devices[0].gemm
+    assert g.checks >= 1 and g.max_error > 1.0
+    assert r.errors[0].where == "gemm float32 gpu0"
+    assert r.errors[0].message.startswith("wrong result (silent data corruption): error ")
+    v = judge_result(r, None, POL, suspected=False)
+    assert v.outcome is Outcome.FAIL
+    assert v.reason.startswith("slurmguard: sweep1 error in gemm float32 gpu0: wrong result (silent")
+    # a healthy run verifies every window and stays well inside the rounding bound
+    ok = tmp_path / "ok.json"
+    assert run_node_local(str(ok), "node3", SMALL, POL, timeout_s=180).returncode == 0  # fp32 + bf16
+    for g in load_result(str(ok)).devices[0].gemm:
+        assert g.checks >= 1 and g.max_error < 0.5, g
+    assert load_result(str(ok)).devices[0].telemetry["source"] in ("cgroup", "none")
+
