@@ -609,10 +609,11 @@ def test_results_and_verdicts_survive_a_restart(rig):
 
 
 def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqlite_store, fake_clock, tmp_path):
-    """Fresh database, no floor for the model: two drained nodes are judged against a
-    healthy idle peer the scheduler sweeps itself in the same window; the busy node is
-    never taken; the slow one fails 'vs peers', the healthy one returns."""
-    pol = POL.model_copy(update={"floors": (), "bootstrap_min_nodes": 3, "peer_min_nodes": 1})
+    """Fresh database: two drained nodes are judged against a healthy idle peer the
+    scheduler sweeps itself in the same window (not by the loose H100 floor while a peer
+    can still be swept); the busy node is never taken; the slow one fails 'vs peers', the
+    healthy one returns."""
+    pol = POL.model_copy(update={"bootstrap_min_nodes": 3, "peer_min_nodes": 1})
     rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
     busy = rig.fake.start_job(["node4"])
     rig.drain("node2")
@@ -632,7 +633,8 @@ def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqli
         ["insufficient_baseline"] * 2
     assert all("peer sweep started" not in d for d in rig.tick().done)  # one peer at a time
     rig.run_job("node1")
-    rig.tick()  # peer judged (bootstrap: nothing to compare with); node2/node3 judged again
+    rig.tick()  # peer judged (against the H100 floor); node2/node3 judged again vs the peer
+    assert rig.store.sweeps(node="node1")[-1].metrics["basis"] == "floor"
     v2, v3 = rig.store.sweeps(node="node2")[-1], rig.store.sweeps(node="node3")[-1]
     assert v2.metrics["outcome"] == "pass" and v2.metrics["basis"] == "peers", v2.metrics["reason"]
     assert v2.metrics["basis_nodes"] == ["node1"]

@@ -79,6 +79,7 @@ from slurmguard.sweeps.templates import SweepJobSpec, render_sweep_script
 from slurmguard.sweeps.verdict import (
     JobOutcome,
     Outcome,
+    floor_for,
     judge_job,
     judge_result,
     make_reason,
@@ -145,6 +146,7 @@ def workload_args(policy: SweepPolicy) -> tuple[str, ...]:
             "--membw-bytes", str(policy.membw_bytes),
             "--message-sizes-mb", ",".join(str(m) for m in policy.message_sizes_mb),
             "--repeats", str(policy.repeats), "--comm-timeout", f"{policy.comm_timeout_s:g}",
+            "--comm-iters", str(policy.comm_iters), "--comm-warmup", str(policy.comm_warmup),
             *policy.workload_args)
 
 
@@ -313,6 +315,10 @@ class SweepScheduler:
                         or peers.node_count >= self.policy.peer_min_nodes):
                     return Step(name, "rejudge", f"sweep {last.id}: a reference exists now",
                                 {"sweep": last.id})
+                if floor_for(res.device_name, self.policy) is not None and \
+                        not self._peers_possible(klass, view, records):
+                    return Step(name, "rejudge", f"sweep {last.id}: no peer can be swept, the policy"
+                                " floor judges", {"sweep": last.id})
                 if view.now - res.finished > self.policy.peer_window_min * 60:
                     # its result is too old for any peer swept from now on: measure again
                     if last.kind is SweepKind.ONE_NODE:
@@ -636,7 +642,8 @@ class SweepScheduler:
                     s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
         v = judge_job(JobOutcome(state, None, text, out_path), kind=kind, node=s.node, baseline=baseline,
                       policy=self.policy, suspected=ep.suspected, reference=s.reference_node,
-                      ref_status=ref_status, peers=peers)
+                      ref_status=ref_status, peers=peers,
+                      use_floor=not ep.suspected or not self._peers_possible(s.hw_class, view, records))
         if start is None:
             runtime = parsed.finished - parsed.started if parsed is not None else 0.0
         else:
@@ -684,7 +691,7 @@ class SweepScheduler:
             ref_status = reference_status(
                 s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
         v = judge_result(res, baseline, self.policy, suspected=ep.suspected, ref_status=ref_status,
-                         peers=peers)
+                         peers=peers, use_floor=True)
         old = s.metrics if isinstance(s.metrics, dict) else {}
         metrics = rec.outcome_metrics(v, job_state=str(old.get("job_state") or "COMPLETED"),
                                       runtime_s=old.get("runtime_s"), node_count=self._count(s),
@@ -831,6 +838,25 @@ class SweepScheduler:
             self._start_unsuspected(cands[0][1], "peer sweep",
                                     f"same-window peer for class {klass} (no baseline yet)",
                                     {PEER: klass}, taken, res)
+
+    def _peers_possible(self, klass: str | None, view: _View, records: Mapping[str, NodeRecord]) -> bool:
+        """Can same-window peers of the class still come: peer sweeps on, and a peer sweep of
+        the class running or an idle healthy node of the class to sweep? While they can, a
+        suspected node waits for them rather than being judged by the loose floor."""
+        if not self.policy.peer_sweeps or klass is None:
+            return False
+        fresh = {r.name: r for r in self.store.list_nodes()}
+        for name, r in fresh.items():
+            n = view.nodes.get(name)
+            if hw_class(n, r, self.policy) != klass:
+                continue
+            if r.state is NodeState.QUARANTINED:
+                ep = load_episode(self.store, name)
+                if ep.rolling and not ep.suspected:
+                    return True
+            elif r.state is NodeState.HEALTHY and n is not None and is_free(n) and name not in view.reserved:
+                return True
+        return False
 
     def _vouching_nodes(self, records: Mapping[str, NodeRecord]) -> set[str]:
         """Nodes whose passed sweeps may judge others: healthy ones, and unsuspected nodes in

@@ -225,7 +225,8 @@ def reference_status(reference: str, history: Iterable[PastSweep], policy: Sweep
 # ---------------------------------------------------------------- judging
 def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline | None,
               policy: SweepPolicy, suspected: bool = True, reference: str | None = None,
-              ref_status: ReferenceStatus | None = None, peers: ClassBaseline | None = None) -> Verdict:
+              ref_status: ReferenceStatus | None = None, peers: ClassBaseline | None = None,
+              use_floor: bool = True) -> Verdict:
     """Verdict for a finished sweep job: crash/timeout/no result/malformed result fail."""
     label = "sweep1" if kind == "node" else "sweep2" if kind == "pair" else "sweepN"
     state = (job.state.split() or ["UNKNOWN"])[0].upper()
@@ -271,14 +272,15 @@ def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline 
         return fail(f"bad result: reference {result.reference}",
                     f"{job.source}: expected reference {reference}, got {result.reference}", result)
     return judge_result(result, baseline, policy, suspected=suspected, ref_status=ref_status,
-                        peers=peers)
+                        peers=peers, use_floor=use_floor)
 
 
 def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: SweepPolicy, *,
                  suspected: bool = True, ref_status: ReferenceStatus | None = None,
-                 peers: ClassBaseline | None = None) -> Verdict:
+                 peers: ClassBaseline | None = None, use_floor: bool = True) -> Verdict:
     """Verdict for a parsed 1-node or 2-node result against the first reference that
-    exists: class baseline, same-window peers, policy floor (module docstring)."""
+    exists: class baseline, same-window peers, policy floor (module docstring).
+    use_floor=False: peers can still be swept, so the loose floor must not judge yet."""
     if result.kind == "multi":
         raise ValueError("multi-node results are judged per link: use judge_multi")
     node, label, tol = result.node_under_test, result.label, policy.pass_tolerance
@@ -293,7 +295,7 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
         ref, need = baseline, policy.bootstrap_min_nodes
     elif peers is not None and peers.node_count >= policy.peer_min_nodes:
         ref, need = peers, policy.peer_min_nodes
-    else:
+    elif use_floor:
         floor = floor_for(result.device_name, policy)
     basis = ref.basis if ref is not None else "floor" if floor is not None else "none"
     basis_nodes = ref.nodes if ref is not None else ()
