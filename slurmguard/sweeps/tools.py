@@ -345,3 +345,19 @@ def ib_hcas(stages, sysfs: str = "/sys/class/infiniband") -> list[str]:
         return sorted(os.listdir(sysfs))
     except OSError:
         return []
+
+
+def merge_outcomes(name: str, parts: Sequence[tuple[str, StageOutcome]]) -> StageOutcome:
+    """One stage record from per-device runs (ib_write_bw per HCA): the worst status wins
+    (fail > error > pass > skipped), figures keyed '<device>/<figure>'."""
+    if not parts:
+        return StageOutcome(name, "skipped", "nothing to measure")
+    rank = {"fail": 3, "error": 2, "pass": 1, "skipped": 0}
+    worst = max(rank[o.status] for _, o in parts)
+    status = next(k for k, v in rank.items() if v == worst)
+    reasons = [f"{dev}: {o.reason}" for dev, o in parts if rank[o.status] == worst]
+    figures = {f"{dev}/{k}": v for dev, o in parts for k, v in o.figures.items()}
+    evidence = "\n".join(f"== {dev}\n{o.evidence[-EVIDENCE_CHARS // max(1, len(parts)):]}" for dev, o in parts)
+    return StageOutcome(name, status, "; ".join(reasons) if status != "pass" else "ok",
+                        sum(o.seconds for _, o in parts), figures, evidence)
+

@@ -316,6 +316,10 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
     if failed_stages:
         st = failed_stages[0]
         more = f" +{len(failed_stages) - 1} stages" if len(failed_stages) > 1 else ""
+        if result.kind == "pair" and not (ref_status and ref_status.trusted):
+            why = ref_status.why if ref_status else f"{result.reference} has no trust record"
+            return verdict(Outcome.INCONCLUSIVE, f"inconclusive, reference {result.reference} untrusted",
+                           f"stage {st.name} failed: {st.reason}; not blamed on {node}: {why}")
         return verdict(Outcome.FAIL, f"{st.name} fail: {st.reason[:60]}{more}",
                        "; ".join(f"stage {x.name} failed: {x.reason}" for x in failed_stages),
                        [MetricCheck(f"stage/{x.name}", x.name, None, None, 0, "stage", None, False)
