@@ -211,4 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # gloo's threads can race interpreter finalisation: end the way every project job ends
+    from slurmguard.workloads.teardown import finish
+
+    finish(main(), barrier=False)

@@ -7,11 +7,12 @@ slurmd and job steps). With no class baseline the scheduler sweeps an idle healt
 itself (never a busy node), judges both drained nodes against it, returns node2 and holds
 node3 with its evidence; no manual step between.
 
-CPU timings on the shared 2-core machine swing by about 2x between healthy runs, so the
-policy's tolerance is wide (75%: a metric fails below a quarter of the peers' median) and
-the cap is strong (5% of one CPU): the capped node's GEMM throughput reads about a tenth
-of a healthy one, its memory bandwidth about a third (measured while writing this test).
-Takes about 2-4 minutes on the loaded machine.
+CPU timings on the shared 2-core machine swing by about 1.5-2x between healthy runs, and a
+healthy sweep itself only gets a fair share of a loaded host (load average 15-20 while this
+was written), so a CPU cap must be well below that share to stand out: measured here, a 5%
+cap reads -70% GEMM throughput (inside a 75% tolerance), a 2% cap -90%, with the job's
+start (torch import) slowed to about 2.5 minutes. The test uses 3% and a tolerance of 75%
+(a metric fails below a quarter of the peers' median). Takes about 4-5 minutes.
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devclus
     busy = devcluster.sbatch("#!/bin/sh\nsleep 40\n", "--nodelist=node1", "-N1", "-t5")
     devcluster.wait_job(busy, timeout=30, states=("RUNNING",))
     try:
-        apply_cpu_cap(devcluster, "node3", 5)
+        apply_cpu_cap(devcluster, "node3", 3)
         for n in ("node2", "node3"):
             e.drain(n, "slurmguard: admin drain (cold start test)")
         e.until(lambda: e.state("node2") is NodeState.HEALTHY
                 and any(s.verdict is Verdict.FAIL for s in e.store.sweeps(node="node3")),
-                timeout=480, every=1.0, what="node2 back, node3 judged")
+                timeout=600, every=1.0, what="node2 back, node3 judged")
         e.tick()
     finally:
         clear_fault(devcluster, "node3")

@@ -150,3 +150,34 @@ def test_silent_data_corruption_fails_the_sweep(tmp_path):
         assert g.checks >= 1 and g.max_error < 0.5, g
     assert load_result(str(ok)).devices[0].telemetry["source"] in ("cgroup", "none")
 
+
+
+def test_pair_sweep_runs_ib_write_bw_per_hca_between_the_two_nodes(tmp_path):
+    """The ib_write_bw stage on two real processes meeting through the sweep's store: the
+    reference runs the server of each HCA, the node under test the client; a stand-in
+    ib_write_bw prints perftest's recorded table (client) or waits (server)."""
+    import os
+    import stat
+    from pathlib import Path
+
+    fix = Path(__file__).parent / "fixtures" / "sweep_tools" / "ib_write_bw_ndr_gbits.txt"
+    tool = tmp_path / "bin" / "ib_write_bw"
+    tool.parent.mkdir()
+    log = tmp_path / "calls"
+    # server: ib_write_bw -d HCA -p PORT --report_gbits -F ; client: the same + server host
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {log}\nif [ "$#" -eq 6 ]; then sleep 0.5; exit 0; fi\n'
+                    f'cat {fix}\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("sweeps:\n  stages:\n    ib_hcas: [mlx5_0, mlx5_1]\n    ib_port_base: 19515\n")
+    out = tmp_path / "pair.json"
+    env = {"PATH": f"{tool.parent}:{os.environ['PATH']}"}
+    rs = run_pair_local(str(out), ["node2", "node1"], SMALL + ["--policy", str(policy)], POL, timeout_s=180, env=env)
+    assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
+    [st] = load_result(str(out)).stages
+    assert (st.name, st.status) == ("ib_write_bw", "pass"), st
+    assert st.figures["mlx5_0/avg_gbps"] == pytest.approx(392.17 / 8)
+    assert st.figures["mlx5_1/avg_gbps"] == pytest.approx(392.17 / 8)
+    calls = sorted(log.read_text().splitlines())
+    assert sum(1 for c in calls if c.startswith("-d mlx5_0 -p 19515 --report_gbits -F")) == 2  # server + client
+    assert any(c.startswith("-d mlx5_1 -p 19516") and len(c.split()) == 7 for c in calls)
