@@ -357,6 +357,14 @@ class SweepPolicy(Strict):
     """Untimed collectives before each measurement (connections, NCCL channels, clocks)."""
     telemetry_interval_s: float = Field(1.0, gt=0)
     """Clocks, power, temperature and throttle reasons sampled this often during a sweep."""
+    throttle_fail_reasons: tuple[str, ...] = (
+        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "cpu_quota")
+    """Throttle reasons that fail a sweep when seen during the device phases (NVML
+    clocks-event names; cpu_quota: a cgroup CPU limit on the CPU path). sw_power_cap is
+    normal for a GPU at full load and is not in the list."""
+    throttle_fail_share: float = Field(0.1, gt=0, le=1)
+    """Share of telemetry samples (GPU) or scheduler periods (CPU) with one of those reasons
+    from which the sweep fails."""
     stages: ToolStages = ToolStages()
 
 

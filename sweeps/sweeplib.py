@@ -462,12 +462,12 @@ class RunTelemetry:
                         t[key] = st
                 masks = self._samples.get((i, "throttle"), [])
                 if masks:
-                    seen: list[str] = []
+                    count: dict[str, int] = {}
                     for m in masks:
                         for n in throttle_names(int(m)):
-                            if n not in seen:
-                                seen.append(n)
-                    t["throttle_reasons"] = seen
+                            count[n] = count.get(n, 0) + 1
+                    t["throttle_reasons"] = list(count)
+                    t["throttle_share"] = {n: k / len(masks) for n, k in count.items()}
             else:
                 end = cgroup_cpu_stat()
                 if self._cg_start is not None and end is not None:
@@ -476,7 +476,8 @@ class RunTelemetry:
                     periods = end["nr_periods"] - self._cg_start["nr_periods"]
                     throttled = end["nr_throttled"] - self._cg_start["nr_throttled"]
                     if throttled > 0:
-                        t["throttle_reasons"] = [f"cpu_quota ({throttled:.0f} of {periods:.0f} periods)"]
+                        t["throttle_reasons"] = ["cpu_quota"]
+                        t["throttle_share"] = {"cpu_quota": throttled / max(periods, 1.0)}
                 else:
                     t = {"source": "none", "samples": 0,
                          "error": "no cgroup cpu.stat for this process"}

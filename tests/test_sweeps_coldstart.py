@@ -6,7 +6,8 @@ from slurmguard.config import ModelFloor, SweepPolicy, parse_policy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.baseline import baseline_for, peers_for
 from slurmguard.sweeps.verdict import Outcome, floor_for, judge_result
-from tests.fixtures.sweeps import node_result, pair_result
+from slurmguard.sweeps.result import parse_result
+from tests.fixtures.sweeps import node_doc, node_result, pair_result
 
 import pytest
 
@@ -100,3 +101,27 @@ def test_floor_policy_is_validated_and_matched_by_pattern():
     with pytest.raises(ConfigError, match="fraction"):
         parse_policy("sweeps:\n  floors:\n    - {model: x, fraction: 1.5}\n")
     assert isinstance(POL.floors[0], ModelFloor)
+
+
+def test_throttling_during_the_run_fails_and_the_reason_still_names_the_reference():
+    now = 5 * DAY
+    peers = peers_for(node_result("node2", finished=now),
+                      [node_result("node1", finished=now + 100), node_result("node4", finished=now + 200)], 3600)
+
+    def with_throttle(share: dict, scale: float = 0.97):
+        doc = node_doc("node2", finished=now, gemm_scale={(i, "float32"): scale for i in range(8)})
+        for d in doc["devices"]:
+            d["telemetry"] = {"source": "nvml", "samples": 60, "throttle_reasons": list(share),
+                              "throttle_share": share}
+        return parse_result(doc, "t")
+
+    # power capping at full load is normal for a GPU: not a failure
+    v = judge_result(with_throttle({"sw_power_cap": 1.0}, scale=1.0), None, POL, peers=peers)
+    assert v.outcome is Outcome.PASS
+    v = judge_result(with_throttle({"sw_power_cap": 1.0, "hw_thermal_slowdown": 0.35}), None, POL, peers=peers)
+    assert v.outcome is Outcome.FAIL
+    assert v.reason == ("slurmguard: sweep1 gpu0 throttled (hw_thermal_slowdown 35%) +7 more,"
+                        " gpu0 gemm_fp32 -3% vs peers")
+    assert {c.basis for c in v.failures} == {"telemetry"}
+    # below throttle_fail_share (10%): a brief excursion is kept as evidence only
+    assert judge_result(with_throttle({"hw_slowdown": 0.05}, 1.0), None, POL, peers=peers).outcome is Outcome.PASS

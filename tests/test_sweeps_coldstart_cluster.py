@@ -7,12 +7,15 @@ slurmd and job steps). With no class baseline the scheduler sweeps an idle healt
 itself (never a busy node), judges both drained nodes against it, returns node2 and holds
 node3 with its evidence; no manual step between.
 
-CPU timings on the shared 2-core machine swing by about 1.5-2x between healthy runs, and a
-healthy sweep itself only gets a fair share of a loaded host (load average 15-20 while this
-was written), so a CPU cap must be well below that share to stand out: measured here, a 5%
-cap reads -70% GEMM throughput (inside a 75% tolerance), a 2% cap -90%, with the job's
-start (torch import) slowed to about 2.5 minutes. The test uses 3% and a tolerance of 75%
-(a metric fails below a quarter of the peers' median). Takes about 4-5 minutes.
+CPU timings on the shared 2-core machine swing by 2-3x between healthy runs (a healthy
+sweep only gets a fair share of a host at load average 15-20), and a CPU cap costs less
+than its figure suggests: measured here, GEMM throughput -70% at a 5% cap and at 3% (a
+healthy node's own memory bandwidth read -64% against its peer in the same run). So the
+verdict does not rest on the noisy comparison alone: the sweep records its cgroup's CPU
+throttling, and a device throttled for a listed reason (`throttle_fail_reasons`: cpu_quota
+here, thermal/hardware slowdown on a GPU) in 10% or more of the run fails; the reason
+still says how it compared with its peers. The cap is 10% (the capped job's start, a
+torch import, takes about a minute), the tolerance 75%. Takes about 3-5 minutes.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devclus
     busy = devcluster.sbatch("#!/bin/sh\nsleep 40\n", "--nodelist=node1", "-N1", "-t5")
     devcluster.wait_job(busy, timeout=30, states=("RUNNING",))
     try:
-        apply_cpu_cap(devcluster, "node3", 3)
+        apply_cpu_cap(devcluster, "node3", 10)
         for n in ("node2", "node3"):
             e.drain(n, "slurmguard: admin drain (cold start test)")
         e.until(lambda: e.state("node2") is NodeState.HEALTHY
@@ -62,9 +65,10 @@ def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devclus
     # node3: failed against the peer with its evidence; drained with that reason; held
     fail = [s for s in e.store.sweeps(node="node3") if s.verdict is Verdict.FAIL][0]
     assert fail.metrics["basis"] == "peers" and "vs peers" in fail.failure_reason, fail.failure_reason
-    assert fail.metrics["failures"][0]["deviation"] < -0.75, fail.metrics["failures"]
+    keys = {f["key"] for f in fail.metrics["failures"]}
+    assert "throttle/gpu0" in keys or fail.metrics["failures"][0]["deviation"] < -0.75, fail.metrics["failures"]
     tel = fail.metrics["result"]["devices"][0]["telemetry"]
-    assert tel["source"] == "cgroup" and tel["throttled_s"] > 0.5, tel  # the cap, seen by the sweep
+    assert tel["source"] == "cgroup" and tel["throttle_share"]["cpu_quota"] > 0.5, tel  # the cap, seen
     drains = [a.reason for a in e.store.audit_entries(node="node3") if a.action == "drain"]
     assert any(r and r.startswith("slurmguard: sweep1 ") and "vs peers" in r for r in drains), drains
     assert e.state("node3") in (NodeState.REMEDIATION, NodeState.QUARANTINED)

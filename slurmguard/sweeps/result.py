@@ -76,7 +76,8 @@ class DeviceMetrics:
     telemetry: Mapping[str, Any] | None = None
     """Sampled during the sweep: {"source": "nvml"|"cgroup"|"none", "samples": N,
     "sm_clock_mhz"/"power_w"/"temperature_c": {"min","median","max"}, "throttle_reasons":
-    [names seen], "throttled_s": seconds throttled (cgroup CPU quota on the CPU path)}."""
+    [names seen], "throttle_share": {name: share of samples (GPU) or CPU periods with it},
+    "throttled_s": seconds throttled (cgroup CPU quota on the CPU path)}."""
 
 
 @dataclass(frozen=True)
@@ -460,7 +461,7 @@ _TELEMETRY_STATS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c")
 
 def _telemetry(v: _V, value: Any, path: str) -> dict[str, Any]:
     t = v.obj(value, path, required=("source", "samples"),
-              optional=(*_TELEMETRY_STATS, "throttle_reasons", "throttled_s", "error"))
+              optional=(*_TELEMETRY_STATS, "throttle_reasons", "throttle_share", "throttled_s", "error"))
     out: dict[str, Any] = {"source": v.str_(t["source"], f"{path}.source", choices=("nvml", "cgroup", "none")),
                            "samples": v.int_(t["samples"], f"{path}.samples")}
     for k in _TELEMETRY_STATS:
@@ -470,6 +471,12 @@ def _telemetry(v: _V, value: Any, path: str) -> dict[str, Any]:
     if t.get("throttle_reasons") is not None:
         out["throttle_reasons"] = [v.str_(x, f"{path}.throttle_reasons[{i}]", max_len=64) for i, x in
                                    enumerate(v.list_(t["throttle_reasons"], f"{path}.throttle_reasons"))]
+    if t.get("throttle_share") is not None:
+        sh = t["throttle_share"]
+        if not isinstance(sh, dict):
+            raise v.fail(f"{path}.throttle_share", f"expected an object, got {_tname(sh)}")
+        out["throttle_share"] = {v.str_(k, f"{path}.throttle_share", max_len=64):
+                                 v.num(x, f"{path}.throttle_share.{k}") for k, x in sh.items()}
     if t.get("throttled_s") is not None:
         out["throttled_s"] = v.num(t["throttled_s"], f"{path}.throttled_s")
     if t.get("error") is not None:

@@ -12,6 +12,9 @@ Rules (Guard 5.4, "interpreted conservatively"):
   verdict names the one it used ("vs class", "vs peers", "vs floor"). Within
   `pass_tolerance` (5% by default) of a class or peer median passes; only a shortfall
   fails (faster is fine); a floor is a plain minimum;
+* a device throttled during the run for a reason of `throttle_fail_reasons` (thermal or
+  hardware slowdown, a CPU quota on the CPU path) in `throttle_fail_share` of the samples
+  fails, whatever its peers measured;
 * a standard-tool stage (DCGM diagnostics, nccl-tests, nvbandwidth, ib_write_bw) that
   reports a failure fails the sweep with its own evidence; a stage that could not run
   properly (missing when required, hung, unreadable output) makes the sweep INCONCLUSIVE:
@@ -84,7 +87,8 @@ class MetricCheck:
     count: int
     """Nodes (class/peers basis) or GPUs (node basis) behind the reference; 0 for a floor."""
     basis: str
-    """'class', 'peers', 'floor', 'node' (the GPU's own node median), 'stage' or 'missing'."""
+    """'class', 'peers', 'floor', 'node' (the GPU's own node median), 'stage', 'telemetry'
+    (throttled during the run) or 'missing'."""
     deviation: float | None
     """value / reference - 1 (fraction; -0.18 = 18% slow)."""
     ok: bool
@@ -337,6 +341,7 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
             checks.append(MetricCheck(key, lab, None, None, 0, "missing", None, False))
 
     checks.extend(_node_peer_checks(result, metrics, policy))
+    checks.extend(throttle_checks(result, policy))
 
     if ref is not None:
         if ref.devices_per_node is not None and ref.devices_per_node != result.devices_per_node:
@@ -360,6 +365,11 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
     if failures:
         worst = failures[0]
         short = _describe(worst) + (f" +{len(failures) - 1} more" if len(failures) > 1 else "")
+        if worst.basis == "telemetry":
+            # say how the throttled node compared with its reference as well
+            compared = [c for c in checks if c.basis == basis and c.deviation is not None]
+            if compared:
+                short += ", " + _describe(min(compared, key=lambda c: c.deviation or 0.0))
         detail = "; ".join(_describe(c, long=True) for c in failures[:8])
         if result.kind == "pair" and not (ref_status and ref_status.trusted) and \
                 any(c.basis in ("class", "peers", "floor") for c in failures):
@@ -402,7 +412,10 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
 
 
 def _severity(c: MetricCheck) -> tuple[int, float]:
-    # missing metrics and GPU-count mismatches first, then the largest shortfall
+    # missing metrics and GPU-count mismatches first, then the largest shortfall against a
+    # reference, then throttling seen during the run
+    if c.basis == "telemetry":
+        return (2, 0.0)
     if c.deviation is None:
         return (0, 0.0)
     return (1, c.deviation)
@@ -413,6 +426,8 @@ def _describe(c: MetricCheck, long: bool = False) -> str:
         return f"{c.label} missing"
     if c.basis == "stage":
         return f"{c.label} failed"
+    if c.basis == "telemetry":
+        return c.label + (" of the run" if long else "")
     if c.key == "devices_per_node":
         return f"gpus {c.value:.0f} vs {c.basis} {c.reference:.0f}"
     text = f"{c.label} {_pct(c.deviation or 0.0)} vs {c.basis}"
@@ -422,6 +437,24 @@ def _describe(c: MetricCheck, long: bool = False) -> str:
         else:
             text += f" ({c.value:.4g} vs median {c.reference:.4g} of {c.count})"
     return text
+
+
+def throttle_checks(result: SweepResult, policy: SweepPolicy) -> list[MetricCheck]:
+    """A device throttled for a reason of `throttle_fail_reasons` in at least
+    `throttle_fail_share` of its samples during the device phases fails (basis
+    'telemetry'): a node that slows itself down under load is slow for training, whatever
+    its peers measured. The share is kept in `value`."""
+    out = []
+    bad = set(policy.throttle_fail_reasons)
+    for d in result.devices:
+        share = (d.telemetry or {}).get("throttle_share") or {}
+        hits = sorted(((x, n) for n, x in share.items() if n in bad and x >= policy.throttle_fail_share),
+                      reverse=True)
+        if hits:
+            x, name = hits[0]
+            out.append(MetricCheck(f"throttle/gpu{d.index}", f"gpu{d.index} throttled ({name} {x:.0%})",
+                                   x, policy.throttle_fail_share, 0, "telemetry", None, False))
+    return out
 
 
 def _node_peer_checks(result: SweepResult, metrics: dict[str, Metric],
