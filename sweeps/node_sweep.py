@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""1-node sweep (Guard 5.2): sustained per-GPU GEMM throughput per dtype, device memory
-bandwidth, the pairwise GPU-to-GPU copy matrix and the intra-node all-reduce bus
-bandwidth. Writes one JSON result (slurmguard.sweeps.result, kind "node").
+"""1-node sweep (Guard 5.2): sustained per-GPU GEMM throughput per dtype (all GPUs at
+once, one process each, products verified against a float64 reference), device memory
+bandwidth, clocks/power/throttling sampled meanwhile, the pairwise GPU-to-GPU copy matrix,
+the intra-node all-reduce bus bandwidth, then the standard tools where installed (policy
+sweeps.stages). Writes one JSON result (slurmguard.sweeps.result, kind "node").
 
     python sweeps/node_sweep.py --out result.json [--device auto|cuda|cpu] [--duration S]
 
