@@ -112,7 +112,7 @@ def run(argv: list[str] | None = None) -> int:
             errors.extend(r["errors"])
         if node_rank == 0 and results[0]["data"]:
             data = results[0]["data"]
-    stages = ib_stage(store, node_rank, nnodes, args)
+    stages = ib_stage(store, node_rank, nnodes, names, args)
     store.set(f"errors/{node_rank}", json.dumps(errors))
     store.set(f"done/{node_rank}", "1")
     if node_rank != 0:
@@ -148,30 +148,34 @@ def run(argv: list[str] | None = None) -> int:
     return 0 if valid and not errors else 1
 
 
-def ib_stage(store: Any, node_rank: int, nnodes: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """perftest ib_write_bw per HCA pair, node rank 0 -> node rank 1 (2-node sweeps only).
+def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
+             args: argparse.Namespace) -> list[dict[str, Any]]:
+    """perftest ib_write_bw per HCA pair between the two nodes (2-node sweeps only).
 
-    Rank 1 (the reference) runs the server of each HCA in turn, rank 0 (the node under
-    test) the client; they meet through the sweep's store. An HCA present on one side only
-    is not measured. Returns the stage record on rank 0 (an empty list elsewhere).
+    The reference runs the server of each HCA in turn, the node under test the client
+    (its writes go node under test -> reference); they meet through the sweep's store. An
+    HCA present on one side only is not measured. Returns the stage record on node rank 0,
+    which writes the result (an empty list elsewhere).
     """
     cfg = load_policy(args.policy).sweeps.stages
     stage = cfg.ib_write_bw
+    if nnodes != 2:
+        return [tools.StageOutcome("ib_write_bw", "skipped", "not applicable: more than two nodes").to_dict()] \
+            if node_rank == 0 else []
+    nut = args.node_under_test if args.node_under_test in names else names[0]
+    client = names.index(nut)
     hcas = tools.ib_hcas(cfg) if stage.run != "never" else []
     exe = tools.resolve(stage.command)
     store.set(f"ib/hcas/{node_rank}", json.dumps(hcas if exe else []))
     store.set(f"ib/host/{node_rank}", socket.gethostname())
-    if nnodes != 2:
-        return [tools.StageOutcome("ib_write_bw", "skipped", "not applicable: more than two nodes").to_dict()] \
-            if node_rank == 0 else []
-    mine = json.loads(store.get(f"ib/hcas/{node_rank}"))
-    other = json.loads(store.get(f"ib/hcas/{1 - node_rank}"))
-    common = [h for h in json.loads(store.get("ib/hcas/0")) if h in other and h in mine]
+    theirs = json.loads(store.get(f"ib/hcas/{1 - node_rank}"))
+    common = [h for h in json.loads(store.get(f"ib/hcas/{client}")) if h in theirs
+              and h in (hcas if exe else [])]
     parts: list[tuple[str, tools.StageOutcome]] = []
     for i, hca in enumerate(common):
         port = str(cfg.ib_port_base + i)
         base = ["-d", hca, "-p", port, "--report_gbits", "-F"]
-        if node_rank == 1:
+        if node_rank != client:
             try:
                 server = subprocess.Popen([exe, *base, *stage.args], stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
@@ -190,20 +194,22 @@ def ib_stage(store: Any, node_rank: int, nnodes: int, args: argparse.Namespace) 
         if ready != "ok":
             parts.append((hca, tools.StageOutcome("ib_write_bw", "error", f"server on the reference: {ready}")))
             continue
-        host = store.get("ib/host/1").decode()
+        host = store.get(f"ib/host/{1 - client}").decode()
         parts.append((hca, tools.run_stage("ib_write_bw", stage, [*base, host], tools.parse_ib_write_bw,
                                            min_key=r"avg_gbps")))
-    if node_rank != 0:
-        return []
-    if stage.run == "never":
-        return [tools.StageOutcome("ib_write_bw", "skipped", "switched off in the policy").to_dict()]
-    if exe is None:
-        status = "error" if stage.run == "required" else "skipped"
-        return [tools.StageOutcome("ib_write_bw", status, f"{stage.command}: not installed").to_dict()]
-    if not common:
-        return [tools.StageOutcome("ib_write_bw", "skipped",
-                                   "not applicable: no InfiniBand device on both nodes").to_dict()]
-    return [tools.merge_outcomes("ib_write_bw", parts).to_dict()]
+    if node_rank == client:
+        if stage.run == "never":
+            out = tools.StageOutcome("ib_write_bw", "skipped", "switched off in the policy")
+        elif exe is None:
+            out = tools.StageOutcome("ib_write_bw", "error" if stage.run == "required" else "skipped",
+                                     f"{stage.command}: not installed on {nut}")
+        elif not common:
+            out = tools.StageOutcome("ib_write_bw", "skipped",
+                                     "not applicable: no InfiniBand device with ib_write_bw on both nodes")
+        else:
+            out = tools.merge_outcomes("ib_write_bw", parts)
+        store.set("ib/stage", json.dumps(out.to_dict()))
+    return [json.loads(store.get("ib/stage"))] if node_rank == 0 else []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -669,3 +669,20 @@ def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqli
     assert _state(rig, "node1") is NodeState.HEALTHY and _state(rig, "node2") is NodeState.HEALTHY
     pair = rig.store.sweeps(node="node2", kind=SweepKind.TWO_NODE)[-1]
     assert pair.metrics["outcome"] == "pass" and pair.metrics["basis"] in ("peers", "none"), pair.metrics
+
+
+def test_no_peer_can_be_swept_the_model_floor_judges(sqlite_store, fake_clock, tmp_path):
+    """Every other node busy, nothing in the database: no peer can come, so the policy's
+    H100 floor judges the drained node (and says so), instead of holding it for good."""
+    rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=POL.model_copy(update={"bootstrap_min_nodes": 3}))
+    rig.fake.start_job(["node1", "node3", "node4"])
+    rig.drain("node2")
+    rig.tick()
+    rig.tick()
+    rig.run_job("node2")
+    res = rig.tick()
+    assert not any("peer sweep started" in d for d in res.done)
+    s = rig.store.sweeps(node="node2")[-1]
+    assert s.metrics["outcome"] == "pass" and s.metrics["basis"] == "floor", s.metrics["reason"]
+    assert s.metrics["reason"] == "slurmguard: sweep1 pass vs floor"
+    assert s.metrics["reference_text"] == "policy floor (NVIDIA H100 80GB HBM3)"
