@@ -172,8 +172,14 @@ class ColdStart:
 
 
 def cold_start_case(rig: "_Rig", node: str, *, tick_s: float, timeout_s: float) -> ColdStart:
-    """Drain one node on an empty database and tick until it is back (no seeding step)."""
+    """Drain one node on an empty database and tick until it is back (no seeding step).
+
+    A site's bootstrap_min_nodes (3) here, so the class baseline cannot form from the one
+    peer and the verdict shows the same-window peer path; the measured runs after it use
+    the bench policy's 1."""
     reason = "slurmguard: bench drain (cold start)"
+    policy = rig.sched.policy
+    rig.sched.policy = policy.model_copy(update={"bootstrap_min_nodes": 3})
     t0 = time.monotonic()
     t_drain = rig.clock.now()
     rig.sched.tick()  # the first cycle registers the nodes
@@ -187,6 +193,7 @@ def cold_start_case(rig: "_Rig", node: str, *, tick_s: float, timeout_s: float) 
     basis = mine[-1].metrics.get("basis") if mine else None
     # wait for the peers' own episodes, so the next runs start from idle healthy nodes
     rig.run_until(lambda: all(rig.state(p) is NodeState.HEALTHY for p in peers), tick_s, timeout_s)
+    rig.sched.policy = policy
     return ColdStart(node, returned, wall, peers, basis, len(rig.store.sweeps(node=node)))
 
 
@@ -205,6 +212,7 @@ def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: 
     """`count` 1-node sweeps of idle healthy nodes, round robin, one job per node at a time,
     each judged as a suspected node's sweep against the class baseline in the database."""
     from slurmguard.sweeps.baseline import baseline_for, peers_for
+    from slurmguard.sweeps.reference import hw_class
     from slurmguard.sweeps.result import ResultError, load_result
     from slurmguard.sweeps.scheduler import workload_args
     from slurmguard.sweeps.templates import SweepJobSpec, render_sweep_script
@@ -228,9 +236,11 @@ def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: 
             queue.remove(node)
             busy.add(node)
             out = out_dir / f"{done + len(pending)}-{node}.json"
+            # the class the scheduler gives this node: results are compared within it
+            klass = hw_class(rig.slurm.node(node), rig.store.get_node(node), policy)
             spec = SweepJobSpec(kind="node", nodes=(node,), out_path=str(out), log_path=str(out) + ".log",
                                 time_limit_min=policy.time_limit_min, job_name=f"sg_bench_healthy_{node}",
-                                extra_args=workload_args(policy))
+                                hw_class=klass, extra_args=workload_args(policy))
             jid = cluster.sbatch(render_sweep_script(spec, policy), "--nodelist", node)
             pending[jid] = (node, out)
         for jid in list(pending):

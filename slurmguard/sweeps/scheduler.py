@@ -788,7 +788,7 @@ class SweepScheduler:
                      res: TickResult) -> None:
         """Sweep idle healthy peers of a class whose suspected node has no reference yet.
 
-        Demand: a suspected node of the class is quarantined (or in remediation) and its
+        Demand: a suspected node of the class is quarantined (being swept) and its
         class has no fresh baseline of 1-node results (`baseline_max_age_h`), or its latest
         sweep was held for want of a reference. Supply: healthy nodes of the class with a
         passed 1-node sweep within `peer_window_min`, plus peers being swept now. One peer
@@ -805,7 +805,9 @@ class SweepScheduler:
         demand: set[str] = set()
         in_progress: dict[str, int] = {}
         for name, r in records.items():
-            if r.state not in (NodeState.QUARANTINED, NodeState.REMEDIATION):
+            # only nodes being swept now: one waiting for a reboot or reimage would let the
+            # peers' window pass (and have them swept again every window)
+            if r.state is not NodeState.QUARANTINED:
                 continue
             ep = load_episode(self.store, name)
             klass = hw_class(view.nodes.get(name), r, p)
