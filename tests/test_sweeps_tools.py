@@ -3,9 +3,7 @@ handling of a missing, hanging, failing or garbled tool (real subprocesses)."""
 
 from __future__ import annotations
 
-import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
