@@ -117,9 +117,10 @@ def judge(ctx: click.Context, result: str, history: tuple[str, ...], suspected: 
     for v in verdicts:
         if as_json:
             click.echo(json.dumps({"node": v.node, "outcome": v.outcome.value, "reason": v.reason,
-                                   "detail": v.detail}))
+                                   "detail": v.detail, "basis": v.basis,
+                                   "basis_nodes": list(v.basis_nodes)}))
         else:
-            click.echo(f"{v.node}: {v.outcome.value}: {v.reason}\n  {v.detail}")
+            click.echo(f"{v.node}: {v.outcome.value}: {v.reason}\n  {v.detail}\n  judged vs {v.basis_text}")
     ctx.exit(0 if all(v.outcome.returns_node for v in verdicts) else 1)
 
 
