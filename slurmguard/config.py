@@ -283,6 +283,94 @@ class ControllerPolicy(Strict):
 
 
 # ---------------------------------------------------------------- sweeps / triage
+class ModelFloor(Strict):
+    """Lowest acceptable sweep figures of one device model: spec-sheet values times `fraction`.
+
+    Judges a sweep only when its class has no baseline and no healthy peer was swept in the
+    same window (a cold start). Spec figures are dense (no sparsity), per device; a metric
+    without a figure here is not judged by the floor."""
+
+    model: str = Field(min_length=1)
+    """fnmatch pattern on the result's device_name ("NVIDIA H100 80GB HBM3", "cpu *")."""
+    fraction: float = Field(0.5, gt=0, le=1)
+    """Share of each spec figure a healthy device must reach in the sweep."""
+    gemm_tflops: dict[str, float] = {}
+    """Spec TFLOP/s per GEMM dtype (float32, tf32, bfloat16, float16)."""
+    membw_gbps: float | None = Field(None, gt=0)
+    """Device memory bandwidth, GB/s (the sweep counts bytes read + written of a copy)."""
+    p2p_gbps: float | None = Field(None, gt=0)
+    """GPU-to-GPU copy inside the node, one direction, GB/s (NVLink per-direction figure)."""
+    allreduce_intra_gbps: float | None = Field(None, gt=0)
+    """Intra-node all-reduce bus bandwidth, GB/s."""
+    send_gbps: float | None = Field(None, gt=0)
+    """Cross-node send/recv per GPU and direction, GB/s (e.g. 50 for one 400 Gb/s NIC per GPU)."""
+    allreduce_cross_gbps: float | None = Field(None, gt=0)
+    """Cross-node all-reduce bus bandwidth, GB/s."""
+
+    @field_validator("gemm_tflops")
+    @classmethod
+    def _known_dtypes(cls, v: dict[str, float]) -> dict[str, float]:
+        known = ("float32", "tf32", "bfloat16", "float16")
+        for k, x in v.items():
+            if k not in known:
+                raise ValueError(f"unknown GEMM dtype {k!r} (known: {', '.join(known)})")
+            if not x > 0:
+                raise ValueError(f"{k}: spec TFLOP/s must be positive, got {x}")
+        return v
+
+
+_GEMM_HOPPER = {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}
+DEFAULT_FLOORS: tuple[ModelFloor, ...] = (
+    # spec sheets, dense: H100 SXM5 (HBM3 3.35 TB/s, NVLink 4 450 GB/s per direction,
+    # one 400 Gb/s NIC per GPU), H200 (HBM3e 4.8 TB/s), A100 SXM4 80GB (2.039 TB/s,
+    # NVLink 3 300 GB/s per direction, one 200 Gb/s NIC per GPU)
+    ModelFloor(model="NVIDIA H100 80GB HBM3", gemm_tflops=_GEMM_HOPPER, membw_gbps=3350.0,
+               p2p_gbps=450.0, send_gbps=50.0),
+    ModelFloor(model="NVIDIA H200*", gemm_tflops=_GEMM_HOPPER, membw_gbps=4800.0, p2p_gbps=450.0,
+               send_gbps=50.0),
+    ModelFloor(model="NVIDIA A100-SXM4-80GB",
+               gemm_tflops={"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+               membw_gbps=2039.0, p2p_gbps=300.0, send_gbps=25.0),
+)
+
+
+class ToolStage(Strict):
+    """One standard tool run as a sweep stage (where installed)."""
+
+    run: Literal["auto", "required", "never"] = "auto"
+    """auto: run where the tool is installed, recorded as skipped where not; required: a
+    missing tool is a stage error (the node is held, never failed, for it); never: off."""
+    command: str = Field(min_length=1)
+    """Executable name (looked up in PATH on the node) or absolute path."""
+    args: tuple[str, ...] = ()
+    """Extra arguments appended to the ones slurmguard sets."""
+    timeout_s: float = Field(600.0, gt=0)
+    """A run still going after this many seconds is killed: a stage error, never a hang."""
+    min_gbps: float | None = Field(None, gt=0)
+    """Bandwidth tools: a figure below this fails the stage (GB/s; None = only recorded)."""
+
+
+class ToolStages(Strict):
+    """The field's standard tools as optional sweep stages; their figures are stored beside
+    slurmguard's own, and a stage that reports a failure fails the sweep with its evidence."""
+
+    dcgm_diag: ToolStage = ToolStage(command="dcgmi", timeout_s=900.0)
+    """`dcgmi diag -r LEVEL -j` on the 1-node sweep."""
+    dcgm_level: Literal[1, 2, 3] = 1
+    """dcgmi diag run level: 1 quick (about a minute), 2 medium, 3 long (tens of minutes)."""
+    nccl_all_reduce: ToolStage = ToolStage(command="all_reduce_perf",
+                                           args=("-b", "1G", "-e", "4G", "-f", "2"))
+    """nccl-tests all_reduce_perf over all GPUs of the node (1-node sweep), -c 1 (checked)."""
+    nvbandwidth: ToolStage = ToolStage(command="nvbandwidth")
+    """nvbandwidth's copy benchmarks (1-node sweep)."""
+    ib_write_bw: ToolStage = ToolStage(command="ib_write_bw", timeout_s=120.0)
+    """perftest ib_write_bw per HCA pair, node under test -> reference (2-node sweep)."""
+    ib_hcas: tuple[str, ...] = ()
+    """HCAs measured by ib_write_bw (mlx5_0 ...); empty = every device in /sys/class/infiniband."""
+    ib_port_base: int = Field(18515, ge=1024, le=65000)
+    """TCP port of the first ib_write_bw server; one port per HCA from here."""
+
+
 class SweepPolicy(Strict):
     device: Literal["auto", "cuda", "cpu"] = "auto"
     gemm_duration_s: float = Field(60.0, gt=0)
@@ -290,7 +378,8 @@ class SweepPolicy(Strict):
     gemm_dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     gemm_size: int = Field(8192, ge=64)
     membw_bytes: int = Field(1 << 30, ge=1 << 20)
-    message_sizes_mb: tuple[int, ...] = (16, 32, 64)
+    message_sizes_mb: tuple[int, ...] = (64, 1024)
+    """Collective and send/recv sizes, MiB; bus bandwidth is reached from about 1 GiB."""
     repeats: int = Field(5, ge=1)
     time_limit_min: int = Field(30, ge=1)
     pass_tolerance: float = Field(0.05, gt=0, lt=1)
@@ -325,6 +414,37 @@ class SweepPolicy(Strict):
     """Extra workload options appended to every sweep job (e.g. --threads 1)."""
     inject_file: str | None = None
     """TESTS/DEMO ONLY: fault file passed to sweep jobs as SLURMGUARD_SWEEP_INJECT_FILE."""
+    baseline_max_age_h: float = Field(168.0, gt=0)
+    """A healthy node's result older than this no longer counts in its class baseline,
+    hours; the baseline is re-learned (same-window peers, rolling or `sweep baseline`)."""
+    peer_window_min: float = Field(60.0, gt=0)
+    """Same-window peers: healthy nodes of the class whose passed sweep finished within
+    this many minutes of the judged one. They judge a sweep while the class has no baseline."""
+    peer_min_nodes: int = Field(2, ge=1)
+    """Same-window peers needed before they can judge a sweep."""
+    peer_sweeps: bool = True
+    """Without a baseline, sweep idle healthy peers of the class (one at a time, never a busy
+    node) so a drained node can be judged; False = hold until a baseline exists."""
+    floors: tuple[ModelFloor, ...] = DEFAULT_FLOORS
+    """Per-model floors: the reference of last resort (no baseline, no peer)."""
+    killed_retries: int = Field(2, ge=0)
+    """A sweep job cancelled or preempted by Slurm (not ended by the node) is submitted again
+    this many times before it counts as a failed sweep."""
+    comm_iters: int = Field(20, ge=1)
+    """Back-to-back collectives timed together per measurement (after comm_warmup)."""
+    comm_warmup: int = Field(5, ge=0)
+    """Untimed collectives before each measurement (connections, NCCL channels, clocks)."""
+    telemetry_interval_s: float = Field(1.0, gt=0)
+    """Clocks, power, temperature and throttle reasons sampled this often during a sweep."""
+    throttle_fail_reasons: tuple[str, ...] = (
+        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "cpu_quota")
+    """Throttle reasons that fail a sweep when seen during the device phases (NVML
+    clocks-event names; cpu_quota: a cgroup CPU limit on the CPU path). sw_power_cap is
+    normal for a GPU at full load and is not in the list."""
+    throttle_fail_share: float = Field(0.1, gt=0, le=1)
+    """Share of telemetry samples (GPU) or scheduler periods (CPU) with one of those reasons
+    from which the sweep fails."""
+    stages: ToolStages = ToolStages()
 
 
 class TriagePolicy(Strict):

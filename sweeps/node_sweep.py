@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""1-node sweep (Guard 5.2): sustained per-GPU GEMM throughput per dtype, device memory
-bandwidth, the pairwise GPU-to-GPU copy matrix and the intra-node all-reduce bus
-bandwidth. Writes one JSON result (slurmguard.sweeps.result, kind "node").
+"""1-node sweep (Guard 5.2): sustained per-GPU GEMM throughput per dtype (all GPUs at
+once, one process each, products verified against a float64 reference), device memory
+bandwidth, clocks/power/throttling sampled meanwhile, the pairwise GPU-to-GPU copy matrix,
+the intra-node all-reduce bus bandwidth, then the standard tools where installed (policy
+sweeps.stages). Writes one JSON result (slurmguard.sweeps.result, kind "node").
 
     python sweeps/node_sweep.py --out result.json [--device auto|cuda|cpu] [--duration S]
 
@@ -21,6 +23,14 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sweeplib as sl  # noqa: E402
+
+from slurmguard.config import load_policy  # noqa: E402
+from slurmguard.sweeps.tools import node_stages  # noqa: E402
+
+
+def settings_policy(args: argparse.Namespace):
+    """The node-side policy (tool stages are configured where the tools are installed)."""
+    return load_policy(args.policy).sweeps
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,23 +57,27 @@ def run(argv: list[str] | None = None) -> int:
         {"node": node, "index": i,
          "name": sl.torch.cuda.get_device_name(i) if device == "cuda" else device_name,
          "gemm": [], "membw_gbps": None} for i in range(count)]
-    for dtype in settings.gemm_dtypes:
-        try:
-            slow = [fault.gemm_slowdown if fault.hits_gpu(i) else 0.0 for i in range(count)]
-            for i, g in enumerate(sl.gemm_all(devs, dtype, settings.gemm_size,
-                                              settings.gemm_duration_s, slow)):
-                per_dev[i]["gemm"].append(g)
-        except Exception as exc:  # a failed kernel is evidence, recorded and failed on
-            errors.append(sl.err(f"gemm {dtype}", exc))
-        finally:
-            if device == "cuda":
-                sl.torch.cuda.empty_cache()
-    for i, dev in enumerate(devs):
-        try:
-            per_dev[i]["membw_gbps"] = sl.membw(dev, settings.membw_bytes, settings.repeats,
-                                                fault.membw_slowdown if fault.hits_gpu(i) else 0.0)
-        except Exception as exc:
-            errors.append(sl.err(f"membw gpu{i}", exc))
+    # the sustained phase: every GPU in its own process, all at once (CPU devices share the
+    # cores: one after another, here); clocks/power/throttling sampled meanwhile
+    telemetry = sl.RunTelemetry(device, node, count, settings.telemetry_interval_s).start()
+    if device == "cuda":
+        specs = [sl.WorkerSpec(task="device", backend="nccl", store_host="", store_port=0, rank=i,
+                               world=count, device=device, local_index=i, node_rank=0,
+                               gpus_per_node=count, settings=settings, fault=fault) for i in range(count)]
+        limit = len(settings.gemm_dtypes) * (settings.gemm_duration_s + 120) + settings.comm_timeout_s
+        results = sl.run_local_workers(specs, timeout_s=limit)
+    else:
+        results = []
+        for i, dev in enumerate(devs):
+            res = sl.device_phase(dev, i, settings, fault)
+            results.append({"data": res, "errors": res.pop("errors")})
+    for i, r in enumerate(results):
+        errors.extend(r["errors"])
+        if r["data"]:
+            per_dev[i]["gemm"] = r["data"]["gemm"]
+            per_dev[i]["membw_gbps"] = r["data"]["membw_gbps"]
+    for i, t in enumerate(telemetry.stop()):
+        per_dev[i]["telemetry"] = t
     p2p: list[dict[str, Any]] = []
     allreduce: list[dict[str, Any]] = []
     if count >= 2:
@@ -77,12 +91,15 @@ def run(argv: list[str] | None = None) -> int:
         allreduce, ar_errors = intra_allreduce(device, count, settings, fault)
         errors.extend(ar_errors)
 
+    # the field's standard tools, where installed (policy sweeps.stages)
+    stages = [st.to_dict() for st in node_stages(settings_policy(args).stages, gpus=count, device=device)]
+
     doc = sl.build_result(
         kind="node", nodes=[node], node_under_test=node, reference=None,
         hw_class=args.hw_class or sl.default_hw_class(device_name, count), device=device,
         device_name=device_name, devices_per_node=count, started=started, finished=sl.now(),
         job_id=os.environ.get("SLURM_JOB_ID"), settings=settings.to_schema(), devices=per_dev,
-        p2p=p2p, allreduce=allreduce, transfers=[], errors=errors, injected=injected)
+        p2p=p2p, allreduce=allreduce, transfers=[], errors=errors, stages=stages, injected=injected)
     valid = sl.write_result(args.out, doc, fault)
     return 0 if valid and not errors else 1
 
@@ -110,4 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # gloo's threads can race interpreter finalisation: end the way every project job ends
+    from slurmguard.workloads.teardown import finish
+
+    finish(main(), barrier=False)

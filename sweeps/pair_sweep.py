@@ -21,6 +21,8 @@ import argparse
 import datetime
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from typing import Any
@@ -30,7 +32,9 @@ if __package__ in (None, ""):
 
 import sweeplib as sl  # noqa: E402
 
+from slurmguard.config import load_policy  # noqa: E402
 from slurmguard.errors import SlurmguardError  # noqa: E402
+from slurmguard.sweeps import tools  # noqa: E402
 from slurmguard.sweeps.schedule import ring_passes, tree_passes  # noqa: E402
 
 
@@ -108,6 +112,7 @@ def run(argv: list[str] | None = None) -> int:
             errors.extend(r["errors"])
         if node_rank == 0 and results[0]["data"]:
             data = results[0]["data"]
+    stages = ib_stage(store, node_rank, nnodes, names, args)
     store.set(f"errors/{node_rank}", json.dumps(errors))
     store.set(f"done/{node_rank}", "1")
     if node_rank != 0:
@@ -136,11 +141,75 @@ def run(argv: list[str] | None = None) -> int:
         device_name=device_name, devices_per_node=count, started=started, finished=sl.now(),
         job_id=os.environ.get("SLURM_JOB_ID"), settings=settings.to_schema(), devices=[], p2p=[],
         allreduce=data["allreduce"], transfers=data["transfers"], errors=errors,
-        injected=all_injected or None)
+        stages=stages, injected=all_injected or None)
     valid = sl.write_result(args.out, doc, fault)
     # keep the store up briefly: peers may still be reading their last keys
     time.sleep(0.2)
     return 0 if valid and not errors else 1
+
+
+def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
+             args: argparse.Namespace) -> list[dict[str, Any]]:
+    """perftest ib_write_bw per HCA pair between the two nodes (2-node sweeps only).
+
+    The reference runs the server of each HCA in turn, the node under test the client
+    (its writes go node under test -> reference); they meet through the sweep's store. An
+    HCA present on one side only is not measured. Returns the stage record on node rank 0,
+    which writes the result (an empty list elsewhere).
+    """
+    cfg = load_policy(args.policy).sweeps.stages
+    stage = cfg.ib_write_bw
+    if nnodes != 2:
+        return [tools.StageOutcome("ib_write_bw", "skipped", "not applicable: more than two nodes").to_dict()] \
+            if node_rank == 0 else []
+    nut = args.node_under_test if args.node_under_test in names else names[0]
+    client = names.index(nut)
+    hcas = tools.ib_hcas(cfg) if stage.run != "never" else []
+    exe = tools.resolve(stage.command)
+    store.set(f"ib/hcas/{node_rank}", json.dumps(hcas if exe else []))
+    store.set(f"ib/host/{node_rank}", socket.gethostname())
+    theirs = json.loads(store.get(f"ib/hcas/{1 - node_rank}"))
+    common = [h for h in json.loads(store.get(f"ib/hcas/{client}")) if h in theirs
+              and h in (hcas if exe else [])]
+    parts: list[tuple[str, tools.StageOutcome]] = []
+    for i, hca in enumerate(common):
+        port = str(cfg.ib_port_base + i)
+        base = ["-d", hca, "-p", port, "--report_gbits", "-F"]
+        if node_rank != client:
+            try:
+                server = subprocess.Popen([exe, *base, *stage.args], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            except OSError as exc:
+                store.set(f"ib/ready/{hca}", f"error: {exc}")
+                continue
+            time.sleep(1.0)  # listening before the client connects
+            store.set(f"ib/ready/{hca}", "ok")
+            try:
+                server.wait(timeout=stage.timeout_s)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            continue
+        ready = store.get(f"ib/ready/{hca}").decode()
+        if ready != "ok":
+            parts.append((hca, tools.StageOutcome("ib_write_bw", "error", f"server on the reference: {ready}")))
+            continue
+        host = store.get(f"ib/host/{1 - client}").decode()
+        parts.append((hca, tools.run_stage("ib_write_bw", stage, [*base, host], tools.parse_ib_write_bw,
+                                           min_key=r"avg_gbps")))
+    if node_rank == client:
+        if stage.run == "never":
+            out = tools.StageOutcome("ib_write_bw", "skipped", "switched off in the policy")
+        elif exe is None:
+            out = tools.StageOutcome("ib_write_bw", "error" if stage.run == "required" else "skipped",
+                                     f"{stage.command}: not installed on {nut}")
+        elif not common:
+            out = tools.StageOutcome("ib_write_bw", "skipped",
+                                     "not applicable: no InfiniBand device with ib_write_bw on both nodes")
+        else:
+            out = tools.merge_outcomes("ib_write_bw", parts)
+        store.set("ib/stage", json.dumps(out.to_dict()))
+    return [json.loads(store.get("ib/stage"))] if node_rank == 0 else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,4 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # gloo's threads can race interpreter finalisation: end the way every project job ends
+    from slurmguard.workloads.teardown import finish
+
+    finish(main(), barrier=False)

@@ -2,11 +2,23 @@
 
 Two paths with one result schema (slurmguard.sweeps.result):
 
-* GPU: torch.cuda. GEMMs timed with CUDA events, device-to-device copies for memory
-  bandwidth, tensor copies between devices (cudaMemcpyPeer underneath) for the pairwise
-  matrix, torch.distributed with NCCL for all-reduce and send/recv, one process per GPU.
+* GPU: torch.cuda, one process per GPU for every phase, so all GPUs of the node run at
+  once (full-node power and thermal limits show, as in training); the GEMM phases start on
+  a shared barrier. GEMMs timed with CUDA events, each window's last product checked
+  against a float64 reference (Freivalds' test: a wrong answer is silent data
+  corruption and fails the sweep); device-to-device copies for memory bandwidth; tensor
+  copies between devices (cudaMemcpyPeer underneath) for the pairwise matrix;
+  torch.distributed with NCCL for all-reduce and send/recv, `comm_iters` back-to-back
+  operations timed with CUDA events after `comm_warmup` untimed ones. Clocks, power,
+  temperature and throttle reasons are sampled through NVML during the device phases
+  (slurmguard.telemetry.nvml) and kept per GPU in the result.
 * CPU: the same code on torch CPU tensors, gloo over TCP between processes; each CPU
-  "device" is a set of buffers in host memory (1 by default, --cpu-devices N for more).
+  "device" is a set of buffers in host memory (1 by default, --cpu-devices N for more),
+  measured one after another in this process (they share the cores); throughput is work
+  over wall time, and the cgroup's CPU throttling during the run is kept as telemetry.
+
+Bus bandwidth as nccl-tests computes it: algbw = bytes / time per operation; all-reduce
+busbw = algbw * 2(n-1)/n; a send/recv moves `bytes` once (busbw = algbw).
 
 Fault injection (slurmguard.sweeps.inject) is a test/demo facility: it adds sleeps inside
 the timed regions of the node it names and is recorded in the result.
@@ -17,11 +29,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import socket
 import statistics
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -53,6 +67,9 @@ class Settings:
     message_sizes_mb: tuple[int, ...]
     repeats: int
     comm_timeout_s: float
+    comm_iters: int = 20
+    comm_warmup: int = 5
+    telemetry_interval_s: float = 1.0
 
     def to_schema(self) -> dict[str, Any]:
         return {"gemm_duration_s": self.gemm_duration_s, "gemm_dtypes": list(self.gemm_dtypes),
@@ -71,6 +88,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--message-sizes-mb", default=None, help="comma-separated MiB sizes")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--comm-timeout", type=float, default=None, help="seconds")
+    p.add_argument("--comm-iters", type=int, default=None, help="back-to-back collectives per timing")
+    p.add_argument("--comm-warmup", type=int, default=None, help="untimed collectives first")
     p.add_argument("--cpu-devices", type=int, default=1, help="CPU path: logical devices per node")
     p.add_argument("--threads", type=int, default=None, help="CPU path: torch threads")
     p.add_argument("--node", default=None, help="node name (default $SLURMD_NODENAME, hostname)")
@@ -106,9 +125,14 @@ def settings_from(args: argparse.Namespace) -> Settings:
         message_sizes_mb=ints(args.message_sizes_mb, pol.message_sizes_mb, "message-sizes-mb"),
         repeats=pol.repeats if args.repeats is None else args.repeats,
         comm_timeout_s=pol.comm_timeout_s if args.comm_timeout is None else args.comm_timeout,
+        comm_iters=pol.comm_iters if args.comm_iters is None else args.comm_iters,
+        comm_warmup=pol.comm_warmup if args.comm_warmup is None else args.comm_warmup,
+        telemetry_interval_s=pol.telemetry_interval_s,
     )
     if s.gemm_duration_s <= 0 or s.gemm_size < 1 or s.membw_bytes < 4 or s.repeats < 1:
         raise SlurmguardError("--duration, --gemm-size, --membw-bytes and --repeats must be positive")
+    if s.comm_iters < 1 or s.comm_warmup < 0:
+        raise SlurmguardError("--comm-iters must be at least 1 and --comm-warmup at least 0")
     if args.cpu_devices < 1:
         raise SlurmguardError("--cpu-devices must be at least 1")
     return s
@@ -181,92 +205,338 @@ def err(where: str, exc: BaseException) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------- GEMM
-def gemm_all(devs: Sequence[torch.device], dtype: str, size: int, duration_s: float,
-             slowdowns: Sequence[float]) -> list[dict[str, Any]]:
-    """Sustained GEMM throughput of every device, TFLOP/s.
+#: Unit roundoff of each dtype's result (float32: times sqrt(k) for the accumulation, set
+#: in verify_gemm); tf32 rounds inputs to 10 mantissa bits.
+VERIFY_UNIT = {"float32": 2.0 ** -24, "tf32": 2.0 ** -10, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+VERIFY_K = 16.0
+"""A row's rounding error is a sum of k independent roundings (standard deviation about
+u/(2 sqrt 3) |C_i|); 16 u |C_i| is far outside it (no false alarm), while a flipped
+exponent or high mantissa bit of one element is far above it."""
+_VERIFY_ROWS = 1024
 
-    CUDA devices run concurrently (the node under full load, as in training, so power
-    and thermal limits show); CPU devices run one after another (they share the cores).
-    Each runs for `duration_s`: sustained = FLOPs / time over the second half (thermal
-    steady state), initial = the first timing window.
-    """
-    if devs and devs[0].type == "cuda":
-        return _gemm_group(list(devs), dtype, size, duration_s, list(slowdowns))
-    out = []
-    for dev, s in zip(devs, slowdowns):
-        out.extend(_gemm_group([dev], dtype, size, duration_s, [s]))
+
+def _rows_matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """m @ v in float64, a block of rows at a time (no full float64 copy of m)."""
+    out = torch.empty(m.shape[0], dtype=torch.float64, device=m.device)
+    for i in range(0, m.shape[0], _VERIFY_ROWS):
+        out[i:i + _VERIFY_ROWS] = m[i:i + _VERIFY_ROWS].to(torch.float64) @ v
     return out
 
 
-def _gemm_group(devs: list[torch.device], dtype: str, size: int, duration_s: float,
-                slowdowns: list[float]) -> list[dict[str, Any]]:
-    cuda = devs[0].type == "cuda"
+def _row_norms(m: torch.Tensor) -> torch.Tensor:
+    out = torch.empty(m.shape[0], dtype=torch.float64, device=m.device)
+    for i in range(0, m.shape[0], _VERIFY_ROWS):
+        out[i:i + _VERIFY_ROWS] = torch.linalg.vector_norm(m[i:i + _VERIFY_ROWS].to(torch.float64), dim=1)
+    return out
+
+
+def verify_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dtype: str, seed: int) -> float:
+    """Freivalds' test of c = a @ b against a float64 reference: O(n^2), not O(n^3).
+
+    With a random +-1 vector r: compares c r with a (b r), both in float64, row by row,
+    against the rounding bound VERIFY_K * u * |c_i| (u: VERIFY_UNIT, for float32 scaled by
+    sqrt(k) for the accumulation). Returns the largest error as a multiple of its bound:
+    <= 1 is a correct product, > 1 (or inf for NaN/Inf) a wrong one.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    r = (torch.randint(0, 2, (c.shape[1],), generator=gen, dtype=torch.float64) * 2 - 1).to(c.device)
+    ref = _rows_matvec(a, _rows_matvec(b, r))
+    got = _rows_matvec(c, r)
+    if not bool(torch.isfinite(got).all()):
+        return math.inf
+    k = a.shape[1]
+    u = VERIFY_UNIT[dtype] * (math.sqrt(k) if dtype == "float32" else 1.0)
+    bound = VERIFY_K * u * _row_norms(c) + 1e-300
+    return float(((got - ref).abs() / bound).max())
+
+
+def gemm_run(dev: torch.device, dtype: str, size: int, duration_s: float, slowdown: float, *,
+             corrupt: bool = False, seed: int = 0, align: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Sustained GEMM throughput of one device, TFLOP/s, with the results verified.
+
+    Runs for `duration_s` in timing windows of about duration/20 (0.02-5 s); sustained =
+    FLOPs / time over the second half (thermal steady state), initial = the first window.
+    GPU: window time from CUDA events (the GPU's own busy time); CPU: wall time from the
+    first steady window to the end, so time the process could not run (a CPU quota, other
+    work) counts against it. `align` (a barrier) starts every GPU of the node together.
+    The last product of every window is verified (verify_gemm), outside the timed region.
+    """
+    cuda = dev.type == "cuda"
     tdt = _TORCH_DTYPES[dtype]
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     # float32 means true FP32; tf32 is asked for explicitly
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
-        torch.manual_seed(1234)
-        mats = []
-        for dev in devs:
-            # generated in place: an 8192^2 matrix made on the host and copied costs seconds
-            a = torch.randn(size, size, device=dev, dtype=tdt)
-            b = torch.randn(size, size, device=dev, dtype=tdt)
-            c = torch.empty(size, size, device=dev, dtype=tdt)
-            mats.append((a, b, c))
+        gen = torch.Generator(device=dev).manual_seed(1234 + seed)
+        # generated in place: an 8192^2 matrix made on the host and copied costs seconds
+        a = torch.randn(size, size, device=dev, dtype=tdt, generator=gen)
+        b = torch.randn(size, size, device=dev, dtype=tdt, generator=gen)
+        c = torch.empty(size, size, device=dev, dtype=tdt)
         flop = 2.0 * size ** 3
 
-        def run_window(batch: int) -> list[float]:
-            """Enqueue `batch` GEMMs on every device; seconds each device took."""
+        def run_window(batch: int) -> float:
             if cuda:
-                evs = []
-                for dev, (a, b, c) in zip(devs, mats):
-                    with torch.cuda.device(dev):
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        for _ in range(batch):
-                            torch.matmul(a, b, out=c)
-                        e.record()
-                        evs.append((s, e))
-                res = []
-                for s, e in evs:
-                    e.synchronize()
-                    res.append(s.elapsed_time(e) / 1000.0)
-                return res
-            a, b, c = mats[0]
+                with torch.cuda.device(dev):
+                    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    st.record()
+                    for _ in range(batch):
+                        torch.matmul(a, b, out=c)
+                    en.record()
+                    en.synchronize()
+                    return st.elapsed_time(en) / 1000.0
             t0 = time.perf_counter()
             for _ in range(batch):
                 torch.matmul(a, b, out=c)
-            return [time.perf_counter() - t0]
+            return time.perf_counter() - t0
+
+        def check() -> float:
+            if corrupt:  # injected silent data corruption: one element far off
+                c[size // 2, size // 3] = c[size // 2, size // 3] * -64.0 + 1000.0
+            return verify_gemm(a, b, c, dtype, seed)
 
         run_window(1)  # warm-up: kernel selection, clocks up
-        one = max(run_window(1))
+        one = run_window(1)
         window_s = min(5.0, max(0.02, duration_s / 20.0))
         batch = max(1, int(window_s / max(one, 1e-6)))
-        windows: list[list[tuple[float, float]]] = [[] for _ in devs]  # (end offset, seconds)
+        if align is not None:
+            align()
+        windows: list[tuple[float, float, float]] = []  # (start offset, end offset, seconds)
+        worst, checks = 0.0, 0
         start = time.monotonic()
         while True:
-            times = run_window(batch)
-            extras = [extra_delay(t, s) for t, s in zip(times, slowdowns)]
-            if max(extras) > 0:
-                time.sleep(max(extras))
+            w0 = time.monotonic() - start
+            t = run_window(batch)
+            x = extra_delay(t, slowdown)
+            if x > 0:
+                time.sleep(x)
             now = time.monotonic() - start
-            for i, (t, x) in enumerate(zip(times, extras)):
-                windows[i].append((now, t + x))
+            c0 = time.monotonic()
+            worst = max(worst, check())
+            checks += 1
+            spent = time.monotonic() - c0
+            windows.append((w0, now, t + x))
+            start += spent  # the check is not part of the measured run
             if now >= duration_s:
                 break
-        out = []
-        for w in windows:
-            steady = [t for end, t in w if end >= duration_s / 2] or [t for _, t in w]
-            n_steady = len(steady)
-            out.append({"dtype": dtype,
-                        "tflops": n_steady * batch * flop / sum(steady) / 1e12,
-                        "tflops_initial": batch * flop / w[0][1] / 1e12,
-                        "iterations": len(w) * batch,
-                        "seconds": sum(t for _, t in w)})
-        return out
+        steady = [w for w in windows if w[1] >= duration_s / 2] or windows
+        if cuda:
+            busy = sum(w[2] for w in steady)
+        else:
+            busy = steady[-1][1] - steady[0][0]
+        return {"dtype": dtype, "tflops": len(steady) * batch * flop / busy / 1e12,
+                "tflops_initial": batch * flop / windows[0][2] / 1e12,
+                "iterations": len(windows) * batch, "seconds": sum(w[2] for w in windows),
+                "checks": checks, "max_error": worst if math.isfinite(worst) else 1e300}
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+
+def device_phase(dev: torch.device, index: int, settings: Settings, fault: NodeFault,
+                 align: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Everything measured on one device alone: GEMM per dtype (verified), memory bandwidth.
+
+    Returns {"gemm": [...], "membw_gbps": float | None, "errors": [...]}; a wrong GEMM
+    result is an error record ("wrong result (silent data corruption)"), so it fails the
+    sweep with the error's size as evidence.
+    """
+    hit = fault.hits_gpu(index)
+    out: dict[str, Any] = {"gemm": [], "membw_gbps": None, "errors": []}
+    for dtype in settings.gemm_dtypes:
+        try:
+            g = gemm_run(dev, dtype, settings.gemm_size, settings.gemm_duration_s,
+                         fault.gemm_slowdown if hit else 0.0, corrupt=fault.gemm_corrupt and hit,
+                         seed=index, align=align)
+            out["gemm"].append(g)
+            if g["max_error"] > 1.0:
+                out["errors"].append({"where": f"gemm {dtype} gpu{index}", "message": (
+                    f"wrong result (silent data corruption): error {g['max_error']:.3g} x the rounding"
+                    f" bound against a float64 reference ({g['checks']} products checked)")})
+        except Exception as exc:  # a failed kernel is evidence, recorded and failed on
+            out["errors"].append(err(f"gemm {dtype} gpu{index}", exc))
+        finally:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+    try:
+        if align is not None:
+            align()
+        out["membw_gbps"] = membw(dev, settings.membw_bytes, settings.repeats,
+                                  fault.membw_slowdown if hit else 0.0)
+    except Exception as exc:
+        out["errors"].append(err(f"membw gpu{index}", exc))
+    return out
+
+
+# ---------------------------------------------------------------- telemetry during the run
+#: NVML clocks-event (throttle) reason bits, nvml.h nvmlClocksEventReason*.
+THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+                 0x100: "display_clock_setting"}
+
+
+def throttle_names(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit] + (
+        [f"unknown_0x{mask & ~sum(THROTTLE_BITS):x}"] if mask & ~sum(THROTTLE_BITS) else [])
+
+
+def _stats(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+class RunTelemetry:
+    """Samples the node while the device phases run (a thread in the sweep's main process).
+
+    GPU: slurmguard.telemetry.nvml.NvmlSource every `interval_s`: SM clock, power,
+    temperature and the throttle-reason bitmask per GPU. CPU: the cgroup's CPU throttling
+    (cpu.stat nr_throttled / throttled time) over the run, which is what a CPU quota or a
+    shared host does to the CPU path. Never raises: a source that cannot be read is
+    recorded as {"source": "none", "error": ...}.
+    """
+
+    def __init__(self, device: str, node: str, count: int, interval_s: float, nvml: Any | None = None) -> None:
+        self.device, self.node, self.count, self.interval = device, node, count, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._samples: dict[tuple[int, str], list[float]] = {}
+        self._error: str | None = None
+        self._src: Any = None
+        self._nvml = nvml
+        self._cg_start: dict[str, float] | None = None
+        self._t0 = 0.0
+
+    def start(self) -> "RunTelemetry":
+        self._t0 = time.monotonic()
+        if self.device == "cuda":
+            try:
+                from slurmguard.telemetry.nvml import NvmlSource
+
+                self._src = NvmlSource(self.node, self._nvml)
+            except Exception as exc:  # pynvml missing, no driver: recorded, not fatal
+                self._error = f"NVML unavailable: {type(exc).__name__}: {exc}"
+                return self
+            self._thread = threading.Thread(target=self._loop, name="sweep-telemetry", daemon=True)
+            self._thread.start()
+        else:
+            self._cg_start = cgroup_cpu_stat()
+        return self
+
+    def _loop(self) -> None:
+        from slurmguard.telemetry.base import Signal
+
+        want = {Signal.SM_CLOCK: "sm_clock_mhz", Signal.POWER: "power_w",
+                Signal.GPU_TEMP: "temperature_c", Signal.THROTTLE_REASONS: "throttle"}
+        while True:
+            try:
+                reading = self._src.sample()
+                for smp in reading.samples:
+                    if smp.gpu is not None and smp.signal in want:
+                        self._samples.setdefault((smp.gpu, want[smp.signal]), []).append(smp.value)
+                for ev in reading.events:
+                    if ev.kind in ("error", "timeout") and self._error is None:
+                        self._error = f"{ev.kind}: {ev.detail}"
+            except Exception as exc:
+                self._error = f"{type(exc).__name__}: {exc}"
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Per-device telemetry records (result schema DeviceMetrics.telemetry)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.interval + 10)
+        if self._src is not None:
+            try:
+                self._src.close()
+            except Exception:
+                pass
+        out = []
+        for i in range(self.count):
+            if self.device == "cuda":
+                t: dict[str, Any] = {"source": "nvml" if self._src is not None else "none",
+                                     "samples": len(self._samples.get((i, "sm_clock_mhz"), []))}
+                for key in ("sm_clock_mhz", "power_w", "temperature_c"):
+                    st = _stats(self._samples.get((i, key), []))
+                    if st is not None:
+                        t[key] = st
+                masks = self._samples.get((i, "throttle"), [])
+                if masks:
+                    count: dict[str, int] = {}
+                    for m in masks:
+                        for n in throttle_names(int(m)):
+                            count[n] = count.get(n, 0) + 1
+                    t["throttle_reasons"] = list(count)
+                    t["throttle_share"] = {n: k / len(masks) for n, k in count.items()}
+            else:
+                end = cgroup_cpu_stat()
+                if self._cg_start is not None and end is not None:
+                    t = {"source": "cgroup", "samples": 2,
+                         "throttled_s": max(0.0, end["throttled_s"] - self._cg_start["throttled_s"])}
+                    periods = end["nr_periods"] - self._cg_start["nr_periods"]
+                    throttled = end["nr_throttled"] - self._cg_start["nr_throttled"]
+                    if throttled > 0:
+                        t["throttle_reasons"] = ["cpu_quota"]
+                        t["throttle_share"] = {"cpu_quota": throttled / max(periods, 1.0)}
+                else:
+                    t = {"source": "none", "samples": 0,
+                         "error": "no cgroup cpu.stat for this process"}
+            if self._error and t.get("samples", 0) == 0:
+                t["error"] = self._error[:500]
+            out.append(t)
+        return out
+
+
+def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> dict[str, float] | None:
+    """This process's cgroup CPU throttling: {"nr_periods", "nr_throttled", "throttled_s"}.
+
+    cgroup v1: <root>/cpu/<path>/cpu.stat (throttled_time, ns); v2: <root>/<path>/cpu.stat
+    (throttled_usec). The cap may sit on an ancestor: the deepest group with periods counted
+    is used. None when nothing can be read.
+    """
+    try:
+        lines = open(proc_cgroup, encoding="utf-8").read().splitlines()
+    except OSError:
+        return None
+    paths = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "cpu" in parts[1].split(","):
+            paths.append(os.path.join(root, "cpu", parts[2].lstrip("/")))
+        elif parts[0] == "0" and parts[1] == "":
+            paths.append(os.path.join(root, parts[2].lstrip("/")))
+    first = None
+    for base in paths:
+        d = base
+        while True:
+            st = _read_cpu_stat(os.path.join(d, "cpu.stat"))
+            if st is not None and st["nr_periods"] > 0:
+                return st
+            first = first or st
+            if os.path.normpath(d) == os.path.normpath(root) or len(d) <= len(root):
+                break
+            d = os.path.dirname(d)
+    return first  # no quota anywhere above this process: nothing throttled it
+
+
+def _read_cpu_stat(path: str) -> dict[str, float] | None:
+    try:
+        kv = dict(line.split() for line in open(path, encoding="utf-8") if len(line.split()) == 2)
+    except (OSError, ValueError):
+        return None
+    try:
+        if "throttled_usec" in kv:
+            thr = int(kv["throttled_usec"]) / 1e6
+        elif "throttled_time" in kv:
+            thr = int(kv["throttled_time"]) / 1e9
+        else:
+            return None
+        return {"nr_periods": float(kv.get("nr_periods", 0)), "nr_throttled": float(kv.get("nr_throttled", 0)),
+                "throttled_s": thr}
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------- memory bandwidth
@@ -367,7 +637,7 @@ def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: in
 class WorkerSpec:
     """Everything one distributed worker process needs (picklable for spawn)."""
 
-    task: str  # "allreduce_intra" | "passes"
+    task: str  # "device" | "allreduce_intra" | "passes"
     backend: str
     store_host: str
     store_port: int
@@ -411,36 +681,62 @@ def _barrier(dev: torch.device) -> None:
     sync(dev)
 
 
+def timed_ops(op: Callable[[], None], dev: torch.device, iters: int) -> float:
+    """Seconds for `iters` back-to-back operations: CUDA events on the current stream
+    (NCCL work is ordered against it) on GPU, the host clock on CPU."""
+    if dev.type == "cuda":
+        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        st.record()
+        for _ in range(iters):
+            op()
+        en.record()
+        en.synchronize()
+        return st.elapsed_time(en) / 1000.0
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        op()
+    return time.perf_counter() - t0
+
+
+def busbw_factor(collective: str, n: int) -> float:
+    """nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): busbw = algbw * factor."""
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    return 1.0  # broadcast, reduce, send/recv
+
+
 def allreduce_bench(dev: torch.device, sizes_mb: Sequence[int], repeats: int, slow: float,
-                    scope: str) -> list[dict[str, Any]]:
+                    scope: str, iters: int = 20, warmup: int = 5) -> list[dict[str, Any]]:
     """All-reduce bus bandwidth per message size (same numbers on every rank).
 
-    time = median over repeats of the slowest rank; algbw = bytes / time;
-    busbw = algbw * 2(n-1)/n (nccl-tests' convention for ring all-reduce).
+    Per repeat: `warmup` untimed all-reduces, then `iters` back-to-back ones timed
+    together (timed_ops); time = that / iters, the slowest rank's; median over repeats.
+    algbw = bytes / time; busbw = algbw * 2(n-1)/n (nccl-tests). The buffer holds zeros,
+    so repeated sums stay finite.
     """
     n = dist.get_world_size()
     out = []
     for size in sizes_mb:
-        buf = torch.ones(size * MIB // 4, dtype=torch.float32, device=dev)
-        dist.all_reduce(buf)  # warm-up: connections, NCCL channels
+        buf = torch.zeros(size * MIB // 4, dtype=torch.float32, device=dev)
+        for _ in range(max(1, warmup)):  # connections, NCCL channels, clocks
+            dist.all_reduce(buf)
         sync(dev)
         times = []
         for _ in range(repeats):
             _barrier(dev)
-            t0 = time.perf_counter()
-            dist.all_reduce(buf)
-            sync(dev)
-            t = time.perf_counter() - t0
+            t = timed_ops(lambda: dist.all_reduce(buf), dev, iters)
             x = extra_delay(t, slow)
             if x:
                 time.sleep(x)
-            tt = torch.tensor([t + x], dtype=torch.float64, device=dev)
+            tt = torch.tensor([(t + x) / iters], dtype=torch.float64, device=dev)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             times.append(float(tt.item()))
         t_med = statistics.median(times)
         algbw = size * MIB / t_med / 1e9
         out.append({"scope": scope, "size_mb": size, "ranks": n, "time_s": t_med,
-                    "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n})
+                    "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor("all_reduce", n)})
     return out
 
 
@@ -448,19 +744,21 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
     """Send/recv of every scheduled link, one pass at a time, all rails of a pass at once.
 
     Link (a -> b) on rail g is global rank a*G+g sending to b*G+g. Each endpoint times
-    its own side; a link's time is the max of both sides, median over repeats. Two
-    untimed warm-up rounds open the connections. Returns the transfers on rank 0.
+    `comm_iters` back-to-back sends (or receives) of its side (timed_ops); a link's time per
+    transfer is the max of both sides / iters, median over repeats. `comm_warmup` untimed
+    rounds open the connections first. Returns the transfers on rank 0.
 
     An injected link slowdown (tests/demo) must delay the transfer itself, not only the
     throttled side's clock: a throttled sender sleeps before sending, a throttled
     receiver after receiving, by the slowdown of the link's last un-throttled time.
     """
     G, world, rank = spec.gpus_per_node, dist.get_world_size(), dist.get_rank()
-    warmup = 2
+    iters = spec.settings.comm_iters
+    warmup = max(1, min(2, spec.settings.comm_warmup))
     out = []
     for sched, passes in spec.schedules:
         for size in spec.settings.message_sizes_mb:
-            buf = torch.ones(size * MIB // 4, dtype=torch.float32, device=dev)
+            buf = torch.zeros(size * MIB // 4, dtype=torch.float32, device=dev)
             samples: list[list[torch.Tensor]] = [[] for _ in passes]
             real_est: dict[int, float] = {}
             for rep in range(spec.settings.repeats + warmup):
@@ -471,9 +769,10 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
                             role, peer = "send", d * G + spec.local_index
                         elif d == spec.node_rank:
                             role, peer = "recv", s * G + spec.local_index
+                    n_ops = iters if rep >= warmup else 1
                     x = 0.0
-                    if role is not None and rep >= warmup - 1 and p_i in real_est:
-                        x = extra_delay(real_est[p_i], spec.fault.link_factor(role == "send"))
+                    if role is not None and p_i in real_est:
+                        x = extra_delay(real_est[p_i] * n_ops, spec.fault.link_factor(role == "send"))
                     _barrier(dev)
                     t = 0.0
                     if role is not None:
@@ -481,21 +780,21 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
                         if role == "send":
                             if x:
                                 time.sleep(x)
-                            dist.send(buf, peer)
-                            sync(dev)
+                            t = timed_ops(lambda: dist.send(buf, peer), dev, n_ops)
                         else:
-                            dist.recv(buf, peer)
-                            sync(dev)
+                            t = timed_ops(lambda: dist.recv(buf, peer), dev, n_ops)
                             if x:
                                 time.sleep(x)
-                        t = time.perf_counter() - t0
+                        if x:  # host-side sleep: not on the GPU's clock, but part of the transfer
+                            t = max(t, time.perf_counter() - t0)
+                        t /= n_ops
                     vec = torch.zeros(world, dtype=torch.float64, device=dev)
                     vec[rank] = t
                     dist.all_reduce(vec)  # gather everyone's time
                     host = vec.cpu()
                     if role is not None:
                         link_t = max(float(host[rank]), float(host[peer]))
-                        real_est[p_i] = max(link_t - x, 1e-7)
+                        real_est[p_i] = max(link_t - x / n_ops, 1e-7)
                     if rep >= warmup:
                         samples[p_i].append(host)
             if rank != 0:
@@ -512,24 +811,44 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
     return out
 
 
-def run_worker(spec: WorkerSpec, store: Any | None = None) -> dict[str, Any]:
-    """Run one worker's task; returns {"data": ..., "errors": [...]} (data on rank 0)."""
+def run_worker(spec: WorkerSpec, store: Any | None = None, barrier: Any | None = None) -> dict[str, Any]:
+    """Run one worker's task; returns {"data": ..., "errors": [...]} (collectives: data on
+    rank 0; the device phase: every worker's own device)."""
     errors: list[dict[str, str]] = []
     data: Any = None
+    s = spec.settings
+    if spec.task == "device":
+        dev = worker_device(spec)
+        align_s = min(s.comm_timeout_s, 120.0)
+
+        def align() -> None:
+            # all GPUs start each phase together; a GPU that died does not stop the others
+            if barrier is not None:
+                try:
+                    barrier.wait(timeout=align_s)
+                except threading.BrokenBarrierError:
+                    pass
+
+        res = device_phase(dev, spec.local_index, s, spec.fault, align)
+        return {"data": res, "errors": res.pop("errors")}
     try:
         dev = init_group(spec, store)
         try:
             if spec.task == "allreduce_intra":
                 slow = spec.fault.p2p_slowdown if spec.fault.hits_gpu(spec.local_index) else 0.0
-                data = allreduce_bench(dev, spec.settings.message_sizes_mb, spec.settings.repeats,
-                                       slow, "intra")
+                data = allreduce_bench(dev, s.message_sizes_mb, s.repeats, slow, "intra",
+                                       s.comm_iters, s.comm_warmup)
             elif spec.task == "passes":
                 data = {"transfers": passes_bench(spec, dev),
                         "allreduce": allreduce_bench(
-                            dev, spec.settings.message_sizes_mb, spec.settings.repeats,
-                            max(spec.fault.link_factor(True), spec.fault.link_factor(False)), "cross")}
+                            dev, s.message_sizes_mb, s.repeats,
+                            max(spec.fault.link_factor(True), spec.fault.link_factor(False)), "cross",
+                            s.comm_iters, s.comm_warmup)}
             else:
                 raise ValueError(f"unknown task {spec.task}")
+            # the steps of slurmguard.workloads.teardown.finish, without its exit: this worker
+            # still hands its result back (its process then ends at once, _spawn_target)
+            _barrier(dev)
         finally:
             dist.destroy_process_group()
     except Exception as exc:  # recorded in the result: a failed measurement fails the sweep
@@ -537,17 +856,26 @@ def run_worker(spec: WorkerSpec, store: Any | None = None) -> dict[str, Any]:
     return {"data": data if spec.rank == 0 else None, "errors": errors}
 
 
-def _spawn_target(spec: WorkerSpec, queue: Any) -> None:
+def _spawn_target(spec: WorkerSpec, queue: Any, barrier: Any | None = None) -> None:
     if spec.device == "cpu":
         torch.set_num_threads(1)
-    queue.put((spec.local_index, run_worker(spec)))
+    queue.put((spec.local_index, run_worker(spec, barrier=barrier)))
+    # gloo's threads can race interpreter finalisation (slurmguard.workloads.teardown):
+    # the result is handed over, so leave without it once the queue has flushed
+    queue.close()
+    queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_local_workers(specs: Sequence[WorkerSpec], timeout_s: float) -> list[dict[str, Any]]:
-    """Run one process per local device (spawned: CUDA and fork do not mix)."""
+    """Run one process per local device (spawned: CUDA and fork do not mix). Device-phase
+    workers share a barrier, so every GPU runs each phase at the same time."""
     ctx = torch.multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_spawn_target, args=(s, queue), daemon=True) for s in specs]
+    barrier = ctx.Barrier(len(specs)) if specs and specs[0].task == "device" else None
+    procs = [ctx.Process(target=_spawn_target, args=(s, queue, barrier), daemon=True) for s in specs]
     for p in procs:
         p.start()
     results: dict[int, dict[str, Any]] = {}

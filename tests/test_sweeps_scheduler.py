@@ -53,8 +53,11 @@ class Rig:
         self.executor.drain(node, reason)
         self.store.transition(node, NodeState.DRAINING, f"drained: {reason}")
 
-    def seed(self, node: str, kind: str = "both", finished: float = 1000.0) -> None:
-        """A passed sweep of a healthy node (baseline sample, trusted reference)."""
+    def seed(self, node: str, kind: str = "both", finished: float | None = None) -> None:
+        """A passed sweep of a healthy node (baseline sample, trusted reference), a day old
+        by default: inside the baseline's age, outside any same-window peer window."""
+        if finished is None:
+            finished = self.clock.now() - 86400.0
         if kind in ("node", "both"):
             s = self.store.add_sweep(node, SweepKind.ONE_NODE, hw_class=CLASS)
             self.store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
@@ -82,8 +85,8 @@ class Rig:
         kind = "node" if s.kind is SweepKind.ONE_NODE else "pair"
         out, _ = self.files.paths(node, s.id, kind)
         if doc is None and text is None and state == "COMPLETED" and write:
-            doc = (node_doc(node, hw_class=CLASS) if kind == "node"
-                   else pair_doc(node, s.reference_node, hw_class=CLASS))
+            doc = (node_doc(node, hw_class=CLASS, finished=self.clock.now() + 30) if kind == "node"
+                   else pair_doc(node, s.reference_node, hw_class=CLASS, finished=self.clock.now() + 30))
         if doc is not None:
             doc = {**doc, "job_id": str(jid)}
             text = json.dumps(doc)
@@ -192,7 +195,7 @@ def test_compute_slowdown_fails_the_node_sweep_and_enters_triage(rig):
 
 
 @pytest.mark.parametrize("state,text,expect", [
-    ("CANCELLED", None, "slurmguard: sweep1 crashed (CANCELLED)"),
+    ("NODE_FAIL", None, "slurmguard: sweep1 crashed (NODE_FAIL)"),
     ("TIMEOUT", None, "slurmguard: sweep1 timed out"),
     ("COMPLETED", '{"schema": "slurmguard.sweep", "version": 1, "kind": "no', "slurmguard: sweep1 bad result"),
     ("COMPLETED", None, "slurmguard: sweep1 no result"),
@@ -207,6 +210,30 @@ def test_crash_timeout_or_bad_result_is_a_fail(rig, state, text, expect):
     assert s.verdict is Verdict.ERROR and s.failure_reason.startswith(expect)
     rig.tick()
     assert rig.fake.node("node2").reason.startswith(expect)
+    assert _state(rig, "node2") is NodeState.REMEDIATION
+
+
+def test_sweep_killed_by_slurm_is_recorded_and_retried_then_fails(rig):
+    """Cancelled or preempted from outside: no evidence about the node, so the sweep is
+    recorded and submitted again (killed_retries = 2); a third kill fails the sweep."""
+    rig.drain("node2")
+    rig.tick()
+    rig.tick()
+    ids = []
+    for state in ("CANCELLED", "PREEMPTED"):
+        s = rig.run_job("node2", state=state, write=False)
+        ids.append(s.id)
+        rig.tick()
+        got = rig.store.get_sweep(s.id)
+        assert got.metrics["outcome"] == "killed" and got.metrics["job_state"] == state
+        assert got.failure_reason == f"slurmguard: sweep1 killed by Slurm ({state}), retrying"
+        assert _state(rig, "node2") is NodeState.QUARANTINED
+        assert rig.tick(31).done and rig.pending("node2").id > s.id  # resubmitted after the back-off
+    assert not any(a.is_entry for a in rig.store.triage_actions("node2"))  # no triage entry
+    rig.run_job("node2", state="CANCELLED", write=False)
+    rig.tick()
+    assert rig.store.sweeps(node="node2")[-1].failure_reason == "slurmguard: sweep1 crashed (CANCELLED)"
+    rig.tick()
     assert _state(rig, "node2") is NodeState.REMEDIATION
 
 
@@ -503,8 +530,10 @@ def test_job_that_never_starts_is_cancelled_and_retried(rig):
     assert rig.pending("node2").id != s.id
 
 
-def test_suspected_node_without_class_baseline_is_held_not_returned(sqlite_store, fake_clock, tmp_path):
-    rig = Rig(sqlite_store, fake_clock, tmp_path)  # no seeds: empty baseline
+def test_suspected_node_without_any_reference_is_held_not_returned(sqlite_store, fake_clock, tmp_path):
+    # no seeds, no floor for the model, no peer sweeps: nothing can vouch for the node
+    pol = POL.model_copy(update={"floors": (), "peer_sweeps": False, "bootstrap_min_nodes": 3})
+    rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
     rig.drain("node2")
     rig.tick()
     rig.tick()
@@ -514,16 +543,23 @@ def test_suspected_node_without_class_baseline_is_held_not_returned(sqlite_store
     assert rig.store.get_sweep(s.id).metrics["outcome"] == "insufficient_baseline"
     rig.tick()
     n2 = rig.fake.node("node2")
-    assert n2.drained_by_us and "no class baseline (0/2 nodes)" in n2.reason
+    assert n2.drained_by_us and "no reference: class 0/3, peers 0/2, no floor" in n2.reason
     assert _state(rig, "node2") is NodeState.QUARANTINED
-    rig.seed("node3")
-    rig.seed("node4")
-    rig.tick()
-    assert rig.pending("node2").id > s.id and not rig.fake.node("node2").drained
+    # healthy nodes swept within the window become its reference: judged again, not re-swept
+    rig.seed("node3", finished=fake_clock.now() - 60)
+    rig.seed("node4", finished=fake_clock.now() - 60)
+    res = rig.tick()
+    assert any("judged again as sweep" in d and ": pass:" in d for d in res.done), res.done
+    held, got = rig.store.sweeps(node="node2")[-2:]
+    assert held.id == s.id and held.metrics["outcome"] == "insufficient_baseline"  # history kept
+    assert got.metrics["rejudge_of"] == s.id and got.slurm_job_id == held.slurm_job_id
+    assert got.metrics["basis"] == "peers" and got.metrics["basis_nodes"] == ["node3", "node4"]
+    assert "same-window peers (node3,node4)" in got.metrics["reference_text"]
+    assert rig.pending("node2") is None or rig.pending("node2").kind is SweepKind.TWO_NODE
 
 
 def test_rolling_sweep_bootstraps_an_empty_class_and_respects_its_rate(sqlite_store, fake_clock, tmp_path):
-    pol = SweepPolicy(bootstrap_min_nodes=2, rolling_enabled=True, rolling_nodes_per_hour=2.0)
+    pol = SweepPolicy(bootstrap_min_nodes=2, rolling_enabled=True, rolling_nodes_per_hour=2.0, floors=())
     rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
     rig.fake.start_job(["node2", "node3", "node4"])
     res = rig.tick()
@@ -570,3 +606,83 @@ def test_results_and_verdicts_survive_a_restart(rig):
     sweeps = rig.store.sweeps(node="node2")
     assert [(s.kind.value, s.verdict.value) for s in sweeps] == [("1node", "pass"), ("2node", "pass")]
     assert sweeps[1].metrics["result"]["reference"] == "node3"
+
+
+def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqlite_store, fake_clock, tmp_path):
+    """Fresh database: two drained nodes are judged against a healthy idle peer the
+    scheduler sweeps itself in the same window (not by the loose H100 floor while a peer
+    can still be swept); the busy node is never taken; the slow one fails 'vs peers', the
+    healthy one returns."""
+    pol = POL.model_copy(update={"bootstrap_min_nodes": 3, "peer_min_nodes": 1})
+    rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=pol)
+    busy = rig.fake.start_job(["node4"])
+    rig.drain("node2")
+    rig.drain("node3")
+    res = rig.tick()
+    assert "node1: peer sweep started" in res.done  # node4 is busy: never a busy node
+    assert _state(rig, "node4") is NodeState.HEALTHY
+    ep1 = load_episode(rig.store, "node1")
+    assert ep1.rolling and not ep1.suspected
+    rig.tick()  # 1-node sweeps of node1 (peer), node2, node3
+    now = fake_clock.now()
+    rig.run_job("node2")
+    rig.run_job("node3", doc=node_doc("node3", hw_class=CLASS, finished=now + 30,
+                                      gemm_scale={(i, "float32"): 0.3 for i in range(8)}))
+    rig.tick()  # both judged: no reference yet -> held
+    assert [rig.store.sweeps(node=n)[-1].metrics["outcome"] for n in ("node2", "node3")] == \
+        ["insufficient_baseline"] * 2
+    assert all("peer sweep started" not in d for d in rig.tick().done)  # one peer at a time
+    rig.run_job("node1")
+    rig.tick()  # peer judged (against the H100 floor); node2/node3 judged again vs the peer
+    assert rig.store.sweeps(node="node1")[-1].metrics["basis"] == "floor"
+    v2, v3 = rig.store.sweeps(node="node2")[-1], rig.store.sweeps(node="node3")[-1]
+    assert v2.metrics["outcome"] == "pass" and v2.metrics["basis"] == "peers", v2.metrics["reason"]
+    assert v2.metrics["basis_nodes"] == ["node1"]
+    assert v3.metrics["outcome"] == "fail" and v3.failure_reason.startswith("slurmguard: sweep1 gpu")
+    assert "gemm_fp32 -70% vs peers" in v3.failure_reason
+    rig.tick()
+    assert _state(rig, "node3") is NodeState.REMEDIATION
+    assert "vs peers" in rig.fake.node("node3").reason
+    # the triage report says which reference the verdict used
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+    out = CliRunner().invoke(cli, ["--db", str(rig.store.engine.url), "triage", "report", "--node", "node3",
+                                   "--offline", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert "[judged vs same-window peers (node1), judged again from sweep 3]" in out.output
+    assert "gemm_fp32 -70% vs peers" in out.output
+    # a suspected node's failed sweep never vouches for anything; node3 sweeps again (ladder)
+    # node2 goes on to its 2-node sweep once a reference is free (and is judged vs the
+    # peer's own 2-node sweep, also in the window)
+    rig.fake.finish_job(busy)
+    for _ in range(12):
+        rig.tick()
+        s = rig.pending("node1")
+        if s is not None and s.slurm_job_id is not None:
+            rig.run_job("node1")
+        s = rig.pending("node2")
+        if s is not None and s.slurm_job_id is not None:
+            rig.run_job("node2")
+        if _state(rig, "node2") is NodeState.HEALTHY:
+            break
+    assert _state(rig, "node1") is NodeState.HEALTHY and _state(rig, "node2") is NodeState.HEALTHY
+    pair = rig.store.sweeps(node="node2", kind=SweepKind.TWO_NODE)[-1]
+    assert pair.metrics["outcome"] == "pass" and pair.metrics["basis"] in ("peers", "none"), pair.metrics
+
+
+def test_no_peer_can_be_swept_the_model_floor_judges(sqlite_store, fake_clock, tmp_path):
+    """Every other node busy, nothing in the database: no peer can come, so the policy's
+    H100 floor judges the drained node (and says so), instead of holding it for good."""
+    rig = Rig(sqlite_store, fake_clock, tmp_path, sweeps=POL.model_copy(update={"bootstrap_min_nodes": 3}))
+    rig.fake.start_job(["node1", "node3", "node4"])
+    rig.drain("node2")
+    rig.tick()
+    rig.tick()
+    rig.run_job("node2")
+    res = rig.tick()
+    assert not any("peer sweep started" in d for d in res.done)
+    s = rig.store.sweeps(node="node2")[-1]
+    assert s.metrics["outcome"] == "pass" and s.metrics["basis"] == "floor", s.metrics["reason"]
+    assert s.metrics["reason"] == "slurmguard: sweep1 pass vs floor"
+    assert s.metrics["reference_text"] == "policy floor (NVIDIA H100 80GB HBM3)"

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from slurmguard.cli import cli
 from slurmguard.store import NodeState, SweepKind, Verdict
 from slurmguard.sweeps.bench import NodeRun, _episode_figures, summarise
+from slurmguard.sweeps.episode import load_episode
 from tests.test_sweeps_scheduler import Rig
 
 
@@ -77,3 +78,39 @@ def test_episode_figures_from_the_database(sqlite_store, fake_clock, tmp_path):
     assert pair_job == pytest.approx(r2)
     assert held is not None and held >= r2  # the reference is held at least while the job runs
     assert queue_s >= 0
+
+
+def test_baseline_shows_expiry_and_refresh_sweeps_idle_healthy_nodes(sqlite_store, fake_clock, tmp_path,
+                                                                     monkeypatch):
+    from slurmguard.sweeps import cli as sweep_cli
+
+    import time
+
+    rig = Rig(sqlite_store, fake_clock, tmp_path)
+    now = time.time()  # the CLI reads the system clock
+    rig.seed("node3", finished=now - 3600.0)
+    rig.seed("node4", finished=now - 8 * 86400.0)  # past baseline_max_age_h (168)
+    url = str(sqlite_store.engine.url)
+    res = CliRunner().invoke(cli, ["--db", url, "sweep", "baseline", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["kind"]: r for r in json.loads(res.output)}
+    assert rows["node"]["fresh_nodes"] == 1 and rows["node"]["expired_nodes"] == 1
+    assert rows["node"]["nodes"] == ["node3"]
+    assert rows["node"]["expires_in_h"] == pytest.approx(167.0, abs=0.01)
+    res = CliRunner().invoke(cli, ["--db", url, "sweep", "baseline"])
+    assert "h100 node: 1/3 nodes (too few nodes); newest 1.0 h" in res.output, res.output
+    # --refresh: through the scheduler on FakeSlurm; node2 is busy, one free node is left
+    # as the 2-node reference
+    rig.fake.start_job(["node2"])
+    monkeypatch.setattr(sweep_cli, "_scheduler", lambda ctx, dry_run=False: (None, rig.sched))
+    res = CliRunner().invoke(cli, ["--db", url, "sweep", "baseline", "--refresh", "--count", "5"])
+    assert res.exit_code == 0, res.output
+    started = [n for n in ("node1", "node2", "node3", "node4") if _state(rig, n) is NodeState.QUARANTINED]
+    assert started == ["node1", "node3"], res.output
+    assert "baseline sweep started" in res.output
+    ep = load_episode(rig.store, "node1")
+    assert ep.rolling and not ep.suspected
+
+
+def _state(rig, node):
+    return rig.store.get_node(node).state

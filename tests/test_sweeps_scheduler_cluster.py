@@ -210,17 +210,21 @@ def test_link_slowdown_names_the_node_under_test_not_the_reference(e, clean_clus
     assert not e.node("node1").drained and e.state("node1") is NodeState.HEALTHY
 
 
-def test_sweep_job_killed_mid_run_is_a_fail(e, clean_cluster):
+def test_sweep_job_killed_by_slurm_is_recorded_and_retried(e, clean_cluster):
+    """scancel of a running sweep: recorded (outcome killed), submitted again, no triage
+    entry, the node stays quarantined (not stuck, not failed for someone else's kill)."""
     e.inject({"node2": {"hang_s": 120}})
     e.drain("node2")
     e.until(lambda: e.pending_job("node2")[1] == "RUNNING", what="sweep running")
     jid, _ = e.pending_job("node2")
     clean_cluster.run(["scancel", str(jid)])
-    e.until(lambda: e.state("node2") is NodeState.REMEDIATION, what="fail")
-    s = e.store.sweeps(node="node2")[-1]
-    assert s.slurm_job_id == str(jid) and s.verdict is Verdict.ERROR
-    assert s.failure_reason == "slurmguard: sweep1 crashed (CANCELLED)"
-    assert e.node("node2").reason.startswith("slurmguard: sweep1 crashed (CANCELLED)")
+    e.inject({})
+    e.until(lambda: (e.pending_job("node2")[0] or jid) != jid, timeout=120, what="retry submitted")
+    killed = [s for s in e.store.sweeps(node="node2") if s.slurm_job_id == str(jid)][0]
+    assert killed.metrics["outcome"] == "killed" and killed.metrics["job_state"] == "CANCELLED"
+    assert killed.failure_reason == "slurmguard: sweep1 killed by Slurm (CANCELLED), retrying"
+    assert e.state("node2") is NodeState.QUARANTINED
+    assert not e.store.triage_actions("node2")
 
 
 def test_third_triage_entry_in_seven_days_goes_to_terminal(e, clean_cluster):

@@ -78,9 +78,13 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
         store.get_or_create_node(n.name, partitions=list(n.partitions))
     for node in ("node3", "node4"):  # class baseline and trusted references
         s = store.add_sweep(node, SweepKind.ONE_NODE, hw_class=CLASS)
-        store.update_sweep(s.id, verdict=Verdict.PASS, metrics={"outcome": "pass", "result": node_doc(node, hw_class=CLASS)})
+        # a day old: inside the baseline's age (policy baseline_max_age_h)
+        day_old = clock.now() - 86400.0
+        store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
+            "outcome": "pass", "result": node_doc(node, hw_class=CLASS, finished=day_old)})
         s = store.add_sweep(node, SweepKind.TWO_NODE, reference_node="node1", hw_class=CLASS)
-        store.update_sweep(s.id, verdict=Verdict.PASS, metrics={"outcome": "pass", "result": pair_doc(node, "node1", hw_class=CLASS)})
+        store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
+            "outcome": "pass", "result": pair_doc(node, "node1", hw_class=CLASS, finished=day_old)})
     ActionExecutor(fake, store).drain("node2", "slurmguard: step time +15% vs peers")
     store.transition("node2", NodeState.DRAINING, "drained by the controller")
 

@@ -73,14 +73,20 @@ def test_errors_in_result_fail_even_with_good_numbers(healthy_node_results):
 def test_bootstrap_unsuspected_seeds_suspected_waits(healthy_node_results):
     two = healthy_node_results[:2]
     r = node_result("node2")
-    v = _judge(r, two, suspected=False)
+    nofloor = SweepPolicy(floors=())  # no reference of any kind
+
+    def judge(res, healthy, **kw):
+        return judge_result(res, baseline_for(res, healthy), nofloor, **kw)
+
+    v = judge(r, two, suspected=False)
     assert v.outcome is Outcome.BOOTSTRAP and v.outcome.healthy_sample
     assert v.reason == "slurmguard: sweep1 bootstrap sample (3/3 nodes)"
-    v = _judge(r, two, suspected=True)
+    v = judge(r, two, suspected=True)
     assert v.outcome is Outcome.INSUFFICIENT_BASELINE and not v.outcome.returns_node
-    assert v.reason == "slurmguard: sweep1 no class baseline (2/3 nodes)"
+    assert v.reason == "slurmguard: sweep1 no reference: class 2/3, peers 0/2, no floor for NVIDIA H100 80GB HBM3"
+    assert v.basis == "none"
     # a bad GPU fails even during bootstrap: the node's own GPUs are the reference
-    v = _judge(node_result("node2", gemm_scale={(1, "float32"): 0.7}), [], suspected=False)
+    v = judge(node_result("node2", gemm_scale={(1, "float32"): 0.7}), [], suspected=False)
     assert v.outcome is Outcome.FAIL and v.reason == "slurmguard: sweep1 gpu1 gemm_fp32 -30% vs node"
     # fresh cluster: three unsuspected bootstrap samples make a baseline that judges the next
     seeds = [node_result(f"node{i}", finished=10.0 + i) for i in (3, 4, 5)]

@@ -39,7 +39,7 @@ def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
     assert r.allreduce[0].busbw_gbps == pytest.approx(r.allreduce[0].algbw_gbps)  # 2(n-1)/n = 1
     assert r.injected == {"node3": json.loads(inject)["node3"] | {
         "membw_slowdown": 0.0, "p2p_slowdown": 0.0, "link_slowdown": 0.0, "link_direction": "both",
-        "crash": False, "hang_s": 0.0, "corrupt_output": False}}
+        "crash": False, "hang_s": 0.0, "corrupt_output": False, "gemm_corrupt": False}}
     # 85% slower by injection: well below its twin even on a noisy shared CPU
     g0, g1 = (d.gemm[0].tflops for d in r.devices)
     assert g1 < 0.6 * g0
@@ -125,3 +125,59 @@ def test_three_node_pass_sweep_localizes_the_slow_node(tmp_path):
     verdicts = {v.node: v for v in judge_multi(r, POL.model_copy(update={"pass_tolerance": 0.4}))}
     assert verdicts["n1"].outcome is Outcome.FAIL and "link n1-" in verdicts["n1"].reason
     assert verdicts["n0"].outcome is Outcome.PASS and verdicts["n2"].outcome is Outcome.PASS
+
+
+def test_silent_data_corruption_fails_the_sweep(tmp_path):
+    """One wrong element per verified product (gemm_corrupt): the float64 reference check
+    catches it, the sweep reports an error and the verdict fails with it."""
+    out = tmp_path / "node.json"
+    fp32 = ["float32" if a == "float32,bfloat16" else a for a in SMALL]
+    res = run_node_local(str(out), "node3", fp32, POL,
+                         timeout_s=180, env={"SLURMGUARD_SWEEP_INJECT": '{"node3": {"gemm_corrupt": true}}'})
+    assert res.returncode == 1, res.stderr[-2000:]
+    r = load_result(str(out))
+    [g] = r.devices[0].gemm
+    assert g.checks >= 1 and g.max_error > 1.0
+    assert r.errors[0].where == "gemm float32 gpu0"
+    assert r.errors[0].message.startswith("wrong result (silent data corruption): error ")
+    v = judge_result(r, None, POL, suspected=False)
+    assert v.outcome is Outcome.FAIL
+    assert v.reason.startswith("slurmguard: sweep1 error in gemm float32 gpu0: wrong result (silent")
+    # a healthy run verifies every window and stays well inside the rounding bound
+    ok = tmp_path / "ok.json"
+    assert run_node_local(str(ok), "node3", SMALL, POL, timeout_s=180).returncode == 0  # fp32 + bf16
+    for g in load_result(str(ok)).devices[0].gemm:
+        assert g.checks >= 1 and g.max_error < 0.5, g
+    assert load_result(str(ok)).devices[0].telemetry["source"] in ("cgroup", "none")
+
+
+
+def test_pair_sweep_runs_ib_write_bw_per_hca_between_the_two_nodes(tmp_path):
+    """The ib_write_bw stage on two real processes meeting through the sweep's store: the
+    reference runs the server of each HCA, the node under test the client; a stand-in
+    ib_write_bw prints perftest's recorded table (client) or waits (server)."""
+    import os
+    import stat
+    from pathlib import Path
+
+    fix = Path(__file__).parent / "fixtures" / "sweep_tools" / "ib_write_bw_ndr_gbits.txt"
+    tool = tmp_path / "bin" / "ib_write_bw"
+    tool.parent.mkdir()
+    log = tmp_path / "calls"
+    # server: ib_write_bw -d HCA -p PORT --report_gbits -F ; client: the same + server host
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {log}\nif [ "$#" -eq 6 ]; then sleep 0.5; exit 0; fi\n'
+                    f'cat {fix}\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("sweeps:\n  stages:\n    ib_hcas: [mlx5_0, mlx5_1]\n    ib_port_base: 19515\n")
+    out = tmp_path / "pair.json"
+    env = {"PATH": f"{tool.parent}:{os.environ['PATH']}"}
+    rs = run_pair_local(str(out), ["node2", "node1"], SMALL + ["--policy", str(policy)], POL, timeout_s=180, env=env)
+    assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
+    [st] = load_result(str(out)).stages
+    assert (st.name, st.status) == ("ib_write_bw", "pass"), st
+    assert st.figures["mlx5_0/avg_gbps"] == pytest.approx(392.17 / 8)
+    assert st.figures["mlx5_1/avg_gbps"] == pytest.approx(392.17 / 8)
+    calls = sorted(log.read_text().splitlines())
+    assert sum(1 for c in calls if c.startswith("-d mlx5_0 -p 19515 --report_gbits -F")) == 2  # server + client
+    assert any(c.startswith("-d mlx5_1 -p 19516") and len(c.split()) == 7 for c in calls)

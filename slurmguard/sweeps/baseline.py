@@ -51,6 +51,9 @@ class ClassBaseline:
     """Healthy nodes whose latest comparable result is in the baseline."""
     devices_per_node: int | None
     metrics: Mapping[str, MetricBaseline]
+    basis: str = "class"
+    """'class' (healthy nodes within the baseline's age) or 'peers' (healthy nodes of the
+    class swept in the same window as the judged result)."""
 
     @property
     def node_count(self) -> int:
@@ -139,19 +142,24 @@ def expected_keys(result: SweepResult) -> dict[str, str]:
 
 
 def compute_baseline(healthy: Iterable[SweepResult], *, hw_class: str, kind: str, fingerprint: str,
-                     exclude_nodes: Iterable[str] = ()) -> ClassBaseline:
+                     exclude_nodes: Iterable[str] = (), finished_from: float | None = None,
+                     finished_to: float | None = None, basis: str = "class") -> ClassBaseline:
     """Class baseline from results of nodes believed healthy.
 
     Only results of this hardware class, kind and settings fingerprint count; results with
     errors never count; each node contributes its most recent result only (a node swept
     ten times must not outvote nine others); `exclude_nodes` (the node being judged) never
-    vouches for itself. Per metric: median over the contributing nodes and their count.
+    vouches for itself; only results finished within [finished_from, finished_to] count
+    (expiry, same window). Per metric: median over the contributing nodes and their count.
     """
     excluded = set(exclude_nodes)
     latest: dict[str, SweepResult] = {}
     for r in healthy:
         if (r.hw_class != hw_class or r.kind != kind or settings_fingerprint(r) != fingerprint
                 or r.errors or r.node_under_test in excluded):
+            continue
+        if (finished_from is not None and r.finished < finished_from) or \
+                (finished_to is not None and r.finished > finished_to):
             continue
         prev = latest.get(r.node_under_test)
         if prev is None or r.finished > prev.finished:
@@ -164,11 +172,25 @@ def compute_baseline(healthy: Iterable[SweepResult], *, hw_class: str, kind: str
     return ClassBaseline(
         hw_class=hw_class, kind=kind, fingerprint=fingerprint, nodes=tuple(sorted(latest)),
         devices_per_node=int(statistics.median_low(dpn)) if dpn else None,
-        metrics={k: MetricBaseline(k, statistics.median(v), len(v)) for k, v in per_key.items()})
+        metrics={k: MetricBaseline(k, statistics.median(v), len(v)) for k, v in per_key.items()},
+        basis=basis)
 
 
-def baseline_for(result: SweepResult, healthy: Iterable[SweepResult]) -> ClassBaseline:
-    """The baseline that judges `result`: same class, kind, settings; its node excluded."""
+def baseline_for(result: SweepResult, healthy: Iterable[SweepResult], *,
+                 max_age_s: float | None = None, now: float | None = None) -> ClassBaseline:
+    """The class baseline that judges `result`: same class, kind, settings; its node
+    excluded; results finished more than `max_age_s` before `now` have expired."""
+    since = None if max_age_s is None or now is None else now - max_age_s
     return compute_baseline(healthy, hw_class=result.hw_class, kind=result.kind,
                             fingerprint=settings_fingerprint(result),
-                            exclude_nodes=(result.node_under_test,))
+                            exclude_nodes=(result.node_under_test,), finished_from=since)
+
+
+def peers_for(result: SweepResult, healthy: Iterable[SweepResult], window_s: float) -> ClassBaseline:
+    """Same-window peers of `result`: healthy nodes of its class and settings whose result
+    finished within `window_s` seconds of it (before or after), its own node excluded."""
+    return compute_baseline(healthy, hw_class=result.hw_class, kind=result.kind,
+                            fingerprint=settings_fingerprint(result),
+                            exclude_nodes=(result.node_under_test,),
+                            finished_from=result.finished - window_s,
+                            finished_to=result.finished + window_s, basis="peers")

@@ -117,9 +117,10 @@ def judge(ctx: click.Context, result: str, history: tuple[str, ...], suspected: 
     for v in verdicts:
         if as_json:
             click.echo(json.dumps({"node": v.node, "outcome": v.outcome.value, "reason": v.reason,
-                                   "detail": v.detail}))
+                                   "detail": v.detail, "basis": v.basis,
+                                   "basis_nodes": list(v.basis_nodes)}))
         else:
-            click.echo(f"{v.node}: {v.outcome.value}: {v.reason}\n  {v.detail}")
+            click.echo(f"{v.node}: {v.outcome.value}: {v.reason}\n  {v.detail}\n  judged vs {v.basis_text}")
     ctx.exit(0 if all(v.outcome.returns_node for v in verdicts) else 1)
 
 
@@ -250,3 +251,88 @@ def status_cmd(ctx: click.Context, show_all: bool, as_json: bool) -> None:
             job = f" job {s['job']}" if s["job"] else ""
             click.echo(f"  {s['kind']} sweep {s['id']}{ref}{job}: {s['outcome']}"
                        + (f": {s['reason']}" if s["reason"] and s["outcome"] != "pass" else ""))
+
+
+@sweep.command("baseline")
+@click.option("--refresh", is_flag=True,
+              help="sweep idle healthy nodes now to seed or refresh the baselines (unsuspected"
+                   " sweeps, returned when they pass)")
+@click.option("--class", "klass", default=None, help="only this hardware class")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="nodes per class to sweep [default: bootstrap_min_nodes]")
+@click.option("--wait", is_flag=True,
+              help="with --refresh: run the scheduler here until those nodes are back (only where"
+                   " no controller runs the scheduler)")
+@click.option("--timeout", type=float, default=3600.0, show_default=True, help="--wait limit, seconds")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def baseline_cmd(ctx: click.Context, refresh: bool, klass: str | None, count: int | None, wait: bool,
+                 timeout: float, as_json: bool) -> None:
+    """Class baselines (healthy nodes whose last sweep passed, within baseline_max_age_h)
+    and, with --refresh, sweeps that seed or refresh them on demand."""
+    import time
+
+    from slurmguard.store import NodeState
+
+    if wait and not refresh:
+        raise click.UsageError("--wait goes with --refresh")
+    if refresh:
+        app, sched = _scheduler(ctx)
+        res = sched.start_baseline_sweeps(klass, count)
+        _print_tick(res, True)
+        started = [line.split(":")[0] for line in res.done]
+        if wait and started and not sched.dry_run:
+            deadline = time.monotonic() + timeout
+            period = app.policy.controller.cycle_interval_s
+            while time.monotonic() < deadline:
+                _print_tick(sched.tick(), False)
+                if all(app.store.get_node(n).state is not NodeState.QUARANTINED for n in started):
+                    break
+                time.sleep(period)
+            else:
+                raise click.ClickException(f"baseline sweeps of {', '.join(started)} not done in {timeout:g}s")
+        if res.errors and not started:
+            ctx.exit(1)
+    rows = baseline_rows(ctx, klass)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        click.echo("no passed sweep of a healthy node yet: no class baseline (a drained node is judged"
+                   " against same-window peers or the policy floor)")
+    for row in rows:
+        state = "ok" if row["fresh_nodes"] >= row["needed"] else "too few nodes"
+        click.echo(f"{row['hw_class']} {row['kind']}: {row['fresh_nodes']}/{row['needed']} nodes ({state})"
+                   + (f"; newest {row['newest_age_h']:.1f} h, first expiry in {row['expires_in_h']:.1f} h"
+                      if row["fresh_nodes"] else "")
+                   + (f"; {row['expired_nodes']} expired" if row["expired_nodes"] else "")
+                   + (f": {', '.join(row['nodes'])}" if row["nodes"] else ""))
+
+
+def baseline_rows(ctx: click.Context, klass: str | None = None) -> list[dict]:
+    """Per hardware class and sweep kind: the healthy nodes behind its baseline and their age."""
+    from slurmguard.context import app_context
+    from slurmguard.store import NodeState
+    from slurmguard.sweeps import records as rec
+
+    app = app_context(ctx)
+    pol = app.policy.sweeps
+    now = app.clock.now()
+    healthy = {r.name for r in app.store.list_nodes(NodeState.HEALTHY)}
+    pool = [s for s in app.store.sweeps(limit=5000) if s.node in healthy
+            and (klass is None or s.hw_class == klass)]
+    max_age = pol.baseline_max_age_h * 3600.0
+    groups: dict[tuple[str, str], list] = {}
+    for r in rec.healthy_results(pool):
+        groups.setdefault((r.hw_class, r.kind), []).append(r)
+    rows = []
+    for (k, kind), results in sorted(groups.items()):
+        fresh = [r for r in results if now - r.finished <= max_age]
+        rows.append({
+            "hw_class": k, "kind": kind, "needed": pol.bootstrap_min_nodes,
+            "fresh_nodes": len(fresh), "expired_nodes": len(results) - len(fresh),
+            "nodes": sorted(r.node_under_test for r in fresh),
+            "newest_age_h": min((now - r.finished for r in fresh), default=0.0) / 3600.0,
+            "expires_in_h": min((max_age - (now - r.finished) for r in fresh), default=0.0) / 3600.0,
+        })
+    return rows

@@ -27,6 +27,8 @@ from slurmguard.sweeps.verdict import Outcome
 
 ROLLING = "rolling"
 """Evidence key set on the transition that starts a rolling (unsuspected) sweep."""
+PEER = "peer"
+"""Evidence key (the hardware class) on a rolling start that sweeps a same-window peer."""
 LAST_SWEEP = "last_sweep_id"
 """Evidence key on the return-to-healthy transition: sweeps up to this id are history."""
 AFTER_SWEEP = "after_sweep_id"

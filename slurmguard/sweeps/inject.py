@@ -53,6 +53,9 @@ class NodeFault:
     """Sleep this long before measuring (drives the sweep into its time limit)."""
     corrupt_output: bool = False
     """Write a truncated, invalid JSON result."""
+    gemm_corrupt: bool = False
+    """Flip one element of each verified GEMM product on the affected GPUs (silent data
+    corruption): the float64 reference check must catch it."""
 
     def hits_gpu(self, index: int) -> bool:
         return self.gpus is None or index in self.gpus
@@ -103,7 +106,7 @@ def parse_faults(data: Any, source: str) -> dict[str, NodeFault]:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                     raise InputError(f"{where}: expected seconds >= 0, got {value!r}")
                 kw[key] = float(value)
-            elif key in ("crash", "corrupt_output"):
+            elif key in ("crash", "corrupt_output", "gemm_corrupt"):
                 if not isinstance(value, bool):
                     raise InputError(f"{where}: expected true or false, got {value!r}")
                 kw[key] = value

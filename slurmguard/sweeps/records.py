@@ -7,6 +7,8 @@ document. The scheduler writes one `StoredOutcome` per judged sweep into `metric
   insufficient_baseline) or ``not_run`` (never submitted / never started);
 * ``reason`` / ``detail``: the Slurm reason text and the long explanation;
 * ``job_state``, ``runtime_s`` (seconds the job held its nodes), ``node_count``;
+* ``basis`` / ``basis_nodes`` / ``reference_text``: which reference judged the metrics
+  (class baseline, same-window peers, policy floor, or none) and the nodes behind it;
 * ``failures``: the failing metric checks (at most 16);
 * ``result``: the whole parsed result document (schema slurmguard.sweep), so class
   baselines and reference trust are rebuilt from the database after a restart.
@@ -29,6 +31,10 @@ from slurmguard.sweeps.verdict import MetricCheck, Outcome, PastSweep, Verdict
 
 NOT_RUN = "not_run"
 """Outcome of a sweep that was never submitted or never started (no evidence either way)."""
+KILLED = "killed"
+"""Outcome of a sweep job Slurm cancelled or preempted before it wrote a result: recorded,
+and submitted again (`SweepPolicy.killed_retries`); no evidence about the node."""
+NO_EVIDENCE = (NOT_RUN, KILLED)
 
 KIND_OF = {SweepKind.ONE_NODE: "node", SweepKind.TWO_NODE: "pair"}
 """Store sweep kind -> result/template kind."""
@@ -58,14 +64,18 @@ def outcome_metrics(v: Verdict, *, job_state: str, runtime_s: float | None, node
         "runtime_s": runtime_s,
         "node_count": node_count,
         "result_path": result_path,
+        "basis": v.basis,
+        "basis_nodes": list(v.basis_nodes),
+        "reference_text": v.basis_text,
         "failures": [_check_doc(c) for c in v.failures[:16]],
         "result": v.result.to_dict() if v.result is not None else None,
     }
 
 
-def not_run_metrics(reason: str, detail: str, *, node_count: int) -> dict[str, Any]:
-    return {"outcome": NOT_RUN, "reason": reason, "detail": detail[:2000], "job_state": None,
-            "runtime_s": 0.0, "node_count": node_count, "failures": [], "result": None}
+def not_run_metrics(reason: str, detail: str, *, node_count: int, outcome: str = NOT_RUN,
+                    job_state: str | None = None, runtime_s: float = 0.0) -> dict[str, Any]:
+    return {"outcome": outcome, "reason": reason, "detail": detail[:2000], "job_state": job_state,
+            "runtime_s": runtime_s, "node_count": node_count, "failures": [], "result": None}
 
 
 def outcome_of(rec: SweepRecord) -> str | None:
@@ -130,7 +140,7 @@ def healthy_results(records: Iterable[SweepRecord], *, exclude_nodes: Iterable[s
     for r in records:
         if r.verdict is StoreVerdict.PENDING or r.node in excluded:
             continue
-        if outcome_of(r) == NOT_RUN:
+        if outcome_of(r) in NO_EVIDENCE:
             continue
         key = (r.node, r.kind)
         if key not in latest or r.id > latest[key].id:
@@ -149,7 +159,7 @@ def past_sweeps(records: Iterable[SweepRecord], cache: ResultCache | None = None
     out = []
     for r in records:
         o = outcome_of(r)
-        if o is None or o == NOT_RUN:
+        if o is None or o in NO_EVIDENCE:
             continue
         res = result_of(r, cache)
         if res is None:
@@ -179,3 +189,12 @@ def sweep_cost(rec: SweepRecord) -> SweepCost:
         else:
             runtime = 0.0
     return SweepCost(rec.id, max(0.0, float(runtime)) * int(nodes))
+
+
+def sweep_reference_text(metrics: object) -> str:
+    """' [judged vs same-window peers (node1,node4)]': which reference a sweep verdict used
+    (class baseline, same-window peers, policy floor), '' for sweeps judged before it was kept."""
+    if not isinstance(metrics, dict) or not metrics.get("reference_text") or metrics.get("basis") == "none":
+        return ""
+    again = f", judged again from sweep {metrics['rejudge_of']}" if metrics.get("rejudge_of") else ""
+    return f" [judged vs {metrics['reference_text']}{again}]"

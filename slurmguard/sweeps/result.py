@@ -59,6 +59,10 @@ class GemmMeasurement:
     """Throughput of the first timing window; initial >> sustained shows throttling."""
     iterations: int
     seconds: float
+    checks: int = 0
+    """Products verified against a float64 reference (Freivalds' test) during the run."""
+    max_error: float | None = None
+    """Largest verification error as a multiple of its rounding bound (> 1: wrong answer)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,11 @@ class DeviceMetrics:
     gemm: tuple[GemmMeasurement, ...] = ()
     membw_gbps: float | None = None
     """Device-to-device copy bandwidth, bytes read + written per second / 1e9."""
+    telemetry: Mapping[str, Any] | None = None
+    """Sampled during the sweep: {"source": "nvml"|"cgroup"|"none", "samples": N,
+    "sm_clock_mhz"/"power_w"/"temperature_c": {"min","median","max"}, "throttle_reasons":
+    [names seen], "throttle_share": {name: share of samples (GPU) or CPU periods with it},
+    "throttled_s": seconds throttled (cgroup CPU quota on the CPU path)}."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,27 @@ class SweepErrorRecord:
     message: str
 
 
+STAGE_NAMES: tuple[str, ...] = ("dcgm_diag", "nccl_all_reduce", "nvbandwidth", "ib_write_bw")
+STAGE_STATUSES: tuple[str, ...] = ("pass", "fail", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One standard tool run as a sweep stage (slurmguard.sweeps.tools)."""
+
+    name: str
+    status: str
+    """pass; fail (the tool reported a failure: node evidence); error (missing when
+    required, timed out, unreadable output: not the node's fault); skipped (not installed,
+    switched off or not applicable)."""
+    reason: str
+    seconds: float
+    figures: Mapping[str, float] = field(default_factory=dict)
+    """The tool's own figures, e.g. {"busbw_gbps/1024MB": 480.1} (GB/s, MiB as the tool)."""
+    evidence: str = ""
+    """The end of the tool's output (at most 4000 characters)."""
+
+
 @dataclass(frozen=True)
 class SweepSettings:
     gemm_duration_s: float
@@ -148,6 +178,7 @@ class SweepResult:
     allreduce: tuple[AllReduceMeasurement, ...] = ()
     transfers: tuple[Transfer, ...] = ()
     errors: tuple[SweepErrorRecord, ...] = ()
+    stages: tuple[StageResult, ...] = ()
     injected: Mapping[str, Any] | None = None
     """The fault-injection knobs that were active (tests/demo only); None in production."""
     schema: str = SCHEMA_NAME
@@ -268,7 +299,7 @@ def parse_result(data: Any, source: str = "<result>") -> SweepResult:
     top = v.obj(data, "$", required=(
         "schema", "version", "kind", "nodes", "node_under_test", "reference", "hw_class",
         "device", "device_name", "devices_per_node", "started", "finished", "settings",
-        "devices", "p2p", "allreduce", "transfers", "errors"), optional=("job_id", "injected"))
+        "devices", "p2p", "allreduce", "transfers", "errors"), optional=("job_id", "injected", "stages"))
     if top["schema"] != SCHEMA_NAME:
         raise v.fail("$.schema", f"expected {SCHEMA_NAME!r}, got {top['schema']!r}")
     version = v.int_(top["version"], "$.version")
@@ -325,24 +356,30 @@ def parse_result(data: Any, source: str = "<result>") -> SweepResult:
     devices = []
     for i, d in enumerate(v.list_(top["devices"], "$.devices")):
         p = f"$.devices[{i}]"
-        d = v.obj(d, p, required=("node", "index", "name", "gemm", "membw_gbps"))
+        d = v.obj(d, p, required=("node", "index", "name", "gemm", "membw_gbps"), optional=("telemetry",))
         gemm = []
         seen_dt: set[str] = set()
         for j, g in enumerate(v.list_(d["gemm"], f"{p}.gemm")):
             q = f"{p}.gemm[{j}]"
-            g = v.obj(g, q, required=("dtype", "tflops", "tflops_initial", "iterations", "seconds"))
+            g = v.obj(g, q, required=("dtype", "tflops", "tflops_initial", "iterations", "seconds"),
+                      optional=("checks", "max_error"))
             dt = v.str_(g["dtype"], f"{q}.dtype", choices=GEMM_DTYPES)
             if dt in seen_dt:
                 raise v.fail(f"{q}.dtype", f"duplicate dtype {dt}")
             seen_dt.add(dt)
+            me = g.get("max_error")
             gemm.append(GemmMeasurement(dt, v.num(g["tflops"], f"{q}.tflops"),
                                         v.num(g["tflops_initial"], f"{q}.tflops_initial"),
                                         v.int_(g["iterations"], f"{q}.iterations"),
-                                        v.num(g["seconds"], f"{q}.seconds")))
+                                        v.num(g["seconds"], f"{q}.seconds"),
+                                        v.int_(g.get("checks", 0), f"{q}.checks"),
+                                        None if me is None else v.num(me, f"{q}.max_error")))
         mb = d["membw_gbps"]
+        tel = d.get("telemetry")
         devices.append(DeviceMetrics(member(d["node"], f"{p}.node"), gpu(d["index"], f"{p}.index"),
                                      v.str_(d["name"], f"{p}.name", max_len=128), tuple(gemm),
-                                     None if mb is None else v.num(mb, f"{p}.membw_gbps")))
+                                     None if mb is None else v.num(mb, f"{p}.membw_gbps"),
+                                     None if tel is None else _telemetry(v, tel, f"{p}.telemetry")))
     keys = [(d.node, d.index) for d in devices]
     if len(set(keys)) != len(keys):
         raise v.fail("$.devices", "the same GPU is listed twice")
@@ -387,6 +424,19 @@ def parse_result(data: Any, source: str = "<result>") -> SweepResult:
         e = v.obj(e, p, required=("where", "message"))
         errors.append(SweepErrorRecord(v.str_(e["where"], f"{p}.where", max_len=128),
                                        _clean(e["message"], v, f"{p}.message")))
+    stages = []
+    for i, st in enumerate(v.list_(top.get("stages", []), "$.stages")):
+        p = f"$.stages[{i}]"
+        st = v.obj(st, p, required=("name", "status", "reason", "seconds", "figures", "evidence"))
+        figs = v.obj(st["figures"], f"{p}.figures", required=(), optional=tuple(
+            k for k in st["figures"] if isinstance(k, str) and len(k) <= 128)) \
+            if isinstance(st["figures"], dict) else v.obj(st["figures"], f"{p}.figures", ())
+        stages.append(StageResult(
+            v.str_(st["name"], f"{p}.name", choices=STAGE_NAMES),
+            v.str_(st["status"], f"{p}.status", choices=STAGE_STATUSES),
+            _clean(st["reason"], v, f"{p}.reason"), v.num(st["seconds"], f"{p}.seconds"),
+            {k: v.num(x, f"{p}.figures.{k}", minimum=-1e300) for k, x in figs.items()},
+            _clean(st["evidence"], v, f"{p}.evidence", limit=4000)))
     injected = top.get("injected")
     if injected is not None and not isinstance(injected, dict):
         raise v.fail("$.injected", f"expected an object or null, got {_tname(injected)}")
@@ -395,14 +445,43 @@ def parse_result(data: Any, source: str = "<result>") -> SweepResult:
                        devices_per_node=dpn, started=started, finished=finished, settings=settings,
                        job_id=job_id, devices=tuple(devices), p2p=tuple(p2p),
                        allreduce=tuple(allreduce), transfers=tuple(transfers), errors=tuple(errors),
-                       injected=injected)
+                       stages=tuple(stages), injected=injected)
 
 
-def _clean(value: Any, v: _V, path: str) -> str:
+def _clean(value: Any, v: _V, path: str, limit: int = 1000) -> str:
     """Error messages come from exceptions; keep them but make them one printable line."""
     if not isinstance(value, str):
         raise v.fail(path, f"expected a string, got {_tname(value)}")
-    return re.sub(r"[^\x20-\x7e]+", " ", value)[:1000]
+    return re.sub(r"[^\x20-\x7e]+", " ", value)[-limit:] if limit > 1000 else \
+        re.sub(r"[^\x20-\x7e]+", " ", value)[:limit]
+
+
+_TELEMETRY_STATS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c")
+
+
+def _telemetry(v: _V, value: Any, path: str) -> dict[str, Any]:
+    t = v.obj(value, path, required=("source", "samples"),
+              optional=(*_TELEMETRY_STATS, "throttle_reasons", "throttle_share", "throttled_s", "error"))
+    out: dict[str, Any] = {"source": v.str_(t["source"], f"{path}.source", choices=("nvml", "cgroup", "none")),
+                           "samples": v.int_(t["samples"], f"{path}.samples")}
+    for k in _TELEMETRY_STATS:
+        if t.get(k) is not None:
+            st = v.obj(t[k], f"{path}.{k}", required=("min", "median", "max"))
+            out[k] = {q: v.num(st[q], f"{path}.{k}.{q}") for q in ("min", "median", "max")}
+    if t.get("throttle_reasons") is not None:
+        out["throttle_reasons"] = [v.str_(x, f"{path}.throttle_reasons[{i}]", max_len=64) for i, x in
+                                   enumerate(v.list_(t["throttle_reasons"], f"{path}.throttle_reasons"))]
+    if t.get("throttle_share") is not None:
+        sh = t["throttle_share"]
+        if not isinstance(sh, dict):
+            raise v.fail(f"{path}.throttle_share", f"expected an object, got {_tname(sh)}")
+        out["throttle_share"] = {v.str_(k, f"{path}.throttle_share", max_len=64):
+                                 v.num(x, f"{path}.throttle_share.{k}") for k, x in sh.items()}
+    if t.get("throttled_s") is not None:
+        out["throttled_s"] = v.num(t["throttled_s"], f"{path}.throttled_s")
+    if t.get("error") is not None:
+        out["error"] = _clean(t["error"], v, f"{path}.error")
+    return out
 
 
 def _settings(v: _V, value: Any) -> SweepSettings:

@@ -59,8 +59,8 @@ from slurmguard.store import (
 )
 from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps import records as rec
-from slurmguard.sweeps.baseline import baseline_for, settings_fingerprint
-from slurmguard.sweeps.episode import LAST_SWEEP, ROLLING, Episode, load_episode
+from slurmguard.sweeps.baseline import ClassBaseline, baseline_for, peers_for
+from slurmguard.sweeps.episode import LAST_SWEEP, PEER, ROLLING, Episode, load_episode
 from slurmguard.sweeps.local import free_port
 from slurmguard.sweeps.quarantine import (
     PAIR_PREFIX,
@@ -73,13 +73,15 @@ from slurmguard.sweeps.quarantine import (
     reserved_nodes,
 )
 from slurmguard.sweeps.reference import choose_reference, hw_class
-from slurmguard.sweeps.result import ResultError, parse_result_text
+from slurmguard.sweeps.result import ResultError, SweepResult, parse_result_text
 from slurmguard.sweeps.resultfiles import LocalResultFiles, ResultFiles
 from slurmguard.sweeps.templates import SweepJobSpec, render_sweep_script
 from slurmguard.sweeps.verdict import (
     JobOutcome,
     Outcome,
+    floor_for,
     judge_job,
+    judge_result,
     make_reason,
     reference_status,
 )
@@ -91,6 +93,8 @@ ACTIVE = (NodeState.DRAINING, NodeState.QUARANTINED, NodeState.REMEDIATION)
 FINAL_JOB_STATES = frozenset({
     "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
     "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
+KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
+"""Ended from outside (admin, preemption, Slurm): retried, not held against the node."""
 NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 VANISHED = "VANISHED"
 INJECT_ENV = "SLURMGUARD_SWEEP_INJECT_FILE"
@@ -142,6 +146,7 @@ def workload_args(policy: SweepPolicy) -> tuple[str, ...]:
             "--membw-bytes", str(policy.membw_bytes),
             "--message-sizes-mb", ",".join(str(m) for m in policy.message_sizes_mb),
             "--repeats", str(policy.repeats), "--comm-timeout", f"{policy.comm_timeout_s:g}",
+            "--comm-iters", str(policy.comm_iters), "--comm-warmup", str(policy.comm_warmup),
             *policy.workload_args)
 
 
@@ -202,6 +207,10 @@ class SweepScheduler:
                 # one node's trouble (a refused command, a bad result dir) must not stop the others
                 res.errors.append(f"{name}: {exc}")
                 log.error("sweep scheduler: %s: %s", name, exc)
+        try:
+            self._peer_sweeps(view, records, taken, res)
+        except (SlurmError, StoreError) as exc:
+            res.errors.append(f"peer sweeps: {exc}")
         if rolling_active == 0:
             try:
                 self._rolling(view, records, taken, res)
@@ -284,24 +293,50 @@ class SweepScheduler:
         if live.jobs:
             return Step(name, "wait", f"job(s) {','.join(map(str, live.jobs))} still on the node")
         klass = hw_class(live, r, self.policy)
-        if last is None or (last.kind is SweepKind.ONE_NODE and out == rec.NOT_RUN):
+        if last is None or (last.kind is SweepKind.ONE_NODE and out in rec.NO_EVIDENCE):
             if last is not None and self._too_soon(last):
                 return Step(name, "wait", "retrying the 1-node sweep shortly")
             return Step(name, "submit_node", "1-node sweep", {"hw_class": klass})
-        if out == Outcome.INSUFFICIENT_BASELINE.value:
-            kind = "node" if last.kind is SweepKind.ONE_NODE else "pair"
-            have, need = self._baseline_count(klass, last), self.policy.bootstrap_min_nodes
-            if have < need:
-                return Step(name, "hold", f"class {klass} baseline has {have}/{need} nodes",
+        if last.kind is SweepKind.ONE_NODE and out == Outcome.INCONCLUSIVE.value:
+            # a tool stage could not run properly: sweep again, then hold with its reason
+            tries = sum(1 for x in ep.round_kind(SweepKind.ONE_NODE)
+                        if rec.outcome_of(x) == Outcome.INCONCLUSIVE.value)
+            if tries > self.policy.killed_retries:
+                return Step(name, "hold", f"{tries} inconclusive 1-node sweeps",
                             {"reason": last.metrics.get("reason") or last.failure_reason})
-            if kind == "node":
-                return Step(name, "submit_node", "class baseline now complete", {"hw_class": klass})
-        # next: the 2-node sweep (after a 1-node pass, an inconclusive or unrun pair sweep,
-        # or a pair sweep held for its baseline)
+            if self._too_soon(last):
+                return Step(name, "wait", "repeating the inconclusive 1-node sweep shortly")
+            return Step(name, "submit_node", "1-node sweep again (inconclusive)", {"hw_class": klass})
+        if out == Outcome.INSUFFICIENT_BASELINE.value:
+            res = rec.result_of(last, self._results)
+            if res is not None:
+                cls_b, peers = self._references(res, last.kind, records, exclude=(name,))
+                if (cls_b.node_count >= self.policy.bootstrap_min_nodes
+                        or peers.node_count >= self.policy.peer_min_nodes):
+                    return Step(name, "rejudge", f"sweep {last.id}: a reference exists now",
+                                {"sweep": last.id})
+                if floor_for(res.device_name, self.policy) is not None and \
+                        not self._peers_possible(klass, view, records):
+                    return Step(name, "rejudge", f"sweep {last.id}: no peer can be swept, the policy"
+                                " floor judges", {"sweep": last.id})
+                if view.now - res.finished > self.policy.peer_window_min * 60:
+                    # its result is too old for any peer swept from now on: measure again
+                    if last.kind is SweepKind.ONE_NODE:
+                        return Step(name, "submit_node", "1-node sweep again (peers' window passed)",
+                                    {"hw_class": klass})
+                    return self._pair_step(name, klass, ep, view, records, taken)
+            return Step(name, "hold", f"no reference for class {klass} yet"
+                        + (" (sweeping idle peers)" if self.policy.peer_sweeps else ""),
+                        {"reason": last.metrics.get("reason") or last.failure_reason})
+        if last.kind is SweepKind.TWO_NODE and out in rec.NO_EVIDENCE and self._too_soon(last):
+            return Step(name, "wait", "retrying the 2-node sweep shortly")
+        # next: the 2-node sweep (after a 1-node pass, an inconclusive or unrun pair sweep)
+        return self._pair_step(name, klass, ep, view, records, taken)
+
+    def _pair_step(self, name: str, klass: str, ep: Episode, view: _View,
+                   records: dict[str, NodeRecord], taken: set[str]) -> Step:
         exclude = {s.reference_node for s in ep.round_kind(SweepKind.TWO_NODE)
                    if s.reference_node and rec.outcome_of(s) in (Outcome.INCONCLUSIVE.value, rec.NOT_RUN)}
-        if last.kind is SweepKind.TWO_NODE and out == rec.NOT_RUN and self._too_soon(last):
-            return Step(name, "wait", "retrying the 2-node sweep shortly")
         hist = rec.past_sweeps(self.store.sweeps(limit=2000), self._results)
         choice = choose_reference(name, klass, live=view.nodes, records=records, reserved=view.reserved,
                                   taken=taken, exclude=exclude, history=hist, policy=self.policy)
@@ -405,6 +440,8 @@ class SweepScheduler:
             return self._mark_not_run(sid, step.why, view)
         if a == "judge":
             return self._judge(ep, step, view, records)
+        if a == "rejudge":
+            return self._rejudge(ep, step, records)
         if a == "hold":
             reason = str(step.data.get("reason") or make_reason("waiting for a class baseline"))
             if not (live.drained_by_us and (live.reason or "").startswith(reason)):
@@ -579,22 +616,34 @@ class SweepScheduler:
         if (state == VANISHED and parsed is not None and parsed.job_id == s.slurm_job_id
                 and not parsed.errors):
             state = "COMPLETED"
-        baseline = None
+        baseline = peers = None
         ref_status = None
+        start = step.data.get("start") or (s.started_at.timestamp() if s.started_at else None)
+        now = self.clock.now()
+        if state in KILLED_STATES and (parsed is None or parsed.job_id != s.slurm_job_id):
+            killed = sum(1 for x in ep.round_kind(s.kind) if rec.outcome_of(x) == rec.KILLED)
+            if killed < self.policy.killed_retries:
+                # cancelled or preempted from outside: no evidence about the node either way
+                why = make_reason(f"{self._label(s)} killed by Slurm ({state}), retrying")
+                self.store.update_sweep(s.id, verdict=StoreVerdict.ERROR, failure_reason=why,
+                                        finished_at=now, metrics=rec.not_run_metrics(
+                                            why, f"job {s.slurm_job_id} ended {state} without a result;"
+                                            f" retry {killed + 1} of {self.policy.killed_retries}",
+                                            node_count=self._count(s), outcome=rec.KILLED,
+                                            job_state=state,
+                                            runtime_s=max(0.0, now - float(start)) if start else 0.0))
+                if s.kind is SweepKind.TWO_NODE:
+                    self._delete_reservation(pair_name(s.node), s.node, view)
+                return f"{self._label(s)} sweep {s.id} ({state}): killed by Slurm, will retry"
         if parsed is not None:
-            healthy_nodes = {n for n, r in records.items() if r.state is NodeState.HEALTHY}
-            pool = self.store.sweeps(hw_class=parsed.hw_class, kind=s.kind, limit=2000)
-            healthy = rec.healthy_results(
-                (x for x in pool if x.node in healthy_nodes), exclude_nodes=(s.node,), cache=self._results)
-            baseline = baseline_for(parsed, healthy)
+            baseline, peers = self._references(parsed, s.kind, records, exclude=(s.node,))
             if s.reference_node:
                 ref_status = reference_status(
                     s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
         v = judge_job(JobOutcome(state, None, text, out_path), kind=kind, node=s.node, baseline=baseline,
                       policy=self.policy, suspected=ep.suspected, reference=s.reference_node,
-                      ref_status=ref_status)
-        start = step.data.get("start") or (s.started_at.timestamp() if s.started_at else None)
-        now = self.clock.now()
+                      ref_status=ref_status, peers=peers,
+                      use_floor=not ep.suspected or not self._peers_possible(s.hw_class, view, records))
         if start is None:
             runtime = parsed.finished - parsed.started if parsed is not None else 0.0
         else:
@@ -613,19 +662,50 @@ class SweepScheduler:
                                 finished_at=now)
         if s.kind is SweepKind.TWO_NODE:
             self._delete_reservation(pair_name(s.node), s.node, view)
-        return f"{self._label(s)} sweep {s.id} ({state}): {v.outcome.value}: {v.reason}"
+        return f"{self._label(s)} sweep {s.id} ({state}): {v.outcome.value}: {v.reason} [{v.basis_text}]"
 
-    def _baseline_count(self, klass: str, last: SweepRecord) -> int:
-        """Healthy nodes behind the class baseline that judged `last` now."""
-        res = rec.result_of(last, self._results)
+    def _references(self, result: SweepResult, kind: SweepKind, records: Mapping[str, NodeRecord],
+                    exclude: tuple[str, ...]) -> tuple[ClassBaseline, ClassBaseline]:
+        """(class baseline, same-window peers) for a result, from the healthy nodes' sweeps
+        in the database. Results older than baseline_max_age_h have left the class baseline."""
+        healthy_nodes = self._vouching_nodes(records)
+        pool = self.store.sweeps(hw_class=result.hw_class, kind=kind, limit=2000)
+        healthy = rec.healthy_results((x for x in pool if x.node in healthy_nodes),
+                                      exclude_nodes=exclude, cache=self._results)
+        cls_b = baseline_for(result, healthy, max_age_s=self.policy.baseline_max_age_h * 3600.0,
+                             now=self.clock.now())
+        return cls_b, peers_for(result, healthy, self.policy.peer_window_min * 60.0)
+
+    def _rejudge(self, ep: Episode, step: Step, records: dict[str, NodeRecord]) -> str:
+        """Judge a held sweep's stored result again now that a reference exists.
+
+        A judged sweep row is a fact and never changes: the new verdict is a new row of the
+        same kind, job and result (`rejudge_of` names the held one), costing no node time."""
+        s = self.store.get_sweep(int(step.data["sweep"]))
+        res = rec.result_of(s, self._results)
         if res is None:
-            return 0
-        healthy_nodes = {r.name for r in self.store.list_nodes(NodeState.HEALTHY)}
-        pool = [x for x in self.store.sweeps(hw_class=klass, kind=last.kind, limit=2000)
-                if x.node in healthy_nodes]
-        fp = settings_fingerprint(res)
-        healthy = rec.healthy_results(pool, exclude_nodes=(last.node,), cache=self._results)
-        return len({r.node_under_test for r in healthy if settings_fingerprint(r) == fp})
+            raise ValueError(f"sweep {s.id}: no stored result to judge again")
+        baseline, peers = self._references(res, s.kind, records, exclude=(s.node,))
+        ref_status = None
+        if s.reference_node:
+            ref_status = reference_status(
+                s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
+        v = judge_result(res, baseline, self.policy, suspected=ep.suspected, ref_status=ref_status,
+                         peers=peers, use_floor=True)
+        old = s.metrics if isinstance(s.metrics, dict) else {}
+        metrics = rec.outcome_metrics(v, job_state=str(old.get("job_state") or "COMPLETED"),
+                                      runtime_s=old.get("runtime_s"), node_count=self._count(s),
+                                      result_path=str(old.get("result_path") or ""))
+        metrics["rejudge_of"] = s.id
+        metrics["runtime_s"] = 0.0  # the held row already counts the job's node time
+        sv = rec.store_verdict(v)
+        new = self.store.add_sweep(s.node, s.kind, reference_node=s.reference_node, hw_class=s.hw_class,
+                                   slurm_job_id=s.slurm_job_id)
+        self.store.update_sweep(new.id, verdict=sv, metrics=metrics,
+                                failure_reason=None if sv is StoreVerdict.PASS else v.reason,
+                                started_at=s.started_at, finished_at=self.clock.now())
+        return (f"{self._label(s)} sweep {s.id} judged again as sweep {new.id}: {v.outcome.value}:"
+                f" {v.reason} [{v.basis_text}]")
 
     # ------------------------------------------------------------------ gate
     def _fail(self, live: NodeInfo, ep: Episode, step: Step) -> str:
@@ -685,17 +765,148 @@ class SweepScheduler:
         if not cands:
             return
         cands.sort()
-        node = cands[0][1]
-        step = Step(node, "start_rolling", "rolling sweep of an idle healthy node")
-        res.steps.append(step)
+        self._start_unsuspected(cands[0][1], "rolling sweep", "rolling sweep of an idle healthy node",
+                                {}, taken, res)
+
+    def _start_unsuspected(self, node: str, what: str, why: str, evidence: dict[str, Any],
+                           taken: set[str], res: TickResult) -> bool:
+        """Take an idle healthy node into quarantine for sweeps that seed references (rolling,
+        same-window peer, `sweep baseline`): unsuspected, returned when they pass."""
+        res.steps.append(Step(node, "start_" + what.split()[0], why))
         if self.dry_run:
-            return
-        self.store.transition(node, NodeState.QUARANTINED, "rolling sweep: idle healthy node",
-                              {ROLLING: True}, actor=self.actor)
-        self.executor.create_reservation(quarantine_name(node), [node], p.quarantine_reservation_min,
-                                         evidence={"why": "rolling sweep"})
+            return False
+        self.store.transition(node, NodeState.QUARANTINED, f"{what}: idle healthy node",
+                              {ROLLING: True, **evidence}, actor=self.actor)
+        self.executor.create_reservation(quarantine_name(node), [node], self.policy.quarantine_reservation_min,
+                                         evidence={"why": what})
         taken.add(node)
-        res.done.append(f"{node}: rolling sweep started")
+        res.done.append(f"{node}: {what} started")
+        return True
+
+    # ------------------------------------------------------------------ cold start: peers
+    def _peer_sweeps(self, view: _View, records: dict[str, NodeRecord], taken: set[str],
+                     res: TickResult) -> None:
+        """Sweep idle healthy peers of a class whose suspected node has no reference yet.
+
+        Demand: a suspected node of the class is quarantined (being swept) and its
+        class has no fresh baseline of 1-node results (`baseline_max_age_h`), or its latest
+        sweep was held for want of a reference. Supply: healthy nodes of the class with a
+        passed 1-node sweep within `peer_window_min`, plus peers being swept now. One peer
+        at a time per class (its 2-node sweep needs another free node as reference); never
+        a busy node: only nodes idle, in service and unreserved are taken.
+        """
+        p = self.policy
+        if not p.peer_sweeps:
+            return
+        now = view.now
+        window = p.peer_window_min * 60.0
+        # this tick's steps may have returned or drained nodes: read the states again
+        records = {r.name: r for r in self.store.list_nodes()}
+        demand: set[str] = set()
+        in_progress: dict[str, int] = {}
+        for name, r in records.items():
+            # only nodes being swept now: one waiting for a reboot or reimage would let the
+            # peers' window pass (and have them swept again every window)
+            if r.state is not NodeState.QUARANTINED:
+                continue
+            ep = load_episode(self.store, name)
+            klass = hw_class(view.nodes.get(name), r, p)
+            if ep.rolling and not ep.suspected:
+                if ep.started_at is not None and ep.actions == () and \
+                        any(isinstance(t.evidence, dict) and t.evidence.get(PEER)
+                            for t in self.store.node_history(name, since=ep.started_at)[:1]):
+                    in_progress[klass] = in_progress.get(klass, 0) + 1
+                continue
+            held = any(rec.outcome_of(x) == Outcome.INSUFFICIENT_BASELINE.value for x in ep.round_sweeps[-1:])
+            if held or self._fresh_nodes(klass, records, now - p.baseline_max_age_h * 3600.0) < p.bootstrap_min_nodes:
+                demand.add(klass)
+        for klass in sorted(demand):
+            if in_progress.get(klass):
+                continue
+            if self._fresh_nodes(klass, records, now - window) >= p.peer_min_nodes:
+                continue
+            cands = []
+            for name, r in records.items():
+                n = view.nodes.get(name)
+                if (r.state is not NodeState.HEALTHY or n is None or name in taken
+                        or name in view.reserved or not is_free(n) or hw_class(n, r, p) != klass):
+                    continue
+                last = self.store.sweeps(node=name, limit=1)
+                cands.append((last[-1].created_at.timestamp() if last else 0.0, name))
+            if not cands:
+                res.steps.append(Step(f"class:{klass}", "wait", "no idle healthy peer to sweep"))
+                continue
+            cands.sort()
+            self._start_unsuspected(cands[0][1], "peer sweep",
+                                    f"same-window peer for class {klass} (no baseline yet)",
+                                    {PEER: klass}, taken, res)
+
+    def _peers_possible(self, klass: str | None, view: _View, records: Mapping[str, NodeRecord]) -> bool:
+        """Can same-window peers of the class still come: peer sweeps on, and a peer sweep of
+        the class running or an idle healthy node of the class to sweep? While they can, a
+        suspected node waits for them rather than being judged by the loose floor."""
+        if not self.policy.peer_sweeps or klass is None:
+            return False
+        fresh = {r.name: r for r in self.store.list_nodes()}
+        for name, r in fresh.items():
+            n = view.nodes.get(name)
+            if hw_class(n, r, self.policy) != klass:
+                continue
+            if r.state is NodeState.QUARANTINED:
+                ep = load_episode(self.store, name)
+                if ep.rolling and not ep.suspected:
+                    return True
+            elif r.state is NodeState.HEALTHY and n is not None and is_free(n) and name not in view.reserved:
+                return True
+        return False
+
+    def _vouching_nodes(self, records: Mapping[str, NodeRecord]) -> set[str]:
+        """Nodes whose passed sweeps may judge others: healthy ones, and unsuspected nodes in
+        a rolling/peer/baseline episode (their 1-node pass counts before their 2-node sweep)."""
+        out = set()
+        for n, r in records.items():
+            if r.state is NodeState.HEALTHY:
+                out.add(n)
+            elif r.state is NodeState.QUARANTINED:
+                ep = load_episode(self.store, n)
+                if ep.rolling and not ep.suspected:
+                    out.add(n)
+        return out
+
+    def _fresh_nodes(self, klass: str, records: Mapping[str, NodeRecord], since: float) -> int:
+        """Vouching nodes of the class whose latest judged 1-node sweep passed after `since`."""
+        healthy = self._vouching_nodes(records)
+        pool = [x for x in self.store.sweeps(hw_class=klass, kind=SweepKind.ONE_NODE, limit=2000)
+                if x.node in healthy]
+        return sum(1 for r in rec.healthy_results(pool, cache=self._results) if r.finished >= since)
+
+    def start_baseline_sweeps(self, klass: str | None = None, count: int | None = None) -> TickResult:
+        """`slurmguard sweep baseline --refresh`: seed or refresh class baselines now by
+        sweeping idle healthy nodes (unsuspected). Per class at most `count` nodes (default
+        bootstrap_min_nodes), always leaving one free node of the class as 2-node reference."""
+        now = self.clock.now()
+        view = self._read_view(now)
+        records = self._sync_nodes(view)
+        res = TickResult(at=now)
+        taken: set[str] = set()
+        by_class: dict[str, list[str]] = {}
+        for name, r in sorted(records.items()):
+            n = view.nodes.get(name)
+            if r.state is not NodeState.HEALTHY or n is None or not is_free(n) or name in view.reserved:
+                continue
+            by_class.setdefault(hw_class(n, r, self.policy), []).append(name)
+        for k, names in sorted(by_class.items()):
+            if klass is not None and k != klass:
+                continue
+            want = min(count or self.policy.bootstrap_min_nodes, len(names) - 1)
+            if want < 1:
+                res.errors.append(f"class {k}: {len(names)} free healthy node(s); a baseline sweep"
+                                  " needs one more free node as its 2-node reference")
+                continue
+            for name in names[:want]:
+                self._start_unsuspected(name, "baseline sweep", f"baseline of class {k} on demand",
+                                        {"baseline": k}, taken, res)
+        return res
 
 
 def build_scheduler(*, policy: Policy, store: Store, slurm: SlurmClient, clock: Clock,

@@ -4,13 +4,26 @@ Rules (Guard 5.4, "interpreted conservatively"):
 
 * a sweep that crashed, timed out, wrote nothing, wrote malformed JSON, reported errors or
   left a metric unmeasured FAILS, never passes;
-* each metric is compared with the median of healthy nodes of the same hardware class
-  (`SweepPolicy.pass_tolerance`, 5% by default); only a shortfall fails (faster is fine);
+* each metric is compared with a reference, the first that exists of: the CLASS baseline
+  (median of healthy nodes of the same hardware class, at least `bootstrap_min_nodes`
+  within `baseline_max_age_h`), the same-window PEERS (healthy nodes of the class swept
+  within `peer_window_min` of this sweep, at least `peer_min_nodes`: a fresh install has no
+  baseline yet) and the model's FLOOR (`floors`: spec-sheet figures x fraction). The
+  verdict names the one it used ("vs class", "vs peers", "vs floor"). Within
+  `pass_tolerance` (5% by default) of a class or peer median passes; only a shortfall
+  fails (faster is fine); a floor is a plain minimum;
+* a device throttled during the run for a reason of `throttle_fail_reasons` (thermal or
+  hardware slowdown, a CPU quota on the CPU path) in `throttle_fail_share` of the samples
+  fails, whatever its peers measured;
+* a standard-tool stage (DCGM diagnostics, nccl-tests, nvbandwidth, ib_write_bw) that
+  reports a failure fails the sweep with its own evidence; a stage that could not run
+  properly (missing when required, hung, unreadable output) makes the sweep INCONCLUSIVE:
+  the node is neither failed nor returned on it (the scheduler sweeps again, then holds);
 * nodes with at least `peer_min_devices` GPUs also compare each GPU with the node's own
   median, which catches one throttled GPU even before a class baseline exists;
-* while a class has fewer than `bootstrap_min_nodes` healthy nodes in its baseline, an
-  unsuspected node's sweep is accepted as a BOOTSTRAP sample; a suspected node gets
-  INSUFFICIENT_BASELINE and stays quarantined (no evidence is not a pass);
+* with no reference at all, an unsuspected node's sweep is accepted as a BOOTSTRAP sample;
+  a suspected node gets INSUFFICIENT_BASELINE and stays quarantined (no evidence is not a
+  pass) while the scheduler sweeps peers for it;
 * a 2-node sweep is symmetric: a slow link between node and reference reads slow from both
   ends. It blames the node under test only when the reference is trusted: its own last
   sweep passed and it has not failed its last `reference_max_failures` pair sweeps with
@@ -23,6 +36,7 @@ Reasons fit Slurm's reason field and start with "slurmguard:", e.g.
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import statistics
 from collections import defaultdict
@@ -30,7 +44,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Sequence
 
-from slurmguard.config import SweepPolicy
+from slurmguard.config import ModelFloor, SweepPolicy
 from slurmguard.sweeps.baseline import (
     ClassBaseline, Metric, expected_keys, extract_metrics,
 )
@@ -48,7 +62,8 @@ class Outcome(str, Enum):
     """Accepted without a class baseline: an unsuspected node seeding its class's baseline."""
     INSUFFICIENT_BASELINE = "insufficient_baseline"
     INCONCLUSIVE = "inconclusive"
-    """The 2-node evidence cannot be pinned on the node (untrusted reference)."""
+    """The evidence cannot be pinned on the node: a 2-node sweep with an untrusted
+    reference, or a tool stage that could not run properly."""
 
     @property
     def returns_node(self) -> bool:
@@ -68,11 +83,12 @@ class MetricCheck:
     value: float | None
     """Measured value; None when the metric is missing from the result."""
     reference: float | None
-    """What it was compared with (class or node median); None when not judged."""
+    """What it was compared with (class/peer/node median, or the floor); None when not judged."""
     count: int
-    """Nodes (class basis) or GPUs (node basis) behind the reference."""
+    """Nodes (class/peers basis) or GPUs (node basis) behind the reference; 0 for a floor."""
     basis: str
-    """'class', 'node' (the GPU's own node median) or 'missing'."""
+    """'class', 'peers', 'floor', 'node' (the GPU's own node median), 'stage', 'telemetry'
+    (throttled during the run) or 'missing'."""
     deviation: float | None
     """value / reference - 1 (fraction; -0.18 = 18% slow)."""
     ok: bool
@@ -99,6 +115,52 @@ class Verdict:
     checks: tuple[MetricCheck, ...] = ()
     result: SweepResult | None = None
     reference: str | None = None
+    basis: str = "none"
+    """Reference the metrics were judged against: 'class', 'peers', 'floor' or 'none'."""
+    basis_nodes: tuple[str, ...] = ()
+    """The healthy nodes behind a class or peer reference."""
+    basis_model: str | None = None
+    """The floor's model pattern when basis is 'floor'."""
+
+    @property
+    def basis_text(self) -> str:
+        """'class baseline (node1,node4)', 'same-window peers (node1)', 'policy floor (H100*)'."""
+        return describe_basis(self.basis, self.basis_nodes, self.basis_model)
+
+
+BASIS_NAMES = {"class": "class baseline", "peers": "same-window peers", "floor": "policy floor",
+               "none": "no reference"}
+
+
+def describe_basis(basis: str, nodes: Sequence[str] = (), model: str | None = None) -> str:
+    name = BASIS_NAMES.get(basis, basis)
+    if basis in ("class", "peers") and nodes:
+        shown = ",".join(list(nodes)[:6]) + ("..." if len(nodes) > 6 else "")
+        return f"{name} ({shown})"
+    if basis == "floor" and model:
+        return f"{name} ({model})"
+    return name
+
+
+def floor_for(device_name: str, policy: SweepPolicy) -> ModelFloor | None:
+    """The first policy floor whose model pattern matches the device name."""
+    for f in policy.floors:
+        if fnmatch.fnmatchcase(device_name, f.model):
+            return f
+    return None
+
+
+def floor_value(key: str, floor: ModelFloor) -> float | None:
+    """The spec figure of a metric key (see baseline.py) times the floor's fraction."""
+    family = key.split("/", 1)[0]
+    spec: float | None
+    if family.startswith("gemm_"):
+        spec = floor.gemm_tflops.get(family[5:])
+    else:
+        spec = {"membw": floor.membw_gbps, "p2p": floor.p2p_gbps,
+                "allreduce_intra": floor.allreduce_intra_gbps, "send": floor.send_gbps,
+                "recv": floor.send_gbps, "allreduce_cross": floor.allreduce_cross_gbps}.get(family)
+    return None if spec is None else spec * floor.fraction
 
 
 @dataclass(frozen=True)
@@ -167,7 +229,8 @@ def reference_status(reference: str, history: Iterable[PastSweep], policy: Sweep
 # ---------------------------------------------------------------- judging
 def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline | None,
               policy: SweepPolicy, suspected: bool = True, reference: str | None = None,
-              ref_status: ReferenceStatus | None = None) -> Verdict:
+              ref_status: ReferenceStatus | None = None, peers: ClassBaseline | None = None,
+              use_floor: bool = True) -> Verdict:
     """Verdict for a finished sweep job: crash/timeout/no result/malformed result fail."""
     label = "sweep1" if kind == "node" else "sweep2" if kind == "pair" else "sweepN"
     state = (job.state.split() or ["UNKNOWN"])[0].upper()
@@ -212,23 +275,40 @@ def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline 
     if reference is not None and result.reference != reference:
         return fail(f"bad result: reference {result.reference}",
                     f"{job.source}: expected reference {reference}, got {result.reference}", result)
-    return judge_result(result, baseline, policy, suspected=suspected, ref_status=ref_status)
+    return judge_result(result, baseline, policy, suspected=suspected, ref_status=ref_status,
+                        peers=peers, use_floor=use_floor)
 
 
 def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: SweepPolicy, *,
-                 suspected: bool = True, ref_status: ReferenceStatus | None = None) -> Verdict:
-    """Verdict for a parsed 1-node or 2-node result against its class baseline."""
+                 suspected: bool = True, ref_status: ReferenceStatus | None = None,
+                 peers: ClassBaseline | None = None, use_floor: bool = True) -> Verdict:
+    """Verdict for a parsed 1-node or 2-node result against the first reference that
+    exists: class baseline, same-window peers, policy floor (module docstring).
+    use_floor=False: peers can still be swept, so the loose floor must not judge yet."""
     if result.kind == "multi":
         raise ValueError("multi-node results are judged per link: use judge_multi")
     node, label, tol = result.node_under_test, result.label, policy.pass_tolerance
-    if baseline is not None and (baseline.hw_class != result.hw_class or baseline.kind != result.kind):
-        raise ValueError(f"baseline of {baseline.hw_class}/{baseline.kind} cannot judge a"
-                         f" {result.hw_class}/{result.kind} result")
+    for b in (baseline, peers):
+        if b is not None and (b.hw_class != result.hw_class or b.kind != result.kind):
+            raise ValueError(f"baseline of {b.hw_class}/{b.kind} cannot judge a"
+                             f" {result.hw_class}/{result.kind} result")
+
+    ref: ClassBaseline | None = None
+    floor: ModelFloor | None = None
+    if baseline is not None and baseline.node_count >= policy.bootstrap_min_nodes:
+        ref, need = baseline, policy.bootstrap_min_nodes
+    elif peers is not None and peers.node_count >= policy.peer_min_nodes:
+        ref, need = peers, policy.peer_min_nodes
+    elif use_floor:
+        floor = floor_for(result.device_name, policy)
+    basis = ref.basis if ref is not None else "floor" if floor is not None else "none"
+    basis_nodes = ref.nodes if ref is not None else ()
 
     def verdict(outcome: Outcome, short: str, detail: str, failures: Sequence[MetricCheck] = (),
                 checks: Sequence[MetricCheck] = ()) -> Verdict:
         return Verdict(node, result.kind, label, outcome, make_reason(f"{label} {short}"), detail,
-                       tuple(failures), tuple(checks), result, result.reference)
+                       tuple(failures), tuple(checks), result, result.reference, basis, basis_nodes,
+                       floor.model if floor is not None else None)
 
     if result.errors:
         e = result.errors[0]
@@ -236,6 +316,18 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
                        f"{len(result.errors)} error(s); first: {e.where}: {e.message}")
     if result.devices_per_node == 0:
         return verdict(Outcome.FAIL, "no GPUs", "the sweep found no devices on the node")
+    failed_stages = [st for st in result.stages if st.status == "fail"]
+    if failed_stages:
+        st = failed_stages[0]
+        more = f" +{len(failed_stages) - 1} stages" if len(failed_stages) > 1 else ""
+        if result.kind == "pair" and not (ref_status and ref_status.trusted):
+            why = ref_status.why if ref_status else f"{result.reference} has no trust record"
+            return verdict(Outcome.INCONCLUSIVE, f"inconclusive, reference {result.reference} untrusted",
+                           f"stage {st.name} failed: {st.reason}; not blamed on {node}: {why}")
+        return verdict(Outcome.FAIL, f"{st.name} fail: {st.reason[:60]}{more}",
+                       "; ".join(f"stage {x.name} failed: {x.reason}" for x in failed_stages),
+                       [MetricCheck(f"stage/{x.name}", x.name, None, None, 0, "stage", None, False)
+                        for x in failed_stages])
 
     metrics = extract_metrics(result)
     checks: list[MetricCheck] = []
@@ -249,54 +341,81 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
             checks.append(MetricCheck(key, lab, None, None, 0, "missing", None, False))
 
     checks.extend(_node_peer_checks(result, metrics, policy))
+    checks.extend(throttle_checks(result, policy))
 
-    enough = baseline is not None and baseline.node_count >= policy.bootstrap_min_nodes
-    if enough:
-        assert baseline is not None
-        if baseline.devices_per_node is not None and baseline.devices_per_node != result.devices_per_node:
+    if ref is not None:
+        if ref.devices_per_node is not None and ref.devices_per_node != result.devices_per_node:
             checks.append(MetricCheck("devices_per_node", "gpus", float(result.devices_per_node),
-                                      float(baseline.devices_per_node), baseline.node_count, "class",
-                                      None, False))
+                                      float(ref.devices_per_node), ref.node_count, basis, None, False))
         for key, m in metrics.items():
-            b = baseline.metrics.get(key)
-            if b is None or b.count < policy.bootstrap_min_nodes or b.median <= 0:
+            b = ref.metrics.get(key)
+            if b is None or b.count < need or b.median <= 0:
                 continue
             dev = m.value / b.median - 1.0
-            checks.append(MetricCheck(key, m.label, m.value, b.median, b.count, "class", dev, dev >= -tol))
+            checks.append(MetricCheck(key, m.label, m.value, b.median, b.count, basis, dev, dev >= -tol))
+    elif floor is not None:
+        for key, m in metrics.items():
+            lo = floor_value(key, floor)
+            if lo is None:
+                continue
+            dev = m.value / lo - 1.0
+            checks.append(MetricCheck(key, m.label, m.value, lo, 0, "floor", dev, dev >= 0.0))
 
     failures = sorted((c for c in checks if not c.ok), key=_severity)
     if failures:
         worst = failures[0]
         short = _describe(worst) + (f" +{len(failures) - 1} more" if len(failures) > 1 else "")
+        if worst.basis == "telemetry":
+            # say how the throttled node compared with its reference as well
+            compared = [c for c in checks if c.basis == basis and c.deviation is not None]
+            if compared:
+                short += ", " + _describe(min(compared, key=lambda c: c.deviation or 0.0))
         detail = "; ".join(_describe(c, long=True) for c in failures[:8])
         if result.kind == "pair" and not (ref_status and ref_status.trusted) and \
-                any(c.basis == "class" for c in failures):
+                any(c.basis in ("class", "peers", "floor") for c in failures):
             why = ref_status.why if ref_status else f"{result.reference} has no trust record"
             return verdict(Outcome.INCONCLUSIVE, f"inconclusive, reference {result.reference} untrusted",
                            f"{detail}; not blamed on {node}: {why}", failures, checks)
         return verdict(Outcome.FAIL, short, detail, failures, checks)
-    if not enough:
-        have = baseline.node_count if baseline is not None else 0
-        need = policy.bootstrap_min_nodes
+    broken = [st for st in result.stages if st.status == "error"]
+    if broken:
+        st = broken[0]
+        return verdict(Outcome.INCONCLUSIVE, f"stage {st.name} error: {st.reason[:60]}",
+                       "; ".join(f"stage {x.name} could not run properly: {x.reason}" for x in broken)
+                       + "; the node is neither failed nor returned on this sweep", (), checks)
+    judged = {c.key for c in checks if c.basis == basis}
+    if basis == "none" or (basis == "floor" and not judged):
+        have_c = baseline.node_count if baseline is not None else 0
+        have_p = peers.node_count if peers is not None else 0
+        why = (f"class {have_c}/{policy.bootstrap_min_nodes}, peers {have_p}/{policy.peer_min_nodes},"
+               f" no floor for {result.device_name[:40]}")
         if suspected:
-            return verdict(Outcome.INSUFFICIENT_BASELINE, f"no class baseline ({have}/{need} nodes)",
-                           f"class {result.hw_class!r} has {have} healthy node(s) in its baseline,"
-                           f" {need} needed; a suspected node is not returned without one",
+            return verdict(Outcome.INSUFFICIENT_BASELINE, f"no reference: {why}",
+                           f"class {result.hw_class!r}: {have_c} healthy node(s) in its baseline"
+                           f" ({policy.bootstrap_min_nodes} needed), {have_p} same-window peer(s)"
+                           f" ({policy.peer_min_nodes} needed), no policy floor covering"
+                           f" {result.device_name!r}; a suspected node is not returned without one",
                            (), checks)
-        return verdict(Outcome.BOOTSTRAP, f"bootstrap sample ({have + 1}/{need} nodes)",
+        return verdict(Outcome.BOOTSTRAP, f"bootstrap sample ({have_c + 1}/{policy.bootstrap_min_nodes} nodes)",
                        f"unsuspected node seeds the {result.hw_class!r} baseline", (), checks)
-    judged = {c.key for c in checks if c.basis == "class"}
     unjudged = [k for k in metrics if k not in judged]
-    if unjudged:
+    if unjudged and basis != "floor":
+        # a floor covers what the admin gave figures for; a median must cover every metric
         outcome = Outcome.INSUFFICIENT_BASELINE if suspected else Outcome.BOOTSTRAP
-        return verdict(outcome, f"{len(unjudged)} metrics without class baseline",
-                       f"no class baseline for {', '.join(sorted(unjudged)[:6])}", (), checks)
-    return verdict(Outcome.PASS, "pass", f"{len(judged)} metrics within {tol:.0%} of class median",
-                   (), checks)
+        return verdict(outcome, f"{len(unjudged)} metrics without {BASIS_NAMES[basis]}",
+                       f"no {BASIS_NAMES[basis]} for {', '.join(sorted(unjudged)[:6])}", (), checks)
+    what = (f"at or above {describe_basis(basis, (), floor.model if floor else None)}"
+            if basis == "floor" else f"within {tol:.0%} of the {describe_basis(basis, basis_nodes)} median")
+    extra = f"; {len(unjudged)} metrics without a floor figure" if unjudged else ""
+    short = "pass" if basis == "class" else f"pass vs {basis}"
+    return verdict(Outcome.PASS, short, f"{len(judged)} metrics {what}{extra}", (), checks)
 
 
 def _severity(c: MetricCheck) -> tuple[int, float]:
-    # missing metrics and GPU-count mismatches first, then the largest shortfall
+    # missing metrics and GPU-count mismatches first, then the largest shortfall against a
+    # reference, then throttling seen during the run
+    if c.basis == "telemetry":
+        return (2, 0.0)
     if c.deviation is None:
         return (0, 0.0)
     return (1, c.deviation)
@@ -305,12 +424,37 @@ def _severity(c: MetricCheck) -> tuple[int, float]:
 def _describe(c: MetricCheck, long: bool = False) -> str:
     if c.basis == "missing":
         return f"{c.label} missing"
+    if c.basis == "stage":
+        return f"{c.label} failed"
+    if c.basis == "telemetry":
+        return c.label + (" of the run" if long else "")
     if c.key == "devices_per_node":
-        return f"gpus {c.value:.0f} vs class {c.reference:.0f}"
+        return f"gpus {c.value:.0f} vs {c.basis} {c.reference:.0f}"
     text = f"{c.label} {_pct(c.deviation or 0.0)} vs {c.basis}"
     if long:
-        text += f" ({c.value:.4g} vs median {c.reference:.4g} of {c.count})"
+        if c.basis == "floor":
+            text += f" ({c.value:.4g} vs floor {c.reference:.4g})"
+        else:
+            text += f" ({c.value:.4g} vs median {c.reference:.4g} of {c.count})"
     return text
+
+
+def throttle_checks(result: SweepResult, policy: SweepPolicy) -> list[MetricCheck]:
+    """A device throttled for a reason of `throttle_fail_reasons` in at least
+    `throttle_fail_share` of its samples during the device phases fails (basis
+    'telemetry'): a node that slows itself down under load is slow for training, whatever
+    its peers measured. The share is kept in `value`."""
+    out = []
+    bad = set(policy.throttle_fail_reasons)
+    for d in result.devices:
+        share = (d.telemetry or {}).get("throttle_share") or {}
+        hits = sorted(((x, n) for n, x in share.items() if n in bad and x >= policy.throttle_fail_share),
+                      reverse=True)
+        if hits:
+            x, name = hits[0]
+            out.append(MetricCheck(f"throttle/gpu{d.index}", f"gpu{d.index} throttled ({name} {x:.0%})",
+                                   x, policy.throttle_fail_share, 0, "telemetry", None, False))
+    return out
 
 
 def _node_peer_checks(result: SweepResult, metrics: dict[str, Metric],

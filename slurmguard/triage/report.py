@@ -19,6 +19,7 @@ from slurmguard.slurm.models import NodeInfo
 from slurmguard.store import AuditOutcome, NodeState, Store
 from slurmguard.triage.report_data import FleetSnapshot, load_slurm_view
 from slurmguard.triage.report_figures import fleet_figures
+from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.triage.report_model import (
     STATE_ORDER,
     EvidenceStep,
@@ -226,7 +227,8 @@ def evidence_chain(snap: FleetSnapshot, name: str, start: datetime | None) -> li
         why = f": {s.failure_reason}" if s.failure_reason else ""
         ok = {"pass": True, "fail": False, "error": False}.get(s.verdict.value)
         steps.append(EvidenceStep(s.created_at, "sweep",
-                                  f"{s.kind.value} sweep{ref}{job}: {s.verdict.value}{why}",
+                                  f"{s.kind.value} sweep{ref}{job}: {s.verdict.value}{why}"
+                                  + sweep_reference_text(s.metrics),
                                   f"sweep {s.id}", ok=ok))
     for a in snap.triage.get(name, ()):
         if not keep(a.at):

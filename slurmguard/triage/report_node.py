@@ -14,6 +14,7 @@ from rich.table import Table
 from slurmguard.config import Policy
 from slurmguard.errors import InputError
 from slurmguard.slurm.models import NodeInfo
+from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.store import (
     AuditRecord,
     IncidentRecord,
@@ -168,7 +169,8 @@ def render_history(h: NodeHistory, console: Console | None = None) -> None:
                      "METRICS"),
           [(s.id, s.kind.value, s.slurm_job_id or "-", s.reference_node or "-", _fmt(s.created_at),
             _fmt(s.finished_at), s.verdict.value + (f": {s.failure_reason}"
-                                                    if s.failure_reason else ""),
+                                                    if s.failure_reason else "")
+            + sweep_reference_text(s.metrics),
             _metrics_text(s.metrics)) for s in h.sweeps])
     table("Triage", ("ID", "AT", "RUNG", "STATUS", "ENTRY", "DETAIL"),
           [(a.id, _fmt(a.at), a.rung.value, a.status.value, "yes" if a.is_entry else "",
