@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A normal install works: build the wheel, install it (not editable) into a fresh venv
 # outside the checkout, and from there run `slurmguard db upgrade` on a new SQLite
-# database and render both sweep templates. Fails if the installed copy misses a
+# database, render both sweep templates and run the installed prolog. Fails if the installed copy misses a
 # runtime file or imports the checkout. Takes ~20 s; run by scripts/test.sh.
 #
 # Offline: the wheel builds with the project's setuptools (--no-build-isolation) and
@@ -65,4 +65,23 @@ for kind in node pair; do
      echo "$script" >&2; exit 1 ;;
   esac
 done
-echo "check_wheel: ok ($(basename "$wheel") installed outside the checkout: db upgrade, sweep render)"
+# the installed prolog as slurmd starts it (no PATH, no env file, no SLURMGUARD_PYTHON):
+# it must find the venv it was installed into and pass on a node with no GPU, one IB port
+prolog="$site/slurmguard/_data/prolog_epilog/slurmguard-prolog"
+port="$work/ib/mlx5_0/ports/1"
+mkdir -p "$port/counters" "$port/hw_counters"
+printf '4: ACTIVE\n' >"$port/state"
+printf '5: LinkUp\n' >"$port/phys_state"
+printf '400 Gb/sec (4X NDR)\n' >"$port/rate"
+printf 'InfiniBand\n' >"$port/link_layer"
+for c in port_xmit_data port_rcv_data symbol_error link_downed port_xmit_wait; do
+  echo 0 >"$port/counters/$c"
+done
+printf 'prolog:\n  expected_gpus: 0\n  ib_sysfs_root: %s\n' "$work/ib" >"$work/policy.yaml"
+out=$(env -i SLURMD_NODENAME=n1 SLURMGUARD_ENV_FILE=/nonexistent SLURMGUARD_POLICY="$work/policy.yaml" \
+  "$prolog" -v 2>&1) || { echo "check_wheel: the installed prolog failed: $out" >&2; exit 1; }
+case $out in
+*"nic_link: ok"*) ;;
+*) echo "check_wheel: the installed prolog did not run its checks: $out" >&2; exit 1 ;;
+esac
+echo "check_wheel: ok ($(basename "$wheel") installed outside the checkout: db upgrade, sweep render, prolog)"
