@@ -55,6 +55,7 @@ for name, path in (("migrations", datafiles.migrations_dir() / "env.py"),
         sys.exit(f"check_wheel: {name}: {path} is not a file of the installed wheel")
 EOF
 "$work/venv/bin/slurmguard" --db "sqlite:///$work/db/sg.db" db upgrade
+"$work/venv/bin/slurmguard" triage schema >/dev/null  # the report's JSON schema (package data)
 for kind in node pair; do
   nodes=n1; [ "$kind" = pair ] && nodes=n1,n2
   script=$("$work/venv/bin/slurmguard" sweep render --kind "$kind" --nodes "$nodes" \
