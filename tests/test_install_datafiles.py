@@ -51,3 +51,16 @@ def test_checkout_only_path_missing_is_a_one_line_error_naming_the_command(monke
     with pytest.raises(datafiles.DataFilesMissing,
                        match=r"bench hook needs a slurmguard source checkout: .*spank_plugin/Makefile not found"):
         datafiles.checkout_path("spank_plugin", "Makefile", what="bench hook")
+
+
+def test_bench_whatif_takes_its_traces_from_an_option_or_env_never_a_default(monkeypatch, capsys):
+    from slurmguard.cli import main
+    from slurmguard.whatif.bench import TRACES_ENV
+
+    monkeypatch.delenv(TRACES_ENV, raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "whatif"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (
+        f"slurmguard: error: no trace directory: pass --traces DIR or set ${TRACES_ENV} "
+        "(a directory with trace-{AR,SE,ST}.parquet and meta-{AR,SE,ST}.yaml)\n")
