@@ -36,8 +36,9 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# The tests cover every command, so every extra (a compute node needs only torch, for sweeps).
 # torch is pinned so a machine with the CPU wheel on disk uses it; elsewhere PyPI serves it.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,torch,plan]" "torch==2.13.0" \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,torch,plan,bench,whatif]" "torch==2.13.0" \
   2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import slurmguard, torch, sqlalchemy, psycopg" \
   || { echo "install.sh: Python dependencies did not install" >&2; exit 1; }

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from slurmguard.errors import SlurmguardError
+from slurmguard.extras import missing_extra
 
 # command name -> "module:attribute" of a click.Command / click.Group
 COMMANDS: dict[str, str] = {
@@ -86,6 +87,9 @@ class LazyGroup(click.Group):
             # A command whose module is not built yet, or whose optional
             # dependency is missing, is reported, not a traceback.
             missing = exc.name or module_name
+            need = missing_extra(missing, f"command '{cmd_name}'")
+            if need is not None:
+                raise need from None
             raise click.ClickException(
                 f"command '{cmd_name}' is unavailable: module '{missing}' is not installed"
             ) from exc
@@ -135,6 +139,13 @@ def main(argv: list[str] | None = None) -> Any:
     except SlurmguardError as exc:
         click.echo(f"slurmguard: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        # a command that imports an optional dependency only when it runs
+        need = missing_extra(exc.name, "this command")
+        if need is None:
+            raise
+        click.echo(f"slurmguard: error: {need}", err=True)
+        sys.exit(need.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
 

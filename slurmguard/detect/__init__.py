@@ -10,13 +10,33 @@ Public API (inputs are plain numpy arrays / small dataclasses, not ring records)
     localise, job_finding, Finding, Culprit             (findings)
 """
 
-from slurmguard.detect.bocd import BatchBocd, ChangePoint, Episode, detect_changepoints, episodes
-from slurmguard.detect.crossgroup import group_times, slow_groups, suspects
-from slurmguard.detect.findings import Culprit, Finding, job_finding, localise
-from slurmguard.detect.mycroft import StragglerTriggers, find_stall, late_ranks, sample_ranks
-from slurmguard.detect.peers import PeerFlag, PeerScorer, hard_failures
-from slurmguard.detect.period import PeriodResult, StepTimes, acf, find_period, rank_period, step_times
-from slurmguard.detect.records import JobLayout, RankOps, RankPlace
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562): the prolog reaches detect.peers.hard_failures and
+# must not pay for numpy, which bocd, period etc. load at import time.
+_WHERE = {
+    "bocd": ("BatchBocd", "ChangePoint", "Episode", "detect_changepoints", "episodes"),
+    "crossgroup": ("group_times", "slow_groups", "suspects"),
+    "findings": ("Culprit", "Finding", "job_finding", "localise"),
+    "mycroft": ("StragglerTriggers", "find_stall", "late_ranks", "sample_ranks"),
+    "peers": ("PeerFlag", "PeerScorer", "hard_failures"),
+    "period": ("PeriodResult", "StepTimes", "acf", "find_period", "rank_period", "step_times"),
+    "records": ("JobLayout", "RankOps", "RankPlace"),
+}
+_MODULE_OF = {name: mod for mod, names in _WHERE.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _MODULE_OF.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BatchBocd", "ChangePoint", "Episode", "detect_changepoints", "episodes",

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from slurmguard.config import PeerPolicy
 from slurmguard.telemetry.base import HARD_XIDS, RECOVERY_ACTIONS, XID_RECOVERY_ACTION, Signal, TelemetrySample
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: +1: high is bad, -1: low is bad, 0: either way.
 BAD_DIRECTION: dict[str, int] = {
@@ -115,6 +117,7 @@ def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
 
 
 def robust_z(values: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
+    import numpy as np  # here, not at the top: the prolog imports hard_failures
     med = float(np.median(values))
     mad = float(np.median(np.abs(values - med)))
     scale = max(1.4826 * mad, floor * abs(med), 1e-12)
@@ -136,6 +139,8 @@ class PeerScorer:
         missing from it share one group. Samples of one device and signal in a
         window are averaged first.
         """
+        import numpy as np  # see robust_z
+
         p = self.policy
         peer_group = peer_group or {}
         acc: dict[tuple[str, str, str, str], list[float]] = defaultdict(list)

@@ -24,9 +24,10 @@ from typing import Any, Mapping
 
 import yaml
 
+from slurmguard import datafiles
 from slurmguard.devcluster.cluster import DevCluster, DevClusterError, _free_ports, secure_dir
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = datafiles.checkout_root()
 BUILD = REPO / "spank_plugin" / "build"
 
 #: Windows and prices for a cluster where a job has 2 ranks and iterations of
@@ -59,7 +60,8 @@ def _merge(base: dict, over: Mapping) -> dict:
 def build_plugin() -> Path:
     """Build the SPANK plugin and hooks if needed; return the build directory."""
     if not (BUILD / "slurmguard_spank.so").exists() or not (BUILD / "libslurmguard_nccl.so").exists():
-        res = subprocess.run(["make", "-s", "-C", str(REPO / "spank_plugin")], capture_output=True,
+        src = datafiles.checkout_path("spank_plugin", "Makefile", what="building the SPANK plugin").parent
+        res = subprocess.run(["make", "-s", "-C", str(src)], capture_output=True,
                              text=True, timeout=300)
         if res.returncode != 0:
             raise DevClusterError(f"building spank_plugin failed: {res.stderr.strip()[-400:]}")
@@ -140,13 +142,13 @@ class Guard:
         secure_dir(Path(self.ring_root), 0o755)
         self.cluster.set_plugstack(
             f"required {build}/slurmguard_spank.so nccl_hook={build}/libslurmguard_nccl.so "
-            f"torch_hook={REPO}/slurmguard/hook/site ring_root={self.ring_root} default=off\n")
+            f"torch_hook={datafiles.torch_hook_site()} ring_root={self.ring_root} default=off\n")
         # slurmd runs the prolog/epilog with an empty environment: a wrapper
         # points them at this cluster's policy (ring root, trace store)
         env_file = self.state / "slurmguard.env"
         env_file.write_text(f"SLURMGUARD_POLICY={self.policy_path}\nSLURMGUARD_PYTHON={sys.executable}\n")
         for slot, name in (("prolog", "slurmguard-prolog"), ("epilog", "slurmguard-epilog")):
-            script = REPO / "prolog_epilog" / name
+            script = datafiles.prolog_epilog_dir() / name
             if script.exists():
                 wrapper = self.state / f"{name}.sh"
                 wrapper.write_text(f'#!/bin/sh\nSLURMGUARD_ENV_FILE={env_file} exec {script} "$@"\n')

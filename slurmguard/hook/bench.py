@@ -54,13 +54,13 @@ from pathlib import Path
 
 import click
 
+from slurmguard import datafiles
 from slurmguard.errors import SlurmguardError
 from slurmguard.runner import CommandRunner, SubprocessRunner
 
-REPO = Path(__file__).resolve().parents[2]
-SPANK = REPO / "spank_plugin"
+SPANK = datafiles.checkout_root() / "spank_plugin"
 BUILD = SPANK / "build"
-SITE = Path(__file__).resolve().parent / "site"
+SITE = datafiles.torch_hook_site()
 
 NCCL_TARGET_NS = 60.0
 STEP_TARGET_PCT = 1.0
@@ -189,6 +189,7 @@ class StepCost:
 
 
 def build(runner: CommandRunner) -> None:
+    datafiles.checkout_path("spank_plugin", "Makefile", what="bench hook")
     runner.run(["make", "-C", str(SPANK), "-s", "all", "tools"], timeout=300)
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import click
 
+from slurmguard import datafiles
 from slurmguard.config import parse_policy
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-WRAPPER = CHECKOUT / "prolog_epilog" / "slurmguard-prolog"
+WRAPPER = datafiles.prolog_epilog_dir() / "slurmguard-prolog"
 DEFAULT_CAPACITY = 65536  # SG_RING_DEFAULT_CAPACITY
 
 
@@ -78,7 +78,7 @@ def bench_prolog(runs: int, rings: int, hang_budget: float, flood: int) -> None:
 
         from slurmguard.nodecheck.prolog import run_prolog
         from slurmguard.telemetry.fake_nvml import FakeNvml
-        fixture = CHECKOUT / "tests" / "fixtures" / "telemetry" / "nvml_h100x8.json"
+        fixture = datafiles.checkout_root() / "tests" / "fixtures" / "telemetry" / "nvml_h100x8.json"
         if fixture.is_file():
             nv = FakeNvml.from_fixture(fixture, hang={"nvmlInit"})
             pol = parse_policy(f"prolog:\n  expected_gpus: 8\n  timeout_s: {hang_budget}\n"

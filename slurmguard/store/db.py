@@ -28,6 +28,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
+from slurmguard import datafiles
 from slurmguard.store.errors import (
     DatabaseUnavailable,
     MigrationsMissing,
@@ -37,7 +38,7 @@ from slurmguard.store.errors import (
 from slurmguard.store.types import dumps
 
 MIGRATIONS_ENV = "SLURMGUARD_MIGRATIONS"
-"""Environment variable naming the Alembic script directory (default: <repo>/sql/migrations)."""
+"""Environment variable naming the Alembic script directory (default: the shipped sql/migrations)."""
 
 SQLITE_BUSY_TIMEOUT_S = 30.0
 """How long an SQLite writer waits for another writer's lock, seconds.
@@ -204,15 +205,13 @@ def _first_line(exc: DBAPIError) -> str:
 
 # ---------------------------------------------------------------- migrations
 def migrations_dir() -> Path:
-    """The Alembic script directory: $SLURMGUARD_MIGRATIONS or <repo>/sql/migrations."""
+    """The Alembic script directory: $SLURMGUARD_MIGRATIONS or the shipped sql/migrations."""
     env = os.environ.get(MIGRATIONS_ENV)
-    path = (
-        Path(env) if env else Path(__file__).resolve().parents[2] / "sql" / "migrations"
-    )
+    path = Path(env) if env else datafiles.migrations_dir()
     if not (path / "env.py").is_file() or not (path / "versions").is_dir():
         raise MigrationsMissing(
             f"database migrations not found at {path} (expected env.py and versions/ there; "
-            f"run from a slurmguard source checkout or set ${MIGRATIONS_ENV})"
+            f"reinstall slurmguard with its package data or set ${MIGRATIONS_ENV})"
         )
     return path
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Sequence
 
+from slurmguard import datafiles
 from slurmguard.config import SweepPolicy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.result import NODE_NAME_RE
@@ -29,8 +30,8 @@ _PRINTABLE = re.compile(r"^[\x20-\x7e]{1,128}$")
 
 
 def default_workload_dir() -> Path:
-    """sweeps/ beside the package (an editable or source install)."""
-    return Path(__file__).resolve().parents[2] / "sweeps"
+    """The shipped sweeps/ (slurmguard.datafiles), unless sweeps.workload_dir overrides it."""
+    return datafiles.sweep_dir()
 
 
 def workload_dir(policy: SweepPolicy) -> Path:

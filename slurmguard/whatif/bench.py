@@ -21,12 +21,9 @@ import pandas as pd
 
 from slurmguard.errors import InputError
 
-DEFAULT_TRACES = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "data"
-    / "straggler-analysis"
-)
+TRACES_ENV = "SLURMGUARD_WHATIF_TRACES"
+"""Environment variable naming the trace directory when --traces is not given (no default:
+the traces are data, not part of an install)."""
 
 
 def _best(fn, repeat: int) -> tuple[float, object]:
@@ -68,9 +65,9 @@ def tile_dp(
     "--traces",
     "traces_dir",
     type=click.Path(file_okay=False),
-    default=str(DEFAULT_TRACES),
-    show_default=True,
-    help="Directory with trace-{AR,SE,ST}.parquet and meta-*.yaml.",
+    envvar=TRACES_ENV,
+    default=None,
+    help=f"Directory with trace-{{AR,SE,ST}}.parquet and meta-*.yaml [default: ${TRACES_ENV}].",
 )
 @click.option(
     "--repeat",
@@ -92,7 +89,7 @@ def tile_dp(
     type=click.IntRange(min=0),
     help="Workers of the tiled scale case (0 skips it).",
 )
-def bench_whatif(traces_dir: str, repeat: int, naive: bool, scale_workers: int) -> None:
+def bench_whatif(traces_dir: str | None, repeat: int, naive: bool, scale_workers: int) -> None:
     """Time the what-if analysis on the three shared traces, against the naive event loop."""
     from dataclasses import replace
 
@@ -103,6 +100,11 @@ def bench_whatif(traces_dir: str, repeat: int, naive: bool, scale_workers: int) 
     from slurmguard.whatif.tensor import tensorize
     from slurmguard.whatif.trace import check_trace, load_trace
 
+    if not traces_dir:
+        raise InputError(
+            f"no trace directory: pass --traces DIR or set ${TRACES_ENV} "
+            f"(a directory with trace-{{AR,SE,ST}}.parquet and meta-{{AR,SE,ST}}.yaml)"
+        )
     base = Path(traces_dir)
     if not base.is_dir():
         raise InputError(f"{base}: trace directory not found (use --traces)")
