@@ -131,8 +131,11 @@ def _rss_mb(pid: int) -> float:
               help="Step time, seconds (1 s: 200 collectives/s per rank).")
 @click.option("--report-interval", default=None, type=float,
               help="agent.report_interval_s for both agents [default: the policy's].")
+@click.option("--profile", "profile_top", default=0, show_default=True, type=click.IntRange(0),
+              help="Afterwards run the loaded agent in-process under cProfile for --duration s"
+                   " and print this many functions by own time (0: no profile).")
 def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, step_s: float,
-                report_interval: float | None) -> None:
+                report_interval: float | None, profile_top: int) -> None:
     """CPU and RSS of an agent watching RANKS busy rings vs an idle agent, same run."""
     with tempfile.TemporaryDirectory(prefix="sg-bench-agent-") as tmp:
         t = Path(tmp)
@@ -146,7 +149,7 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
         policy.write_text("\n".join(lines) + "\n")
         server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1/report"
+        url = f"http://127.0.0.1:{server.server_address[1]}"
         total = warmup + duration + 5
         roots = {"loaded": t / "rings-loaded", "baseline": t / "rings-empty"}
         for r in roots.values():
@@ -208,3 +211,50 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
         click.echo(f"target: <= {TARGET_CPU_PCT:g}% of one core, <= {TARGET_RSS_MB:g} MB: "
                    f"{'met' if ok else 'MISSED'} ({pct:.2f}%, {mb:.0f} MB; over the idle agent "
                    f"+{pct - 100 * cpu['baseline'] / wall:.2f}%, +{mb - rss['baseline']:.0f} MB)")
+        if profile_top:
+            _profile(t, policy, ranks, collectives, step_s, duration, profile_top)
+
+
+def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
+             duration: float, top: int) -> None:
+    """The loaded agent's loop in this process under cProfile, on fresh rings."""
+    import cProfile
+    import pstats
+
+    from slurmguard.agent.daemon import Agent, run
+    from slurmguard.agent.sender import ReportSender
+    from slurmguard.config import load_policy
+    from slurmguard.reports import read_secret
+    from slurmguard.telemetry import open_source
+
+    root = t / "rings-profile"
+    root.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    writer = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from slurmguard.agent_bench import write_rings; "
+         "write_rings(sys.argv[1], 'profnode', 4343, int(sys.argv[2]), int(sys.argv[3]), "
+         "float(sys.argv[4]), float(sys.argv[5]))",
+         str(root), str(ranks), str(collectives), str(step_s), str(duration + 10)])
+    pol = load_policy(policy)
+    agent = Agent(node="profnode", policy=pol,
+                  sender=ReportSender(url, read_secret(pol.agent.secret_file), now=time.time),
+                  source=open_source("sim", "profnode"), ring_root=str(root))
+    stop = threading.Event()
+    threading.Timer(duration, stop.set).start()
+    prof = cProfile.Profile()
+    try:
+        time.sleep(3)  # the writer has created its rings
+        prof.runcall(run, agent, stop)
+    finally:
+        writer.terminate()
+        writer.wait(timeout=15)
+        server.shutdown()
+    stats = pstats.Stats(prof)
+    click.echo(f"\nprofile of the loaded agent, {duration:g} s in-process "
+               f"(total {stats.total_tt:.2f} s CPU under the profiler), top {top} by own time:")
+    stats.sort_stats("tottime").print_stats(top)
+    click.echo(f"top {top} by cumulative time:")
+    stats.sort_stats("cumulative").print_stats(top)

@@ -346,9 +346,11 @@ def _optype_codes(col: Any, source: str) -> np.ndarray:
         # map the few distinct names instead of converting millions of strings
         cats_arr, codes = np.unique(values.astype(str), return_inverse=True)
         cats = [str(x) for x in cats_arr]
-    used = np.unique(codes)
-    if (used < 0).any():
+    codes = np.asarray(codes, dtype=np.int64)
+    if len(codes) and codes.min() < 0:
         raise InputError(f"{source}: column 'optype' has empty values")
+    # bincount, not np.unique: that imports numpy.ma, a tenth of the command's start-up
+    used = np.flatnonzero(np.bincount(codes, minlength=len(cats)))
     names = [cats[i] for i in used]
     unknown = sorted(set(names) - optypes.KNOWN)
     if unknown:
@@ -360,7 +362,7 @@ def _optype_codes(col: Any, source: str) -> np.ndarray:
         [OPTYPE_NAMES.index(c) if c in optypes.KNOWN else -1 for c in cats],
         dtype=np.int64,
     )
-    return lookup[np.asarray(codes, dtype=np.int64)]
+    return lookup[codes]
 
 
 def _check_layout(df: Trace, meta: JobMeta, source: str, meta_source: str) -> None:
@@ -376,11 +378,7 @@ def _check_layout(df: Trace, meta: JobMeta, source: str, meta_source: str) -> No
                 f"{meta_source}: {key}={size} but {source} has {col} {bad}"
             )
     rank = df["rank"]
-    n_ranks = (
-        len(np.unique(rank))
-        if len(rank) < 1_000_000
-        else int(np.count_nonzero(np.bincount(rank - rank.min())))
-    )
+    n_ranks = int(np.count_nonzero(np.bincount(rank - rank.min())))
     if n_ranks != meta.workers:
         raise InputError(
             f"{meta_source}: dp={meta.dp_size} x pp={meta.pp_size} = {meta.workers} workers"
