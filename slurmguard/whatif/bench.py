@@ -274,7 +274,7 @@ def bench_whatif(
         c2 = time.perf_counter()
         click.echo(
             f"scale: ST tiled to dp={big_meta.dp_size} x pp={big_meta.pp_size} = {big_meta.workers}"
-            f" workers, {len(big)} ops, {len(t.steps)} steps: check+tensorize {c1 - c0:.2f} s,"
+            f" workers, {len(big['step'])} ops, {len(t.steps)} steps: check+tensorize {c1 - c0:.2f} s,"
             f" analysis {c2 - c1:.2f} s ({r.simulations} simulations), S={r.slowdown:.3f},"
             f" pattern {r.diagnosis.pattern}"
         )
