@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything slurmguard needs on Debian 12, as root. Safe to re-run.
-#   - Debian packages: Slurm (slurmctld, slurmd, client, headers), munge,
+#   - Debian packages: Slurm (slurmctld, slurmd, client, headers, slurmrestd and
+#     the JWT plugin for the REST backend), munge,
 #     PostgreSQL 15 (tests), a C toolchain, Python venv support, Chromium (report test).
 #   - A virtual environment in .venv with slurmguard and its Python dependencies.
 #   - The SPANK plugin and NCCL hook (spank_plugin/build/).
@@ -14,6 +15,7 @@ fi
 
 APT_PACKAGES=(
   slurmctld slurmd slurm-client munge libslurm-dev slurm-wlm-plugins-dev
+  slurmrestd slurm-wlm-jwt-plugin
   postgresql-15 gcc make python3 python3-venv python3-dev
   chromium fonts-dejavu-core
 )
@@ -28,7 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # The packaged daemons must not run on their own: slurmguard starts private ones.
-for svc in slurmctld slurmd munge postgresql; do
+for svc in slurmctld slurmd slurmrestd munge postgresql; do
   systemctl disable --now "$svc" >/dev/null 2>&1 || true
 done
 

@@ -15,6 +15,7 @@ BENCHES = {
     "sweeps": "slurmguard.sweeps.bench:bench_sweeps",
     "loop": "slurmguard.respond.bench:bench_loop",
     "prolog": "slurmguard.nodecheck.bench:bench_prolog",
+    "agent": "slurmguard.agent_bench:bench_agent",
 }
 
 BENCH_HELP = {
@@ -25,6 +26,7 @@ BENCH_HELP = {
     "sweeps": "Time and node-hours to verify and return a drained node.",
     "loop": "Detection delay of the online loop on the local cluster.",
     "prolog": "Prolog wall time, hung-NVML bound, epilog archive time.",
+    "agent": "CPU and RSS of a node agent watching 8 busy rings vs an idle agent.",
 }
 
 

@@ -41,11 +41,36 @@ class DatabasePolicy(Strict):
 
 
 class SlurmPolicy(Strict):
-    backend: Literal["commands", "pyslurm"] = "commands"
+    backend: Literal["commands", "restd"] = "commands"
+    """commands: sinfo/squeue/scontrol/sbatch. restd: slurmrestd's REST API with
+    JWT auth; operations its API version lacks use the commands
+    (slurmguard/slurm/restd.py lists them). pyslurm is not offered: it builds
+    only against one Slurm release."""
     command_timeout_s: float = Field(15.0, gt=0)
-    """Timeout of one scontrol/sinfo/squeue/sbatch call, seconds."""
+    """Timeout of one scontrol/sinfo/squeue/sbatch call or REST request, seconds."""
     bin_dir: str | None = None
     """Directory of the Slurm commands; None = search PATH."""
+    restd_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(:\d+)?/?$")
+    """slurmrestd base URL, e.g. http://127.0.0.1:6820; required with backend restd."""
+    restd_api: str = Field("v0.0.38", pattern=r"^v0\.0\.\d+$")
+    """OpenAPI plugin version in the request paths (v0.0.38 = Slurm 22.05's)."""
+    restd_user: str = Field("root", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
+    """Slurm user the token is for (X-SLURM-USER-NAME); it needs operator rights."""
+    restd_jwt_key_file: str | None = None
+    """The cluster's JWT key (AuthAltParameters=jwt_key=...): tokens are signed here."""
+    restd_token_file: str | None = None
+    """Else a file holding a token from `scontrol token` (re-read when it changes);
+    neither: $SLURM_JWT."""
+    restd_token_lifespan_s: int = Field(1800, ge=60)
+    """Lifetime of the tokens signed from restd_jwt_key_file, seconds."""
+
+    @model_validator(mode="after")
+    def _restd_needs_url(self) -> "SlurmPolicy":
+        if self.backend == "restd" and not self.restd_url:
+            raise ValueError("backend restd needs restd_url (e.g. http://127.0.0.1:6820)")
+        if self.restd_jwt_key_file and self.restd_token_file:
+            raise ValueError("give restd_jwt_key_file or restd_token_file, not both")
+        return self
 
 
 # ---------------------------------------------------------------- detection

@@ -35,13 +35,9 @@ class AppContext:
 
     @cached_property
     def slurm(self):
-        from slurmguard.slurm.commands import CommandSlurmClient
+        from slurmguard.slurm.backend import client_from_policy
 
-        p = self.policy.slurm
-        if p.backend != "commands":
-            raise click.ClickException(
-                f"slurm.backend '{p.backend}' is not available in this build; use 'commands'")
-        return CommandSlurmClient(timeout_s=p.command_timeout_s, bin_dir=p.bin_dir)
+        return client_from_policy(self.policy.slurm)
 
     @staticmethod
     def admin_actor() -> str:

@@ -195,3 +195,45 @@ def test_two_ranks_in_one_cell_is_reported(small):
         InputError, match="t.parquet: row .* expected one rank per DP x PP cell"
     ):
         check_trace(bad, jm, "t.parquet")
+
+
+def test_only_the_trace_columns_are_read_and_nulls_are_named(tmp_path, small):
+    from slurmguard.whatif.trace import read_columns
+
+    df, meta = small
+    extra = df.assign(note="not needed")
+    extra["mb_id"] = extra["mb_id"].astype("Int64")
+    extra.loc[4, "mb_id"] = pd.NA
+    trace, metap = write_case(tmp_path, extra, meta, "n")
+    cols = read_columns(trace)
+    assert "note" not in cols and set(cols) == {
+        "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
+        "seq_id", "mc", "mb_id", "gmc",
+    }  # fmt: skip
+    with pytest.raises(
+        InputError, match="trace-n.parquet: column 'mb_id' row 4: not an integer: nan"
+    ):
+        load_trace(trace, metap)
+
+
+def test_the_command_does_not_import_pandas(tmp_path, small):
+    """Start-up is most of `slurmguard whatif`'s time: pandas alone costs more than the analysis."""
+    import subprocess
+    import sys
+
+    df, meta = small
+    trace, metap = write_case(tmp_path, df, meta, "p")
+    code = (
+        "import sys\n"
+        "from slurmguard.cli import main\n"
+        "try:\n"
+        f"    main(['whatif', {str(trace)!r}, '--meta', {str(metap)!r}, '--json'])\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print(sorted(m for m in ('pandas', 'scipy', 'rich', 'sqlalchemy') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        cwd=tmp_path, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -28,10 +28,13 @@ def devcluster() -> None:
 @click.option("--guard", is_flag=True,
               help="Also install the SPANK plugin and prolog/epilog and start the controller "
                    "(SQLite) and one agent per node (sim telemetry).")
-def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: bool) -> None:
+@click.option("--restd", is_flag=True,
+              help="Also enable JWT auth and run slurmrestd on a loopback port.")
+def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: bool,
+       restd: bool) -> None:
     """Start munged, slurmctld and NODES slurmd; wait until all nodes are idle."""
     c = DevCluster(ClusterSpec(state_dir=state_dir, nodes=nodes, partition=partition,
-                               cpus_per_node=cpus_per_node))
+                               cpus_per_node=cpus_per_node, restd=restd))
     c.up()
     if guard:
         from slurmguard.devcluster.guard import Guard
@@ -47,6 +50,9 @@ def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: b
     click.echo(f"development cluster up: {nodes} nodes ({', '.join(c.node_names)}) "
                f"in partition {partition}")
     click.echo(f"SLURM_CONF={c.conf_path}")
+    if restd:
+        click.echo(f"slurmrestd {c.restd_url} (JWT key {c.jwt_key_path}); policy: slurm.backend: "
+                   f"restd, restd_url: {c.restd_url}, restd_jwt_key_file: {c.jwt_key_path}")
     click.echo(f"use it with: eval $(slurmguard devcluster env --state-dir {state_dir})")
 
 

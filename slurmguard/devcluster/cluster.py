@@ -72,6 +72,9 @@ class ClusterSpec:
     memory_mb: int = 2000
     start_timeout_s: float = 90.0
     plugstack: str = ""
+    restd: bool = False
+    """Also enable JWT authentication and run slurmrestd on a loopback port
+    (DevCluster.restd_url; the key is DevCluster.jwt_key_path)."""
 
     @property
     def node_names(self) -> list[str]:
@@ -85,6 +88,7 @@ class _State:
     node_ports: dict[str, int]
     pids: dict[str, int] = field(default_factory=dict)
     partition: str = "debug"
+    restd_port: int | None = None
 
 
 def check_software(search_path: str | None = None) -> None:
@@ -205,6 +209,16 @@ class DevCluster:
         return self.state_dir / "log"
 
     @property
+    def jwt_key_path(self) -> Path:
+        return self.state_dir / "etc" / "jwt_hs256.key"
+
+    @property
+    def restd_url(self) -> str | None:
+        """http://127.0.0.1:PORT of this cluster's slurmrestd; None without one."""
+        st = self._load_state()
+        return f"http://127.0.0.1:{st.restd_port}" if st and st.restd_port else None
+
+    @property
     def munge_socket(self) -> Path:
         return self.state_dir / "munge" / "munge.socket.2"
 
@@ -260,17 +274,24 @@ class DevCluster:
         if not self.plugstack_path.exists() or spec.plugstack:
             self.plugstack_path.write_text(spec.plugstack)
 
-        ports = _free_ports(1 + spec.nodes)
-        node_ports = dict(zip(spec.node_names, ports[1:]))
+        ports = _free_ports(2 + spec.nodes)
+        node_ports = dict(zip(spec.node_names, ports[2:]))
+        if spec.restd and not self.jwt_key_path.exists():
+            # slurmctld requires the key readable by SlurmUser only
+            fd = os.open(self.jwt_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32).hex().encode())
         self.conf_path.write_text(render_slurm_conf(
             cluster_name=spec.cluster_name, control_host=socket.gethostname().split(".")[0],
             ctld_port=ports[0], node_ports=node_ports, partition=spec.partition,
             cpus_per_node=spec.cpus_per_node, memory_mb=spec.memory_mb,
             paths=ConfPaths(state_dir=self.state_dir, munge_socket=self.munge_socket,
                             plugstack=self.plugstack_path, prolog=self._slot("prolog"),
-                            epilog=self._slot("epilog"), reboot_program=self._slot("reboot"))))
+                            epilog=self._slot("epilog"), reboot_program=self._slot("reboot"),
+                            jwt_key=self.jwt_key_path if spec.restd else None)))
         self._state = _State(conf_path=str(self.conf_path), ctld_port=ports[0],
-                             node_ports=node_ports, partition=spec.partition)
+                             node_ports=node_ports, partition=spec.partition,
+                             restd_port=ports[1] if spec.restd else None)
         deadline = time.monotonic() + spec.start_timeout_s
         try:
             self._start_munge(deadline)
@@ -280,6 +301,8 @@ class DevCluster:
             for node in spec.node_names:
                 self._spawn(f"slurmd:{node}",
                             [_which("slurmd"), "-D", "-N", node, "-f", str(self.conf_path)])
+            if spec.restd:
+                self._start_restd(deadline)
             self.wait_nodes_idle(timeout=max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.down()
@@ -299,6 +322,29 @@ class DevCluster:
             f"--seed-file={mdir / 'munged.seed'}", "--num-threads=2"])
         self._wait(lambda: self.munge_socket.exists(), deadline, "munged did not create its socket",
                    log=self.log_dir / "munged.log")
+
+    def _start_restd(self, deadline: float) -> None:
+        """slurmrestd on 127.0.0.1 with JWT authentication only.
+
+        slurmrestd refuses to run as root or SlurmUser (both root here); the
+        dev cluster is single-user, so that check is disabled for it, as
+        Slurm documents (SLURMRESTD_SECURITY=disable_user_check). SLURM_JWT=daemon
+        makes slurmrestd talk to slurmctld with auth/jwt (the client's token).
+        """
+        assert self._state is not None and self._state.restd_port
+        self._spawn("slurmrestd", [
+            _which("slurmrestd"), "-f", str(self.conf_path), "-a", "rest_auth/jwt",
+            "-s", "openapi/v0.0.38", f"127.0.0.1:{self._state.restd_port}"],
+            env={"SLURMRESTD_SECURITY": "disable_user_check", "SLURM_JWT": "daemon"})
+        port = self._state.restd_port
+
+        def listening() -> bool:
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                return sock.connect_ex(("127.0.0.1", port)) == 0
+
+        self._wait(listening, deadline, "slurmrestd did not listen",
+                   log=self.log_dir / "slurmrestd.stdout")
 
     def spawn_service(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         """Start a slurmguard daemon (name 'sg-...') that `down` stops first; its
@@ -442,7 +488,8 @@ class DevCluster:
         if any(self._ours(n, p) for n, p in st.pids.items() if n == "slurmctld"):
             self.run(["scancel", "--partition", self.partition], timeout=10)
         services = [n for n in st.pids if n.startswith("sg-")]
-        order = services + [n for n in st.pids if n.startswith("slurmd:")] + ["slurmctld", "munged"]
+        order = services + [n for n in st.pids if n == "slurmrestd"] + [
+            n for n in st.pids if n.startswith("slurmd:")] + ["slurmctld", "munged"]
         for name in order:
             pid = st.pids.get(name)
             if pid is not None and self._ours(name, pid):

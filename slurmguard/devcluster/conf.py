@@ -14,6 +14,8 @@ class ConfPaths:
     prolog: Path | None
     epilog: Path | None
     reboot_program: Path | None
+    jwt_key: Path | None = None
+    """HS256 key for JWT authentication (slurmrestd, `scontrol token`); None = munge only."""
 
 
 def render_slurm_conf(*, cluster_name: str, control_host: str, ctld_port: int,
@@ -36,6 +38,8 @@ def render_slurm_conf(*, cluster_name: str, control_host: str, ctld_port: int,
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={paths.munge_socket}",
+        *([f"AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={paths.jwt_key}"]
+          if paths.jwt_key is not None else []),
         f"StateSaveLocation={s}/ctld-state",
         f"SlurmdSpoolDir={s}/spool/%n",
         f"SlurmctldPidFile={s}/run/slurmctld.pid",

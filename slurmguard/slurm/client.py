@@ -20,6 +20,12 @@ class SlurmClient(Protocol):
         """All nodes (or the named ones), with the jobs running on each."""
         ...
 
+    def fleet(self) -> tuple[list[NodeInfo], list[JobInfo]]:
+        """The whole fleet in one call: every node (with its running jobs) and
+        every queued job, from one node read and one job read (sinfo + squeue,
+        or GET /nodes + GET /jobs): what a control cycle needs."""
+        ...
+
     def node(self, name: str) -> NodeInfo:
         """One node; UnknownNode if Slurm does not know it."""
         ...

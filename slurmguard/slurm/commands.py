@@ -111,25 +111,17 @@ class CommandSlurmClient:
                 nodes = parse.nodes_from_json(doc)
         if nodes is None:
             nodes = parse.nodes_from_scontrol(self._run(["scontrol", "show", "node", "-o"]))
-        # sinfo --json lists a node once per partition on some versions
-        unique: dict[str, NodeInfo] = {}
-        for n in nodes:
-            unique.setdefault(n.name, n)
-        running: dict[str, list[int]] = {}
-        for job in self.jobs():
-            if job.state in ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
-                for node in job.nodes:
-                    running.setdefault(node, []).append(job.job_id)
-        result = []
-        for name, n in unique.items():
-            if wanted is not None and name not in wanted:
-                continue
-            result.append(_with_jobs(n, tuple(sorted(running.get(name, ())))))
-        if wanted is not None:
-            missing = sorted(set(wanted) - {n.name for n in result})
-            if missing:
-                raise UnknownNode(f"unknown node(s): {', '.join(missing)}")
-        return sorted(result, key=lambda n: _natural(n.name))
+        return fleet_view(nodes, self.jobs(), wanted)
+
+    def fleet(self) -> tuple[list[NodeInfo], list[JobInfo]]:
+        """Every node (with its running jobs) and every queued job: one node read, one job read."""
+        jobs = self.jobs()
+        if self._json_ok():
+            doc = self._load_json(["sinfo", "--json"])
+            if doc is not None:
+                return fleet_view(parse.nodes_from_json(doc), jobs, None), jobs
+        text = self._run(["scontrol", "show", "node", "-o"])
+        return fleet_view(parse.nodes_from_scontrol(text), jobs, None), jobs
 
     def node(self, name: str) -> NodeInfo:
         return self.nodes([name])[0]
@@ -318,6 +310,31 @@ class CommandSlurmClient:
         argv += [f"nextstate={next_state.upper()}", f"reason={full}", node]
         self._run(argv, node=node)
         return full
+
+
+def fleet_view(nodes: list[NodeInfo], jobs: list[JobInfo],
+               wanted: list[str] | None) -> list[NodeInfo]:
+    """Nodes (all, or the `wanted` ones: UnknownNode if any is missing) with the
+    ids of the jobs running on each, in natural name order. Shared by the backends."""
+    # sinfo --json lists a node once per partition on some versions
+    unique: dict[str, NodeInfo] = {}
+    for n in nodes:
+        unique.setdefault(n.name, n)
+    running: dict[str, list[int]] = {}
+    for job in jobs:
+        if job.state in ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
+            for node in job.nodes:
+                running.setdefault(node, []).append(job.job_id)
+    result = []
+    for name, n in unique.items():
+        if wanted is not None and name not in wanted:
+            continue
+        result.append(_with_jobs(n, tuple(sorted(running.get(name, ())))))
+    if wanted is not None:
+        missing = sorted(set(wanted) - {n.name for n in result})
+        if missing:
+            raise UnknownNode(f"unknown node(s): {', '.join(missing)}")
+    return sorted(result, key=lambda n: _natural(n.name))
 
 
 def _with_jobs(n: NodeInfo, jobs: tuple[int, ...]) -> NodeInfo:

@@ -106,6 +106,9 @@ class FakeSlurm:
         self._check()
         return self._get(name)
 
+    def fleet(self) -> tuple[list[NodeInfo], list[JobInfo]]:
+        return self.nodes(), self.jobs()
+
     def jobs(self, job_ids: Iterable[int] | None = None) -> list[JobInfo]:
         self._check()
         live = [j for j in self._jobs.values() if j.state in ("PENDING", "RUNNING", "COMPLETING")]

@@ -92,6 +92,18 @@ def jobs_from_json(doc: dict) -> list[JobInfo]:
     return out
 
 
+def reservations_from_json(doc: dict) -> list[ReservationInfo]:
+    """slurmrestd `GET /reservations` (v0.0.38: node_list, flags list, users text)."""
+    out = []
+    for r in doc.get("reservations", []):
+        out.append(ReservationInfo(
+            name=str(r["name"]), nodes=tuple(expand(_text(r.get("node_list")))),
+            flags=frozenset(f.upper() for f in _list(r.get("flags"))),
+            users=_list(_text(r.get("users")) if isinstance(r.get("users"), str) else r.get("users")),
+            start_time=_num(r.get("start_time")), end_time=_num(r.get("end_time"))))
+    return out
+
+
 # ------------------------------------------------------------------ scontrol -o
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:.]*)=")
 

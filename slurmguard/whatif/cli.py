@@ -7,9 +7,7 @@ import json
 from pathlib import Path
 
 import click
-import numpy as np
 
-from slurmguard.config import load_policy
 from slurmguard.errors import InputError
 
 
@@ -118,13 +116,11 @@ def whatif(
     and stage, M_W, M_S and the simulation discrepancy. With --rings DIR, of a job's own
     slurmguard rings: per iteration, the compute between collectives and the DP
     collectives are inferred (see slurmguard/whatif/rings.py)."""
-    from slurmguard.whatif.adapter import trace_from_rank_ops
+    # Only what this run needs is imported: start-up is most of the command's time.
+    from slurmguard.config import load_policy
     from slurmguard.whatif.analysis import analyse
-    from slurmguard.whatif.heatmap import write_heatmap
-    from slurmguard.whatif.report import to_json, to_text
     from slurmguard.whatif.tensor import tensorize
-    from slurmguard.whatif.timeline import write_timeline
-    from slurmguard.whatif.trace import check_trace, load_meta, read_table
+    from slurmguard.whatif.trace import check_trace, load_meta, read_columns
 
     obj = ctx.obj or {}
     full_policy = load_policy(obj.get("policy_path"))
@@ -135,6 +131,8 @@ def whatif(
 
         if trace is not None or rank_ops:
             raise InputError("--rings: give either TRACE or --rings DIR, not both")
+        from slurmguard.whatif.adapter import trace_from_rank_ops
+
         ring_job = load_ring_job(
             rings_dir,
             load_meta(meta_path) if meta_path else None,
@@ -153,18 +151,22 @@ def whatif(
             raise InputError(f"{trace}: --meta META is required with a trace file")
         meta = load_meta(meta_path)
         name = Path(trace).name
-        table = read_table(trace)
         if rank_ops:
-            table = trace_from_rank_ops(table, meta, name)
-    if steps_text:
-        wanted = parse_steps(steps_text)
-        if "step" in table.columns:
-            table = table[table["step"].isin(wanted)].reset_index(drop=True)
-            if len(table) == 0:
-                raise InputError(
-                    f"{name}: none of the steps given with --steps is in the trace"
-                )
+            from slurmguard.whatif.adapter import trace_from_rank_ops
+            from slurmguard.whatif.trace import read_table
+
+            table = trace_from_rank_ops(read_table(trace), meta, name)
+        else:
+            table = read_columns(trace)
     df = check_trace(table, meta, name, Path(meta_path).name)
+    if steps_text:
+        import numpy as np
+
+        df = df.take(np.isin(df["step"], sorted(parse_steps(steps_text))))
+        if len(df) == 0:
+            raise InputError(
+                f"{name}: none of the steps given with --steps is in the trace"
+            )
     if not meta.name:
         from dataclasses import replace
 
@@ -172,6 +174,10 @@ def whatif(
     t = tensorize(df, meta, name)
     result = analyse(t, policy, exact_workers=exact_workers)
     if heatmap_path:
+        import numpy as np
+
+        from slurmguard.whatif.heatmap import write_heatmap
+
         cells, what = result.worker_slowdown, "average"
         if heatmap_step is not None:
             hit = [i for i, s in enumerate(result.steps) if int(s) == heatmap_step]
@@ -192,7 +198,11 @@ def whatif(
             f" M_S={result.ms:.2f} ({result.diagnosis.pattern})",
         )
     if timeline_path:
+        from slurmguard.whatif.timeline import write_timeline
+
         write_timeline(t, timeline_path, steps=timeline_steps)
+    from slurmguard.whatif.report import to_json, to_text
+
     if as_json:
         out = to_json(result)
         if ring_job is not None:

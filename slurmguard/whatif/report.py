@@ -10,11 +10,12 @@ from __future__ import annotations
 import io
 from typing import Any
 
-import numpy as np
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
-from slurmguard.whatif.analysis import WhatIfResult
+import numpy as np
+
+if TYPE_CHECKING:
+    from slurmguard.whatif.analysis import WhatIfResult
 
 
 def _f(x: float | None) -> float | None:
@@ -99,6 +100,10 @@ def to_json(r: WhatIfResult) -> dict[str, Any]:
 def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
     """Human-readable tables (summary, op types, stages, DP ranks, workers)."""
     buf = io.StringIO()
+    # rich only for the tables: --json output does not pay for importing it
+    from rich.console import Console
+    from rich.table import Table
+
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
     summary = Table(
         title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False

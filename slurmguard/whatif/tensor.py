@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from slurmguard.errors import InputError
-from slurmguard.whatif.trace import JobMeta
+from slurmguard.whatif.trace import OPTYPE_NAMES, JobMeta, Trace
 
 
 @dataclass
@@ -73,25 +72,25 @@ def _dense_unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq + lo, index[values - lo]
 
 
-def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
+def tensorize(df: Trace, meta: JobMeta, source: str) -> OpTensor:
     """Arrange a checked trace (trace.check_trace) as an OpTensor.
 
     Every step and DP rank must record the same (stage, op type, seq_id) set;
     a missing or duplicated op is an InputError naming step, rank and op.
     """
     dp, pp = meta.dp_size, meta.pp_size
-    steps, step_idx = _dense_unique(df["step"].to_numpy())
+    steps, step_idx = _dense_unique(df["step"])
     n_steps = len(steps)
-    stage = df["stage"].to_numpy()
-    dp_rank = df["dp_rank"].to_numpy()
-    seq = df["seq_id"].to_numpy()
+    stage = df["stage"]
+    dp_rank = df["dp_rank"]
+    seq = df["seq_id"]
     if seq.min() < 0:
         row = int(np.argmin(seq))
         raise InputError(
             f"{source}: column 'seq_id' row {row}: negative seq_id {int(seq[row])}"
         )
-    opcode = df["optype"].cat.codes.to_numpy().astype(np.int64)
-    names = np.asarray(df["optype"].cat.categories, dtype=object)
+    opcode = df["optype"]
+    names = np.asarray(OPTYPE_NAMES, dtype=object)
     n_codes = len(names)
     seq_span = int(seq.max()) + 1
     key = (stage.astype(np.int64) * n_codes + opcode) * seq_span + seq
@@ -123,16 +122,16 @@ def tensorize(df: pd.DataFrame, meta: JobMeta, source: str) -> OpTensor:
         )
     start = np.empty(n * n_steps * dp)
     dur = np.empty(n * n_steps * dp)
-    start[flat] = df["start_ts"].to_numpy()
-    dur[flat] = df["duration"].to_numpy()
+    start[flat] = df["start_ts"]
+    dur[flat] = df["duration"]
     start = start.reshape(n, n_steps, dp)
     dur = dur.reshape(n, n_steps, dp)
     # Steps are simulated from time 0: measure every op from its step's first op.
     start = start - start.min(axis=(0, 2), keepdims=True)
     mc = np.zeros(n, dtype=np.int64)
-    mc[slot_of_row] = df["mc"].to_numpy()
+    mc[slot_of_row] = df["mc"]
     rank = np.full((pp, dp), -1, dtype=np.int64)
-    rank[stage, dp_rank] = df["rank"].to_numpy()
+    rank[stage, dp_rank] = df["rank"]
     return OpTensor(
         meta=meta,
         source=source,

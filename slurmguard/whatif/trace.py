@@ -15,13 +15,12 @@ column or key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
-import yaml
 
 from slurmguard.errors import InputError
 from slurmguard.whatif import optypes
@@ -41,6 +40,47 @@ REQUIRED_COLUMNS = (
 )
 INT_COLUMNS = ("dp_rank", "stage", "rank", "step", "seq_id", "mc", "mb_id", "gmc")
 FLOAT_COLUMNS = ("start_ts", "duration")
+OPTYPE_NAMES = tuple(sorted(optypes.KNOWN))
+"""The op-type vocabulary; a checked trace's optype column holds indices into it."""
+
+
+@dataclass(frozen=True)
+class Coded:
+    """A dictionary-encoded text column as parquet stores it: codes into categories, -1 = null."""
+
+    codes: np.ndarray
+    categories: list[str]
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def take(self, mask: np.ndarray) -> "Coded":
+        return Coded(self.codes[mask], self.categories)
+
+
+Columns = Mapping[str, Any]
+"""A table as column name -> array: what read_columns returns; a pandas DataFrame also fits."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A checked trace: one numpy array per column, in file row order.
+
+    Integer columns are int64, start_ts/duration/end_ts float64 seconds, and
+    optype is int64 indices into OPTYPE_NAMES.
+    """
+
+    columns: dict[str, np.ndarray]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def __len__(self) -> int:
+        return len(self.columns["step"])
+
+    def take(self, mask: np.ndarray) -> "Trace":
+        """The rows where `mask` is true."""
+        return Trace({k: v[mask] for k, v in self.columns.items()})
 
 
 @dataclass(frozen=True)
@@ -127,8 +167,10 @@ def load_meta(path: str | Path) -> JobMeta:
         raise InputError(f"{p}: metadata file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{p}: cannot read metadata: {exc}") from None
+    import yaml
+
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -138,8 +180,14 @@ def load_meta(path: str | Path) -> JobMeta:
     return parse_meta(data, p.name)
 
 
-def read_table(path: str | Path) -> pd.DataFrame:
-    """Read a parquet (or .csv) table; a missing or unreadable file is an InputError."""
+def read_columns(path: str | Path, columns: tuple[str, ...] | None = REQUIRED_COLUMNS) -> dict[str, Any]:
+    """Read a parquet (or .csv) table as column name -> numpy array (or Coded).
+
+    Only `columns` (None = all) are read from a parquet file: the others are
+    never decoded. A column the file lacks is left out, for check_trace to
+    name. A missing or unreadable file is an InputError. pyarrow, not pandas:
+    the command's start-up is most of its run time.
+    """
     p = Path(path)
     if not p.is_file():
         raise InputError(f"{p}: trace file not found")
@@ -147,117 +195,190 @@ def read_table(path: str | Path) -> pd.DataFrame:
 
     try:
         if p.suffix.lower() == ".csv":
-            return pd.read_csv(p)
-        return pd.read_parquet(p)
+            import pyarrow.csv as pacsv
+
+            table = pacsv.read_csv(p)
+            if columns is not None:
+                table = table.select([c for c in columns if c in table.column_names])
+        else:
+            import pyarrow.parquet as pq
+
+            f = pq.ParquetFile(p)
+            names = f.schema_arrow.names
+            wanted = None if columns is None else [c for c in columns if c in names]
+            table = f.read(columns=wanted, use_pandas_metadata=False)
+        return {name: _to_numpy(table.column(name)) for name in table.column_names}
     except (OSError, ValueError, pa.ArrowException) as exc:
         raise InputError(
             f"{p}: cannot read trace: {type(exc).__name__}: {exc}"
         ) from None
 
 
-def check_trace(
-    df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str = "metadata"
-) -> pd.DataFrame:
-    """Validate a trace table against the schema and the metadata.
+def _to_numpy(col: Any) -> Any:
+    """One pyarrow column as numpy; dictionary-encoded text stays encoded (Coded)."""
+    import pyarrow as pa
 
-    Returns a copy with compact dtypes and an `end_ts` column (seconds).
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        col = col.dictionary_encode()  # a few op names over many rows (CSV input)
+    if pa.types.is_dictionary(col.type):
+        arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+        if isinstance(arr, pa.ChunkedArray):  # zero chunks
+            arr = pa.array([], type=col.type)
+        raw = _chunk_to_numpy(arr.indices)
+        codes = np.where(np.isnan(raw), -1, raw) if raw.dtype.kind == "f" else raw
+        codes = codes.astype(np.int64)
+        return Coded(codes, [str(c) for c in arr.dictionary.to_pylist()])
+    parts = [_chunk_to_numpy(c) for c in col.chunks]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+# Arrow primitive type name -> numpy dtype, for reading column buffers directly
+_NUMPY_OF_ARROW = {
+    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8",
+    "halffloat": "f2", "float": "f4", "double": "f8",
+}  # fmt: skip
+
+
+def _chunk_to_numpy(arr: Any) -> np.ndarray:
+    """One Arrow array as numpy; numeric values with nulls become float64 NaN.
+
+    Numeric buffers are wrapped directly: pyarrow's own to_numpy imports
+    pandas, which alone costs more than the whole analysis of a trace.
+    """
+    dtype = _NUMPY_OF_ARROW.get(str(arr.type))
+    if dtype is None:
+        return arr.to_numpy(zero_copy_only=False)
+    n, off = len(arr), arr.offset
+    validity, data = arr.buffers()[:2]
+    values = np.frombuffer(data, dtype=dtype, count=n + off)[off:]
+    if arr.null_count == 0 or validity is None:
+        return values
+    bits = np.unpackbits(np.frombuffer(validity, dtype=np.uint8), bitorder="little")
+    return np.where(bits[off : off + n].astype(bool), values, np.nan)
+
+
+def read_table(path: str | Path) -> Any:
+    """The whole table as a pandas DataFrame (for the rank-ops adapter)."""
+    import pandas as pd
+
+    data = read_columns(path, None)
+    return pd.DataFrame(
+        {
+            k: (
+                pd.Categorical.from_codes(v.codes, v.categories)
+                if isinstance(v, Coded)
+                else v
+            )
+            for k, v in data.items()
+        }
+    )
+
+
+def check_trace(
+    table: Columns, meta: JobMeta, source: str, meta_source: str = "metadata"
+) -> Trace:
+    """Validate a trace table (read_columns' dict or a pandas DataFrame).
+
+    Returns a Trace with compact dtypes and an `end_ts` column (seconds).
     `source` and `meta_source` are the names used in error messages.
     """
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    missing = [c for c in REQUIRED_COLUMNS if c not in table]
     if missing:
         raise InputError(f"{source}: missing column(s): {', '.join(missing)}")
-    if len(df) == 0:
+    if len(table["step"]) == 0:
         raise InputError(f"{source}: the trace has no rows")
-    out = pd.DataFrame(index=pd.RangeIndex(len(df)))
+    out: dict[str, np.ndarray] = {}
     for col in INT_COLUMNS:
-        s = df[col]
-        if not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):
-            raise InputError(
-                f"{source}: column '{col}' must be integer, got dtype {s.dtype}"
-            )
-        arr = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        arr = _numeric(table[col], col, source, "integer")
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise InputError(
-                f"{source}: column '{col}' row {row}: not an integer: {s.iloc[row]!r}"
+                f"{source}: column '{col}' row {row}: not an integer: {float(arr[row])!r}"
             )
         out[col] = arr.astype(np.int64)
     for col in FLOAT_COLUMNS:
-        s = df[col]
-        if not pd.api.types.is_numeric_dtype(s) or pd.api.types.is_bool_dtype(s):
-            raise InputError(
-                f"{source}: column '{col}' must be numeric seconds, got dtype {s.dtype}"
-            )
-        arr = s.to_numpy(dtype=np.float64, na_value=np.nan)
+        arr = _numeric(table[col], col, source, "numeric seconds")
         bad = ~np.isfinite(arr)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise InputError(f"{source}: column '{col}' row {row}: not a finite number")
         out[col] = arr
-    neg = out["duration"].to_numpy() < 0
+    neg = out["duration"] < 0
     if neg.any():
         row = int(np.flatnonzero(neg)[0])
         raise InputError(
             f"{source}: column 'duration' has {int(neg.sum())} negative value(s), first at row {row}"
         )
-    out["optype"] = _optype_column(df["optype"], source)
+    out["optype"] = _optype_codes(table["optype"], source)
     out["end_ts"] = out["start_ts"] + out["duration"]
-    _check_layout(out, meta, source, meta_source)
-    return out
+    trace = Trace(out)
+    _check_layout(trace, meta, source, meta_source)
+    return trace
 
 
-def _optype_column(col: pd.Series, source: str) -> pd.Categorical:
-    """Op types as a categorical over the known vocabulary; unknown names are an error."""
-    known = sorted(optypes.KNOWN)
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        # map category codes instead of converting millions of strings
+def _numeric(col: Any, name: str, source: str, what: str) -> np.ndarray:
+    """A numeric column as float64 (NaN for nulls); other dtypes are an InputError."""
+    dtype = getattr(col, "dtype", None)
+    # numpy and pandas dtypes (nullable Int64, Float64, arrow-backed) all have .kind
+    if isinstance(col, Coded) or getattr(dtype, "kind", "O") not in "iuf":
+        shown = "dictionary" if isinstance(col, Coded) else dtype
+        raise InputError(f"{source}: column '{name}' must be {what}, got dtype {shown}")
+    if isinstance(col, np.ndarray):
+        return col.astype(np.float64, copy=False)
+    return col.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _optype_codes(col: Any, source: str) -> np.ndarray:
+    """Op types as int64 indices into OPTYPE_NAMES; unknown or empty names are an error."""
+    if isinstance(col, Coded):
+        codes, cats = col.codes, col.categories
+    elif hasattr(getattr(col, "dtype", None), "categories"):  # pandas categorical
+        codes = col.cat.codes.to_numpy().astype(np.int64)
         cats = [str(c) for c in col.cat.categories]
-        codes = col.cat.codes.to_numpy()
-        used = np.unique(codes)
-        if (used < 0).any():
-            raise InputError(f"{source}: column 'optype' has empty values")
-        names = [cats[i] for i in used]
-        lookup = np.array(
-            [known.index(c) if c in optypes.KNOWN else -1 for c in cats], dtype=np.int64
-        )
     else:
-        values = col.astype(str).to_numpy()
-        names, codes = np.unique(values, return_inverse=True)
-        names = [str(x) for x in names]
-        lookup = np.array(
-            [known.index(c) if c in optypes.KNOWN else -1 for c in names],
-            dtype=np.int64,
-        )
+        values = np.asarray(col, dtype=object)
+        if any(v is None or v != v for v in values):  # None / NaN
+            raise InputError(f"{source}: column 'optype' has empty values")
+        # map the few distinct names instead of converting millions of strings
+        cats_arr, codes = np.unique(values.astype(str), return_inverse=True)
+        cats = [str(x) for x in cats_arr]
+    codes = np.asarray(codes, dtype=np.int64)
+    if len(codes) and codes.min() < 0:
+        raise InputError(f"{source}: column 'optype' has empty values")
+    # bincount, not np.unique: that imports numpy.ma, a tenth of the command's start-up
+    used = np.flatnonzero(np.bincount(codes, minlength=len(cats)))
+    names = [cats[i] for i in used]
     unknown = sorted(set(names) - optypes.KNOWN)
     if unknown:
         raise InputError(
             f"{source}: column 'optype' has unknown op type(s): {', '.join(unknown[:5])}"
-            f" (known: {', '.join(known)})"
+            f" (known: {', '.join(OPTYPE_NAMES)})"
         )
-    return pd.Categorical.from_codes(lookup[codes], categories=known)
+    lookup = np.array(
+        [OPTYPE_NAMES.index(c) if c in optypes.KNOWN else -1 for c in cats],
+        dtype=np.int64,
+    )
+    return lookup[codes]
 
 
-def _check_layout(
-    df: pd.DataFrame, meta: JobMeta, source: str, meta_source: str
-) -> None:
+def _check_layout(df: Trace, meta: JobMeta, source: str, meta_source: str) -> None:
     """The trace's ranks must form exactly the dp_size x pp_size grid of the metadata."""
     for col, size, key in (
         ("dp_rank", meta.dp_size, "dp_size"),
         ("stage", meta.pp_size, "pp_size"),
     ):
-        v = df[col].to_numpy()
+        v = df[col]
         if v.min() < 0 or v.max() >= size:
             bad = int(v.max()) if v.max() >= size else int(v.min())
             raise InputError(
                 f"{meta_source}: {key}={size} but {source} has {col} {bad}"
             )
-    rank = df["rank"].to_numpy()
-    n_ranks = (
-        len(np.unique(rank))
-        if len(rank) < 1_000_000
-        else int(np.count_nonzero(np.bincount(rank - rank.min())))
-    )
+    rank = df["rank"]
+    n_ranks = int(np.count_nonzero(np.bincount(rank - rank.min())))
     if n_ranks != meta.workers:
         raise InputError(
             f"{meta_source}: dp={meta.dp_size} x pp={meta.pp_size} = {meta.workers} workers"
@@ -265,7 +386,7 @@ def _check_layout(
         )
     # with as many ranks as cells, a bijection fails exactly when some row disagrees
     # with the rank first seen for its cell
-    cell = df["stage"].to_numpy() * meta.dp_size + df["dp_rank"].to_numpy()
+    cell = df["stage"] * meta.dp_size + df["dp_rank"]
     first = np.full(meta.workers, -1, dtype=np.int64)
     first[cell[::-1]] = rank[::-1]
     bad = np.flatnonzero(first[cell] != rank)
@@ -273,8 +394,8 @@ def _check_layout(
         if len(bad):
             row = int(bad[0])
             what = (
-                f"row {row}: rank {int(rank[row])} in cell dp_rank {int(df['dp_rank'].iloc[row])},"
-                f" stage {int(df['stage'].iloc[row])} which already has rank {int(first[cell[row]])}"
+                f"row {row}: rank {int(rank[row])} in cell dp_rank {int(df['dp_rank'][row])},"
+                f" stage {int(df['stage'][row])} which already has rank {int(first[cell[row]])}"
             )
         else:
             empty = int(np.flatnonzero(first < 0)[0])
@@ -288,10 +409,10 @@ def _check_layout(
 
 def load_trace(
     trace_path: str | Path, meta_path: str | Path
-) -> tuple[pd.DataFrame, JobMeta]:
+) -> tuple[Trace, JobMeta]:
     """Read and validate a trace file and its metadata file."""
     meta = load_meta(meta_path)
-    df = read_table(trace_path)
+    df = read_columns(trace_path)
     checked = check_trace(df, meta, Path(trace_path).name, Path(meta_path).name)
     if not meta.name:
         meta = JobMeta(**{**meta.__dict__, "name": Path(trace_path).stem})
