@@ -48,10 +48,13 @@ def test_node_install_runs_db_upgrade_and_imports_daemons_without_any_extra(tmp_
 
 
 def test_command_importing_a_missing_extra_at_run_time_names_the_extra(tmp_path):
-    res = _cli(("pandas",), "whatif", str(tmp_path / "t.parquet"), "--meta", str(tmp_path / "m.yaml"))
+    # the what-if command reads traces with pyarrow alone (pandas stays unimported)
+    (tmp_path / "t.parquet").write_bytes(b"PAR1")
+    (tmp_path / "m.yaml").write_text("dp_size: 2\ndsp_size: 1\npp_size: 4\ntp_size: 1\nvpp_size: 1\nworld_size: 8\n")
+    res = _cli(("pyarrow",), "whatif", str(tmp_path / "t.parquet"), "--meta", str(tmp_path / "m.yaml"))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "slurmguard: error: this command needs pandas, which is not installed: "
+        "slurmguard: error: this command needs pyarrow, which is not installed: "
         "pip install 'slurmguard[whatif]'"]
 
 
