@@ -72,10 +72,17 @@ class BocdPolicy(Strict):
     """Greyhound verification: means before/after must differ by this fraction."""
     verify_window: int = Field(8, ge=2)
     """Iterations on each side of a change point used by the verification."""
-    verify_min_after: int = Field(3, ge=1)
+    verify_min_after: int = Field(4, ge=1)
     """Samples after a candidate needed before it is verified (bounds the delay)."""
     prior_cv: float = Field(0.03, gt=0)
     """Prior guess of the step-time jitter (relative s.d.); the model learns the real one."""
+    max_period: int = Field(8, ge=1, le=64)
+    """Longest step pattern recognised (every p-th step longer: gradient
+    accumulation, an optimizer step every p micro-steps), iterations."""
+    significance: float = Field(2.0, gt=0)
+    """A change is verified when its size minus this many standard errors of the
+    after-window median still clears half the bar (and rejected when its size plus
+    this many is below 3/4 of the bar)."""
 
 
 class CrossGroupPolicy(Strict):

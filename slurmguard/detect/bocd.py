@@ -231,14 +231,7 @@ class BatchBocd:
         if any_missing:
             y = np.where(missing, self.mu0, y)
         new_rows = np.nonzero((self.count == 0) & ~missing)[0]
-
-        self._kernel(y)
-        cur = self._bufs[self._cur]
-        if any_missing:
-            old = self._bufs[1 - self._cur]
-            mrows = np.nonzero(missing)[0]
-            for name in cur:
-                cur[name][:, mrows] = old[name][:, mrows]
+        self.advance(y, missing if any_missing else None)
         # record the sample
         ok = ~missing
         pos = np.mod(self.count, self.hcap)
@@ -248,6 +241,38 @@ class BatchBocd:
             self.regime_start[new_rows] = 0
             self._reset_rows(new_rows, y[new_rows, None].astype(np.float64))
         return self._detect(ok)
+
+    def advance(self, y: np.ndarray, missing: np.ndarray | None = None) -> None:
+        """One Adams-MacKay step on log-space samples `y`; rows flagged in
+        `missing` keep their state (their y must still be finite)."""
+        self._kernel(y)
+        if missing is not None and missing.any():
+            cur = self._bufs[self._cur]
+            old = self._bufs[1 - self._cur]
+            mrows = np.nonzero(missing)[0]
+            for name in cur:
+                cur[name][:, mrows] = old[name][:, mrows]
+
+    def restart(self, rows: np.ndarray, logs: np.ndarray) -> None:
+        """Restart `rows` as one run holding the log-space samples `logs` (NaN-padded rows)."""
+        self._reset_rows(np.asarray(rows), np.asarray(logs, dtype=np.float64))
+
+    def map_candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The MAP run-length drop rule for levels `age` samples old: (fired, run
+        length j of the MAP run, so the change is at the sample j before the last)."""
+        P = self.posterior
+        R = self.R
+        jstar = np.zeros(self.n, np.int64)
+        fire = np.maximum.reduce(P[: R - 1], axis=0) > P[R - 1]
+        young = np.nonzero(age - 1 < R - 1)[0]
+        if young.size:
+            jm = np.argmax(P[:, young], axis=0)
+            fire[young] = jm < age[young] - 1
+            jstar[young] = jm
+        old_fired = np.nonzero(fire & (age - 1 >= R - 1))[0]
+        if old_fired.size:
+            jstar[old_fired] = np.argmax(P[:, old_fired], axis=0)
+        return fire, jstar
 
     def _kernel(self, y: np.ndarray) -> None:
         """One Adams-MacKay step for all series (in place, double-buffered)."""
@@ -337,15 +362,7 @@ class BatchBocd:
             # The MAP run is shorter than the current level's age. For a level
             # older than the cap that is max(P[:R-1]) > P[R-1]; argmax (slow
             # on short axes) only runs on young levels and on the few fired.
-            fire = np.maximum.reduce(P[: R - 1], axis=0) > P[R - 1]
-            young = np.nonzero(age - 1 < R - 1)[0]
-            if young.size:
-                jm = np.argmax(P[:, young], axis=0)
-                fire[young] = jm < age[young] - 1
-                jstar[young] = jm
-            old_fired = np.nonzero(fire & (age - 1 >= R - 1))[0]
-            if old_fired.size:
-                jstar[old_fired] = np.argmax(P[:, old_fired], axis=0)
+            fire, jstar = self.map_candidates(age)
         else:  # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
             fire = np.zeros(self.n, bool) | (self.H > self.policy.change_probability)
         fire &= ok & (self.pending < 0)
