@@ -93,13 +93,19 @@ class ChangePoint:
 
 
 class BatchBocd:
-    """BOCD + verification over `n_series` step-time series at once.
+    """BOCD over `n_series` step-time series at once: the candidate generator
+    of the step detector (`advance`, `map_candidates`, `restart`), and on its
+    own the baselines the benchmark compares against.
 
     Feed one sample per series per call to `update` (seconds, NaN = no sample
     for that series this time); it returns the change points verified by this
     sample. Thresholds come from `policy` (Policy().detection.bocd by default).
 
-    verify=False gives the plain-BOCD baseline (every fire is reported).
+    verify=False gives the plain-BOCD baseline (every fire is reported);
+    verify=True the earlier detector, kept as a baseline: BOCD on raw log step
+    times plus a fixed 10% check of the after-window median (it has no model of
+    step patterns, checkpoints or hiccups, which is what slurmguard.detect.steps
+    adds).
     rule: policy.rule by default ("map_drop"), "short_mass", or "r0" (the literal
     P(r_t = 0) > change_probability rule, kept to show that it never fires).
     """
@@ -442,45 +448,21 @@ def _median_rows(a: np.ndarray) -> np.ndarray:
 
 def detect_changepoints(step_times, policy: BocdPolicy | None = None, *,
                         verify: bool = True, rule: Rule | None = None) -> list[ChangePoint]:
-    """Verified change points of one step-time series (seconds per iteration)."""
-    x = np.asarray(step_times, dtype=np.float64).reshape(1, -1)
-    det = BatchBocd(1, policy, verify=verify, rule=rule)
-    return det.run(x)
+    """Change points of one step-time series (seconds per iteration).
 
-
-@dataclass(frozen=True)
-class Episode:
-    """A slowdown: onset index, recovery index (None while ongoing), slowdown fraction."""
-
-    onset: int
-    detected_at: int
-    slowdown: float
-    baseline: float
-    recovery: int | None = None
-    recovered_at: int | None = None
-
-
-def episodes(changes: list[ChangePoint], min_change: float = 0.10) -> list[Episode]:
-    """Pair slower/faster changes of one series into onset/recovery episodes.
-
-    A slowdown stays open while the level is at least `min_change` above the
-    baseline it started from; a later slower change deepens it.
+    verify=True (the default) runs the step detector (slurmguard.detect.steps,
+    the one the agent and the controller run) with `policy` and the default
+    warm-up/learning lengths; verify=False is the plain-BOCD baseline (every
+    MAP run-length drop, or `rule`'s fire, is a change).
     """
-    out: list[Episode] = []
-    cur: Episode | None = None
-    for c in sorted(changes, key=lambda c: c.index):
-        if cur is None:
-            if c.direction == "slower":
-                cur = Episode(c.index, c.detected_at, c.relative_change, c.level_before)
-            continue
-        level = c.level_after
-        slow = level / cur.baseline - 1.0
-        if slow < min_change:
-            out.append(Episode(cur.onset, cur.detected_at, cur.slowdown, cur.baseline,
-                               c.index, c.detected_at))
-            cur = None
-        else:
-            cur = Episode(cur.onset, cur.detected_at, max(cur.slowdown, slow), cur.baseline)
-    if cur is not None:
-        out.append(cur)
-    return out
+    if verify:
+        from slurmguard.detect.steps import DetectorConfig, detect_steps
+
+        base = DetectorConfig.from_policy()
+        cfg = base if policy is None else DetectorConfig(
+            bocd=policy, warmup=base.warmup, learn=max(base.learn, 4 * policy.max_period),
+            max_period=policy.max_period, significance=policy.significance)
+        return detect_steps(step_times, cfg).change_points
+    x = np.asarray(step_times, dtype=np.float64).reshape(1, -1)
+    det = BatchBocd(1, policy, verify=False, rule=rule)
+    return det.run(x)

@@ -34,8 +34,11 @@ iteration; congestion makes that addition noisy). Deterministic given the seed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+
+from slurmguard.errors import InputError
 
 KINDS = ("healthy", "hiccup", "speedup", "small_shift", "shift", "transient", "compound")
 WEIGHTS = (0.30, 0.12, 0.06, 0.07, 0.20, 0.15, 0.10)
@@ -215,3 +218,68 @@ def make_suite(n_scenarios: int = 1000, length: int = 400, seed: int = 0) -> lis
     rng = np.random.default_rng(seed)
     kinds = rng.choice(KINDS, size=n_scenarios, p=np.asarray(WEIGHTS) / sum(WEIGHTS))
     return [make_scenario(rng, str(k), length) for k in kinds]
+
+
+# ---------------------------------------------------------------- recorded series
+def load_recorded(path: str | Path) -> Scenario:
+    """A recorded step series labelled with its injection (stepfile format).
+
+    `# onset:` gives the injection step (repeat it for a second fault), `#
+    recovery:` the step the fault was cleared, `# kind:` what was done
+    (default: shift with an onset, healthy without). Missing steps (NaN, 0)
+    are kept as gaps. The severity, when not given, is measured: median step
+    over the 30 steps after the onset against the 30 before it.
+    """
+    from slurmguard.detect.stepfile import read_step_file
+
+    vals, labels, _ = read_step_file(path, skip_invalid=True)
+    x = np.asarray(vals, dtype=np.float64)
+
+    def ints(key: str) -> tuple[int, ...]:
+        out = []
+        for v in labels.get(key, []):
+            try:
+                k = int(v)
+            except ValueError:
+                raise InputError(f"{path}: label '{key}: {v}' is not a step index") from None
+            if not 0 <= k < x.size:
+                raise InputError(f"{path}: label '{key}: {v}' is outside the series (0..{x.size - 1})")
+            out.append(k)
+        return tuple(sorted(out))
+
+    onsets, recov = ints("onset"), ints("recovery")
+    kind = (labels.get("kind") or ["shift" if onsets else "healthy"])[0]
+    if kind not in KINDS:
+        raise InputError(f"{path}: label 'kind: {kind}' is not one of {', '.join(KINDS)}")
+    if onsets and kind in ("healthy", "hiccup", "speedup"):
+        raise InputError(f"{path}: a '{kind}' series has no onset (got onset labels)")
+    if "severity" in labels:
+        try:
+            sev = float(labels["severity"][0])
+        except ValueError:
+            raise InputError(f"{path}: label 'severity: {labels['severity'][0]}' is not a number") from None
+    elif onsets:
+        o = onsets[0]
+        sev = float(np.nanmedian(x[o:o + 30]) / np.nanmedian(x[max(0, o - 30):o]) - 1.0)
+    else:
+        sev = 0.0
+    positives = []
+    for k, o in enumerate(onsets):
+        end = next((r for r in recov if r > o), x.size)
+        if sev >= MIN_SHIFT and end - o >= MIN_DURATION:
+            positives.append(o)
+    excursions = []
+    for v in labels.get("excursion", []):
+        try:
+            a, b = (int(t) for t in v.replace("-", " ").split())
+        except ValueError:
+            raise InputError(f"{path}: label 'excursion: {v}' is not 'START-STOP'") from None
+        excursions.append((a, b))
+    tex = tuple(t.strip() for t in (labels.get("textures") or [""])[0].split(",") if t.strip())
+    return Scenario(kind, x, onsets, recov, sev, ("recorded",) + tex, tuple(positives),
+                    tuple(excursions), {"file": str(path), "source": (labels.get("source") or [""])[0]})
+
+
+def load_recorded_dir(directory: str | Path) -> list[Scenario]:
+    """Every *.csv under `directory` (sorted), as labelled scenarios."""
+    return [load_recorded(p) for p in sorted(Path(directory).glob("*.csv"))]

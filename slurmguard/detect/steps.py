@@ -102,8 +102,33 @@ class Profile:
         return float(math.exp(z_level) * self.mean_factor)
 
 
+def _med(a: np.ndarray) -> float:
+    """Median of a short 1-D array (np.median's overhead dominates at this size)."""
+    srt = np.sort(a)
+    m = srt.size
+    return float(0.5 * (srt[(m - 1) // 2] + srt[m // 2]))
+
+
 def _mad(a: np.ndarray) -> float:
-    return float(1.4826 * np.median(np.abs(a - np.median(a))))
+    """Robust s.d.: 1.4826 x the median absolute deviation."""
+    return 1.4826 * _med(np.abs(a - _med(a)))
+
+
+def _loo_medians(v: np.ndarray) -> np.ndarray:
+    """For each element, the median of the others (v has >= 2 elements)."""
+    order = np.argsort(v, kind="stable")
+    srt = v[order]
+    m = v.size
+    j = np.empty(m, np.int64)
+    j[order] = np.arange(m)          # sorted position of each element
+    L = m - 1
+
+    def pick(k: int) -> np.ndarray:  # k-th of the others, sorted
+        return np.where(k < j, srt[k], srt[min(k + 1, m - 1)])
+
+    if L % 2:
+        return pick(L // 2)
+    return 0.5 * (pick(L // 2 - 1) + pick(L // 2))
 
 
 def learn_profile(y: np.ndarray, max_period: int = 8, phase0: int = 0) -> Profile:
@@ -127,24 +152,29 @@ def learn_profile(y: np.ndarray, max_period: int = 8, phase0: int = 0) -> Profil
     idx0 = np.arange(phase0, phase0 + n)
     cap = 6.0 * max(_mad(y), SIGMA_FLOOR)
     scores: dict[int, float] = {}
+    resid: dict[int, np.ndarray] = {}
     for p in range(1, max(1, min(max_period, n // 3)) + 1):
         ph = idx0 % p
         r = np.empty(n)
         for k in range(p):
-            sel = np.nonzero(ph == k)[0]
-            v = y[sel]
-            for j, jj in enumerate(sel):
-                r[jj] = v[j] - np.median(np.delete(v, j))
+            sel = ph == k
+            r[sel] = y[sel] - _loo_medians(y[sel])
         scores[p] = float(np.mean(np.minimum(np.abs(r), cap)))
+        resid[p] = r
     best = min(scores.values())
     period = 1
     if best < 0.85 * scores[1]:
         period = min(p for p, sc in scores.items() if sc <= 1.10 * best + 1e-12)
     ph = idx0 % period
-    med = np.array([np.median(y[ph == k]) for k in range(period)])
+    med = np.array([_med(y[ph == k]) for k in range(period)])
     shape = med - med.mean()
     z = y - shape[ph]
-    return Profile(period, shape, float(np.median(z)), max(_mad(z), SIGMA_FLOOR))
+    # the noise scale from the leave-one-out residuals (in-sample ones are too
+    # small: a median of three fits one of them exactly), less the spread the
+    # other samples' median adds (a median of g - 1 has variance ~1.57 s^2 / (g - 1))
+    g = n / period
+    scale = _mad(resid[period]) / math.sqrt(1.0 + 1.57 / max(g - 1.0, 1.0))
+    return Profile(period, shape, float(_med(z)), max(scale, SIGMA_FLOOR))
 
 
 @dataclass(frozen=True)
@@ -255,6 +285,7 @@ class StepDetector:
         self.pending = np.full(n_series, -1, np.int64)  # candidate change, -1 = none
         self.rejected = np.full(n_series, -1, np.int64)
         self.refine = np.ones(n_series, bool)           # False: the level is a given baseline
+        self.relearned = np.zeros(n_series, bool)       # the profile was learned a second time
         self.hcap = max(4 * self.W, 8 * P, self.learn + 2)
         self.z = np.full((n_series, self.hcap), np.nan)   # log step - current shape
         self.zh = np.full((n_series, self.hcap), np.nan)  # log step - healthy shape
@@ -406,6 +437,14 @@ class StepDetector:
                            & (age <= np.maximum(3 * self.W, 4 * self.period)))[0]
         for i in young:
             self._refine(int(i))
+        # once more healthy samples are in, learn the pattern again from the
+        # latest ones: a warm-up longer than `warmup` (compilation, caches)
+        # would otherwise stay in the profile and its noise scale
+        again = np.nonzero(live & ~self.relearned & (self.seen >= self.warmup + 2 * self.learn)
+                           & (self.state == HEALTHY) & (self.pending < 0)
+                           & (self.regime == self.warmup) & self.refine)[0]
+        for i in again:
+            self._relearn(int(i))
         out: list[ChangePoint] = []
         ready = np.nonzero(live & (self.pending >= 0) & (self.seen - self.pending >= self.min_after))[0]
         for i in ready:
@@ -413,6 +452,28 @@ class StepDetector:
             if cp is not None:
                 out.append(cp)
         return out
+
+    def _relearn(self, i: int) -> None:
+        self.relearned[i] = True
+        n = int(self.seen[i])
+        xs = self._window(i, n - self.learn, n, self.x)
+        y = np.log(xs)
+        n0 = n - y.size
+        pr = learn_profile(y, self.cfg.max_period, n0)
+        self._s[i].profile = pr
+        p = pr.period
+        self.period[i] = p
+        self.shape[i] = self.hshape[i] = 0.0
+        self.shape[i, :p] = self.hshape[i, :p] = pr.shape
+        self.base[i] = self.ref[i] = pr.level
+        self.base_s[i] = pr.seconds(pr.level)
+        self.sigma[i] = pr.scale
+        pos = np.arange(n0, n) % self.hcap
+        self.z[i] = self.zh[i] = np.nan
+        self.z[i, pos] = self.zh[i, pos] = y - pr.shape[np.arange(n0, n) % p]
+        self.regime[i] = n0
+        self.rejected[i] = -1
+        self.bocd.restart(np.array([i]), self._winsor(i, self.z[i, pos])[None, :])
 
     def _window(self, i: int, lo: int, hi: int, arr: np.ndarray | None = None) -> np.ndarray:
         a = self.z if arr is None else arr
@@ -430,10 +491,10 @@ class StepDetector:
             # Re-learn the per-phase offsets from this level's own samples.
             xs = self._window(i, lo, n, self.x)
             ph = np.arange(n - xs.size, n) % p
-            med = np.array([np.median(np.log(xs[ph == k])) for k in range(p)])
+            med = np.array([_med(np.log(xs[ph == k])) for k in range(p)])
             self.shape[i, :p] = med - med.mean()
             self.z[i, np.arange(n - xs.size, n) % self.hcap] = np.log(xs) - self.shape[i, ph]
-        lvl = float(np.median(self._window(i, lo, n)))
+        lvl = float(_med(self._window(i, lo, n)))
         self.ref[i] = lvl
         if self.state[i] == HEALTHY:
             # a new healthy level (the job got faster): it is the baseline
@@ -468,7 +529,7 @@ class StepDetector:
         the better of two models of a change: every phase of the step pattern
         scaled alike (a slower GPU: spread of z), or the same seconds added to
         every step (a slower link: spread of the added time over the mean step)."""
-        mult = 1.4826 * float(np.median(np.abs(after - np.median(after))))
+        mult = 1.4826 * float(_med(np.abs(after - _med(after))))
         p = int(self.period[i])
         if p == 1:
             return mult
@@ -476,15 +537,38 @@ class StepDetector:
         ph = np.arange(n - xs.size, n) % p
         lvl = np.exp(ref + self.shape[i, :p])
         u = (xs - lvl[ph]) / float(np.mean(lvl))
-        return min(mult, 1.4826 * float(np.median(np.abs(u - np.median(u)))))
+        return min(mult, 1.4826 * float(_med(np.abs(u - _med(u)))))
+
+    def _locate(self, i: int, c: int, n: int, ref: float) -> int:
+        """Where the level left `ref`: the split of the recent samples that
+        misclassifies the fewest of them against the midpoint between `ref` and
+        the level since the candidate (the earliest such split; an outlier or a
+        checkpoint moves the count by one, not the split)."""
+        lo = max(int(self.regime[i]), c - self.W, int(self.seen[i]) - self.hcap)
+        z = self._window(i, lo, n)
+        a = _med(self._window(i, c, n))
+        mid = 0.5 * (a + ref)
+        hi = (z > mid) if a > ref else (z < mid)
+        # cost(j) = moved samples before j + unmoved samples from j on
+        before = np.concatenate([[0], np.cumsum(hi)])
+        after = np.concatenate([np.cumsum((~hi)[::-1])[::-1], [0]])
+        cost = before + after
+        last = z.size - self.min_after      # keep min_after samples after the split
+        if last < 0:
+            return c
+        j = int(np.argmin(cost[: last + 1]))
+        return lo + j
 
     def _verify(self, i: int) -> ChangePoint | None:
         c = int(self.pending[i])
         n = int(self.seen[i])
+        ref = float(self.ref[i])
+        if n - c == self.min_after:  # first look: place the candidate where the level left
+            c = self._locate(i, c, n, ref)
+            self.pending[i] = c
         after = self._window(i, c, n)
         m = after.size
-        ref = float(self.ref[i])
-        a = float(np.median(after))
+        a = float(_med(after))
         sig = float(self.sigma[i])
         half = self.half
         if m == 0:
@@ -502,13 +586,15 @@ class StepDetector:
         tail = after[-min(2, m):]
         # most of the samples moved (all of the first four), not a few outliers
         need = m if m <= 4 else math.ceil(0.75 * m)
+        # per sample, "moved" means beyond half the bar and beyond the noise
+        mv = max(half, 1.5 * sig)
         slow = self.state[i] == SLOW
         kind: str | None = None
         decided = m >= self.max_wait
         if a > ref:
             up = a - ref
-            if (up >= self.acc and up - k * se >= half and np.all(tail >= ref + half)
-                    and np.sum(after >= ref + half) >= need):
+            if (up >= self.acc and up - k * se >= half and np.all(tail >= ref + mv)
+                    and np.sum(after >= ref + mv) >= need):
                 kind = "slower"
             elif up + k * se < self.acc:
                 decided = True
@@ -520,12 +606,12 @@ class StepDetector:
             ah = self._window(i, c, n, self.zh)
             lim = float(self.base[i]) + self.rec
             top = max(ref, float(self.vlevel[i]))
-            back = slow and float(np.median(ah)) <= lim
+            back = slow and float(_med(ah)) <= lim
             if (back and top - a - k * se >= half and np.all(ah[-min(2, m):] <= lim)
                     and np.sum(ah <= lim) >= need):
                 kind = "recovery"
-            elif (down >= self.acc and down - k * se >= half and np.all(tail <= ref - half)
-                    and np.sum(after <= ref - half) >= need):
+            elif (down >= self.acc and down - k * se >= half and np.all(tail <= ref - mv)
+                    and np.sum(after <= ref - mv) >= need):
                 kind = "faster"
             elif down + k * se < self.acc and not back:
                 decided = True
@@ -535,6 +621,9 @@ class StepDetector:
         if kind is None:
             self.rejected[i] = c
             return None
+        if m > self.min_after:  # more samples since the first look: place it again
+            c = self._locate(i, c, n, ref)
+            a = float(_med(self._window(i, c, n)))
         return self._accept(i, c, n, a, kind)
 
     def _accept(self, i: int, c: int, n: int, a: float, kind: str) -> ChangePoint:
