@@ -194,8 +194,10 @@ class AgentPolicy(Strict):
     secret_file: str = "/etc/slurmguard/secret"
     warmup_steps: int = Field(5, ge=0)
     """Iterations skipped before the baseline window (compilation, cache warm-up)."""
-    baseline_steps: int = Field(20, ge=3)
-    """Iterations whose median is the rank's healthy baseline."""
+    baseline_steps: int = Field(32, ge=3)
+    """Iterations (after the warm-up) that set a rank's healthy baseline and its
+    step pattern for the step detector; a pattern of period p needs 3p of them
+    (32: every period up to detection.bocd.max_period = 8)."""
     report_steps: int = Field(256, ge=8)
     """Most recent iterations of each rank sent in every report."""
     max_ops_per_rank: int = Field(16384, ge=256)

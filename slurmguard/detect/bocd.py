@@ -459,9 +459,7 @@ def detect_changepoints(step_times, policy: BocdPolicy | None = None, *,
         from slurmguard.detect.steps import DetectorConfig, detect_steps
 
         base = DetectorConfig.from_policy()
-        cfg = base if policy is None else DetectorConfig(
-            bocd=policy, warmup=base.warmup, learn=max(base.learn, 4 * policy.max_period),
-            max_period=policy.max_period, significance=policy.significance)
+        cfg = base if policy is None else DetectorConfig.from_parts(policy, base.warmup, base.learn)
         return detect_steps(step_times, cfg).change_points
     x = np.asarray(step_times, dtype=np.float64).reshape(1, -1)
     det = BatchBocd(1, policy, verify=False, rule=rule)

@@ -62,8 +62,9 @@ class DetectorConfig:
     """Thresholds of the step-time detector (all from the policy).
 
     warmup: steps skipped at the start of a series (agent.warmup_steps).
-    learn: healthy steps that set the profile: max(agent.baseline_steps,
-      4 x max_period) so every phase of the longest period has 4 samples.
+    learn: healthy steps that set the baseline and the step pattern
+      (agent.baseline_steps); a period needs 3 samples per phase, so patterns
+      up to min(max_period, learn // 3) are recognised (32 steps: up to 8).
     max_period: longest step pattern recognised (detection.bocd.max_period).
     """
 
@@ -76,10 +77,13 @@ class DetectorConfig:
     @classmethod
     def from_policy(cls, policy: Policy | None = None) -> "DetectorConfig":
         p = policy or Policy()
-        b = p.detection.bocd
-        return cls(bocd=b, warmup=p.agent.warmup_steps,
-                   learn=max(p.agent.baseline_steps, 4 * b.max_period),
-                   max_period=b.max_period, significance=b.significance)
+        return cls.from_parts(p.detection.bocd, p.agent.warmup_steps, p.agent.baseline_steps)
+
+    @classmethod
+    def from_parts(cls, bocd: BocdPolicy, warmup_steps: int, baseline_steps: int) -> "DetectorConfig":
+        """The same config from the policy sections the agent holds."""
+        return cls(bocd=bocd, warmup=warmup_steps, learn=baseline_steps,
+                   max_period=bocd.max_period, significance=bocd.significance)
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,10 @@ def learn_profile(y: np.ndarray, max_period: int = 8, phase0: int = 0) -> Profil
     # other samples' median adds (a median of g - 1 has variance ~1.57 s^2 / (g - 1))
     g = n / period
     scale = _mad(resid[period]) / math.sqrt(1.0 + 1.57 / max(g - 1.0, 1.0))
+    if n >= 8:
+        # differences of neighbours see the noise but not a level shift inside
+        # the window (which would inflate the residuals of a one-level fit)
+        scale = min(scale, _mad(np.diff(z)) / math.sqrt(2.0))
     return Profile(period, shape, float(_med(z)), max(scale, SIGMA_FLOOR))
 
 
@@ -246,11 +254,13 @@ class StepDetector:
     unknown). Given it, the step pattern is learned from the first `learn`
     samples but the level comes from the baseline, and those samples are then
     judged against it: the controller's view of a report window that may
-    start inside a slowdown. warmup overrides the config's warm-up.
+    start inside a slowdown. warmup / learn override the config's lengths
+    (a report window that does not start at the job's start has no warm-up).
     """
 
     def __init__(self, n_series: int = 1, config: DetectorConfig | None = None, *,
-                 baseline_s: np.ndarray | None = None, warmup: int | None = None) -> None:
+                 baseline_s: np.ndarray | None = None, warmup: int | None = None,
+                 learn: int | None = None) -> None:
         if n_series < 1:
             raise ValueError("n_series must be >= 1")
         cfg = config or DetectorConfig.from_policy()
@@ -258,7 +268,7 @@ class StepDetector:
         b = cfg.bocd
         self.n = n_series
         self.warmup = cfg.warmup if warmup is None else max(0, int(warmup))
-        self.learn = cfg.learn
+        self.learn = cfg.learn if learn is None else max(3, int(learn))
         self.bocd = BatchBocd(n_series, b)
         self.W = b.verify_window
         self.max_wait = 2 * b.verify_window
