@@ -21,14 +21,18 @@ from pathlib import Path
 
 from slurmguard.errors import InputError
 
+#: Longest believable step (seconds, ~11.6 days): above it a value is clock
+#: garbage or a unit mistake, not a step time. The detector ignores such samples.
+MAX_STEP_S = 1e6
+
 LABEL_KEYS = ("kind", "onset", "recovery", "severity", "textures", "source", "excursion")
 
 
 def read_step_file(path: str | Path, *, skip_invalid: bool = False) -> tuple[list[float], dict[str, list[str]], int]:
     """(step times, labels, invalid rows skipped). Errors name the file and line.
 
-    A value that is not a positive finite number of seconds (NaN, inf, zero,
-    negative) is an error, or, with skip_invalid, a missing step (counted).
+    A value that is not a step time (NaN, inf, zero, negative, > MAX_STEP_S) is
+    an error, or, with skip_invalid, a missing step (kept as NaN, counted).
     """
     p = Path(path)
     try:
@@ -65,12 +69,14 @@ def read_step_file(path: str | Path, *, skip_invalid: bool = False) -> tuple[lis
                 continue  # header
             raise InputError(f"{path}:{lineno}: '{cell}' is not a number") from None
         header_ok = False
-        if not math.isfinite(v) or v <= 0:
+        if not math.isfinite(v) or v <= 0 or v > MAX_STEP_S:
             if skip_invalid:
                 skipped += 1
                 out.append(float("nan"))
                 continue
-            raise InputError(f"{path}:{lineno}: step time must be a positive number of seconds, got {cell}"
+            what = ("is implausible (more than 11 days)" if math.isfinite(v) and v > 0
+                    else "must be a positive number of seconds")
+            raise InputError(f"{path}:{lineno}: step time {what}, got {cell}"
                              " (--skip-invalid treats such rows as missing steps)")
         out.append(v)
     if not out:

@@ -47,6 +47,7 @@ import numpy as np
 
 from slurmguard.config import BocdPolicy, Policy
 from slurmguard.detect.bocd import BatchBocd, ChangePoint
+from slurmguard.detect.stepfile import MAX_STEP_S
 
 #: Relative noise floor: a constant series still has a defined scale (0.2%).
 SIGMA_FLOOR = 0.002
@@ -230,8 +231,6 @@ class _Series:
 
 
 LEARNING, HEALTHY, SLOW = 0, 1, 2
-#: Longest believable step (seconds): anything above is clock garbage, not a step.
-MAX_STEP_S = 1e6
 
 
 def valid_steps(x: np.ndarray) -> np.ndarray:
