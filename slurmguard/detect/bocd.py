@@ -263,6 +263,28 @@ class BatchBocd:
         """Restart `rows` as one run holding the log-space samples `logs` (NaN-padded rows)."""
         self._reset_rows(np.asarray(rows), np.asarray(logs, dtype=np.float64))
 
+    def candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidate rule (self.rule) for levels `age` samples old: (fired,
+        run length j, so the change is at the sample j before the last)."""
+        if self.rule == "map_drop":
+            return self.map_candidates(age)
+        jstar = np.zeros(self.n, np.int64)
+        if self.rule == "short_mass":
+            # P(r_t < k) > change_probability, over runs younger than the level
+            P = self.posterior
+            k = self.k
+            head = P[:k]
+            lim = np.minimum(age - 1, k)
+            mask = np.arange(k)[:, None] < lim[None, :]
+            mass = np.where(mask, head, 0).sum(axis=0)
+            fire = mass > self.policy.change_probability
+            if fire.any():
+                fr = np.nonzero(fire)[0]
+                jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
+            return fire, jstar
+        # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
+        return np.zeros(self.n, bool) | (self.H > self.policy.change_probability), jstar
+
     def map_candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The MAP run-length drop rule for levels `age` samples old: (fired, run
         length j of the MAP run, so the change is at the sample j before the last)."""
@@ -349,28 +371,8 @@ class BatchBocd:
 
     # ------------------------------------------------------------------ decide
     def _detect(self, ok: np.ndarray) -> list[ChangePoint]:
-        P = self.posterior
         n = self.count
-        age = n - self.regime_start
-        k = self.k
-        R = self.R
-        jstar = np.zeros(self.n, np.int64)
-        if self.rule == "short_mass":
-            head = P[:k]
-            lim = np.minimum(age - 1, k)
-            mask = np.arange(k)[:, None] < lim[None, :]
-            mass = np.where(mask, head, 0).sum(axis=0)
-            fire = mass > self.policy.change_probability
-            if fire.any():
-                fr = np.nonzero(fire)[0]
-                jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
-        elif self.rule == "map_drop":
-            # The MAP run is shorter than the current level's age. For a level
-            # older than the cap that is max(P[:R-1]) > P[R-1]; argmax (slow
-            # on short axes) only runs on young levels and on the few fired.
-            fire, jstar = self.map_candidates(age)
-        else:  # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
-            fire = np.zeros(self.n, bool) | (self.H > self.policy.change_probability)
+        fire, jstar = self.candidates(n - self.regime_start)
         fire &= ok & (self.pending < 0)
         if fire.any():
             rows = np.nonzero(fire)[0]

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -179,10 +178,6 @@ def learn_profile(y: np.ndarray, max_period: int = 8, phase0: int = 0) -> Profil
     # other samples' median adds (a median of g - 1 has variance ~1.57 s^2 / (g - 1))
     g = n / period
     scale = _mad(resid[period]) / math.sqrt(1.0 + 1.57 / max(g - 1.0, 1.0))
-    if n >= 8:
-        # differences of neighbours see the noise but not a level shift inside
-        # the window (which would inflate the residuals of a one-level fit)
-        scale = min(scale, _mad(np.diff(z)) / math.sqrt(2.0))
     return Profile(period, shape, float(_med(z)), max(scale, SIGMA_FLOOR))
 
 
@@ -426,12 +421,16 @@ class StepDetector:
         y[rows] = self.ref[rows] + np.clip(z - self.ref[rows], -c, c)
         self.bocd.advance(y.astype(self.bocd.dtype), ~live)
         age = self.seen - self.regime
-        fire, jstar = self.bocd.map_candidates(age)
-        fire &= live & (self.pending < 0)
+        fire, jstar = self.bocd.candidates(age)
+        fire &= live
         if fire.any():
             fr = np.nonzero(fire)[0]
             cand = (self.seen[fr] - 1) - jstar[fr]
             good = (cand - self.regime[fr] >= 3) & (cand != self.rejected[fr])
+            # a later change the posterior now believes replaces a pending one
+            # that has not been decided (so a noise candidate cannot hold a real
+            # change back until it times out)
+            good &= (self.pending[fr] < 0) | (cand > self.pending[fr] + self.min_after)
             self.pending[fr[good]] = cand[good]
         # a slow series also watches for its return to the baseline directly, so
         # a recovery the BOCD posterior is slow to name is not missed
