@@ -163,8 +163,8 @@ def learn_profile(y: np.ndarray, max_period: int = 8, phase0: int = 0) -> Profil
         for k in range(p):
             sel = ph == k
             r[sel] = y[sel] - _loo_medians(y[sel])
-        scores[p] = float(np.mean(np.minimum(np.abs(r), cap)))
         resid[p] = r
+        scores[p] = float(np.mean(np.minimum(np.abs(r), cap)))
     best = min(scores.values())
     period = 1
     if best < 0.85 * scores[1]:
@@ -173,12 +173,29 @@ def learn_profile(y: np.ndarray, max_period: int = 8, phase0: int = 0) -> Profil
     med = np.array([_med(y[ph == k]) for k in range(period)])
     shape = med - med.mean()
     z = y - shape[ph]
-    # the noise scale from the leave-one-out residuals (in-sample ones are too
+    # The noise scale: from the leave-one-out residuals (in-sample ones are too
     # small: a median of three fits one of them exactly), less the spread the
-    # other samples' median adds (a median of g - 1 has variance ~1.57 s^2 / (g - 1))
+    # other samples' median adds (a median of g - 1 has variance ~1.57 s^2 / (g - 1));
+    # or, when smaller, from same-phase differences, which a level shift inside
+    # the window does not inflate.
     g = n / period
-    scale = _mad(resid[period]) / math.sqrt(1.0 + 1.57 / max(g - 1.0, 1.0))
+    loo = _mad(resid[period]) / math.sqrt(1.0 + 1.57 / max(g - 1.0, 1.0))
+    scale = min(loo, _noise_scale(y, period))
     return Profile(period, shape, float(_med(z)), max(scale, SIGMA_FLOOR))
+
+
+def _noise_scale(y: np.ndarray, period: int) -> float:
+    """Noise s.d. of log steps from differences of consecutive same-phase steps:
+    the step pattern cancels, and a level shift inside the window moves only
+    `period` of the differences (the residuals of a one-level fit would all
+    move). The mean absolute difference after dropping the largest 20%
+    (outliers and checkpoints move two differences each) estimates the
+    s.d.: for Gaussian noise it is 0.790 sigma."""
+    d = np.abs(y[period:] - y[:-period])
+    if d.size < 3:
+        return _mad(y)
+    k = max(1, int(math.floor(0.8 * d.size)))
+    return float(np.mean(np.sort(d)[:k]) / 0.790)
 
 
 @dataclass(frozen=True)
@@ -290,6 +307,7 @@ class StepDetector:
         self.rejected = np.full(n_series, -1, np.int64)
         self.refine = np.ones(n_series, bool)           # False: the level is a given baseline
         self.relearned = np.zeros(n_series, bool)       # the profile was learned a second time
+        self.changed = np.zeros(n_series, bool)         # a change was verified
         self.hcap = max(4 * self.W, 8 * P, self.learn + 2)
         self.z = np.full((n_series, self.hcap), np.nan)   # log step - current shape
         self.zh = np.full((n_series, self.hcap), np.nan)  # log step - healthy shape
@@ -383,6 +401,23 @@ class StepDetector:
             self.z[i, pos] = self.zh[i, pos] = z
             self.x[i, pos] = np.exp(y)
             self.regime[i] = n0
+            j = self._split(z)
+            if j is not None:
+                lvl_a, lvl_b = _med(z[:j]), _med(z[j:])
+                if lvl_b < lvl_a:
+                    # faster inside the window (a warm-up longer than `warmup`):
+                    # the later level is the baseline
+                    self.base[i] = self.ref[i] = lvl_b
+                    self.regime[i] = n0 + j
+                    self.base_s[i] = self._sec(i, lvl_b)
+                    z = z[j:]
+                elif j >= 8:
+                    # slower inside the window: the baseline is the level before,
+                    # and the change is a candidate like any other
+                    self.base[i] = self.ref[i] = lvl_a
+                    self.base_s[i] = self._sec(i, lvl_a)
+                    self.pending[i] = n0 + j
+                    z = z[:j]
             self.bocd.restart(np.array([i]), self._winsor(i, z)[None, :])
             return []
         # known baseline: BOCD starts from it, then the window is judged against it
@@ -399,6 +434,28 @@ class StepDetector:
             xs[i] = math.exp(yy)
             out.extend(self._step(xs, live))
         return out
+
+    def _split(self, z: np.ndarray) -> int | None:
+        """A level change inside the learning window: the split whose two sides'
+        medians differ by at least 3/4 of the bar, with most samples on each side
+        on their own side of the midpoint; None if there is none."""
+        n = z.size
+        k = self.min_after
+        best, best_j = 0.0, None
+        for j in range(k, n - k + 1):
+            a, b = _med(z[:j]), _med(z[j:])
+            d = abs(b - a)
+            if d < self.acc:
+                continue
+            mid = 0.5 * (a + b)
+            hi_b = b > a
+            wrong = np.sum((z[:j] > mid) == hi_b) + np.sum((z[j:] > mid) != hi_b)
+            if wrong > 0.15 * n:
+                continue
+            stat = d * math.sqrt(j * (n - j) / n)
+            if stat > best:
+                best, best_j = stat, j
+        return best_j
 
     def _winsor(self, i: int, z: np.ndarray) -> np.ndarray:
         c = max(WINSOR_K * self.sigma[i], WINSOR_MIN)
@@ -450,7 +507,7 @@ class StepDetector:
         # would otherwise stay in the profile and its noise scale
         again = np.nonzero(live & ~self.relearned & (self.seen >= self.warmup + 2 * self.learn)
                            & (self.state == HEALTHY) & (self.pending < 0)
-                           & (self.regime == self.warmup) & self.refine)[0]
+                           & ~self.changed & self.refine)[0]
         for i in again:
             self._relearn(int(i))
         out: list[ChangePoint] = []
@@ -643,6 +700,7 @@ class StepDetector:
         la = self._sec(i, a)
         base_s = float(self.base_s[i])
         self.refine[i] = True
+        self.changed[i] = True
         self.regime[i] = c
         self.rejected[i] = -1
         if kind == "slower":
