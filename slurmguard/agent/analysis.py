@@ -146,7 +146,8 @@ class RankAnalyzer:
             self._fed_base += drop
 
     def _fed_end(self, k: int) -> float:
-        """End time (Unix s) of the k-th iteration fed to the detector (k = -1:
-        the start of the first)."""
+        """End time (Unix s) of the k-th iteration fed to the detector, clamped
+        to the iterations still kept (k = -1, a change at the very first
+        iteration: the end of the first)."""
         j = min(max(k - self._fed_base, 0), len(self._fed_ends) - 1)
         return self._fed_ends[j]
