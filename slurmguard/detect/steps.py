@@ -282,7 +282,7 @@ class StepDetector:
         self.learn = cfg.learn if learn is None else max(3, int(learn))
         self.bocd = BatchBocd(n_series, b)
         self.W = b.verify_window
-        self.max_wait = 2 * b.verify_window
+        self.max_wait = 4 * b.verify_window
         self.min_after = b.verify_min_after
         self.acc = math.log1p(0.75 * b.verify_min_change)   # a change must reach 3/4 of the bar
         self.half = 0.5 * self.acc
@@ -650,9 +650,13 @@ class StepDetector:
         k = self.k
         tail = after[-min(2, m):]
         # most of the samples moved (all of the first four), not a few outliers
-        need = m if m <= 4 else math.ceil(0.75 * m)
+        need = m if m <= 4 else math.ceil((0.75 if m < 8 else 0.6) * m)
         # per sample, "moved" means beyond half the bar and beyond the noise
-        mv = max(half, 1.5 * sig)
+        mv = max(half, 1.5 * sig) if m < 8 else half
+        if m >= 8:
+            # past the first window the per-sample rule relaxes, and a candidate
+            # has been tested several times: ask for one more standard error
+            k += 1.0
         slow = self.state[i] == SLOW
         kind: str | None = None
         decided = m >= self.max_wait
