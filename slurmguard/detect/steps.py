@@ -21,8 +21,9 @@ detector therefore works in three layers:
    its standard error from the learned noise. A slowdown is accepted once it
    is >= `verify_min_change` x 3/4 and significantly above the level, and the
    latest samples still hold it; it is rejected as soon as it is clearly below
-   the bar or `verify_window` x 2 samples pass undecided. A median needs most of
-   its samples moved, so an outlier or a checkpoint never starts or ends an
+   the bar or `verify_window` x 4 samples pass undecided. A median needs most of
+   its samples moved (all of the first four, 60% after a window), so an outlier
+   or a checkpoint never starts or ends an
    episode, and a change needs `verify_min_after` samples.
 
 Episodes: while the level is at least `verify_min_change` above the baseline, a
