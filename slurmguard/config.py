@@ -104,10 +104,17 @@ class BocdPolicy(Strict):
     """Greyhound verification: means before/after must differ by this fraction."""
     verify_window: int = Field(8, ge=2)
     """Iterations on each side of a change point used by the verification."""
-    verify_min_after: int = Field(3, ge=1)
+    verify_min_after: int = Field(4, ge=1)
     """Samples after a candidate needed before it is verified (bounds the delay)."""
     prior_cv: float = Field(0.03, gt=0)
     """Prior guess of the step-time jitter (relative s.d.); the model learns the real one."""
+    max_period: int = Field(8, ge=1, le=64)
+    """Longest step pattern recognised (every p-th step longer: gradient
+    accumulation, an optimizer step every p micro-steps), iterations."""
+    significance: float = Field(2.0, gt=0)
+    """A change is verified when its size minus this many standard errors of the
+    after-window median still clears half the bar (and rejected when its size plus
+    this many is below 3/4 of the bar)."""
 
 
 class CrossGroupPolicy(Strict):
@@ -250,8 +257,10 @@ class AgentPolicy(Strict):
     None = the system's trust store."""
     warmup_steps: int = Field(5, ge=0)
     """Iterations skipped before the baseline window (compilation, cache warm-up)."""
-    baseline_steps: int = Field(20, ge=3)
-    """Iterations whose median is the rank's healthy baseline."""
+    baseline_steps: int = Field(32, ge=3)
+    """Iterations (after the warm-up) that set a rank's healthy baseline and its
+    step pattern for the step detector; a pattern of period p needs 3p of them
+    (32: every period up to detection.bocd.max_period = 8)."""
     report_steps: int = Field(256, ge=8)
     """Most recent iterations of each rank sent in every report."""
     max_ops_per_rank: int = Field(16384, ge=256)

@@ -56,12 +56,15 @@ class StepSample(_Model):
 
 
 class ChangeReport(_Model):
-    """A verified step-time change seen by the agent's BOCD (Unix seconds, seconds)."""
+    """A verified step-time change seen by the agent's step detector (Unix
+    seconds, seconds). at: end of the last iteration before the change (the
+    located onset); detected_at: end of the iteration at which it was known."""
 
     at: float
     direction: str
     before_s: float
     after_s: float
+    detected_at: float | None = None
 
 
 class RankReport(_Model):

@@ -1,4 +1,5 @@
-"""BOCD + verification on constructed series with known answers."""
+"""BOCD (the candidate generator and the plain baseline) and the step detector
+built on it, on constructed series with known answers."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurmguard.config import BocdPolicy
-from slurmguard.detect.bocd import ALPHA0, KAPPA0, BatchBocd, detect_changepoints, episodes
+from slurmguard.detect.bocd import ALPHA0, KAPPA0, BatchBocd, detect_changepoints
+from slurmguard.detect.steps import StepDetector, detect_steps
 
 
 def _series(rng, before, after, level=1.0, jump=0.15, cv=0.02):
@@ -52,10 +54,11 @@ def test_gc_pauses_and_checkpoints_are_not_fail_slows():
 def test_onset_and_recovery_form_one_episode():
     rng = np.random.default_rng(4)
     x = np.r_[rng.normal(1, 0.02, 80), rng.normal(1.3, 0.02, 40), rng.normal(1, 0.02, 80)]
-    cps = detect_changepoints(x)
-    assert [c.direction for c in cps] == ["slower", "faster"]
-    (ep,) = episodes(cps)
+    det = detect_steps(x)
+    assert [c.direction for c in det.change_points] == ["slower", "faster"]
+    (ep,) = det.episodes
     assert abs(ep.onset - 80) <= 1 and abs(ep.recovery - 120) <= 1
+    assert ep.detected_at - ep.onset <= 4 and ep.recovered_at - ep.recovery <= 4
     assert ep.slowdown == pytest.approx(0.3, abs=0.04)
 
 
@@ -120,17 +123,16 @@ def test_batched_kernel_matches_textbook_recursion():
 def test_many_series_at_once_match_one_at_a_time_and_missing_samples_wait():
     rng = np.random.default_rng(8)
     X = np.stack([_series(rng, 90, 60, level=l, jump=j) for l, j in ((0.5, 0.2), (3.0, 0.0), (1.0, 0.5))])
-    batch = BatchBocd(3).run(X)
-    singles = [c for i in range(3) for c in [c.__class__(**{**c.__dict__, "series": i})
-                                            for c in detect_changepoints(X[i])]]
-    assert sorted((c.series, c.index, c.direction) for c in batch) == \
-        sorted((c.series, c.index, c.direction) for c in singles)
+    batch = StepDetector(3).run(X)
+    singles = [(i, c.index, c.direction) for i in range(3) for c in detect_changepoints(X[i])]
+    assert sorted((c.series, c.index, c.direction) for c in batch) == sorted(singles)
+    assert {s for s, _, d in singles if d == "slower"} == {0, 2}
     # series 1 misses every other sample: NaN leaves its state untouched
-    det = BatchBocd(3)
+    det = StepDetector(3)
     Y = X.copy()
     Y[1, ::2] = np.nan
     out = det.run(Y)
-    assert det.count.tolist() == [150, 75, 150]
+    assert det.seen.tolist() == [150, 75, 150]
     assert {c.series for c in out if c.direction == "slower"} == {0, 2}
 
 

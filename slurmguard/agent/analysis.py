@@ -16,9 +16,9 @@ import numpy as np
 
 from slurmguard.agent.rings import TrackedRing
 from slurmguard.config import AgentPolicy, DetectionPolicy, PeriodPolicy
-from slurmguard.detect.bocd import BatchBocd
 from slurmguard.detect.period import step_times
 from slurmguard.detect.records import RankOps
+from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.reports import ChangeReport, RankReport, StepSample
 
 
@@ -65,19 +65,15 @@ class RankAnalyzer:
     baseline_s: float | None = None
     baseline_compute_s: float | None = None
     total_steps: int = 0
-    _bocd: BatchBocd | None = None
+    _det: StepDetector | None = None
     _fed_until_ns: int = 0
     _fed_ends: list[float] = field(default_factory=list)
+    _fed_base: int = 0               # detector index of _fed_ends[0]
+    _fed_compute: list[float] = field(default_factory=list)
     changes: list[ChangeReport] = field(default_factory=list)
 
     def report(self, tr: TrackedRing) -> RankReport:
         steps = self._steps(tr)
-        if steps and self.baseline_s is None:
-            usable = steps[self.agent.warmup_steps:]
-            if len(usable) >= self.agent.baseline_steps:
-                window = usable[: self.agent.baseline_steps]
-                self.baseline_s = float(np.median([s.step_s for s in window]))
-                self.baseline_compute_s = float(np.median([s.step_s - s.comm_s for s in window]))
         self._feed_bocd(tr, steps)
         h = tr.header
         last_end = int(tr.end_ns[-1]) if tr.end_ns.size else None
@@ -107,19 +103,51 @@ class RankAnalyzer:
                 for b, s, c in zip(bounds[1:], step, comm)]
 
     def _feed_bocd(self, tr: TrackedRing, steps: list[StepSample]) -> None:
-        if self.baseline_s is None:
-            return
-        if self._bocd is None:
-            self._bocd = BatchBocd(1, self.detection.bocd)
+        """Feed new iterations to the step detector (slurmguard.detect.steps, the
+        same code and thresholds as the controller, the CLI and the bench).
+
+        The rank's baseline is the detector's: once it has learned the rank's
+        step pattern (after agent.warmup_steps + agent.baseline_steps
+        iterations), the mean step over one period, and the median compute time
+        of those iterations. Every verified change becomes a ChangeReport:
+        `at` is the end of the last iteration before it (the located onset),
+        `detected_at` the end of the iteration at which the detector knew.
+        """
+        if self._det is None:
+            cfg = DetectorConfig.from_parts(self.detection.bocd, self.agent.warmup_steps,
+                                            self.agent.baseline_steps)
+            self._det = StepDetector(1, cfg)
+        det = self._det
         off_s = tr.header.clock_offset_ns / 1e9
+        keep = det.cfg.warmup + det.cfg.learn
         for s in steps:
             end_ns = int((s.end - off_s) * 1e9)
             if end_ns <= self._fed_until_ns:
                 continue
             self._fed_until_ns = end_ns
             self._fed_ends.append(s.end)
-            for cp in self._bocd.update(np.array([s.step_s])):
-                # onset: end of the first iteration at the new level
-                at = self._fed_ends[min(cp.index, len(self._fed_ends) - 1)]
-                self.changes.append(ChangeReport(at=at, direction=cp.direction,
-                                                 before_s=cp.level_before, after_s=cp.level_after))
+            if len(self._fed_compute) < keep:
+                self._fed_compute.append(s.step_s - s.comm_s)
+            for cp in det.update(np.array([s.step_s])):
+                self.changes.append(ChangeReport(
+                    at=self._fed_end(cp.index - 1), direction=cp.direction, before_s=cp.level_before,
+                    after_s=cp.level_after, detected_at=self._fed_end(cp.detected_at)))
+            if det.learned(0):
+                # follows the detector: learned again after a long warm-up, or
+                # moved when the job got faster
+                self.baseline_s = det.baseline_s(0)
+                if self.baseline_compute_s is None and self._fed_compute[det.cfg.warmup:]:
+                    self.baseline_compute_s = float(np.median(self._fed_compute[det.cfg.warmup:]))
+        # the detector's indices are positions in this list: keep it, but only
+        # as far back as a change can be located (the detector's history)
+        drop = len(self._fed_ends) - 2 * det.hcap
+        if drop > 0:
+            del self._fed_ends[:drop]
+            self._fed_base += drop
+
+    def _fed_end(self, k: int) -> float:
+        """End time (Unix s) of the k-th iteration fed to the detector, clamped
+        to the iterations still kept (k = -1, a change at the very first
+        iteration: the end of the first)."""
+        j = min(max(k - self._fed_base, 0), len(self._fed_ends) - 1)
+        return self._fed_ends[j]

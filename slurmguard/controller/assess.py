@@ -1,9 +1,10 @@
 """From the ranks' reports of one job to a JobAssessment.
 
 Step time is the primary signal (Guard 4.2): the job's current step time
-(median over ranks of each rank's recent median) against its healthy baseline
-(median of the ranks' baselines, measured by the agents on the first stable
-window). Localisation uses each rank's compute time (step minus time inside
+against its healthy baseline (median of the ranks' baselines, learned by the
+agents' step detectors), both judged by the step detector itself
+(`_judge_steps`), so step patterns, checkpoints and hiccups are read the
+same way here as on the node, in the CLI and in the benchmark. Localisation uses each rank's compute time (step minus time inside
 collectives): in synchronous training every rank's step stretches when one
 rank computes slowly, but only the slow rank's compute stretches, while its
 peers wait inside the collective instead (Greyhound's cross-group comparison
@@ -20,10 +21,12 @@ import numpy as np
 
 from slurmguard.config import Policy
 from slurmguard.detect.peers import PeerFlag
+from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.reports import RankReport
 from slurmguard.respond.tiers import Culprit, JobAssessment
 
-RECENT = 5  # iterations in the "current" window of a rank
+RECENT = 5  # iterations in the "current" window of a rank's compute time
+MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
 
 
 def _recent(r: RankReport, since: float | None) -> list:
@@ -31,25 +34,54 @@ def _recent(r: RankReport, since: float | None) -> list:
     return steps[-RECENT:]
 
 
-def _onset(ranks: list[RankReport], baseline: float, threshold: float, since: float | None) -> float | None:
-    """End time of the last healthy iteration before the current slow run."""
-    longest = max(ranks, key=lambda r: len(r.steps))
-    steps = [s for s in longest.steps if since is None or s.end > since]
-    if not steps:
-        return None
-    x = np.array([s.step_s for s in steps])
-    ends = np.array([s.end for s in steps])
-    # median of 3 so one GC pause or checkpoint neither starts nor ends a run
-    if x.size >= 3:
-        x = np.median(np.lib.stride_tricks.sliding_window_view(np.pad(x, 1, mode="edge"), 3), axis=1)
-    slow = x > baseline * (1.0 + threshold)
-    if not slow[-1]:
-        return None
-    healthy = np.nonzero(~slow)[0]
-    if healthy.size == 0:
-        # slow for the whole window: the run began before it; its first step's start
-        return float(ends[0] - steps[0].step_s)
-    return float(ends[healthy[-1]])
+def _judge_steps(ranks: list[RankReport], policy: Policy,
+                 since: float | None) -> tuple[float | None, float | None, int]:
+    """(current step time s, onset Unix s or None, ranks judged) from the step
+    detector (slurmguard.detect.steps: the code and thresholds of the agent,
+    the CLI and the bench) run over the ranks' report windows, each against the
+    baseline its agent learned.
+
+    The current step time is the median over ranks of each rank's verified
+    level (seconds per step over one period of its step pattern), so a long
+    optimizer step, a checkpoint or a three-step hiccup is not a slowdown and a
+    hiccup that returned is over. The onset is the start of the first slow
+    iteration of the ranks' open slowdowns (their median), when at least half
+    of the judged ranks have one. At most MAX_JUDGED ranks (the longest
+    windows) are judged: synchronous ranks share their step time.
+    """
+    cfg = DetectorConfig.from_policy(policy)
+    rows = []
+    for r in ranks:
+        if not r.baseline_step_s:
+            continue
+        steps = [s for s in r.steps if since is None or s.end > since]
+        if since is None and len(r.steps) == r.total_steps:
+            steps = steps[cfg.warmup:]  # the window starts at the job's start: skip its warm-up
+        if len(steps) >= 3:
+            rows.append((r, steps))
+    if not rows:
+        return None, None, 0
+    rows.sort(key=lambda rs: -len(rs[1]))
+    rows = rows[:MAX_JUDGED]
+    T = len(rows[0][1])
+    x = np.full((len(rows), T), np.nan)
+    for i, (_, steps) in enumerate(rows):  # right-aligned: the same column is about the same time
+        x[i, T - len(steps):] = [s.step_s for s in steps]
+    det = StepDetector(len(rows), cfg, baseline_s=np.array([r.baseline_step_s for r, _ in rows]),
+                       warmup=0, learn=min(cfg.learn, len(rows[-1][1])))
+    det.run(x)
+    levels, onsets = [], []
+    for i, (_, steps) in enumerate(rows):
+        lv = det.level_s(i)
+        if lv is not None:
+            levels.append(lv)
+        ep = det.open_episode(i)
+        if ep is not None:
+            first = steps[min(ep.onset, len(steps) - 1)]
+            onsets.append(first.end - first.step_s)
+    current = float(np.median(levels)) if levels else None
+    onset = float(np.median(onsets)) if onsets and 2 * len(onsets) >= len(rows) else None
+    return current, onset, len(rows)
 
 
 def _fmt_flag(f: PeerFlag) -> str:
@@ -73,7 +105,6 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
     tiers = policy.response.tiers
     baselines = [r.baseline_step_s for _, r in ranks if r.baseline_step_s]
     recents = {(n, r.rank): _recent(r, since) for n, r in ranks}
-    currents = [float(np.median([s.step_s for s in st])) for st in recents.values() if st]
     # stall (Mycroft Alg. 1): no rank completed a collective for stall_s while
     # the job runs. Hooks that record only completed ops give no in-flight
     # marker, so progress alone decides; where a hook reports ops in flight,
@@ -83,11 +114,12 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
     idle = bool(marked) and len(marked) < len(ranks)
     quiet = (now - max(progress)) if progress else 0.0
     stalled = quiet if (quiet >= tiers.stall_s and not idle) else 0.0
-    if not baselines or (not currents and stalled <= 0):
+    if not baselines:
         return None
     baseline = float(np.median(baselines))
-    current = float(np.median(currents)) if currents else None
-    onset = _onset([r for _, r in ranks], baseline, tiers.moderate_slowdown / 2, since)
+    current, onset, _ = _judge_steps([r for _, r in ranks], policy, since)
+    if current is None and stalled <= 0:
+        return None
     if stalled > 0 and onset is None:
         onset = max(progress)
 

@@ -3,7 +3,8 @@
 Public API (inputs are plain numpy arrays / small dataclasses, not ring records):
     RankOps, RankPlace, JobLayout                       (records)
     rank_period, step_times, find_period, acf           (period)
-    BatchBocd, detect_changepoints, episodes, ChangePoint, Episode   (bocd)
+    BatchBocd, detect_changepoints, ChangePoint                       (bocd)
+    StepDetector, DetectorConfig, detect_steps, Episode, Profile      (steps)
     group_times, slow_groups, suspects                  (crossgroup)
     find_stall, late_ranks, StragglerTriggers, sample_ranks          (mycroft)
     PeerScorer, PeerFlag, hard_failures                 (peers)
@@ -18,7 +19,8 @@ from typing import Any
 # Imported on first use (PEP 562): the prolog reaches detect.peers.hard_failures and
 # must not pay for numpy, which bocd, period etc. load at import time.
 _WHERE = {
-    "bocd": ("BatchBocd", "ChangePoint", "Episode", "detect_changepoints", "episodes"),
+    "bocd": ("BatchBocd", "ChangePoint", "detect_changepoints"),
+    "steps": ("DetectorConfig", "Episode", "Profile", "StepDetector", "detect_steps"),
     "crossgroup": ("group_times", "slow_groups", "suspects"),
     "findings": ("Culprit", "Finding", "job_finding", "localise"),
     "mycroft": ("StragglerTriggers", "find_stall", "late_ranks", "sample_ranks"),
@@ -39,7 +41,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "BatchBocd", "ChangePoint", "Episode", "detect_changepoints", "episodes",
+    "BatchBocd", "ChangePoint", "detect_changepoints",
+    "StepDetector", "DetectorConfig", "detect_steps", "Episode", "Profile",
     "group_times", "slow_groups", "suspects",
     "Culprit", "Finding", "job_finding", "localise",
     "StragglerTriggers", "find_stall", "late_ranks", "sample_ranks",

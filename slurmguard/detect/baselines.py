@@ -3,7 +3,11 @@
 SlidingWindow: "reports a fail-slow if there's a >10% performance change in the
 sliding window from the current median" (Greyhound 7.2): the median of the last
 `window` step times against the median of the `window` before them.
-Plain BOCD is `BatchBocd(verify=False)`.
+Plain BOCD is `BatchBocd(verify=False)`: every MAP run-length drop is a change.
+
+Every algorithm is scored from the same thing: its reported changes (a slower
+change = a slowdown alarm, a faster one = a recovery report), each with the
+located index and the sample at which it was reported (`detected_at`).
 """
 
 from __future__ import annotations
@@ -17,54 +21,89 @@ from slurmguard.detect.scenarios import Scenario
 
 @dataclass(frozen=True)
 class Alarm:
-    """A reported slowdown: the estimated start and the sample that reported it."""
+    """A reported change: the located index and the sample that reported it."""
 
     index: int
     detected_at: int
 
 
+@dataclass
+class Report:
+    """What one algorithm reported on one series."""
+
+    slower: list[Alarm] = field(default_factory=list)
+    faster: list[Alarm] = field(default_factory=list)
+    #: a slowdown still open at the end of the series (None: the algorithm has no
+    #: episodes; then a slowdown is open when no faster change followed it)
+    open_at_end: bool | None = None
+
+    def is_open(self) -> bool:
+        if self.open_at_end is not None:
+            return self.open_at_end
+        if not self.slower:
+            return False
+        last = max(a.detected_at for a in self.slower)
+        return not any(f.detected_at > last for f in self.faster)
+
+
 def sliding_window_alarms(x: np.ndarray, window: int = 8, threshold: float = 0.10) -> list[Alarm]:
     """Alarms of the sliding-window baseline on one series (slowdowns only)."""
+    return sliding_window(x, window, threshold).slower
+
+
+def sliding_window(x: np.ndarray, window: int = 8, threshold: float = 0.10) -> Report:
+    """Slower and faster changes of the sliding-window baseline on one series."""
     x = np.asarray(x, dtype=np.float64)
     n = x.size
+    rep = Report()
     if n < 2 * window:
-        return []
-    # medians of every window of `window` samples, vectorised
+        return rep
     win = np.lib.stride_tricks.sliding_window_view(x, window)
     med = np.median(win, axis=1)            # med[i] = median(x[i:i+window])
-    cur = med[window:]                      # window ending at t
-    ref = med[:-window]                     # the window before it
-    ratio = cur / ref - 1.0
-    out: list[Alarm] = []
+    ratio = med[window:] / med[:-window] - 1.0
     t = 0
     while t < ratio.size:
-        if ratio[t] > threshold:
-            end = t + 2 * window - 1        # sample index that completed the current window
-            out.append(Alarm(index=t + window, detected_at=end))
+        r = ratio[t]
+        if r > threshold or r < -threshold / (1.0 + threshold):
+            a = Alarm(index=t + window, detected_at=t + 2 * window - 1)
+            (rep.slower if r > 0 else rep.faster).append(a)
             t += 2 * window                 # re-arm once both windows moved past the change
         else:
             t += 1
-    return out
+    return rep
+
+
+def _pct(v: list[int], q: float) -> float:
+    return float(np.percentile(v, q)) if v else float("nan")
 
 
 @dataclass
 class Score:
-    """Scenario-level accuracy in the style of Greyhound Tables 3-4."""
+    """Scenario-suite accuracy in the style of Greyhound Tables 3-4, extended.
+
+    negatives: healthy, speed-up and hiccup series. A healthy or speed-up series
+      with any slowdown alarm is a false positive; a hiccup series is one when a
+      slowdown is reported outside its excursions or one is left open.
+    positives: labelled onsets of slowdowns >= 10% lasting >= 30 steps; one is
+      found when a slowdown is reported within `max_delay` samples after it.
+    delay = detected_at - onset; location error = |located index - onset|.
+    """
 
     name: str
     negatives: int = 0
-    false_pos: int = 0            # negative scenarios with a slowdown alarm
+    false_pos: int = 0
     positives: int = 0
-    false_neg: int = 0            # faulty scenarios with an onset not reported in time
-    correct: int = 0
-    spurious: int = 0             # extra alarms inside faulty scenarios
+    false_neg: int = 0
+    spurious: int = 0             # slowdown alarms in faulty series matching no onset
     delays: list[int] = field(default_factory=list)
+    loc_err: list[int] = field(default_factory=list)
+    hiccups: int = 0
+    hiccups_closed: int = 0       # hiccup series with no slowdown left open
     recoveries: int = 0
     recoveries_found: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.negatives + self.positives
+    false_recoveries: int = 0     # recovery reports in series that only slowed
+    small: int = 0
+    small_found: int = 0          # 5-9% shifts reported (below the bar: informational)
 
     @property
     def fpr(self) -> float:
@@ -75,51 +114,63 @@ class Score:
         return self.false_neg / max(self.positives, 1)
 
     @property
-    def accuracy(self) -> float:
-        return self.correct / max(self.total, 1)
-
-    @property
     def median_delay(self) -> float:
         return float(np.median(self.delays)) if self.delays else float("nan")
 
+    @property
+    def p90_delay(self) -> float:
+        return _pct(self.delays, 90)
 
-def score(name: str, scenarios: list[Scenario], alarms: list[list[Alarm]],
-          recoveries: list[list[int]] | None = None, max_delay: int = 10) -> Score:
-    """Match alarms to labelled onsets.
+    @property
+    def median_loc(self) -> float:
+        return float(np.median(self.loc_err)) if self.loc_err else float("nan")
 
-    An onset is found when an alarm is reported within `max_delay` samples after
-    it (delay = detected_at - onset, 0 = on the first slow sample). Any other
-    alarm is false: it makes a healthy scenario a false positive and a faulty
-    one incorrect. A recovery is found when a report (sample index of the
-    faster change's detection) lands within `max_delay` after it.
-    """
+    @property
+    def p90_loc(self) -> float:
+        return _pct(self.loc_err, 90)
+
+
+def score(name: str, scenarios: list[Scenario], reports: list[Report], max_delay: int = 20) -> Score:
+    """Score one algorithm's reports on a labelled suite (see `Score`)."""
     s = Score(name)
-    for i, (sc, al) in enumerate(zip(scenarios, alarms)):
-        used: set[int] = set()
-        missed = 0
-        for o in sc.onsets:
-            hit = None
-            for a_i, a in enumerate(al):
-                if a_i not in used and o <= a.detected_at <= o + max_delay:
-                    hit = a_i
-                    break
-            if hit is None:
-                missed += 1
-            else:
-                used.add(hit)
-                s.delays.append(al[hit].detected_at - o)
-        extra = len(al) - len(used)
-        if sc.faulty:
-            s.positives += 1
-            s.false_neg += missed > 0
-            s.spurious += extra
-            s.correct += missed == 0 and extra == 0
-        else:
+    for sc, rep in zip(scenarios, reports):
+        slower = sorted(rep.slower, key=lambda a: a.detected_at)
+        if sc.negative:
             s.negatives += 1
-            s.false_pos += extra > 0
-            s.correct += extra == 0
-        if recoveries is not None:
-            for r in sc.recoveries:
-                s.recoveries += 1
-                s.recoveries_found += any(r <= d <= r + max_delay for d in recoveries[i])
+            bad = False
+            if sc.kind == "hiccup":
+                s.hiccups += 1
+                inside = [any(a0 <= al.detected_at <= b0 + max_delay for a0, b0 in sc.excursions)
+                          for al in slower]
+                bad = not all(inside) or rep.is_open()
+                s.hiccups_closed += not rep.is_open()
+            else:
+                bad = bool(slower)
+            s.false_pos += bad
+            continue
+        used: set[int] = set()
+        for o in sc.positives:
+            s.positives += 1
+            hit = next((k for k, al in enumerate(slower)
+                        if k not in used and o <= al.detected_at <= o + max_delay), None)
+            if hit is None:
+                s.false_neg += 1
+                continue
+            used.add(hit)
+            s.delays.append(slower[hit].detected_at - o)
+            s.loc_err.append(abs(slower[hit].index - o))
+        if sc.kind == "small_shift":
+            s.small += 1
+            o = sc.onsets[0]
+            s.small_found += any(o <= al.detected_at for al in slower)
+        # alarms for the labelled onsets that are not positives (small shifts,
+        # short transients) are not spurious; anything before the first onset is
+        first = min(sc.onsets)
+        s.spurious += sum(1 for k, al in enumerate(slower) if k not in used and al.detected_at < first)
+        for r in sc.recoveries:
+            s.recoveries += 1
+            s.recoveries_found += any(r <= f.detected_at <= r + max_delay for f in rep.faster)
+        if not sc.recoveries:
+            # the series only slowed: any recovery report after the onset is false
+            s.false_recoveries += any(f.detected_at >= first for f in rep.faster)
     return s

@@ -93,13 +93,19 @@ class ChangePoint:
 
 
 class BatchBocd:
-    """BOCD + verification over `n_series` step-time series at once.
+    """BOCD over `n_series` step-time series at once: the candidate generator
+    of the step detector (`advance`, `map_candidates`, `restart`), and on its
+    own the baselines the benchmark compares against.
 
     Feed one sample per series per call to `update` (seconds, NaN = no sample
     for that series this time); it returns the change points verified by this
     sample. Thresholds come from `policy` (Policy().detection.bocd by default).
 
-    verify=False gives the plain-BOCD baseline (every fire is reported).
+    verify=False gives the plain-BOCD baseline (every fire is reported);
+    verify=True the earlier detector, kept as a baseline: BOCD on raw log step
+    times plus a fixed 10% check of the after-window median (it has no model of
+    step patterns, checkpoints or hiccups, which is what slurmguard.detect.steps
+    adds).
     rule: policy.rule by default ("map_drop"), "short_mass", or "r0" (the literal
     P(r_t = 0) > change_probability rule, kept to show that it never fires).
     """
@@ -231,14 +237,7 @@ class BatchBocd:
         if any_missing:
             y = np.where(missing, self.mu0, y)
         new_rows = np.nonzero((self.count == 0) & ~missing)[0]
-
-        self._kernel(y)
-        cur = self._bufs[self._cur]
-        if any_missing:
-            old = self._bufs[1 - self._cur]
-            mrows = np.nonzero(missing)[0]
-            for name in cur:
-                cur[name][:, mrows] = old[name][:, mrows]
+        self.advance(y, missing if any_missing else None)
         # record the sample
         ok = ~missing
         pos = np.mod(self.count, self.hcap)
@@ -248,6 +247,60 @@ class BatchBocd:
             self.regime_start[new_rows] = 0
             self._reset_rows(new_rows, y[new_rows, None].astype(np.float64))
         return self._detect(ok)
+
+    def advance(self, y: np.ndarray, missing: np.ndarray | None = None) -> None:
+        """One Adams-MacKay step on log-space samples `y`; rows flagged in
+        `missing` keep their state (their y must still be finite)."""
+        self._kernel(y)
+        if missing is not None and missing.any():
+            cur = self._bufs[self._cur]
+            old = self._bufs[1 - self._cur]
+            mrows = np.nonzero(missing)[0]
+            for name in cur:
+                cur[name][:, mrows] = old[name][:, mrows]
+
+    def restart(self, rows: np.ndarray, logs: np.ndarray) -> None:
+        """Restart `rows` as one run holding the log-space samples `logs` (NaN-padded rows)."""
+        self._reset_rows(np.asarray(rows), np.asarray(logs, dtype=np.float64))
+
+    def candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidate rule (self.rule) for levels `age` samples old: (fired,
+        run length j, so the change is at the sample j before the last)."""
+        if self.rule == "map_drop":
+            return self.map_candidates(age)
+        jstar = np.zeros(self.n, np.int64)
+        if self.rule == "short_mass":
+            # P(r_t < k) > change_probability, over runs younger than the level
+            P = self.posterior
+            k = self.k
+            head = P[:k]
+            lim = np.minimum(age - 1, k)
+            mask = np.arange(k)[:, None] < lim[None, :]
+            mass = np.where(mask, head, 0).sum(axis=0)
+            fire = mass > self.policy.change_probability
+            if fire.any():
+                fr = np.nonzero(fire)[0]
+                jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
+            return fire, jstar
+        # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
+        return np.zeros(self.n, bool) | (self.H > self.policy.change_probability), jstar
+
+    def map_candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The MAP run-length drop rule for levels `age` samples old: (fired, run
+        length j of the MAP run, so the change is at the sample j before the last)."""
+        P = self.posterior
+        R = self.R
+        jstar = np.zeros(self.n, np.int64)
+        fire = np.maximum.reduce(P[: R - 1], axis=0) > P[R - 1]
+        young = np.nonzero(age - 1 < R - 1)[0]
+        if young.size:
+            jm = np.argmax(P[:, young], axis=0)
+            fire[young] = jm < age[young] - 1
+            jstar[young] = jm
+        old_fired = np.nonzero(fire & (age - 1 >= R - 1))[0]
+        if old_fired.size:
+            jstar[old_fired] = np.argmax(P[:, old_fired], axis=0)
+        return fire, jstar
 
     def _kernel(self, y: np.ndarray) -> None:
         """One Adams-MacKay step for all series (in place, double-buffered)."""
@@ -318,36 +371,8 @@ class BatchBocd:
 
     # ------------------------------------------------------------------ decide
     def _detect(self, ok: np.ndarray) -> list[ChangePoint]:
-        P = self.posterior
         n = self.count
-        age = n - self.regime_start
-        k = self.k
-        R = self.R
-        jstar = np.zeros(self.n, np.int64)
-        if self.rule == "short_mass":
-            head = P[:k]
-            lim = np.minimum(age - 1, k)
-            mask = np.arange(k)[:, None] < lim[None, :]
-            mass = np.where(mask, head, 0).sum(axis=0)
-            fire = mass > self.policy.change_probability
-            if fire.any():
-                fr = np.nonzero(fire)[0]
-                jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
-        elif self.rule == "map_drop":
-            # The MAP run is shorter than the current level's age. For a level
-            # older than the cap that is max(P[:R-1]) > P[R-1]; argmax (slow
-            # on short axes) only runs on young levels and on the few fired.
-            fire = np.maximum.reduce(P[: R - 1], axis=0) > P[R - 1]
-            young = np.nonzero(age - 1 < R - 1)[0]
-            if young.size:
-                jm = np.argmax(P[:, young], axis=0)
-                fire[young] = jm < age[young] - 1
-                jstar[young] = jm
-            old_fired = np.nonzero(fire & (age - 1 >= R - 1))[0]
-            if old_fired.size:
-                jstar[old_fired] = np.argmax(P[:, old_fired], axis=0)
-        else:  # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
-            fire = np.zeros(self.n, bool) | (self.H > self.policy.change_probability)
+        fire, jstar = self.candidates(n - self.regime_start)
         fire &= ok & (self.pending < 0)
         if fire.any():
             rows = np.nonzero(fire)[0]
@@ -425,45 +450,19 @@ def _median_rows(a: np.ndarray) -> np.ndarray:
 
 def detect_changepoints(step_times, policy: BocdPolicy | None = None, *,
                         verify: bool = True, rule: Rule | None = None) -> list[ChangePoint]:
-    """Verified change points of one step-time series (seconds per iteration)."""
-    x = np.asarray(step_times, dtype=np.float64).reshape(1, -1)
-    det = BatchBocd(1, policy, verify=verify, rule=rule)
-    return det.run(x)
+    """Change points of one step-time series (seconds per iteration).
 
-
-@dataclass(frozen=True)
-class Episode:
-    """A slowdown: onset index, recovery index (None while ongoing), slowdown fraction."""
-
-    onset: int
-    detected_at: int
-    slowdown: float
-    baseline: float
-    recovery: int | None = None
-    recovered_at: int | None = None
-
-
-def episodes(changes: list[ChangePoint], min_change: float = 0.10) -> list[Episode]:
-    """Pair slower/faster changes of one series into onset/recovery episodes.
-
-    A slowdown stays open while the level is at least `min_change` above the
-    baseline it started from; a later slower change deepens it.
+    verify=True (the default) runs the step detector (slurmguard.detect.steps,
+    the one the agent and the controller run) with `policy` and the default
+    warm-up/learning lengths; verify=False is the plain-BOCD baseline (every
+    MAP run-length drop, or `rule`'s fire, is a change).
     """
-    out: list[Episode] = []
-    cur: Episode | None = None
-    for c in sorted(changes, key=lambda c: c.index):
-        if cur is None:
-            if c.direction == "slower":
-                cur = Episode(c.index, c.detected_at, c.relative_change, c.level_before)
-            continue
-        level = c.level_after
-        slow = level / cur.baseline - 1.0
-        if slow < min_change:
-            out.append(Episode(cur.onset, cur.detected_at, cur.slowdown, cur.baseline,
-                               c.index, c.detected_at))
-            cur = None
-        else:
-            cur = Episode(cur.onset, cur.detected_at, max(cur.slowdown, slow), cur.baseline)
-    if cur is not None:
-        out.append(cur)
-    return out
+    if verify:
+        from slurmguard.detect.steps import DetectorConfig, detect_steps
+
+        base = DetectorConfig.from_policy()
+        cfg = base if policy is None else DetectorConfig.from_parts(policy, base.warmup, base.learn)
+        return detect_steps(step_times, cfg).change_points
+    x = np.asarray(step_times, dtype=np.float64).reshape(1, -1)
+    det = BatchBocd(1, policy, verify=False, rule=rule)
+    return det.run(x)

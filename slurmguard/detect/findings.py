@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slurmguard.config import DetectionPolicy
-from slurmguard.detect.bocd import ChangePoint, Episode
+from slurmguard.detect.bocd import ChangePoint
+from slurmguard.detect.steps import Episode
 from slurmguard.detect.crossgroup import group_times, slow_groups, suspects
 from slurmguard.detect.mycroft import find_stall, late_ranks
 from slurmguard.detect.peers import PeerFlag
@@ -180,7 +181,7 @@ def job_finding(job_id: str, change: ChangePoint | Episode | None, culprits: lis
                   f"(verified over {change.detected_at - change.index + 1} iterations)")
     else:
         onset, slow, base, cur, rec = (change.onset, change.slowdown, change.baseline,
-                                       change.baseline * (1 + change.slowdown), change.recovery is not None)
+                                       change.level_s, change.recovery is not None)
         ev.append(f"step time {base:.3f} s -> {cur:.3f} s from iteration {onset}"
                   + (f" until {change.recovery}" if rec else ""))
     since = step_end_s[onset] if step_end_s is not None and 0 <= onset < len(step_end_s) else None

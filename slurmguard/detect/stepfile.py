@@ -1,0 +1,89 @@
+"""Step-time files: one column of seconds per iteration, optionally labelled.
+
+The format `slurmguard detect steptimes` reads and the suite's recorded series
+use: UTF-8 text, one step time (seconds) per row; a first row that is not a
+number is a header; blank rows are skipped; rows starting with '#' are
+comments, and a comment of the form `# key: value` is a label:
+
+    # kind: transient        healthy | hiccup | speedup | small_shift | shift | transient | compound
+    # onset: 240             0-based index of the first slow step (the injection), repeatable
+    # recovery: 420          0-based index of the first step back at the healthy level
+    # severity: 0.3          slowdown as a fraction (estimated from the data when absent)
+    # textures: periodic,checkpoints
+    # source: slurmguard workloads ddp, 4 nodes, node2 CPU cap 50% at 14:02:11
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from slurmguard.errors import InputError
+
+#: Longest believable step (seconds, ~11.6 days): above it a value is clock
+#: garbage or a unit mistake, not a step time. The detector ignores such samples.
+MAX_STEP_S = 1e6
+
+LABEL_KEYS = ("kind", "onset", "recovery", "severity", "textures", "source", "excursion")
+
+
+def read_step_file(path: str | Path, *, skip_invalid: bool = False) -> tuple[list[float], dict[str, list[str]], int]:
+    """(step times, labels, invalid rows skipped). Errors name the file and line.
+
+    A value that is not a step time (NaN, inf, zero, negative, > MAX_STEP_S) is
+    an error, or, with skip_invalid, a missing step (kept as NaN, counted).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    out: list[float] = []
+    labels: dict[str, list[str]] = {}
+    skipped = 0
+    header_ok = True
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            body = stripped.lstrip("#").strip()
+            if ":" in body:
+                key, val = (s.strip() for s in body.split(":", 1))
+                if key.lower() in LABEL_KEYS:
+                    labels.setdefault(key.lower(), []).append(val)
+            continue
+        row = next(csv.reader([line]), [])
+        cells = [c.strip() for c in row if c.strip()]
+        if not cells:
+            continue
+        if len(cells) != 1:
+            raise InputError(f"{path}:{lineno}: expected one column (step time in seconds), got {len(cells)}")
+        cell = cells[0]
+        try:
+            v = float(cell)
+        except ValueError:
+            if header_ok and not out:
+                header_ok = False
+                continue  # header
+            raise InputError(f"{path}:{lineno}: '{cell}' is not a number") from None
+        header_ok = False
+        if not math.isfinite(v) or v <= 0 or v > MAX_STEP_S:
+            if skip_invalid:
+                skipped += 1
+                out.append(float("nan"))
+                continue
+            what = ("is implausible (more than 11 days)" if math.isfinite(v) and v > 0
+                    else "must be a positive number of seconds")
+            raise InputError(f"{path}:{lineno}: step time {what}, got {cell}"
+                             " (--skip-invalid treats such rows as missing steps)")
+        out.append(v)
+    if not out:
+        raise InputError(f"{path}: no step times")
+    return out, labels, skipped
+
+
+def read_step_times(path: str) -> list[float]:
+    """One column of step times in seconds (see read_step_file); errors name file and line."""
+    return read_step_file(path)[0]

@@ -1,0 +1,256 @@
+"""The step detector on series with the texture of real jobs, bad input, and the
+online paths (agent analyzer, controller judgement) that run the same code."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from slurmguard.config import Policy
+from slurmguard.detect.steps import DetectorConfig, StepDetector, detect_steps, learn_profile
+
+
+def _pattern(n: int, period: int, long: float, base: float = 0.4) -> np.ndarray:
+    """Every `period`-th step `long` x the others (gradient accumulation)."""
+    x = np.full(n, base)
+    if period > 1:
+        x[period - 1::period] *= long
+    return x
+
+
+def _noisy(rng, x: np.ndarray, cv: float) -> np.ndarray:
+    return x * (1.0 + rng.normal(0.0, cv, x.size))
+
+
+@pytest.mark.parametrize("period", [2, 3, 5, 8])
+def test_step_pattern_is_learned_not_mistaken_for_noise(period):
+    rng = np.random.default_rng(period)
+    y = np.log(_noisy(rng, _pattern(32, period, 1.6), 0.02))
+    pr = learn_profile(y, 8)
+    assert pr.period == period
+    assert pr.scale == pytest.approx(0.02, rel=0.5)
+    # pure noise has no pattern
+    assert learn_profile(np.log(_noisy(rng, np.ones(32), 0.03)), 8).period == 1
+
+
+@pytest.mark.parametrize("period,shift", [(2, 0.10), (3, 0.12), (7, 0.15)])
+def test_moderate_shift_under_a_step_pattern_is_found_located_and_timed(period, shift):
+    rng = np.random.default_rng(10 + period)
+    x = _noisy(rng, _pattern(300, period, 1.8), 0.01)
+    x[150:] *= 1.0 + shift
+    det = detect_steps(x)
+    (ep,) = det.episodes
+    assert det.profile.period == period
+    assert abs(ep.onset - 150) <= 1 and ep.open
+    assert ep.onset <= ep.detected_at <= 150 + 5
+    assert ep.slowdown == pytest.approx(shift, abs=0.03)
+    assert [c.direction for c in det.change_points] == ["slower"]
+    assert det.change_points[0].detected_at == ep.detected_at
+
+
+def test_checkpoints_outliers_and_heavy_tails_start_and_end_nothing():
+    rng = np.random.default_rng(20)
+    n_eps = 0
+    for trial in range(20):
+        x = _noisy(rng, _pattern(400, 3, 1.5, base=rng.uniform(0.05, 5)), rng.uniform(0.005, 0.04))
+        every = int(rng.integers(20, 201))
+        x[every::every] *= rng.uniform(2.5, 4.0)            # checkpoint pauses
+        hit = rng.random(400) < 0.05                         # isolated outliers
+        x[hit] *= rng.uniform(1.3, 3.0, hit.sum())
+        x *= np.exp(0.01 * np.clip(rng.standard_t(3, 400), -8, 8))  # heavy tail
+        eps = detect_steps(x).episodes
+        # at most a run of outliers that returns (an episode with its recovery),
+        # never a slowdown left open or one that lasts
+        assert all(not e.open and e.recovery - e.onset <= 8 for e in eps), (trial, eps)
+        n_eps += len(eps)
+    assert n_eps <= 1
+
+
+def test_short_excursion_is_nothing_or_an_episode_with_its_recovery_never_open():
+    rng = np.random.default_rng(30)
+    for length in (1, 2, 3, 5, 8):
+        x = _noisy(rng, _pattern(200, 2, 1.4), 0.015)
+        x[120:120 + length] *= 1.8
+        eps = detect_steps(x).episodes
+        assert all(not e.open for e in eps), length
+        if length <= 3:
+            assert eps == [], length
+        for e in eps:
+            assert 118 <= e.onset <= 121 and 120 + length - 1 <= e.recovery <= 120 + length + 1
+            assert e.recovered_at >= e.recovery
+
+
+def test_only_slowing_is_never_a_recovery():
+    rng = np.random.default_rng(40)
+    # slows by 20%, then by 30% more: two slower changes, one open episode
+    x = _noisy(rng, np.ones(300), 0.02)
+    x[120:] *= 1.2
+    x[200:] *= 1.3
+    det = detect_steps(x)
+    assert [c.direction for c in det.change_points] == ["slower", "slower"]
+    (ep,) = det.episodes
+    assert ep.open and ep.slowdown == pytest.approx(1.2 * 1.3 - 1, abs=0.05)
+    # slows by 50%, then improves to +25%: faster, but still slow: not a recovery
+    y = _noisy(rng, np.ones(300), 0.01)
+    y[100:] *= 1.5
+    y[200:] /= 1.2
+    det = detect_steps(y)
+    (ep,) = det.episodes
+    assert ep.open and ep.level_s == pytest.approx(1.25, rel=0.03)
+    # a job that gets faster while healthy has a new baseline, no episode
+    z = _noisy(rng, np.ones(300), 0.01)
+    z[150:] *= 0.7
+    det = detect_steps(z)
+    assert det.episodes == [] and [c.direction for c in det.change_points] == ["faster"]
+
+
+def test_bad_samples_are_gaps_and_degenerate_series_give_defined_results():
+    rng = np.random.default_rng(50)
+    x = _noisy(rng, np.ones(200), 0.01)
+    x[100:] *= 1.3
+    clean = detect_steps(x)
+    dirty = x.copy()
+    holes = [20, 60, 130]
+    dirty[holes] = [np.nan, 0.0, -1.0]
+    dirty = np.insert(dirty, [80, 170], [np.inf, 1e9])
+    d = detect_steps(dirty)
+    assert d.ignored == 5 and d.samples == 202
+    assert [(c.direction) for c in d.change_points] == [c.direction for c in clean.change_points]
+    # shorter than warm-up + learning: nothing, and a note saying why
+    short = detect_steps(x[:20])
+    assert short.change_points == [] and short.episodes == [] and "needs" in short.note
+    assert detect_steps([]).change_points == []
+    # one constant value, tiny or huge: a baseline, no change
+    for v in (1e-6, 2.5, 5e4):
+        c = detect_steps(np.full(100, v))
+        assert c.change_points == [] and c.profile.seconds(c.profile.level) == pytest.approx(v)
+    # all invalid
+    assert detect_steps([np.nan] * 50).profile is None
+
+
+def test_online_feeding_matches_offline_and_reports_detected_at():
+    rng = np.random.default_rng(60)
+    x = _noisy(rng, _pattern(250, 4, 1.7), 0.02)
+    x[140:] *= 1.25
+    offline = detect_steps(x).change_points
+    det = StepDetector(1, DetectorConfig.from_policy(Policy()))
+    online = []
+    for t, v in enumerate(x):
+        for cp in det.update(np.array([v])):
+            assert cp.detected_at == t  # reported on the sample at which it was known
+            online.append(cp)
+    assert online == offline
+    assert det.baseline_s() == pytest.approx(x[40:140].mean(), rel=0.03)
+    assert det.level_s() == pytest.approx(1.25 * det.baseline_s(), rel=0.03)
+
+
+def test_known_baseline_judges_a_window_that_starts_slow():
+    """The controller's view: the report window starts after the onset."""
+    rng = np.random.default_rng(70)
+    x = _noisy(rng, _pattern(60, 2, 1.5), 0.01) * 1.3
+    det = StepDetector(1, baseline_s=np.array([_pattern(2, 2, 1.5).mean()]), warmup=0)
+    det.run(x[None, :])
+    ep = det.open_episode()
+    assert ep is not None and ep.onset == 0 and ep.slowdown == pytest.approx(0.3, abs=0.03)
+    healthy = StepDetector(1, baseline_s=np.array([_pattern(2, 2, 1.5).mean()]), warmup=0)
+    healthy.run(_noisy(rng, _pattern(60, 2, 1.5), 0.01)[None, :])
+    assert healthy.open_episode() is None
+    assert healthy.level_s() == pytest.approx(healthy.baseline_s())
+
+
+def test_controller_reads_patterns_checkpoints_and_hiccups_like_the_detector():
+    from slurmguard.controller.assess import assess_job
+    from slurmguard.reports import RankReport, StepSample
+
+    pol = Policy()
+
+    def rank(rank: int, x: np.ndarray, base: float) -> RankReport:
+        t, steps = 1000.0, []
+        for v in x:
+            t += v
+            steps.append(StepSample(end=t, step_s=float(v), comm_s=0.1 * float(v)))
+        return RankReport(rank=rank, baseline_step_s=base, baseline_compute_s=0.9 * base,
+                          steps=steps, total_steps=len(x) + 500, last_progress=t)
+
+    rng = np.random.default_rng(80)
+    x = _noisy(rng, _pattern(200, 3, 2.0, base=0.5), 0.01)
+    x[100::40] *= 3.5                    # checkpoints
+    x[190:193] *= 1.8                    # a hiccup in the last steps: not a slowdown yet
+    base = _pattern(3, 3, 2.0, base=0.5).mean()
+    now = rank(0, x, base).last_progress + 1.0
+    a = assess_job(1, ("n1", "n2"), [("n1", rank(0, x, base)), ("n2", rank(1, x, base))], {}, pol, now=now)
+    # the last five steps' median would say +50% or more; the detector says healthy
+    assert a.slowdown == pytest.approx(0.0, abs=0.02) and a.onset is None
+    y = x.copy()
+    y[190:193] /= 1.8
+    y[150:] *= 1.15
+    now = rank(0, y, base).last_progress + 1.0
+    a = assess_job(1, ("n1", "n2"), [("n1", rank(0, y, base)), ("n2", rank(1, y, base))], {}, pol, now=now)
+    r = rank(0, y, base)
+    assert a.slowdown == pytest.approx(0.15, abs=0.03)
+    assert a.onset == pytest.approx(r.steps[150].end - r.steps[150].step_s, abs=1.0)
+
+
+def test_cli_prints_episodes_profile_and_detected_at(tmp_path):
+    from slurmguard.cli import cli
+
+    rng = np.random.default_rng(90)
+    x = _noisy(rng, _pattern(200, 2, 1.6, base=0.3), 0.01)
+    x[120:123] *= 1.8                    # 3-step hiccup: not an open slowdown
+    x[150:] *= 1.2
+    f = tmp_path / "steps.csv"
+    f.write_text("step_s\n" + "\n".join(f"{v:.6f}" for v in x) + "\n")
+    res = CliRunner().invoke(cli, ["detect", "steptimes", str(f)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["profile"]["period"] == 2
+    (ep,) = doc["episodes"]
+    assert abs(ep["onset"] - 150) <= 1 and ep["recovery"] is None and ep["detected_at"] >= ep["onset"]
+    assert ep["slowdown"] == pytest.approx(0.2, abs=0.03)
+    res = CliRunner().invoke(cli, ["detect", "steptimes", "--plain", str(f)])
+    assert res.exit_code == 0 and json.loads(res.output)["detector"].startswith("plain BOCD")
+
+
+def test_cli_bad_rows_name_the_line_or_become_gaps(tmp_path):
+    from slurmguard.cli import cli
+
+    f = tmp_path / "bad.csv"
+    f.write_text("1.0\n1.1\nnan\n0\n1e9\n")
+    res = CliRunner().invoke(cli, ["detect", "steptimes", str(f)])
+    assert res.exit_code != 0 and f"{f}:3" in str(res.exception) and "--skip-invalid" in str(res.exception)
+    res = CliRunner().invoke(cli, ["detect", "steptimes", "--skip-invalid", str(f)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output[res.output.index("{"):])
+    assert doc["skipped_invalid_rows"] == 3 and doc["episodes"] == [] and "needs" in doc["note"]
+
+
+def test_recorded_series_load_with_their_labels_and_score(tmp_path):
+    from slurmguard.detect.bench import run_detector
+    from slurmguard.detect.baselines import score
+    from slurmguard.detect.scenarios import load_recorded, load_recorded_dir
+    from slurmguard.errors import InputError
+
+    rng = np.random.default_rng(100)
+    x = _noisy(rng, _pattern(300, 2, 1.3, base=0.09), 0.02)
+    x[180:] *= 1.35
+    body = "\n".join(f"{v:.6f}" for v in x)
+    (tmp_path / "cpu_cap.csv").write_text(
+        "# source: synthetic stand-in for a recorded DDP job, node2 CPU cap at step 180\n"
+        "# kind: shift\n# onset: 180\nstep_s\n" + body + "\n")
+    (tmp_path / "healthy.csv").write_text("# kind: healthy\n" + "\n".join(f"{v:.6f}" for v in x[:180]) + "\n")
+    sc = load_recorded(tmp_path / "cpu_cap.csv")
+    assert sc.onsets == (180,) and sc.positives == (180,) and sc.severity == pytest.approx(0.35, abs=0.05)
+    assert "recorded" in sc.textures
+    suite = load_recorded_dir(tmp_path)
+    assert [s.kind for s in suite] == ["shift", "healthy"]
+    reps, _ = run_detector(suite, DetectorConfig.from_policy(Policy()))
+    s = score("rec", suite, reps)
+    assert (s.false_neg, s.false_pos) == (0, 0) and s.delays and s.delays[0] <= 5
+    bad = tmp_path / "bad" / "x.csv"
+    bad.parent.mkdir()
+    bad.write_text("# onset: 900\n1.0\n1.0\n")
+    with pytest.raises(InputError, match="outside the series"):
+        load_recorded(bad)
