@@ -91,6 +91,10 @@ class AgentReport(_Model):
     jobs: list[JobReport] = Field(default_factory=list)
     telemetry: list[TelemetryRecord] = Field(default_factory=list)
     events: list[str] = Field(default_factory=list)
+    ring_errors: dict[str, int] = Field(default_factory=dict)
+    """Ring problems this agent counted since it started, by kind
+    (agent/rings.py ERROR_KINDS: invalid, untrusted, unreadable,
+    corrupt_records, dropped_samples, analysis)."""
 
 
 def sign(secret: bytes, timestamp: str, body: bytes) -> str:

@@ -7,6 +7,7 @@ its peer waits for it inside the collective.
 
 from __future__ import annotations
 
+import getpass
 import time
 import urllib.request
 
@@ -72,7 +73,8 @@ def stack(sqlite_store, tmp_path):
 
     def agent(node: str) -> Agent:
         sender = ReportSender(url, SECRET, timeout_s=5, max_reports=5, now=time.time)
-        return Agent(node=node, policy=POLICY, sender=sender, clock=clock, ring_root=str(tmp_path / "rings"))
+        return Agent(node=node, policy=POLICY, sender=sender, clock=clock, ring_root=str(tmp_path / "rings"),
+                     slurm=slurm)
 
     yield ctl, slurm, clock, agent, url, metrics
     http.stop()
@@ -80,7 +82,7 @@ def stack(sqlite_store, tmp_path):
 
 def test_slow_rank_in_rings_gets_its_node_drained_and_job_requeued(stack, tmp_path):
     ctl, slurm, clock, agent, url, metrics = stack
-    job = slurm.start_job(["node1", "node2"])
+    job = slurm.start_job(["node1", "node2"], user=getpass.getuser())
     write_job(tmp_path / "rings", job, ["node1", "node2"], iters=60, slow_from=30, slow_node="node2")
     a1, a2 = agent("node1"), agent("node2")
     r1, r2 = a1.step(), a2.step()

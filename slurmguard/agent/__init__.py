@@ -64,5 +64,5 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     sender = ReportSender(controller_url or p.controller_url, read_secret(secret_file or p.secret_file),
                           timeout_s=p.request_timeout_s, max_reports=p.buffer_max_reports, now=app.clock.now)
     agent = Agent(node=node, policy=app.policy, sender=sender, source=source, clock=app.clock,
-                  ring_root=ring_root)
+                  ring_root=ring_root, slurm=app.slurm)
     raise SystemExit(run(agent, once=once))

@@ -10,6 +10,7 @@ grows) from the peers that wait for it (their collective time grows).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,6 +57,26 @@ def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
     return np.concatenate([[first], st.end_ns])
 
 
+#: longest iteration taken as real (s); a longer "iteration" is a job
+#: stopped for a day or a forged record
+MAX_STEP_S = 86400.0
+#: latest iteration end accepted ahead of the agent's clock (s)
+FUTURE_SLACK_S = 300.0
+
+
+def sane_steps(step_s: np.ndarray, comm_s: np.ndarray, end: np.ndarray,
+               now: float | None = None) -> np.ndarray:
+    """Mask of iteration samples that make sense: finite, 0 < step <=
+    MAX_STEP_S, 0 <= comm <= step, end (Unix s) not after now + FUTURE_SLACK_S.
+    Ring records come from the job, so anything else is dropped (and
+    counted by the caller), never raised."""
+    now = time.time() if now is None else now
+    with np.errstate(invalid="ignore"):
+        return (np.isfinite(step_s) & np.isfinite(comm_s) & np.isfinite(end)
+                & (step_s > 0) & (step_s <= MAX_STEP_S) & (comm_s >= 0) & (comm_s <= step_s)
+                & (end > 0) & (end <= now + FUTURE_SLACK_S))
+
+
 @dataclass
 class RankAnalyzer:
     """Keeps one rank's derived state between polls."""
@@ -65,6 +86,8 @@ class RankAnalyzer:
     baseline_s: float | None = None
     baseline_compute_s: float | None = None
     total_steps: int = 0
+    dropped: int = 0
+    """Derived samples dropped as nonsense (see sane_steps), since the rank was first seen."""
     _bocd: BatchBocd | None = None
     _fed_until_ns: int = 0
     _fed_ends: list[float] = field(default_factory=list)
@@ -80,7 +103,7 @@ class RankAnalyzer:
                 self.baseline_compute_s = float(np.median([s.step_s - s.comm_s for s in window]))
         self._feed_bocd(tr, steps)
         h = tr.header
-        last_end = int(tr.end_ns[-1]) if tr.end_ns.size else None
+        last_end = int(tr.end_ns.max()) if tr.end_ns.size else None
         return RankReport(
             rank=h.global_rank, local_rank=h.local_rank, gpu=h.local_rank, source=h.source_name,
             baseline_step_s=self.baseline_s, baseline_compute_s=self.baseline_compute_s,
@@ -97,14 +120,16 @@ class RankAnalyzer:
         # time inside collectives per iteration: ops starting in [b_i, b_i+1)
         dur = (tr.end_ns - tr.start_ns).astype(np.float64)
         idx = np.searchsorted(bounds, tr.start_ns, side="right") - 1
-        ok = (idx >= 0) & (idx < bounds.size - 1)
+        ok = (idx >= 0) & (idx < bounds.size - 1) & (dur >= 0)
         comm = np.bincount(idx[ok], weights=dur[ok], minlength=bounds.size - 1)[: bounds.size - 1]
         step = np.diff(bounds).astype(np.float64)
         comm = np.minimum(comm, step)
-        off = tr.header.clock_offset_ns
+        ends = (bounds[1:].astype(np.float64) + tr.header.clock_offset_ns) / 1e9
+        good = sane_steps(step / 1e9, comm / 1e9, ends)
+        self.dropped += int(np.count_nonzero(~good))
         self.total_steps = max(self.total_steps, int(step.size))
-        return [StepSample(end=(int(b) + off) / 1e9, step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
-                for b, s, c in zip(bounds[1:], step, comm)]
+        return [StepSample(end=float(e), step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
+                for e, s, c in zip(ends[good], step[good], comm[good])]
 
     def _feed_bocd(self, tr: TrackedRing, steps: list[StepSample]) -> None:
         if self.baseline_s is None:

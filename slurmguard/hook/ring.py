@@ -22,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 import struct
 import threading
 import time
@@ -250,7 +251,6 @@ class ReadBatch:
     abandoned: int = 0
 
 
-_NOT_YET, _OK, _LOST = 0, 1, 2
 
 
 def _plausible(r: RingRecord) -> bool:
@@ -258,7 +258,7 @@ def _plausible(r: RingRecord) -> bool:
             and r.redop < len(REDOP_NAMES) and r.end_ns >= r.start_ns)
 
 
-def _header_from(buf, path: str) -> RingHeader:
+def _header_from(buf: bytes, path: str) -> RingHeader:
     values = {}
     for name, (off, st) in _HDR.items():
         v = st.unpack_from(buf, off)[0]
@@ -281,6 +281,14 @@ def _validate(h: RingHeader, size: int) -> None:
     need = HEADER_SIZE + cap * RECORD_SIZE
     if size < need:
         raise RingError(h.path, f"truncated: {size} bytes, a ring of {cap} records needs {need}")
+    if size != need:
+        # writers allocate exactly this much (sg_ring_file_size); anything
+        # else is not a ring this reader should map or archive
+        raise RingError(h.path, f"bad size: {size} bytes, a ring of {cap} records has exactly {need}")
+
+
+#: records copied per pread while reading (256 KiB)
+_CHUNK = 4096
 
 
 class RingReader:
@@ -291,36 +299,60 @@ class RingReader:
     record that stays uncommitted that long is given up as abandoned;
     `clock` returns seconds (default time.monotonic). write_counter counts
     reserved numbers and may run ahead of the newest committed record.
+
+    Ring files live in directories their job's user owns, so the file is
+    untrusted: it is opened with O_NONBLOCK|O_NOFOLLOW (a FIFO or a symlink
+    neither blocks nor redirects the reader), must be a regular file of
+    exactly the size its header's geometry gives, with that many bytes
+    allocated (no sparse file standing in for a huge ring), and is read
+    with pread, never mapped: a file truncated under a mapping would kill
+    the reader with SIGBUS, a short pread is only a RingError.
+    `dir_fd`: open `path`'s last component relative to this directory
+    descriptor (the caller has checked the directory itself).
     """
 
     def __init__(self, path: str, *, stall_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, dir_fd: int | None = None) -> None:
         self.path = os.fspath(path)
         self._stall_s = stall_s
         self._clock = clock
         self._stuck: tuple[int, float] | None = None
+        self._fd = -1
+        name = os.path.basename(self.path) if dir_fd is not None else self.path
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                         dir_fd=dir_fd)
         except OSError as exc:
             raise RingError(self.path, f"cannot open: {exc.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RingError(self.path, "not a regular file")
+            size = st.st_size
             if size < HEADER_SIZE:
                 raise RingError(self.path, f"truncated: {size} bytes, the header alone is {HEADER_SIZE}")
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
-            os.close(fd)
-        try:
-            self.header = _header_from(self._mm, self.path)
+            raw = os.pread(fd, HEADER_SIZE, 0)
+            if len(raw) < HEADER_SIZE:
+                raise RingError(self.path, f"truncated: read {len(raw)} bytes of the header")
+            self.header = _header_from(raw, self.path)
             _validate(self.header, size)
-        except RingError:
-            self._mm.close()
+            allocated = st.st_blocks * 512
+            if allocated < size:
+                raise RingError(self.path, f"sparse: {allocated} of {size} bytes allocated")
+        except OSError as exc:
+            os.close(fd)
+            raise RingError(self.path, f"cannot read: {exc.strerror}") from None
+        except BaseException:
+            os.close(fd)
             raise
+        self._fd = fd
         self.capacity = self.header.capacity
         self._mask = self.capacity - 1
 
     def close(self) -> None:
-        self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> RingReader:
         return self
@@ -328,35 +360,37 @@ class RingReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _pread(self, size: int, offset: int) -> bytes:
+        try:
+            data = os.pread(self._fd, size, offset)
+        except OSError as exc:
+            raise RingError(self.path, f"cannot read: {exc.strerror}") from None
+        if len(data) < size:
+            raise RingError(self.path, f"truncated while open: short read at offset {offset}")
+        return data
+
     def refresh_header(self) -> RingHeader:
         """The header with current counters and control state."""
-        self.header = _header_from(self._mm, self.path)
+        self.header = _header_from(self._pread(HEADER_SIZE, 0), self.path)
         return self.header
 
     @property
     def write_counter(self) -> int:
-        return _U64.unpack_from(self._mm, _HDR["write_counter"][0])[0]
+        return _U64.unpack(self._pread(8, _HDR["write_counter"][0]))[0]
 
-    def _read_one(self, n: int) -> tuple[int, RingRecord | None]:
-        off = HEADER_SIZE + (n & self._mask) * RECORD_SIZE
-        mm = self._mm
-        for _ in range(3):
-            s1 = _U64.unpack_from(mm, off)[0]
-            if s1 < n + 1:
-                return _NOT_YET, None
-            if s1 > n + 1:
-                return _LOST, None
-            raw = mm[off:off + RECORD_SIZE]
-            s2 = _U64.unpack_from(mm, off)[0]
-            if s2 == s1:
-                rec = RingRecord(*_REC.unpack(raw))
-                if rec.seq == s1:
-                    return _OK, rec
-        return _LOST, None  # rewritten under us three times: treat as overwritten
+    def _chunk(self, cursor: int, count: int) -> tuple[bytes, bytes]:
+        """Records cursor..cursor+count-1 (not wrapping), copied twice: a
+        record whose seq is the same in both copies was not rewritten
+        while the first copy was taken (writers clear seq before they
+        touch a record and set it last)."""
+        off = HEADER_SIZE + (cursor & self._mask) * RECORD_SIZE
+        first = self._pread(count * RECORD_SIZE, off)
+        return first, self._pread(count * RECORD_SIZE, off)
 
     def read(self, cursor: int | None = None, max_records: int | None = None) -> ReadBatch:
         """Records from `cursor` (default: the oldest still in the ring) up
-        to what is committed now, at most `max_records`."""
+        to what is committed now, at most `max_records`. RingError if the
+        file shrank under the reader."""
         wc = self.write_counter
         out = ReadBatch()
         if cursor is None:
@@ -365,22 +399,35 @@ class RingReader:
             out.lost += wc - self.capacity - cursor
             cursor = wc - self.capacity
         while cursor < wc and (max_records is None or len(out.records) < max_records):
-            state, rec = self._read_one(cursor)
-            if state == _NOT_YET:
-                if self._give_up(cursor, wc):
-                    out.abandoned += 1
-                    cursor += 1
-                    continue
+            count = min(wc - cursor, _CHUNK, self.capacity - (cursor & self._mask))
+            if max_records is not None:
+                count = min(count, max_records - len(out.records))
+            a, b = self._chunk(cursor, count)
+            stop = False
+            for i in range(count):
+                n = cursor
+                o = i * RECORD_SIZE
+                s1 = _U64.unpack_from(a, o)[0]
+                if s1 < n + 1:
+                    if self._give_up(cursor, wc):
+                        out.abandoned += 1
+                        cursor += 1
+                        continue
+                    stop = True
+                    break
+                if s1 > n + 1 or _U64.unpack_from(b, o)[0] != s1:
+                    out.lost += 1  # overwritten, or rewritten while copied
+                else:
+                    rec = RingRecord(*_REC.unpack_from(a, o))
+                    if rec.op == 0:
+                        pass  # padding a writer left when it stopped reserving blocks
+                    elif _plausible(rec):
+                        out.records.append(rec)
+                    else:
+                        out.corrupt += 1
+                cursor += 1
+            if stop:
                 break
-            if state == _LOST:
-                out.lost += 1
-            elif rec is not None and rec.op == 0:
-                pass  # padding a writer left when it stopped reserving blocks
-            elif rec is not None and _plausible(rec):
-                out.records.append(rec)
-            else:
-                out.corrupt += 1
-            cursor += 1
         out.cursor = cursor
         return out
 
@@ -403,7 +450,7 @@ class RingReader:
     def _committed_after(self, cursor: int, wc: int) -> bool:
         for n in range(cursor + 1, min(wc, cursor + 257)):
             off = HEADER_SIZE + (n & self._mask) * RECORD_SIZE
-            if _U64.unpack_from(self._mm, off)[0] >= n + 1:
+            if _U64.unpack(self._pread(8, off))[0] >= n + 1:
                 return True
         return False
 
