@@ -18,7 +18,7 @@ import numpy as np
 from slurmguard.agent.rings import TrackedRing
 from slurmguard.config import AgentPolicy, DetectionPolicy, PeriodPolicy
 from slurmguard.detect.bocd import BatchBocd
-from slurmguard.detect.period import step_times
+from slurmguard.detect.period import iteration_anchors
 from slurmguard.detect.records import RankOps
 from slurmguard.reports import ChangeReport, RankReport, StepSample
 
@@ -32,29 +32,12 @@ def iteration_bounds(tr: TrackedRing, detection: DetectionPolicy) -> np.ndarray 
 def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
     """Start times (ns, the ops' clock) of each iteration's anchor op, or None.
 
-    Pure: the same logic for the agent's live rings and for archived traces.
+    `ops` in issue order (by start time). Pure: the same logic for the
+    agent's live rings and for archived traces (see
+    slurmguard.detect.period.iteration_anchors).
     """
-    n = len(ops)
-    if n < 4:
-        return None
-    symbols = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
-    # One collective per iteration (a single DDP bucket): the sequence is
-    # constant and has no ACF. Start-up broadcasts and a final barrier
-    # around it must not hide that, so look for the longest run of one
-    # repeated symbol; when it holds most of the ops, each op is an iteration.
-    same = np.concatenate([[False], (symbols[1:] == symbols[:-1]).all(axis=1), [False]])
-    edges = np.flatnonzero(np.diff(same.astype(np.int8)))
-    if edges.size:
-        starts, ends = edges[0::2], edges[1::2]
-        k = int(np.argmax(ends - starts))
-        lo, hi = int(starts[k]), int(ends[k]) + 1  # ops lo..hi-1 share one symbol
-        if hi - lo >= max(4, n // 2):
-            return ops.start_ns[lo:hi].copy()
-    st = step_times(ops, period)
-    if st is None:
-        return None
-    first = st.end_ns[0] - int(st.seconds[0] * 1e9)
-    return np.concatenate([[first], st.end_ns])
+    idx = iteration_anchors(ops, period)
+    return None if idx is None else ops.start_ns[idx].copy()
 
 
 #: longest iteration taken as real (s); a longer "iteration" is a job

@@ -169,8 +169,9 @@ class RingTracker:
         self.max_ops = max_ops
         self.young_s = young_s
         self.rings: dict[str, TrackedRing] = {}
-        #: path -> (inode, why): files not (re)opened until their inode changes
-        self.skipped: dict[str, tuple[int, str]] = {}
+        #: path -> ((inode, size), why): files not (re)opened until replaced (a
+        #: freed inode number is reused at once, hence the size too)
+        self.skipped: dict[str, tuple[tuple[int, int], str]] = {}
         self.errors: dict[str, int] = {k: 0 for k in ERROR_KINDS}
         self.ignored_jobs: set[int] = set()
         self._logged: set[tuple[str, str]] = set()
@@ -263,7 +264,7 @@ class RingTracker:
             tr = None
         if tr is None:
             skip = self.skipped.get(path)
-            if skip is not None and skip[0] == st.st_ino:
+            if skip is not None and skip[0] == (st.st_ino, st.st_size):
                 return
             tr = self._open(path, job_id, dfd, st)
             if tr is None:
@@ -279,14 +280,14 @@ class RingTracker:
             creating = stat.S_ISREG(st.st_mode) and "magic" in exc.problem
             if creating and time.time() - st.st_mtime < self.young_s:
                 return None
-            self.skipped[path] = (st.st_ino, exc.problem)
+            self.skipped[path] = ((st.st_ino, st.st_size), exc.problem)
             self.problem(path, "invalid", exc.problem)
             return None
         h = reader.header
         why = None
         if h.node_name and h.node_name != self.node:
             reader.close()
-            self.skipped[path] = (st.st_ino, f"ring of node {h.node_name}")  # not an error
+            self.skipped[path] = ((st.st_ino, st.st_size), f"ring of node {h.node_name}")  # not an error
             return None
         if h.global_rank < 0 or h.world_size < 0 or (h.world_size and h.global_rank >= h.world_size):
             why = f"rank {h.global_rank} of world size {h.world_size} is not a rank"
@@ -294,7 +295,7 @@ class RingTracker:
             why = "clock offset is not this boot's (stale or forged header)"
         if why is not None:
             reader.close()
-            self.skipped[path] = (st.st_ino, why)
+            self.skipped[path] = ((st.st_ino, st.st_size), why)
             self.problem(path, "invalid", why)
             return None
         tr = TrackedRing((st.st_ino, h.created_ns), job_id, reader, h)
@@ -311,7 +312,11 @@ class RingTracker:
             batch = tr.reader.read(tr.cursor)
         except (OSError, ValueError, RingError) as exc:
             self.problem(path, "unreadable", str(exc))
-            self.skipped[path] = (tr.key[0], str(exc))
+            try:
+                size = os.fstat(tr.reader.fileno()).st_size
+            except (OSError, ValueError):
+                size = -1
+            self.skipped[path] = ((tr.key[0], size), str(exc))
             self._drop(path)
             return
         tr.cursor = batch.cursor

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom
 
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.records import RankOps
@@ -214,3 +215,97 @@ def step_times(ops: RankOps, policy: PeriodPolicy | None = None,
     ts = t[a_idx]
     d = np.diff(ts)
     return StepTimes(ops.rank, pr, ts[1:], d.astype(np.float64) / 1e9)
+
+
+#: a symbol (op, communicator, bytes) this many times rarer than the commonest
+#: one is not part of every iteration (start-up broadcasts, a checkpoint
+#: barrier, the last small DDP bucket): left out when finding the boundaries
+RARE_RATIO = 8.0
+#: a candidate k splits real iterations when, over j*k ops, one of its j
+#: anchor gaps is the longest of them in more repetitions than chance
+#: (1/j each) explains at this significance (binomial test), and its
+#: median is at least SPLIT_RATIO times the shortest one's
+SPLIT_P = 1e-3
+SPLIT_RATIO = 1.2
+#: largest multiple j tested
+MAX_SPLIT = 64
+
+
+def _op_codes(ops: RankOps) -> np.ndarray:
+    """One integer per (op, communicator, bytes)."""
+    keys = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+
+
+def _gap_rows(gaps: np.ndarray, k: int) -> np.ndarray | None:
+    """Gaps reshaped to (repetitions, k), the first (partial) row dropped."""
+    rows = gaps.size // k
+    if rows < 5:
+        return None
+    return gaps[: rows * k].reshape(rows, k)[1:]
+
+
+def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
+    """True if k ops are a fraction (1/j) of an iteration: over j*k ops,
+    the j gaps at the anchor position are not alike (one is consistently
+    the longest: the real boundary, with the forward pass, the optimizer
+    step or a pipeline bubble in it)."""
+    g = _gap_rows(gaps, j * k)
+    if g is None:
+        return False
+    cols = g[:, anchor::k][:, :j]
+    med = np.median(cols, axis=0)
+    hi = int(np.argmax(med))
+    if med[hi] < SPLIT_RATIO * max(float(med.min()), 1.0):
+        return False
+    wins = int(np.count_nonzero(np.argmax(cols, axis=1) == hi))
+    return float(binom.sf(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P
+
+
+def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.ndarray | None:
+    """Indices into `ops` (issue order) of the first op of each iteration, or None.
+
+    Greyhound's ACF finds a period in ops, but the symbols of real jobs
+    often repeat within an iteration (DDP's equal-sized buckets, a pipeline
+    stage's micro-batches, one all-reduce per parameter), so the smallest
+    symbol period is not always the iteration. Here every lag k at which
+    the symbol sequence repeats (x[t] == x[t+k] for at least acf_threshold
+    of the ops) is a candidate, smallest first, and timing decides: the
+    anchor of k ops is the position after the longest typical gap (where
+    forward and backward compute sit), and k is the iteration unless some
+    multiple j*k shows its j anchors are not alike (_splits). Rare symbols
+    are left out first (RARE_RATIO), and the trailing periodic phase is
+    used, so warm-up and one-off ops neither shift nor break the boundaries.
+    """
+    p = policy or PeriodPolicy()
+    n = len(ops)
+    if n < 4:
+        return None
+    code = _op_codes(ops)
+    counts = np.bincount(code)
+    keep = np.flatnonzero(counts[code] >= max(p.min_repeats, counts.max() / RARE_RATIO))
+    keep = keep[-p.window_ops:]
+    s, t = code[keep], ops.start_ns[keep]
+    m = s.size
+    kmax = min(p.max_period, m // p.min_repeats)
+    cands = [k for k in range(1, kmax + 1)
+             if np.count_nonzero(s[:-k] == s[k:]) >= p.acf_threshold * (m - k)]
+    if not cands:
+        return None
+    chosen = None
+    for k in cands:
+        start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
+        gaps = np.diff(t[start:], prepend=t[start]).astype(np.float64)
+        g = _gap_rows(gaps, k)
+        if g is None:
+            break
+        anchor = int(np.argmax(np.median(g, axis=0)))
+        cset = set(cands)
+        if any(_splits(gaps, k, anchor, j) for j in range(2, MAX_SPLIT + 1) if j * k in cset):
+            continue
+        chosen = (k, start + anchor)
+        break
+    if chosen is None:
+        return None
+    k, first = chosen
+    return keep[first::k]

@@ -354,6 +354,9 @@ class RingReader:
             os.close(self._fd)
             self._fd = -1
 
+    def fileno(self) -> int:
+        return self._fd
+
     def __enter__(self) -> RingReader:
         return self
 
