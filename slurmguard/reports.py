@@ -33,7 +33,9 @@ class _Model(BaseModel):
 
 class StepSample(_Model):
     """One iteration of one rank. end: Unix seconds; step_s/comm_s: seconds
-    (comm_s = time inside collectives during the iteration)."""
+    (comm_s = time inside collectives during the iteration, overlapping ones
+    counted once; after a receive the hook cannot time, the time until the
+    rank's next collective: see agent.analysis.waited_until)."""
 
     end: float
     step_s: float = Field(ge=0)
@@ -55,6 +57,10 @@ class RankReport(_Model):
     gpu: int | None = None
     source: str = "nccl"
     period_ops: int | None = None
+    """Collectives per iteration the agent found (None: no iteration found yet)."""
+    role: str | None = Field(None, max_length=64)
+    """What work the rank does (agent.analysis.role_of): ranks of one job with
+    the same role are peers (same pipeline stage, same kind of shard); None: unknown."""
     baseline_step_s: float | None = None
     """Median step time of the rank's first stable window (s); None until known."""
     baseline_compute_s: float | None = None

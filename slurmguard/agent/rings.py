@@ -94,8 +94,11 @@ class TrackedRing:
     start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     peer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    flags: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     comm_sizes: dict[int, int] = field(default_factory=dict)
     """communicator id -> its size (from the hooks' comm_init records)."""
+    comm_ranks: dict[int, int] = field(default_factory=dict)
+    """communicator id -> this rank's rank in it (comm_init records)."""
     in_flight_since_ns: int | None = None
 
     def to_unix_s(self, mono_ns: int | float) -> float:
@@ -328,6 +331,7 @@ class RingTracker:
         for r in batch.records:
             if r.op == 11 and r.comm_id:  # comm_init: count = communicator size, peer = rank in it
                 tr.comm_sizes[_fold(r.comm_id)] = int(r.count)
+                tr.comm_ranks[_fold(r.comm_id)] = int(r.peer)
         recs = [r for r in batch.records if r.op not in _NOT_COLLECTIVE]
         pending = [r for r in recs if r.flags & _PENDING]
         done = [r for r in recs if not r.flags & _PENDING]
@@ -335,13 +339,13 @@ class RingTracker:
         if not done:
             return
         a = np.array([(r.op, _fold(r.comm_id), _fold(r.bytes), _fold(r.start_ns), _fold(r.end_ns),
-                       r.peer) for r in done], dtype=np.int64)
+                       r.peer, r.flags) for r in done], dtype=np.int64)
         cols = [np.concatenate([old, a[:, i]]) for i, old in
-                enumerate((tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer))]
+                enumerate((tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags))]
         # issue order: a ring holds completion order, and a record completed
         # late may start before records read in an earlier poll
         order = np.argsort(cols[3], kind="stable")[-self.max_ops:]
-        tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer = (c[order] for c in cols)
+        tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags = (c[order] for c in cols)
 
     def close(self) -> None:
         for path in list(self.rings):

@@ -262,8 +262,27 @@ def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     return float(binom.sf(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P
 
 
+@dataclass(frozen=True)
+class Iterations:
+    """anchors: indices into the rank's ops (issue order) of each iteration's
+    first op; period: ops per iteration (of the ops kept, see
+    iteration_anchors); signature: the (op, communicator, bytes) codes of one
+    iteration from its anchor, as tuples (the rank's role in the job: ranks
+    that issue the same sequence do the same work)."""
+
+    anchors: np.ndarray
+    period: int
+    signature: tuple[tuple[int, int, int], ...]
+
+
 def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.ndarray | None:
-    """Indices into `ops` (issue order) of the first op of each iteration, or None.
+    """Indices into `ops` of the first op of each iteration, or None (see find_iterations)."""
+    it = find_iterations(ops, policy)
+    return None if it is None else it.anchors
+
+
+def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None) -> Iterations | None:
+    """The iterations of one rank from its ops in issue order, or None.
 
     Greyhound's ACF finds a period in ops, but the symbols of real jobs
     often repeat within an iteration (DDP's equal-sized buckets, a pipeline
@@ -308,4 +327,7 @@ def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.nd
     if chosen is None:
         return None
     k, first = chosen
-    return keep[first::k]
+    anchors = keep[first::k]
+    one = keep[first:first + k]
+    sig = tuple((int(ops.op[i]), int(ops.comm[i]), int(ops.nbytes[i])) for i in one)
+    return Iterations(anchors, k, sig)
