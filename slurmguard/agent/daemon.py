@@ -76,6 +76,8 @@ class Agent:
             if an.dropped > dropped:
                 self.tracker.problem(path, "dropped_samples", "iteration samples that make no sense "
                                      "(negative, NaN, absurd) dropped", an.dropped - dropped)
+            if tr.start_ns.size == 0:
+                continue  # no collective yet (or never: a job that opts in and only computes)
             jobs.setdefault(tr.job_id, []).append((tr, rep))
         for key in list(self.analyzers):
             if key not in live:
@@ -83,10 +85,12 @@ class Agent:
         job_reports = []
         for j, rows in sorted(jobs.items()):
             ranks: dict[int, object] = {}
-            for tr, r in rows:
-                if r.rank in ranks:  # two rings claim one rank (a forked writer, a re-run step)
+            # two rings may claim one rank (a later job step, a forked writer):
+            # the one that progressed last is the rank's current ring
+            for tr, r in sorted(rows, key=lambda row: row[1].last_progress or 0.0, reverse=True):
+                if r.rank in ranks:
                     self.tracker.problem(tr.reader.path, "invalid", f"rank {r.rank} of job {j} "
-                                         "has another ring on this node; keeping the first")
+                                         "has a newer ring on this node; this one is not reported")
                     continue
                 ranks[r.rank] = r
             job_reports.append(JobReport(job_id=j, world_size=rows[0][0].header.world_size or None,

@@ -59,6 +59,10 @@ YOUNG_S = 10.0
 #: largest difference between a ring's clock offset and the agent's own (ns);
 #: both are CLOCK_REALTIME - CLOCK_MONOTONIC of one boot, NTP slews them apart slowly
 CLOCK_SLACK_NS = 3600 * 10**9
+#: a record may end this far ahead of the agent's clock (ns; hooks stamp before writing)
+FUTURE_SLACK_NS = 60 * 10**9
+#: longest collective taken as real (ns)
+MAX_OP_NS = 86400 * 10**9
 #: how often Slurm is asked which jobs run on this node (s)
 JOBS_REFRESH_S = 5.0
 #: job states whose rings are read
@@ -333,6 +337,15 @@ class RingTracker:
                 tr.comm_sizes[_fold(r.comm_id)] = int(r.count)
                 tr.comm_ranks[_fold(r.comm_id)] = int(r.peer)
         recs = [r for r in batch.records if r.op not in _NOT_COLLECTIVE]
+        # times the writer cannot have taken: beyond the agent's own clock, or
+        # a collective lasting more than a day (monotonic ns of this boot)
+        limit = time.monotonic_ns() + FUTURE_SLACK_NS
+        bad = [r for r in recs if r.end_ns > limit or r.end_ns - r.start_ns > MAX_OP_NS]
+        if bad:
+            tr.corrupt += len(bad)
+            self.problem(tr.reader.path, "corrupt_records",
+                         f"{len(bad)} record(s) with impossible times skipped", len(bad))
+            recs = [r for r in recs if not (r.end_ns > limit or r.end_ns - r.start_ns > MAX_OP_NS)]
         pending = [r for r in recs if r.flags & _PENDING]
         done = [r for r in recs if not r.flags & _PENDING]
         tr.in_flight_since_ns = min((r.start_ns for r in pending), default=None)
