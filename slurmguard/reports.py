@@ -72,6 +72,9 @@ class RankReport(_Model):
     """Unix s when the oldest collective still in flight started (None: none)."""
     lost_records: int = 0
     changes: list[ChangeReport] = Field(default_factory=list)
+    exited: bool = False
+    """The rank's process is gone while its ring stays (it died, or the job
+    ends): its silence is not a stall and its last steps are not a slowdown."""
 
 
 class JobReport(_Model):

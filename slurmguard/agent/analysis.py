@@ -160,7 +160,7 @@ class RankAnalyzer:
             last_progress=tr.to_unix_s(last_end) if last_end else None,
             in_flight_since=(tr.to_unix_s(tr.in_flight_since_ns)
                              if tr.in_flight_since_ns is not None else None),
-            lost_records=tr.lost, changes=self.changes[-8:])
+            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited)
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
         it = find_iterations(rank_ops(tr), self.detection.period)

@@ -108,6 +108,15 @@ class TrackedRing:
     def to_unix_s(self, mono_ns: int | float) -> float:
         return (mono_ns + self.header.clock_offset_ns) / 1e9
 
+    @property
+    def writer_exited(self) -> bool:
+        """The process that wrote the ring no longer exists (same PID
+        namespace as the agent: the job's ranks and slurmd's agent share the
+        node's). A PID reused by another process reads as alive: never a
+        false 'exited'."""
+        pid = self.header.pid
+        return pid > 0 and not os.path.exists(f"/proc/{pid}")
+
 
 class SlurmJobs:
     """Which jobs Slurm says run on `node`, with their users' uids.

@@ -24,15 +24,18 @@ from slurmguard.reports import RankReport
 from slurmguard.respond.tiers import Culprit, JobAssessment
 
 RECENT = 5  # iterations in the "current" window of a rank
+#: iterations whose median compute localises (wider than RECENT: compute is
+#: a noisier difference of two times than the step itself)
+LOCALISE_RECENT = 9
 #: a rank's compute is judged only when its baseline compute is at least this
 #: fraction of its baseline step: below it, what the hooks see of its compute
 #: is too thin (a pipeline stage whose receives are untimed) to compare
 OBSERVABLE_COMPUTE = 0.1
 
 
-def _recent(r: RankReport, since: float | None) -> list:
+def _recent(r: RankReport, since: float | None, n: int = RECENT) -> list:
     steps = [s for s in r.steps if since is None or s.end > since]
-    return steps[-RECENT:]
+    return steps[-n:]
 
 
 def _onset(ranks: list[RankReport], baseline: float, threshold: float, since: float | None) -> float | None:
@@ -101,17 +104,20 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
             continue
         peers = [k for k in ratios if k != key and roles[k] == roles[key]]
         others = peers or [k for k in ratios if k != key]
-        if not others:
+        base = computes[key] / ratio
+        if others:
+            if ratio <= float(np.median([ratios[k] for k in others])) * (1.0 + excess):
+                continue
+            grown = float(np.median([ratios[k] for k in others]))
+            against = (f"same-role peers {float(np.median([computes[k] for k in peers])):.3g}s"
+                       if peers else f"its baseline {base:.3g}s (no same-role peer; the other "
+                                     f"ranks grew {grown:.2f}x)")
+        elif ratio > 1.0 + 2 * excess:
+            # nothing to compare with: its own baseline, with a wider margin
+            against = f"its baseline {base:.3g}s (no other rank's compute is observable)"
+        else:
             continue
-        if ratio > float(np.median([ratios[k] for k in others])) * (1.0 + excess):
-            node, rank = key
-            if peers:
-                against = f"same-role peers {float(np.median([computes[k] for k in peers])):.3g}s"
-            else:
-                base = computes[key] / ratio
-                against = f"its baseline {base:.3g}s (no same-role peer; others grew " \
-                          f"{float(np.median([ratios[k] for k in others])):.2f}x)"
-            slow[node].append((rank, computes[key], against))
+        slow[key[0]].append((key[1], computes[key], against))
     if not slow:
         grown = max(ratios.values())
         why = (f"no rank's compute grew more than {excess:.0%} beyond its own baseline and its "
@@ -137,12 +143,18 @@ def _fmt_flag(f: PeerFlag) -> str:
 def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, RankReport]],
                flags_by_node: dict[str, list[PeerFlag]], policy: Policy, now: float,
                since: float | None = None) -> JobAssessment | None:
-    """None while no rank has a baseline yet (warm-up) or nothing was reported.
+    """None while no rank has a baseline yet (warm-up), nothing was reported,
+    or a rank's process has exited (a failing job is not a slow node).
 
     since: ignore iterations that ended before this Unix time (the job's
     previous run, before a requeue).
     """
     if not ranks:
+        return None
+    if any(r.exited for _, r in ranks):
+        # a rank's process is gone: the job is failing or ending (Slurm ends
+        # it), which is no node's slowness; judging its silence as a stall
+        # would drain the node of whichever rank stopped last
         return None
     tiers = policy.response.tiers
     baselines = [r.baseline_step_s for _, r in ranks if r.baseline_step_s]
@@ -165,7 +177,8 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
     if stalled > 0 and onset is None:
         onset = max(progress)
 
-    ratios, computes, slow_ranks, why_not = localise(ranks, recents, policy)
+    ratios, computes, slow_ranks, why_not = localise(
+        ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy)
     culprits = []
     for node, rows in sorted(slow_ranks.items()):
         rows.sort()
