@@ -190,13 +190,19 @@ class RingTracker:
         self.skipped: dict[str, tuple[tuple[int, int], str]] = {}
         self.errors: dict[str, int] = {k: 0 for k in ERROR_KINDS}
         self.ignored_jobs: set[int] = set()
+        self._dirs_seen: set[str] = set()
         self._logged: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------ problems
-    def problem(self, path: str, kind: str, why: str, count: int = 1) -> None:
-        """Count a problem; log it the first time for this file and kind."""
-        self.errors[kind] = self.errors.get(kind, 0) + count
-        if (path, kind) not in self._logged:
+    def problem(self, path: str, kind: str, why: str, count: int | None = None) -> None:
+        """Count a problem and log it, once per file and kind (while the file
+        stays); `count`: new bad records or samples, added every time."""
+        first = (path, kind) not in self._logged
+        if count is not None:
+            self.errors[kind] = self.errors.get(kind, 0) + count
+        elif first:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+        if first:
             self._logged.add((path, kind))
             log.warning("ring %s: %s (%s; logged once)", path, why, kind)
 
@@ -219,7 +225,7 @@ class RingTracker:
             if path not in seen:
                 self._drop(path)
         self.skipped = {p: v for p, v in self.skipped.items() if p in seen}
-        self._logged = {pk for pk in self._logged if pk[0] in seen or not pk[0].endswith(".ring")}
+        self._logged = {pk for pk in self._logged if pk[0] in seen or pk[0] in self._dirs_seen}
         if len(self._logged) > 10000:  # bounded, whatever a ring root holds
             self._logged.clear()
         return list(self.rings.values())
@@ -236,6 +242,7 @@ class RingTracker:
             except OSError:
                 return
             ignored = set()
+            self._dirs_seen = set()
             for name in sorted(entries):
                 if not name.isdigit() or len(name) > 10:
                     continue
@@ -244,6 +251,7 @@ class RingTracker:
                     ignored.add(job_id)  # ended, or another node's: left for the epilog
                     continue
                 path = os.path.join(self.root, name)
+                self._dirs_seen.add(path)
                 try:
                     dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                   dir_fd=rootfd)
