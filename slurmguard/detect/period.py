@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binom
+from scipy.stats import binom, chi2
 
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.records import RankOps
@@ -227,8 +227,10 @@ RARE_RATIO = 8.0
 #: median is at least SPLIT_RATIO times the shortest one's
 SPLIT_P = 1e-3
 SPLIT_RATIO = 1.2
+#: significance at which the gaps of k ops must repeat (see _consistent)
+CONSISTENT_P = 1e-6
 #: largest multiple j tested
-MAX_SPLIT = 64
+MAX_SPLIT = 128
 
 
 def _op_codes(ops: RankOps) -> np.ndarray:
@@ -237,27 +239,50 @@ def _op_codes(ops: RankOps) -> np.ndarray:
     return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
 
 
+#: most recent repetitions looked at when placing and testing boundaries
+MAX_ROWS = 64
+
+
 def _gap_rows(gaps: np.ndarray, k: int) -> np.ndarray | None:
-    """Gaps reshaped to (repetitions, k), the first (partial) row dropped."""
+    """The most recent gaps reshaped to (repetitions, k), aligned on the
+    first gap; the first (partial-history) row and rows beyond MAX_ROWS dropped."""
     rows = gaps.size // k
     if rows < 5:
         return None
-    return gaps[: rows * k].reshape(rows, k)[1:]
+    return gaps[: rows * k].reshape(rows, k)[max(1, rows - MAX_ROWS):]
+
+
+def _consistent(g: np.ndarray) -> bool:
+    """The gaps repeat every k ops (k = g's columns): Friedman's test that
+    the positions' gaps differ consistently across repetitions (ranks
+    within each repetition, so slow drifts of the whole job do not matter).
+    A k that is not an iteration length (nor a fraction of one) shifts the
+    pattern from one repetition to the next and ranks the positions at random."""
+    n, k = g.shape
+    if k < 2:
+        return True
+    ranks = np.argsort(np.argsort(g, axis=1), axis=1) + 1.0
+    r = ranks.sum(axis=0)
+    q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
+    return float(chi2.sf(q, k - 1)) < CONSISTENT_P
 
 
 def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     """True if k ops are a fraction (1/j) of an iteration: over j*k ops,
-    the j gaps at the anchor position are not alike (one is consistently
+    the j gaps at one position of the k are not alike (one is consistently
     the longest: the real boundary, with the forward pass, the optimizer
-    step or a pipeline bubble in it)."""
+    step or a pipeline bubble in it). The position tested is the one
+    holding the longest typical gap over the j*k ops (the anchor of a k that
+    splits iterations may fall anywhere; the boundary is where that gap is)."""
     g = _gap_rows(gaps, j * k)
     if g is None:
         return False
-    cols = g[:, anchor::k][:, :j]
-    med = np.median(cols, axis=0)
-    hi = int(np.argmax(med))
-    if med[hi] < SPLIT_RATIO * max(float(med.min()), 1.0):
+    med = np.median(g, axis=0).reshape(j, k)           # [which of the j, position]
+    pos = int(np.argmax(med.max(axis=0)))              # where the longest typical gap is
+    if med[:, pos].max() < SPLIT_RATIO * max(float(med[:, pos].min()), 1.0):
         return False
+    cols = g[:, pos::k][:, :j]
+    hi = int(np.argmax(med[:, pos]))
     wins = int(np.count_nonzero(np.argmax(cols, axis=1) == hi))
     return float(binom.sf(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P
 
@@ -281,8 +306,12 @@ def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.nd
     return None if it is None else it.anchors
 
 
-def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None) -> Iterations | None:
+def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
+                    hint: int | None = None) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
+
+    hint: the period found last time (the agent re-analyses a growing
+    window every report); it is tried first and kept while it passes.
 
     Greyhound's ACF finds a period in ops, but the symbols of real jobs
     often repeat within an iteration (DDP's equal-sized buckets, a pipeline
@@ -307,23 +336,43 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None) -> Iterati
     s, t = code[keep], ops.start_ns[keep]
     m = s.size
     kmax = min(p.max_period, m // p.min_repeats)
-    cands = [k for k in range(1, kmax + 1)
-             if np.count_nonzero(s[:-k] == s[k:]) >= p.acf_threshold * (m - k)]
-    if not cands:
-        return None
-    chosen = None
-    for k in cands:
+    repeats: dict[int, bool] = {}
+
+    def is_candidate(k: int) -> bool:
+        if k not in repeats:
+            repeats[k] = bool(np.count_nonzero(s[:-k] == s[k:]) >= p.acf_threshold * (m - k))
+        return repeats[k]
+
+    def accept(k: int) -> tuple[int, int] | None | bool:
+        """(k, first anchor) if k ops are one iteration; None if not;
+        False if there are too few ops to tell for k or any longer period."""
         start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
         gaps = np.diff(t[start:], prepend=t[start]).astype(np.float64)
         g = _gap_rows(gaps, k)
         if g is None:
-            break
+            return False
         anchor = int(np.argmax(np.median(g, axis=0)))
-        cset = set(cands)
-        if any(_splits(gaps, k, anchor, j) for j in range(2, MAX_SPLIT + 1) if j * k in cset):
-            continue
-        chosen = (k, start + anchor)
-        break
+        if not _consistent(g):
+            return None  # the gaps do not repeat every k ops: not an iteration length
+        if any(_splits(gaps, k, anchor, j) for j in range(2, MAX_SPLIT + 1)
+               if j * k <= kmax and is_candidate(j * k)):
+            return None
+        return k, start + anchor
+
+    chosen = None
+    if hint is not None and 1 <= hint <= kmax and is_candidate(hint):
+        got = accept(hint)
+        chosen = got or None
+    if chosen is None:
+        for k in range(1, kmax + 1):
+            if not is_candidate(k) or k == hint:
+                continue
+            got = accept(k)
+            if got is False:
+                break
+            if got is not None:
+                chosen = got
+                break
     if chosen is None:
         return None
     k, first = chosen
