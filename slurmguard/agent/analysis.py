@@ -175,6 +175,8 @@ class RankAnalyzer:
             if self.structure is not None:
                 self._reset_baseline()
             self.structure = structure
+            # and recount the iterations seen under the new structure
+            self.total_steps, self._last_anchor_ns = 0, -(1 << 62)
         bounds = tr.start_ns[it.anchors]
         bounds = bounds[np.concatenate([[True], np.diff(bounds) > 0])]  # equal starts: one anchor
         if bounds.size < 2:

@@ -363,6 +363,15 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
     if hint is not None and 1 <= hint <= kmax and is_candidate(hint):
         got = accept(hint)
         chosen = got or None
+        if chosen is not None:
+            # more history may show a fraction of it is the iteration (early
+            # on, a few repetitions cannot prove the shorter one)
+            for d in range(1, hint):
+                if hint % d == 0 and is_candidate(d):
+                    got = accept(d)
+                    if got:
+                        chosen = got
+                        break
     if chosen is None:
         for k in range(1, kmax + 1):
             if not is_candidate(k) or k == hint:

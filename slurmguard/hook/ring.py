@@ -281,10 +281,31 @@ def _validate(h: RingHeader, size: int) -> None:
     need = HEADER_SIZE + cap * RECORD_SIZE
     if size < need:
         raise RingError(h.path, f"truncated: {size} bytes, a ring of {cap} records needs {need}")
-    if size != need:
-        # writers allocate exactly this much (sg_ring_file_size); anything
-        # else is not a ring this reader should map or archive
-        raise RingError(h.path, f"bad size: {size} bytes, a ring of {cap} records has exactly {need}")
+
+
+def read_header(fd: int, path: str) -> RingHeader:
+    """The validated header of the open file `fd`, for code that must not trust the file
+    (the root epilog): a regular file of exactly the size its geometry gives, with every
+    block allocated (sg_ring_create and RingWriter posix_fallocate the whole ring, so a
+    sparse "ring" is a forgery that would copy as gigabytes of zeros). RingError otherwise."""
+    import stat as _stat
+
+    st = os.fstat(fd)
+    if not _stat.S_ISREG(st.st_mode):
+        raise RingError(path, "not a regular file")
+    buf = os.pread(fd, HEADER_SIZE, 0)
+    if len(buf) < 8 or _U64.unpack_from(buf, 0)[0] != MAGIC:
+        raise RingError(path, "bad magic (not a ring, or not initialised yet)")
+    if len(buf) < HEADER_SIZE:
+        raise RingError(path, f"truncated: {st.st_size} bytes, the header alone is {HEADER_SIZE}")
+    h = _header_from(buf, path)
+    _validate(h, st.st_size)
+    need = HEADER_SIZE + h.capacity * RECORD_SIZE
+    if st.st_size != need:
+        raise RingError(path, f"size {st.st_size} bytes, a ring of {h.capacity} records is {need}")
+    if st.st_blocks * 512 < need:
+        raise RingError(path, f"sparse: {st.st_blocks * 512} of {need} bytes allocated")
+    return h
 
 
 #: records copied per pread while reading (256 KiB)
@@ -326,19 +347,10 @@ class RingReader:
             raise RingError(self.path, f"cannot open: {exc.strerror}") from None
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise RingError(self.path, "not a regular file")
             size = st.st_size
-            if size < HEADER_SIZE:
+            if stat.S_ISREG(st.st_mode) and size < HEADER_SIZE:  # before what the bytes would say
                 raise RingError(self.path, f"truncated: {size} bytes, the header alone is {HEADER_SIZE}")
-            raw = os.pread(fd, HEADER_SIZE, 0)
-            if len(raw) < HEADER_SIZE:
-                raise RingError(self.path, f"truncated: read {len(raw)} bytes of the header")
-            self.header = _header_from(raw, self.path)
-            _validate(self.header, size)
-            allocated = st.st_blocks * 512
-            if allocated < size:
-                raise RingError(self.path, f"sparse: {allocated} of {size} bytes allocated")
+            self.header = read_header(fd, self.path)
         except OSError as exc:
             os.close(fd)
             raise RingError(self.path, f"cannot read: {exc.strerror}") from None
