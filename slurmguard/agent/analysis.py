@@ -186,8 +186,15 @@ class RankAnalyzer:
         ends = (bounds[1:].astype(np.float64) + tr.header.clock_offset_ns) / 1e9
         good = sane_steps(step / 1e9, comm / 1e9, ends)
         self.dropped += int(np.count_nonzero(~good))
-        # iterations seen to start (anchors), counted once each across polls
-        self.total_steps += int(np.count_nonzero(bounds > self._last_anchor_ns))
+        # iterations seen to start (anchors): all of them while the window
+        # still holds the rank's whole history; after that, the new ones (an
+        # anchor less than half an iteration after the last counted one is
+        # that one again, moved within its iteration by more history)
+        if tr.start_ns.size < self.agent.max_ops_per_rank and tr.cursor is not None and tr.lost == 0:
+            self.total_steps = max(self.total_steps, int(bounds.size))
+        else:
+            guard = self._last_anchor_ns + 0.5 * float(np.median(step))
+            self.total_steps += int(np.count_nonzero(bounds > guard))
         self._last_anchor_ns = max(self._last_anchor_ns, int(bounds[-1]))
         return [StepSample(end=float(e), step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
                 for e, s, c in zip(ends[good], step[good], comm[good])]
