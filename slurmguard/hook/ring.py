@@ -583,39 +583,56 @@ class RingWriter:
 
 class RingControl:
     """The controller's handle on a ring's control word: hold a rank at its
-    next collective, release it, see whether it is held."""
+    next collective, release it, see whether it is held.
+
+    Opened once, like a reader (O_NONBLOCK|O_NOFOLLOW, read_header's checks),
+    and used through pread/pwrite on that descriptor: the file cannot be
+    swapped between the check and the use, and a file truncated later is a
+    RingError, not a SIGBUS of the caller."""
 
     def __init__(self, path: str) -> None:
         self.path = os.fspath(path)
-        # validate like a reader first, so a bad file is a RingError here
-        RingReader(self.path).close()
-        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
-            self._mm = mmap.mmap(fd, HEADER_SIZE, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise RingError(self.path, f"cannot open: {exc.strerror}") from None
+        try:
+            read_header(self._fd, self.path)
+        except OSError as exc:
+            os.close(self._fd)
+            raise RingError(self.path, f"cannot read: {exc.strerror}") from None
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def close(self) -> None:
-        self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _get(self, name: str) -> int:
+        off, st = _HDR[name]
+        data = os.pread(self._fd, st.size, off)
+        if len(data) < st.size:
+            raise RingError(self.path, "truncated while open")
+        return st.unpack(data)[0]
+
+    def _put(self, name: str, value: int) -> None:
+        off, st = _HDR[name]
+        os.pwrite(self._fd, st.pack(value), off)
 
     def hold(self, timeout_ms: int = 0) -> None:
         """Ask the rank to wait at its next collective for at most
         timeout_ms (0: the writer's default, HOLD_DEFAULT_TIMEOUT_MS)."""
-        _U32.pack_into(self._mm, _HDR["hold_timeout_ms"][0], timeout_ms)
-        ctl = _U32.unpack_from(self._mm, _HDR["control"][0])[0]
-        _U32.pack_into(self._mm, _HDR["control"][0], ctl | CTL_HOLD)
+        self._put("hold_timeout_ms", timeout_ms)
+        self._put("control", self._get("control") | CTL_HOLD)
 
     def release(self) -> None:
-        ctl = _U32.unpack_from(self._mm, _HDR["control"][0])[0]
-        _U32.pack_into(self._mm, _HDR["control"][0], ctl & ~CTL_HOLD)
+        self._put("control", self._get("control") & ~CTL_HOLD)
 
     def state(self) -> dict:
         """control bits, hold_since_ns (0: not waiting), holds, hold_timeouts."""
-        def get(name: str) -> int:
-            off, st = _HDR[name]
-            return st.unpack_from(self._mm, off)[0]
-
+        get = self._get
         return {"held": bool(get("control") & CTL_HOLD), "control": get("control"),
                 "hold_timeout_ms": get("hold_timeout_ms"), "hold_since_ns": get("hold_since_ns"),
                 "holds": get("holds"), "hold_timeouts": get("hold_timeouts")}
