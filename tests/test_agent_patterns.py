@@ -129,3 +129,30 @@ def test_recorded_fixtures_are_what_the_hook_writes():
     rec = recorded("async")
     starts = rec[0]["records"][:, 4]
     assert (np.diff(starts) < 0).any()
+
+
+def test_ops_interleaved_by_several_threads_fall_back_to_one_communicator():
+    """TP ops in order, the DP all-reduces from another thread landing
+    anywhere between them: the interleaving never repeats, each
+    communicator's own sequence does."""
+    from slurmguard.detect.period import find_iterations
+    from slurmguard.detect.records import RankOps
+
+    rng = np.random.default_rng(5)
+    rows, t = [], 0
+    for _ in range(60):
+        ops = [(1, 7), (2, 7), (1, 7), (2, 7)]
+        for _ in range(3):
+            ops.insert(int(rng.integers(0, len(ops) + 1)), (0, 9))
+        for op, comm in ops:
+            rows.append((op, comm, 1024, t, t + 1000))
+            t += 10_000_000
+        t += 500_000_000
+    ro = RankOps.from_rows(0, rows)
+    it = find_iterations(ro, POLICY.detection.period)
+    assert it is not None
+    assert np.median(np.diff(ro.start_ns[it.anchors])) / 1e9 == pytest.approx(0.57, rel=0.01)
+    noise = np.random.default_rng(6)
+    ro = RankOps.from_rows(0, [(int(noise.integers(0, 5)), int(noise.integers(0, 3)), 1, i, i + 1)
+                               for i in range(400)])
+    assert find_iterations(ro, POLICY.detection.period) is None

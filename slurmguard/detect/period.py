@@ -306,12 +306,32 @@ def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.nd
     return None if it is None else it.anchors
 
 
+def _per_communicator(ops: RankOps, p: PeriodPolicy, hint: int | None) -> Iterations | None:
+    """Iterations from one communicator's ops alone, busiest first: ops
+    issued from several threads (a DP all-reduce thread beside the TP ops)
+    interleave differently every iteration, while each communicator's own
+    sequence still repeats."""
+    comms, counts = np.unique(ops.comm, return_counts=True)
+    if comms.size < 2:
+        return None
+    for c in comms[np.argsort(-counts, kind="stable")]:
+        idx = np.flatnonzero(ops.comm == c)
+        sub = RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
+                      ops.end_ns[idx])
+        it = find_iterations(sub, p, hint, comm=int(c))
+        if it is not None:
+            return Iterations(idx[it.anchors], it.period, it.signature)
+    return None
+
+
 def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
-                    hint: int | None = None) -> Iterations | None:
+                    hint: int | None = None, comm: int | None = None) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
 
     hint: the period found last time (the agent re-analyses a growing
     window every report); it is tried first and kept while it passes.
+    comm: set when `ops` are one communicator's (the fallback when the
+    interleaved sequence does not repeat, see _per_communicator).
 
     Greyhound's ACF finds a period in ops, but the symbols of real jobs
     often repeat within an iteration (DDP's equal-sized buckets, a pipeline
@@ -383,7 +403,7 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
                 chosen = got
                 break
     if chosen is None:
-        return None
+        return _per_communicator(ops, p, hint) if comm is None else None
     k, first = chosen
     anchors = keep[first::k]
     one = keep[first:first + k]
