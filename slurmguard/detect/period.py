@@ -186,35 +186,19 @@ class StepTimes:
 
 def step_times(ops: RankOps, policy: PeriodPolicy | None = None,
                period: PeriodResult | None = None) -> StepTimes | None:
-    """Iteration times of a rank from its period (Greyhound: the time between
-    an op and its occurrence one period earlier).
-
-    The anchor is the op that follows the longest typical gap inside the period
-    (where forward/backward compute sits), so a step time is one whole
-    iteration, not a split between two. None when no period is found.
-    """
+    """Iteration times of a rank (Greyhound: the time between an op and its
+    occurrence one period earlier), from find_iterations: the one place that
+    places iteration boundaries. `period` (e.g. from rank_period) is only
+    carried into the result. None when no iteration is found."""
     p = policy or PeriodPolicy()
-    pr = period or rank_period(ops, p)
-    if pr is None:
+    it = find_iterations(ops, p)
+    if it is None:
         return None
-    if pr.comm is None:
-        idx = np.arange(pr.start, len(ops))
-    else:
-        idx = np.nonzero(ops.comm == pr.comm)[0]
-        idx = idx[idx >= pr.start]
-    k = pr.period
-    t = ops.start_ns[idx]
-    m = (idx.size // k) * k
-    if m < 2 * k:
+    ts = ops.start_ns[it.anchors]
+    if ts.size < 2:
         return None
-    # typical gap before each position of the period
-    gaps = np.diff(t[:m]).astype(np.float64)
-    gaps = np.concatenate([[0.0], gaps])[: m].reshape(-1, k)
-    anchor = int(np.argmax(np.median(gaps[1:], axis=0))) if gaps.shape[0] > 1 else 0
-    a_idx = np.arange(anchor, t.size, k)
-    ts = t[a_idx]
-    d = np.diff(ts)
-    return StepTimes(ops.rank, pr, ts[1:], d.astype(np.float64) / 1e9)
+    pr = period or PeriodResult(it.period, int(it.anchors[0]), 1.0, None)
+    return StepTimes(ops.rank, pr, ts[1:], np.diff(ts).astype(np.float64) / 1e9)
 
 
 #: a symbol (op, communicator, bytes) this many times rarer than the commonest
@@ -358,9 +342,14 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
     kmax = min(p.max_period, m // p.min_repeats)
     repeats: dict[int, bool] = {}
 
+    # the recent half decides which lags repeat: an older phase (warm-up, a
+    # period before a phase change) would only let a common multiple pass
+    recent = s[m // 2:] if m // 2 >= 2 * p.min_repeats else s
+
     def is_candidate(k: int) -> bool:
         if k not in repeats:
-            repeats[k] = bool(np.count_nonzero(s[:-k] == s[k:]) >= p.acf_threshold * (m - k))
+            r = recent if recent.size > p.min_repeats * k else s
+            repeats[k] = bool(np.count_nonzero(r[:-k] == r[k:]) >= p.acf_threshold * (r.size - k))
         return repeats[k]
 
     def accept(k: int) -> tuple[int, int] | None | bool:
