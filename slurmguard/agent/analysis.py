@@ -1,11 +1,14 @@
-"""Per-rank analysis on the node: iteration period, step times, baseline, changes.
+"""Per-rank analysis on the node: iterations, step times, role, baseline, changes.
 
-Greyhound 4.2: the iteration period comes from the ACF of the rank's op
-sequence (slurmguard.detect.period); a rank whose iterations hold a single
-collective (one DDP bucket) has a constant sequence with no ACF, so its
-period is one op. Each iteration's time in collectives is measured too, so
-the controller can tell the rank that computes slowly (its compute time
-grows) from the peers that wait for it (their collective time grows).
+Iteration boundaries come from slurmguard.detect.period.find_iterations
+(symbol repeats, as Greyhound 4.2's ACF, with timing deciding between a
+period and its fractions: equal DDP buckets, a pipeline stage's
+micro-batches). Each iteration's time inside collectives is measured too,
+so the controller can tell the rank that computes slowly (its compute time
+grows) from the peers that wait for it (their collective time grows); each
+rank's role (role_of) says which ranks are its peers. A new iteration
+structure restarts the baseline (warm-up never counts as a slowdown), and
+samples that make no sense are dropped and counted, never raised.
 """
 
 from __future__ import annotations

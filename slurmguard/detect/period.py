@@ -1,5 +1,9 @@
 """Iteration period and step times from a rank's op sequence (Greyhound 4.2).
 
+Where the iterations are (find_iterations, used by the agent, step_times
+and the what-if traces): see its docstring; the ACF below (find_period,
+rank_period) finds the period of a symbol sequence as the paper does.
+
 The op sequence of a training rank repeats once per iteration. The period is
 the first lag k whose autocorrelation reaches M = 0.95; the iteration time is
 the time between an op and its occurrence one period earlier.
