@@ -166,8 +166,7 @@ class RankAnalyzer:
             lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited)
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
-        it = find_iterations(rank_ops(tr), self.detection.period,
-                             hint=self.structure[0] if self.structure else None)
+        it = find_iterations(rank_ops(tr), self.detection.period)
         if it is None:
             return []
         structure = (it.period, role_of(tr, it))

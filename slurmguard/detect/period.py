@@ -35,6 +35,7 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -294,7 +295,7 @@ def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.nd
     return None if it is None else it.anchors
 
 
-def _per_communicator(ops: RankOps, p: PeriodPolicy, hint: int | None) -> Iterations | None:
+def _per_communicator(ops: RankOps, p: PeriodPolicy) -> Iterations | None:
     """Iterations from one communicator's ops alone, busiest first: ops
     issued from several threads (a DP all-reduce thread beside the TP ops)
     interleave differently every iteration, while each communicator's own
@@ -306,18 +307,16 @@ def _per_communicator(ops: RankOps, p: PeriodPolicy, hint: int | None) -> Iterat
         idx = np.flatnonzero(ops.comm == c)
         sub = RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
                       ops.end_ns[idx])
-        it = find_iterations(sub, p, hint, comm=int(c))
+        it = find_iterations(sub, p, comm=int(c))
         if it is not None:
             return Iterations(idx[it.anchors], it.period, it.signature)
     return None
 
 
 def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
-                    hint: int | None = None, comm: int | None = None) -> Iterations | None:
+                    comm: int | None = None) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
 
-    hint: the period found last time (the agent re-analyses a growing
-    window every report); it is tried first and kept while it passes.
     comm: set when `ops` are one communicator's (the fallback when the
     interleaved sequence does not repeat, see _per_communicator).
 
@@ -356,9 +355,11 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
             repeats[k] = bool(np.count_nonzero(r[:-k] == r[k:]) >= p.acf_threshold * (r.size - k))
         return repeats[k]
 
-    def accept(k: int) -> tuple[int, int] | None | bool:
-        """(k, first anchor) if k ops are one iteration; None if not;
-        False if there are too few ops to tell for k or any longer period."""
+    def accept(k: int) -> tuple[int, int] | int | None | bool:
+        """(k, first anchor) if k ops are one iteration; None if the gaps do
+        not repeat every k ops; j*k (an int) if k is a fraction of an
+        iteration that repeats every j*k ops; False if there are too few ops
+        to tell for k or any longer period."""
         start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
         gaps = np.diff(t[start:], prepend=t[start]).astype(np.float64)
         g = _gap_rows(gaps, k)
@@ -367,36 +368,31 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
         anchor = int(np.argmax(np.median(g, axis=0)))
         if not _consistent(g):
             return None  # the gaps do not repeat every k ops: not an iteration length
-        if any(_splits(gaps, k, anchor, j) for j in range(2, MAX_SPLIT + 1)
-               if j * k <= kmax and is_candidate(j * k)):
-            return None
+        for j in range(2, MAX_SPLIT + 1):
+            if j * k <= kmax and is_candidate(j * k) and _splits(gaps, k, anchor, j):
+                return j * k
         return k, start + anchor
 
+    # Smallest first. A k found to be a fraction of an iteration that repeats
+    # every u ops makes u a unit: the iteration is a multiple of it, so lags
+    # that are not (a 6 beside a pipeline stage's 8 ops: consistent at the
+    # micro-batch level, never a boundary) are not taken when too few ops
+    # exist yet to prove them wrong directly.
     chosen = None
-    if hint is not None and 1 <= hint <= kmax and is_candidate(hint):
-        got = accept(hint)
-        chosen = got or None
-        if chosen is not None:
-            # more history may show a fraction of it is the iteration (early
-            # on, a few repetitions cannot prove the shorter one)
-            for d in range(1, hint):
-                if hint % d == 0 and is_candidate(d):
-                    got = accept(d)
-                    if got:
-                        chosen = got
-                        break
+    unit = 1
+    for k in range(1, kmax + 1):
+        if k % unit or not is_candidate(k):
+            continue
+        got = accept(k)
+        if got is False:
+            break
+        if isinstance(got, tuple):
+            chosen = got
+            break
+        if isinstance(got, int) and not isinstance(got, bool):
+            unit = unit * got // math.gcd(unit, got)
     if chosen is None:
-        for k in range(1, kmax + 1):
-            if not is_candidate(k) or k == hint:
-                continue
-            got = accept(k)
-            if got is False:
-                break
-            if got is not None:
-                chosen = got
-                break
-    if chosen is None:
-        return _per_communicator(ops, p, hint) if comm is None else None
+        return _per_communicator(ops, p) if comm is None else None
     k, first = chosen
     anchors = keep[first::k]
     one = keep[first:first + k]
