@@ -116,7 +116,14 @@ def test_live_job_polled_while_it_runs(tmp_path, pattern, world):
                 reports[r] = analyzers[r].report(t)
     finally:
         job.kill_all()
+    offline = {}
     for r in range(world):
+        offline.update({k: v for k, v in analyse(root, f"node{r}").items() if k == r})
+    for r in range(world):
+        # read live, across polls, the same iterations as read once at the end
+        live = np.array([s.step_s for s in reports[r].steps])
+        once = np.array([s.step_s for s in offline[r].steps])
+        assert live.size == once.size and np.allclose(live, once, rtol=1e-6)
         jt = np.diff(job.marks(r)) / 1e9
         err = paired_error(reports[r].steps, job.marks(r), ring_offset(root, r))
         assert abs(err) <= 0.05, f"rank {r}: paired median error {err:+.1%}"
