@@ -48,7 +48,9 @@ class _Model(BaseModel):
 
 class StepSample(_Model):
     """One iteration of one rank. end: Unix seconds; step_s/comm_s: seconds
-    (comm_s = time inside collectives during the iteration)."""
+    (comm_s = time inside collectives during the iteration, overlapping ones
+    counted once; after a receive the hook cannot time, the time until the
+    rank's next collective: see agent.analysis.waited_until)."""
 
     end: float
     step_s: float = Field(ge=0)
@@ -73,6 +75,10 @@ class RankReport(_Model):
     gpu: int | None = None
     source: str = "nccl"
     period_ops: int | None = None
+    """Collectives per iteration the agent found (None: no iteration found yet)."""
+    role: str | None = Field(None, max_length=64)
+    """What work the rank does (agent.analysis.role_of): ranks of one job with
+    the same role are peers (same pipeline stage, same kind of shard); None: unknown."""
     baseline_step_s: float | None = None
     """Median step time of the rank's first stable window (s); None until known."""
     baseline_compute_s: float | None = None
@@ -84,6 +90,9 @@ class RankReport(_Model):
     """Unix s when the oldest collective still in flight started (None: none)."""
     lost_records: int = 0
     changes: list[ChangeReport] = Field(default_factory=list)
+    exited: bool = False
+    """The rank's process is gone while its ring stays (it died, or the job
+    ends): its silence is not a stall and its last steps are not a slowdown."""
 
 
 class JobReport(_Model):
@@ -124,6 +133,10 @@ class AgentReport(_Model):
     telemetry: list[TelemetryRecord] = Field(default_factory=list)
     events: list[str] = Field(default_factory=list)
     unavailable: list[UnavailableSignal] = Field(default_factory=list)
+    ring_errors: dict[str, int] = Field(default_factory=dict)
+    """Ring problems this agent counted since it started, by kind
+    (agent/rings.py ERROR_KINDS: invalid, untrusted, unreadable,
+    corrupt_records, dropped_samples, analysis)."""
 
 
 def node_key(master: bytes, node: str) -> bytes:

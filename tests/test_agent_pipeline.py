@@ -7,6 +7,8 @@ its peer waits for it inside the collective.
 
 from __future__ import annotations
 
+import getpass
+import os
 import time
 import urllib.request
 
@@ -72,7 +74,8 @@ def stack(sqlite_store, tmp_path):
 
     def agent(node: str) -> Agent:
         sender = ReportSender(url, node_key(SECRET, node), timeout_s=5, max_reports=5, now=time.time)
-        return Agent(node=node, policy=POLICY, sender=sender, clock=clock, ring_root=str(tmp_path / "rings"))
+        return Agent(node=node, policy=POLICY, sender=sender, clock=clock, ring_root=str(tmp_path / "rings"),
+                     slurm=slurm)
 
     yield ctl, slurm, clock, agent, url, metrics
     http.stop()
@@ -80,8 +83,9 @@ def stack(sqlite_store, tmp_path):
 
 def test_slow_rank_in_rings_gets_its_node_drained_and_job_requeued(stack, tmp_path):
     ctl, slurm, clock, agent, url, metrics = stack
-    job = slurm.start_job(["node1", "node2"])
+    job = slurm.start_job(["node1", "node2"], user=getpass.getuser())
     write_job(tmp_path / "rings", job, ["node1", "node2"], iters=60, slow_from=30, slow_node="node2")
+    os.mkfifo(tmp_path / "rings" / str(job) / "rank-7.step-batch.torch.ring")  # a broken ring beside
     a1, a2 = agent("node1"), agent("node2")
     r1, r2 = a1.step(), a2.step()
     assert a1.sender.sent == 1 and a2.sender.sent == 1
@@ -99,6 +103,7 @@ def test_slow_rank_in_rings_gets_its_node_drained_and_job_requeued(stack, tmp_pa
     body = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
     assert 'slurmguard_reports_total{outcome="ok"} 2.0' in body
     assert 'slurmguard_actions_total{action="drain"} 1.0' in body
+    assert 'slurmguard_agent_ring_errors{kind="invalid",node="node1"} 1.0' in body
 
 
 def test_controller_rejects_unsigned_stale_and_replayed_reports(stack):

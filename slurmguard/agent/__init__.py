@@ -70,5 +70,5 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
                           timeout_s=p.request_timeout_s, max_reports=p.buffer_max_reports,
                           now=app.clock.now, ca_file=p.tls_ca_file)
     agent = Agent(node=node, policy=app.policy, sender=sender, source=source, clock=app.clock,
-                  ring_root=ring_root)
+                  ring_root=ring_root, slurm=app.slurm)
     raise SystemExit(run(agent, once=once))

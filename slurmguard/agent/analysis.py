@@ -1,59 +1,126 @@
-"""Per-rank analysis on the node: iteration period, step times, baseline, changes.
+"""Per-rank analysis on the node: iterations, step times, role, baseline, changes.
 
-Greyhound 4.2: the iteration period comes from the ACF of the rank's op
-sequence (slurmguard.detect.period); a rank whose iterations hold a single
-collective (one DDP bucket) has a constant sequence with no ACF, so its
-period is one op. Each iteration's time in collectives is measured too, so
-the controller can tell the rank that computes slowly (its compute time
-grows) from the peers that wait for it (their collective time grows).
+Iteration boundaries come from slurmguard.detect.period.find_iterations
+(symbol repeats, as Greyhound 4.2's ACF, with timing deciding between a
+period and its fractions: equal DDP buckets, a pipeline stage's
+micro-batches). Each iteration's time inside collectives is measured too,
+so the controller can tell the rank that computes slowly (its compute time
+grows) from the peers that wait for it (their collective time grows); each
+rank's role (role_of) says which ranks are its peers. A new iteration
+structure restarts the baseline (warm-up never counts as a slowdown), and
+samples that make no sense are dropped and counted, never raised.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from slurmguard.agent.rings import TrackedRing
 from slurmguard.config import AgentPolicy, DetectionPolicy, PeriodPolicy
-from slurmguard.detect.period import step_times
+from slurmguard.detect.period import Iterations, find_iterations, iteration_anchors
 from slurmguard.detect.records import RankOps
 from slurmguard.detect.steps import DetectorConfig, StepDetector
+from slurmguard.hook.ring import F_ASYNC, SOURCE_TORCH
 from slurmguard.reports import ChangeReport, RankReport, StepSample
+
+
+def rank_ops(tr: TrackedRing) -> RankOps:
+    return RankOps(tr.header.global_rank, tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns)
 
 
 def iteration_bounds(tr: TrackedRing, detection: DetectionPolicy) -> np.ndarray | None:
     """Monotonic ns at which each iteration started (anchor op starts), or None."""
-    ops = RankOps(tr.header.global_rank, tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns)
-    return iteration_starts(ops, detection.period)
+    return iteration_starts(rank_ops(tr), detection.period)
+
+
+def role_of(tr: TrackedRing, it: Iterations) -> str:
+    """What work this rank does, as a short stable key: ranks with the same
+    key issue the same collectives per iteration (op, communicator size,
+    bytes, as a multiset, so where the anchor falls does not matter) and
+    talk point-to-point in the same directions (peer minus own rank in that
+    communicator: a pipeline's first stage sends forward, its last stage
+    receives from behind). Data-parallel replicas, FSDP shards and tensor
+    parallel positions share a role; pipeline stages do not."""
+    sig = sorted((op, tr.comm_sizes.get(comm, 0), nbytes) for op, comm, nbytes in it.signature)
+    p2p = np.isin(tr.op, _P2P) & (tr.peer >= 0)
+    offsets = sorted({int(peer) - tr.comm_ranks.get(int(c), tr.header.global_rank)
+                      for peer, c in zip(tr.peer[p2p], tr.comm[p2p])})
+    return hashlib.sha1(repr((sig, offsets)).encode()).hexdigest()[:12]
+
+
+def waited_until(tr: TrackedRing) -> np.ndarray:
+    """End of each op for the comm time: its recorded end, except for
+    receives whose end the hook could not time (the torch hook on gloo:
+    point-to-point work has no future, so the record ends when the call
+    returns and the wait happens after it, unseen). Those count as waiting
+    until the rank's next collective: the rank's compute in that span is
+    not observable, and taking it for compute would blame a pipeline stage
+    for the time it waits on a slow neighbour."""
+    end = tr.end_ns
+    if tr.header.source != SOURCE_TORCH or end.size < 2:
+        return end
+    untimed = (tr.op == _RECV) & ((tr.flags & F_ASYNC) == 0)
+    if not untimed.any():
+        return end
+    nxt = np.concatenate([tr.start_ns[1:], end[-1:]])
+    return np.where(untimed, np.maximum(end, nxt), end)
+
+
+def comm_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Time (ns) inside collectives in each iteration [bounds[i], bounds[i+1]):
+    the union of the ops' intervals (async collectives in flight together
+    count once), each op's time cut at the end of its iteration."""
+    n = bounds.size - 1
+    if n <= 0 or start_ns.size == 0:
+        return np.zeros(max(n, 0))
+    idx = np.searchsorted(bounds, start_ns, side="right") - 1
+    ok = (idx >= 0) & (idx < n) & (end_ns >= start_ns)
+    s, e, i = start_ns[ok], end_ns[ok], idx[ok]
+    if s.size == 0:
+        return np.zeros(n)
+    e = np.minimum(e, bounds[i + 1])
+    covered = np.maximum.accumulate(e)
+    prev = np.concatenate([[np.iinfo(np.int64).min], covered[:-1]])
+    part = np.clip(e - np.maximum(s, prev), 0, None).astype(np.float64)
+    return np.bincount(i, weights=part, minlength=n)[:n]
 
 
 def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
     """Start times (ns, the ops' clock) of each iteration's anchor op, or None.
 
-    Pure: the same logic for the agent's live rings and for archived traces.
+    `ops` in issue order (by start time). Pure: the same logic for the
+    agent's live rings and for archived traces (see
+    slurmguard.detect.period.iteration_anchors).
     """
-    n = len(ops)
-    if n < 4:
-        return None
-    symbols = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
-    # One collective per iteration (a single DDP bucket): the sequence is
-    # constant and has no ACF. Start-up broadcasts and a final barrier
-    # around it must not hide that, so look for the longest run of one
-    # repeated symbol; when it holds most of the ops, each op is an iteration.
-    same = np.concatenate([[False], (symbols[1:] == symbols[:-1]).all(axis=1), [False]])
-    edges = np.flatnonzero(np.diff(same.astype(np.int8)))
-    if edges.size:
-        starts, ends = edges[0::2], edges[1::2]
-        k = int(np.argmax(ends - starts))
-        lo, hi = int(starts[k]), int(ends[k]) + 1  # ops lo..hi-1 share one symbol
-        if hi - lo >= max(4, n // 2):
-            return ops.start_ns[lo:hi].copy()
-    st = step_times(ops, period)
-    if st is None:
-        return None
-    first = st.end_ns[0] - int(st.seconds[0] * 1e9)
-    return np.concatenate([[first], st.end_ns])
+    idx = iteration_anchors(ops, period)
+    return None if idx is None else ops.start_ns[idx].copy()
+
+
+_P2P = np.array([7, 8])  # send, recv (sg_ring.h)
+_RECV = 8
+
+#: longest iteration taken as real (s); a longer "iteration" is a job
+#: stopped for a day or a forged record
+MAX_STEP_S = 86400.0
+#: latest iteration end accepted ahead of the agent's clock (s)
+FUTURE_SLACK_S = 300.0
+
+
+def sane_steps(step_s: np.ndarray, comm_s: np.ndarray, end: np.ndarray,
+               now: float | None = None) -> np.ndarray:
+    """Mask of iteration samples that make sense: finite, 0 < step <=
+    MAX_STEP_S, 0 <= comm <= step, end (Unix s) not after now + FUTURE_SLACK_S.
+    Ring records come from the job, so anything else is dropped (and
+    counted by the caller), never raised."""
+    now = time.time() if now is None else now
+    with np.errstate(invalid="ignore"):
+        return (np.isfinite(step_s) & np.isfinite(comm_s) & np.isfinite(end)
+                & (step_s > 0) & (step_s <= MAX_STEP_S) & (comm_s >= 0) & (comm_s <= step_s)
+                & (end > 0) & (end <= now + FUTURE_SLACK_S))
 
 
 @dataclass
@@ -65,6 +132,11 @@ class RankAnalyzer:
     baseline_s: float | None = None
     baseline_compute_s: float | None = None
     total_steps: int = 0
+    dropped: int = 0
+    """Derived samples dropped as nonsense (see sane_steps), since the rank was first seen."""
+    structure: tuple[int, str] | None = None
+    """(ops per iteration, role) the baseline was measured under."""
+    _last_anchor_ns: int = -(1 << 62)
     _det: StepDetector | None = None
     _fed_until_ns: int = 0
     _fed_ends: list[float] = field(default_factory=list)
@@ -76,31 +148,62 @@ class RankAnalyzer:
         steps = self._steps(tr)
         self._feed_bocd(tr, steps)
         h = tr.header
-        last_end = int(tr.end_ns[-1]) if tr.end_ns.size else None
+        last_end = int(tr.end_ns.max()) if tr.end_ns.size else None
         return RankReport(
-            rank=h.global_rank, local_rank=h.local_rank, gpu=h.local_rank, source=h.source_name,
+            rank=h.global_rank, local_rank=h.local_rank if h.local_rank >= 0 else None,
+            gpu=h.local_rank if h.local_rank >= 0 else None, source=h.source_name,
+            period_ops=self.structure[0] if self.structure else None,
+            role=self.structure[1] if self.structure else None,
             baseline_step_s=self.baseline_s, baseline_compute_s=self.baseline_compute_s,
             steps=steps[-self.agent.report_steps:], total_steps=self.total_steps,
             last_progress=tr.to_unix_s(last_end) if last_end else None,
             in_flight_since=(tr.to_unix_s(tr.in_flight_since_ns)
                              if tr.in_flight_since_ns is not None else None),
-            lost_records=tr.lost, changes=self.changes[-8:])
+            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited)
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
-        bounds = iteration_bounds(tr, self.detection)
-        if bounds is None or bounds.size < 2:
+        it = find_iterations(rank_ops(tr), self.detection.period)
+        if it is None:
             return []
-        # time inside collectives per iteration: ops starting in [b_i, b_i+1)
-        dur = (tr.end_ns - tr.start_ns).astype(np.float64)
-        idx = np.searchsorted(bounds, tr.start_ns, side="right") - 1
-        ok = (idx >= 0) & (idx < bounds.size - 1)
-        comm = np.bincount(idx[ok], weights=dur[ok], minlength=bounds.size - 1)[: bounds.size - 1]
+        structure = (it.period, role_of(tr, it))
+        if structure != self.structure:
+            # a new iteration structure (first seen, or the job changed phase,
+            # or more history showed the real period): what was measured under
+            # the old one is not a baseline for the new one
+            if self.structure is not None:
+                self._reset_baseline()
+            self.structure = structure
+            # and recount the iterations seen under the new structure
+            self.total_steps, self._last_anchor_ns = 0, -(1 << 62)
+        bounds = tr.start_ns[it.anchors]
+        bounds = bounds[np.concatenate([[True], np.diff(bounds) > 0])]  # equal starts: one anchor
+        if bounds.size < 2:
+            return []
+        comm = comm_time(tr.start_ns, waited_until(tr), bounds)
         step = np.diff(bounds).astype(np.float64)
-        comm = np.minimum(comm, step)
-        off = tr.header.clock_offset_ns
-        self.total_steps = max(self.total_steps, int(step.size))
-        return [StepSample(end=(int(b) + off) / 1e9, step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
-                for b, s, c in zip(bounds[1:], step, comm)]
+        ends = (bounds[1:].astype(np.float64) + tr.header.clock_offset_ns) / 1e9
+        good = sane_steps(step / 1e9, comm / 1e9, ends)
+        self.dropped += int(np.count_nonzero(~good))
+        # iterations seen to start (anchors): all of them while the window
+        # still holds the rank's whole history; after that, the new ones (an
+        # anchor less than half an iteration after the last counted one is
+        # that one again, moved within its iteration by more history)
+        if tr.start_ns.size < self.agent.max_ops_per_rank and tr.cursor is not None and tr.lost == 0:
+            self.total_steps = max(self.total_steps, int(bounds.size))
+        else:
+            guard = self._last_anchor_ns + 0.5 * float(np.median(step))
+            self.total_steps += int(np.count_nonzero(bounds > guard))
+        self._last_anchor_ns = max(self._last_anchor_ns, int(bounds[-1]))
+        return [StepSample(end=float(e), step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
+                for e, s, c in zip(ends[good], step[good], comm[good])]
+
+    def _reset_baseline(self) -> None:
+        self.baseline_s = self.baseline_compute_s = None
+        self._det = None
+        self._fed_until_ns = 0
+        self._fed_ends = []
+        self._fed_base = 0
+        self._fed_compute = []
 
     def _feed_bocd(self, tr: TrackedRing, steps: list[StepSample]) -> None:
         """Feed new iterations to the step detector (slurmguard.detect.steps, the

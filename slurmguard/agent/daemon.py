@@ -1,5 +1,10 @@
 """The node agent: read this node's rings, analyse locally, sample telemetry,
-report to the controller; shut down cleanly on SIGTERM."""
+report to the controller; shut down cleanly on SIGTERM.
+
+Nothing a job writes may stop the agent: each ring is read and analysed in
+isolation, a failure is counted (report.ring_errors) and logged once, and
+the other rings and jobs go on; a failing cycle is logged and the next one
+runs."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from slurmguard.agent.analysis import RankAnalyzer
-from slurmguard.agent.rings import RingTracker
+from slurmguard.agent.rings import RingTracker, SlurmJobs
 from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
@@ -27,10 +32,13 @@ class Agent:
     source: object | None = None
     clock: Clock = field(default_factory=SystemClock)
     ring_root: str | None = None
+    slurm: object | None = None
+    """The Slurm client that says which jobs run on this node (required to read any ring)."""
 
     def __post_init__(self) -> None:
         p = self.policy.agent
-        self.tracker = RingTracker(self.ring_root or p.ring_root, self.node, p.max_ops_per_rank)
+        jobs = SlurmJobs(self.slurm, self.node) if self.slurm is not None else (lambda: None)
+        self.tracker = RingTracker(self.ring_root or p.ring_root, self.node, jobs, p.max_ops_per_rank)
         self.analyzers: dict[tuple, RankAnalyzer] = {}
         self.seq = 0
         self._telemetry: list[TelemetryRecord] = []
@@ -58,20 +66,43 @@ class Agent:
         jobs: dict[int, list] = {}
         live = set()
         for tr in rings:
-            key = (tr.key, tr.reader.path)
+            path = tr.reader.path
+            key = (tr.key, path)
             live.add(key)
             an = self.analyzers.setdefault(key, RankAnalyzer(self.policy.agent, self.policy.detection))
-            jobs.setdefault(tr.job_id, []).append((tr, an.report(tr)))
+            dropped = an.dropped
+            try:
+                rep = an.report(tr)
+            except Exception as exc:  # noqa: BLE001 - one ring never stops the others
+                self.tracker.problem(path, "analysis", f"analysis failed: {exc!r}")
+                continue
+            if an.dropped > dropped:
+                self.tracker.problem(path, "dropped_samples", "iteration samples that make no sense "
+                                     "(negative, NaN, absurd) dropped", an.dropped - dropped)
+            if tr.start_ns.size == 0:
+                continue  # no collective yet (or never: a job that opts in and only computes)
+            jobs.setdefault(tr.job_id, []).append((tr, rep))
         for key in list(self.analyzers):
             if key not in live:
                 del self.analyzers[key]
-        job_reports = [JobReport(job_id=j, world_size=rows[0][0].header.world_size or None,
-                                 ranks=sorted((r for _, r in rows), key=lambda r: r.rank))
-                       for j, rows in sorted(jobs.items()) if j > 0]
+        job_reports = []
+        for j, rows in sorted(jobs.items()):
+            ranks: dict[int, object] = {}
+            # two rings may claim one rank (a later job step, a forked writer):
+            # the one that progressed last is the rank's current ring
+            for tr, r in sorted(rows, key=lambda row: row[1].last_progress or 0.0, reverse=True):
+                if r.rank in ranks:
+                    self.tracker.problem(tr.reader.path, "invalid", f"rank {r.rank} of job {j} "
+                                         "has a newer ring on this node; this one is not reported")
+                    continue
+                ranks[r.rank] = r
+            job_reports.append(JobReport(job_id=j, world_size=rows[0][0].header.world_size or None,
+                                         ranks=[ranks[k] for k in sorted(ranks)]))
         self.seq += 1
         report = AgentReport(node=self.node, seq=self.seq, sent_at=self.clock.now(), jobs=job_reports,
                              telemetry=self._telemetry, events=self._events,
-                             unavailable=self._unavailable.records())
+                             unavailable=self._unavailable.records(),
+                             ring_errors={k: v for k, v in self.tracker.errors.items() if v})
         self._telemetry, self._events = [], []
         return report
 
@@ -96,12 +127,19 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
     next_report = agent.clock.monotonic()
     try:
         while not stop.is_set():
-            agent.sample_telemetry()
+            try:
+                agent.sample_telemetry()
+            except Exception:  # noqa: BLE001 - a daemon never dies of one bad sample
+                log.exception("telemetry sample failed")
             if agent.clock.monotonic() >= next_report:
-                rep = agent.step()
-                log.debug("report %d: %d job(s), %d telemetry sample(s), %d queued", rep.seq,
-                          len(rep.jobs), len(rep.telemetry), len(agent.sender.queue))
                 next_report = agent.clock.monotonic() + p.report_interval_s
+                try:
+                    rep = agent.step()
+                except Exception:  # noqa: BLE001 - the next cycle may well succeed
+                    log.exception("report cycle failed")
+                else:
+                    log.debug("report %d: %d job(s), %d telemetry sample(s), %d queued", rep.seq,
+                              len(rep.jobs), len(rep.telemetry), len(agent.sender.queue))
             if once:
                 break
             stop.wait(min(p.sample_interval_s, p.report_interval_s))

@@ -1,23 +1,50 @@
 """Find the rings of this node's guarded jobs and read what is new in them.
 
-Layout (written by the SPANK plugin and the hooks): <ring_root>/<job_id>/*.ring,
-one file per rank and source. Several nodes may share one ring root (the
-development cluster shares /dev/shm), so a ring is taken only when its
-header names this node. A file is identified by (inode, created_ns): a
-requeued job that writes a ring under the same name is a new ring.
+Layout (written by the SPANK plugin and the hooks):
+``<ring_root>/<job_id>/rank-R.step-S.<source>.ring``, one file per rank and
+source. The job directory is created by the plugin as root and handed to
+the job's user; everything inside it is written by the job and untrusted.
+
+Trust comes from Slurm and the kernel, not from what a job writes:
+
+- a ring's job id is the name of its directory, never the header's;
+- the job must be one Slurm says runs on this node, and the directory must
+  be a real directory (no symlink) owned by that job's user;
+- files are opened relative to that directory's descriptor, with
+  O_NONBLOCK|O_NOFOLLOW, and must be complete rings (hook/ring.py checks
+  type, geometry, size and allocation);
+- the header must describe a rank (0 <= rank < world size) and carry this
+  boot's clock offset.
+
+Several nodes may share one ring root (the development cluster shares
+/dev/shm), so a ring is taken only when its header names this node; a job
+can only point at nodes of its own allocation that way.
+
+Rings of jobs that no longer run on the node are ignored, not removed: the
+epilog archives and removes the job directory (a job killed before its
+epilog ran still gets it: Slurm runs the epilog on every node when a job
+ends), and an agent deleting files as root in user-owned directories
+would race the archive and be one more thing a user could steer.
+
+A file is identified by (inode, created_ns): a requeued job that writes a
+ring under the same name is a new ring. Every problem is counted per kind
+(:attr:`RingTracker.errors`, sent in the agent's report) and logged once
+per file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pwd
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from slurmguard.hook.ring import RingError, RingHeader, RingReader
+from slurmguard.hook.ring import RING_NAME, RingError, RingHeader, RingReader
 
 log = logging.getLogger("slurmguard.agent.rings")
 
@@ -27,13 +54,39 @@ _NOT_COLLECTIVE = {0, 9, 10, 11, 12, 13, 17, 18}
 # on completion only, so no op is ever seen in flight (stalls are found from
 # the lack of progress instead, see controller/assess.py).
 _PENDING = 0x02
+#: a ring that fails validation this young may still be being created (s)
+YOUNG_S = 10.0
+#: largest difference between a ring's clock offset and the agent's own (ns);
+#: both are CLOCK_REALTIME - CLOCK_MONOTONIC of one boot, NTP slews them apart slowly
+CLOCK_SLACK_NS = 3600 * 10**9
+#: a record may end this far ahead of the agent's clock (ns; hooks stamp before writing)
+FUTURE_SLACK_NS = 60 * 10**9
+#: longest collective taken as real (ns)
+MAX_OP_NS = 86400 * 10**9
+#: how often Slurm is asked which jobs run on this node (s)
+JOBS_REFRESH_S = 5.0
+#: job states whose rings are read
+RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED"})
+
+#: counted problem kinds (the keys of RingTracker.errors and of the report's ring_errors)
+ERROR_KINDS = (
+    "invalid",          # not a usable ring: FIFO, symlink, truncated, sparse, bad geometry/header
+    "untrusted",        # job directory not a real directory owned by the job's user
+    "unreadable",       # a ring that failed while being read (shrank, I/O error)
+    "corrupt_records",  # committed records with impossible contents
+    "dropped_samples",  # derived iteration samples that made no sense (negative, NaN, absurd)
+    "analysis",         # a ring whose analysis raised (skipped, the others go on)
+)
 
 
 @dataclass
 class TrackedRing:
-    """One rank's ring and the collectives read from it so far (bounded)."""
+    """One rank's ring and the collectives read from it so far (bounded),
+    kept in issue order (by start time: hooks write on completion, so a
+    ring holds async collectives in completion order)."""
 
     key: tuple[int, int]
+    job_id: int
     reader: RingReader
     header: RingHeader
     cursor: int | None = None
@@ -44,85 +97,232 @@ class TrackedRing:
     nbytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    peer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    flags: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    comm_sizes: dict[int, int] = field(default_factory=dict)
+    """communicator id -> its size (from the hooks' comm_init records)."""
+    comm_ranks: dict[int, int] = field(default_factory=dict)
+    """communicator id -> this rank's rank in it (comm_init records)."""
     in_flight_since_ns: int | None = None
-
-    @property
-    def job_id(self) -> int:
-        return self.header.job_id
 
     def to_unix_s(self, mono_ns: int | float) -> float:
         return (mono_ns + self.header.clock_offset_ns) / 1e9
 
+    @property
+    def writer_exited(self) -> bool:
+        """The process that wrote the ring no longer exists (same PID
+        namespace as the agent: the job's ranks and slurmd's agent share the
+        node's). A PID reused by another process reads as alive: never a
+        false 'exited'."""
+        pid = self.header.pid
+        return pid > 0 and not os.path.exists(f"/proc/{pid}")
+
+
+class SlurmJobs:
+    """Which jobs Slurm says run on `node`, with their users' uids.
+
+    Asked at most every `refresh_s` seconds; when Slurm does not answer the
+    last answer stands (None until the first one: nothing is trusted before).
+    """
+
+    def __init__(self, slurm, node: str, *, refresh_s: float = JOBS_REFRESH_S,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.slurm = slurm
+        self.node = node
+        self.refresh_s = refresh_s
+        self._monotonic = monotonic
+        self._at: float | None = None
+        self._jobs: dict[int, int | None] | None = None
+        self._failed = False
+
+    def __call__(self) -> dict[int, int | None] | None:
+        """job id -> uid of its user (None: user unknown here)."""
+        now = self._monotonic()
+        if self._at is not None and now - self._at < self.refresh_s:
+            return self._jobs
+        self._at = now
+        try:
+            jobs = self.slurm.jobs()
+        except Exception as exc:  # noqa: BLE001 - Slurm down is a state, not a crash
+            if not self._failed:
+                log.warning("cannot ask Slurm for the jobs on %s (keeping the last answer): %s",
+                            self.node, exc)
+            self._failed = True
+            return self._jobs
+        self._failed = False
+        self._jobs = {j.job_id: _uid(j.user) for j in jobs
+                      if j.state in RUNNING_STATES and self.node in j.nodes}
+        return self._jobs
+
+
+def _uid(user: str | None) -> int | None:
+    if not user:
+        return None
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+def _own_clock_offset_ns() -> int:
+    return time.time_ns() - time.monotonic_ns()
+
 
 class RingTracker:
-    """Polls ring_root for this node's rings; keeps at most max_ops per rank."""
+    """Polls ring_root for this node's rings; keeps at most max_ops per rank.
 
-    def __init__(self, ring_root: str | Path, node: str, max_ops: int = 16384) -> None:
-        self.root = Path(ring_root)
+    jobs: returns {job id: uid of its user} for the jobs running on this
+    node (see :class:`SlurmJobs`), or None when that is not known yet.
+    """
+
+    def __init__(self, ring_root: str, node: str, jobs: Callable[[], dict[int, int | None] | None],
+                 max_ops: int = 16384, *, young_s: float = YOUNG_S) -> None:
+        self.root = os.fspath(ring_root)
         self.node = node
+        self.jobs = jobs
         self.max_ops = max_ops
+        self.young_s = young_s
         self.rings: dict[str, TrackedRing] = {}
-        self.skipped: dict[str, str] = {}
+        #: path -> ((inode, size), why): files not (re)opened until replaced (a
+        #: freed inode number is reused at once, hence the size too)
+        self.skipped: dict[str, tuple[tuple[int, int], str]] = {}
+        self.errors: dict[str, int] = {k: 0 for k in ERROR_KINDS}
+        self.ignored_jobs: set[int] = set()
+        self._dirs_seen: set[str] = set()
+        self._logged: set[tuple[str, str]] = set()
 
+    # ------------------------------------------------------------ problems
+    def problem(self, path: str, kind: str, why: str, count: int | None = None) -> None:
+        """Count a problem and log it, once per file and kind (while the file
+        stays); `count`: new bad records or samples, added every time."""
+        first = (path, kind) not in self._logged
+        if count is not None:
+            self.errors[kind] = self.errors.get(kind, 0) + count
+        elif first:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+        if first:
+            self._logged.add((path, kind))
+            log.warning("ring %s: %s (%s; logged once)", path, why, kind)
+
+    # ------------------------------------------------------------ polling
     def poll(self) -> list[TrackedRing]:
-        """Discover new rings, drop vanished ones, read new records; returns live rings."""
+        """Discover new rings, drop vanished ones, read new records; returns live rings.
+        Never raises for what is in the ring root."""
+        running = self.jobs()
         seen: set[str] = set()
-        for path in self._candidates():
-            seen.add(path)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            tr = self.rings.get(path)
-            if tr is not None and tr.key[0] != st.st_ino:
-                self._drop(path)
-                tr = None
-            if tr is None:
-                if path in self.skipped:
-                    continue
-                tr = self._open(path, st.st_ino)
-                if tr is None:
-                    continue
-            self._read(path, tr)
+        if running is not None:
+            for job_id, dfd, names in self._job_dirs(running):
+                try:
+                    for name in names:
+                        path = os.path.join(self.root, str(job_id), name)
+                        seen.add(path)
+                        self._visit(path, job_id, dfd, name)
+                finally:
+                    os.close(dfd)
         for path in list(self.rings):
             if path not in seen:
                 self._drop(path)
-        self.skipped = {p: why for p, why in self.skipped.items() if p in seen}
+        self.skipped = {p: v for p, v in self.skipped.items() if p in seen}
+        self._logged = {pk for pk in self._logged if pk[0] in seen or pk[0] in self._dirs_seen}
+        if len(self._logged) > 10000:  # bounded, whatever a ring root holds
+            self._logged.clear()
         return list(self.rings.values())
 
-    def _candidates(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        out = []
-        for job_dir in self.root.iterdir():
-            if not job_dir.name.isdigit():
-                continue
-            try:
-                out.extend(str(p) for p in job_dir.glob("*.ring"))
-            except OSError:
-                continue  # removed by the epilog while we looked
-        return sorted(out)
-
-    def _open(self, path: str, ino: int) -> TrackedRing | None:
+    def _job_dirs(self, running: dict[int, int | None]):
+        """(job id, directory fd, ring file names) of the running jobs' trusted directories."""
         try:
-            reader = RingReader(path)
-        except RingError as exc:
-            # a ring being created has no magic (or size) yet: retry for a few
-            # seconds; after that a bad file is skipped and reported once
+            rootfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
             try:
-                young = time.time() - os.stat(path).st_mtime < 10.0
+                entries = [e.name for e in os.scandir(rootfd)]
             except OSError:
+                return
+            ignored = set()
+            self._dirs_seen = set()
+            for name in sorted(entries):
+                if not name.isdigit() or len(name) > 10:
+                    continue
+                job_id = int(name)
+                if job_id not in running:
+                    ignored.add(job_id)  # ended, or another node's: left for the epilog
+                    continue
+                path = os.path.join(self.root, name)
+                self._dirs_seen.add(path)
+                try:
+                    dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                  dir_fd=rootfd)
+                except OSError as exc:
+                    self.problem(path, "untrusted", f"not a usable job directory: {exc.strerror}")
+                    continue
+                try:
+                    st = os.fstat(dfd)
+                    uid = running[job_id]
+                    if uid is None or st.st_uid != uid:
+                        raise RingError(path, f"owned by uid {st.st_uid}, job {job_id} runs as "
+                                              f"{'an unknown user' if uid is None else f'uid {uid}'}")
+                    names = [e.name for e in os.scandir(dfd)
+                             if e.name.endswith(".ring") and RING_NAME.match(e.name)]
+                except (OSError, RingError) as exc:
+                    os.close(dfd)
+                    why = exc.problem if isinstance(exc, RingError) else f"cannot list: {exc.strerror}"
+                    self.problem(path, "untrusted", why)
+                    continue
+                yield job_id, dfd, sorted(names)
+            self.ignored_jobs = ignored
+        finally:
+            os.close(rootfd)
+
+    def _visit(self, path: str, job_id: int, dfd: int, name: str) -> None:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            self._drop(path)
+            return
+        tr = self.rings.get(path)
+        if tr is not None and tr.key[0] != st.st_ino:
+            self._drop(path)
+            tr = None
+        if tr is None:
+            skip = self.skipped.get(path)
+            if skip is not None and skip[0] == (st.st_ino, st.st_size):
+                return
+            tr = self._open(path, job_id, dfd, st)
+            if tr is None:
+                return
+        self._read(path, tr)
+
+    def _open(self, path: str, job_id: int, dfd: int, st: os.stat_result) -> TrackedRing | None:
+        try:
+            reader = RingReader(path, dir_fd=dfd)
+        except RingError as exc:
+            # a ring being created has no magic yet: retry for a few seconds;
+            # after that (or for what no writer ever creates) it is skipped
+            creating = stat.S_ISREG(st.st_mode) and "magic" in exc.problem
+            if creating and time.time() - st.st_mtime < self.young_s:
                 return None
-            if not young:
-                self.skipped[path] = str(exc)
-                log.warning("skipping ring: %s", exc)
+            self.skipped[path] = ((st.st_ino, st.st_size), exc.problem)
+            self.problem(path, "invalid", exc.problem)
             return None
         h = reader.header
+        why = None
         if h.node_name and h.node_name != self.node:
             reader.close()
-            self.skipped[path] = f"ring of node {h.node_name}"
+            self.skipped[path] = ((st.st_ino, st.st_size), f"ring of node {h.node_name}")  # not an error
             return None
-        tr = TrackedRing((ino, h.created_ns), reader, h)
+        if h.global_rank < 0 or h.world_size < 0 or (h.world_size and h.global_rank >= h.world_size):
+            why = f"rank {h.global_rank} of world size {h.world_size} is not a rank"
+        elif abs(h.clock_offset_ns - _own_clock_offset_ns()) > CLOCK_SLACK_NS:
+            why = "clock offset is not this boot's (stale or forged header)"
+        if why is not None:
+            reader.close()
+            self.skipped[path] = ((st.st_ino, st.st_size), why)
+            self.problem(path, "invalid", why)
+            return None
+        tr = TrackedRing((st.st_ino, h.created_ns), job_id, reader, h)
         self.rings[path] = tr
         return tr
 
@@ -134,28 +334,54 @@ class RingTracker:
     def _read(self, path: str, tr: TrackedRing) -> None:
         try:
             batch = tr.reader.read(tr.cursor)
-        except (OSError, ValueError) as exc:
-            log.warning("ring %s unreadable: %s", path, exc)
+        except (OSError, ValueError, RingError) as exc:
+            self.problem(path, "unreadable", str(exc))
+            try:
+                size = os.fstat(tr.reader.fileno()).st_size
+            except (OSError, ValueError):
+                size = -1
+            self.skipped[path] = ((tr.key[0], size), str(exc))
             self._drop(path)
             return
         tr.cursor = batch.cursor
         tr.lost += batch.lost
-        tr.corrupt += batch.corrupt
+        if batch.corrupt:
+            tr.corrupt += batch.corrupt
+            self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped",
+                         batch.corrupt)
+        for r in batch.records:
+            if r.op == 11 and r.comm_id:  # comm_init: count = communicator size, peer = rank in it
+                tr.comm_sizes[_fold(r.comm_id)] = int(r.count)
+                tr.comm_ranks[_fold(r.comm_id)] = int(r.peer)
         recs = [r for r in batch.records if r.op not in _NOT_COLLECTIVE]
+        # times the writer cannot have taken: beyond the agent's own clock, or
+        # a collective lasting more than a day (monotonic ns of this boot)
+        limit = time.monotonic_ns() + FUTURE_SLACK_NS
+        bad = [r for r in recs if r.end_ns > limit or r.end_ns - r.start_ns > MAX_OP_NS]
+        if bad:
+            tr.corrupt += len(bad)
+            self.problem(tr.reader.path, "corrupt_records",
+                         f"{len(bad)} record(s) with impossible times skipped", len(bad))
+            recs = [r for r in recs if not (r.end_ns > limit or r.end_ns - r.start_ns > MAX_OP_NS)]
         pending = [r for r in recs if r.flags & _PENDING]
         done = [r for r in recs if not r.flags & _PENDING]
         tr.in_flight_since_ns = min((r.start_ns for r in pending), default=None)
         if not done:
             return
-        # communicator ids are unsigned 64-bit: fold to int64 (only equality matters)
-        a = np.array([(r.op, r.comm_id - (1 << 64) if r.comm_id >= 1 << 63 else r.comm_id,
-                       r.bytes, r.start_ns, r.end_ns) for r in done], dtype=np.int64)
-        tr.op = np.concatenate([tr.op, a[:, 0]])[-self.max_ops:]
-        tr.comm = np.concatenate([tr.comm, a[:, 1]])[-self.max_ops:]
-        tr.nbytes = np.concatenate([tr.nbytes, a[:, 2]])[-self.max_ops:]
-        tr.start_ns = np.concatenate([tr.start_ns, a[:, 3]])[-self.max_ops:]
-        tr.end_ns = np.concatenate([tr.end_ns, a[:, 4]])[-self.max_ops:]
+        a = np.array([(r.op, _fold(r.comm_id), _fold(r.bytes), _fold(r.start_ns), _fold(r.end_ns),
+                       r.peer, r.flags) for r in done], dtype=np.int64)
+        cols = [np.concatenate([old, a[:, i]]) for i, old in
+                enumerate((tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags))]
+        # issue order: a ring holds completion order, and a record completed
+        # late may start before records read in an earlier poll
+        order = np.argsort(cols[3], kind="stable")[-self.max_ops:]
+        tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags = (c[order] for c in cols)
 
     def close(self) -> None:
         for path in list(self.rings):
             self._drop(path)
+
+
+def _fold(v: int) -> int:
+    """Unsigned 64-bit -> int64 (ids: only equality matters; times past 2^63 are nonsense anyway)."""
+    return v - (1 << 64) if v >= 1 << 63 else v

@@ -81,6 +81,11 @@ class FleetView:
         with self._lock:
             return {n: now - r.received_at for n, r in self._latest.items()}
 
+    def ring_errors(self) -> dict[str, dict[str, int]]:
+        """node -> ring problems its agent counted, by kind (latest report)."""
+        with self._lock:
+            return {n: dict(r.report.ring_errors) for n, r in self._latest.items()}
+
     def job_ids(self, now: float) -> set[int]:
         return {j.job_id for r in self._live(now) for j in r.report.jobs}
 

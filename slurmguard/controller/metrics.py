@@ -32,6 +32,10 @@ class ControllerMetrics:
                                      "(dropped)", registry=r)
         self.cycle_errors = Counter("slurmguard_cycle_errors_total", "Errors inside controller cycles",
                                     registry=r)
+        self.ring_errors = Gauge("slurmguard_agent_ring_errors",
+                                 "Ring problems a node's agent counted since it started, by kind "
+                                 "(rings skipped or repaired, samples dropped)", ["node", "kind"],
+                                 registry=r)
         self.last_cycle = Gauge("slurmguard_last_cycle_timestamp_seconds", "Unix time of the last cycle",
                                 registry=r)
         self.unavailable = Gauge("slurmguard_telemetry_unavailable",
@@ -55,6 +59,9 @@ class ControllerMetrics:
             self.nodes.labels(state).set(n)
         for node, lag in controller.fleet.report_lag(res.at).items():
             self.report_lag.labels(node).set(lag)
+        for node, kinds in controller.fleet.ring_errors().items():
+            for kind, n in kinds.items():
+                self.ring_errors.labels(node, kind).set(n)
         self.last_cycle.set(res.at)
         self.observe_unavailable(controller.fleet.unavailable(res.at))
 

@@ -1,5 +1,9 @@
 """Iteration period and step times from a rank's op sequence (Greyhound 4.2).
 
+Where the iterations are (find_iterations, used by the agent, step_times
+and the what-if traces): see its docstring; the ACF below (find_period,
+rank_period) finds the period of a symbol sequence as the paper does.
+
 The op sequence of a training rank repeats once per iteration. The period is
 the first lag k whose autocorrelation reaches M = 0.95; the iteration time is
 the time between an op and its occurrence one period earlier.
@@ -31,9 +35,11 @@ Choices where the paper is silent:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom, chi2
 
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.records import RankOps
@@ -185,32 +191,210 @@ class StepTimes:
 
 def step_times(ops: RankOps, policy: PeriodPolicy | None = None,
                period: PeriodResult | None = None) -> StepTimes | None:
-    """Iteration times of a rank from its period (Greyhound: the time between
-    an op and its occurrence one period earlier).
+    """Iteration times of a rank (Greyhound: the time between an op and its
+    occurrence one period earlier), from find_iterations: the one place that
+    places iteration boundaries. `period` (e.g. from rank_period) is only
+    carried into the result. None when no iteration is found."""
+    p = policy or PeriodPolicy()
+    it = find_iterations(ops, p)
+    if it is None:
+        return None
+    ts = ops.start_ns[it.anchors]
+    if ts.size < 2:
+        return None
+    pr = period or PeriodResult(it.period, int(it.anchors[0]), 1.0, None)
+    return StepTimes(ops.rank, pr, ts[1:], np.diff(ts).astype(np.float64) / 1e9)
 
-    The anchor is the op that follows the longest typical gap inside the period
-    (where forward/backward compute sits), so a step time is one whole
-    iteration, not a split between two. None when no period is found.
+
+#: a symbol (op, communicator, bytes) this many times rarer than the commonest
+#: one is not part of every iteration (start-up broadcasts, a checkpoint
+#: barrier, the last small DDP bucket): left out when finding the boundaries
+RARE_RATIO = 8.0
+#: a candidate k splits real iterations when, over j*k ops, one of its j
+#: anchor gaps is the longest of them in more repetitions than chance
+#: (1/j each) explains at this significance (binomial test), and its
+#: median is at least SPLIT_RATIO times the shortest one's
+SPLIT_P = 1e-3
+SPLIT_RATIO = 1.2
+#: significance at which the gaps of k ops must repeat (see _consistent)
+CONSISTENT_P = 1e-6
+#: largest multiple j tested
+MAX_SPLIT = 128
+
+
+def _op_codes(ops: RankOps) -> np.ndarray:
+    """One integer per (op, communicator, bytes)."""
+    keys = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+
+
+#: most recent repetitions looked at when placing and testing boundaries
+MAX_ROWS = 64
+
+
+def _gap_rows(gaps: np.ndarray, k: int) -> np.ndarray | None:
+    """The most recent gaps reshaped to (repetitions, k), aligned on the
+    first gap; the first (partial-history) row and rows beyond MAX_ROWS dropped."""
+    rows = gaps.size // k
+    if rows < 5:
+        return None
+    return gaps[: rows * k].reshape(rows, k)[max(1, rows - MAX_ROWS):]
+
+
+def _consistent(g: np.ndarray) -> bool:
+    """The gaps repeat every k ops (k = g's columns): Friedman's test that
+    the positions' gaps differ consistently across repetitions (ranks
+    within each repetition, so slow drifts of the whole job do not matter).
+    A k that is not an iteration length (nor a fraction of one) shifts the
+    pattern from one repetition to the next and ranks the positions at random."""
+    n, k = g.shape
+    if k < 2:
+        return True
+    ranks = np.argsort(np.argsort(g, axis=1), axis=1) + 1.0
+    r = ranks.sum(axis=0)
+    q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
+    return float(chi2.sf(q, k - 1)) < CONSISTENT_P
+
+
+def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
+    """True if k ops are a fraction (1/j) of an iteration: over j*k ops,
+    the j gaps at one position of the k are not alike (one is consistently
+    the longest: the real boundary, with the forward pass, the optimizer
+    step or a pipeline bubble in it). The position tested is the one
+    holding the longest typical gap over the j*k ops (the anchor of a k that
+    splits iterations may fall anywhere; the boundary is where that gap is)."""
+    g = _gap_rows(gaps, j * k)
+    if g is None:
+        return False
+    med = np.median(g, axis=0).reshape(j, k)           # [which of the j, position]
+    pos = int(np.argmax(med.max(axis=0)))              # where the longest typical gap is
+    if med[:, pos].max() < SPLIT_RATIO * max(float(med[:, pos].min()), 1.0):
+        return False
+    cols = g[:, pos::k][:, :j]
+    hi = int(np.argmax(med[:, pos]))
+    wins = int(np.count_nonzero(np.argmax(cols, axis=1) == hi))
+    return float(binom.sf(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P
+
+
+@dataclass(frozen=True)
+class Iterations:
+    """anchors: indices into the rank's ops (issue order) of each iteration's
+    first op; period: ops per iteration (of the ops kept, see
+    iteration_anchors); signature: the (op, communicator, bytes) codes of one
+    iteration from its anchor, as tuples (the rank's role in the job: ranks
+    that issue the same sequence do the same work)."""
+
+    anchors: np.ndarray
+    period: int
+    signature: tuple[tuple[int, int, int], ...]
+
+
+def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.ndarray | None:
+    """Indices into `ops` of the first op of each iteration, or None (see find_iterations)."""
+    it = find_iterations(ops, policy)
+    return None if it is None else it.anchors
+
+
+def _per_communicator(ops: RankOps, p: PeriodPolicy) -> Iterations | None:
+    """Iterations from one communicator's ops alone, busiest first: ops
+    issued from several threads (a DP all-reduce thread beside the TP ops)
+    interleave differently every iteration, while each communicator's own
+    sequence still repeats."""
+    comms, counts = np.unique(ops.comm, return_counts=True)
+    if comms.size < 2:
+        return None
+    for c in comms[np.argsort(-counts, kind="stable")]:
+        idx = np.flatnonzero(ops.comm == c)
+        sub = RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
+                      ops.end_ns[idx])
+        it = find_iterations(sub, p, comm=int(c))
+        if it is not None:
+            return Iterations(idx[it.anchors], it.period, it.signature)
+    return None
+
+
+def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
+                    comm: int | None = None) -> Iterations | None:
+    """The iterations of one rank from its ops in issue order, or None.
+
+    comm: set when `ops` are one communicator's (the fallback when the
+    interleaved sequence does not repeat, see _per_communicator).
+
+    Greyhound's ACF finds a period in ops, but the symbols of real jobs
+    often repeat within an iteration (DDP's equal-sized buckets, a pipeline
+    stage's micro-batches, one all-reduce per parameter), so the smallest
+    symbol period is not always the iteration. Here every lag k at which
+    the symbol sequence repeats (x[t] == x[t+k] for at least acf_threshold
+    of the ops) is a candidate, smallest first, and timing decides: the
+    anchor of k ops is the position after the longest typical gap (where
+    forward and backward compute sit), and k is the iteration unless some
+    multiple j*k shows its j anchors are not alike (_splits). Rare symbols
+    are left out first (RARE_RATIO), and the trailing periodic phase is
+    used, so warm-up and one-off ops neither shift nor break the boundaries.
     """
     p = policy or PeriodPolicy()
-    pr = period or rank_period(ops, p)
-    if pr is None:
+    n = len(ops)
+    if n < 4:
         return None
-    if pr.comm is None:
-        idx = np.arange(pr.start, len(ops))
-    else:
-        idx = np.nonzero(ops.comm == pr.comm)[0]
-        idx = idx[idx >= pr.start]
-    k = pr.period
-    t = ops.start_ns[idx]
-    m = (idx.size // k) * k
-    if m < 2 * k:
-        return None
-    # typical gap before each position of the period
-    gaps = np.diff(t[:m]).astype(np.float64)
-    gaps = np.concatenate([[0.0], gaps])[: m].reshape(-1, k)
-    anchor = int(np.argmax(np.median(gaps[1:], axis=0))) if gaps.shape[0] > 1 else 0
-    a_idx = np.arange(anchor, t.size, k)
-    ts = t[a_idx]
-    d = np.diff(ts)
-    return StepTimes(ops.rank, pr, ts[1:], d.astype(np.float64) / 1e9)
+    code = _op_codes(ops)
+    counts = np.bincount(code)
+    keep = np.flatnonzero(counts[code] >= max(p.min_repeats, counts.max() / RARE_RATIO))
+    keep = keep[-p.window_ops:]
+    s, t = code[keep], ops.start_ns[keep]
+    m = s.size
+    kmax = min(p.max_period, m // p.min_repeats)
+    repeats: dict[int, bool] = {}
+
+    # the recent half decides which lags repeat: an older phase (warm-up, a
+    # period before a phase change) would only let a common multiple pass
+    recent = s[m // 2:] if m // 2 >= 2 * p.min_repeats else s
+
+    def is_candidate(k: int) -> bool:
+        if k not in repeats:
+            r = recent if recent.size > p.min_repeats * k else s
+            repeats[k] = bool(np.count_nonzero(r[:-k] == r[k:]) >= p.acf_threshold * (r.size - k))
+        return repeats[k]
+
+    def accept(k: int) -> tuple[int, int] | int | None | bool:
+        """(k, first anchor) if k ops are one iteration; None if the gaps do
+        not repeat every k ops; j*k (an int) if k is a fraction of an
+        iteration that repeats every j*k ops; False if there are too few ops
+        to tell for k or any longer period."""
+        start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
+        gaps = np.diff(t[start:], prepend=t[start]).astype(np.float64)
+        g = _gap_rows(gaps, k)
+        if g is None:
+            return False
+        anchor = int(np.argmax(np.median(g, axis=0)))
+        if not _consistent(g):
+            return None  # the gaps do not repeat every k ops: not an iteration length
+        for j in range(2, MAX_SPLIT + 1):
+            if j * k <= kmax and is_candidate(j * k) and _splits(gaps, k, anchor, j):
+                return j * k
+        return k, start + anchor
+
+    # Smallest first. A k found to be a fraction of an iteration that repeats
+    # every u ops makes u a unit: the iteration is a multiple of it, so lags
+    # that are not (a 6 beside a pipeline stage's 8 ops: consistent at the
+    # micro-batch level, never a boundary) are not taken when too few ops
+    # exist yet to prove them wrong directly.
+    chosen = None
+    unit = 1
+    for k in range(1, kmax + 1):
+        if k % unit or not is_candidate(k):
+            continue
+        got = accept(k)
+        if got is False:
+            break
+        if isinstance(got, tuple):
+            chosen = got
+            break
+        if isinstance(got, int) and not isinstance(got, bool):
+            unit = unit * got // math.gcd(unit, got)
+    if chosen is None:
+        return _per_communicator(ops, p) if comm is None else None
+    k, first = chosen
+    anchors = keep[first::k]
+    one = keep[first:first + k]
+    sig = tuple((int(ops.op[i]), int(ops.comm[i]), int(ops.nbytes[i])) for i in one)
+    return Iterations(anchors, k, sig)

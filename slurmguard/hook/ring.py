@@ -22,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 import struct
 import threading
 import time
@@ -343,7 +344,6 @@ class ReadBatch:
     abandoned: int = 0
 
 
-_NOT_YET, _OK, _LOST = 0, 1, 2
 
 
 def _plausible(r: RingRecord) -> bool:
@@ -352,7 +352,7 @@ def _plausible(r: RingRecord) -> bool:
             and (not r.flags & F_GPU_TIME or r.gpu_end_ns >= r.gpu_start_ns))
 
 
-def _header_from(buf, path: str) -> RingHeader:
+def _header_from(buf: bytes, path: str) -> RingHeader:
     values = {}
     for name, (off, st) in _HDR.items():
         v = st.unpack_from(buf, off)[0]
@@ -406,6 +406,10 @@ def read_header(fd: int, path: str) -> RingHeader:
     return h
 
 
+#: records copied per pread while reading (256 KiB)
+_CHUNK = 4096
+
+
 class RingReader:
     """Read one ring while its writer runs.
 
@@ -414,36 +418,54 @@ class RingReader:
     record that stays uncommitted that long is given up as abandoned;
     `clock` returns seconds (default time.monotonic). write_counter counts
     reserved numbers and may run ahead of the newest committed record.
+
+    Ring files live in directories their job's user owns, so the file is
+    untrusted: it is opened with O_NONBLOCK|O_NOFOLLOW (a FIFO or a symlink
+    neither blocks nor redirects the reader), must be a regular file of
+    exactly the size its header's geometry gives, with that many bytes
+    allocated (no sparse file standing in for a huge ring), and is read
+    with pread, never mapped: a file truncated under a mapping would kill
+    the reader with SIGBUS, a short pread is only a RingError.
+    `dir_fd`: open `path`'s last component relative to this directory
+    descriptor (the caller has checked the directory itself).
     """
 
     def __init__(self, path: str, *, stall_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, dir_fd: int | None = None) -> None:
         self.path = os.fspath(path)
         self._stall_s = stall_s
         self._clock = clock
         self._stuck: tuple[int, float] | None = None
+        self._fd = -1
+        name = os.path.basename(self.path) if dir_fd is not None else self.path
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                         dir_fd=dir_fd)
         except OSError as exc:
             raise RingError(self.path, f"cannot open: {exc.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
-            if size < HEADER_SIZE:
+            st = os.fstat(fd)
+            size = st.st_size
+            if stat.S_ISREG(st.st_mode) and size < HEADER_SIZE:  # before what the bytes would say
                 raise RingError(self.path, f"truncated: {size} bytes, the header alone is {HEADER_SIZE}")
-            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
-        finally:
+            self.header = read_header(fd, self.path)
+        except OSError as exc:
             os.close(fd)
-        try:
-            self.header = _header_from(self._mm, self.path)
-            _validate(self.header, size)
-        except RingError:
-            self._mm.close()
+            raise RingError(self.path, f"cannot read: {exc.strerror}") from None
+        except BaseException:
+            os.close(fd)
             raise
+        self._fd = fd
         self.capacity = self.header.capacity
         self._mask = self.capacity - 1
 
     def close(self) -> None:
-        self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def fileno(self) -> int:
+        return self._fd
 
     def __enter__(self) -> RingReader:
         return self
@@ -451,35 +473,37 @@ class RingReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _pread(self, size: int, offset: int) -> bytes:
+        try:
+            data = os.pread(self._fd, size, offset)
+        except OSError as exc:
+            raise RingError(self.path, f"cannot read: {exc.strerror}") from None
+        if len(data) < size:
+            raise RingError(self.path, f"truncated while open: short read at offset {offset}")
+        return data
+
     def refresh_header(self) -> RingHeader:
         """The header with current counters and control state."""
-        self.header = _header_from(self._mm, self.path)
+        self.header = _header_from(self._pread(HEADER_SIZE, 0), self.path)
         return self.header
 
     @property
     def write_counter(self) -> int:
-        return _U64.unpack_from(self._mm, _HDR["write_counter"][0])[0]
+        return _U64.unpack(self._pread(8, _HDR["write_counter"][0]))[0]
 
-    def _read_one(self, n: int) -> tuple[int, RingRecord | None]:
-        off = HEADER_SIZE + (n & self._mask) * RECORD_SIZE
-        mm = self._mm
-        for _ in range(3):
-            s1 = _U64.unpack_from(mm, off)[0]
-            if s1 < n + 1:
-                return _NOT_YET, None
-            if s1 > n + 1:
-                return _LOST, None
-            raw = mm[off:off + RECORD_SIZE]
-            s2 = _U64.unpack_from(mm, off)[0]
-            if s2 == s1:
-                rec = RingRecord(*_REC.unpack_from(raw), *_REC_EXT.unpack_from(raw, _REC.size))
-                if rec.seq == s1:
-                    return _OK, rec
-        return _LOST, None  # rewritten under us three times: treat as overwritten
+    def _chunk(self, cursor: int, count: int) -> tuple[bytes, bytes]:
+        """Records cursor..cursor+count-1 (not wrapping), copied twice: a
+        record whose seq is the same in both copies was not rewritten
+        while the first copy was taken (writers clear seq before they
+        touch a record and set it last)."""
+        off = HEADER_SIZE + (cursor & self._mask) * RECORD_SIZE
+        first = self._pread(count * RECORD_SIZE, off)
+        return first, self._pread(count * RECORD_SIZE, off)
 
     def read(self, cursor: int | None = None, max_records: int | None = None) -> ReadBatch:
         """Records from `cursor` (default: the oldest still in the ring) up
-        to what is committed now, at most `max_records`."""
+        to what is committed now, at most `max_records`. RingError if the
+        file shrank under the reader."""
         wc = self.write_counter
         out = ReadBatch()
         if cursor is None:
@@ -488,22 +512,35 @@ class RingReader:
             out.lost += wc - self.capacity - cursor
             cursor = wc - self.capacity
         while cursor < wc and (max_records is None or len(out.records) < max_records):
-            state, rec = self._read_one(cursor)
-            if state == _NOT_YET:
-                if self._give_up(cursor, wc):
-                    out.abandoned += 1
-                    cursor += 1
-                    continue
+            count = min(wc - cursor, _CHUNK, self.capacity - (cursor & self._mask))
+            if max_records is not None:
+                count = min(count, max_records - len(out.records))
+            a, b = self._chunk(cursor, count)
+            stop = False
+            for i in range(count):
+                n = cursor
+                o = i * RECORD_SIZE
+                s1 = _U64.unpack_from(a, o)[0]
+                if s1 < n + 1:
+                    if self._give_up(cursor, wc):
+                        out.abandoned += 1
+                        cursor += 1
+                        continue
+                    stop = True
+                    break
+                if s1 > n + 1 or _U64.unpack_from(b, o)[0] != s1:
+                    out.lost += 1  # overwritten, or rewritten while copied
+                else:
+                    rec = RingRecord(*_REC.unpack_from(a, o), *_REC_EXT.unpack_from(a, o + _REC.size))
+                    if rec.op == 0:
+                        pass  # padding a writer left when it stopped reserving blocks
+                    elif _plausible(rec):
+                        out.records.append(rec)
+                    else:
+                        out.corrupt += 1
+                cursor += 1
+            if stop:
                 break
-            if state == _LOST:
-                out.lost += 1
-            elif rec is not None and rec.op == 0:
-                pass  # padding a writer left when it stopped reserving blocks
-            elif rec is not None and _plausible(rec):
-                out.records.append(rec)
-            else:
-                out.corrupt += 1
-            cursor += 1
         out.cursor = cursor
         return out
 
@@ -526,7 +563,7 @@ class RingReader:
     def _committed_after(self, cursor: int, wc: int) -> bool:
         for n in range(cursor + 1, min(wc, cursor + 257)):
             off = HEADER_SIZE + (n & self._mask) * RECORD_SIZE
-            if _U64.unpack_from(self._mm, off)[0] >= n + 1:
+            if _U64.unpack(self._pread(8, off))[0] >= n + 1:
                 return True
         return False
 
@@ -644,39 +681,56 @@ class RingWriter:
 
 class RingControl:
     """The controller's handle on a ring's control word: hold a rank at its
-    next collective, release it, see whether it is held."""
+    next collective, release it, see whether it is held.
+
+    Opened once, like a reader (O_NONBLOCK|O_NOFOLLOW, read_header's checks),
+    and used through pread/pwrite on that descriptor: the file cannot be
+    swapped between the check and the use, and a file truncated later is a
+    RingError, not a SIGBUS of the caller."""
 
     def __init__(self, path: str) -> None:
         self.path = os.fspath(path)
-        # validate like a reader first, so a bad file is a RingError here
-        RingReader(self.path).close()
-        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
-            self._mm = mmap.mmap(fd, HEADER_SIZE, mmap.MAP_SHARED,
-                                 mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
-            os.close(fd)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise RingError(self.path, f"cannot open: {exc.strerror}") from None
+        try:
+            read_header(self._fd, self.path)
+        except OSError as exc:
+            os.close(self._fd)
+            raise RingError(self.path, f"cannot read: {exc.strerror}") from None
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def close(self) -> None:
-        self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _get(self, name: str) -> int:
+        off, st = _HDR[name]
+        data = os.pread(self._fd, st.size, off)
+        if len(data) < st.size:
+            raise RingError(self.path, "truncated while open")
+        return st.unpack(data)[0]
+
+    def _put(self, name: str, value: int) -> None:
+        off, st = _HDR[name]
+        os.pwrite(self._fd, st.pack(value), off)
 
     def hold(self, timeout_ms: int = 0) -> None:
         """Ask the rank to wait at its next collective for at most
         timeout_ms (0: the writer's default, HOLD_DEFAULT_TIMEOUT_MS)."""
-        _U32.pack_into(self._mm, _HDR["hold_timeout_ms"][0], timeout_ms)
-        ctl = _U32.unpack_from(self._mm, _HDR["control"][0])[0]
-        _U32.pack_into(self._mm, _HDR["control"][0], ctl | CTL_HOLD)
+        self._put("hold_timeout_ms", timeout_ms)
+        self._put("control", self._get("control") | CTL_HOLD)
 
     def release(self) -> None:
-        ctl = _U32.unpack_from(self._mm, _HDR["control"][0])[0]
-        _U32.pack_into(self._mm, _HDR["control"][0], ctl & ~CTL_HOLD)
+        self._put("control", self._get("control") & ~CTL_HOLD)
 
     def state(self) -> dict:
         """control bits, hold_since_ns (0: not waiting), holds, hold_timeouts."""
-        def get(name: str) -> int:
-            off, st = _HDR[name]
-            return st.unpack_from(self._mm, off)[0]
-
+        get = self._get
         return {"held": bool(get("control") & CTL_HOLD), "control": get("control"),
                 "hold_timeout_ms": get("hold_timeout_ms"), "hold_since_ns": get("hold_since_ns"),
                 "holds": get("holds"), "hold_timeouts": get("hold_timeouts")}
