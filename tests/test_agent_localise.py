@@ -106,3 +106,27 @@ def test_a_rank_whose_process_exited_is_not_a_stall(tmp_path):
     dead = [(n, r.model_copy(update={"exited": True})) if r.rank == 1 else (n, r) for n, r in ranks]
     later = max(r.last_progress for _, r in ranks) + 600.0
     assert assess_job(JOB, ("node0", "node1"), dead, {}, POLICY, later) is None
+
+
+def test_a_rank_computing_less_than_its_same_role_peers_is_never_the_straggler():
+    """A baseline learned during a slow spell makes a rank's ratio grow; a rank
+    whose compute is no longer than its same-role peers' is still not slow."""
+    from slurmguard.controller.assess import localise
+    from slurmguard.reports import RankReport, StepSample
+
+    def rank(r, base_c, comp):
+        steps = [StepSample(end=100.0 + i, step_s=0.2, comm_s=0.2 - comp) for i in range(9)]
+        return RankReport(rank=r, source="torch", role="dp", baseline_step_s=0.2,
+                          baseline_compute_s=base_c, steps=steps, total_steps=60)
+
+    # rank 0 computes 0.052 s against a baseline of 0.03 s (ratio 1.7), its
+    # peer 0.102 s against 0.1 s: rank 0 is the fast one
+    ranks = [("node1", rank(0, 0.03, 0.052)), ("node2", rank(1, 0.1, 0.102))]
+    recents = {(n, r.rank): r.steps for n, r in ranks}
+    _, _, slow, why = localise(ranks, recents, POLICY)
+    assert not slow and why
+    # the same growth on a rank that really computes longer is named
+    ranks = [("node1", rank(0, 0.06, 0.104)), ("node2", rank(1, 0.06, 0.061))]
+    recents = {(n, r.rank): r.steps for n, r in ranks}
+    _, _, slow, _ = localise(ranks, recents, POLICY)
+    assert list(slow) == ["node1"]

@@ -140,6 +140,11 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
         if others:
             if ratio <= float(np.median([ratios[k] for k in others])) * (1.0 + excess):
                 continue
+            if peers and computes[key] <= float(np.median([computes[k] for k in peers])) * (1.0 + excess):
+                # ranks of one role do the same work: one that computes no longer
+                # than its peers is not their straggler, whatever its own baseline
+                # (a baseline learned during a slow spell makes any rank "grow")
+                continue
             grown = float(np.median([ratios[k] for k in others]))
             against = (f"same-role peers {float(np.median([computes[k] for k in peers])):.3g}s"
                        if peers else f"its baseline {base:.3g}s (no same-role peer; the other "
