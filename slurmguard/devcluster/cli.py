@@ -1,4 +1,4 @@
-"""`slurmguard devcluster up|down|status|env`"""
+"""`slurmguard devcluster up|down|status|env|fault`"""
 
 from __future__ import annotations
 
@@ -92,3 +92,32 @@ def env(state_dir: Path) -> None:
     if not c.conf_path.exists():
         raise click.ClickException(f"no development cluster in {state_dir}; run `slurmguard devcluster up`")
     click.echo(c.export_line())
+
+
+@devcluster.command()
+@_state_dir
+@click.argument("node")
+@click.option("--cpu", "percent", type=float, default=None, metavar="PERCENT",
+              help="Cap the node's slurmd and all its job-step processes at PERCENT of one CPU "
+                   "(e.g. 30); steps started later inherit the cap.")
+@click.option("--clear", is_flag=True, help="Remove the node's fault.")
+def fault(state_dir: Path, node: str, percent: float | None, clear: bool) -> None:
+    """Slow NODE from outside its jobs (a cgroup CPU cap), or --clear it.
+
+    The jobs are not told: their ranks on NODE just get less CPU, like a GPU
+    node held back by a thermal or power limit. `devcluster down` clears all.
+    """
+    from slurmguard.devcluster.fault import apply_cpu_cap, clear_fault
+
+    if (percent is None) == (not clear):
+        raise click.UsageError("give exactly one of --cpu PERCENT or --clear")
+    c = DevCluster(ClusterSpec(state_dir=state_dir))
+    if not (state_dir / "state.json").exists():
+        raise click.ClickException(f"no development cluster in {state_dir}")
+    if clear:
+        done = clear_fault(c, node)
+        click.echo(f"{node}: fault cleared" if done else f"{node}: no fault to clear")
+        return
+    cap = apply_cpu_cap(c, node, percent)  # type: ignore[arg-type]
+    click.echo(f"{node}: slurmd and {cap.moved - 1} job-step processes capped at {cap.percent:g}% "
+               f"of one CPU (cgroup v{cap.version} {cap.cgroup})")

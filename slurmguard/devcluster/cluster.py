@@ -403,6 +403,9 @@ class DevCluster:
         if st is None:
             return
         self._adopt_pidfiles(st)
+        from slurmguard.devcluster.fault import clear_all
+
+        clear_all(self)  # CPU caps first: a capped slurmd would slow its own shutdown
         if any(self._ours(n, p) for n, p in st.pids.items() if n == "slurmctld"):
             self.run(["scancel", "--partition", self.partition], timeout=10)
         services = [n for n in st.pids if n.startswith("sg-")]
