@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from slurmguard.workloads.shapes import SHAPES
+from slurmguard.workloads import SHAPES
 
 EPILOG = """\
 examples (a 2-node job, one task per node; 2d wants 2 tasks per node):

@@ -26,7 +26,7 @@ from torch import nn
 
 from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
 
-SHAPES = ("ddp", "fsdp", "pp", "tp", "2d")
+from slurmguard.workloads import SHAPES
 
 
 @dataclass
