@@ -76,8 +76,21 @@ def build_ddp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
     model = DDP(build_model(spec), bucket_cap_mb=o.bucket_mb)
     optim = _optim(model.parameters())
     mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), env.rank),
-                 f"DDP, {mb:.1f} MB of gradients in buckets of {o.bucket_mb:g} MB")
+    inner = _data_parallel_step(model, optim, Teacher(spec), env.rank)
+    told = {"done": False}
+
+    def step(i: int) -> torch.Tensor:
+        loss = inner(i)
+        if not told["done"] and env.rank == 0:
+            # DDP puts every gradient in one bucket for the first step and rebuilds
+            # the buckets in backward order during the second
+            sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
+            if sizes:
+                told["done"] = True
+                print(f"ddp: {len(str(sizes).split(','))} gradient buckets per step", flush=True)
+        return loss
+
+    return Built(model, optim, step, f"DDP, {mb:.1f} MB of gradients in buckets of {o.bucket_mb:g} MB")
 
 
 def build_fsdp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
