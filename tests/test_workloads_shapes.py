@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmguard.devcluster.scenario import release
 from slurmguard.workloads import SHAPES
 from tests.fixtures.common import wait_for
 
@@ -89,6 +90,7 @@ def test_pipeline_checkpoints_on_sigusr1_and_resumes_after_requeue(clean_cluster
     for r in (0, 1):
         assert any(e["ckpt_s"] > 0 and e["iter"] == saved - 1 for e in _log(ckpt, r))
     assert c.run(["scontrol", "requeue", str(job)]).returncode == 0
+    release(c, job)
     wait_for(lambda: [e for e in _log(ckpt, 1) if e["restart"] == 1], 240, "the restarted run")
     resumed = [e for e in _log(ckpt, 1) if e["restart"] == 1]
     assert resumed[0]["iter"] == saved

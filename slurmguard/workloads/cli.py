@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -67,6 +68,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # first thing: SIGUSR1's default action kills, and a checkpoint request can
+    # come while torch is still being imported
+    request = {"ckpt": False}
+    signal.signal(signal.SIGUSR1, lambda *_: request.__setitem__("ckpt", True))
     args = parser().parse_args(argv)
     for name in ("steps", "depth", "width", "hidden", "batch", "microbatches"):
         if getattr(args, name) < 1:
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         finish(2, barrier=False)
     if env.rank == 0:
         print(f"{args.shape}: {built.about}; rank 0 on {env.node}, pid {os.getpid()}", flush=True)
-    end = runtime.train(env, opts, built.model, built.optim, built.step)
+    end = runtime.train(env, opts, built.model, built.optim, built.step, request)
     if env.rank == 0:
         print(f"{args.shape}: stopped at step {end} of {args.steps}", flush=True)
     finish(0)

@@ -272,19 +272,22 @@ class StepLog:
 
 
 def train(env: Env, opts: RunOptions, model: nn.Module, optim: torch.optim.Optimizer,
-          step_fn: Callable[[int], torch.Tensor | None]) -> int:
+          step_fn: Callable[[int], torch.Tensor | None], request: dict | None = None) -> int:
     """Run optimizer steps until opts.steps or opts.seconds; return the next step.
 
     step_fn(i) does forward, backward and optimizer step i and returns the loss
     this rank saw (None on ranks that do not compute it, e.g. early pipeline
-    stages). After each step one small all-reduce carries the loss (for the
+    stages). request: {"ckpt": bool}, set by a SIGUSR1 handler installed
+    before torch was imported (cli.main), so a signal during start-up is kept,
+    not fatal; without one, train installs its own. After each step one small all-reduce carries the loss (for the
     log), the checkpoint request (SIGUSR1 may reach ranks at different steps)
     and the time bound, so every rank takes the same decision at the same step.
     """
     ck = Checkpointer(opts.ckpt_dir, opts.ckpt_every)
     start = ck.load(model, optim)
-    want = {"ckpt": False}
-    signal.signal(signal.SIGUSR1, lambda *_: want.__setitem__("ckpt", True))
+    want = request if request is not None else {"ckpt": False}
+    if request is None:
+        signal.signal(signal.SIGUSR1, lambda *_: want.__setitem__("ckpt", True))
     log = StepLog(opts.log_dir / f"rank{env.rank}.jsonl", env)
     if env.rank == 0:
         print(f"{opts.shape}: {env.world} ranks, resuming at step {start}, restart "
