@@ -87,7 +87,6 @@ def test_controller_sigkilled_mid_incident_takes_no_duplicate_action(guarded):
     run.guard.start_controller()
     wait_for(lambda: run.audit("requeue"), 90, "requeue after restart")
     sc.clear(slow)
-    sc.release(job)
     time.sleep(6)
     assert len(run.audit("drain")) == 1
     assert len(run.audit("signal")) == 1

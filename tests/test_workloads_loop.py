@@ -41,8 +41,7 @@ def test_healthy_then_restarted_then_severe_fault_drains_only_that_node(guarded,
     first = sc.wait_steps(job, BASELINE)
     # a restart that is not slurmguard's (preemption, an admin): resumes from the
     # checkpoint, and its start-up is not a slowdown
-    assert run.cluster.run(["scontrol", "requeue", str(job)]).returncode == 0
-    sc.release(job)
+    sc.requeue(job)
     resumed = sc.wait_steps(job, BASELINE, restart=1, timeout=240)
     assert resumed[0]["iter"] >= 25 and resumed[0]["iter"] <= first[-1]["iter"] + 1
     time.sleep(4)  # the last reports of the healthy runs reach the controller
@@ -59,7 +58,6 @@ def test_healthy_then_restarted_then_severe_fault_drains_only_that_node(guarded,
     assert run.node(slow)["reason"].startswith("slurmguard: ")
     wait_for(lambda: run.audit("requeue"), 90, "requeue")
     sc.clear(slow)
-    sc.release(job)
     after = [e["step_s"] for e in sc.log(job)[n_before:] if e["t"] <= t_drain]
     assert [e.node for e in run.audit("drain")] == [slow]
     assert not any(run.node(n)["drained"] for n in run.cluster.node_names if n != slow)

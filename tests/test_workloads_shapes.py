@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmguard.devcluster.scenario import release
+from slurmguard.slurm.commands import CommandSlurmClient
 from slurmguard.workloads import SHAPES
 from tests.fixtures.common import wait_for
 
@@ -89,8 +89,7 @@ def test_pipeline_checkpoints_on_sigusr1_and_resumes_after_requeue(clean_cluster
     saved = int((ckpt / "latest").read_text())
     for r in (0, 1):
         assert any(e["ckpt_s"] > 0 and e["iter"] == saved - 1 for e in _log(ckpt, r))
-    assert c.run(["scontrol", "requeue", str(job)]).returncode == 0
-    release(c, job)
+    CommandSlurmClient(env=c.env, timeout_s=30).requeue(job, settle_s=30)
     wait_for(lambda: [e for e in _log(ckpt, 1) if e["restart"] == 1], 240, "the restarted run")
     resumed = [e for e in _log(ckpt, 1) if e["restart"] == 1]
     assert resumed[0]["iter"] == saved

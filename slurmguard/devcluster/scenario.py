@@ -83,12 +83,6 @@ class ScenarioResult:
         return self.slow_step_s / self.healthy_step_s if self.healthy_step_s else 0.0
 
 
-def release(cluster, job: int) -> None:
-    """Let a requeued job start now: Slurm holds a requeued job back for about
-    two minutes (EligibleTime), which tests and benchmarks need not wait."""
-    cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
-
-
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
@@ -111,7 +105,8 @@ class Scenario:
     def submit(self, steps: int, *, guarded: bool = True, nodes: str | None = None,
                signal: bool = True, ckpt_every: int = 50) -> int:
         """The workload on its own exclusive nodes (GPU training jobs do not share
-        nodes). signal: ask for the checkpoint signal (Slurm's --signal=USR1)."""
+        nodes). signal: say the job handles a checkpoint signal (Slurm's
+        --signal=B:USR1@30: to the batch shell, which passes it on to the ranks)."""
         lay = LAYOUTS[self.workload]
         st = self.cluster.state_dir
         script = (
@@ -120,15 +115,23 @@ class Scenario:
             # derived from the job id (other dev clusters share the host)
             f"export MASTER_PORT=$({sys.executable} -c 'import socket; s=socket.socket(); "
             "s.bind((\"\", 0)); print(s.getsockname()[1])')\n"
+            # the checkpoint signal may reach the batch shell (--signal=B:USR1, or a
+            # scancel --batch) or the ranks directly: the shell passes it on to srun,
+            # which forwards it to every task
+            "trap 'kill -USR1 $srun_pid 2>/dev/null' USR1\n"
             f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.workloads {self.workload} "
             f"--steps {steps} --ckpt-every {ckpt_every} --ckpt-dir {st}/wl-$SLURM_JOB_ID "
-            f"{' '.join(lay.args)}\n")
+            f"{' '.join(lay.args)} &\n"
+            "srun_pid=$!\n"
+            # wait returns above 128 when a trapped signal interrupts it
+            "while wait $srun_pid; rc=$?; [ $rc -gt 128 ] && kill -0 $srun_pid 2>/dev/null; do :; done\n"
+            "exit $rc\n")
         args = [f"-N{lay.nodes}", f"--ntasks-per-node={lay.tasks_per_node}", "--exclusive",
                 "-J", f"wl-{self.workload}", "-o", f"{st}/job-%j.out"]
         if guarded:
             args.append("--straggler-guard")
         if signal:
-            args.append("--signal=USR1@30")
+            args.append("--signal=B:USR1@30")
         if nodes:
             args += ["-w", nodes]
         return self.cluster.sbatch(script, *args)
@@ -151,8 +154,12 @@ class Scenario:
             args += ["-w", nodes]
         return self.cluster.sbatch(script, *args)
 
-    def release(self, job: int) -> None:
-        release(self.cluster, job)
+    def requeue(self, job: int) -> None:
+        """Requeue the job as an admin or a preemption would, restarting it at once
+        (slurmguard's Slurm client lifts Slurm's two-minute post-requeue hold)."""
+        from slurmguard.slurm.commands import CommandSlurmClient
+
+        CommandSlurmClient(env=self.cluster.env, timeout_s=30).requeue(job, settle_s=30)
 
     def log(self, job: int, rank: int = 0) -> list[dict]:
         """One rank's step log, all restarts, in order."""
@@ -212,7 +219,7 @@ class Scenario:
         fault.clear_fault(self.cluster, node)
 
     # ---------------------------------------------------------------- the story
-    def run(self, factor: float = SEVERE, steps: int = 1500, baseline_steps: int = 60,
+    def run(self, factor: float = SEVERE, steps: int = 400, baseline_steps: int = 60,
             wait_completion: bool = True, telemetry: bool = True) -> ScenarioResult:
         job = self.submit(steps)
         self.say(f"submitted guarded {self.workload} job {job} (sbatch --straggler-guard, "

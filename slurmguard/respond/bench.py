@@ -116,8 +116,7 @@ def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, floa
 
     job = sc.submit(steps, ckpt_every=25)
     sc.wait_steps(job, min(40, steps // 3), timeout=240)
-    sc.cluster.run(["scontrol", "requeue", str(job)])
-    sc.release(job)
+    sc.requeue(job)
     sc.cluster.wait_job(job, timeout=600)
     time.sleep(3)
     with Store.open(sc.guard.db_url) as store:
