@@ -192,6 +192,23 @@ class Scenario:
         (n,) = nodes_from_scontrol(self.cluster.run(["scontrol", "show", "node", "-o", name]).stdout)
         return n
 
+    def drain(self, node: str):
+        """slurmguard's first drain of `node` from its audit log (None: not drained).
+        The audit log, not `scontrol show node`: a drained node whose job has left
+        is quarantined and un-drained for its sweeps within a few control cycles."""
+        from slurmguard.store import Store
+
+        with Store.open(self.guard.db_url) as store:
+            done = [e for e in store.audit_entries(action="drain", node=node) if e.outcome == "ok"]
+        return done[0] if done else None
+
+    @staticmethod
+    def epoch(at) -> float:
+        """An audit timestamp as epoch seconds (the store keeps UTC)."""
+        from datetime import timezone
+
+        return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+
     def wait(self, pred, timeout: float, what: str, interval: float = 0.5):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -239,10 +256,9 @@ class Scenario:
                  f"{res.cap_percent:.0f}% of a CPU (they used {res.cpu_use:.2f} CPUs: about "
                  f"{factor:g}x slower steps; the job is not told)"
                  + ("; sim telemetry: thermal throttling (hot GPU, low SM clock)" if telemetry else ""))
-        n = self.wait(lambda: (x := self.node(res.slow_node)).drained and x, 180,
-                      f"{res.slow_node} to be drained")
-        res.t_drain = time.time()
-        res.drain_reason = n.reason or ""
+        rec = self.wait(lambda: self.drain(res.slow_node), 180, f"{res.slow_node} to be drained")
+        res.t_drain = self.epoch(rec.at)
+        res.drain_reason = rec.reason or ""
         entries = self.log(job)
         after = [e for e in entries[res.inject_index:] if e["t"] <= res.t_drain]
         res.iterations_to_drain = len(after)

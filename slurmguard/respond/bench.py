@@ -70,6 +70,7 @@ class Run:
     delay_it: int | None
     bocd_it: int | None
     sw_it: int | None
+    false_actions: int = 0  # slurmguard actions on the job before the fault
 
 
 def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float,
@@ -77,7 +78,15 @@ def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeo
     from slurmguard.devcluster import fault
 
     job = sc.submit(steps, ckpt_every=0)
-    warm = sc.wait_steps(job, baseline, timeout=240)
+    try:
+        warm = sc.wait_steps(job, baseline, timeout=240)
+    except TimeoutError:
+        warm = []
+    before = _actions(sc)
+    if len(warm) < baseline or before:
+        # requeued (or worse) while still healthy: a false action, no fault run
+        sc.cluster.run(["scancel", str(job)])
+        return Run(sc.workload, 0.0, 0.0, 0.0, None, None, None, None, false_actions=max(1, before))
     node = sc.job_nodes(job)[-1]
     healthy = statistics.median(e["step_s"] for e in warm[10:])
     if mode == "factor":
@@ -90,8 +99,9 @@ def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeo
     t_drain = None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if sc.node(node).drained:
-            t_drain = time.time()
+        rec = sc.drain(node)
+        if rec is not None:
+            t_drain = sc.epoch(rec.at)
             break
         time.sleep(0.5)
     log = sc.log(job)
@@ -109,23 +119,27 @@ def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeo
                None if t_drain is None else len(after), bocd_it, sw_it)
 
 
+def _actions(sc) -> int:
+    from slurmguard.store import Store
+
+    with Store.open(sc.guard.db_url) as store:
+        return len(store.audit_entries())
+
+
 def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, float]:
     """A healthy job to completion (with one restart after a requeue that is not
     slurmguard's); return (actions slurmguard took, median step ms)."""
-    from slurmguard.store import Store
-
     job = sc.submit(steps, ckpt_every=25)
     sc.wait_steps(job, min(40, steps // 3), timeout=240)
     sc.requeue(job)
     sc.cluster.wait_job(job, timeout=600)
     time.sleep(3)
-    with Store.open(sc.guard.db_url) as store:
-        actions = store.audit_entries()
+    actions = _actions(sc)
     log = sc.log(job)
     if save is not None:
         _save_series(save / f"{tag}.json", sc.workload, [e["step_s"] for e in log], None, None,
                      None, None, log, None)
-    return len(actions), statistics.median(e["step_s"] for e in log) * 1e3
+    return actions, statistics.median(e["step_s"] for e in log) * 1e3
 
 
 def _save_series(path: Path, workload: str, series: list[float], onset: int | None,
@@ -192,6 +206,10 @@ def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: 
                 r = _one_fault_run(sc, mode, value, 100000, 60, timeout_s, save_series,
                                    f"{wl}-{fault_spec.replace(':', '')}-{i + 1}")
                 rows.append(r)
+                if r.false_actions:
+                    click.echo(f"{wl} run {i + 1}: {r.false_actions} slurmguard action(s) on the job "
+                               "while it was still healthy; no fault injected")
+                    continue
                 click.echo(f"{wl} run {i + 1}: cap {r.cap:.0f}% step {r.healthy_ms:.0f} -> "
                            f"{r.slow_ms:.0f} ms; drain "
                            + (f"{r.delay_s:.1f}s / {r.delay_it} iterations" if r.delay_s is not None
@@ -212,8 +230,13 @@ def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: 
     click.echo(f"{'workload':<9}{'step ms':>9}{'slowed':>8}{'drain s':>14}{'iterations':>14}"
                f"{'BOCD+V it':>12}{'window it':>12}{'false actions':>15}")
     for wl, rows, false in table:
-        step = statistics.median(r.healthy_ms for r in rows)
-        slowed = statistics.median(r.slow_ms / r.healthy_ms for r in rows if r.healthy_ms)
-        click.echo(f"{wl:<9}{step:>9.0f}{slowed:>7.2f}x{_fmt([r.delay_s for r in rows], 's'):>14}"
-                   f"{_fmt([r.delay_it for r in rows]):>14}{_fmt([r.bocd_it for r in rows]):>12}"
-                   f"{_fmt([r.sw_it for r in rows]):>12}{'-' if false is None else str(false):>15}")
+        faulted = [r for r in rows if not r.false_actions]
+        pre = sum(r.false_actions for r in rows)
+        step = statistics.median(r.healthy_ms for r in faulted) if faulted else float("nan")
+        slowed = statistics.median(r.slow_ms / r.healthy_ms for r in faulted) if faulted else float("nan")
+        false_cell = f"{(false or 0) + pre}" + ("" if false is not None else " (no healthy run)")
+        click.echo(f"{wl:<9}{step:>9.0f}{slowed:>7.2f}x{_fmt([r.delay_s for r in faulted], 's'):>14}"
+                   f"{_fmt([r.delay_it for r in faulted]):>14}{_fmt([r.bocd_it for r in faulted]):>12}"
+                   f"{_fmt([r.sw_it for r in faulted]):>12}{false_cell:>15}")
+    click.echo("false actions: slurmguard actions on healthy jobs (the healthy run, and faulted "
+               "runs before their fault)")
