@@ -127,19 +127,25 @@ def _actions(sc) -> int:
 
 
 def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, float]:
-    """A healthy job to completion (with one restart after a requeue that is not
-    slurmguard's); return (actions slurmguard took, median step ms)."""
+    """A healthy job to completion, with one restart after a requeue that is not
+    slurmguard's (skipped if the job has already been restarted); return
+    (actions slurmguard took, median step ms)."""
     job = sc.submit(steps, ckpt_every=25)
-    sc.wait_steps(job, min(40, steps // 3), timeout=240)
-    sc.requeue(job)
-    sc.cluster.wait_job(job, timeout=600)
+    try:
+        sc.wait(lambda: len(sc.log(job)) >= min(40, steps // 3), 300, f"job {job} to log 40 steps")
+        if not sc.job_field(job, "Restarts") or int(sc.job_field(job, "Restarts")) == 0:
+            sc.requeue(job)
+        sc.cluster.wait_job(job, timeout=600)
+    except Exception as exc:  # noqa: BLE001 - a stuck run is reported, the bench goes on
+        click.echo(f"{sc.workload} healthy run: {exc}")
+        sc.cluster.run(["scancel", str(job)])
     time.sleep(3)
     actions = _actions(sc)
     log = sc.log(job)
-    if save is not None:
+    if save is not None and log:
         _save_series(save / f"{tag}.json", sc.workload, [e["step_s"] for e in log], None, None,
                      None, None, log, None)
-    return actions, statistics.median(e["step_s"] for e in log) * 1e3
+    return actions, (statistics.median(e["step_s"] for e in log) * 1e3 if log else float("nan"))
 
 
 def _save_series(path: Path, workload: str, series: list[float], onset: int | None,
