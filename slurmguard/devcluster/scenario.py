@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from slurmguard.devcluster import fault
+from slurmguard.devcluster.cluster import DevClusterError
 from slurmguard.devcluster.guard import Guard
 from slurmguard.slurm.hostlist import expand
 from slurmguard.slurm.parse import nodes_from_scontrol
@@ -81,6 +82,10 @@ class ScenarioResult:
     @property
     def achieved_factor(self) -> float:
         return self.slow_step_s / self.healthy_step_s if self.healthy_step_s else 0.0
+
+
+class ScenarioError(DevClusterError):
+    """A scenario did not go as the story needs (a timeout, an early action)."""
 
 
 def median(xs: list[float]) -> float:
@@ -216,7 +221,23 @@ class Scenario:
             if v:
                 return v
             time.sleep(interval)
-        raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        raise ScenarioError(f"timed out after {timeout:g}s waiting for {what}"
+                            + self._actions_note())
+
+    def _actions_note(self) -> str:
+        """What slurmguard did so far, for an error message (empty if nothing)."""
+        from slurmguard.store import Store
+
+        try:
+            with Store.open(self.guard.db_url) as store:
+                acts = [e for e in store.audit_entries()
+                        if e.action in ("drain", "requeue", "signal", "comment")]
+        except Exception:  # noqa: BLE001 - only decorates a message
+            return ""
+        if not acts:
+            return ""
+        return "; slurmguard had acted: " + "; ".join(
+            f"{e.action} {e.node or 'job ' + str(e.job_id)} ({e.reason})" for e in acts[:3])
 
     def wait_steps(self, job: int, n: int, restart: int = 0, timeout: float = 180.0) -> list[dict]:
         """Wait until run `restart` of the job has logged n steps; return them."""
@@ -242,6 +263,9 @@ class Scenario:
         self.say(f"submitted guarded {self.workload} job {job} (sbatch --straggler-guard, "
                  f"python -m slurmguard.workloads {self.workload}, gloo)")
         warm = self.wait_steps(job, baseline_steps)
+        early = self._actions_note()
+        if early:
+            raise ScenarioError(f"job {job} was still healthy (no fault injected yet){early}")
         nodes = self.job_nodes(job)
         res = ScenarioResult(job=job, workload=self.workload, slow_node=nodes[-1], factor=factor)
         res.healthy_step_s = median([r["step_s"] for r in warm[10:]])

@@ -76,11 +76,12 @@ class Run:
 def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float,
                    save: Path | None, tag: str) -> Run:
     from slurmguard.devcluster import fault
+    from slurmguard.devcluster.scenario import ScenarioError
 
     job = sc.submit(steps, ckpt_every=0)
     try:
         warm = sc.wait_steps(job, baseline, timeout=240)
-    except TimeoutError:
+    except ScenarioError:
         warm = []
     before = _actions(sc)
     if len(warm) < baseline or before:
