@@ -27,7 +27,6 @@ from slurmguard.devcluster import fault
 from slurmguard.devcluster.cluster import DevClusterError
 from slurmguard.devcluster.guard import Guard
 from slurmguard.slurm.hostlist import expand
-from slurmguard.slurm.parse import nodes_from_scontrol
 from slurmguard.workloads import SHAPES
 
 #: target step-time factors of the two fault tiers the tests and benchmark use
@@ -192,10 +191,6 @@ class Scenario:
     def job_nodes(self, job: int) -> list[str]:
         nl = self.job_field(job, "NodeList")
         return sorted(expand(nl)) if nl and nl != "(null)" else []
-
-    def node(self, name: str):
-        (n,) = nodes_from_scontrol(self.cluster.run(["scontrol", "show", "node", "-o", name]).stdout)
-        return n
 
     def drain(self, node: str):
         """slurmguard's first drain of `node` from its audit log (None: not drained).

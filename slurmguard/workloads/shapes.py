@@ -26,7 +26,6 @@ from torch import nn
 
 from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
 
-from slurmguard.workloads import SHAPES
 
 
 @dataclass
