@@ -51,9 +51,9 @@ def test_healthy_then_restarted_then_severe_fault_drains_only_that_node(guarded,
     nodes = sc.job_nodes(job)
     slow = nodes[-1]
     healthy = sorted(e["step_s"] for e in resumed[10:])[len(resumed[10:]) // 2]
-    n_before = len(sc.log(job))
-    use, cap = sc.inject(slow, SEVERE)
+    use, cap = sc.inject(slow, SEVERE)  # measures the node's CPU use for 3 s first
     t_inject = time.time()
+    n_before = len(sc.log(job))
     wait_for(lambda: run.node(slow)["drained"], 150, f"{slow} drained")
     t_drain = time.time()
     assert run.node(slow)["reason"].startswith("slurmguard: ")
