@@ -54,9 +54,10 @@ def test_healthy_then_restarted_then_severe_fault_drains_only_that_node(guarded,
     use, cap = sc.inject(slow, SEVERE)  # measures the node's CPU use for 3 s first
     t_inject = time.time()
     n_before = len(sc.log(job))
-    wait_for(lambda: run.node(slow)["drained"], 150, f"{slow} drained")
-    t_drain = time.time()
-    assert run.node(slow)["reason"].startswith("slurmguard: ")
+    drain = wait_for(lambda: sc.drain(slow), 150, f"{slow} drained")
+    t_drain = sc.epoch(drain.at)
+    assert t_drain >= t_inject - 1.0, "drained before the fault was on"
+    assert drain.reason.startswith("slurmguard: ")
     wait_for(lambda: run.audit("requeue"), 90, "requeue")
     sc.clear(slow)
     after = [e["step_s"] for e in sc.log(job)[n_before:] if e["t"] <= t_drain]

@@ -243,6 +243,9 @@ class Scenario:
     # ---------------------------------------------------------------- faults
     def inject(self, node: str, factor: float, measure_s: float = 3.0) -> tuple[float, float]:
         """Cap `node` so its steps take about `factor` x as long; return (CPUs used, cap %)."""
+        if not fault.step_pids(self.cluster, node):
+            raise ScenarioError(f"no job step runs on {node}: nothing to slow down"
+                                + self._actions_note())
         use = fault.step_cpu_use(self.cluster, node, measure_s)
         cap = fault.cap_for_slowdown(use, factor)
         fault.apply_cpu_cap(self.cluster, node, cap)
