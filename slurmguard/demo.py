@@ -2,10 +2,12 @@
 
 A local 4-node Slurm cluster with the SPANK plugin and prolog/epilog, one
 agent per node (sim telemetry), the controller on SQLite; a guarded 2-node
-torch DDP job; a fail-slow injected on one node (slower compute on its rank
-and, in the sim telemetry, the matching thermal throttling). It prints what
-happened: detection, the drain reason, the requeue, the job finishing on
-healthy nodes, then the sweeps that verify the drained node.
+torch training job (slurmguard.workloads, DDP by default, gloo on CPU); a
+fail-slow injected on one node from outside the job (its slurmd and job
+processes capped in a cgroup to a fraction of a CPU and, in the sim telemetry,
+the matching thermal throttling). It prints what happened: detection, the
+drain reason, the requeue, the job finishing on healthy nodes, then the
+sweeps that verify the drained node.
 """
 
 from __future__ import annotations
@@ -19,17 +21,22 @@ import click
 
 from slurmguard.devcluster import ClusterSpec, DevCluster
 from slurmguard.devcluster.cluster import DEFAULT_STATE_DIR
+from slurmguard.devcluster.scenario import SEVERE
+from slurmguard.workloads import SHAPES
 
 
 @click.command()
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
               default=DEFAULT_STATE_DIR, show_default=True)
-@click.option("--factor", type=float, default=1.3, show_default=True,
-              help="How much slower the injected node's rank computes.")
+@click.option("--workload", type=click.Choice(SHAPES), default="ddp",
+              show_default=True, help="The training job's parallel shape (slurmguard.workloads).")
+@click.option("--factor", type=float, default=SEVERE, show_default=True,
+              help="How much slower the faulted node's steps get (the CPU cap is calibrated "
+                   "to it from the job's measured CPU use).")
 @click.option("--sweep-wait", type=float, default=180.0, show_default=True,
               help="Seconds to wait for the drained node's sweeps (0: don't wait).")
 @click.option("--down", "stop_after", is_flag=True, help="Stop the cluster at the end.")
-def demo(state_dir: Path, factor: float, sweep_wait: float, stop_after: bool) -> None:
+def demo(state_dir: Path, workload: str, factor: float, sweep_wait: float, stop_after: bool) -> None:
     """Run the online loop end to end on a local cluster and show what happened."""
     from slurmguard.devcluster.guard import Guard
     from slurmguard.devcluster.scenario import Scenario
@@ -50,13 +57,14 @@ def demo(state_dir: Path, factor: float, sweep_wait: float, stop_after: bool) ->
             seeded = guard.bootstrap_sweeps()
             step(f"sweep baselines seeded by rolling sweeps of unsuspected {', '.join(seeded)} "
                  f"(1-node and 2-node, CPU path)")
-        res = Scenario(guard, say=step).run(factor=factor)
+        res = Scenario(guard, say=step, workload=workload).run(factor=factor)
         if sweep_wait > 0:
             _wait_sweeps(cluster, guard, res.slow_node, sweep_wait, step)
         step("the fleet now:")
         _cli(guard, cluster, "nodes")
         _cli(guard, cluster, "triage", "report", "--format", "table")
-        click.echo(f"\nSummary: {res.slow_node} slowed {factor:g}x at iteration {res.inject_index}; "
+        click.echo(f"\nSummary: {res.slow_node} capped at {res.cap_percent:.0f}% of a CPU at iteration "
+                   f"{res.inject_index} (steps {res.achieved_factor:.2f}x slower); "
                    f"drained after {res.detection_delay_s:.1f}s ({res.iterations_to_drain} iterations); "
                    f"job {res.job} requeued and {res.final_state.lower()} on {', '.join(res.final_nodes)}. "
                    f"Total {time.monotonic() - t0:.0f}s.")

@@ -231,6 +231,34 @@ def _members(cg: CgroupCpu, group: Path) -> list[int]:
         return []
 
 
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of pid, all its threads (s); 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def step_cpu_use(cluster: DevCluster, node: str, seconds: float = 3.0) -> float:
+    """CPUs the node's job steps use right now: CPU time over `seconds` of wall time."""
+    pids = step_pids(cluster, node)
+    before = {p: _cpu_seconds(p) for p in pids}
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    used = sum(max(0.0, _cpu_seconds(p) - c) for p, c in before.items())
+    return used / (time.monotonic() - t0)
+
+
+def cap_for_slowdown(cpu_use: float, factor: float) -> float:
+    """The cap (percent of one CPU) that makes work using `cpu_use` CPUs take
+    `factor` times as long: a synchronous job's step on the capped node needs
+    the same CPU time at the lower rate, and its peers wait for it."""
+    if factor <= 1.0:
+        raise FaultError(f"slowdown factor {factor:g}: must be above 1")
+    return max(1.0, 100.0 * cpu_use / factor)
+
+
 # ------------------------------------------------------------------ records
 def _load(cluster: DevCluster) -> dict[str, dict]:
     p = cluster.state_dir / _FAULTS_FILE

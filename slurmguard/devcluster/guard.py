@@ -238,6 +238,42 @@ class Guard:
             self.restart_controller(before)
             self.cluster.wait_nodes_idle(timeout=60)
 
+    def reset(self) -> None:
+        """Back to a clean cluster between runs: controller stopped first (its sweep
+        scheduler would resubmit what is cancelled), jobs cancelled, reservations
+        deleted, faults cleared (CPU caps, sleep injections, sim profiles), nodes
+        resumed and uncommented, all idle."""
+        from slurmguard.devcluster.fault import clear_all
+
+        c = self.cluster
+        c.stop_service("sg-controller")
+        c.run(["scancel", "--partition", c.partition])
+        res = c.run(["scontrol", "show", "reservation", "-o"])
+        for line in res.stdout.splitlines():
+            for tok in line.split():
+                if tok.startswith("ReservationName="):
+                    c.run(["scontrol", "delete", tok])
+        for name in list(self.inject_dir.glob("*")):
+            name.unlink()
+        clear_all(c)
+        self.set_sim_profiles({})
+        for node in c.node_names:
+            c.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+            c.run(["scontrol", "update", f"NodeName={node}", "Comment="])
+        c.wait_nodes_idle(timeout=60)
+
+    def configure(self, overrides: Mapping[str, Any] | None = None) -> None:
+        """A fresh database and a controller on the policy with these overrides."""
+        from slurmguard.store import db
+
+        self.cluster.stop_service("sg-controller")
+        self.cluster.wait_nodes_idle(timeout=60)
+        self.overrides = dict(overrides or {})
+        self.write_policy()
+        self.db_path.unlink(missing_ok=True)
+        db.upgrade(self.db_url)
+        self.start_controller()
+
     def start_agent(self, node: str) -> None:
         self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"),
                                    self._env())

@@ -1,21 +1,31 @@
 """`slurmguard bench loop`: detection delay of the online loop on the local cluster.
 
-Runs the fail-slow scenario (slurmguard.devcluster.scenario) on a guarded
-development cluster and measures, from the job's own iteration log, the time
-and the iterations from the injection to the drain. The baseline, measured on
-the same step-time series in the same run, is the delay of the detectors
-alone (offline BOCD+verification and the sliding-window baseline): the
-difference is what reporting, the control cycle and the ski-rental price add.
+Runs real training jobs (slurmguard.workloads: ddp, fsdp, pp, tp, 2d) on one
+guarded development cluster, slows one node of each from outside the job (a
+cgroup CPU cap, slurmguard.devcluster.fault) and measures, from the job's own
+per-rank step log, the time and the iterations from the injection to the
+drain. Per workload it also runs one healthy job and counts the actions
+slurmguard took on it (false actions). The baseline, measured on the same
+step-time series in the same run, is the delay of the detectors alone
+(offline BOCD+verification and the sliding-window baseline): the difference is
+what reporting, the control cycle and the ski-rental price add.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 import numpy as np
+
+#: iterations skipped at the start of a series before the offline detectors
+#: see it (the job's warm-up; the agents skip their own warm-up the same way)
+WARMUP_STEPS = 5
 
 
 def _offline_delays(series: list[float], onset: int) -> tuple[int | None, int | None]:
@@ -23,49 +33,217 @@ def _offline_delays(series: list[float], onset: int) -> tuple[int | None, int | 
     from slurmguard.detect.baselines import sliding_window_alarms
     from slurmguard.detect.bocd import detect_changepoints
 
-    x = np.asarray(series[5:], dtype=np.float64)  # skip the first iterations (warm-up)
-    k = onset - 5
+    x = np.asarray(series[WARMUP_STEPS:], dtype=np.float64)
+    k = onset - WARMUP_STEPS
     bocd = [c for c in detect_changepoints(x, Policy().detection.bocd)
             if c.direction == "slower" and c.detected_at >= k]
     sw = [a for a in sliding_window_alarms(x) if a.detected_at >= k]
     return (bocd[0].detected_at - k if bocd else None), (sw[0].detected_at - k if sw else None)
 
 
+def parse_fault(text: str) -> tuple[str, float]:
+    """`cpu:PERCENT` (a fixed cap, % of one CPU) or `cpu:xFACTOR` (the cap that
+    slows the job's steps about FACTOR times, calibrated per run)."""
+    kind, _, val = text.partition(":")
+    try:
+        if kind == "cpu" and val.startswith("x"):
+            f = float(val[1:])
+            if f > 1:
+                return "factor", f
+        elif kind == "cpu":
+            p = float(val)
+            if p >= 1:
+                return "percent", p
+    except ValueError:
+        pass
+    raise click.BadParameter(f"{text!r}: use cpu:PERCENT (e.g. cpu:20, at least 1) or "
+                             "cpu:xFACTOR (e.g. cpu:x2.5, above 1)", param_hint="--fault")
+
+
+@dataclass
+class Run:
+    workload: str
+    healthy_ms: float
+    slow_ms: float
+    cap: float
+    delay_s: float | None
+    delay_it: int | None
+    bocd_it: int | None
+    sw_it: int | None
+    false_actions: int = 0  # slurmguard actions on the job before the fault
+
+
+def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float,
+                   save: Path | None, tag: str) -> Run:
+    from slurmguard.devcluster import fault
+    from slurmguard.devcluster.scenario import ScenarioError
+
+    job = sc.submit(steps, ckpt_every=0)
+    try:
+        warm = sc.wait_steps(job, baseline, timeout=240)
+    except ScenarioError:
+        warm = []
+    before = _actions(sc)
+    if len(warm) < baseline or before:
+        # requeued (or worse) while still healthy: a false action, no fault run
+        sc.cluster.run(["scancel", str(job)])
+        return Run(sc.workload, 0.0, 0.0, 0.0, None, None, None, None, false_actions=max(1, before))
+    node = sc.job_nodes(job)[-1]
+    healthy = statistics.median(e["step_s"] for e in warm[10:])
+    if mode == "factor":
+        _, cap = sc.inject(node, value)
+    else:
+        cap = value
+        fault.apply_cpu_cap(sc.cluster, node, cap)
+    t_inject = time.time()
+    onset = len(sc.log(job))
+    t_drain = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rec = sc.drain(node)
+        if rec is not None:
+            t_drain = sc.epoch(rec.at)
+            break
+        time.sleep(0.5)
+    log = sc.log(job)
+    end = t_drain if t_drain is not None else time.time()
+    after = [e for e in log[onset:] if e["t"] <= end]
+    series = [e["step_s"] for e in log[:onset]] + [e["step_s"] for e in after]
+    slow = statistics.median(e["step_s"] for e in after[2:]) if len(after) > 2 else float("nan")
+    bocd_it, sw_it = _offline_delays(series, onset)
+    if save is not None:
+        _save_series(save / f"{tag}.json", sc.workload, series, onset, t_inject, cap, node,
+                     log[:onset] + after, t_drain)
+    sc.cluster.run(["scancel", str(job)])
+    return Run(sc.workload, healthy * 1e3, slow * 1e3, cap,
+               None if t_drain is None else t_drain - t_inject,
+               None if t_drain is None else len(after), bocd_it, sw_it)
+
+
+def _actions(sc) -> int:
+    from slurmguard.store import Store
+
+    with Store.open(sc.guard.db_url) as store:
+        return len(store.audit_entries())
+
+
+def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, float]:
+    """A healthy job to completion, with one restart after a requeue that is not
+    slurmguard's (skipped if the job has already been restarted); return
+    (actions slurmguard took, median step ms)."""
+    job = sc.submit(steps, ckpt_every=25)
+    try:
+        sc.wait(lambda: len(sc.log(job)) >= min(40, steps // 3), 300, f"job {job} to log 40 steps")
+        if not sc.job_field(job, "Restarts") or int(sc.job_field(job, "Restarts")) == 0:
+            sc.requeue(job)
+        sc.cluster.wait_job(job, timeout=600)
+    except Exception as exc:  # noqa: BLE001 - a stuck run is reported, the bench goes on
+        click.echo(f"{sc.workload} healthy run: {exc}")
+        sc.cluster.run(["scancel", str(job)])
+    time.sleep(3)
+    actions = _actions(sc)
+    log = sc.log(job)
+    if save is not None and log:
+        _save_series(save / f"{tag}.json", sc.workload, [e["step_s"] for e in log], None, None,
+                     None, None, log, None)
+    return actions, (statistics.median(e["step_s"] for e in log) * 1e3 if log else float("nan"))
+
+
+def _save_series(path: Path, workload: str, series: list[float], onset: int | None,
+                 t_inject: float | None, cap: float | None, node: str | None,
+                 entries: list[dict], t_drain: float | None) -> None:
+    """One rank-0 step series, labelled with the injection (13.4: detect suite data)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "workload": workload, "rank": 0, "unit": "s",
+        "fault": None if onset is None else {"kind": "cpu_cap", "percent": round(cap or 0, 1),
+                                             "node": node, "onset_index": onset,
+                                             "t_inject": t_inject, "t_drain": t_drain},
+        "restart": [e["restart"] for e in entries], "iter": [e["iter"] for e in entries],
+        "step_s": [round(x, 6) for x in series]}, separators=(",", ":")) + "\n")
+
+
+def _fmt(xs: list[float | int | None], unit: str = "") -> str:
+    got = [x for x in xs if x is not None]
+    if not got:
+        return "none"
+    miss = len(xs) - len(got)
+    med, worst = statistics.median(got), max(got)
+    s = f"{med:.1f}/{worst:.1f}{unit}" if unit else f"{med:.0f}/{worst:.0f}"
+    return s + (f" ({miss} missed)" if miss else "")
+
+
 @click.command("loop")
-@click.option("--runs", default=2, show_default=True, type=click.IntRange(1, 20))
-@click.option("--factor", default=1.3, show_default=True, type=float)
+@click.option("--workload", "workloads", multiple=True,
+              type=click.Choice(["ddp", "fsdp", "pp", "tp", "2d", "all"]), default=("ddp",),
+              show_default=True, help="Training job shape(s); repeat or say all.")
+@click.option("--fault", "fault_spec", default="cpu:x2.5", show_default=True,
+              help="cpu:PERCENT caps the node at PERCENT of one CPU; cpu:xFACTOR calibrates the "
+                   "cap to slow the steps about FACTOR times.")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 20),
+              help="Faulted runs per workload.")
+@click.option("--healthy/--no-healthy", default=True, show_default=True,
+              help="Also one healthy run per workload (false actions).")
+@click.option("--timeout", "timeout_s", default=180.0, show_default=True,
+              help="Seconds to wait for a drain before counting a run as missed.")
+@click.option("--save-series", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write each run's rank-0 step series (JSON, injection labelled) here.")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
-def bench_loop(runs: int, factor: float, state_dir: Path | None) -> None:
+def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: bool,
+               timeout_s: float, save_series: Path | None, state_dir: Path | None) -> None:
     """Injection-to-drain delay (seconds, iterations) vs. the detectors' own delay."""
     from slurmguard.devcluster import ClusterSpec, DevCluster
     from slurmguard.devcluster.guard import Guard
     from slurmguard.devcluster.scenario import Scenario
 
+    mode, value = parse_fault(fault_spec)
+    shapes = ["ddp", "fsdp", "pp", "tp", "2d"] if "all" in workloads else list(dict.fromkeys(workloads))
     base = state_dir or Path(tempfile.mkdtemp(prefix="sg-bench-loop-"))
-    rows = []
-    for i in range(runs):
-        cluster = DevCluster(ClusterSpec(state_dir=base / f"run{i}", nodes=4))
-        cluster.up()
-        try:
-            guard = Guard(cluster).start()
-            res = Scenario(guard, say=lambda s: None).run(factor=factor, wait_completion=False)
-            # the step series up to the drain, from the job's log
-            bocd_d, sw_d = _offline_delays(res.step_series, res.inject_index)
-            rows.append((res.detection_delay_s, res.iterations_to_drain, bocd_d, sw_d,
-                         res.healthy_step_s, res.slow_step_s))
-            click.echo(f"run {i + 1}: drained {res.slow_node} {res.detection_delay_s:.1f}s / "
-                       f"{res.iterations_to_drain} iterations after injection "
-                       f"(step {res.healthy_step_s * 1000:.0f} -> {res.slow_step_s * 1000:.0f} ms); "
-                       f"offline BOCD+V {bocd_d} it, sliding window {sw_d} it")
-        finally:
-            cluster.down()
-    secs = [r[0] for r in rows]
-    its = [r[1] for r in rows]
-    click.echo(f"\nonline loop, injection -> drain: median {statistics.median(secs):.1f}s, "
-               f"{statistics.median(its):.0f} iterations ({runs} runs, slowdown x{factor:g}, "
-               f"report/cycle interval 1s, drain price 0.3 GPU-s)")
-    b = [r[2] for r in rows if r[2] is not None]
-    s = [r[3] for r in rows if r[3] is not None]
-    if b:
-        click.echo(f"baseline, same series offline: BOCD+verification {statistics.median(b):.0f} iterations, "
-                   f"sliding window {statistics.median(s) if s else float('nan'):.0f} iterations")
+    cluster = DevCluster(ClusterSpec(state_dir=base, nodes=4))
+    cluster.up()
+    table = []
+    try:
+        guard = Guard(cluster).start()
+        for wl in shapes:
+            sc = Scenario(guard, say=lambda s: None, workload=wl)
+            rows: list[Run] = []
+            for i in range(runs):
+                guard.reset()
+                guard.configure()
+                r = _one_fault_run(sc, mode, value, 100000, 60, timeout_s, save_series,
+                                   f"{wl}-{fault_spec.replace(':', '')}-{i + 1}")
+                rows.append(r)
+                if r.false_actions:
+                    click.echo(f"{wl} run {i + 1}: {r.false_actions} slurmguard action(s) on the job "
+                               "while it was still healthy; no fault injected")
+                    continue
+                click.echo(f"{wl} run {i + 1}: cap {r.cap:.0f}% step {r.healthy_ms:.0f} -> "
+                           f"{r.slow_ms:.0f} ms; drain "
+                           + (f"{r.delay_s:.1f}s / {r.delay_it} iterations" if r.delay_s is not None
+                              else f"none within {timeout_s:g}s")
+                           + f"; offline BOCD+V {r.bocd_it} it, sliding window {r.sw_it} it")
+            false = None
+            if healthy:
+                guard.reset()
+                guard.configure()
+                false, ms = _healthy_run(sc, 300, save_series, f"{wl}-healthy")
+                click.echo(f"{wl} healthy run (with a restart after requeue): {false} actions, "
+                           f"step {ms:.0f} ms")
+            table.append((wl, rows, false))
+    finally:
+        cluster.down()
+    click.echo(f"\nonline loop, fault {fault_spec} on one node, {runs} runs per workload "
+               f"(median/worst); report/cycle interval 1s, drain price 0.3 GPU-s")
+    click.echo(f"{'workload':<9}{'step ms':>9}{'slowed':>8}{'drain s':>14}{'iterations':>14}"
+               f"{'BOCD+V it':>12}{'window it':>12}{'false actions':>15}")
+    for wl, rows, false in table:
+        faulted = [r for r in rows if not r.false_actions]
+        pre = sum(r.false_actions for r in rows)
+        step = statistics.median(r.healthy_ms for r in faulted) if faulted else float("nan")
+        slowed = statistics.median(r.slow_ms / r.healthy_ms for r in faulted) if faulted else float("nan")
+        false_cell = f"{(false or 0) + pre}" + ("" if false is not None else " (no healthy run)")
+        click.echo(f"{wl:<9}{step:>9.0f}{slowed:>7.2f}x{_fmt([r.delay_s for r in faulted], 's'):>14}"
+                   f"{_fmt([r.delay_it for r in faulted]):>14}{_fmt([r.bocd_it for r in faulted]):>12}"
+                   f"{_fmt([r.sw_it for r in faulted]):>12}{false_cell:>15}")
+    click.echo("false actions: slurmguard actions on healthy jobs (the healthy run, and faulted "
+               "runs before their fault)")

@@ -1,0 +1,111 @@
+"""Command line of the training workloads (`python -m slurmguard.workloads`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from slurmguard.workloads import SHAPES
+
+EPILOG = """\
+examples (a 2-node job, one task per node; 2d wants 2 tasks per node):
+
+  sbatch -N2 --ntasks-per-node=1 --straggler-guard \\
+      --wrap "srun python -m slurmguard.workloads ddp --steps 2000 --ckpt-dir $PWD/ckpt-ddp"
+  sbatch -N2 --ntasks-per-node=2 --straggler-guard --signal=USR1@60 \\
+      --wrap "srun python -m slurmguard.workloads 2d --seconds 600 --ckpt-dir $PWD/ckpt-2d"
+
+Rank, world size and local rank come from Slurm (SLURM_PROCID, SLURM_NTASKS,
+SLURM_LOCALID; torchrun's RANK/WORLD_SIZE/LOCAL_RANK otherwise), the rendezvous
+from MASTER_ADDR/MASTER_PORT (default: the first node's address, a port from the
+job id). Everything runs on CPU with gloo, one thread per rank.
+
+Checkpoints (torch.distributed.checkpoint) go to --ckpt-dir, which every node
+must see: every --ckpt-every steps, on SIGUSR1 (slurmguard's or Slurm's
+--signal=USR1 checkpoint request) and at the end; a requeued job resumes from
+the latest one. Each rank appends its own measured step times to
+<log-dir>/rank<N>.jsonl (iter, step_s, restart, t, loss, ckpt_s).
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m slurmguard.workloads",
+        description="Real torch training on CPU/gloo in five parallel shapes, to try slurmguard "
+                    "on a cluster: ddp (DistributedDataParallel, bucketed all-reduce overlapping "
+                    "backward), fsdp (FSDP2 fully_shard), pp (pipelining, 1F1B), tp (DTensor "
+                    "tensor parallel), 2d (FSDP2 across nodes x TP inside a node).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("shape", choices=SHAPES)
+    stop = ap.add_argument_group("how long (the first bound reached ends the run)")
+    stop.add_argument("--steps", type=int, default=1000,
+                      help="total optimizer steps of the training, across restarts (default 1000)")
+    stop.add_argument("--seconds", type=float, default=0.0,
+                      help="end this run after this much wall time, with a checkpoint (0: no bound)")
+    io = ap.add_argument_group("checkpoints and logs")
+    io.add_argument("--ckpt-dir", type=Path, default=None,
+                    help="shared checkpoint directory (default ./ckpt-<shape>-<job id>)")
+    io.add_argument("--ckpt-every", type=int, default=100,
+                    help="steps between periodic checkpoints (0: only on SIGUSR1 and at the end)")
+    io.add_argument("--log-dir", type=Path, default=None,
+                    help="where rank<N>.jsonl step logs go (default: the checkpoint directory)")
+    m = ap.add_argument_group("model (a stack of transformer MLP blocks and a classifier head)")
+    m.add_argument("--width", type=int, default=256, help="model width (default 256)")
+    m.add_argument("--hidden", type=int, default=1024, help="MLP hidden size (default 1024)")
+    m.add_argument("--depth", type=int, default=4, help="blocks (default 4)")
+    m.add_argument("--batch", type=int, default=64,
+                   help="samples per step per data-parallel rank (default 64)")
+    p = ap.add_argument_group("parallelism")
+    p.add_argument("--bucket-mb", type=float, default=1.0,
+                   help="ddp: gradient bucket size in MB (default 1: several buckets per step)")
+    p.add_argument("--microbatches", type=int, default=4, help="pp: micro-batches per step (default 4)")
+    p.add_argument("--tp", type=int, default=0,
+                   help="2d: tensor-parallel size (default: the tasks on one node)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    # first thing: SIGUSR1's default action kills, and a checkpoint request can
+    # come while torch is still being imported
+    request = {"ckpt": False}
+    signal.signal(signal.SIGUSR1, lambda *_: request.__setitem__("ckpt", True))
+    args = parser().parse_args(argv)
+    for name in ("steps", "depth", "width", "hidden", "batch", "microbatches"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name} must be at least 1", file=sys.stderr)
+            return 2
+    if args.ckpt_every < 0 or args.seconds < 0 or args.bucket_mb <= 0:
+        print("error: --ckpt-every and --seconds must be >= 0, --bucket-mb > 0", file=sys.stderr)
+        return 2
+
+    from slurmguard.workloads import runtime, shapes
+    from slurmguard.workloads.teardown import finish
+
+    env = runtime.slurm_env()
+    ckpt = args.ckpt_dir or Path.cwd() / f"ckpt-{args.shape}-{env.job_id}"
+    spec = runtime.ModelSpec(width=args.width, hidden=args.hidden, depth=args.depth,
+                             batch=args.batch)
+    opts = runtime.RunOptions(shape=args.shape, steps=args.steps, seconds=args.seconds,
+                              ckpt_dir=ckpt, log_dir=args.log_dir or ckpt,
+                              ckpt_every=args.ckpt_every, spec=spec)
+    runtime.init(env)
+    try:
+        built = shapes.build(args.shape, env, spec, shapes.ShapeOptions(
+            bucket_mb=args.bucket_mb, microbatches=args.microbatches, tp=args.tp))
+    except ValueError as exc:
+        if env.rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        finish(2, barrier=False)
+    if env.rank == 0:
+        print(f"{args.shape}: {built.about}; rank 0 on {env.node}, pid {os.getpid()}", flush=True)
+    end = runtime.train(env, opts, built.model, built.optim, built.step, request)
+    if env.rank == 0:
+        print(f"{args.shape}: stopped at step {end} of {args.steps}", flush=True)
+    finish(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""The five parallel shapes. Each builds its model, optimizer and one training
+step on the process group that runtime.init made; runtime.train runs them.
+
+ddp   DistributedDataParallel, gradients all-reduced in buckets of --bucket-mb
+      (several per step) while the backward pass still runs.
+fsdp  FSDP2 (torch.distributed.fsdp.fully_shard) per block and at the root:
+      parameters all-gathered before each block's forward/backward, gradients
+      reduce-scattered after it.
+pp    torch.distributed.pipelining: one stage per rank (blocks split evenly,
+      the head on the last stage), 1F1B over --microbatches micro-batches.
+tp    DTensor tensor parallel (parallelize_module): each block's up projection
+      ColwiseParallel, its down projection RowwiseParallel (one all-reduce in
+      forward and one in backward per block); every rank sees the same batch.
+2d    DP x TP on a 2-D DeviceMesh: TP inside a node (over its tasks), FSDP2
+      data parallel across nodes, the usual way to combine the two.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
+
+
+
+@dataclass
+class Built:
+    """model: what the checkpoint saves; step(i) -> loss (None where this rank has none)."""
+
+    model: nn.Module
+    optim: torch.optim.Optimizer
+    step: Callable[[int], torch.Tensor | None]
+    about: str
+
+
+@dataclass(frozen=True)
+class ShapeOptions:
+    """bucket_mb: DDP bucket cap (MB); microbatches: pipeline micro-batches per
+    step; tp: tensor-parallel size of the 2d shape (0: the tasks of one node)."""
+
+    bucket_mb: float = 1.0
+    microbatches: int = 4
+    tp: int = 0
+
+
+def _optim(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, y)
+
+
+def _data_parallel_step(model: nn.Module, optim: torch.optim.Optimizer, teacher: Teacher,
+                        shard: int) -> Callable[[int], torch.Tensor]:
+    def step(i: int) -> torch.Tensor:
+        x, y = teacher.batch(i, shard)
+        loss = _loss(model(x), y)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+        return loss.detach()
+
+    return step
+
+
+def build_ddp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(build_model(spec), bucket_cap_mb=o.bucket_mb)
+    optim = _optim(model.parameters())
+    mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    inner = _data_parallel_step(model, optim, Teacher(spec), env.rank)
+    told = {"done": False}
+
+    def step(i: int) -> torch.Tensor:
+        loss = inner(i)
+        if not told["done"] and env.rank == 0:
+            # DDP puts every gradient in one bucket for the first step and rebuilds
+            # the buckets in backward order during the second
+            sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
+            if sizes:
+                told["done"] = True
+                print(f"ddp: {len(str(sizes).split(','))} gradient buckets per step", flush=True)
+        return loss
+
+    return Built(model, optim, step, f"DDP, {mb:.1f} MB of gradients in buckets of {o.bucket_mb:g} MB")
+
+
+def build_fsdp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (env.world,), mesh_dim_names=("dp",))
+    model = build_model(spec)
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = _optim(model.parameters())
+    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), env.rank),
+                 f"FSDP2 fully_shard over {env.world} ranks, {len(model)} units")
+
+
+def _tp_plan(spec: ModelSpec) -> dict:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan: dict = {}
+    for i in range(spec.depth):
+        plan[f"{i}.up"] = ColwiseParallel()
+        plan[f"{i}.down"] = RowwiseParallel()
+    return plan
+
+
+def build_tp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    if spec.hidden % env.world:
+        raise ValueError(f"--hidden {spec.hidden} must divide by the {env.world} TP ranks")
+    mesh = init_device_mesh("cpu", (env.world,), mesh_dim_names=("tp",))
+    model = parallelize_module(build_model(spec), mesh, _tp_plan(spec))
+    optim = _optim(model.parameters())
+    # tensor parallel ranks work on one batch together: the same data shard
+    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), 0),
+                 f"TP over {env.world} ranks (Colwise up, Rowwise down, {spec.depth} blocks)")
+
+
+def build_2d(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    tp = o.tp or env.local_world
+    if tp < 2 or env.world % tp or env.world // tp < 2:
+        raise ValueError(f"2d needs DP >= 2 and TP >= 2: {env.world} ranks, TP {tp} "
+                         f"(run 2 or more nodes with 2 or more tasks each, or set --tp)")
+    dp = env.world // tp
+    # ranks are numbered node by node: the tasks of one node form a TP group
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(build_model(spec), mesh["tp"], _tp_plan(spec))
+    for layer in model:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    optim = _optim(model.parameters())
+    dp_rank = mesh.get_local_rank("dp")
+    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), dp_rank),
+                 f"2-D: DP {dp} (FSDP2 across nodes) x TP {tp} (inside a node)")
+
+
+def build_pp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    stages = env.world
+    layers = spec.depth + 1  # blocks and the head
+    if stages < 2 or layers < stages:
+        raise ValueError(f"pp needs 2 or more ranks and at least one layer per stage "
+                         f"({layers} layers, {stages} ranks)")
+    if spec.batch % o.microbatches:
+        raise ValueError(f"--batch {spec.batch} must divide into {o.microbatches} micro-batches")
+    lo, hi = env.rank * layers // stages, (env.rank + 1) * layers // stages
+    full = build_model(spec)
+    # keep the full model's layer names (checkpoint keys stay unique across
+    # stages); the layers of other stages are identities without parameters
+    for j in range(layers):
+        if not lo <= j < hi:
+            full[j] = nn.Identity()
+    stage = PipelineStage(full, env.rank, stages, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=o.microbatches, loss_fn=_loss)
+    optim = _optim(full.parameters())
+    teacher = Teacher(spec)
+    first, last = env.rank == 0, env.rank == stages - 1
+
+    def step(i: int) -> torch.Tensor | None:
+        x, y = teacher.batch(i, 0)
+        optim.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        if first:
+            schedule.step(x)
+        elif last:
+            schedule.step(target=y, losses=losses)
+        else:
+            schedule.step()
+        optim.step()
+        return torch.stack(losses).mean().detach() if losses else None
+
+    return Built(full, optim, step, f"pipeline, {stages} stages (layers {lo}..{hi - 1} here), "
+                 f"1F1B over {o.microbatches} micro-batches")
+
+
+BUILDERS = {"ddp": build_ddp, "fsdp": build_fsdp, "pp": build_pp, "tp": build_tp, "2d": build_2d}
+
+
+def build(shape: str, env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
+    if not dist.is_initialized():
+        raise RuntimeError("init the process group first (runtime.init)")
+    return BUILDERS[shape](env, spec, o)

@@ -1,0 +1,44 @@
+"""`slurmguard bench loop` pieces that need no cluster: the --fault grammar, the
+offline detector baseline on a step series, the median/worst cells, and the
+cap calibration rule."""
+
+from __future__ import annotations
+
+import click
+import numpy as np
+import pytest
+
+from slurmguard.devcluster.fault import FaultError, cap_for_slowdown
+from slurmguard.respond.bench import _fmt, _offline_delays, parse_fault
+
+
+def test_fault_grammar():
+    assert parse_fault("cpu:20") == ("percent", 20.0)
+    assert parse_fault("cpu:x2.5") == ("factor", 2.5)
+    for bad in ("cpu:0.5", "cpu:x1", "cpu:", "gpu:20", "cpu:abc", "20"):
+        with pytest.raises(click.BadParameter, match="cpu:PERCENT"):
+            parse_fault(bad)
+
+
+def test_offline_baseline_finds_a_step_change_soon_after_onset():
+    rng = np.random.default_rng(3)
+    healthy = 0.1 + rng.normal(0, 0.004, 80)
+    slow = 0.25 + rng.normal(0, 0.01, 40)
+    bocd, window = _offline_delays(list(healthy) + list(slow), 80)
+    assert bocd is not None and 0 <= bocd <= 5
+    assert window is not None and 0 <= window <= 10
+    # no change: nothing after the (pretend) onset
+    assert _offline_delays(list(healthy) + list(0.1 + rng.normal(0, 0.004, 40)), 80)[0] is None
+
+
+def test_cells_say_median_worst_and_misses():
+    assert _fmt([2.0, 4.0, 3.0], "s") == "3.0/4.0s"
+    assert _fmt([5, None, 7]) == "6/7 (1 missed)"
+    assert _fmt([None, None]) == "none"
+
+
+def test_cap_for_slowdown():
+    assert cap_for_slowdown(0.8, 2.0) == pytest.approx(40.0)
+    assert cap_for_slowdown(0.01, 4.0) == 1.0  # the kernel's minimum quota
+    with pytest.raises(FaultError, match="above 1"):
+        cap_for_slowdown(0.5, 1.0)
