@@ -18,9 +18,9 @@ from slurmguard.config import PrologPolicy, parse_policy
 from slurmguard.hook import ring
 from slurmguard.nodecheck import archive, epilog
 from slurmguard.nodecheck.archive import archive_job, prune
-from tests.fixtures.prolog import ROOT, ring_bytes, write_ring
+from tests.fixtures.prolog import RECORD_SIZE, ROOT, ring_bytes, write_ring
 
-RING_SIZE_16 = 4096 + 16 * 64
+RING_SIZE_16 = 4096 + 16 * RECORD_SIZE
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_sparse_ring_claiming_a_huge_geometry_is_not_archived(dirs):
     jd = ring_root / "61"
     jd.mkdir()
     cap = 1 << 24
-    size = 4096 + cap * 64
+    size = 4096 + cap * RECORD_SIZE
     header = bytearray(ring_bytes(node="node1", job_id=61, records=0)[:4096])
     header[20:24] = cap.to_bytes(4, "little")  # capacity, sg_ring.h offset 20
     with open(jd / "rank-0.step-0.torch.ring", "wb") as f:
@@ -279,9 +279,9 @@ def test_requeued_job_gets_its_own_archive(dirs):
 
 def test_archive_cap_and_free_space_drop_rings_but_still_clean(dirs):
     ring_root, store = dirs
-    big = 4096 + 16384 * 64  # 1 MiB + 4 KiB
+    big = 4096 + 8192 * RECORD_SIZE  # 1 MiB + 4 KiB
     for r in range(3):
-        write_ring(ring_root / "8" / f"rank-{r}.ring", node="node1", job_id=8, rank=r, capacity=16384)
+        write_ring(ring_root / "8" / f"rank-{r}.ring", node="node1", job_id=8, rank=r, capacity=8192)
     res = archive_job(8, "node1", ring_root=ring_root, policy=pol(store, max_archive_mb=2),
                       job_nodes=["node1"])
     assert [f.name for f in res.files] == ["rank-0.ring"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.common import wait_for as _wait
-from tests.fixtures.prolog import ROOT, fake_ib
+from tests.fixtures.prolog import RECORD_SIZE, ROOT, fake_ib
 
 pytestmark = pytest.mark.slurm
 
@@ -115,8 +115,8 @@ if rank == 0:
             m = manifests[node]
             assert (m["job_id"], m["node"], m["errors"]) == (job, node, [])
             assert [(f["name"], f["global_rank"], f["node"], f["bytes"]) for f in m["files"]] == [
-                (f"rank-{rank}.step-0.torch.ring", rank, node, 4096 + 16 * 64)]
-            assert (store / str(job) / node / f"rank-{rank}.step-0.torch.ring").stat().st_size == 5120
+                (f"rank-{rank}.step-0.torch.ring", rank, node, 4096 + 16 * RECORD_SIZE)]
+            assert (store / str(job) / node / f"rank-{rank}.step-0.torch.ring").stat().st_size == 4096 + 16 * RECORD_SIZE
         # the non-ring file is counted by the epilog(s) that saw it, never archived
         assert any(s["name"] == "stray.txt" and s["reason"].startswith("bad magic")
                    for m in manifests.values() for s in m["skipped"])
