@@ -198,7 +198,6 @@ MANY = textwrap.dedent('''
     import os, sys, tempfile, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
     hook = sys.modules["_slurmguard_torchhook"]
-    hook.DRAIN_BATCH = 8  # many batches in one drain
     works = [dist.all_reduce(torch.ones(i % 7 + 1), async_op=True) for i in range(300)]
     for w in works:
         w.wait()
@@ -206,7 +205,7 @@ MANY = textwrap.dedent('''
     dist.all_reduce(torch.ones(99))  # not recorded
     hook.patch()
     dist.all_reduce(torch.ones(100))
-    hook._state["recorder"].drain()
+    hook._state["recorder"].settle()
     dist.destroy_process_group()
 ''')
 

@@ -230,7 +230,7 @@ TORCH_CALLS = textwrap.dedent('''
         out["hooked" if on else "plain"].append(
             [(c1 - c0) / n * 1e6, (p1 - p0) / n * 1e6, (w1 - w0) / n * 1e6])
     hook.patch()
-    hook._state["recorder"].drain()
+    hook._state["recorder"].settle()
     dist.barrier()
     if rank == 0:
         print("CALLS", json.dumps(out), flush=True)
