@@ -27,6 +27,7 @@ abort more often than an unguarded one.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -67,15 +68,15 @@ ENDINGS: dict[str, str] = {
 _RANK1_STATUS = {"sys-exit": 3, "raise": 1, "sigterm": -signal.SIGTERM, "sigterm-handler": 7,
                  "sigusr1": -signal.SIGUSR1, "sigkill": -signal.SIGKILL, "os-exit": 5}
 _ALL_STATUS = {"startup": 4}
-#: endings that leave through interpreter finalisation with gloo loaded in
-#: at least one rank: where the upstream race can strike
-FINALISING = frozenset({"destroy", "no-destroy", "sys-exit", "raise", "sigterm-handler",
-                        "loader-fork", "loader-spawn", "no-collective"})
+#: endings where no rank reaches interpreter finalisation with gloo started,
+#: so the upstream race cannot strike (in all others rank 0 at least exits
+#: normally after destroy_process_group)
+RACE_FREE = frozenset({"finish", "startup"})
 ABORT_MESSAGE = "terminate called without an active exception"
 
 JOB = textwrap.dedent('''
     # slurmguard exit scenario: python JOB SHAPE ENDING
-    import hashlib, os, signal, sys
+    import hashlib, os, signal, sys, time
 
 
     def main(shape, ending):
@@ -142,6 +143,11 @@ JOB = textwrap.dedent('''
             if ending == "sigusr1":
                 os.kill(os.getpid(), signal.SIGUSR1)
             if ending == "sigkill":
+                # nothing runs on SIGKILL: a record whose completion callback
+                # has not run yet dies with the process. Slurm's SIGKILL comes
+                # KillWait seconds after SIGTERM, not microseconds after a
+                # collective; model that with a pause
+                time.sleep(0.2)
                 os.kill(os.getpid(), signal.SIGKILL)
             if ending == "os-exit":
                 os._exit(5)
@@ -317,3 +323,97 @@ def fisher_greater(guarded_aborts: int, guarded_runs: int, plain_aborts: int,
              [plain_aborts, plain_runs - plain_aborts]]
     return float(fisher_exact(table, alternative="greater")[1])
 
+
+
+# Runs of one ending, each rank a child forked from a parent that imported
+# torch once: a run costs its own work, not two interpreter starts and
+# torch imports, so a few hundred runs fit in minutes on a small machine.
+# Each child leaves through sys.exit and interpreter finalisation, as a
+# job script does; the parent moves a guarded run's rings aside.
+FORKED_RUNS = textwrap.dedent('''
+    import json, os, runpy, socket, sys
+    job, shape, ending, runs, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    # what the job imports, before forking, so the children start warm
+    import torch, torch.distributed, torch.nn.parallel, torch._dynamo, torch.utils.data
+    main = runpy.run_path(job, run_name="sg_exit_job")["main"]
+    ring_dir = os.environ.get("SLURMGUARD_RING_DIR")
+    for i in range(runs):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        pids = []
+        for rank in (0, 1):
+            pid = os.fork()
+            if pid == 0:
+                fd = os.open(os.path.join(out, f"{i}-{rank}.log"),
+                             os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.environ.update(RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=str(port))
+                main(shape, ending)
+                sys.exit(0)
+            pids.append(pid)
+        status = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        if ring_dir:
+            keep = os.path.join(out, f"rings-{i}")
+            os.mkdir(keep)
+            for f in os.listdir(ring_dir):
+                os.rename(os.path.join(ring_dir, f), os.path.join(keep, f))
+        print(json.dumps({"run": i, "status": status}), flush=True)
+''')
+
+
+def forked_runs(directory: Path, shape: str, ending: str, runs: int, site: Path,
+                timeout: float = 3600) -> dict[str, list[RunOutcome]]:
+    """`runs` guarded and `runs` unguarded runs of (shape, ending), the two
+    sides in two parent processes running at the same time."""
+    from slurmguard.hook import ring
+
+    directory = Path(directory)
+    job = write_job(directory)
+    driver = directory / "sg_forked_runs.py"
+    driver.write_text(FORKED_RUNS)
+    procs = {}
+    for side in ("guarded", "unguarded"):
+        out = directory / side
+        out.mkdir()
+        extra = {"PYTHONPATH": str(site)}
+        if side == "guarded":
+            (out / "rings").mkdir()
+            extra.update(SLURMGUARD_RING_DIR=str(out / "rings"), SLURMGUARD_JOB_ID="1",
+                         SLURMGUARD_STEP_ID="0", SLURMGUARD_RING_RECORDS="1024")
+        procs[side] = subprocess.Popen(
+            [sys.executable, str(driver), str(job), shape, ending, str(runs), str(out)],
+            env=clean_env(extra), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=str(directory))
+    results: dict[str, list[RunOutcome]] = {}
+    for side, p in procs.items():
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            stdout, stderr = p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"{side} runs failed ({p.returncode}): {stderr[-1000:]}")
+        out = directory / side
+        outcomes = []
+        for line in stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            d = json.loads(line)
+            i = d["run"]
+            o = RunOutcome(shape=shape, ending=ending, guarded=side == "guarded")
+            for rank, status in enumerate(d["status"]):
+                log = (out / f"{i}-{rank}.log").read_text(errors="replace")
+                o.ranks.append(RankOutcome(rank, status, log, log))
+            if o.guarded:
+                for path in sorted((out / f"rings-{i}").glob("*.ring")):
+                    o.rings.append(path.name)
+                    with ring.RingReader(str(path)) as r:
+                        h = r.refresh_header()
+                        o.counts[h.global_rank] = training_records(r.read().records, shape)
+                        o.lost[h.global_rank] = h.overwritten
+            outcomes.append(o)
+        results[side] = outcomes
+    return results

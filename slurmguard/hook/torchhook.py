@@ -38,20 +38,19 @@ callback adds about 10 us on the completing thread. Per training step
 that is collectives per step x this, against steps of tens of milliseconds
 or more.
 
-How a job ends stays the job's business. The hook installs no signal
-handler (a Python-level handler runs only once the main thread is back in
-the interpreter, so a rank blocked in a collective would outlive the
-SIGTERM it should die of) and never exits a process itself; it adds only
-bounded waits at the end. Before and after destroy_process_group, and at
-interpreter exit, it lets completion callbacks still waiting for the
-interpreter lock write their records (at most SETTLE_TIMEOUT_S, usually
-microseconds). Work still in flight once the last process group is gone or
-the interpreter exits is counted as lost in the ring header (its
-``overwritten`` field counts every record the ring lost) and its arguments
-are released; so is every call missed after recording failed. A record is
-therefore in the ring or counted, never silently absent, except for the
-microseconds between a collective's completion and its callback when the
-process is killed (or os._exit-ed without destroy_process_group) then.
+How a job ends stays the job's business: the hook never exits a process
+itself and never changes how one ends; it adds bounded waits at the end,
+so that completion callbacks still waiting for the interpreter lock write
+their records (at most SETTLE_TIMEOUT_S, usually microseconds): before and
+after destroy_process_group, at interpreter exit, in os._exit, and on the
+terminating signals Slurm sends (TERM_SIGNALS, where they have their
+default disposition; _TermGuard re-raises them so the process still dies of
+the signal). Work still in flight once the last process group is gone or
+the process ends is counted as lost in the ring header (its ``overwritten``
+field counts every record the ring lost) and its arguments are released;
+so is every call missed after recording failed. A record is therefore in
+the ring or counted, never silently absent, except on SIGKILL within the
+microseconds between a collective's completion and its callback.
 
 NCCL-backed calls are left to the C hook when it is loaded in the process
 (SLURMGUARD_NCCL_HOOK mapped), so nothing is recorded twice.
@@ -85,6 +84,9 @@ _monotonic_ns = time.monotonic_ns
 #: for completion callbacks of finished work to write their records (s);
 #: they normally need microseconds (the interpreter lock, then one record)
 SETTLE_TIMEOUT_S = 1.0
+#: signals whose default disposition ends the process and that Slurm sends
+#: to a job's tasks (scancel, time limit, --signal); see _TermGuard
+TERM_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 # c10d operator -> (sg op, index of the process group, index of the count
 # tensor(s), how to count, index of peer/root or None, index of the
@@ -326,13 +328,24 @@ class Recorder:
             pass
 
     def around_destroy(self, destroy: Callable, *args: Any, **kwargs: Any) -> Any:
-        """destroy_process_group, preceded by the records of finished work;
-        once no group is left, whatever is still in flight is counted lost
-        (a job that ends with os._exit right after, as
-        slurmguard.workloads.teardown.finish does, loses nothing unseen)."""
+        """destroy_process_group, after the records of the group's finished
+        work are written; once no group is left, whatever is still in
+        flight is counted lost (a job that ends with os._exit right after,
+        as slurmguard.workloads.teardown.finish does, loses nothing unseen).
+
+        Work of the group still in flight is waited for first, with the
+        interpreter lock released: gloo's destructor joins its worker
+        threads while holding that lock, and a worker that finishes such
+        work must run our callback (Python) first, so destroying the group
+        with the callback pending would deadlock. Without the hook the same
+        destroy_process_group blocks until that work ends as well (the
+        worker must finish it before the join returns), so the wait changes
+        nothing but who waits.
+        """
         try:
             if self.enabled:
-                self.settle()
+                group = args[0] if args else kwargs.get("group")
+                self.wait_for(None if group is None else _group_name(group))
         except Exception:  # pragma: no cover - defensive
             pass
         try:
@@ -347,6 +360,16 @@ class Recorder:
                         self.give_up()
             except Exception:  # pragma: no cover - defensive
                 pass
+
+    def wait_for(self, group_name: str | None) -> None:
+        """Sleep until no call of group_name (None: of any group) awaits
+        its completion callback."""
+        pause = 0.0005
+        while True:
+            if not any(p.of_group(group_name) for p in list(self._pending)):
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
         w, opname, args, device_type, start = ctx
@@ -393,6 +416,18 @@ class _Pending:
         except Exception:
             return False
 
+    def of_group(self, group_name: str | None) -> bool:
+        """Still pending, for a call on group_name (None: any group)."""
+        ctx = self.ctx
+        if ctx is None:
+            return False
+        if group_name is None:
+            return True
+        try:
+            return _group_name(ctx[2][_OPS[ctx[1]][1]]) == group_name
+        except Exception:
+            return True
+
     def drop(self) -> bool:
         """Release the call; False if its callback already took it."""
         had = self.ctx is not None
@@ -401,26 +436,29 @@ class _Pending:
 
 
 class _TermGuard:
-    """Records of finished work before a SIGTERM ends the process.
+    """Records of finished work before a terminating signal ends the process.
 
-    Installed with the ring, and only where SIGTERM has its default
-    disposition (death): a job with a handler of its own keeps it, and
-    what it does then (exit: the atexit settle runs) is its business. The
-    process must still die of SIGTERM, at once: Python runs a signal
-    handler only when the main thread is back in the interpreter, which a
-    rank blocked in a collective may not be for minutes. So Python's C
-    handler, which set_wakeup_fd makes write the signal number to a pipe,
-    wakes a thread of ours; it (or the Python-level handler, whichever comes
-    first) lets waiting completion callbacks write, counts work in flight
-    as lost, restores the default disposition and sends SIGTERM again: the
-    process ends killed by SIGTERM, as without the hook, a few hundred
-    microseconds later. If the job replaces our handler later, its own
-    handler alone decides; if it takes over the wakeup fd (asyncio does),
-    only the Python-level path remains.
+    For the signals Slurm sends to end or warn a job (TERM_SIGNALS) whose
+    disposition is the default (death), installed with the ring. A job's
+    own handler is never replaced (it decides; if it exits, the atexit
+    settle runs). The process must still die of the signal, and at once:
+    Python runs a handler only when the main thread is back in the
+    interpreter, which a rank blocked in a collective may not be for a
+    long time. So Python's C-level handler, through set_wakeup_fd, writes
+    the signal number to a pipe that wakes a thread of ours; that thread
+    (or the Python-level handler, whichever comes first) lets waiting
+    completion callbacks write (SETTLE_TIMEOUT_S at most), counts work in
+    flight as lost, restores the default disposition and sends the signal
+    again: the process ends killed by that signal, as without the hook.
+    If the job installs a handler later, it alone decides; if it takes over
+    the wakeup fd (asyncio does), only the Python-level path remains. A
+    thread blocked in C while holding the interpreter lock delays both
+    paths (it would block the job's own handlers too).
     """
 
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: Recorder, signums: tuple) -> None:
         self.rec = rec
+        self.signums = signums
         self.fired = threading.Lock()
         self.rfd = self.wfd = -1
         self.libc_signal: Any = None
@@ -430,25 +468,29 @@ class _TermGuard:
         import signal
 
         try:
-            if (threading.current_thread() is not threading.main_thread()
-                    or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+            if threading.current_thread() is not threading.main_thread():
+                return None
+            signums = tuple(n for n in (getattr(signal, x, None) for x in TERM_SIGNALS)
+                            if n is not None and signal.getsignal(n) is signal.SIG_DFL)
+            if not signums:
                 return None
             import ctypes
 
-            guard = cls(rec)
-            # signal() of libc: the only way back to the default disposition
+            guard = cls(rec, signums)
+            # signal() of libc: the way back to the default disposition
             # from a thread that is not the main thread
             libc = ctypes.CDLL(None, use_errno=True)
             libc.signal.restype = ctypes.c_void_p
             libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
             guard.libc_signal = libc.signal
-            signal.signal(signal.SIGTERM, guard.handler)
+            for n in signums:
+                signal.signal(n, guard.handler)
             rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             try:
                 old = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
             except (ValueError, OSError):
                 old = None
-            if old is None or old != -1:
+            if old != -1:
                 # someone else's wakeup fd: theirs stays, only the Python path
                 if old is not None:
                     signal.set_wakeup_fd(old)
@@ -456,21 +498,20 @@ class _TermGuard:
                 os.close(wfd)
             else:
                 guard.rfd, guard.wfd = rfd, wfd
-                threading.Thread(target=guard._watch, name="slurmguard-sigterm",
+                threading.Thread(target=guard._watch, name="slurmguard-signals",
                                  daemon=True).start()
             return guard
         except Exception as exc:  # pragma: no cover - defensive
-            _warn(f"no record settle on SIGTERM: {exc!r}")
+            _warn(f"no record settle on signals: {exc!r}")
             return None
 
-    def _ours(self) -> bool:
+    def _ours(self, signum: int) -> bool:
         import signal
 
-        return signal.getsignal(signal.SIGTERM) == self.handler
+        return signal.getsignal(signum) == self.handler
 
     def _watch(self) -> None:
         import select
-        import signal
 
         while True:
             try:
@@ -482,17 +523,18 @@ class _TermGuard:
                 return
             if not data:
                 return
-            if signal.SIGTERM in data and self._ours():
-                self.fire(main=False)
+            for signum in self.signums:
+                if signum in data and self._ours(signum):
+                    self.fire(signum, main=False)
 
     def handler(self, signum: int, frame: Any) -> None:
-        self.fire(main=True)
+        self.fire(signum, main=True)
 
-    def fire(self, main: bool) -> None:
+    def fire(self, signum: int, main: bool) -> None:
         import signal
 
         if not self.fired.acquire(blocking=False):
-            if main:  # the watcher is on it: wait for it to end the process
+            if main:  # the watcher is on it: it ends the process
                 time.sleep(SETTLE_TIMEOUT_S + 1.0)
             return
         try:
@@ -502,20 +544,21 @@ class _TermGuard:
             pass
         try:
             if main:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signum, signal.SIG_DFL)
             else:
-                self.libc_signal(signal.SIGTERM, signal.SIG_DFL.value)
+                self.libc_signal(signum, signal.SIG_DFL.value)
         finally:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
 
     def forked(self) -> None:
-        """In a forked child (DataLoader workers): SIGTERM kills it as it
-        would without the hook, and its signals never wake the parent."""
+        """In a forked child (DataLoader workers): signals act on it as they
+        would without the hook, and never wake the parent's watcher."""
         import signal
 
         try:
-            if self._ours():
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            for signum in self.signums:
+                if self._ours(signum):
+                    signal.signal(signum, signal.SIG_DFL)
             if self.wfd >= 0:
                 current = signal.set_wakeup_fd(-1)
                 if current != self.wfd:
@@ -524,6 +567,10 @@ class _TermGuard:
                 os.close(self.wfd)
         except Exception:
             pass
+
+
+def _group_name(pg_obj: Any) -> str:
+    return _c10d().pg(pg_obj).group_name
 
 
 def _env_int(env: dict[str, str], names: tuple, default: int) -> int:
@@ -653,7 +700,27 @@ def patch(env: dict[str, str] | None = None) -> bool:
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=rec.forked)
         _wrap_destroy(rec)
+        _wrap_os_exit(rec)
     return True
+
+
+def _wrap_os_exit(rec: Recorder) -> None:
+    """os._exit skips atexit: let finished work's callbacks write first."""
+    real = os._exit
+    if getattr(real, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(real)
+    def _exit(status: int) -> None:  # type: ignore[misc]
+        try:
+            if rec.enabled and rec._pending:
+                rec.settle()
+                rec.give_up()
+        except BaseException:
+            pass
+        real(status)
+
+    os._exit = _exit  # type: ignore[assignment]
 
 
 def _wrap_destroy(rec: Recorder) -> None:
