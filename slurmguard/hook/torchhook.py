@@ -362,7 +362,7 @@ class Recorder:
                 pass
 
     def wait_for(self, group_name: str | None) -> None:
-        """Sleep until no call of group_name (None: of any group) awaits
+        """Sleep until no CPU call of group_name (None: of any group) awaits
         its completion callback."""
         pause = 0.0005
         while True:
@@ -417,9 +417,11 @@ class _Pending:
             return False
 
     def of_group(self, group_name: str | None) -> bool:
-        """Still pending, for a call on group_name (None: any group)."""
+        """Still pending, a call on CPU tensors (gloo's, whose destroy joins
+        the workers that run the callbacks; NCCL's destroy aborts instead)
+        of group_name (None: any group)."""
         ctx = self.ctx
-        if ctx is None:
+        if ctx is None or ctx[3] != "cpu":
             return False
         if group_name is None:
             return True
