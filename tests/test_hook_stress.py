@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from slurmguard.hook import exits, ring
-from tests.test_hook_cluster import free_port, guard  # noqa: F401  (fixture)
+from tests.test_hook_cluster import guard  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -48,8 +48,12 @@ def batch_script(python: str, job: Path, shape: str, ending: str) -> str:
     # gives them) and keeps it, so the job's state is the tasks' as well
     task = (f"RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS {python} {job} {shape} {ending}; "
             "s=$?; echo \"EXIT $SLURM_PROCID $s\"; exit $s")
+    # the port is picked when the job starts, not at submission: with all jobs
+    # queued at once, a port free then may be taken by the time a job runs
+    port = f"{python} -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); " \
+           "print(s.getsockname()[1])'"
     return ("#!/bin/bash\n"
-            f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}\n"
+            f"export MASTER_ADDR=127.0.0.1 MASTER_PORT=$({port})\n"
             f"srun --label bash -c '{task}'\n")
 
 
@@ -80,18 +84,28 @@ def raced(task: dict) -> bool:
     return task["exit"] == 128 + 6 and any(exits.ABORT_MESSAGE in x for x in task["lines"])
 
 
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
 def wait_all(cluster, job_ids: list[int], timeout: float) -> dict[int, str]:
+    """Final state of every job, noted as it ends (slurmctld forgets ended
+    jobs after MinJobAge, 300 s on the dev cluster)."""
     deadline = time.monotonic() + timeout
-    ids = ",".join(map(str, job_ids))
+    states: dict[int, str] = {}
     while time.monotonic() < deadline:
-        res = cluster.run(["squeue", "-h", "-j", ids, "-o", "%i"], timeout=30)
-        if res.returncode == 0 and not res.stdout.strip():
-            break
+        res = cluster.run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, job_ids)),
+                           "-o", "%i %T"], timeout=30)
+        for line in res.stdout.splitlines() if res.returncode == 0 else ():
+            jid, _, state = line.strip().partition(" ")
+            if state in FINAL:
+                states[int(jid)] = state
+        if len(states) == len(job_ids):
+            return states
         time.sleep(2)
-    else:
-        cluster.run(["scancel", *map(str, job_ids)])
-        pytest.fail(f"stress jobs still running after {timeout:g} s")
-    return {j: cluster.job_state(j) for j in job_ids}
+    cluster.run(["scancel", *map(str, job_ids)])
+    pytest.fail(f"stress jobs still running after {timeout:g} s: "
+                f"{sorted(set(job_ids) - set(states))[:10]}")
 
 
 # the suite's 600 s per-test guard is for hangs; this test's 75 jobs need

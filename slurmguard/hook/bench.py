@@ -297,13 +297,19 @@ TORCH_CALLS = textwrap.dedent('''
             [(c1 - c0) / n * 1e6, (p1 - p0) / n * 1e6, (w1 - w0) / n * 1e6])
     hook.patch()
     hook._state["recorder"].settle()
-    dist.barrier()
     if rank == 0:
         print("CALLS", json.dumps(out), flush=True)
+    # barrier, destroy (the hook writes its last records), then leave without
+    # interpreter finalisation: gloo's upstream exit race must not fail the run
+    from slurmguard.workloads.teardown import finish
+    if rank != 0:
+        finish(0)
+    dist.barrier()
     dist.destroy_process_group()
-    for p in peers:
-        if p.wait() != 0:
-            sys.exit(f"rank {p.args} failed")
+    failed = [p.args for p in peers if p.wait() != 0]
+    if failed:
+        print(f"ranks {failed} failed", file=sys.stderr)
+    finish(1 if failed else 0)
 ''')
 
 
