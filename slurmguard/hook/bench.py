@@ -13,8 +13,8 @@
    on, ...), so both sides see the same machine. Added per call = median
    over neighbouring on/off block pairs of the difference, on the calling
    thread's CPU time (the headline: the hook's own work on the caller's
-   path), the process's CPU time (adds the completion callbacks and the
-   drain thread) and wall time.
+   path), the process's CPU time (adds the completion callbacks, which
+   describe and write the records) and wall time.
 3. Step time of a guarded job against the same job unguarded on the local
    cluster: slurmguard.devcluster.train (DDP over 2 nodes, gloo) with its
    accelerator compute modelled as a sleep (--compute-ms), so its step
