@@ -331,8 +331,9 @@ def fisher_greater(guarded_aborts: int, guarded_runs: int, plain_aborts: int,
 # Each child leaves through sys.exit and interpreter finalisation, as a
 # job script does; the parent moves a guarded run's rings aside.
 FORKED_RUNS = textwrap.dedent('''
-    import json, os, runpy, socket, sys
+    import json, os, runpy, signal, socket, sys, time
     job, shape, ending, runs, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    hang_s = float(sys.argv[6])
     # what the job imports, before forking, so the children start warm
     import torch, torch.distributed, torch.nn.parallel, torch._dynamo, torch.utils.data
     main = runpy.run_path(job, run_name="sg_exit_job")["main"]
@@ -354,7 +355,24 @@ FORKED_RUNS = textwrap.dedent('''
                 main(shape, ending)
                 sys.exit(0)
             pids.append(pid)
-        status = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        status = []
+        for rank, p in enumerate(pids):
+            # a rank that hangs in gloo's teardown (seen without the hook
+            # too) is killed after hang_s and reported, not waited for
+            deadline = time.monotonic() + hang_s
+            while True:
+                done, st = os.waitpid(p, os.WNOHANG)
+                if done:
+                    status.append(os.waitstatus_to_exitcode(st))
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(p, signal.SIGKILL)
+                    os.waitpid(p, 0)
+                    with open(os.path.join(out, f"{i}-{rank}.log"), "a") as f:
+                        f.write(f"\\n(hung: killed after {hang_s:g} s)\\n")
+                    status.append(-signal.SIGKILL)
+                    break
+                time.sleep(0.05)
         if ring_dir:
             keep = os.path.join(out, f"rings-{i}")
             os.mkdir(keep)
@@ -365,9 +383,10 @@ FORKED_RUNS = textwrap.dedent('''
 
 
 def forked_runs(directory: Path, shape: str, ending: str, runs: int, site: Path,
-                timeout: float = 3600) -> dict[str, list[RunOutcome]]:
+                timeout: float = 3600, hang_s: float = 300) -> dict[str, list[RunOutcome]]:
     """`runs` guarded and `runs` unguarded runs of (shape, ending), the two
-    sides in two parent processes running at the same time."""
+    sides in two parent processes running at the same time; a rank still
+    running hang_s seconds after its run began is killed (and reported)."""
     from slurmguard.hook import ring
 
     directory = Path(directory)
@@ -384,7 +403,8 @@ def forked_runs(directory: Path, shape: str, ending: str, runs: int, site: Path,
             extra.update(SLURMGUARD_RING_DIR=str(out / "rings"), SLURMGUARD_JOB_ID="1",
                          SLURMGUARD_STEP_ID="0", SLURMGUARD_RING_RECORDS="1024")
         procs[side] = subprocess.Popen(
-            [sys.executable, str(driver), str(job), shape, ending, str(runs), str(out)],
+            [sys.executable, str(driver), str(job), shape, ending, str(runs), str(out),
+             str(hang_s)],
             env=clean_env(extra), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             cwd=str(directory))
     results: dict[str, list[RunOutcome]] = {}
