@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from slurmguard.hook.bench import CallCost, StepCost, TorchCallCost, report
+from slurmguard.hook.bench import CallCost, ExitRace, StepCost, TorchCallCost, report
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,7 @@ def test_bench_hook_small_run(spank_build):
     # recorded: the 200 warm-up calls and the 2 hooked blocks of 10 + 100
     # calls; the blocks with the hook removed leave no records
     assert torch_["records"] == 200 + 2 * 110
+    assert torch_["lost"] == 0  # every hooked call's record is in the ring
     assert "step" not in out
 
 
@@ -61,3 +62,29 @@ def test_report_lines():
     assert "overhead +0.50% (95% interval -0.10% .. +0.90%; meets target < 1%)" in text
     assert "per pair: +1.00%, +0.00%, +0.00%" in text
     assert "2.0 collective(s) x 30.0 us = 60.0 us = 0.075% of a step" in text
+
+
+def test_report_exit_race_and_lost_records():
+    t = TorchCallCost(ranks=2, calls=100, blocks=8, thread_us={"plain": 15.0, "hooked": 45.0},
+                      process_us={"plain": 20.0, "hooked": 60.0},
+                      wall_us={"plain": 30.0, "hooked": 80.0}, records=400, lost=2)
+    e = ExitRace(runs=100, shape="ddp", ending="destroy",
+                 aborts={"guarded": 3, "unguarded": 5}, failures={"guarded": 0, "unguarded": 1},
+                 lost=0, p_value=0.86, examples=["unguarded run 7: rank 1: exit status 1"])
+    text = report(None, t, None, e)
+    assert "(400 allreduce records in rank 0's ring, 2 lost)" in text
+    assert ("aborted at finalisation (pytorch issue 190489): guarded 3/100 (3.0%), "
+            "unguarded 5/100 (5.0%)") in text
+    assert "p = 0.860, no evidence that the hook raises it" in text
+    assert "other failures: guarded 0, unguarded 1; guarded rings: 0 records lost" in text
+    assert "  unguarded run 7: rank 1: exit status 1" in text
+    e.aborts, e.p_value = {"guarded": 20, "unguarded": 2}, 0.0001
+    assert "the hook RAISES it" in report(None, None, None, e)
+
+
+def test_fisher_one_sided():
+    from slurmguard.hook.exits import fisher_greater
+
+    assert fisher_greater(2, 100, 1, 100) > 0.4  # the issue's 2/10 vs 1/10 scale: no evidence
+    assert fisher_greater(20, 100, 2, 100) < 0.001
+    assert fisher_greater(0, 100, 10, 100) == 1.0

@@ -23,9 +23,10 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     ap = argparse.ArgumentParser(prog="slurmguard.devcluster.train")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--work", type=int, default=2, help="real matmuls (64x256 @ 256x256) per iteration")
@@ -121,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     dist.barrier()
     if rank == 0:
         (args.ckpt / "done").write_text(json.dumps({"iters": args.iters, "node": node, "job": job}))
-    dist.destroy_process_group()
     print(f"rank {rank} on {node}: finished {args.iters} iterations", flush=True)
-    return 0
+    if log is not None:
+        log.close()
+    # the work is done and recorded: leave without interpreter finalisation,
+    # where gloo's threads can abort the process (pytorch issue 190489)
+    from slurmguard.workloads.teardown import finish
+
+    finish(0)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@
    on, ...), so both sides see the same machine. Added per call = median
    over neighbouring on/off block pairs of the difference, on the calling
    thread's CPU time (the headline: the hook's own work on the caller's
-   path), the process's CPU time (adds the completion callbacks and the
-   drain thread) and wall time.
+   path), the process's CPU time (adds the completion callbacks, which
+   describe and write the records) and wall time.
 3. Step time of a guarded job against the same job unguarded on the local
    cluster: slurmguard.devcluster.train (DDP over 2 nodes, gloo) with its
    accelerator compute modelled as a sleep (--compute-ms), so its step
@@ -36,6 +36,18 @@
    pooled, with a bootstrap 95% interval over steps. Target: under 1%.
    The report also derives the hook's cost per step from (2): collectives
    per step x added time per collective.
+4. Exit race (--exit-runs N): N guarded and N unguarded runs of a short
+   2-rank gloo job (slurmguard.hook.exits, DDP, destroy_process_group and
+   normal exit through interpreter finalisation); each side's ranks are
+   forked from one parent that imported torch once, both sides at the
+   same time so both see the same machine. It counts runs that abort at interpreter
+   finalisation (gloo's upstream race, pytorch issue 190489), other
+   failures, and records missing from or counted lost in the rings, and
+   tests (Fisher's exact, one-sided) whether guarded runs abort more often.
+
+Every part reports the lost-record count of the rings it ran (records a
+rank completed that its ring misses or counts as lost) and every job that
+aborted, beside its timings.
 """
 
 from __future__ import annotations
@@ -133,6 +145,7 @@ class TorchCallCost:
     process_us: dict
     wall_us: dict
     records: int = 0  # allreduce records in rank 0's ring afterwards
+    lost: int = 0  # rank 0's ring: counted lost plus hooked calls it misses
     # clock -> [median, lower quartile, upper quartile] of hooked minus plain
     # over neighbouring block pairs (the blocks go on, off, off, on, ...);
     # empty: difference of the medians
@@ -176,6 +189,7 @@ class StepCost:
     unguarded_runs_ms: list = field(default_factory=list)
     steps_used: int = 0  # per side, all pairs
     ci_pct: tuple = (0.0, 0.0)  # bootstrap 95% interval of overhead_pct
+    lost: int = 0  # guarded jobs' rings: records counted lost, all ranks
 
     @property
     def overhead_pct(self) -> float:
@@ -186,6 +200,58 @@ class StepCost:
     @property
     def pair_overheads_pct(self) -> list:
         return [100.0 * (g / u - 1.0) for g, u in zip(self.guarded_runs_ms, self.unguarded_runs_ms)]
+
+
+@dataclass
+class ExitRace:
+    """Outcomes of `runs` guarded and `runs` unguarded short 2-rank jobs
+    (one ending): aborts at finalisation, other failures, lost records,
+    and the one-sided Fisher p-value that guarded runs abort more often."""
+
+    runs: int
+    shape: str
+    ending: str
+    aborts: dict  # "guarded"/"unguarded" -> runs with a rank aborted by the race
+    failures: dict  # runs that ended otherwise than the ending says (race aside)
+    lost: int  # guarded: completed collectives missing from or counted lost in rings
+    p_value: float = 1.0
+    examples: list = field(default_factory=list)  # first few failure descriptions
+
+
+def measure_exit_race(runs: int, shape: str = "ddp", ending: str = "destroy",
+                      timeout: float = 7200) -> ExitRace:
+    """Run the exit scenario `runs` times guarded and `runs` times not; each
+    side's runs are forked from one warm parent, both sides at once."""
+    from slurmguard.hook import exits
+
+    tmp = Path(tempfile.mkdtemp(prefix="sg-bench-exit-"))
+    try:
+        results = exits.forked_runs(tmp, shape, ending, runs, SITE, timeout=timeout)
+        aborts, failures, lost, examples = {}, {}, 0, []
+        for side, outcomes in results.items():
+            aborts[side] = sum(o.aborted for o in outcomes)
+            failures[side] = 0
+            for i, o in enumerate(outcomes):
+                if o.guarded:
+                    for rank in range(2):
+                        want = exits.expected_counts(shape, ending, rank)
+                        got = o.counts.get(rank, {})
+                        lost += sum(max(0, n - got.get(op, 0)) for op, n in want.items())
+                        lost += o.lost.get(rank, 0)
+                problems = o.problems()
+                if problems:
+                    failures[side] += 1
+                    if len(examples) < 3:
+                        examples.append(f"{side} run {i}: {problems[0][:300]}")
+        n = {side: len(outcomes) for side, outcomes in results.items()}
+        if n["guarded"] != runs or n["unguarded"] != runs:
+            raise SlurmguardError(f"exit-race runs ended early: {n}")
+        return ExitRace(runs=runs, shape=shape, ending=ending, aborts=aborts, failures=failures,
+                        lost=lost, examples=examples,
+                        p_value=exits.fisher_greater(aborts["guarded"], runs,
+                                                     aborts["unguarded"], runs))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def build(runner: CommandRunner) -> None:
@@ -302,14 +368,20 @@ TORCH_CALLS = textwrap.dedent('''
         out["hooked" if on else "plain"].append(
             [(c1 - c0) / n * 1e6, (p1 - p0) / n * 1e6, (w1 - w0) / n * 1e6])
     hook.patch()
-    hook._state["recorder"].drain()
-    dist.barrier()
+    hook._state["recorder"].settle()
     if rank == 0:
         print("CALLS", json.dumps(out), flush=True)
+    # barrier, destroy (the hook writes its last records), then leave without
+    # interpreter finalisation: gloo's upstream exit race must not fail the run
+    from slurmguard.workloads.teardown import finish
+    if rank != 0:
+        finish(0)
+    dist.barrier()
     dist.destroy_process_group()
-    for p in peers:
-        if p.wait() != 0:
-            sys.exit(f"rank {p.args} failed")
+    failed = [p.args for p in peers if p.wait() != 0]
+    if failed:
+        print(f"ranks {failed} failed", file=sys.stderr)
+    finish(1 if failed else 0)
 ''')
 
 
@@ -341,6 +413,10 @@ def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
         data = json.loads(m.group(1))
         with ringfmt.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
             records = sum(1 for x in r.read().records if x.op_name == "allreduce")
+            counted_lost = r.refresh_header().overwritten
+        # hooked: 200 warm-up calls, then per hooked block 10 + calls
+        hooked_blocks = sum(1 for b in range(blocks) if b % 4 in (0, 3))
+        missing = max(0, 200 + hooked_blocks * (10 + calls) - records)
         clocks = ("thread", "process", "wall")
         med = {clock: {side: statistics.median(b[i] for b in data[side]) for side in data}
                for i, clock in enumerate(clocks)}
@@ -352,7 +428,7 @@ def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
             paired[clock] = [statistics.median(d), q[0], q[2]]
         return TorchCallCost(ranks=ranks, calls=calls, blocks=blocks, thread_us=med["thread"],
                              process_us=med["process"], wall_us=med["wall"], records=records,
-                             paired_us=paired)
+                             lost=counted_lost + missing, paired_us=paired)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -398,6 +474,7 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
     try:
         runs: dict[bool, list[list[float]]] = {True: [], False: []}
         per_step: list[float] = []
+        lost = 0
         for p in range(pairs):
             sets = [",".join(nodes[0:2]), ",".join(nodes[2:4])]
             if p % 2:
@@ -429,10 +506,13 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                     raise SlurmguardError(f"bench job {jid} ended {state}: {text[-500:]}")
                 steps[guarded] = _window_steps(log, warmup)
                 if guarded:
-                    with ringfmt.RingReader(os.path.join(ring_root, str(jid),
-                                                         "rank-0.step-0.torch.ring")) as r:
-                        n = sum(1 for x in r.read().records if x.op_name == "allreduce")
-                    per_step.append(n / iters)
+                    for rank in (0, 1):
+                        with ringfmt.RingReader(os.path.join(ring_root, str(jid),
+                                                             f"rank-{rank}.step-0.torch.ring")) as r:
+                            n = sum(1 for x in r.read().records if x.op_name == "allreduce")
+                            lost += r.refresh_header().overwritten
+                        if rank == 0:
+                            per_step.append(n / iters)
             # the steps both jobs ran at the same time: each step ends at t
             # and began step_ms earlier
             lo = max(steps[g][0][0] - steps[g][0][1] / 1e3 for g in steps)
@@ -452,7 +532,7 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                         guarded_runs_ms=[statistics.median(r) for r in runs[True]],
                         unguarded_runs_ms=[statistics.median(r) for r in runs[False]],
                         steps_used=min(len(pooled[True]), len(pooled[False])),
-                        ci_pct=_bootstrap_ci(pooled[True], pooled[False]))
+                        ci_pct=_bootstrap_ci(pooled[True], pooled[False]), lost=lost)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -500,7 +580,7 @@ class _GuardedCluster:
 
 
 def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
-           g: GpuCallCost | None = None) -> str:
+           g: GpuCallCost | None = None, e: ExitRace | None = None) -> str:
     lines = []
     if c is not None:
         ok = "meets" if c.added_ns <= NCCL_TARGET_NS else "MISSES"
@@ -554,7 +634,8 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
             lines.append(f"  {label:<18} {t.thread_us[side]:10.1f} {t.process_us[side]:13.1f} "
                          f"{t.wall_us[side]:8.1f}")
         lines.append(f"  added per call *   {t.added('thread'):+10.1f} {t.added('process'):+13.1f} "
-                     f"{t.added('wall'):+8.1f}   ({t.records} allreduce records in rank 0's ring)")
+                     f"{t.added('wall'):+8.1f}   ({t.records} allreduce records in rank 0's ring, "
+                     f"{t.lost} lost)")
         if t.paired_us:
             iqr = "   ".join(f"{clock} {t.paired_us[clock][1]:+.1f} .. {t.paired_us[clock][2]:+.1f}"
                            for clock in ("thread", "process", "wall"))
@@ -576,6 +657,7 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
             f"  per pair: {', '.join(f'{x:+.2f}%' for x in s.pair_overheads_pct)}",
             f"  per-job medians: unguarded {', '.join(f'{x:.2f}' for x in s.unguarded_runs_ms)} ms; "
             f"guarded {', '.join(f'{x:.2f}' for x in s.guarded_runs_ms)} ms",
+            f"  jobs: {2 * s.pairs} completed, 0 aborted; guarded rings: {s.lost} records lost",
         ]
         if t is not None:
             derived = s.collectives_per_step * max(t.added_us, 0.0) / 1e3
@@ -583,6 +665,21 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
                 f"  hook cost per step from the per-call figure: {s.collectives_per_step:.1f} "
                 f"collective(s) x {max(t.added_us, 0):.1f} us = {derived * 1e3:.1f} us "
                 f"= {100 * derived / s.unguarded_ms:.3f}% of a step")
+    if e is not None:
+        g, u = e.aborts["guarded"], e.aborts["unguarded"]
+        verdict = ("no evidence that the hook raises it" if e.p_value >= 0.05
+                   else "the hook RAISES it")
+        lines += [
+            f"Exit race ({e.runs} guarded and {e.runs} unguarded 2-rank gloo jobs on 127.0.0.1, "
+            f"{e.shape}, ending '{e.ending}'; ranks forked from a warm parent per side, sides "
+            f"side by side):",
+            f"  aborted at finalisation (pytorch issue 190489): guarded {g}/{e.runs} "
+            f"({100 * g / e.runs:.1f}%), unguarded {u}/{e.runs} ({100 * u / e.runs:.1f}%); "
+            f"Fisher's exact test, one-sided (guarded > unguarded): p = {e.p_value:.3f}, {verdict}",
+            f"  other failures: guarded {e.failures['guarded']}, unguarded "
+            f"{e.failures['unguarded']}; guarded rings: {e.lost} records lost",
+        ]
+        lines += [f"  {x}" for x in e.examples]
     return "\n".join(lines)
 
 
@@ -610,11 +707,13 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
               help="Also measure step time on the local cluster (needs root).")
 @click.option("--devcluster-dir", default=None,
               help="Use this running devcluster instead of starting a temporary one.")
+@click.option("--exit-runs", default=0, show_default=True, type=click.IntRange(0, 10000),
+              help="Guarded and unguarded runs each of the exit-race part (0: skip).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst: int,
                torch_calls: int, torch_blocks: int,
                torch_ranks: int, steps: int, compute_ms: float, pairs: int, cluster: bool,
-               devcluster_dir: str | None, as_json: bool) -> None:
+               devcluster_dir: str | None, exit_runs: int, as_json: bool) -> None:
     """Per-call cost of the NCCL and torch hooks and guarded step-time overhead."""
     if steps < 20 or pairs < 1 or torch_calls < 1 or torch_blocks < 2:
         raise SlurmguardError("--steps must be at least 20, --pairs and --torch-calls at least 1, "
@@ -631,9 +730,10 @@ def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst:
         if os.geteuid() != 0:
             raise SlurmguardError("the step-time benchmark starts slurmd, which needs root; "
                                   "run as root or pass --no-cluster")
-        with _GuardedCluster(devcluster_dir) as g:
-            s = measure_step_time(g.cluster, os.path.join(g.ring_root, "rings"), steps, pairs,
+        with _GuardedCluster(devcluster_dir) as gc:
+            s = measure_step_time(gc.cluster, os.path.join(gc.ring_root, "rings"), steps, pairs,
                                   compute_ms)
+    e = measure_exit_race(exit_runs) if exit_runs else None
     if as_json:
         out = {"nccl": dict(asdict(c), added_cpu_ns={k: c.added(k) for k in SETUPS[1:]},
                             added_wall_ns={k: c.added(k, wall=True) for k in SETUPS[1:]},
@@ -647,6 +747,8 @@ def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst:
         if s is not None:
             out["step"] = dict(asdict(s), overhead_pct=s.overhead_pct,
                                pair_overheads_pct=s.pair_overheads_pct, target_pct=STEP_TARGET_PCT)
+        if e is not None:
+            out["exit"] = asdict(e)
         click.echo(json.dumps(out, indent=2))
     else:
-        click.echo(report(c, t, s, g))
+        click.echo(report(c, t, s, g, e))

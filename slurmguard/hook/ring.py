@@ -604,6 +604,7 @@ class RingWriter:
             os.close(fd)
         self._lock = threading.Lock()
         self._n = 0
+        self._given_up = 0  # records the writer could not write (count_lost)
         mono = time.monotonic_ns()
         real = time.time_ns()
         mono2 = time.monotonic_ns()
@@ -647,8 +648,17 @@ class RingWriter:
                            datatype, redop, flags, status)
             _U64.pack_into(mm, off, n + 1)  # committed
             if n >= self.capacity:
-                _U64.pack_into(mm, _HDR["overwritten"][0], n + 1 - self.capacity)
+                _U64.pack_into(mm, _HDR["overwritten"][0], n + 1 - self.capacity + self._given_up)
         return n
+
+    def count_lost(self, n: int = 1) -> None:
+        """Count n records the writer could not write (work still in flight
+        when the process ended, calls missed after an internal error) in
+        the header's lost-record counter, beside those lost to overwrite."""
+        with self._lock:
+            self._given_up += n
+            _U64.pack_into(self._mm, _HDR["overwritten"][0],
+                           max(0, self._n - self.capacity) + self._given_up)
 
     def hold_requested(self) -> bool:
         return bool(_U32.unpack_from(self._mm, _HDR["control"][0])[0] & CTL_HOLD)

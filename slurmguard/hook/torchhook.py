@@ -14,14 +14,15 @@ run before the backend kernels and where c10d has none of its own): it
 notes the start time, redispatches to the real kernel below autograd with
 the same arguments, and returns its result unchanged. Work with a future
 (all gloo collectives) gets its end time from a done-callback on that
-future and the ASYNC flag. That callback runs on the completing thread
-ahead of the job's own continuations, so it only takes a timestamp and
-queues the call; a daemon thread writes the queued records every
-DRAIN_INTERVAL_S (and at exit). The callback needs the interpreter lock,
-so the end can lag the real completion when the lock is busy; records
-appear in completion order, up to DRAIN_INTERVAL_S late. start_ns is
-exact, which is what period detection uses. Work without a future (gloo
-p2p) ends when the call returns and is written at once. Tensors created
+future and the ASYNC flag: the callback, on the thread that completes the
+work, describes the call (group, sizes, reduce op), writes its record into
+the ring at once and drops every reference to the call's arguments and
+future. Work without a future (gloo p2p) ends when the call returns and is
+written then. The ring is shared memory, so a record once written outlives
+whatever ends the process afterwards (os._exit, SIGTERM, SIGKILL). Records
+appear in completion order; the callback needs the interpreter lock, so
+the end can lag the real completion when the lock is busy. start_ns is
+exact, which is what period detection uses. Tensors created
 under torch.inference_mode() carry no autograd keys and are not seen (those
 calls run normally, untimed).
 
@@ -32,8 +33,24 @@ the dispatcher's round trip through Python (arguments boxed into Python
 objects and back; any Python kernel pays it), about 30% the done-callback
 (a Python callable on a C++ future: wrapping it, then the interpreter lock
 and a thread state on the completing thread), and the rest the start time,
-the hold check, the future and the queueing. Per training step that is
-collectives per step x this, against steps of tens of milliseconds or more.
+the hold check and the future. Describing and writing the record in the
+callback adds about 10 us on the completing thread. Per training step
+that is collectives per step x this, against steps of tens of milliseconds
+or more.
+
+How a job ends stays the job's business: the hook never exits a process
+itself and never changes how one ends; it adds bounded waits at the end,
+so that completion callbacks still waiting for the interpreter lock write
+their records (at most SETTLE_TIMEOUT_S, usually microseconds): before and
+after destroy_process_group, at interpreter exit, in os._exit, and on the
+terminating signals Slurm sends (TERM_SIGNALS, where they have their
+default disposition; _TermGuard re-raises them so the process still dies of
+the signal). Work still in flight once the last process group is gone or
+the process ends is counted as lost in the ring header (its ``overwritten``
+field counts every record the ring lost) and its arguments are released;
+so is every call missed after recording failed. A record is therefore in
+the ring or counted, never silently absent, except on SIGKILL within the
+microseconds between a collective's completion and its callback.
 
 NCCL-backed calls are left to the C hook when it is loaded in the process
 (SLURMGUARD_NCCL_HOOK mapped), so nothing is recorded twice.
@@ -46,7 +63,7 @@ stderr and stops recording, while calls keep going to the real kernels.
 from __future__ import annotations
 
 import atexit
-import collections
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -63,12 +80,13 @@ else:  # loaded by sitecustomize.py under a private name, ring.py likewise
 
 _monotonic_ns = time.monotonic_ns
 
-#: how often the drain thread writes records of completed async work (s)
-DRAIN_INTERVAL_S = 0.2
-#: records the drain thread writes before it lets other threads have the
-#: interpreter lock (about 10 us each): a job's thread that wants the lock
-#: meanwhile waits for at most one batch, not for up to sys.getswitchinterval()
-DRAIN_BATCH = 64
+#: longest the hook waits, at destroy_process_group and at interpreter exit,
+#: for completion callbacks of finished work to write their records (s);
+#: they normally need microseconds (the interpreter lock, then one record)
+SETTLE_TIMEOUT_S = 1.0
+#: signals whose default disposition ends the process and that Slurm sends
+#: to a job's tasks (scancel, time limit, --signal); see _TermGuard
+TERM_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
 
 # c10d operator -> (sg op, index of the process group, index of the count
 # tensor(s), how to count, index of peer/root or None, index of the
@@ -128,8 +146,10 @@ class Recorder:
         self.enabled = True
         self.writer: _ring.RingWriter | None = None
         self._init_lock = threading.Lock()
-        self._done: collections.deque = collections.deque()  # (ctx, end_ns) to write
-        self._drainer: threading.Thread | None = None
+        # completion callbacks of work in flight (_Pending); set.add and
+        # set.discard are atomic under the interpreter lock
+        self._pending: set = set()
+        self._term: _TermGuard | None = None
         self._groups: dict[tuple, tuple] = {}  # (group name, device) -> (comm_id, skip)
         self._announced: set = set()
 
@@ -160,23 +180,28 @@ class Recorder:
         name = _ring.ring_file_name(rank, step, "torch")
         path = os.path.join(directory, name)
         try:
-            return _ring.RingWriter(path, **meta)
+            writer = _ring.RingWriter(path, **meta)
         except FileExistsError:
             path = os.path.join(directory, name[:-len(".ring")] + f".pid-{os.getpid()}.ring")
             try:
-                return _ring.RingWriter(path, **meta)
+                writer = _ring.RingWriter(path, **meta)
             except OSError as exc:
                 return self._fail(f"cannot create {path}: {exc.strerror}")
         except OSError as exc:
             return self._fail(f"cannot create {path}: {exc.strerror}")
+        atexit.register(self.at_exit)
+        self._term = _TermGuard.install(self)
+        return writer
 
     def forked(self) -> None:
         """In a forked child: never write into the parent's ring (its lock
         stayed in the parent); a child that runs collectives gets its own."""
         self.writer = None
         self._init_lock = threading.Lock()
-        self._done = collections.deque()
-        self._drainer = None
+        self._pending = set()  # the parent's work completes in the parent
+        if self._term is not None:
+            self._term.forked()
+            self._term = None
         self._groups = {}
         self._announced = set()
 
@@ -184,6 +209,16 @@ class Recorder:
         if self.enabled:
             self.enabled = False
             _warn(msg)
+            self.give_up()
+
+    def missed(self, n: int = 1) -> None:
+        """Count n calls that recording failed to write as lost."""
+        w = self.writer
+        if w is not None:
+            try:
+                w.count_lost(n)
+            except Exception:
+                pass
 
     def _group(self, pg_obj: Any, device_type: str, first_use_ns: int = 0) -> tuple:
         """(comm_id, skip) of a process group; the first sight of a group
@@ -238,45 +273,103 @@ class Recorder:
             except Exception:
                 fut = None  # e.g. gloo p2p work has no future: end = return
             if fut is not None:
-                done = self._done
-                # Runs on the thread that completes the work (a future that
-                # is already done runs it here, at once), ahead of the job's
-                # own continuations: only a timestamp and a deque append;
-                # the drain thread writes the record.
-                fut.add_done_callback(lambda _f, ctx=ctx: done.append((ctx, _monotonic_ns())))
-                if self._drainer is None:
-                    self._start_drain()
+                p = _Pending(self, ctx, fut)
+                self._pending.add(p)
+                fut.add_done_callback(p)  # a future already done runs it here
                 return
         self._emit(ctx, _monotonic_ns(), error, False)
 
-    def _start_drain(self) -> None:
-        if self._drainer is not None:
-            return
-        with self._init_lock:
-            if self._drainer is None:
-                t = threading.Thread(target=self._drain_loop, name="slurmguard-ring", daemon=True)
-                self._drainer = t
-                t.start()
-                atexit.register(self.drain)
-
-    def _drain_loop(self) -> None:
-        while self.enabled:
-            time.sleep(DRAIN_INTERVAL_S)
-            self.drain()
-
-    def drain(self) -> None:
-        """Write the records of completed async work (oldest first)."""
-        done = self._done
+    def completed(self, p: _Pending, ctx: tuple, end: int, fut: Any) -> None:
+        """A done-callback: write the record now (the process may end at any
+        moment after the work is done)."""
+        self._pending.discard(p)
         try:
-            n = 0
-            while done:
-                ctx, end = done.popleft()
-                self._emit(ctx, end, False, True)
-                n += 1
-                if n % DRAIN_BATCH == 0:
-                    time.sleep(0)  # releases the lock; returns at once if nobody waits
-        except Exception as exc:  # pragma: no cover - defensive
+            fut.value()
+            error = False
+        except BaseException:
+            error = True  # failed or aborted work: recorded with F_ERROR
+        try:
+            self._emit(ctx, end, error, True)
+        except Exception as exc:
+            self.missed()
             self._fail(f"recording failed: {exc!r}")
+
+    def settle(self, timeout_s: float | None = None) -> int:
+        """Wait until the callbacks of work that is already done have
+        written their records (they wait for the interpreter lock, which
+        sleeping here gives up), at most timeout_s (default
+        SETTLE_TIMEOUT_S). Returns how many calls are still in flight."""
+        deadline = time.monotonic() + (SETTLE_TIMEOUT_S if timeout_s is None else timeout_s)
+        while True:
+            waiting = [p for p in list(self._pending) if p.done()]
+            if not waiting or time.monotonic() >= deadline:
+                return len(self._pending)
+            time.sleep(0.0005)
+
+    def give_up(self) -> int:
+        """Count the calls still in flight as lost and release what they
+        hold (arguments, futures); their callbacks, should they still run,
+        write nothing. Returns the number given up."""
+        n = 0
+        for p in list(self._pending):
+            if p.drop():
+                n += 1
+        self._pending.clear()
+        if n:
+            self.missed(n)
+        return n
+
+    def at_exit(self) -> None:
+        """Interpreter exit: nothing the job completed may be missing."""
+        try:
+            self.settle()
+            self.give_up()
+        except Exception:  # pragma: no cover - defensive
+            pass
+
+    def around_destroy(self, destroy: Callable, *args: Any, **kwargs: Any) -> Any:
+        """destroy_process_group, after the records of the group's finished
+        work are written; once no group is left, whatever is still in
+        flight is counted lost (a job that ends with os._exit right after,
+        as slurmguard.workloads.teardown.finish does, loses nothing unseen).
+
+        Work of the group still in flight is waited for first, with the
+        interpreter lock released: gloo's destructor joins its worker
+        threads while holding that lock, and a worker that finishes such
+        work must run our callback (Python) first, so destroying the group
+        with the callback pending would deadlock. Without the hook the same
+        destroy_process_group blocks until that work ends as well (the
+        worker must finish it before the join returns), so the wait changes
+        nothing but who waits.
+        """
+        try:
+            if self.enabled:
+                group = args[0] if args else kwargs.get("group")
+                self.wait_for(None if group is None else _group_name(group))
+        except Exception:  # pragma: no cover - defensive
+            pass
+        try:
+            return destroy(*args, **kwargs)
+        finally:
+            try:
+                if self.enabled:
+                    self.settle()
+                    import torch.distributed as dist
+
+                    if not dist.is_initialized():
+                        self.give_up()
+            except Exception:  # pragma: no cover - defensive
+                pass
+
+    def wait_for(self, group_name: str | None) -> None:
+        """Sleep until no CPU call of group_name (None: of any group) awaits
+        its completion callback."""
+        pause = 0.0005
+        while True:
+            if not any(p.of_group(group_name) for p in list(self._pending)):
+                return
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
     def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
         w, opname, args, device_type, start = ctx
@@ -294,6 +387,192 @@ class Recorder:
                  datatype=dt,
                  redop=_redop(args[red_i]) if red_i is not None and red_i < len(args) else 0,
                  flags=flags, status=1 if error else 0)
+
+
+class _Pending:
+    """The done-callback of one call's work. It holds the call's arguments
+    and future only until the work completes (or the hook gives it up)."""
+
+    __slots__ = ("rec", "ctx", "fut", "__weakref__")
+
+    def __init__(self, rec: Recorder, ctx: tuple, fut: Any) -> None:
+        self.rec = rec
+        self.ctx = ctx
+        self.fut = fut
+
+    def __call__(self, fut: Any) -> None:
+        # on the thread that completed the work, ahead of the job's own
+        # continuations
+        end = _monotonic_ns()
+        ctx = self.ctx
+        self.ctx = self.fut = None
+        if ctx is not None:
+            self.rec.completed(self, ctx, end, fut)
+
+    def done(self) -> bool:
+        fut = self.fut
+        try:
+            return fut is not None and fut.done()
+        except Exception:
+            return False
+
+    def of_group(self, group_name: str | None) -> bool:
+        """Still pending, a call on CPU tensors (gloo's, whose destroy joins
+        the workers that run the callbacks; NCCL's destroy aborts instead)
+        of group_name (None: any group)."""
+        ctx = self.ctx
+        if ctx is None or ctx[3] != "cpu":
+            return False
+        if group_name is None:
+            return True
+        try:
+            return _group_name(ctx[2][_OPS[ctx[1]][1]]) == group_name
+        except Exception:
+            return True
+
+    def drop(self) -> bool:
+        """Release the call; False if its callback already took it."""
+        had = self.ctx is not None
+        self.ctx = self.fut = None
+        return had
+
+
+class _TermGuard:
+    """Records of finished work before a terminating signal ends the process.
+
+    For the signals Slurm sends to end or warn a job (TERM_SIGNALS) whose
+    disposition is the default (death), installed with the ring. A job's
+    own handler is never replaced (it decides; if it exits, the atexit
+    settle runs). The process must still die of the signal, and at once:
+    Python runs a handler only when the main thread is back in the
+    interpreter, which a rank blocked in a collective may not be for a
+    long time. So Python's C-level handler, through set_wakeup_fd, writes
+    the signal number to a pipe that wakes a thread of ours; that thread
+    (or the Python-level handler, whichever comes first) lets waiting
+    completion callbacks write (SETTLE_TIMEOUT_S at most), counts work in
+    flight as lost, restores the default disposition and sends the signal
+    again: the process ends killed by that signal, as without the hook.
+    If the job installs a handler later, it alone decides; if it takes over
+    the wakeup fd (asyncio does), only the Python-level path remains. A
+    thread blocked in C while holding the interpreter lock delays both
+    paths (it would block the job's own handlers too).
+    """
+
+    def __init__(self, rec: Recorder, signums: tuple) -> None:
+        self.rec = rec
+        self.signums = signums
+        self.fired = threading.Lock()
+        self.rfd = self.wfd = -1
+        self.libc_signal: Any = None
+
+    @classmethod
+    def install(cls, rec: Recorder) -> _TermGuard | None:
+        import signal
+
+        try:
+            if threading.current_thread() is not threading.main_thread():
+                return None
+            signums = tuple(n for n in (getattr(signal, x, None) for x in TERM_SIGNALS)
+                            if n is not None and signal.getsignal(n) is signal.SIG_DFL)
+            if not signums:
+                return None
+            import ctypes
+
+            guard = cls(rec, signums)
+            # signal() of libc: the way back to the default disposition
+            # from a thread that is not the main thread
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+            guard.libc_signal = libc.signal
+            for n in signums:
+                signal.signal(n, guard.handler)
+            rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                old = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+            except (ValueError, OSError):
+                old = None
+            if old != -1:
+                # someone else's wakeup fd: theirs stays, only the Python path
+                if old is not None:
+                    signal.set_wakeup_fd(old)
+                os.close(rfd)
+                os.close(wfd)
+            else:
+                guard.rfd, guard.wfd = rfd, wfd
+                threading.Thread(target=guard._watch, name="slurmguard-signals",
+                                 daemon=True).start()
+            return guard
+        except Exception as exc:  # pragma: no cover - defensive
+            _warn(f"no record settle on signals: {exc!r}")
+            return None
+
+    def _ours(self, signum: int) -> bool:
+        import signal
+
+        return signal.getsignal(signum) == self.handler
+
+    def _watch(self) -> None:
+        import select
+
+        while True:
+            try:
+                select.select([self.rfd], [], [])
+                data = os.read(self.rfd, 512)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in self.signums:
+                if signum in data and self._ours(signum):
+                    self.fire(signum, main=False)
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.fire(signum, main=True)
+
+    def fire(self, signum: int, main: bool) -> None:
+        import signal
+
+        if not self.fired.acquire(blocking=False):
+            if main:  # the watcher is on it: it ends the process
+                time.sleep(SETTLE_TIMEOUT_S + 1.0)
+            return
+        try:
+            self.rec.settle()
+            self.rec.give_up()
+        except Exception:  # pragma: no cover - defensive
+            pass
+        try:
+            if main:
+                signal.signal(signum, signal.SIG_DFL)
+            else:
+                self.libc_signal(signum, signal.SIG_DFL.value)
+        finally:
+            os.kill(os.getpid(), signum)
+
+    def forked(self) -> None:
+        """In a forked child (DataLoader workers): signals act on it as they
+        would without the hook, and never wake the parent's watcher."""
+        import signal
+
+        try:
+            for signum in self.signums:
+                if self._ours(signum):
+                    signal.signal(signum, signal.SIG_DFL)
+            if self.wfd >= 0:
+                current = signal.set_wakeup_fd(-1)
+                if current != self.wfd:
+                    signal.set_wakeup_fd(current)
+                os.close(self.rfd)
+                os.close(self.wfd)
+        except Exception:
+            pass
+
+
+def _group_name(pg_obj: Any) -> str:
+    return _c10d().pg(pg_obj).group_name
 
 
 def _env_int(env: dict[str, str], names: tuple, default: int) -> int:
@@ -422,7 +701,48 @@ def patch(env: dict[str, str] | None = None) -> bool:
         _state["recorder"] = rec
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=rec.forked)
+        _wrap_destroy(rec)
+        _wrap_os_exit(rec)
     return True
+
+
+def _wrap_os_exit(rec: Recorder) -> None:
+    """os._exit skips atexit: let finished work's callbacks write first."""
+    real = os._exit
+    if getattr(real, "__wrapped__", None) is not None:
+        return
+
+    @functools.wraps(real)
+    def _exit(status: int) -> None:  # type: ignore[misc]
+        try:
+            if rec.enabled and rec._pending:
+                rec.settle()
+                rec.give_up()
+        except BaseException:
+            pass
+        real(status)
+
+    os._exit = _exit  # type: ignore[assignment]
+
+
+def _wrap_destroy(rec: Recorder) -> None:
+    """Route destroy_process_group (both names a job may call it by)
+    through Recorder.around_destroy; same signature, result and errors."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        original = c10d.destroy_process_group
+
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            return rec.around_destroy(original, *args, **kwargs)
+
+        for module in (c10d, dist):
+            if getattr(module, "destroy_process_group", None) is original:
+                module.destroy_process_group = destroy_process_group
+    except Exception as exc:  # recording goes on; only the final settle is missing
+        _warn(f"cannot wrap destroy_process_group: {exc!r}")
 
 
 def unpatch() -> None:
@@ -440,11 +760,14 @@ def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Calla
 
     def kernel(keyset: Any, *args: Any) -> Any:
         if not rec.enabled:
+            if rec.writer is not None:
+                rec.missed()  # recording failed after the ring existed
             return redispatch(keyset & below, *args)
         try:
             ctx = rec.before(name, args, device)
         except Exception as exc:
             rec._fail(f"recording failed: {exc!r}")
+            rec.missed()
             ctx = None
         if ctx is None:
             return redispatch(keyset & below, *args)
@@ -460,6 +783,7 @@ def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Calla
             rec.after(ctx, out)
         except Exception as exc:
             rec._fail(f"recording failed: {exc!r}")
+            rec.missed()
         return out
 
     kernel.__name__ = f"slurmguard_{name}"

@@ -239,6 +239,17 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
 
 def _spawned(rank: int, cfg: ExampleConfig, init_method: str, out_path: str) -> None:
     _worker(rank, cfg, init_method, out_path)
+    _leave()
+
+
+def _leave() -> None:
+    """The rank's work is done and written: exit 0 without interpreter
+    finalisation, where gloo's threads can abort the process (pytorch issue
+    190489). An exception from _worker never gets here: it keeps torch's
+    error reporting."""
+    from slurmguard.workloads.teardown import finish
+
+    finish(0, barrier=False)  # _worker destroyed the group after a barrier
 
 
 def run_example(cfg: ExampleConfig) -> ExampleResult:
@@ -283,10 +294,10 @@ def example_ddp(world_size: int, slow_rank: int, slow_factor: float, microbatche
     cfg.check()
     if _under_torchrun():
         res = _worker(int(os.environ["RANK"]), cfg, "env://", None)
-        if res is None:
-            return
-    else:
-        res = run_example(cfg)
+        if res is not None:
+            click.echo(json.dumps(asdict(res)) if as_json else res.summary())
+        _leave()
+    res = run_example(cfg)
     click.echo(json.dumps(asdict(res)) if as_json else res.summary())
 
 
