@@ -135,7 +135,9 @@ class Scenario:
         if guarded:
             args.append("--straggler-guard")
         if signal:
-            args.append("--signal=B:USR1@30")
+            # Slurm's own --signal for its time limit; Slurm 22.05 shows it neither in
+            # squeue --json nor in scontrol, so slurmguard's opt-in is the comment
+            args += ["--signal=B:USR1@30", "--comment=slurmguard:signal=USR1"]
         if nodes:
             args += ["-w", nodes]
         return self.cluster.sbatch(script, *args)
