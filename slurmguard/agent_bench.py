@@ -206,6 +206,14 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
             s = stats.get(node, {"reports": 0, "ranks": 0})
             click.echo(f"{label:<34}{100 * cpu[n] / wall:>19.2f}{rss[n]:>13.1f}{s['reports']:>9}"
                        f"{s['ranks']:>12}")
+        if not stats.get("benchnode", {}).get("ranks"):
+            # the agent reads a ring only for a job Slurm runs on its node, owned by
+            # that job's user: without that view it reads nothing, and its figures
+            # would be an idle agent's
+            raise click.ClickException(
+                "the loaded agent reported no ranks: it trusts rings only of jobs Slurm runs on "
+                "its node (no Slurm view here), so its CPU figure would be an idle agent's; "
+                "nothing measured")
         pct, mb = 100 * cpu["loaded"] / wall, rss["loaded"]
         ok = pct <= TARGET_CPU_PCT and mb <= TARGET_RSS_MB
         click.echo(f"target: <= {TARGET_CPU_PCT:g}% of one core, <= {TARGET_RSS_MB:g} MB: "

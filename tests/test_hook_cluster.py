@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from slurmguard.hook import ring
+from tests.fixtures.security import traversable
 
 pytestmark = pytest.mark.slurm
 
@@ -185,23 +186,10 @@ def test_user_ld_preload_is_kept(devcluster, guard, outdir):
 
 @pytest.fixture
 def traversable_spool(devcluster):
-    """Let other users reach their batch scripts in the cluster's spool.
-
-    The session cluster lives under pytest's 0700 temp dir, so slurmstepd
-    could not exec a batch script as nobody; add o+x (search, not read) to
-    the directories above the spool for this test and put them back after.
-    """
-    changed = []
-    d = Path(devcluster.state_dir).resolve() / "spool"
-    while d != d.parent:
-        mode = d.stat().st_mode & 0o7777
-        if not mode & 0o001:
-            os.chmod(d, mode | 0o001)
-            changed.append((d, mode))
-        d = d.parent
-    yield
-    for d, mode in changed:
-        os.chmod(d, mode)
+    """Let other users reach their batch scripts in the cluster's spool (the
+    session cluster lives under pytest's 0700 temp dir)."""
+    with traversable(Path(devcluster.state_dir) / "spool"):
+        yield
 
 
 def test_guarded_non_torch_job_as_other_user(devcluster, guard, outdir, traversable_spool):
