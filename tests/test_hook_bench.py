@@ -71,7 +71,7 @@ def test_report_exit_race_and_lost_records():
     e = ExitRace(runs=100, shape="ddp", ending="destroy",
                  aborts={"guarded": 3, "unguarded": 5}, failures={"guarded": 0, "unguarded": 1},
                  lost=0, p_value=0.86, examples=["unguarded run 7: rank 1: exit status 1"])
-    text = report(None, t, None, e)
+    text = report(None, t, None, e=e)
     assert "(400 allreduce records in rank 0's ring, 2 lost)" in text
     assert ("aborted at finalisation (pytorch issue 190489): guarded 3/100 (3.0%), "
             "unguarded 5/100 (5.0%)") in text
@@ -79,7 +79,7 @@ def test_report_exit_race_and_lost_records():
     assert "other failures: guarded 0, unguarded 1; guarded rings: 0 records lost" in text
     assert "  unguarded run 7: rank 1: exit status 1" in text
     e.aborts, e.p_value = {"guarded": 20, "unguarded": 2}, 0.0001
-    assert "the hook RAISES it" in report(None, None, None, e)
+    assert "the hook RAISES it" in report(None, None, None, e=e)
 
 
 def test_fisher_one_sided():
