@@ -20,6 +20,7 @@ machine when it is otherwise idle.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -31,7 +32,14 @@ import pytest
 from slurmguard.hook import exits, ring
 from tests.test_hook_cluster import guard  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# Opt-in for now (issue 19 stays open): in a run on the merged tree one job's rank 0
+# failed its rendezvous (init_process_group: the port taken between submission and
+# start) and, without --kill-on-bad-exit, its peer waited forever, hanging the test.
+# SLURMGUARD_HOOK_STRESS=1 runs it.
+pytestmark = [pytest.mark.slurm, pytest.mark.slow,
+              pytest.mark.skipif(not os.environ.get("SLURMGUARD_HOOK_STRESS"),
+                                 reason="issue 19: stress harness can hang on a failed "
+                                        "rendezvous; SLURMGUARD_HOOK_STRESS=1 runs it")]
 
 #: (shape, ending) pairs: every ending for DDP; the pipeline skips the ones
 #: that do not depend on the shape and the costly spawned DataLoader
