@@ -25,10 +25,9 @@ from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.reports import RankReport
 from slurmguard.respond.tiers import Culprit, JobAssessment
 
-RECENT = 5  # iterations in the "current" window of a rank's compute time
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
-#: iterations whose median compute localises (wider than RECENT: compute is
-#: a noisier difference of two times than the step itself)
+#: iterations whose median compute localises (a wide window: compute is a
+#: noisier difference of two times than the step itself)
 LOCALISE_RECENT = 9
 #: a rank's compute is judged only when its baseline compute is at least this
 #: fraction of its baseline step: below it, what the hooks see of its compute
@@ -36,7 +35,7 @@ LOCALISE_RECENT = 9
 OBSERVABLE_COMPUTE = 0.1
 
 
-def _recent(r: RankReport, since: float | None, n: int = RECENT) -> list:
+def _recent(r: RankReport, since: float | None, n: int) -> list:
     steps = [s for s in r.steps if since is None or s.end > since]
     return steps[-n:]
 
