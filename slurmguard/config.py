@@ -119,20 +119,10 @@ class BocdPolicy(Strict):
 
 class CrossGroupPolicy(Strict):
     median_excess: float = Field(0.10, gt=0)
-    """Greyhound 4.3: a group is slow if its time exceeds the group median by this."""
-    min_groups: int = Field(3, ge=2)
-
-
-class MycroftPolicy(Strict):
-    stall_window_s: float = Field(60.0, gt=0)
-    """Ops in flight with no completion for this long is a stall."""
-    late_threshold_s: float = Field(1.0, gt=0)
-    """Constant late start/end beyond this names the late rank (Mycroft 5)."""
-    throughput_drop: float = Field(0.5, gt=0, lt=1)
-    """Straggler trigger: throughput falls to this fraction of its baseline."""
-    interval_growth: float = Field(2.0, gt=1)
-    """Straggler trigger: op interval grows by this factor."""
-    max_sampled_ranks: int = Field(10, ge=1)
+    """Greyhound 4.3's comparison applied to compute (controller.assess.localise): a
+    rank is slow when its compute grew by more than this fraction beyond its own
+    baseline and its same-role peers' (2x this with nothing to compare with).
+    A stall's threshold is response.tiers.stall_s."""
 
 
 class PeerPolicy(Strict):
@@ -152,7 +142,6 @@ class DetectionPolicy(Strict):
     period: PeriodPolicy = PeriodPolicy()
     bocd: BocdPolicy = BocdPolicy()
     cross_group: CrossGroupPolicy = CrossGroupPolicy()
-    mycroft: MycroftPolicy = MycroftPolicy()
     peers: PeerPolicy = PeerPolicy()
 
 

@@ -10,6 +10,10 @@ rank computes slowly, but only the slow rank's compute stretches, while its
 peers wait inside the collective instead (Greyhound's cross-group comparison
 applied to the compute phase; Mycroft's late-start rule seen from the rank).
 Telemetry flags of the same nodes are attached as supporting evidence.
+
+What these detectors conclude leaves as typed findings (detect.findings:
+step_time, stall, slow_rank, unlocalised, telemetry); controller.decide is the
+one place that turns them into the assessment the response acts on.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from datetime import datetime, timezone
 import numpy as np
 
 from slurmguard.config import Policy
+from slurmguard.controller import decide
+from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.reports import RankReport
@@ -168,14 +174,6 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     return ratios, computes, slow, None
 
 
-def _fmt_flag(f: PeerFlag) -> str:
-    dev = f.device if f.device in ("node",) else f.device
-    if f.deviations:
-        d = f.deviations[0]
-        return f"{dev} {d.signal} {d.value:.4g} vs peers {d.median:.4g}"
-    return f"{dev} {f.reasons[0] if f.reasons else 'hard failure'}"
-
-
 def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, RankReport]],
                flags_by_node: dict[str, list[PeerFlag]], policy: Policy, now: float,
                since: float | None = None) -> JobAssessment | None:
@@ -209,35 +207,46 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
     current, onset, _ = _judge_steps([r for _, r in ranks], policy, since)
     if current is None and stalled <= 0:
         return None
-    if stalled > 0 and onset is None:
-        onset = max(progress)
 
     ratios, computes, slow_ranks, why_not = localise(
         ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy)
-    culprits = []
-    for node, rows in sorted(slow_ranks.items()):
-        rows.sort()
-        rank, c, against = rows[0]
-        tel = tuple(_fmt_flag(f) for f in flags_by_node.get(node, ()))
-        gpu = next((r.gpu for n, r in ranks if n == node and r.rank == rank), None)
-        culprits.append(Culprit(node=node, ranks=tuple(r[0] for r in rows), gpu=gpu,
-                                why=f"rank {rank} compute {c:.3g}s vs {against}", telemetry=tel))
-    if not culprits and stalled > 0:
+    # the detectors' output: typed findings; controller.decide turns them into the assessment
+    found: list[Finding] = []
+    if current is not None:
+        slower = current / baseline - 1.0
+        found.append(Finding(
+            Kind.STEP_TIME, Subject(job_id=job_id), "steps", now,
+            Severity.WARNING if onset is not None and slower > 0 else Severity.INFO,
+            (Measure("baseline_s", baseline, "s/step"), Measure("current_s", current, "s/step", baseline),
+             Measure("slowdown", slower, "fraction")),
+            onset=onset, text=f"step {current:.3g}s vs baseline {baseline:.3g}s ({slower:+.0%})"))
+    if stalled > 0:
         # Mycroft: a stall names the rank with the least progress
-        laggard = min(((n, r) for n, r in ranks if r.last_progress is not None),
-                      key=lambda nr: nr[1].last_progress)
-        culprits.append(Culprit(node=laggard[0], ranks=(laggard[1].rank,), gpu=laggard[1].gpu,
-                                why=f"rank {laggard[1].rank} made the least progress "
-                                    f"(last collective {now - laggard[1].last_progress:.0f}s ago)",
-                                telemetry=tuple(_fmt_flag(f) for f in flags_by_node.get(laggard[0], ()))))
-    return JobAssessment(
-        job_id=job_id, nodes=job_nodes, gpus=len(ranks), baseline_s=baseline, current_s=current,
-        onset=onset, stalled_for_s=stalled, culprits=tuple(culprits),
-        evidence={"ranks": len(ranks), "baseline_s": round(baseline, 6),
-                  "current_s": None if current is None else round(current, 6),
-                  "rank_compute_ratio": {f"{n}/{r}": round(v, 4) for (n, r), v in ratios.items()},
-                  "rank_compute_s": {f"{n}/{r}": round(v, 6) for (n, r), v in computes.items()},
-                  **({"localisation": why_not} if why_not and not culprits else {})})
+        n, r = min(((n, r) for n, r in ranks if r.last_progress is not None),
+                   key=lambda nr: nr[1].last_progress)
+        found.append(Finding(
+            Kind.STALL, Subject(job_id=job_id, node=n, rank=r.rank, gpu=r.gpu), "stall", now,
+            Severity.CRITICAL,
+            (Measure("quiet_s", stalled, "s", tiers.stall_s), Measure("baseline_s", baseline, "s/step"),
+             Measure("least_progress_age_s", now - r.last_progress, "s")),
+            onset=max(progress),
+            text=f"rank {r.rank} made the least progress (last collective {now - r.last_progress:.0f}s ago)"))
+    for node, rows in slow_ranks.items():
+        for rank, c, against in rows:
+            gpu = next((r.gpu for n, r in ranks if n == node and r.rank == rank), None)
+            found.append(Finding(
+                Kind.SLOW_RANK, Subject(job_id=job_id, node=node, rank=rank, gpu=gpu), "localise", now,
+                Severity.WARNING,
+                (Measure("compute_s", c, "s/step"), Measure("compute_ratio", ratios[(node, rank)], "x")),
+                text=f"rank {rank} compute {c:.3g}s vs {against}"))
+    if why_not and not slow_ranks:
+        found.append(Finding(Kind.UNLOCALISED, Subject(job_id=job_id), "localise", now, text=why_not))
+    for node in job_nodes:
+        found.extend(f.finding(now) for f in flags_by_node.get(node, ()))
+    return decide.decide(decide.JobFindings(
+        job_id, job_nodes, len(ranks), tuple(found),
+        rank_compute_s={f"{n}/{r}": v for (n, r), v in computes.items()},
+        rank_compute_ratio={f"{n}/{r}": v for (n, r), v in ratios.items()}))
 
 
 def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:

@@ -5,10 +5,8 @@ Public API (inputs are plain numpy arrays / small dataclasses, not ring records)
     rank_period, step_times, find_period, acf           (period)
     BatchBocd, detect_changepoints, ChangePoint                       (bocd)
     StepDetector, DetectorConfig, detect_steps, Episode, Profile      (steps)
-    group_times, slow_groups, suspects                  (crossgroup)
-    find_stall, late_ranks, StragglerTriggers, sample_ranks          (mycroft)
     PeerScorer, PeerFlag, hard_failures                 (peers)
-    localise, job_finding, Finding, Culprit             (findings)
+    Finding, Kind, Severity, Subject, Measure           (findings: what every detector emits)
 """
 
 from __future__ import annotations
@@ -21,9 +19,7 @@ from typing import Any
 _WHERE = {
     "bocd": ("BatchBocd", "ChangePoint", "detect_changepoints"),
     "steps": ("DetectorConfig", "Episode", "Profile", "StepDetector", "detect_steps"),
-    "crossgroup": ("group_times", "slow_groups", "suspects"),
-    "findings": ("Culprit", "Finding", "job_finding", "localise"),
-    "mycroft": ("StragglerTriggers", "find_stall", "late_ranks", "sample_ranks"),
+    "findings": ("Finding", "Kind", "Measure", "Severity", "Subject"),
     "peers": ("PeerFlag", "PeerScorer", "hard_failures"),
     "period": ("PeriodResult", "StepTimes", "acf", "find_period", "rank_period", "step_times"),
     "records": ("JobLayout", "RankOps", "RankPlace"),
@@ -43,9 +39,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "BatchBocd", "ChangePoint", "detect_changepoints",
     "StepDetector", "DetectorConfig", "detect_steps", "Episode", "Profile",
-    "group_times", "slow_groups", "suspects",
-    "Culprit", "Finding", "job_finding", "localise",
-    "StragglerTriggers", "find_stall", "late_ranks", "sample_ranks",
+    "Finding", "Kind", "Measure", "Severity", "Subject",
     "PeerFlag", "PeerScorer", "hard_failures",
     "PeriodResult", "StepTimes", "acf", "find_period", "rank_period", "step_times",
     "JobLayout", "RankOps", "RankPlace",

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slurmguard.config import PeerPolicy
-from slurmguard.telemetry.base import HARD_XIDS, RECOVERY_ACTIONS, XID_RECOVERY_ACTION, Signal, TelemetrySample
+from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
+from slurmguard.telemetry.base import (HARD_XIDS, RECOVERY_ACTIONS, UNITS, XID_RECOVERY_ACTION, Signal,
+                                       TelemetrySample)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,6 +54,10 @@ BAD_DIRECTION: dict[str, int] = {
 }
 
 
+#: units of the derived signals (the measured ones are in telemetry.base.UNITS)
+_UNIT = {"power_per_util": "W/%"}
+
+
 @dataclass(frozen=True)
 class Deviation:
     signal: str
@@ -70,6 +76,25 @@ class PeerFlag:
     reasons: tuple[str, ...]
     deviations: tuple[Deviation, ...] = ()
     windows: int = 0
+
+    def text(self) -> str:
+        """'gpu3 sm_clock 1380 vs peers 1980', or the hard failure."""
+        if self.deviations:
+            d = self.deviations[0]
+            return f"{self.device} {d.signal} {d.value:.4g} vs peers {d.median:.4g}"
+        return f"{self.device} {self.reasons[0] if self.reasons else 'hard failure'}"
+
+    def finding(self, detected_at: float) -> Finding:
+        """This flag as the typed finding the controller decides from: each
+        deviation's value against the peer median in the signal's unit, and its z."""
+        ev: list[Measure] = []
+        for d in self.deviations:
+            ev.append(Measure(d.signal, d.value, _UNIT.get(d.signal) or UNITS.get(d.signal) or "value", d.median))
+            ev.append(Measure(f"{d.signal}_z", d.z, "z"))
+        if self.windows:
+            ev.append(Measure("windows", float(self.windows), "windows"))
+        return Finding(Kind.TELEMETRY, Subject(node=self.node, device=self.device), "peers", detected_at,
+                       Severity.CRITICAL if self.hard else Severity.WARNING, tuple(ev), text=self.text())
 
 
 def _device(s: TelemetrySample) -> str:
