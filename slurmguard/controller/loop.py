@@ -372,7 +372,7 @@ class Controller:
             n = nodes.get(node)
             if n is None or node in slow_nodes or n.drained or n.down:
                 continue
-            text = "pending verification: " + "; ".join(_flag_text(f) for f in flags[:2])
+            text = "pending verification: " + "; ".join(f.text() for f in flags[:2])
             if n.comment and n.comment.startswith("slurmguard: pending verification"):
                 continue
             if n.comment:
@@ -381,12 +381,12 @@ class Controller:
             if not self.safety.may_act(now).allowed:
                 continue
             try:
-                self.executor.comment(node, text, evidence={"flags": [_flag_text(f) for f in flags]})
+                self.executor.comment(node, text, evidence={"flags": [f.text() for f in flags]})
             except SlurmError as exc:
                 res.errors.append(str(exc))
                 continue
             res.actions.append(("comment", node))
-            self._lifecycle(node, NodeState.SUSPECT, text, {"flags": [_flag_text(f) for f in flags]})
+            self._lifecycle(node, NodeState.SUSPECT, text, {"flags": [f.text() for f in flags]})
 
     def _lifecycle(self, node: str, to: NodeState, cause: str, evidence: dict) -> None:
         if self.policy.safety.dry_run:
@@ -411,13 +411,6 @@ class Controller:
     def _observe(self, res: CycleResult) -> None:
         if self.metrics is not None:
             self.metrics.observe_cycle(self, res)
-
-
-def _flag_text(f: PeerFlag) -> str:
-    if f.deviations:
-        d = f.deviations[0]
-        return f"{f.device} {d.signal} {d.value:.4g} vs peers {d.median:.4g}"
-    return f"{f.device} {f.reasons[0] if f.reasons else 'hard failure'}"
 
 
 def _tier_of(name: str) -> Tier:

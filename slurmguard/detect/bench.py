@@ -28,6 +28,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from slurmguard.config import BocdPolicy, load_policy
+from slurmguard.datafiles import checkout_root
 from slurmguard.detect.baselines import Alarm, Report, Score, score, sliding_window
 from slurmguard.detect.bocd import ALPHA0, KAPPA0, BatchBocd
 from slurmguard.detect.period import step_times
@@ -161,6 +162,27 @@ def _table(suite: list[Scenario], cfg: DetectorConfig, bp: BocdPolicy,
     return s, reps, sps
 
 
+#: real step series of the workloads on the dev cluster (scripts/record_steptimes.py)
+RECORDED = checkout_root() / "tests" / "data" / "steptimes"
+
+
+def _recorded(rec: list[Scenario], cfg: DetectorConfig, bp: BocdPolicy, where: str) -> None:
+    """The recorded series: the table with its baselines, then the detector per
+    class (what the labels say was done: healthy, shift, transient) and per series."""
+    _, reps, _ = _table(rec, cfg, bp, f"recorded series ({len(rec)} files in {where})")
+    click.echo("step detector per class of recorded series:")
+    for kind in dict.fromkeys(sc.kind for sc in rec):
+        idx = [i for i, sc in enumerate(rec) if sc.kind == kind]
+        click.echo(_row(f"  {kind} ({len(idx)})", score(kind, [rec[i] for i in idx], [reps[i] for i in idx])))
+    for sc, r in zip(rec, reps):
+        name = os.path.basename(sc.notes.get("file", "?"))
+        click.echo(f"  {name:<22} {sc.kind:<9} onset {','.join(map(str, sc.onsets)) or '-':>4} "
+                   f"recovery {','.join(map(str, sc.recoveries)) or '-':>4} "
+                   f"severity {sc.severity:+.0%}: slower at "
+                   + (", ".join(f"{a.index} (known at {a.detected_at})" for a in r.slower) or "-")
+                   + "; recovered at " + (", ".join(str(a.index) for a in r.faster) or "-"))
+
+
 @click.command("detect")
 @click.option("--scenarios", default=1000, show_default=True, help="Labelled scenarios per suite.")
 @click.option("--length", default=400, show_default=True, help="Iterations per scenario.")
@@ -168,7 +190,8 @@ def _table(suite: list[Scenario], cfg: DetectorConfig, bp: BocdPolicy,
 @click.option("--steps", default=100, show_default=True, help="Samples per series in the throughput run.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the main suite; the second family uses seed + 1000.")
 @click.option("--recorded", "recorded", type=click.Path(file_okay=False, exists=True), default=None,
-              help="Directory of recorded step series labelled with the injection step (see scenarios.load_recorded).")
+              help="Directory of recorded step series labelled with the injection step (see "
+                   "scenarios.load_recorded); default: the checkout's tests/data/steptimes.")
 @click.pass_context
 def bench_detect(ctx: click.Context, scenarios: int, length: int, series: int, steps: int, seed: int,
                  recorded: str | None) -> None:
@@ -215,11 +238,13 @@ def bench_detect(ctx: click.Context, scenarios: int, length: int, series: int, s
     click.echo("")
     seed2 = seed + 1000
     _table(make_suite(scenarios, length, seed2), cfg, bp, f"second seed family (seed {seed2})")
+    if recorded is None and RECORDED.is_dir():
+        recorded = str(RECORDED)
     if recorded:
         rec = load_recorded_dir(recorded)
         click.echo("")
         if rec:
-            _table(rec, cfg, bp, f"recorded series ({len(rec)} files in {recorded})")
+            _recorded(rec, cfg, bp, recorded)
         else:
             click.echo(f"recorded series: no *.csv files in {recorded}")
     click.echo("")

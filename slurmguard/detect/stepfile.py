@@ -11,6 +11,10 @@ comments, and a comment of the form `# key: value` is a label:
     # severity: 0.3          slowdown as a fraction (estimated from the data when absent)
     # textures: periodic,checkpoints
     # source: slurmguard workloads ddp, 4 nodes, node2 CPU cap 50% at 14:02:11
+
+`write_step_file` writes it: `slurmguard bench loop --save-series` and
+scripts/record_steptimes.py record real series this way, labelled by the
+injection, so the suite, the tests and `detect steptimes` read one format.
 """
 
 from __future__ import annotations
@@ -82,6 +86,32 @@ def read_step_file(path: str | Path, *, skip_invalid: bool = False) -> tuple[lis
     if not out:
         raise InputError(f"{path}: no step times")
     return out, labels, skipped
+
+
+def write_step_file(path: str | Path, steps: list[float], labels: dict[str, object] | None = None) -> Path:
+    """Write step times (s) with `# key: value` labels (keys of LABEL_KEYS; a
+    list value is repeated, None is left out), 6 decimals (microseconds)."""
+    p = Path(path)
+    lines = []
+    for key, val in (labels or {}).items():
+        if key not in LABEL_KEYS:
+            raise ValueError(f"unknown step-file label {key!r} (known: {', '.join(LABEL_KEYS)})")
+        for v in (val if isinstance(val, (list, tuple)) else [val]):
+            if v is not None:
+                lines.append(f"# {key}: {v}")
+    lines.append("step_s")
+    lines += [f"{x:.6f}" for x in steps]
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def first_step_after(step_ends: list[float], t: float) -> int:
+    """Index of the first step that ended after time `t` (same clock as the
+    ends, e.g. epoch s): the step during which a fault applied at `t` began to
+    act, which is how recorded series are labelled (`# onset:`). len(step_ends)
+    when none did."""
+    return next((i for i, e in enumerate(step_ends) if e > t), len(step_ends))
 
 
 def read_step_times(path: str) -> list[float]:

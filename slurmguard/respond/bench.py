@@ -13,7 +13,6 @@ what reporting, the control cycle and the ski-rental price add.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
@@ -112,7 +111,7 @@ def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeo
     slow = statistics.median(e["step_s"] for e in after[2:]) if len(after) > 2 else float("nan")
     bocd_it, sw_it = _offline_delays(series, onset)
     if save is not None:
-        _save_series(save / f"{tag}.json", sc.workload, series, onset, t_inject, cap, node,
+        _save_series(save / f"{tag}.csv", sc.workload, series, onset, t_inject, cap, node,
                      log[:onset] + after, t_drain)
     sc.cluster.run(["scancel", str(job)])
     return Run(sc.workload, healthy * 1e3, slow * 1e3, cap,
@@ -144,7 +143,7 @@ def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, floa
     actions = _actions(sc)
     log = sc.log(job)
     if save is not None and log:
-        _save_series(save / f"{tag}.json", sc.workload, [e["step_s"] for e in log], None, None,
+        _save_series(save / f"{tag}.csv", sc.workload, [e["step_s"] for e in log], None, None,
                      None, None, log, None)
     return actions, (statistics.median(e["step_s"] for e in log) * 1e3 if log else float("nan"))
 
@@ -152,15 +151,25 @@ def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, floa
 def _save_series(path: Path, workload: str, series: list[float], onset: int | None,
                  t_inject: float | None, cap: float | None, node: str | None,
                  entries: list[dict], t_drain: float | None) -> None:
-    """One rank-0 step series, labelled with the injection (13.4: detect suite data)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "workload": workload, "rank": 0, "unit": "s",
-        "fault": None if onset is None else {"kind": "cpu_cap", "percent": round(cap or 0, 1),
-                                             "node": node, "onset_index": onset,
-                                             "t_inject": t_inject, "t_drain": t_drain},
-        "restart": [e["restart"] for e in entries], "iter": [e["iter"] for e in entries],
-        "step_s": [round(x, 6) for x in series]}, separators=(",", ":")) + "\n")
+    """One rank-0 step series in the step-file format (slurmguard.detect.stepfile),
+    labelled with the injection: `# onset:` is the first step that ended after the
+    cap went on (the rule scripts/record_steptimes.py labels with), so `bench detect
+    --recorded DIR` and `detect steptimes` read it as it is."""
+    from slurmguard.detect.stepfile import first_step_after, write_step_file
+
+    restarts = [i for i in range(1, len(entries)) if entries[i]["restart"] != entries[i - 1]["restart"]]
+    src = f"slurmguard bench loop, workloads {workload}, rank 0, guarded"
+    if restarts:
+        src += f"; restarted (requeue) before steps {', '.join(map(str, restarts))}"
+    labels: dict[str, object] = {"kind": "healthy"}
+    if onset is not None and t_inject is not None:
+        at = first_step_after([e["t"] for e in entries], t_inject)
+        if at < len(series):  # else cut before any step ended under the cap: nothing slow in it
+            labels = {"kind": "shift", "onset": at}
+        src += (f"; {node} CPU cap {cap or 0:.1f}% at t={t_inject:.2f}, "
+                + (f"drained at t={t_drain:.2f}" if t_drain is not None else "not drained") + " (series cut there)")
+    labels["source"] = src
+    write_step_file(path, series, labels)
 
 
 def _fmt(xs: list[float | int | None], unit: str = "") -> str:
@@ -187,7 +196,8 @@ def _fmt(xs: list[float | int | None], unit: str = "") -> str:
 @click.option("--timeout", "timeout_s", default=180.0, show_default=True,
               help="Seconds to wait for a drain before counting a run as missed.")
 @click.option("--save-series", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write each run's rank-0 step series (JSON, injection labelled) here.")
+              help="Write each run's rank-0 step series here (step-file CSV, injection labelled; "
+                   "`bench detect --recorded DIR` scores them).")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
 def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: bool,
                timeout_s: float, save_series: Path | None, state_dir: Path | None) -> None:
