@@ -19,7 +19,9 @@ def test_bench_detect_small_run_prints_tables_baselines_and_throughput():
     out = res.output
     for needle in ("SlidingWindow", "plain BOCD", "step detector", "delay med/p90", "loc med/p90",
                    "per texture", "periodic", "checkpoints", "second seed family (seed 1000)",
-                   "samples/s", "R=500", "iteration time from the ACF period"):
+                   "samples/s", "R=500", "iteration time from the ACF period",
+                   # the real workloads' series of tests/data/steptimes, by default
+                   "recorded series (", "per class of recorded series", "ddp-shift.csv"):
         assert needle in out, needle
 
 

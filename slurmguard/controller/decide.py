@@ -48,7 +48,7 @@ def decide(jf: JobFindings) -> JobAssessment | None:
     if baseline is None or (current is None and stall is None):
         return None
     onset = steps.onset if steps else None
-    stalled = stall.value("quiet_s") or 0.0 if stall else 0.0
+    stalled = (stall.value("quiet_s") or 0.0) if stall else 0.0
     if stall is not None and onset is None:
         onset = stall.onset
     telemetry: dict[str, list[str]] = {}

@@ -32,7 +32,12 @@ from slurmguard.datafiles import checkout_root
 from slurmguard.detect.baselines import Alarm, Report, Score, score, sliding_window
 from slurmguard.detect.bocd import ALPHA0, KAPPA0, BatchBocd
 from slurmguard.detect.period import step_times
-from slurmguard.detect.scenarios import TEXTURES, Scenario, load_recorded_dir, make_suite
+from slurmguard.detect.scenarios import (
+    TEXTURES,
+    Scenario,
+    load_recorded_dir,
+    make_suite,
+)
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.detect.synth import JobSpec, make_job
 

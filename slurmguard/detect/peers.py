@@ -25,8 +25,14 @@ from typing import TYPE_CHECKING
 
 from slurmguard.config import PeerPolicy
 from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
-from slurmguard.telemetry.base import (HARD_XIDS, RECOVERY_ACTIONS, UNITS, XID_RECOVERY_ACTION, Signal,
-                                       TelemetrySample)
+from slurmguard.telemetry.base import (
+    HARD_XIDS,
+    RECOVERY_ACTIONS,
+    UNITS,
+    XID_RECOVERY_ACTION,
+    Signal,
+    TelemetrySample,
+)
 
 if TYPE_CHECKING:
     import numpy as np
