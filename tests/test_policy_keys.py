@@ -42,8 +42,15 @@ def entry_points() -> list[str]:
                     text = f.read_text(encoding="utf-8")
                 except (UnicodeDecodeError, OSError):
                     continue
-                out += re.findall(r"-m (slurmguard[a-z_.]*)", text)
+                for mod in re.findall(r"-m (slurmguard[a-z_.]*)", text):
+                    out += [mod, f"{mod}.__main__"]  # -m PACKAGE runs its __main__
+    # the SPANK plugin puts the torch hook's site directory first in guarded tasks' PYTHONPATH
+    # (sitecustomize loads hook/torchhook.py by its file path)
+    out += ["slurmguard.hook.site.sitecustomize", "slurmguard.hook.torchhook"]
     return sorted(set(out))
+
+
+LAZY = re.compile(r"^slurmguard(\.\w+)+:\w+$")
 
 
 # ------------------------------------------------------------------ the model
@@ -128,7 +135,9 @@ def reachable() -> dict[str, ast.Module]:
         # a module's parent packages run first
         todo += [".".join(parts[:i]) for i in range(1, len(parts))]
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY.match(node.value):
+                todo.append(node.value.split(":")[0])  # a lazy command map ("module:attribute")
+            elif isinstance(node, ast.Import):
                 todo += [a.name for a in node.names if a.name.startswith("slurmguard")]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
@@ -147,16 +156,17 @@ def reachable() -> dict[str, ast.Module]:
 
 
 def _names_used(tree: ast.Module) -> set[str]:
-    """Attribute names read, keyword names passed and string constants of a module."""
+    """What a module can read a key by: attribute names (`p.window_s`), string
+    constants (getattr, dumped dicts) and the classes it names (a section's
+    model class). Not variable, parameter or keyword names: a function's own
+    `min_groups` argument reads no policy."""
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
             out.add(node.attr)
-        elif isinstance(node, ast.keyword) and node.arg:
-            out.add(node.arg)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             out.add(node.value)
-        elif isinstance(node, ast.Name):
+        elif isinstance(node, ast.Name) and node.id[:1].isupper():
             out.add(node.id)
     return out
 
@@ -195,7 +205,9 @@ def test_the_scan_sees_what_it_must():
     for must in ("slurmguard.controller.assess", "slurmguard.controller.decide",
                  "slurmguard.detect.steps", "slurmguard.detect.findings", "slurmguard.nodecheck.prolog"):
         assert must in mods
-    assert "slurmguard.detect.synth" not in mods or "slurmguard.detect.bench" in mods
+    for lazy in ("slurmguard.detect.bench", "slurmguard.workloads.runtime", "slurmguard.hook.torchhook"):
+        assert lazy in mods  # through `bench detect`, `python -m slurmguard.workloads`, the site dir
+    assert "slurmguard.slurm.fake" not in mods  # the tests' fake Slurm: nothing the product runs
     product = {m: _names_used(t) for m, t in mods.items() if m != "slurmguard.config"}
     assert _readers("detection.peers.window_s", [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")],
                     product)
