@@ -48,7 +48,7 @@ def test_the_recordings_are_small_labelled_step_files():
     for f in csvs:
         assert f.stat().st_size < 8_000, f"{f.name}: keep recordings small"
         x, labels, _ = read_step_file(f)
-        assert "workloads" in labels["source"][0] and len(x) >= 150
+        assert "workloads" in labels["source"][0] and len(x) >= 120
         sc = load_recorded(f)
         if sc.kind != "healthy":
             # the cap slows the job by 25-200%: a slowdown the detector must find
@@ -74,14 +74,14 @@ def test_every_slowdown_reported_on_a_recording_is_in_the_data(recorded):
 
 def test_capped_nodes_are_found_within_issue_13s_delay(recorded):
     s = score("shift", *_class(recorded, "shift"))
-    assert s.positives >= 3 and s.false_neg == 0, s
+    assert s.positives >= 4 and s.false_neg == 0, s
     assert s.median_delay <= 5 and s.p90_delay <= 8, s
 
 
 def test_a_lifted_cap_is_found_too(recorded):
     suite, reps = _class(recorded, "transient")
     s = score("transient", suite, reps)
-    assert s.positives >= 3 and s.false_neg == 0, s
+    assert s.positives >= 4 and s.false_neg == 0, s
     assert s.median_delay <= 5, s
 
 
