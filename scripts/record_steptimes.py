@@ -114,11 +114,12 @@ def record(sc: Scenario, case: str, *, steps: int, before: int, after: int, hold
         node = sc.job_nodes(job)[-1]
         cap, t_on = _cap(sc, node, factor if case == "shift" else mild)
         n_on = len(sc.log(job))
-        t_off = None
+        t_off, lift_s = None, 0.0
         if case == "transient":
             _steps(sc, job, n_on + hold, 900)
             t_off = time.time()
             sc.clear(node)
+            lift_s = time.time() - t_off
         log = _steps(sc, job, len(sc.log(job)) + after, 900)
     finally:
         sc.cluster.run(["scancel", str(job)])
@@ -131,7 +132,7 @@ def record(sc: Scenario, case: str, *, steps: int, before: int, after: int, hold
     if t_off is not None:
         starts = [e["t"] - e["step_s"] for e in log]
         labels["recovery"] = first_step_after(starts, t_off)
-        what += " lifted after"
+        what += f", lifted after {hold} steps (moving the processes out took {lift_s:.1f}s)"
     labels["source"] = f"{src}, {what}"
     return write_step_file(out / f"{wl}-{case}.csv", [e["step_s"] for e in log], labels)
 
