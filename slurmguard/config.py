@@ -303,6 +303,13 @@ class ControllerPolicy(Strict):
     read_clients: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     """Networks (CIDR) allowed to read /metrics and plans, on either listener (jobs that
     fetch plans run on the compute nodes: add their network)."""
+    keep_steps_per_rank: int = Field(256, ge=16, le=4096)
+    """Iterations of each rank the controller keeps from a node's latest report (the
+    newest; 24 bytes each): bounds its memory at about nodes x GPUs x this x 24 B
+    (10,000 x 8 x 256: 0.5 GB). Default: agent.report_steps."""
+    keep_samples_per_node: int = Field(4096, ge=64)
+    """Telemetry samples of one node queued between two peer windows (each is scored
+    once); past it the oldest are dropped and counted (slurmguard_telemetry_dropped_total)."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "ControllerPolicy":
