@@ -38,6 +38,12 @@ class ControllerMetrics:
                                  registry=r)
         self.last_cycle = Gauge("slurmguard_last_cycle_timestamp_seconds", "Unix time of the last cycle",
                                 registry=r)
+        self.leader = Gauge("slurmguard_controller_active",
+                            "1 while this controller holds the lease and acts, 0 while standby "
+                            "(PostgreSQL; always 1 on SQLite)", registry=r)
+        self.leader.set(1)
+        self.lease_epoch = Gauge("slurmguard_lease_epoch",
+                                 "Lease epoch this controller holds (0: none)", registry=r)
         self._dropped_seen = 0
         self.telemetry_dropped = Counter("slurmguard_telemetry_dropped",
                                        "Telemetry samples dropped unscored because a node queued more "
