@@ -139,6 +139,10 @@ def _within_baseline(rows: list, policy: Policy) -> float | None:
     detector must judge."""
     limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(
         np.median([r.baseline_step_s for r, _ in rows]))
+    cols = [getattr(steps, "columns", None) for _, steps in rows]
+    if all(c is not None for c in cols) and len({c.shape for c in cols}) == 1:
+        x = np.stack(cols)[:, 1, :]  # (ranks, steps): the controller's compact windows
+        return None if x.max() >= limit else float(np.median(np.median(x, axis=1)))
     meds = []
     for _, steps in rows:
         x = steps.step_s if hasattr(steps, "step_s") else np.fromiter((s.step_s for s in steps), float)

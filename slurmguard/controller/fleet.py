@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from slurmguard.reports import AgentReport, JobReport, RankReport, TelemetryRecord, UnavailableSignal
+from slurmguard.reports import AgentReport, JobReport, RankReport, UnavailableSignal
 from slurmguard.telemetry.base import TelemetrySample
 
 DEFAULT_KEEP_STEPS = 256
@@ -134,7 +134,7 @@ class FleetView:
         self.keep_samples = keep_samples
         self._latest: dict[str, Received] = {}
         self._seq: dict[str, tuple[int, int]] = {}
-        self._samples: dict[str, deque[TelemetryRecord]] = {}
+        self._samples: dict[str, deque[TelemetrySample]] = {}
         self._lock = threading.Lock()
         self._known: frozenset[str] | None = None
         self.rejected = 0
@@ -180,6 +180,11 @@ class FleetView:
             return False
         jobs = [j.model_copy(update={"ranks": [compact_rank(r, self.keep_steps) for r in j.ranks]})
                 for j in report.jobs]
+        node = report.node
+        # built here, in the ingesting thread, so the cycle does not build them all at once
+        samples = [TelemetrySample(node=node, signal=t.signal, value=t.value, unit=t.unit,
+                                   timestamp=t.timestamp, gpu=t.gpu, nic=t.nic)
+                   for t in report.telemetry]
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
@@ -191,14 +196,14 @@ class FleetView:
                 return False
             self._seq[report.node] = key
             self._latest[report.node] = Received(kept, received_at)
-            if report.telemetry:
-                q = self._samples.get(report.node)
+            if samples:
+                q = self._samples.get(node)
                 if q is None:
-                    q = self._samples[report.node] = deque(maxlen=self.keep_samples)
-                over = len(q) + len(report.telemetry) - self.keep_samples
+                    q = self._samples[node] = deque(maxlen=self.keep_samples)
+                over = len(q) + len(samples) - self.keep_samples
                 if over > 0:
                     self.dropped_samples += over
-                q.extend(report.telemetry)
+                q.extend(samples)
             return True
 
     def _live(self, now: float) -> list[Received]:
@@ -259,9 +264,7 @@ class FleetView:
         scored by exactly one window, and reports arriving meanwhile queue for the next."""
         with self._lock:
             taken, self._samples = self._samples, {}
-        return [TelemetrySample(node=node, signal=t.signal, value=t.value, unit=t.unit,
-                                timestamp=t.timestamp, gpu=t.gpu, nic=t.nic)
-                for node, q in taken.items() for t in q]
+        return [t for q in taken.values() for t in q]
 
     def queued_samples(self) -> int:
         with self._lock:
