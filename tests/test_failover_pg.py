@@ -140,3 +140,52 @@ def test_a_leader_that_lost_its_session_is_fenced(pg, fake_clock):
     finally:
         s1.close()
         s2.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _healthz(port: int) -> str:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        return json.loads(r.read())["detail"]
+
+
+def test_two_controller_daemons_one_active_the_other_takes_over(pg):
+    import threading
+
+    from slurmguard.clock import SystemClock
+    from slurmguard.config import parse_policy
+    from slurmguard.controller.daemon import DaemonOptions, run
+
+    policy = parse_policy("controller: {lease_retry_s: 0.3, cycle_interval_s: 0.2}")
+    slurm = FakeSlurm()
+    daemons = []
+    for _ in range(2):
+        port, stop = _free_port(), threading.Event()
+        opts = DaemonOptions(host="127.0.0.1", port=port, secret=b"s" * 32, interval_s=0.2,
+                             sweeps=False)
+        t = threading.Thread(target=run, args=(policy, Store.open(pg), slurm, opts),
+                             kwargs={"clock": SystemClock(), "stop": stop}, daemon=True)
+        t.start()
+        daemons.append((port, stop, t))
+        if len(daemons) == 1:
+            wait_for(lambda: "active" in _healthz(port), 30, "the first daemon to lead", 0.1)
+    (pa, stop_a, ta), (pb, _, _) = daemons
+    try:
+        wait_for(lambda: "standby" in _healthz(pb), 30, "the second daemon to stand by", 0.1)
+        assert "active (lease epoch 1)" in _healthz(pa)
+        stop_a.set()  # a clean stop gives the lease up
+        ta.join(30)
+        wait_for(lambda: "active (lease epoch 2)" in _healthz(pb), 10, "the standby to take over", 0.1)
+    finally:
+        for _, stop, t in daemons:
+            stop.set()
+            t.join(30)
