@@ -65,8 +65,9 @@ class StepWindow(Sequence):
             return steps if len(steps) <= keep else StepWindow(steps._a[:, -keep:].copy())
         tail = steps[-keep:] if keep < len(steps) else steps
         a = np.empty((3, len(tail)))
-        for j, st in enumerate(tail):
-            a[0, j], a[1, j], a[2, j] = st.end, st.step_s, st.comm_s
+        a[0] = [st.end for st in tail]  # a row at a time: about half the cost of element-wise
+        a[1] = [st.step_s for st in tail]
+        a[2] = [st.comm_s for st in tail]
         return cls(a)
 
     @property
