@@ -14,6 +14,7 @@ Telemetry flags of the same nodes are attached as supporting evidence.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from datetime import datetime, timezone
 
@@ -92,20 +93,27 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     windows) are judged: synchronous ranks share their step time.
     """
     cfg = DetectorConfig.from_policy(policy)
-    rows = []
-    for r in ranks:
-        if not r.baseline_step_s:
-            continue
+
+    def window(r: RankReport):
         steps = (r.steps.since(since) if hasattr(r.steps, "since")
                  else [s for s in r.steps if since is None or s.end > since])
         if since is None and len(r.steps) == r.total_steps:
             steps = steps[cfg.warmup:]  # the window starts at the job's start: skip its warm-up
-        if len(steps) >= 3:
-            rows.append((r, steps))
+        return steps
+
+    if since is None:
+        # the window's length without building it (it is built for the chosen ranks only):
+        # at thousands of ranks a job, slicing every window costs more than judging
+        sized = [(r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if len(r.steps) == r.total_steps
+                                     else 0)) for r in ranks if r.baseline_step_s]
+        chosen = heapq.nsmallest(MAX_JUDGED, [x for x in sized if x[1] >= 3], key=lambda x: -x[1])
+        rows = [(r, window(r)) for r, _ in chosen]
+    else:
+        rows = [(r, w) for r in ranks if r.baseline_step_s for w in (window(r),) if len(w) >= 3]
+        rows.sort(key=lambda rs: -len(rs[1]))
+        rows = rows[:MAX_JUDGED]
     if not rows:
         return None, None, 0
-    rows.sort(key=lambda rs: -len(rs[1]))
-    rows = rows[:MAX_JUDGED]
     quick = _within_baseline(rows, policy)
     if quick is not None:
         return quick, None, len(rows)
