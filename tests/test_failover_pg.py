@@ -154,8 +154,11 @@ def _healthz(port: int) -> str:
     import json
     import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-        return json.loads(r.read())["detail"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return json.loads(r.read())["detail"]
+    except OSError:  # not listening yet
+        return ""
 
 
 def test_two_controller_daemons_one_active_the_other_takes_over(pg):
@@ -177,7 +180,9 @@ def test_two_controller_daemons_one_active_the_other_takes_over(pg):
         t.start()
         daemons.append((port, stop, t))
         if len(daemons) == 1:
-            wait_for(lambda: "active" in _healthz(port), 30, "the first daemon to lead", 0.1)
+            wait_for(lambda: "active" in _healthz(port) or not t.is_alive(), 30,
+                     "the first daemon to lead", 0.1)
+            assert t.is_alive(), "the first daemon ended"
     (pa, stop_a, ta), (pb, _, _) = daemons
     try:
         wait_for(lambda: "standby" in _healthz(pb), 30, "the second daemon to stand by", 0.1)
