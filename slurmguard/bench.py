@@ -16,6 +16,7 @@ BENCHES = {
     "loop": "slurmguard.respond.bench:bench_loop",
     "prolog": "slurmguard.nodecheck.bench:bench_prolog",
     "agent": "slurmguard.agent_bench:bench_agent",
+    "scale": "slurmguard.controller.scale_bench:bench_scale",
 }
 
 BENCH_HELP = {
@@ -27,6 +28,7 @@ BENCH_HELP = {
     "loop": "Detection delay of the online loop on the local cluster.",
     "prolog": "Prolog wall time, hung-NVML bound, epilog archive time.",
     "agent": "CPU and RSS of a node agent watching 8 busy rings vs an idle agent.",
+    "scale": "Controller cycle, ingestion, memory at 100-10,000 nodes vs the previous release.",
 }
 
 

@@ -18,6 +18,7 @@ one place that turns them into the assessment the response acts on.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from datetime import datetime, timezone
 
@@ -41,9 +42,45 @@ LOCALISE_RECENT = 9
 OBSERVABLE_COMPUTE = 0.1
 
 
-def _recent(r: RankReport, since: float | None, n: int) -> list:
-    steps = [s for s in r.steps if since is None or s.end > since]
-    return steps[-n:]
+def _recent(r: RankReport, since: float | None, n: int):
+    """The rank's last n iterations that ended after `since`."""
+    if hasattr(r.steps, "since"):  # the controller's compact window (controller.fleet.StepWindow)
+        return r.steps.since(since)[-n:]
+    tail = r.steps[-n:]
+    if since is not None and tail and tail[0].end <= since:
+        tail = [s for s in tail if s.end > since]
+    return tail
+
+
+def _median_without_self(v: np.ndarray) -> np.ndarray:
+    """out[i] = median of v without v[i], for every i at once (O(n log n), not O(n^2))."""
+    n = len(v)
+    order = np.argsort(v, kind="stable")
+    sv = v[order]
+    pos = np.empty(n, dtype=np.intp)
+    pos[order] = np.arange(n)
+    m = n - 1
+    k1, k2 = (m - 1) // 2, m // 2
+    # index k of the list without element at sorted position p is k (k < p) or k + 1
+    i1 = k1 + (k1 >= pos)
+    i2 = k2 + (k2 >= pos)
+    return (sv[i1] + sv[i2]) / 2.0
+
+
+def _compute_medians(windows: list) -> np.ndarray:
+    """Median compute (step - comm) of each rank's recent window, as one array op."""
+    arrays = [getattr(w, "columns", None) for w in windows]
+    if all(a is not None for a in arrays) and len({a.shape for a in arrays}) == 1:
+        a = np.stack(arrays)  # (ranks, 3, n): the controller's compact windows, all one length
+        return np.median(a[:, 1, :] - a[:, 2, :], axis=1)
+    width = max(len(w) for w in windows)
+    x = np.full((len(windows), width), np.nan)
+    for i, w in enumerate(windows):
+        if hasattr(w, "step_s"):
+            x[i, width - len(w):] = w.step_s - w.comm_s
+        else:
+            x[i, width - len(w):] = [s.step_s - s.comm_s for s in w]
+    return np.nanmedian(x, axis=1)
 
 
 def _judge_steps(ranks: list[RankReport], policy: Policy,
@@ -62,19 +99,30 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     windows) are judged: synchronous ranks share their step time.
     """
     cfg = DetectorConfig.from_policy(policy)
-    rows = []
-    for r in ranks:
-        if not r.baseline_step_s:
-            continue
-        steps = [s for s in r.steps if since is None or s.end > since]
+
+    def window(r: RankReport):
+        steps = (r.steps.since(since) if hasattr(r.steps, "since")
+                 else [s for s in r.steps if since is None or s.end > since])
         if since is None and len(r.steps) == r.total_steps:
             steps = steps[cfg.warmup:]  # the window starts at the job's start: skip its warm-up
-        if len(steps) >= 3:
-            rows.append((r, steps))
+        return steps
+
+    if since is None:
+        # the window's length without building it (it is built for the chosen ranks only):
+        # at thousands of ranks a job, slicing every window costs more than judging
+        sized = [(r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if len(r.steps) == r.total_steps
+                                     else 0)) for r in ranks if r.baseline_step_s]
+        chosen = heapq.nsmallest(MAX_JUDGED, [x for x in sized if x[1] >= 3], key=lambda x: -x[1])
+        rows = [(r, window(r)) for r, _ in chosen]
+    else:
+        rows = [(r, w) for r in ranks if r.baseline_step_s for w in (window(r),) if len(w) >= 3]
+        rows.sort(key=lambda rs: -len(rs[1]))
+        rows = rows[:MAX_JUDGED]
     if not rows:
         return None, None, 0
-    rows.sort(key=lambda rs: -len(rs[1]))
-    rows = rows[:MAX_JUDGED]
+    quick = _within_baseline(rows, policy)
+    if quick is not None:
+        return quick, None, len(rows)
     T = len(rows[0][1])
     x = np.full((len(rows), T), np.nan)
     for i, (_, steps) in enumerate(rows):  # right-aligned: the same column is about the same time
@@ -94,6 +142,28 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     current = float(np.median(levels)) if levels else None
     onset = float(np.median(onsets)) if onsets and 2 * len(onsets) >= len(rows) else None
     return current, onset, len(rows)
+
+
+def _within_baseline(rows: list, policy: Policy) -> float | None:
+    """A job whose every judged iteration is within response.tiers.moderate_slowdown
+    of the job's baseline cannot be judged slow by the detector (its level is an
+    average of such iterations): the median of the ranks' window medians then
+    stands for the current step, and the detector is not run (at 1,000 jobs a
+    cycle, running it over every healthy window costs tens of seconds). None: the
+    detector must judge."""
+    limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(
+        np.median([r.baseline_step_s for r, _ in rows]))
+    cols = [getattr(steps, "columns", None) for _, steps in rows]
+    if all(c is not None for c in cols) and len({c.shape for c in cols}) == 1:
+        x = np.stack(cols)[:, 1, :]  # (ranks, steps): the controller's compact windows
+        return None if x.max() >= limit else float(np.median(np.median(x, axis=1)))
+    meds = []
+    for _, steps in rows:
+        x = steps.step_s if hasattr(steps, "step_s") else np.fromiter((s.step_s for s in steps), float)
+        if x.max() >= limit:
+            return None
+        meds.append(float(np.median(x)))
+    return float(np.median(meds))
 
 
 def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list],
@@ -118,17 +188,24 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     computes: dict[tuple[str, int], float] = {}
     roles: dict[tuple[str, int], str] = {}
     hidden = []
-    for (node, rank), st in recents.items():
-        rep = next(r for n, r in ranks if n == node and r.rank == rank)
-        if not st or not rep.baseline_compute_s:
+    by_key = {(n, r.rank): r for n, r in ranks}
+    judged = []
+    for key, st in recents.items():
+        rep = by_key[key]
+        bc = rep.baseline_compute_s
+        if not bc or not len(st):
             continue
-        if rep.baseline_step_s and rep.baseline_compute_s < OBSERVABLE_COMPUTE * rep.baseline_step_s:
-            hidden.append(rank)
+        bs = rep.baseline_step_s
+        if bs and bc < OBSERVABLE_COMPUTE * bs:
+            hidden.append(key[1])
             continue
-        c = float(np.median([s.step_s - s.comm_s for s in st]))
-        computes[(node, rank)] = c
-        ratios[(node, rank)] = c / rep.baseline_compute_s
-        roles[(node, rank)] = rep.role or f"rank{rank}"
+        judged.append((key, st, bc, rep.role))
+    if judged:
+        med = _compute_medians([j[1] for j in judged])
+        for (key, _, bc, role), c in zip(judged, med.tolist()):
+            computes[key] = c
+            ratios[key] = c / bc
+            roles[key] = role or f"rank{key[1]}"
     excess = policy.detection.cross_group.median_excess
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
     unseen = (f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
@@ -136,24 +213,41 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     if not ratios:
         return ratios, computes, slow, ("no rank has a compute baseline yet (warm-up)" if not hidden
                                         else unseen[2:])
-    for key, ratio in ratios.items():
+    # the medians over a rank's same-role peers and over all other ranks, for every
+    # rank at once: one sort per role instead of one median per rank (O(n log n))
+    keys = list(ratios)
+    rv = np.array([ratios[k] for k in keys])
+    cv = np.array([computes[k] for k in keys])
+    by_role: dict[str, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        by_role[roles[k]].append(i)
+    peer_ratio = np.full(len(keys), np.nan)
+    peer_compute = np.full(len(keys), np.nan)
+    for idx in by_role.values():
+        if len(idx) > 1:
+            ix = np.array(idx)
+            peer_ratio[ix] = _median_without_self(rv[ix])
+            peer_compute[ix] = _median_without_self(cv[ix])
+    all_ratio = _median_without_self(rv) if len(keys) > 1 else np.full(1, np.nan)
+    for i, key in enumerate(keys):
+        ratio = ratios[key]
         if ratio <= 1.0 + excess:
             continue
-        peers = [k for k in ratios if k != key and roles[k] == roles[key]]
-        others = peers or [k for k in ratios if k != key]
+        has_peers = not np.isnan(peer_ratio[i])
+        others = len(keys) > 1
         base = computes[key] / ratio
         if others:
-            if ratio <= float(np.median([ratios[k] for k in others])) * (1.0 + excess):
+            grown = float(peer_ratio[i] if has_peers else all_ratio[i])
+            if ratio <= grown * (1.0 + excess):
                 continue
-            if peers and computes[key] <= float(np.median([computes[k] for k in peers])) * (1.0 + excess):
+            if has_peers and computes[key] <= float(peer_compute[i]) * (1.0 + excess):
                 # ranks of one role do the same work: one that computes no longer
                 # than its peers is not their straggler, whatever its own baseline
                 # (a baseline learned during a slow spell makes any rank "grow")
                 continue
-            grown = float(np.median([ratios[k] for k in others]))
-            against = (f"same-role peers {float(np.median([computes[k] for k in peers])):.3g}s"
-                       if peers else f"its baseline {base:.3g}s (no same-role peer; the other "
-                                     f"ranks grew {grown:.2f}x)")
+            against = (f"same-role peers {float(peer_compute[i]):.3g}s"
+                       if has_peers else f"its baseline {base:.3g}s (no same-role peer; the other "
+                                         f"ranks grew {grown:.2f}x)")
         elif ratio > 1.0 + 2 * excess:
             # nothing to compare with: its own baseline, with a wider margin
             against = f"its baseline {base:.3g}s (no other rank's compute is observable)"
@@ -231,9 +325,10 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
              Measure("least_progress_age_s", now - r.last_progress, "s")),
             onset=max(progress),
             text=f"rank {r.rank} made the least progress (last collective {now - r.last_progress:.0f}s ago)"))
+    by_key = {(n, r.rank): r for n, r in ranks}
     for node, rows in slow_ranks.items():
         for rank, c, against in rows:
-            gpu = next((r.gpu for n, r in ranks if n == node and r.rank == rank), None)
+            gpu = by_key[(node, rank)].gpu if (node, rank) in by_key else None
             found.append(Finding(
                 Kind.SLOW_RANK, Subject(job_id=job_id, node=node, rank=rank, gpu=gpu), "localise", now,
                 Severity.WARNING,

@@ -1,6 +1,11 @@
 """The controller process: HTTP ingest in a thread, cycles in the main thread,
 clean shutdown on SIGTERM/SIGINT (the current cycle finishes, then the HTTP
-server and the database close)."""
+server and the database close).
+
+On PostgreSQL several controllers may run against one database: only the one
+holding the lease (controller.lease) runs cycles and acts; the others ingest
+reports, answer /healthz ("standby") and try to take the lease every
+controller.lease_retry_s."""
 
 from __future__ import annotations
 
@@ -46,16 +51,25 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
     stop = stop or threading.Event()
     metrics = ControllerMetrics()
     ctl = Controller(policy, store, slurm, clock, metrics=metrics)
+    lease = None
+    if store.engine.url.get_backend_name() == "postgresql":
+        from slurmguard.controller.lease import Lease
+
+        lease = Lease(store, timeout_s=policy.controller.lease_timeout_s)
+        ctl.executor.fence = lease.fence
     if opts.sweeps:
         ctl.sweeper = _sweeper(policy, store, slurm, clock, ctl.executor)
 
     def health() -> tuple[bool, str]:
+        if lease is not None and not lease.held:
+            return True, "standby (another controller holds the lease)"
+        role = "" if lease is None else f"active (lease epoch {lease.epoch}); "
         last = metrics.last_cycle._value.get()  # noqa: SLF001 - our own gauge
         if last == 0:
-            return True, "starting"
+            return True, role + "starting"
         age = clock.now() - last
         ok = age <= max(3 * opts.interval_s, 30.0)
-        return ok, f"last cycle {age:.0f}s ago"
+        return ok, f"{role}last cycle {age:.0f}s ago"
 
     def ingest(report) -> bool:
         return ctl.fleet.ingest(report, clock.now())
@@ -79,6 +93,15 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
         signal.signal(signal.SIGINT, _stop)
     try:
         while not stop.is_set():
+            if lease is not None:
+                leading = lease.hold()
+                metrics.leader.set(1 if leading else 0)
+                metrics.lease_epoch.set(lease.epoch or 0)
+                if not leading:
+                    if opts.once:
+                        break
+                    stop.wait(policy.controller.lease_retry_s)
+                    continue
             res = ctl.cycle()
             for action, target in res.actions:
                 log.info("action %s %s", action, target)
@@ -88,6 +111,8 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
                 break
             stop.wait(opts.interval_s)
     finally:
+        if lease is not None:
+            lease.release()
         http.stop()
         store.close()
         log.info("controller stopped")

@@ -1,10 +1,21 @@
 """The controller's in-memory view of what the agents reported.
 
-Only the latest report of each node is kept: reports carry rolling windows,
-so the latest one is all the controller needs, and a restarted controller is
-whole again after one report per node. (epoch, seq) from one node must grow
-(epoch: the agent process's start): a replayed or reordered report is refused,
-a restarted agent's first report is taken.
+The latest report of each node is kept for its step windows: reports carry
+rolling windows, so the latest one is all the controller needs, and a restarted
+controller is whole again after one report per node. Telemetry is different:
+an agent sends only the samples since its previous report, so every report's
+samples are queued until the next scoring takes them (`take_telemetry`): each
+sample is scored once, none is lost when several reports arrive between two
+scorings, and a report that arrives while a cycle runs waits for the next one.
+(epoch, seq) from one node must grow (epoch: the agent process's start): a
+replayed or reordered report is refused, a restarted agent's first report is
+taken.
+
+What is kept is bounded by the policy: at most `keep_steps` iterations per rank
+(the newest; stored as arrays, 16 bytes an iteration) and `keep_samples`
+queued telemetry samples per node (the oldest are dropped and counted in
+`dropped_samples`). Nodes Slurm no longer knows are evicted with everything
+kept for them.
 
 Nothing a node reports about a job is trusted beyond that node: `job_ranks`
 keeps only ranks reported by nodes Slurm allocated to the job, and counts the
@@ -15,10 +26,93 @@ others (`foreign_ranks`). Reports from nodes Slurm does not know are refused
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from slurmguard.reports import AgentReport, RankReport, UnavailableSignal
+import numpy as np
+
+from slurmguard.reports import AgentReport, JobReport, RankReport, UnavailableSignal
 from slurmguard.telemetry.base import TelemetrySample
+
+DEFAULT_KEEP_STEPS = 256
+DEFAULT_KEEP_SAMPLES = 4096
+
+
+class Step(NamedTuple):
+    """One iteration as the controller keeps it (the fields of reports.StepSample)."""
+
+    end: float
+    step_s: float
+    comm_s: float
+
+
+class StepWindow(Sequence):
+    """A rank's iterations as one (3, n) float64 array (end, step_s, comm_s):
+    24 bytes an iteration instead of a model object each. Reads like the list
+    of StepSample it replaces (len, index, slice, iterate); `end`, `step_s` and
+    `comm_s` are the columns, for code that works on arrays."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    @classmethod
+    def of(cls, steps, keep: int) -> "StepWindow":
+        if isinstance(steps, StepWindow):
+            return steps if len(steps) <= keep else StepWindow(steps._a[:, -keep:].copy())
+        tail = steps[-keep:] if keep < len(steps) else steps
+        a = np.empty((3, len(tail)))
+        a[0] = [st.end for st in tail]  # a row at a time: about half the cost of element-wise
+        a[1] = [st.step_s for st in tail]
+        a[2] = [st.comm_s for st in tail]
+        return cls(a)
+
+    @property
+    def columns(self) -> np.ndarray:
+        """The (3, n) array: end, step_s, comm_s."""
+        return self._a
+
+    @property
+    def end(self) -> np.ndarray:
+        return self._a[0]
+
+    @property
+    def step_s(self) -> np.ndarray:
+        return self._a[1]
+
+    @property
+    def comm_s(self) -> np.ndarray:
+        return self._a[2]
+
+    def __len__(self) -> int:
+        return self._a.shape[1]
+
+    def __bool__(self) -> bool:
+        return self._a.shape[1] > 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return StepWindow(self._a[:, i])
+        e, st, c = self._a[:, i].tolist()
+        return Step(e, st, c)
+
+    def __iter__(self):
+        for e, st, c in zip(*self._a.tolist()):
+            yield Step(e, st, c)
+
+    def since(self, t: float | None) -> "StepWindow":
+        """The iterations that ended after Unix time t (all for None)."""
+        if t is None:
+            return self
+        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
+
+
+def compact_rank(rank: RankReport, keep: int) -> RankReport:
+    """The rank with its newest `keep` iterations as a StepWindow (fields unchanged)."""
+    return rank.model_copy(update={"steps": StepWindow.of(rank.steps, keep)})
 
 
 @dataclass(frozen=True)
@@ -28,27 +122,43 @@ class Received:
 
 
 class FleetView:
-    """Thread-safe: the HTTP server ingests while the control loop reads."""
+    """Thread-safe: the HTTP server ingests while the control loop reads.
 
-    def __init__(self, stale_s: float = 120.0) -> None:
+    keep_steps: iterations kept per rank (controller.keep_steps_per_rank);
+    keep_samples: telemetry samples queued per node until scored
+    (controller.keep_samples_per_node)."""
+
+    def __init__(self, stale_s: float = 120.0, *, keep_steps: int = DEFAULT_KEEP_STEPS,
+                 keep_samples: int = DEFAULT_KEEP_SAMPLES) -> None:
         self.stale_s = stale_s
+        self.keep_steps = keep_steps
+        self.keep_samples = keep_samples
         self._latest: dict[str, Received] = {}
         self._seq: dict[str, tuple[int, int]] = {}
+        self._samples: dict[str, deque[TelemetrySample]] = {}
         self._lock = threading.Lock()
         self._known: frozenset[str] | None = None
         self.rejected = 0
         self.unknown_nodes = 0
+        self.dropped_samples = 0
+        """Telemetry samples dropped because a node queued more than keep_samples (cumulative)."""
         self.foreign_ranks = 0
         """Ranks dropped because their node is not in the job's allocation (cumulative)."""
 
-    def set_known_nodes(self, nodes) -> None:
-        """The nodes Slurm knows (from the last cycle); None = accept any node."""
+    def set_known_nodes(self, nodes) -> list[str]:
+        """The nodes Slurm knows (from the last cycle); None = accept any node.
+        Returns the nodes evicted (reported before, unknown to Slurm now)."""
         with self._lock:
             self._known = None if nodes is None else frozenset(nodes)
-            if self._known is not None:
-                for gone in set(self._latest) - self._known:
-                    self._latest.pop(gone, None)
-                    self._seq.pop(gone, None)
+            if self._known is None:
+                return []
+            gone = [n for n in self._latest if n not in self._known]
+            gone += [n for n in self._samples if n not in self._known and n not in self._latest]
+            for n in gone:
+                self._latest.pop(n, None)
+                self._seq.pop(n, None)
+                self._samples.pop(n, None)
+            return gone
 
     def known(self, node: str) -> bool:
         k = self._known
@@ -56,8 +166,27 @@ class FleetView:
 
     def ingest(self, report: AgentReport, received_at: float) -> bool:
         """Keep the report unless (epoch, seq) is not newer than the node's last one,
-        or Slurm does not know the node."""
+        or Slurm does not know the node. Its step windows are kept compact (the
+        newest keep_steps per rank), its telemetry is queued for scoring."""
         key = (report.epoch, report.seq)
+        if not self.known(report.node):
+            with self._lock:
+                self.unknown_nodes += 1
+            return False
+        # compacting is the costly part: done outside the lock, the check repeated inside
+        last = self._seq.get(report.node)
+        if last is not None and key <= last:
+            with self._lock:
+                self.rejected += 1
+            return False
+        jobs = [j.model_copy(update={"ranks": [compact_rank(r, self.keep_steps) for r in j.ranks]})
+                for j in report.jobs]
+        node = report.node
+        # built here, in the ingesting thread, so the cycle does not build them all at once
+        samples = [TelemetrySample(node=node, signal=t.signal, value=t.value, unit=t.unit,
+                                   timestamp=t.timestamp, gpu=t.gpu, nic=t.nic)
+                   for t in report.telemetry]
+        kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
                 self.unknown_nodes += 1
@@ -67,7 +196,15 @@ class FleetView:
                 self.rejected += 1
                 return False
             self._seq[report.node] = key
-            self._latest[report.node] = Received(report, received_at)
+            self._latest[report.node] = Received(kept, received_at)
+            if samples:
+                q = self._samples.get(node)
+                if q is None:
+                    q = self._samples[node] = deque(maxlen=self.keep_samples)
+                over = len(q) + len(samples) - self.keep_samples
+                if over > 0:
+                    self.dropped_samples += over
+                q.extend(samples)
             return True
 
     def _live(self, now: float) -> list[Received]:
@@ -86,37 +223,50 @@ class FleetView:
         with self._lock:
             return {n: dict(r.report.ring_errors) for n, r in self._latest.items()}
 
-    def job_ids(self, now: float) -> set[int]:
-        return {j.job_id for r in self._live(now) for j in r.report.jobs}
-
-    def job_ranks(self, job_id: int, now: float,
-                  allocation: tuple[str, ...] | None = None) -> tuple[list[tuple[str, RankReport]], int]:
-        """(node, rank report) for every rank of the job reported by a live agent on a
-        node of `allocation` (Slurm's node list of the job; None = any), and how many
-        ranks other nodes claimed for the job (dropped, added to foreign_ranks)."""
-        out, dropped = [], 0
+    def job_index(self, now: float) -> dict[int, list[tuple[str, JobReport]]]:
+        """job id -> (node, its report of the job) of every live agent: one pass over
+        the fleet per cycle, so finding a job's ranks costs its own nodes only."""
+        out: dict[int, list[tuple[str, JobReport]]] = {}
         for r in self._live(now):
             for j in r.report.jobs:
-                if j.job_id != job_id:
-                    continue
-                if allocation is not None and r.report.node not in allocation:
-                    dropped += len(j.ranks)
-                    continue
-                out.extend((r.report.node, rk) for rk in j.ranks)
-        with self._lock:
-            self.foreign_ranks += dropped
+                out.setdefault(j.job_id, []).append((r.report.node, j))
+        return out
+
+    def job_ids(self, now: float) -> set[int]:
+        return set(self.job_index(now))
+
+    def job_ranks(self, job_id: int, now: float, allocation: tuple[str, ...] | None = None,
+                  index: dict[int, list[tuple[str, JobReport]]] | None = None,
+                  ) -> tuple[list[tuple[str, RankReport]], int]:
+        """(node, rank report) for every rank of the job reported by a live agent on a
+        node of `allocation` (Slurm's node list of the job; None = any), and how many
+        ranks other nodes claimed for the job (dropped, added to foreign_ranks).
+        index: this cycle's job_index (built here when None)."""
+        if index is None:
+            index = self.job_index(now)
+        allowed = None if allocation is None else frozenset(allocation)
+        out, dropped = [], 0
+        for node, j in index.get(job_id, ()):
+            if allowed is not None and node not in allowed:
+                dropped += len(j.ranks)
+                continue
+            out.extend((node, rk) for rk in j.ranks)
+        if dropped:
+            with self._lock:
+                self.foreign_ranks += dropped
         return out, dropped
 
     def unavailable(self, now: float) -> dict[str, list[UnavailableSignal]]:
         """node -> the signals its agent cannot read now (latest live report)."""
         return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
-    def telemetry(self, since: float, until: float, now: float) -> list[TelemetrySample]:
-        """Samples with since < timestamp <= until from live agents."""
-        out = []
-        for r in self._live(now):
-            for t in r.report.telemetry:
-                if since < t.timestamp <= until:
-                    out.append(TelemetrySample(node=r.report.node, signal=t.signal, value=t.value,
-                                               unit=t.unit, timestamp=t.timestamp, gpu=t.gpu, nic=t.nic))
-        return out
+    def take_telemetry(self) -> list[TelemetrySample]:
+        """Every queued telemetry sample, once: the queues are emptied, so a sample is
+        scored by exactly one window, and reports arriving meanwhile queue for the next."""
+        with self._lock:
+            taken, self._samples = self._samples, {}
+        return [t for q in taken.values() for t in q]
+
+    def queued_samples(self) -> int:
+        with self._lock:
+            return sum(len(q) for q in self._samples.values())

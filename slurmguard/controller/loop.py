@@ -42,7 +42,9 @@ _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tie
 
 
 class Ticker(Protocol):
-    def tick(self) -> Any: ...
+    def tick(self, view: tuple[list[NodeInfo], list[JobInfo]] | None = None) -> Any:
+        """view: the cycle's Slurm view (nodes, jobs), None = read a fresh one."""
+        ...
 
 
 @dataclass
@@ -68,7 +70,9 @@ class Controller:
         self.slurm = slurm
         self.clock = clock
         self.actor = actor
-        self.fleet = fleet or FleetView(policy.controller.report_stale_s)
+        self.fleet = fleet or FleetView(policy.controller.report_stale_s,
+                                        keep_steps=policy.controller.keep_steps_per_rank,
+                                        keep_samples=policy.controller.keep_samples_per_node)
         self.executor = executor or ActionExecutor(slurm, store, actor=actor,
                                                    dry_run=policy.safety.dry_run)
         self.safety = SafetyGate(store, policy.safety, actor)
@@ -83,28 +87,38 @@ class Controller:
 
     # ------------------------------------------------------------------ the cycle
     def cycle(self) -> CycleResult:
+        """One pass over the fleet: one Slurm read (SlurmClient.fleet), one read of
+        the node table and one of the live incidents, new nodes registered in one
+        transaction, each job's ranks from one index of the reports; the database
+        is written only where something happened (an incident, an action's audit,
+        which must be durable before the next action, so each commits on its own)."""
         now = self.clock.now()
         res = CycleResult(at=now)
         try:
-            nodes = {n.name: n for n in self.slurm.nodes()}
-            jobs = {j.job_id: j for j in self.slurm.jobs()}
+            node_list, job_list = self.slurm.fleet()
         except SlurmError as exc:
             res.errors.append(str(exc))
             log.error("cycle skipped: %s", exc)
             self._observe(res)
             return res
+        nodes = {n.name: n for n in node_list}
+        jobs = {j.job_id: j for j in job_list}
         self._sync_nodes(nodes)
-        self.fleet.set_known_nodes(nodes)
+        gone = self.fleet.set_known_nodes(nodes)
+        if gone and self.metrics is not None:
+            self.metrics.forget_nodes(gone)
         self._score_telemetry(now, jobs, res)
         self.breaker_open = False
         partitions = self._partitions(nodes)
         slow_nodes: set[str] = set()
-        for job_id in sorted(self.fleet.job_ids(now)):
+        index = self.fleet.job_index(now)
+        live = self._live_incidents()
+        for job_id in sorted(index):
             job = jobs.get(job_id)
             if job is None or job.state != "RUNNING":
                 continue
             try:
-                self._job(job, nodes, partitions, slow_nodes, now, res)
+                self._job(job, nodes, partitions, slow_nodes, now, res, index, live.get(job_id))
             except SlurmError as exc:
                 res.errors.append(f"job {job_id}: {exc}")
             except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others
@@ -113,17 +127,19 @@ class Controller:
         self.breaker_open = self.breaker_open or self.safety.breaker_open(now)
         if self.sweeper is not None:
             try:
-                self.sweeper.tick()
+                # the cycle's Slurm view, unless this cycle changed Slurm: then the
+                # sweeper reads its own, so it sees the drains just taken
+                view = None if res.actions else (node_list, job_list)
+                self.sweeper.tick(view)
             except SlurmError as exc:
                 res.errors.append(f"sweeps: {exc}")
         self._observe(res)
         return res
 
     def _job(self, job: JobInfo, nodes: dict[str, NodeInfo], partitions: dict[str, list[str]],
-             slow_nodes: set[str], now: float, res: CycleResult) -> None:
-        incident = self._live_incident(job.job_id)
+             slow_nodes: set[str], now: float, res: CycleResult, index=None, incident=None) -> None:
         since = _restart_cut(incident)
-        ranks, foreign = self.fleet.job_ranks(job.job_id, now, allocation=job.nodes)
+        ranks, foreign = self.fleet.job_ranks(job.job_id, now, allocation=job.nodes, index=index)
         if foreign:
             res.foreign_ranks += foreign
             log.warning("job %d: dropped %d rank(s) reported by nodes outside its allocation %s",
@@ -159,10 +175,11 @@ class Controller:
 
     # ------------------------------------------------------------------ pieces
     def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
-        for name, n in nodes.items():
-            if name not in self._known_nodes:
-                self.store.get_or_create_node(name, partitions=list(n.partitions))
-                self._known_nodes.add(name)
+        new = {name: list(n.partitions) for name, n in nodes.items() if name not in self._known_nodes}
+        if new:
+            self.store.register_nodes(new)  # one transaction, however many
+            self._known_nodes.update(new)
+        self._known_nodes.intersection_update(nodes)
 
     @staticmethod
     def _partitions(nodes: dict[str, NodeInfo]) -> dict[str, list[str]]:
@@ -173,10 +190,11 @@ class Controller:
         return out
 
     def _score_telemetry(self, now: float, jobs: dict[int, JobInfo], res: CycleResult) -> None:
-        """Score one peer window once per peers.window_s (Guard 4.2)."""
+        """Score one peer window once per peers.window_s (Guard 4.2), over every sample
+        the agents sent since the last window (each sample scored once)."""
         if now - self._scored_until < self.policy.detection.peers.window_s:
             return
-        samples = self.fleet.telemetry(self._scored_until, now, now)
+        samples = self.fleet.take_telemetry()
         self._scored_until = now
         if not samples:
             return
@@ -186,6 +204,19 @@ class Controller:
         for f in flags:
             self._flags.setdefault(f.node, []).append(f)
         res.flags = flags
+
+    def _live_incidents(self) -> dict[int, Any]:
+        """job id -> its latest incident that is not closed (open, mitigated or
+        suppressed), for every job, from one read."""
+        out: dict[int, Any] = {}
+        for r in self.store.live_incidents():
+            if r.kind == "error":
+                continue
+            try:
+                out[int(r.job_id)] = r  # oldest first: the latest wins
+            except ValueError:
+                continue
+        return out
 
     def _live_incident(self, job_id: int):
         """The job's latest incident that is not closed (open, mitigated or suppressed)."""

@@ -38,6 +38,16 @@ class ControllerMetrics:
                                  registry=r)
         self.last_cycle = Gauge("slurmguard_last_cycle_timestamp_seconds", "Unix time of the last cycle",
                                 registry=r)
+        self.leader = Gauge("slurmguard_controller_active",
+                            "1 while this controller holds the lease and acts, 0 while standby "
+                            "(PostgreSQL; always 1 on SQLite)", registry=r)
+        self.leader.set(1)
+        self.lease_epoch = Gauge("slurmguard_lease_epoch",
+                                 "Lease epoch this controller holds (0: none)", registry=r)
+        self._dropped_seen = 0
+        self.telemetry_dropped = Counter("slurmguard_telemetry_dropped",
+                                       "Telemetry samples dropped unscored because a node queued more "
+                                       "than controller.keep_samples_per_node", registry=r)
         self.unavailable = Gauge("slurmguard_telemetry_unavailable",
                                  "1 per signal a node's agent cannot read now (signal=source: the whole source)",
                                  ["node", "source", "signal", "device"], registry=r)
@@ -53,8 +63,7 @@ class ControllerMetrics:
             self.cycle_errors.inc(len(res.errors))
         self.breaker.set(1 if controller.breaker_open else 0)
         counts = {s.value: 0 for s in NodeState}
-        for rec in controller.store.list_nodes():
-            counts[str(rec.state)] = counts.get(str(rec.state), 0) + 1
+        counts.update(controller.store.node_counts())
         for state, n in counts.items():
             self.nodes.labels(state).set(n)
         for node, lag in controller.fleet.report_lag(res.at).items():
@@ -62,8 +71,24 @@ class ControllerMetrics:
         for node, kinds in controller.fleet.ring_errors().items():
             for kind, n in kinds.items():
                 self.ring_errors.labels(node, kind).set(n)
+        dropped = controller.fleet.dropped_samples
+        if dropped > self._dropped_seen:
+            self.telemetry_dropped.inc(dropped - self._dropped_seen)
+            self._dropped_seen = dropped
         self.last_cycle.set(res.at)
         self.observe_unavailable(controller.fleet.unavailable(res.at))
+
+    def forget_nodes(self, nodes) -> None:
+        """Drop the per-node series of nodes that left the cluster, so /metrics
+        does not grow with every node that ever reported."""
+        gone = set(nodes)
+        for node in gone:
+            try:
+                self.report_lag.remove(node)
+            except KeyError:
+                pass
+        for labels in [k for k in self.ring_errors._metrics if k[0] in gone]:  # noqa: SLF001
+            self.ring_errors.remove(*labels)
 
     def observe_unavailable(self, by_node) -> None:
         """Exactly the signals the live reports say cannot be read (a signal that

@@ -26,10 +26,16 @@ class ActionExecutor:
     store: Store
     actor: str = "slurmguard"
     dry_run: bool = False
+    fence: Callable[[], dict[str, Any]] | None = None
+    """Called before every action (controller.lease.Lease.fence): raises (a
+    SlurmError) when this controller may not act; what it returns (the lease
+    epoch) goes into the action's audit evidence."""
 
     def _do(self, action: str, fn: Callable[[], T], *, node: str | None = None,
             job_id: int | None = None, reason: str | None = None,
             argv: list[str] | None = None, evidence: dict[str, Any] | None = None) -> T | None:
+        if self.fence is not None:
+            evidence = {**(evidence or {}), **self.fence()}
         common = dict(actor=self.actor, node=node, job_id=None if job_id is None else str(job_id),
                       reason=reason, argv=argv, evidence=evidence)
         if self.dry_run:

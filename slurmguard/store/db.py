@@ -171,12 +171,27 @@ def _sqlite_on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur.close()
 
 
+READ_ONLY = "slurmguard_read_only"
+"""Execution option of the engine `reading` returns."""
+
+
+def reading(engine: Engine) -> Engine:
+    """The engine for transactions that only read: on SQLite they BEGIN DEFERRED
+    (a snapshot under WAL, no write lock); on PostgreSQL nothing changes."""
+    return engine.execution_options(**{READ_ONLY: True})
+
+
 def _sqlite_begin(conn: Any) -> None:
     # IMMEDIATE takes the write lock up front: concurrent writers queue on the
     # busy timeout instead of failing with SQLITE_BUSY when a read snapshot
     # has to be upgraded, and a read-check-write (a lifecycle transition)
-    # sees the state it changes. Transactions are short, so readers wait little.
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # sees the state it changes. Transactions that only read (`reading`) take
+    # a WAL snapshot instead, so a control cycle's reads neither wait for nor
+    # hold the write lock.
+    if conn.get_execution_options().get(READ_ONLY):
+        conn.exec_driver_sql("BEGIN")
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -87,6 +87,7 @@ class Store:
         self.engine = engine
         self.clock: Clock = clock or SystemClock()
         self._sessions: sessionmaker[Session] = db.session_factory(engine)
+        self._reads: sessionmaker[Session] = db.session_factory(db.reading(engine))
         self._bound: Session | None = None
 
     @classmethod
@@ -120,10 +121,11 @@ class Store:
             yield self
             return
         view = Store.__new__(Store)
-        view.engine, view.clock, view._sessions = (
+        view.engine, view.clock, view._sessions, view._reads = (
             self.engine,
             self.clock,
             self._sessions,
+            self._reads,
         )
         with db.translate_errors(self.engine.url), self._sessions.begin() as session:
             view._bound = session
@@ -133,11 +135,14 @@ class Store:
                 view._bound = None
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[Session]:
+    def _tx(self, read: bool = False) -> Iterator[Session]:
+        """A transaction; read=True: one that only reads (on SQLite it does not take
+        the write lock, so reads never queue behind a writer or block one)."""
         if self._bound is not None:
             yield self._bound
             return
-        with db.translate_errors(self.engine.url), self._sessions.begin() as session:
+        factory = self._reads if read else self._sessions
+        with db.translate_errors(self.engine.url), factory.begin() as session:
             yield session
 
     def now(self) -> datetime:
@@ -204,8 +209,43 @@ class Store:
             s.flush()
             return _node_rec(row)
 
-    def get_node(self, name: str) -> NodeRecord | None:
+    def register_nodes(self, nodes: dict[str, Sequence[str]], at: Timestamp | None = None) -> int:
+        """Register every node of `nodes` (name -> partitions) the database does not
+        know yet, and set the partitions of those it knows (Slurm's view wins), in
+        one transaction, however many nodes; returns how many were new."""
+        for name in nodes:
+            _check_name(name)
+        when = self._at(at)
         with self._tx() as s:
+            have = {r.name: r for r in s.scalars(select(Node).where(Node.name.in_(list(nodes))))} \
+                if len(nodes) <= 500 else {r.name: r for r in s.scalars(select(Node))}
+            fresh = []
+            for name, parts in nodes.items():
+                p = list(_partitions(parts))
+                row = have.get(name)
+                if row is None:
+                    row = Node(name=name, hw_class=None, state=INITIAL_STATE.value, state_since=when,
+                               partitions=p, last_seen=None, created_at=when)
+                    s.add(row)
+                    fresh.append(row)
+                elif list(row.partitions) != p:
+                    row.partitions = p
+            s.flush()
+            s.add_all(NodeTransition(node_id=row.id, at=when, from_state=None,
+                                     to_state=INITIAL_STATE.value, cause="registered", evidence={},
+                                     actor=DEFAULT_ACTOR, forced=False) for row in fresh)
+        return len(fresh)
+
+    def node_counts(self) -> dict[str, int]:
+        """Nodes per lifecycle state (one aggregate query)."""
+        from sqlalchemy import func
+
+        with self._tx(read=True) as s:
+            return {str(st): int(n) for st, n in
+                    s.execute(select(Node.state, func.count()).group_by(Node.state))}
+
+    def get_node(self, name: str) -> NodeRecord | None:
+        with self._tx(read=True) as s:
             row = s.scalar(select(Node).where(Node.name == name))
             return None if row is None else _node_rec(row)
 
@@ -223,7 +263,7 @@ class Store:
             q = q.where(Node.state.in_([parse_state(x).value for x in states]))
         if hw_class is not None:
             q = q.where(Node.hw_class == hw_class)
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             rows = [_node_rec(r) for r in s.scalars(q)]
         # JSON containment differs per backend; the fleet is small enough to filter here.
         return (
@@ -405,7 +445,7 @@ class Store:
             q = q.where(AuditEntry.at >= to_utc(since, "since"))
         if until is not None:
             q = q.where(AuditEntry.at < to_utc(until, "until"))
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             return [
                 _audit_rec(r)
                 for r in _newest(s, q, (AuditEntry.at, AuditEntry.id), limit)
@@ -511,7 +551,7 @@ class Store:
             )
         if job_id is not None:
             q = q.where(Incident.job_id == str(job_id))
-        with self._tx() as s:
+        with self._tx(read=True) as s:
             rows = [
                 _incident_rec(r)
                 for r in _newest(
@@ -522,6 +562,15 @@ class Store:
             rows = [r for r in rows if node in r.nodes]
             rows = rows[-limit:] if limit else rows
         return rows
+
+    def live_incidents(self) -> list[IncidentRecord]:
+        """Every incident not closed yet (open, mitigated or suppressed), oldest
+        first: what a control cycle reads once for all its jobs."""
+        live = [IncidentStatus.OPEN.value, IncidentStatus.MITIGATED.value,
+                IncidentStatus.SUPPRESSED.value]
+        q = select(Incident).where(Incident.status.in_(live)).order_by(Incident.detected_at, Incident.id)
+        with self._tx(read=True) as s:
+            return [_incident_rec(r) for r in s.scalars(q)]
 
     # ------------------------------------------------------------ summaries
     def add_telemetry_summaries(self, rows: Iterable[TelemetrySummaryRecord]) -> int:

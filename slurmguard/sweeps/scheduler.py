@@ -178,10 +178,12 @@ class SweepScheduler:
         return bool(self.executor.dry_run)
 
     # ================================================================== the tick
-    def tick(self) -> TickResult:
+    def tick(self, view: tuple[list[NodeInfo], list[JobInfo]] | None = None) -> TickResult:
+        """view: (nodes, jobs) the controller's cycle just read from Slurm (one read per
+        cycle at scale); None = read them here."""
         now = self.clock.now()
         res = TickResult(at=now)
-        view = self._read_view(now)
+        view = self._read_view(now, view)
         self._view_cache = view
         records = self._sync_nodes(view)
         self._cleanup(view, records, res)
@@ -218,10 +220,11 @@ class SweepScheduler:
                 res.errors.append(f"rolling: {exc}")
         return res
 
-    def _read_view(self, now: float) -> _View:
-        nodes = {n.name: n for n in self.slurm.nodes()}
+    def _read_view(self, now: float, given: tuple[list[NodeInfo], list[JobInfo]] | None = None) -> _View:
+        node_list, job_list = given if given is not None else self.slurm.fleet()
+        nodes = {n.name: n for n in node_list}
         resv = {r.name: r for r in self.slurm.reservations()}
-        jobs = {j.job_id: j for j in self.slurm.jobs()}
+        jobs = {j.job_id: j for j in job_list}
         return _View(nodes, resv, jobs, now)
 
     def _sync_nodes(self, view: _View) -> dict[str, NodeRecord]:

@@ -1,0 +1,169 @@
+"""The control cycle at scale: what it reads and writes per cycle, what it keeps,
+and that every telemetry sample an agent sends is scored exactly once.
+(Figures live in `slurmguard bench scale`; these are the correctness rules.)
+Fast: FakeSlurm, a real SQLite store, a FakeClock (about 3 s in all)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sqlalchemy import event
+
+from slurmguard.config import parse_policy
+from slurmguard.controller.assess import _median_without_self
+from slurmguard.controller.fleet import FleetView, StepWindow
+from slurmguard.controller.loop import Controller
+from slurmguard.controller.metrics import ControllerMetrics
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
+from slurmguard.slurm.fake import FakeSlurm
+from slurmguard.store.db import READ_ONLY
+
+POLICY = parse_policy("""
+detection:
+  peers: {window_s: 10, consecutive_windows: 2, min_peers: 4}
+controller: {keep_steps_per_rank: 16, keep_samples_per_node: 64}
+""")
+
+
+def _report(node: str, seq: int, now: float, *, tel_from: float = 0.0, n_tel: int = 0,
+            job: int | None = None, steps: int = 40) -> AgentReport:
+    jobs = []
+    if job is not None:
+        ss = [StepSample(end=now - steps + i + 1, step_s=1.0, comm_s=0.3) for i in range(steps)]
+        jobs = [JobReport(job_id=job, ranks=[RankReport(rank=0, gpu=0, baseline_step_s=1.0,
+                                                        baseline_compute_s=0.7, steps=ss,
+                                                        total_steps=400, last_progress=now)])]
+    tel = [TelemetryRecord(signal="sm_clock", value=1980.0, unit="MHz", timestamp=tel_from + i, gpu=0)
+           for i in range(n_tel)]
+    return AgentReport(node=node, seq=seq, sent_at=now, jobs=jobs, telemetry=tel)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 10, 33])
+def test_median_without_self_is_the_median_of_the_others(n):
+    rng = np.random.default_rng(n)
+    for v in (rng.normal(size=n), rng.integers(0, 3, size=n).astype(float)):  # ties too
+        want = [float(np.median(np.delete(v, i))) for i in range(n)]
+        assert _median_without_self(v).tolist() == pytest.approx(want)
+
+
+def test_step_window_reads_like_the_list_it_replaces():
+    steps = [StepSample(end=100.0 + i, step_s=1.0 + i / 100, comm_s=0.25) for i in range(30)]
+    w = StepWindow.of(steps, keep=20)
+    assert len(w) == 20 and w[0].end == steps[10].end and w[-1].step_s == steps[-1].step_s
+    assert [s.end for s in w[-3:]] == [s.end for s in steps[-3:]]
+    assert [s.end for s in w.since(125.0)] == [s.end for s in steps if s.end > 125.0]
+    assert len(w.since(None)) == 20 and len(w.since(1e12)) == 0 and not w.since(1e12)
+
+
+def _scored(ctl: Controller) -> list[float]:
+    seen: list[float] = []
+    real = ctl.scorer.window
+
+    def window(samples, group=None):
+        seen.extend(s.timestamp for s in samples)
+        return real(samples, group)
+
+    ctl.scorer.window = window
+    return seen
+
+
+def test_every_sample_is_scored_once_also_when_reports_arrive_during_a_cycle(sqlite_store, fake_clock):
+    slurm = FakeSlurm(["node1", "node2"], clock=fake_clock)
+    ctl = Controller(POLICY, sqlite_store, slurm, fake_clock)
+    seen = _scored(ctl)
+    now = fake_clock.now()
+    # three reports of one node between two scorings (10 s reports, a 30 s window):
+    # only the latest report's steps matter, but all three reports' samples must be scored
+    for k in range(3):
+        assert ctl.fleet.ingest(_report("node1", k + 1, now, tel_from=1000 + 10 * k, n_tel=10), now)
+    fake_clock.advance(10)
+    ctl.cycle()
+    assert sorted(seen) == [1000.0 + i for i in range(30)]
+    # a report arriving while the scorer runs goes to the next window, not lost, not twice
+    real = ctl.scorer.window
+
+    def arrives_meanwhile(samples, group=None):
+        ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5), fake_clock.now())
+        return real(samples, group)
+
+    ctl.fleet.ingest(_report("node1", 4, fake_clock.now(), tel_from=1030, n_tel=5), fake_clock.now())
+    ctl.scorer.window = arrives_meanwhile
+    seen.clear()
+    fake_clock.advance(10)
+    ctl.cycle()
+    assert sorted(seen) == [1030.0 + i for i in range(5)]
+    ctl.scorer.window = real
+    seen = _scored(ctl)
+    fake_clock.advance(10)
+    ctl.cycle()
+    assert sorted(seen) == [2000.0 + i for i in range(5)]
+    # a replayed report (same epoch, seq) adds nothing
+    assert not ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5),
+                                fake_clock.now())
+    seen.clear()
+    fake_clock.advance(10)
+    ctl.cycle()
+    assert seen == []
+
+
+def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, fake_clock):
+    fleet = FleetView(keep_steps=16, keep_samples=64)
+    now = fake_clock.now()
+    assert fleet.ingest(_report("node1", 1, now, job=7, steps=100, n_tel=50), now)
+    assert fleet.ingest(_report("node1", 2, now, job=7, steps=100, tel_from=50, n_tel=50), now)
+    (_, rank), = fleet.job_ranks(7, now)[0]
+    assert len(rank.steps) == 16 and rank.steps[-1].end == now  # the newest iterations
+    assert fleet.dropped_samples == 36
+    taken = fleet.take_telemetry()
+    assert [s.timestamp for s in taken] == [36.0 + i for i in range(64)]  # oldest dropped
+    assert fleet.take_telemetry() == []
+
+
+def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sqlite_store, fake_clock):
+    names = [f"n{i:04d}" for i in range(300)]
+    slurm = FakeSlurm(names, clock=fake_clock)
+    calls = {"fleet": 0, "nodes": 0, "jobs": 0}
+
+    def counted(name):
+        def call(*a, **k):
+            calls[name] += 1
+            if name == "fleet":  # FakeSlurm.fleet reads through its own methods: not counted
+                return FakeSlurm.nodes(slurm), FakeSlurm.jobs(slurm)
+            return getattr(FakeSlurm, name)(slurm, *a, **k)
+        return call
+
+    for name in calls:
+        setattr(slurm, name, counted(name))
+    commits = []
+    # write transactions only: the cycle's reads take no write lock (db.reading)
+    event.listen(sqlite_store.engine, "commit",
+                 lambda conn: commits.append(1) if not conn.get_execution_options().get(READ_ONLY)
+                 else None)
+    ctl = Controller(POLICY, sqlite_store, slurm, fake_clock, metrics=ControllerMetrics())
+    ctl.cycle()
+    assert calls == {"fleet": 1, "nodes": 0, "jobs": 0}
+    assert len(sqlite_store.list_nodes()) == 300
+    writes = len(commits)
+    assert writes == 1, f"{writes} write transactions in a first cycle of 300 nodes"
+    ctl.cycle()
+    assert calls["fleet"] == 2 and calls["nodes"] == calls["jobs"] == 0
+
+
+def test_departed_nodes_are_evicted_with_their_metric_series(sqlite_store, fake_clock):
+    slurm = FakeSlurm(["node1", "node2"], clock=fake_clock)
+    metrics = ControllerMetrics()
+    ctl = Controller(POLICY, sqlite_store, slurm, fake_clock, metrics=metrics)
+    ctl.cycle()
+    now = fake_clock.now()
+    for i, node in enumerate(("node1", "node2")):
+        r = _report(node, 1, now, n_tel=3).model_copy(update={"ring_errors": {"corrupt_records": 2}})
+        assert ctl.fleet.ingest(r, now)
+    ctl.cycle()
+    text = metrics.render().decode()
+    assert 'node="node2"' in text
+    del slurm._nodes["node2"]  # noqa: SLF001 - the node left the cluster
+    ctl.cycle()
+    text = metrics.render().decode()
+    assert 'node="node2"' not in text and 'node="node1"' in text
+    assert ctl.fleet.nodes_reporting(fake_clock.now()) == {"node1"}
+    assert not ctl.fleet.ingest(_report("node2", 2, now), now)  # and it cannot come back unasked
