@@ -17,12 +17,23 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import itertools
 import json
+import os
+import struct
+import time
 from pathlib import Path
 
 import pytest
 
-from slurmguard.hook.ring import F_CAPTURED, F_GPU_TIME, F_IN_GROUP, F_NO_EVENT, RingReader
+from slurmguard.agent.rings import RingTracker
+from slurmguard.hook.ring import (
+    F_CAPTURED,
+    F_GPU_TIME,
+    F_IN_GROUP,
+    F_NO_EVENT,
+    RingReader,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "gpu" / "h100-nccl2.28.9"
@@ -82,7 +93,7 @@ def test_gpu_times_lie_on_the_host_clock(tmp_path):
     _, recs = records(unpack(tmp_path, "hook"))
     timed = [r for r in recs if r.flags & F_GPU_TIME]
     assert len(timed) == 13 * 5 + 13  # 5 collective cases + 13 p2p groups (group_end)
-    for a, b in zip(timed, timed[1:]):
+    for a, b in itertools.pairwise(timed):
         assert a.gpu_start_ns <= a.gpu_end_ns <= b.gpu_start_ns
     idle = [c for c in calls("hook") if not c["busy"]]
     for c in idle:
@@ -172,3 +183,33 @@ def test_recorded_rings_are_complete(tmp_path, run):
             batch = r.read()
             assert batch.lost == 0 and batch.corrupt == 0
             assert r.header.overwritten == 0 and r.header.gpu_lost == 0
+
+
+def test_agent_reads_the_real_hook_ring(tmp_path):
+    """The recorded ring through the agent's tracker (its header's clock
+    offset set to this boot's, as a replay must): collectives are timed by
+    their GPU work, the calls inside each p2p batch take the GPU span of
+    the batch's outermost group_end, bookkeeping stays out."""
+    job = tmp_path / "16"
+    job.mkdir()
+    src = unpack(tmp_path, "hook")
+    (ring_file,) = src.glob("*.ring")
+    data = bytearray(ring_file.read_bytes())
+    struct.pack_into("<q", data, 48, time.time_ns() - time.monotonic_ns())
+    (job / ring_file.name).write_bytes(bytes(data))
+    tr = RingTracker(str(tmp_path), "vm", lambda: {16: os.getuid()}, young_s=0.0)
+    (t,) = tr.poll()
+    assert t.corrupt == 0 and t.lost == 0
+    _, recs = records(src)
+    timed = {r.start_ns: r for r in recs if r.flags & F_GPU_TIME}
+    names = [r.op_name for r in recs if r.op_name in ("allreduce", "allgather", "send", "recv")]
+    assert len(t.op) == len(names) == 13 * 5 + 26
+    groups = sorted((r.start_ns, r) for r in recs if r.op_name == "group_end" and r.flags & F_GPU_TIME)
+    for i in range(len(t.op)):
+        if t.start_ns[i] in timed:
+            r = timed[t.start_ns[i]]
+            assert (t.begin_ns[i], t.finish_ns[i]) == (r.gpu_start_ns, r.gpu_end_ns)
+        else:  # a send or recv of a batch: its group's span
+            g = next(r for s, r in groups if s >= t.start_ns[i])
+            assert (t.begin_ns[i], t.finish_ns[i]) == (g.gpu_start_ns, g.gpu_end_ns)
+            assert t.finish_ns[i] - t.begin_ns[i] > 100_000  # 256 MB: over 0.1 ms on the GPU

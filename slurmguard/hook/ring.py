@@ -62,6 +62,12 @@ OP_NAMES: tuple[str, ...] = (
     "peer_xfer",
 )
 OP = {name: value for value, name in enumerate(OP_NAMES)}
+#: ops that are not collectives: bookkeeping (groups, communicators, holds,
+#: padding) and the profiler plugin's per-link aggregates (peer_xfer); what
+#: readers leave out of op sequences and iteration timing
+NOT_COLLECTIVE = frozenset(
+    OP[n] for n in ("none", "group_start", "group_end", "comm_init", "comm_destroy",
+                    "comm_abort", "hold", "comm_split", "peer_xfer"))
 
 # enum sg_datatype, by value, and element sizes in bytes
 DATATYPE_NAMES: tuple[str, ...] = (
