@@ -92,6 +92,19 @@ int main(void)
 		      (unsigned long long)atomic_load(&prof->holds));
 	}
 	CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+	/* a communicator of one, as recorded under NCCL 2.28.9 on a GPU: its
+	 * collectives give the plugin nothing, a send to oneself host times */
+	{
+		ncclComm_t one;
+
+		ncclGetUniqueId(&uid);
+		CHECK(ncclCommInitRank(&one, 1, uid, 0) == ncclSuccess, "init 1-rank");
+		CHECK(ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, one, s) == ncclSuccess,
+		      "1-rank allreduce");
+		CHECK(ncclSend(in, 16, ncclFloat32, 0, one, s) == ncclSuccess, "send to self");
+		cudaStreamSynchronize(s);
+		CHECK(ncclCommDestroy(one) == ncclSuccess, "destroy 1-rank");
+	}
 	hook = try_ring("nccl");
 
 	if (version < 4) {
@@ -99,10 +112,11 @@ int main(void)
 		int k;
 
 		CHECK(prof == NULL, "a ring from a plugin NCCL cannot load");
-		/* the hook's records come when their GPU events complete */
-		for (k = 0; k < 200 && hook && test_count_op(hook, SG_OP_ALLREDUCE) < NCOLL; k++)
+		/* the hook's records come when their GPU events complete (the
+		 * 1-rank communicator's all-reduce too) */
+		for (k = 0; k < 200 && hook && test_count_op(hook, SG_OP_ALLREDUCE) < NCOLL + 1; k++)
 			usleep(10000);
-		CHECK(hook && test_count_op(hook, SG_OP_ALLREDUCE) == NCOLL, "hook records: %d",
+		CHECK(hook && test_count_op(hook, SG_OP_ALLREDUCE) == NCOLL + 1, "hook records: %d",
 		      hook ? test_count_op(hook, SG_OP_ALLREDUCE) : -1);
 		cleanup();
 		DONE(name);
@@ -118,8 +132,9 @@ int main(void)
 	      "the hook recorded too: %d allreduce", test_count_op(hook, SG_OP_ALLREDUCE));
 
 	wc = atomic_load(&prof->write_counter);
-	/* init, 5 + 1 collectives, send, hold, 2 links, destroy: nothing per step */
-	CHECK(wc == 1 + NCOLL + 1 + 1 + 1 + 2 + 1, "%llu records", (unsigned long long)wc);
+	/* init, 5 + 1 collectives, send, hold, 2 links, destroy: nothing per
+	 * step; then the 1-rank communicator's init, send to self, destroy */
+	CHECK(wc == 1 + NCOLL + 1 + 1 + 1 + 2 + 1 + 3, "%llu records", (unsigned long long)wc);
 	for (n = 0, i = 0; n < wc; n++) {
 		CHECK(sg_ring_read(prof, n, &r) == SG_READ_OK, "record %llu", (unsigned long long)n);
 		if (r.op == SG_OP_ALLREDUCE && i < NCOLL) {
@@ -154,6 +169,16 @@ int main(void)
 		}
 	}
 	CHECK(n < wc, "no send record");
+	for (n = wc - 3; n < wc; n++) {
+		static const uint16_t want[3] = { SG_OP_COMM_INIT, SG_OP_SEND, SG_OP_COMM_DESTROY };
+
+		CHECK(sg_ring_read(prof, n, &r) == SG_READ_OK && r.op == want[n - (wc - 3)],
+		      "1-rank record %llu: op %u", (unsigned long long)n, r.op);
+		if (r.op == SG_OP_SEND)
+			CHECK(r.flags == SG_F_NO_EVENT && r.peer == 0, "send to self: flags %#x",
+			      r.flags);
+	}
+	CHECK(test_count_op(prof, SG_OP_ALLREDUCE) == NCOLL + 1, "1-rank allreduce recorded");
 	{
 		struct sg_record slow = { 0 }, fine = { 0 };
 		int links = 0;
@@ -193,7 +218,7 @@ int main(void)
 		       slow.xfer_net_ns / 1e6 / (double)slow.count,
 		       fine.xfer_net_ns / 1e6 / (double)fine.count);
 	}
-	CHECK(test_count_op(prof, SG_OP_HOLD) == 1 && test_count_op(prof, SG_OP_COMM_DESTROY) == 1,
+	CHECK(test_count_op(prof, SG_OP_HOLD) == 1 && test_count_op(prof, SG_OP_COMM_DESTROY) == 2,
 	      "hold / destroy records");
 	cleanup();
 	DONE(name);
