@@ -25,6 +25,7 @@ from slurmguard.agent.analysis import RankAnalyzer, comm_time
 from slurmguard.agent.rings import RingTracker
 from slurmguard.config import Policy
 from slurmguard.controller.assess import assess_job
+from slurmguard.controller.links import slow_links
 from slurmguard.hook import ring
 from tests.fixtures.agent import recorded
 from tests.test_agent_localise import judge as judge_gloo
@@ -234,3 +235,37 @@ def test_comm_time_takes_ops_in_any_order():
     a = comm_time(np.array([10, 50, 120]), np.array([40, 60, 150]), bounds)
     b = comm_time(np.array([50, 10, 120]), np.array([60, 40, 150]), bounds)
     assert a.tolist() == b.tolist() == [40.0, 30.0]
+
+
+def test_slow_link_from_the_plugins_transfer_times(tmp_path):
+    """A 4-rank ring where rank 0 sends to rank 1 over a slow link: each
+    rank's peer_xfer records reach its report as links, and the controller
+    names that link (network time per step against the job's other links
+    of that direction), as evidence beside the assessment."""
+    d = tmp_path / str(JOB)
+    d.mkdir()
+    t = time.monotonic_ns() - 10**9
+    for r in range(4):
+        w = ring.RingWriter(str(d / f"rank-{r}.step-0.ncclprof.ring"), capacity=64, job_id=JOB,
+                            step_id=0, global_rank=r, world_size=4,
+                            source=ring.SOURCE_NCCL_PROFILER, node_name=f"node{r}")
+        for peer, sent in (((r + 1) % 4, True), ((r + 3) % 4, False)):
+            slow = (r, peer, sent) in ((0, 1, True), (1, 0, False))
+            w.append(ring.OP["peer_xfer"], comm_id=9, count=40, nbytes=40 << 19, start_ns=t,
+                     end_ns=t + 10**8, peer=peer, flags=ring.F_XFER_SEND if sent else 0,
+                     xfer_net_ns=40 * (8_000_000 if slow else 800_000), xfer_ops=4)
+        w.close()
+    reports = []
+    for r in range(4):
+        tr = RingTracker(str(tmp_path), f"node{r}", lambda: {JOB: os.getuid()}, young_s=0.0)
+        (tracked,) = tr.poll()
+        rep = RankAnalyzer(POLICY.agent, POLICY.detection).report(tracked)
+        assert len(rep.links) == 2 and all(lk.steps == 40 for lk in rep.links)
+        reports.append((f"node{r}", rep))
+    got = slow_links(reports, POLICY)
+    assert got == ["node0/0 -> peer 1: 8 ms/step on the network vs median 0.8",
+                   "node1/1 <- peer 0: 8 ms/step on the network vs median 0.8"]
+    healthy = [(n, r.model_copy(update={"links": [lk for lk in r.links if lk.net_s < 0.1]}))
+               for n, r in reports]
+    assert slow_links(healthy, POLICY) == []
+    assert slow_links([(n, r.model_copy(update={"links": []})) for n, r in reports], POLICY) == []

@@ -30,7 +30,13 @@ from slurmguard.detect.period import Iterations, find_iterations, iteration_anch
 from slurmguard.detect.records import RankOps
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.hook.ring import F_ASYNC, SOURCE_TORCH
-from slurmguard.reports import ChangeReport, RankReport, StepSample
+from slurmguard.reports import (
+    MAX_LINKS,
+    ChangeReport,
+    LinkReport,
+    RankReport,
+    StepSample,
+)
 
 
 def rank_ops(tr: TrackedRing) -> RankOps:
@@ -105,6 +111,15 @@ def comm_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> n
     return np.bincount(i, weights=part, minlength=n)[:n]
 
 
+def link_reports(tr: TrackedRing) -> list[LinkReport]:
+    """The rank's links with transfers (profiler plugin), busiest first."""
+    rows = sorted(tr.links.items(), key=lambda kv: -kv[1].steps)[:MAX_LINKS]
+    return [LinkReport(comm=comm, peer=peer, sent=sent, steps=lt.steps, bytes=lt.bytes,
+                       net_s=lt.net_ns / 1e9, peer_wait_s=lt.peer_wait_ns / 1e9,
+                       gpu_wait_s=lt.gpu_wait_ns / 1e9)
+            for (comm, peer, sent), lt in rows if lt.steps > 0 and peer >= 0]
+
+
 def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
     """Start times (ns, the ops' clock) of each iteration's anchor op, or None.
 
@@ -175,7 +190,8 @@ class RankAnalyzer:
             last_progress=tr.to_unix_s(last_end) if last_end else None,
             in_flight_since=(tr.to_unix_s(tr.in_flight_since_ns)
                              if tr.in_flight_since_ns is not None else None),
-            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited)
+            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited,
+            links=link_reports(tr))
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
         it = find_iterations(rank_ops(tr), self.detection.period)

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from slurmguard.config import Policy
+from slurmguard.controller.links import slow_links
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.reports import RankReport
@@ -237,7 +238,8 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
                   "current_s": None if current is None else round(current, 6),
                   "rank_compute_ratio": {f"{n}/{r}": round(v, 4) for (n, r), v in ratios.items()},
                   "rank_compute_s": {f"{n}/{r}": round(v, 6) for (n, r), v in computes.items()},
-                  **({"localisation": why_not} if why_not and not culprits else {})})
+                  **({"localisation": why_not} if why_not and not culprits else {}),
+                  **({"slow_links": links} if (links := slow_links(ranks, policy)) else {})})
 
 
 def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:
