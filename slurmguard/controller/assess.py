@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from slurmguard.config import Policy
-from slurmguard.controller.links import slow_links
+from slurmguard.controller.links import link_verdict
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.reports import RankReport
@@ -223,6 +223,11 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
         gpu = next((r.gpu for n, r in ranks if n == node and r.rank == rank), None)
         culprits.append(Culprit(node=node, ranks=tuple(r[0] for r in rows), gpu=gpu,
                                 why=f"rank {rank} compute {c:.3g}s vs {against}", telemetry=tel))
+    links = link_verdict(ranks, policy)
+    if not culprits and stalled <= 0 and links is not None and links.node is not None:
+        # compute names nobody: the slow links' common node (Mycroft, Table 4: network time)
+        culprits.append(Culprit(node=links.node, ranks=links.ranks, why=links.why,
+                                telemetry=tuple(_fmt_flag(f) for f in flags_by_node.get(links.node, ()))))
     if not culprits and stalled > 0:
         # Mycroft: a stall names the rank with the least progress
         laggard = min(((n, r) for n, r in ranks if r.last_progress is not None),
@@ -239,7 +244,8 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
                   "rank_compute_ratio": {f"{n}/{r}": round(v, 4) for (n, r), v in ratios.items()},
                   "rank_compute_s": {f"{n}/{r}": round(v, 6) for (n, r), v in computes.items()},
                   **({"localisation": why_not} if why_not and not culprits else {}),
-                  **({"slow_links": links} if (links := slow_links(ranks, policy)) else {})})
+                  **({"slow_links": list(links.links), "link_localisation": links.why}
+                     if links is not None else {})})
 
 
 def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:
