@@ -156,10 +156,12 @@ class _Sink(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 (http.server API)
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"accepted": true}'  # what the controller answers a report it took
         self.send_response(200)
-        self.send_header("Content-Length", "2")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(b"{}")
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -314,7 +316,8 @@ def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
     agent = make_agent("profnode", url, str(policy), str(root), JOB_ID + 1)
     stop = threading.Event()
     threading.Timer(duration, stop.set).start()
-    prof = cProfile.Profile()
+    # CPU time, not wall: on a shared machine waiting for a core is not the agent's cost
+    prof = cProfile.Profile(time.process_time)
     try:
         time.sleep(3)  # the writer has created its rings
         prof.runcall(run, agent, stop)
@@ -324,7 +327,7 @@ def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
         server.shutdown()
     stats = pstats.Stats(prof)
     click.echo(f"\nprofile of the loaded agent, {duration:g} s in-process "
-               f"(total {stats.total_tt:.2f} s CPU under the profiler), top {top} by own time:")
+               f"(total {stats.total_tt:.2f} s of process CPU under the profiler), top {top} by own time:")
     stats.sort_stats("tottime").print_stats(top)
     click.echo(f"top {top} by cumulative time:")
     stats.sort_stats("cumulative").print_stats(top)
