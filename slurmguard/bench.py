@@ -15,7 +15,7 @@ BENCHES = {
     "sweeps": "slurmguard.sweeps.bench:bench_sweeps",
     "loop": "slurmguard.respond.bench:bench_loop",
     "prolog": "slurmguard.nodecheck.bench:bench_prolog",
-    "agent": "slurmguard.agent_bench:bench_agent",
+    "agent": "slurmguard.agent.bench:bench_agent",
     "scale": "slurmguard.controller.scale_bench:bench_scale",
 }
 

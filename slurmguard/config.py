@@ -122,7 +122,11 @@ class CrossGroupPolicy(Strict):
     """Greyhound 4.3's comparison applied to compute (controller.assess.localise): a
     rank is slow when its compute grew by more than this fraction beyond its own
     baseline and its same-role peers' (2x this with nothing to compare with).
-    A stall's threshold is response.tiers.stall_s."""
+    A stall's threshold is response.tiers.stall_s. Also the excess over the median
+    of the job's links of one direction that makes a link slow (controller.links)."""
+    min_groups: int = Field(3, ge=2)
+    """Links of one direction (NCCL profiler plugin per-link times) needed before
+    any is judged slow against their median (controller.links)."""
 
 
 class PeerPolicy(Strict):

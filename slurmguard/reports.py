@@ -69,6 +69,28 @@ class ChangeReport(_Model):
     detected_at: float | None = None
 
 
+class LinkReport(_Model):
+    """One link of a rank, from the NCCL profiler plugin's peer_xfer records
+    (summed since the agent first read the ring): `peer` is the rank at the
+    other end, in communicator `comm`; `sent`: data this rank sent to it.
+    net_s: seconds its proxy steps spent on the network; peer_wait_s:
+    sends waiting for the peer's clear-to-send; gpu_wait_s: steps waiting
+    for the local GPU. A slow link shows as network time per step."""
+
+    comm: int
+    peer: int = Field(ge=0)
+    sent: bool
+    steps: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    net_s: float = Field(ge=0)
+    peer_wait_s: float = Field(ge=0)
+    gpu_wait_s: float = Field(ge=0)
+
+
+#: links sent per rank (the busiest by steps)
+MAX_LINKS = 64
+
+
 class RankReport(_Model):
     rank: int = Field(ge=0)
     local_rank: int | None = None
@@ -93,6 +115,8 @@ class RankReport(_Model):
     exited: bool = False
     """The rank's process is gone while its ring stays (it died, or the job
     ends): its silence is not a stall and its last steps are not a slowdown."""
+    links: list[LinkReport] = Field(default_factory=list, max_length=MAX_LINKS)
+    """Per-link transfer times (NCCL profiler plugin only; empty otherwise)."""
 
 
 class JobReport(_Model):

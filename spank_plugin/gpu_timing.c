@@ -48,6 +48,7 @@
 
 #include "gpu_timing.h"
 #include "sg_ring_file.h"
+#include "sg_sym.h"
 
 #define DEFAULT_PAIRS 2048
 #define MAX_PAIRS 65536
@@ -118,31 +119,11 @@ static _Atomic int g_stopping, g_parked, g_thread_running;
 
 static void *cuda_sym(const char *name)
 {
-	static const char *const libs[] = { "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
-					    "libcudart.so", NULL };
-	const char *extra = getenv("SLURMGUARD_CUDART_LIBRARY");
-	void *p = dlsym(RTLD_DEFAULT, name);
-	int i;
+	/* a runtime loaded RTLD_LOCAL (torch's) is not in the global scope */
+	static const char *const libs[] = { "libcudart.so.13", "libcudart.so.12",
+					    "libcudart.so.11.0", "libcudart.so", NULL };
 
-	if (p)
-		return p;
-	/* a runtime loaded RTLD_LOCAL (torch's) is not in the global scope;
-	 * RTLD_NOLOAD: use the loaded one or none, never load a second */
-	for (i = -1; libs[i + 1] || i == -1; i++) {
-		const char *lib = i < 0 ? extra : libs[i];
-		void *handle;
-
-		if (!lib || !*lib)
-			continue;
-		handle = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
-		if (!handle)
-			continue;
-		p = dlsym(handle, name);
-		dlclose(handle);
-		if (p)
-			return p;
-	}
-	return NULL;
+	return sg_sym_loaded(name, RTLD_DEFAULT, "SLURMGUARD_CUDART_LIBRARY", libs, NULL);
 }
 
 static int resolve(void)

@@ -44,6 +44,7 @@
 #include "sg_clock.h"
 #include "sg_ring.h"
 #include "sg_ring_file.h"
+#include "sg_sym.h"
 
 #define SG_TLS __thread __attribute__((tls_model("initial-exec")))
 #define likely(x) __builtin_expect(!!(x), 1)
@@ -111,31 +112,11 @@ static inline uint64_t now_ns(void)
 
 static void *lookup_real(const char *name, void *self)
 {
-	static const char *const libs[] = { "libnccl.so.2", "libnccl.so" };
-	const char *extra = getenv("SLURMGUARD_NCCL_LIBRARY");
-	void *p = dlsym(RTLD_NEXT, name);
-	size_t i;
+	static const char *const libs[] = { "libnccl.so.2", "libnccl.so", NULL };
 
-	if (p && p != self)
-		return p;
 	/* NCCL loaded RTLD_LOCAL (e.g. as a dependency of a dlopen'ed
-	 * framework library) is not in the global scope RTLD_NEXT searches;
-	 * ask the loaded object directly. RTLD_NOLOAD: never load NCCL here. */
-	for (i = 0; i <= sizeof(libs) / sizeof(libs[0]); i++) {
-		const char *lib = i < sizeof(libs) / sizeof(libs[0]) ? libs[i] : extra;
-		void *handle;
-
-		if (!lib || !*lib)
-			continue;
-		handle = dlopen(lib, RTLD_LAZY | RTLD_NOLOAD);
-		if (!handle)
-			continue;
-		p = dlsym(handle, name);
-		dlclose(handle);
-		if (p && p != self)
-			return p;
-	}
-	return NULL;
+	 * framework library) is not in the global scope RTLD_NEXT searches */
+	return sg_sym_loaded(name, RTLD_NEXT, "SLURMGUARD_NCCL_LIBRARY", libs, self);
 }
 
 /* The real function, cached after the first successful lookup. A missing
@@ -146,12 +127,7 @@ static inline void *real_fn(_Atomic(void *) *cache, const char *name, void *self
 
 	if (likely(p != NULL))
 		return p;
-	{
-		int saved = errno;
-
-		p = lookup_real(name, self);
-		errno = saved;
-	}
+	p = lookup_real(name, self);
 	if (p)
 		atomic_store_explicit(cache, p, memory_order_relaxed);
 	return p;

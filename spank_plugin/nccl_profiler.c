@@ -71,6 +71,10 @@ struct ctx {
 	uint64_t last_flush;
 	struct ev *waiting; /* operations waiting for kernel channels, oldest last */
 	unsigned nwaiting;
+	/* events NCCL started, by type (Coll, P2p, KernelCh, ProxyOp, ProxyStep):
+	 * SLURMGUARD_PROFILER_DEBUG=1 prints them at finalize */
+	_Atomic uint64_t seen[5];
+	int iface;
 };
 
 struct ev {
@@ -383,19 +387,26 @@ static ncclResult_t start_common(struct ctx *c, void **handle, uint64_t type, vo
 		return ncclSuccess;
 	switch (type) {
 	case ncclProfileColl:
+		atomic_fetch_add_explicit(&c->seen[0], 1, memory_order_relaxed);
+		hold_point();
+		break;
 	case ncclProfileP2p:
+		atomic_fetch_add_explicit(&c->seen[1], 1, memory_order_relaxed);
 		hold_point();
 		break;
 	case ncclProfileKernelCh:
+		atomic_fetch_add_explicit(&c->seen[2], 1, memory_order_relaxed);
 		parent = parent_of(parentObj, K_COLL, K_P2P);
 		if (!parent)
 			return ncclSuccess;
 		break;
 	case ncclProfileProxyOp:
+		atomic_fetch_add_explicit(&c->seen[3], 1, memory_order_relaxed);
 		/* aggregated per link, never tied to its parent (which, with PXN,
 		 * may belong to another process) */
 		break;
 	case ncclProfileProxyStep:
+		atomic_fetch_add_explicit(&c->seen[4], 1, memory_order_relaxed);
 		parent = parent_of(parentObj, K_OP, K_OP);
 		if (!parent)
 			return ncclSuccess;
@@ -587,7 +598,7 @@ static ncclResult_t sg_record_state(void *handle, ncclProfilerEventState_t state
 
 /* ------------------------------------------------------------------ init / finalize */
 
-static ncclResult_t init_common(void **context, int *mask, uint64_t comm_id, int nranks,
+static ncclResult_t init_common(int iface, void **context, int *mask, uint64_t comm_id, int nranks,
 				int rank)
 {
 	struct ctx *c;
@@ -618,6 +629,7 @@ static ncclResult_t init_common(void **context, int *mask, uint64_t comm_id, int
 	c->comm_id = comm_id ? comm_id : 1;
 	c->rank = rank;
 	c->nranks = nranks;
+	c->iface = iface;
 	c->last_flush = now();
 	for (i = 0; i < XFER_SLOTS; i++)
 		c->xfer[i].peer = -2;
@@ -635,9 +647,19 @@ static ncclResult_t init_common(void **context, int *mask, uint64_t comm_id, int
 static ncclResult_t sg_finalize(void *context)
 {
 	struct ctx *c = context;
+	const char *dbg;
 
 	if (!c)
 		return ncclSuccess;
+	dbg = getenv("SLURMGUARD_PROFILER_DEBUG");
+	if (dbg && *dbg == '1')
+		fprintf(stderr,
+			"slurmguard profiler: interface v%d, comm %016llx rank %d/%d: events coll %llu "
+			"p2p %llu kernel_ch %llu proxy_op %llu proxy_step %llu\n",
+			c->iface, (unsigned long long)c->comm_id, c->rank, c->nranks,
+			(unsigned long long)c->seen[0], (unsigned long long)c->seen[1],
+			(unsigned long long)c->seen[2], (unsigned long long)c->seen[3],
+			(unsigned long long)c->seen[4]);
 	pthread_mutex_lock(&c->mu);
 	drain_waiting(c, 0, 1);
 	flush_xfer(c, now());
@@ -654,7 +676,7 @@ static ncclResult_t init_v4(void **context, int *mask, const char *name, uint64_
 	(void)name;
 	(void)nnodes;
 	(void)logfn;
-	return init_common(context, mask, hash, nranks, rank);
+	return init_common(4, context, mask, hash, nranks, rank);
 }
 
 static ncclResult_t start_v4(void *context, void **handle, ncclProfilerEventDescr_v4_t *d)
@@ -668,7 +690,17 @@ static ncclResult_t init_v5(void **context, uint64_t id, int *mask, const char *
 	(void)name;
 	(void)nnodes;
 	(void)logfn;
-	return init_common(context, mask, id, nranks, rank);
+	return init_common(5, context, mask, id, nranks, rank);
+}
+
+/* v6 has v5's init signature; only the version it reports differs */
+static ncclResult_t init_v6(void **context, uint64_t id, int *mask, const char *name, int nnodes,
+			    int nranks, int rank, ncclDebugLogger_t logfn)
+{
+	(void)name;
+	(void)nnodes;
+	(void)logfn;
+	return init_common(6, context, mask, id, nranks, rank);
 }
 
 static ncclResult_t start_v5(void *context, void **handle, ncclProfilerEventDescr_v5_t *d)
@@ -686,5 +718,5 @@ EXPORT const ncclProfiler_v5_t ncclProfiler_v5 = {
 };
 
 EXPORT const ncclProfiler_v5_t ncclProfiler_v6 = {
-	"slurmguard", init_v5, start_v5, sg_stop, sg_record_state, sg_finalize,
+	"slurmguard", init_v6, start_v5, sg_stop, sg_record_state, sg_finalize,
 };

@@ -207,7 +207,9 @@ def test_the_scan_sees_what_it_must():
         assert must in mods
     for lazy in ("slurmguard.detect.bench", "slurmguard.workloads.runtime", "slurmguard.hook.torchhook"):
         assert lazy in mods  # through `bench detect`, `python -m slurmguard.workloads`, the site dir
-    assert "slurmguard.slurm.fake" not in mods  # the tests' fake Slurm: nothing the product runs
+    # a package nothing imports is not reached (the tests' fake Slurm is: `bench agent`
+    # runs a real agent against it, until the benches leave the package, issue 14.6)
+    assert "slurmguard._data" not in mods
     product = {m: _names_used(t) for m, t in mods.items() if m != "slurmguard.config"}
     assert _readers("detection.peers.window_s", [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")],
                     product)

@@ -1,5 +1,10 @@
 """Per-rank analysis on the node: iterations, step times, role, baseline, changes.
 
+Times are when the ops' work ran: on the GPU where the ring has it (the
+NCCL hook's CUDA events, the profiler plugin's kernel timers), so per-rank
+compute = iteration time minus GPU time inside collectives, and the rank
+that starts its collectives late on the GPU (its compute grew) is told from
+the peers that wait inside them; else the host call (gloo, the torch hook).
 Iteration boundaries come from slurmguard.detect.period.find_iterations
 (symbol repeats, as Greyhound 4.2's ACF, with timing deciding between a
 period and its fractions: equal DDP buckets, a pipeline stage's
@@ -25,11 +30,22 @@ from slurmguard.detect.period import Iterations, find_iterations, iteration_anch
 from slurmguard.detect.records import RankOps
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.hook.ring import F_ASYNC, SOURCE_TORCH
-from slurmguard.reports import ChangeReport, RankReport, StepSample
+from slurmguard.reports import (
+    MAX_LINKS,
+    ChangeReport,
+    LinkReport,
+    RankReport,
+    StepSample,
+)
 
 
 def rank_ops(tr: TrackedRing) -> RankOps:
-    return RankOps(tr.header.global_rank, tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns)
+    """The rank's collectives in issue order, timed by when their work ran:
+    on the GPU where the ring has it (CUDA events of the NCCL hook, kernel
+    timers of the profiler plugin), else the host call. On a GPU the host
+    call is only the enqueue: iteration boundaries, step and comm times all
+    come from the GPU timeline then, never a mix of the two."""
+    return RankOps(tr.header.global_rank, tr.op, tr.comm, tr.nbytes, tr.begin_ns, tr.finish_ns)
 
 
 def iteration_bounds(tr: TrackedRing, detection: DetectionPolicy) -> np.ndarray | None:
@@ -53,30 +69,36 @@ def role_of(tr: TrackedRing, it: Iterations) -> str:
 
 
 def waited_until(tr: TrackedRing) -> np.ndarray:
-    """End of each op for the comm time: its recorded end, except for
+    """End of each op for the comm time: when its work finished (on the GPU
+    where known: a rank that waits inside a collective for a slow peer
+    shows it there, the late rank a late GPU start), except for
     receives whose end the hook could not time (the torch hook on gloo:
     point-to-point work has no future, so the record ends when the call
     returns and the wait happens after it, unseen). Those count as waiting
     until the rank's next collective: the rank's compute in that span is
     not observable, and taking it for compute would blame a pipeline stage
     for the time it waits on a slow neighbour."""
-    end = tr.end_ns
+    end = tr.finish_ns
     if tr.header.source != SOURCE_TORCH or end.size < 2:
         return end
     untimed = (tr.op == _RECV) & ((tr.flags & F_ASYNC) == 0)
     if not untimed.any():
         return end
-    nxt = np.concatenate([tr.start_ns[1:], end[-1:]])
+    nxt = np.concatenate([tr.begin_ns[1:], end[-1:]])
     return np.where(untimed, np.maximum(end, nxt), end)
 
 
 def comm_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     """Time (ns) inside collectives in each iteration [bounds[i], bounds[i+1]):
     the union of the ops' intervals (async collectives in flight together
-    count once), each op's time cut at the end of its iteration."""
+    count once), each op's time cut at the end of its iteration. Ops in any
+    order (GPU times of ops in issue order may interleave across streams)."""
     n = bounds.size - 1
     if n <= 0 or start_ns.size == 0:
         return np.zeros(max(n, 0))
+    if start_ns.size > 1 and (np.diff(start_ns) < 0).any():
+        order = np.argsort(start_ns, kind="stable")
+        start_ns, end_ns = start_ns[order], end_ns[order]
     idx = np.searchsorted(bounds, start_ns, side="right") - 1
     ok = (idx >= 0) & (idx < n) & (end_ns >= start_ns)
     s, e, i = start_ns[ok], end_ns[ok], idx[ok]
@@ -87,6 +109,15 @@ def comm_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> n
     prev = np.concatenate([[np.iinfo(np.int64).min], covered[:-1]])
     part = np.clip(e - np.maximum(s, prev), 0, None).astype(np.float64)
     return np.bincount(i, weights=part, minlength=n)[:n]
+
+
+def link_reports(tr: TrackedRing) -> list[LinkReport]:
+    """The rank's links with transfers (profiler plugin), busiest first."""
+    rows = sorted(tr.links.items(), key=lambda kv: -kv[1].steps)[:MAX_LINKS]
+    return [LinkReport(comm=comm, peer=peer, sent=sent, steps=lt.steps, bytes=lt.bytes,
+                       net_s=lt.net_ns / 1e9, peer_wait_s=lt.peer_wait_ns / 1e9,
+                       gpu_wait_s=lt.gpu_wait_ns / 1e9)
+            for (comm, peer, sent), lt in rows if lt.steps > 0 and peer >= 0]
 
 
 def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
@@ -148,7 +179,7 @@ class RankAnalyzer:
         steps = self._steps(tr)
         self._feed_bocd(tr, steps)
         h = tr.header
-        last_end = int(tr.end_ns.max()) if tr.end_ns.size else None
+        last_end = int(tr.finish_ns.max()) if tr.finish_ns.size else None
         return RankReport(
             rank=h.global_rank, local_rank=h.local_rank if h.local_rank >= 0 else None,
             gpu=h.local_rank if h.local_rank >= 0 else None, source=h.source_name,
@@ -159,7 +190,8 @@ class RankAnalyzer:
             last_progress=tr.to_unix_s(last_end) if last_end else None,
             in_flight_since=(tr.to_unix_s(tr.in_flight_since_ns)
                              if tr.in_flight_since_ns is not None else None),
-            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited)
+            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited,
+            links=link_reports(tr))
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
         it = find_iterations(rank_ops(tr), self.detection.period)
@@ -175,11 +207,11 @@ class RankAnalyzer:
             self.structure = structure
             # and recount the iterations seen under the new structure
             self.total_steps, self._last_anchor_ns = 0, -(1 << 62)
-        bounds = tr.start_ns[it.anchors]
+        bounds = tr.begin_ns[it.anchors]
         bounds = bounds[np.concatenate([[True], np.diff(bounds) > 0])]  # equal starts: one anchor
         if bounds.size < 2:
             return []
-        comm = comm_time(tr.start_ns, waited_until(tr), bounds)
+        comm = comm_time(tr.begin_ns, waited_until(tr), bounds)
         step = np.diff(bounds).astype(np.float64)
         ends = (bounds[1:].astype(np.float64) + tr.header.clock_offset_ns) / 1e9
         good = sane_steps(step / 1e9, comm / 1e9, ends)
@@ -188,7 +220,7 @@ class RankAnalyzer:
         # still holds the rank's whole history; after that, the new ones (an
         # anchor less than half an iteration after the last counted one is
         # that one again, moved within its iteration by more history)
-        if tr.start_ns.size < self.agent.max_ops_per_rank and tr.cursor is not None and tr.lost == 0:
+        if tr.begin_ns.size < self.agent.max_ops_per_rank and tr.cursor is not None and tr.lost == 0:
             self.total_steps = max(self.total_steps, int(bounds.size))
         else:
             guard = self._last_anchor_ns + 0.5 * float(np.median(step))

@@ -35,6 +35,7 @@ per file.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import pwd
 import stat
@@ -44,12 +45,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slurmguard.hook.ring import RING_NAME, RingError, RingHeader, RingReader
+from slurmguard.hook.ring import (
+    F_GPU_TIME,
+    F_IN_GROUP,
+    F_XFER_SEND,
+    NOT_COLLECTIVE,
+    OP,
+    RING_NAME,
+    RingError,
+    RingHeader,
+    RingReader,
+)
 
 log = logging.getLogger("slurmguard.agent.rings")
 
-# op codes that are bookkeeping, not collectives (sg_ring.h)
-_NOT_COLLECTIVE = {0, 9, 10, 11, 12, 13, 17, 18}
+_GROUP_END = OP["group_end"]
+_PEER_XFER = OP["peer_xfer"]
+#: outermost NCCL groups remembered for their GPU spans (a member's group_end
+#: is written when the group's GPU work has run, possibly polls later)
+MAX_GROUPS = 4096
 # Records written before completion would carry this bit; today's hooks write
 # on completion only, so no op is ever seen in flight (stalls are found from
 # the lack of progress instead, see controller/assess.py).
@@ -80,6 +94,27 @@ ERROR_KINDS = (
 
 
 @dataclass
+class LinkTime:
+    """One link's transfers (profiler plugin peer_xfer records, summed): a
+    slow link shows as network time per step (Mycroft, Table 4)."""
+
+    steps: int = 0
+    bytes: int = 0
+    net_ns: int = 0
+    peer_wait_ns: int = 0
+    gpu_wait_ns: int = 0
+
+    @property
+    def net_per_step_s(self) -> float | None:
+        return self.net_ns / self.steps / 1e9 if self.steps else None
+
+    @property
+    def gbps(self) -> float | None:
+        """Bytes per second of network time (GB/s), None before any."""
+        return self.bytes / self.net_ns if self.net_ns else None
+
+
+@dataclass
 class TrackedRing:
     """One rank's ring and the collectives read from it so far (bounded),
     kept in issue order (by start time: hooks write on completion, so a
@@ -99,6 +134,19 @@ class TrackedRing:
     end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     peer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     flags: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    begin_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """When each op's work started: on the GPU where the ring has it (the
+    record's GPU start, or, for a call inside an NCCL group, its group's:
+    NCCL launches a group's work at its end, which carries the GPU time),
+    else the host call (RingRecord.begin_ns)."""
+    finish_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    """When each op's work finished, by the same rule (RingRecord.finish_ns)."""
+    groups: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.int64))
+    """Outermost NCCL groups, by host call of their group_end: rows (host
+    start, GPU start, GPU end, 1 if it has GPU time)."""
+    links: dict[tuple[int, int, bool], LinkTime] = field(default_factory=dict)
+    """(communicator, peer, sent) -> transfer time to that peer, from the
+    profiler plugin's peer_xfer records."""
     comm_sizes: dict[int, int] = field(default_factory=dict)
     """communicator id -> its size (from the hooks' comm_init records)."""
     comm_ranks: dict[int, int] = field(default_factory=dict)
@@ -349,37 +397,97 @@ class RingTracker:
             tr.corrupt += batch.corrupt
             self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped",
                          batch.corrupt)
+        groups = []
         for r in batch.records:
             if r.op == 11 and r.comm_id:  # comm_init: count = communicator size, peer = rank in it
                 tr.comm_sizes[_fold(r.comm_id)] = int(r.count)
                 tr.comm_ranks[_fold(r.comm_id)] = int(r.peer)
-        recs = [r for r in batch.records if r.op not in _NOT_COLLECTIVE]
-        # times the writer cannot have taken: beyond the agent's own clock, or
-        # a collective lasting more than a day (monotonic ns of this boot)
-        limit = time.monotonic_ns() + FUTURE_SLACK_NS
-        bad = [r for r in recs if r.end_ns > limit or r.end_ns - r.start_ns > MAX_OP_NS]
-        if bad:
-            tr.corrupt += len(bad)
-            self.problem(tr.reader.path, "corrupt_records",
-                         f"{len(bad)} record(s) with impossible times skipped", len(bad))
-            recs = [r for r in recs if not (r.end_ns > limit or r.end_ns - r.start_ns > MAX_OP_NS)]
-        pending = [r for r in recs if r.flags & _PENDING]
-        done = [r for r in recs if not r.flags & _PENDING]
-        tr.in_flight_since_ns = min((r.start_ns for r in pending), default=None)
-        if not done:
-            return
-        a = np.array([(r.op, _fold(r.comm_id), _fold(r.bytes), _fold(r.start_ns), _fold(r.end_ns),
-                       r.peer, r.flags) for r in done], dtype=np.int64)
-        cols = [np.concatenate([old, a[:, i]]) for i, old in
-                enumerate((tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags))]
-        # issue order: a ring holds completion order, and a record completed
-        # late may start before records read in an earlier poll
-        order = np.argsort(cols[3], kind="stable")[-self.max_ops:]
-        tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags = (c[order] for c in cols)
+            elif r.op == _PEER_XFER:
+                lt = tr.links.setdefault((_fold(r.comm_id), int(r.peer), bool(r.flags & F_XFER_SEND)),
+                                         LinkTime())
+                lt.steps += r.count
+                lt.bytes += r.bytes
+                lt.net_ns += r.xfer_net_ns
+                lt.peer_wait_ns += r.xfer_peer_wait_ns
+                lt.gpu_wait_ns += r.xfer_gpu_wait_ns
+            elif r.op == _GROUP_END and not r.flags & F_IN_GROUP:
+                timed = r.has_gpu_time and r.gpu_end_ns >= r.gpu_start_ns
+                groups.append((_fold(r.start_ns), _fold(r.gpu_start_ns), _fold(r.gpu_end_ns),
+                               int(timed)))
+        if groups:
+            g = np.concatenate([tr.groups, np.array(groups, dtype=np.int64)])
+            tr.groups = g[np.argsort(g[:, 0], kind="stable")][-MAX_GROUPS:]
+        recs = [r for r in batch.records if r.op not in NOT_COLLECTIVE]
+        # one pass over the records into arrays, the rest in numpy: at 200
+        # collectives per second per rank, per-record Python was most of the
+        # agent's CPU (issue 17.5). Unsigned fields as uint64, compared as
+        # such; their int64 view is _fold.
+        done = False
+        if recs:
+            u = np.array(list(map(_UFIELDS, recs)), dtype=np.uint64).reshape(len(recs), 8)
+            peer = np.fromiter((r.peer for r in recs), dtype=np.int64, count=len(recs))
+            op, _comm, _nb, start, end, flags, gstart, gend = u.T
+            gpu = (flags & np.uint64(F_GPU_TIME)) != 0
+            # times the writer cannot have taken: beyond the agent's own clock, or
+            # a collective lasting more than a day (monotonic ns of this boot),
+            # on the host or the GPU (records with end < start never get here)
+            limit = np.uint64(time.monotonic_ns() + FUTURE_SLACK_NS)
+            longest = np.uint64(MAX_OP_NS)
+            with np.errstate(over="ignore"):
+                bad = (end > limit) | (end - start > longest) | (
+                    gpu & ((gend > limit) | (gend < gstart) | (gend - gstart > longest)))
+            nbad = int(np.count_nonzero(bad))
+            if nbad:
+                tr.corrupt += nbad
+                self.problem(tr.reader.path, "corrupt_records",
+                             f"{nbad} record(s) with impossible times skipped", nbad)
+            pending = ~bad & ((flags & np.uint64(_PENDING)) != 0)
+            keep = ~bad & ~pending
+            tr.in_flight_since_ns = int(start[pending].min()) if pending.any() else None
+            done = bool(keep.any())
+        else:
+            tr.in_flight_since_ns = None
+        if done:
+            v = u[keep].view(np.int64)  # _fold of every field
+            g = gpu[keep]
+            new = (v[:, 0], v[:, 1], v[:, 2], v[:, 3], v[:, 4], peer[keep], v[:, 5],
+                   np.where(g, v[:, 6], v[:, 3]), np.where(g, v[:, 7], v[:, 4]))  # begin, finish
+            cols = [np.concatenate([old, a]) for old, a in
+                    zip((tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags,
+                         tr.begin_ns, tr.finish_ns), new)]
+            # issue order: a ring holds completion order, and a record completed
+            # late may start before records read in an earlier poll
+            order = np.argsort(cols[3], kind="stable")[-self.max_ops:]
+            (tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags, tr.begin_ns,
+             tr.finish_ns) = (c[order] for c in cols)
+        if (done or groups) and tr.groups.size:
+            _group_spans(tr)
 
     def close(self) -> None:
         for path in list(self.rings):
             self._drop(path)
+
+
+_UFIELDS = operator.attrgetter("op", "comm_id", "bytes", "start_ns", "end_ns", "flags",
+                               "gpu_start_ns", "gpu_end_ns")
+
+
+def _group_spans(tr: TrackedRing) -> None:
+    """Calls inside an outermost NCCL group run as the group's work (NCCL
+    launches it at ncclGroupEnd), whose GPU time the hook records on the
+    group_end: give it to the group's calls that have none of their own.
+    A call belongs to the first outermost group_end called after it."""
+    member = ((tr.flags & F_IN_GROUP) != 0) & ((tr.flags & F_GPU_TIME) == 0)
+    if not member.any():
+        return
+    idx = np.flatnonzero(member)
+    g = np.searchsorted(tr.groups[:, 0], tr.start_ns[idx], side="left")
+    ok = g < tr.groups.shape[0]
+    idx, g = idx[ok], g[ok]
+    ok = tr.groups[g, 3] == 1  # a group without GPU time: its calls keep host times
+    idx, g = idx[ok], g[ok]
+    tr.begin_ns[idx] = tr.groups[g, 1]
+    tr.finish_ns[idx] = tr.groups[g, 2]
 
 
 def _fold(v: int) -> int:

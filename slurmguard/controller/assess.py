@@ -26,6 +26,7 @@ import numpy as np
 
 from slurmguard.config import Policy
 from slurmguard.controller import decide
+from slurmguard.controller.links import link_verdict
 from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
@@ -334,6 +335,14 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
                 Severity.WARNING,
                 (Measure("compute_s", c, "s/step"), Measure("compute_ratio", ratios[(node, rank)], "x")),
                 text=f"rank {rank} compute {c:.3g}s vs {against}"))
+    links = link_verdict(ranks, policy)
+    if links is not None:
+        # per-link network times (NCCL profiler plugin; Mycroft, Table 4): the
+        # node common to the slow links, or none (said, never blamed)
+        for rank in links.ranks or (None,):
+            found.append(Finding(
+                Kind.SLOW_LINK, Subject(job_id=job_id, node=links.node, rank=rank), "links", now,
+                Severity.WARNING if links.node is not None else Severity.INFO, text=links.why))
     if why_not and not slow_ranks:
         found.append(Finding(Kind.UNLOCALISED, Subject(job_id=job_id), "localise", now, text=why_not))
     for node in job_nodes:
@@ -341,7 +350,8 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
     return decide.decide(decide.JobFindings(
         job_id, job_nodes, len(ranks), tuple(found),
         rank_compute_s={f"{n}/{r}": v for (n, r), v in computes.items()},
-        rank_compute_ratio={f"{n}/{r}": v for (n, r), v in ratios.items()}))
+        rank_compute_ratio={f"{n}/{r}": v for (n, r), v in ratios.items()},
+        slow_links=links.links if links is not None else ()))
 
 
 def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:

@@ -4,9 +4,9 @@ The detectors (the step detector, the stall rule and the compute localiser in
 controller.assess, the peer scorer in detect.peers) each emit typed findings
 (detect.findings) and decide nothing. Here the findings of one job become the
 JobAssessment the response acts on: how slow (step_time), whether stalled
-(stall), which nodes to blame (slow_rank; a stall's least-progress rank when
-no rank computes slowly), with the telemetry of those nodes as supporting
-evidence. The tier those figures call for is respond.tiers.classify (the
+(stall), which nodes to blame (slow_rank; else the slow links' common node,
+slow_link; else a stall's least-progress rank), with the telemetry of those
+nodes as supporting evidence. The tier those figures call for is respond.tiers.classify (the
 policy's thresholds), then the cost gate.
 """
 
@@ -33,6 +33,8 @@ class JobFindings:
     findings: tuple[Finding, ...] = ()
     rank_compute_s: dict[str, float] = field(default_factory=dict)
     rank_compute_ratio: dict[str, float] = field(default_factory=dict)
+    slow_links: tuple[str, ...] = ()
+    """The slow link ends (controller.links.slow_links' words), slowest first."""
 
     def of(self, kind: Kind) -> list[Finding]:
         return [f for f in self.findings if f.kind is kind]
@@ -66,6 +68,13 @@ def decide(jf: JobFindings) -> JobAssessment | None:
                                                        if f.subject.rank is not None),
                                 gpu=first.subject.gpu, why=first.text,
                                 telemetry=tuple(telemetry.get(node, ()))))
+    link = jf.of(Kind.SLOW_LINK)
+    if not culprits and not stalled and link and link[0].subject.node is not None:
+        # compute names nobody: the slow links' common node (Mycroft, Table 4: network time)
+        node = link[0].subject.node
+        culprits.append(Culprit(node=node, ranks=tuple(f.subject.rank for f in link
+                                                       if f.subject.rank is not None),
+                                why=link[0].text, telemetry=tuple(telemetry.get(node, ()))))
     if not culprits and stall is not None and stall.subject.node is not None:
         # Mycroft: a stall names the rank with the least progress
         s = stall.subject
@@ -79,4 +88,6 @@ def decide(jf: JobFindings) -> JobAssessment | None:
                   "current_s": None if current is None else round(current, 6),
                   "rank_compute_ratio": {k: round(v, 4) for k, v in jf.rank_compute_ratio.items()},
                   "rank_compute_s": {k: round(v, 6) for k, v in jf.rank_compute_s.items()},
-                  **({"localisation": why_not} if why_not and not culprits else {})})
+                  **({"localisation": why_not} if why_not and not culprits else {}),
+                  **({"slow_links": list(jf.slow_links), "link_localisation": link[0].text}
+                     if link else {})})

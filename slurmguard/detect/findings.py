@@ -32,6 +32,7 @@ class Kind(str, Enum):
     STEP_TIME = "step_time"
     STALL = "stall"
     SLOW_RANK = "slow_rank"
+    SLOW_LINK = "slow_link"
     UNLOCALISED = "unlocalised"
     TELEMETRY = "telemetry"
 

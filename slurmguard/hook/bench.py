@@ -16,7 +16,14 @@
    the same run. Added by events = events - host only. Targets: under 2 us
    per call, and under 1% of a 50 ms step that issues 100 collectives.
    The fake runtime's own cudaEventRecord (a queue append and a thread
-   wake-up) is part of the figure, as the real one's would be.
+   wake-up) is part of the figure, as the real one's would be. Reference:
+   no hook, the program itself records two events around each call (the
+   least event timing can add).
+   --real-cuda NCCL_LIB CUDART: on a GPU machine, the same measurement
+   against the real libnccl.so.2 (in NCCL_LIB) and CUDA runtime (CUDART):
+   a 1-rank communicator, each call an out-of-place all-reduce of one
+   float on device memory (NCCL's one-rank path enqueues a real copy);
+   this part alone runs (spank_plugin/gpu/run_real.sh passes torch's).
 2. torch hook, per collective: a 2-rank gloo job on 127.0.0.1, started
    with a guarded job's environment, does all_reduce of a small tensor in
    blocks with the hook switched on and off between blocks (on, off, off,
@@ -115,6 +122,8 @@ class GpuCallCost:
     burst: int
     cpu_ns: dict
     wall_ns: dict
+    #: "fake" (tests/fake_cudart.c) or "real" (the GPU's CUDA runtime and NCCL)
+    runtime: str = "fake"
 
     def added(self, setup: str = "events", over: str = "host", wall: bool = False) -> float:
         d = self.wall_ns if wall else self.cpu_ns
@@ -308,30 +317,36 @@ def measure_nccl_calls(runner: CommandRunner, calls: int, rounds: int, repeats: 
                     cpu_ns={k: statistics.median(c for _, c in v) for k, v in samples.items()})
 
 
-GPU_SETUPS = ("base", "host", "events")
+GPU_SETUPS = ("base", "host", "events", "reference")
 
 
 def measure_gpu_calls(runner: CommandRunner, calls: int, rounds: int, repeats: int,
-                      burst: int) -> GpuCallCost:
+                      burst: int, real: bool = False) -> GpuCallCost:
+    """real: bench_hook_real (`make gpu`, the real NCCL and CUDA runtime)
+    instead of bench_hook_cuda (the fakes)."""
+    program = "bench_hook_real" if real else "bench_hook_cuda"
     ring_dir = tempfile.mkdtemp(prefix="sg-bench-rings-")
     hook = str(BUILD / "libslurmguard_nccl.so")
     configs = {
         "base": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": ""},
         "host": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ring_dir, "SLURMGUARD_CUDA_EVENTS": "0"},
         "events": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ring_dir, "SLURMGUARD_CUDA_EVENTS": ""},
+        # no hook; the program records two events around each call itself
+        "reference": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": "", "BENCH_REF_EVENTS": "1"},
     }
     samples: dict[str, list[tuple]] = {k: [] for k in configs}
     try:
         for rep in range(repeats):
-            names = list(GPU_SETUPS[rep % 3:] + GPU_SETUPS[:rep % 3])
+            names = list(GPU_SETUPS[rep % 4:] + GPU_SETUPS[:rep % 4])
             for name in names:
                 for f in os.listdir(ring_dir):
                     os.unlink(os.path.join(ring_dir, f))
                 samples[name].append(_ns_per_call(runner, calls, rounds, configs[name],
-                                                  "bench_hook_cuda", (str(burst),)))
+                                                  program, (str(burst),)))
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)
     return GpuCallCost(calls_per_round=calls, rounds=rounds, runs=repeats, burst=burst,
+                       runtime="real" if real else "fake",
                        wall_ns={k: statistics.median(w for w, _ in v) for k, v in samples.items()},
                        cpu_ns={k: statistics.median(c for _, c in v) for k, v in samples.items()})
 
@@ -606,15 +621,17 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
     if g is not None:
         ok = "meets" if g.added_ns < GPU_EVENTS_TARGET_NS and g.step_pct < STEP_TARGET_PCT \
             else "MISSES"
+        where = ("the REAL CUDA runtime and NCCL (1-rank communicator, out-of-place, "
+                 "device memory" if g.runtime == "real" else "the FAKE CUDA runtime (no GPU")
         lines += [
-            f"NCCL hook with CUDA-event GPU timing, ns per ncclAllReduce on a stream of the FAKE "
-            f"CUDA runtime (no GPU; median over {g.runs} interleaved process runs of the best of "
+            f"NCCL hook with CUDA-event GPU timing, ns per ncclAllReduce on a stream of {where}; "
+            f"median over {g.runs} interleaved process runs of the best of "
             f"{g.rounds} rounds x {g.calls_per_round} calls in bursts of {g.burst}):",
             "                                   thread CPU time        wall time",
         ]
         labels = {"base": "no hook (baseline)", "host": "hook, host timing only",
-                  "events": "hook, CUDA events"}
-        for k in GPU_SETUPS:
+                  "events": "hook, CUDA events", "reference": "2 cudaEventRecord, no hook *"}
+        for k in (k for k in GPU_SETUPS if k in g.wall_ns):
             cpu_add = "" if k == "base" else f"+{g.added(k, 'base'):6.1f}"
             wall_add = "" if k == "base" else f"+{g.added(k, 'base', wall=True):6.1f}"
             lines.append(f"  {labels[k]:<31} {g.cpu_ns[k]:7.1f} {cpu_add:>8}   "
@@ -624,6 +641,10 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
                      f"{GPU_STEP_MS:g} ms step with {GPU_STEP_COLLECTIVES} collectives ({ok} "
                      f"targets < {GPU_EVENTS_TARGET_NS / 1000:g} us per call, < "
                      f"{STEP_TARGET_PCT:g}% of the step)")
+        if "reference" in g.wall_ns:
+            lines.append(f"  * the least event timing can add: the program records two events "
+                         f"around each call itself (+{g.added('reference', 'base', wall=True):.0f} "
+                         f"ns wall)")
     if t is not None:
         lines += [
             f"torch hook, us per all_reduce (gloo, {t.ranks} rank(s) on 127.0.0.1, 16 float32; "
@@ -683,6 +704,26 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
     return "\n".join(lines)
 
 
+def _bench_real_cuda(libs: tuple, calls: int, rounds: int, repeats: int, burst: int,
+                     as_json: bool) -> None:
+    nccl_lib, cudart = libs
+    if not os.path.isfile(os.path.join(nccl_lib, "libnccl.so.2")) or not os.path.isfile(cudart):
+        raise SlurmguardError(f"--real-cuda: {nccl_lib} must hold libnccl.so.2 and {cudart} be "
+                              f"the CUDA runtime library")
+    datafiles.checkout_path("spank_plugin", "Makefile", what="bench hook")
+    runner = SubprocessRunner()
+    runner.run(["make", "-C", str(SPANK), "-s", "gpu", f"NCCL_LIB={nccl_lib}", f"CUDART={cudart}"],
+               timeout=300)
+    g = measure_gpu_calls(runner, calls, rounds, repeats, burst, real=True)
+    if as_json:
+        click.echo(json.dumps({"nccl_gpu_events": dict(
+            asdict(g), added_ns=g.added_ns, added_cpu_ns=g.added(), step_pct=g.step_pct,
+            target_ns=GPU_EVENTS_TARGET_NS, step_ms=GPU_STEP_MS,
+            collectives_per_step=GPU_STEP_COLLECTIVES)}, indent=2))
+    else:
+        click.echo(report(None, None, None, g))
+
+
 @click.command("hook")
 @click.option("--calls", default=2_000_000, show_default=True, help="ncclAllReduce calls per round.")
 @click.option("--rounds", default=3, show_default=True, help="Rounds per process run.")
@@ -709,12 +750,20 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
               help="Use this running devcluster instead of starting a temporary one.")
 @click.option("--exit-runs", default=0, show_default=True, type=click.IntRange(0, 10000),
               help="Guarded and unguarded runs each of the exit-race part (0: skip).")
+@click.option("--real-cuda", nargs=2, default=None, metavar="NCCL_LIB CUDART",
+              type=click.Path(exists=True, resolve_path=True),
+              help="On a GPU: only the CUDA-event part, against the real NCCL (directory "
+                   "holding libnccl.so.2) and CUDA runtime (library file).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst: int,
                torch_calls: int, torch_blocks: int,
                torch_ranks: int, steps: int, compute_ms: float, pairs: int, cluster: bool,
-               devcluster_dir: str | None, exit_runs: int, as_json: bool) -> None:
+               devcluster_dir: str | None, exit_runs: int, real_cuda: tuple | None,
+               as_json: bool) -> None:
     """Per-call cost of the NCCL and torch hooks and guarded step-time overhead."""
+    if real_cuda:
+        _bench_real_cuda(real_cuda, gpu_calls, rounds, repeats, gpu_burst, as_json)
+        return
     if steps < 20 or pairs < 1 or torch_calls < 1 or torch_blocks < 2:
         raise SlurmguardError("--steps must be at least 20, --pairs and --torch-calls at least 1, "
                               "--torch-blocks at least 2")

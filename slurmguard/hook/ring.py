@@ -3,7 +3,7 @@
 The format is defined once, in ``spank_plugin/sg_ring.h``; this module mirrors
 it field by field (``tests/test_hook_ring_format.py`` checks both against the
 C compiler's view of the header). Read that header first: header page,
-fixed 64-byte records, commit protocol, control word.
+fixed 128-byte records, commit protocol, control word.
 
 This module uses the standard library only, because the torch hook loads it
 inside users' jobs, whatever Python environment they run.
@@ -62,6 +62,12 @@ OP_NAMES: tuple[str, ...] = (
     "peer_xfer",
 )
 OP = {name: value for value, name in enumerate(OP_NAMES)}
+#: ops that are not collectives: bookkeeping (groups, communicators, holds,
+#: padding) and the profiler plugin's per-link aggregates (peer_xfer); what
+#: readers leave out of op sequences and iteration timing
+NOT_COLLECTIVE = frozenset(
+    OP[n] for n in ("none", "group_start", "group_end", "comm_init", "comm_destroy",
+                    "comm_abort", "hold", "comm_split", "peer_xfer"))
 
 # enum sg_datatype, by value, and element sizes in bytes
 DATATYPE_NAMES: tuple[str, ...] = (
@@ -126,6 +132,7 @@ RECORD_FIELDS: tuple[tuple[str, int, str], ...] = (
 _N_HEAD = 12
 _REC = struct.Struct("<" + "".join(code for _, _, code in RECORD_FIELDS[:_N_HEAD]))
 _REC_EXT = struct.Struct("<" + "".join(code for _, _, code in RECORD_FIELDS[_N_HEAD:]))
+_EXT_NAMES = frozenset(name for name, _, _ in RECORD_FIELDS[_N_HEAD:])
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 assert _REC.size + _REC_EXT.size == RECORD_SIZE
@@ -605,6 +612,7 @@ class RingWriter:
         self._lock = threading.Lock()
         self._n = 0
         self._given_up = 0  # records the writer could not write (count_lost)
+        self._ext = False  # a record with GPU / transfer fields was written
         mono = time.monotonic_ns()
         real = time.time_ns()
         mono2 = time.monotonic_ns()
@@ -634,9 +642,14 @@ class RingWriter:
 
     def append(self, op: int, *, comm_id: int = 0, count: int = 0, nbytes: int = 0,
                start_ns: int = 0, end_ns: int = 0, peer: int = -1, datatype: int = 0,
-               redop: int = 0, flags: int = 0, status: int = 0) -> int:
+               redop: int = 0, flags: int = 0, status: int = 0, **ext: int) -> int:
         """Append one record; returns its number. Times are CLOCK_MONOTONIC
-        ns (time.monotonic_ns())."""
+        ns (time.monotonic_ns()). ext: the fields after the first 64 bytes
+        by name (gpu_start_ns, gpu_end_ns, coll_seq, xfer_*), 0 when left
+        out; the torch hook writes none."""
+        bad = set(ext) - _EXT_NAMES
+        if bad:
+            raise ValueError(f"not a record field: {', '.join(sorted(bad))}")
         with self._lock:
             n = self._n
             self._n = n + 1
@@ -646,6 +659,12 @@ class RingWriter:
             _U64.pack_into(mm, off, 0)  # being written
             _REC.pack_into(mm, off, 0, comm_id, count, nbytes, start_ns, end_ns, peer, op,
                            datatype, redop, flags, status)
+            if ext or self._ext:
+                # once written, every later record writes them (a lapped slot
+                # must not keep an older record's values)
+                self._ext = True
+                _REC_EXT.pack_into(mm, off + _REC.size,
+                                   *(ext.get(name, 0) for name, _, _ in RECORD_FIELDS[_N_HEAD:]))
             _U64.pack_into(mm, off, n + 1)  # committed
             if n >= self.capacity:
                 _U64.pack_into(mm, _HDR["overwritten"][0], n + 1 - self.capacity + self._given_up)

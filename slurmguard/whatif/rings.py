@@ -65,7 +65,13 @@ from slurmguard.config import PeriodPolicy
 from slurmguard.detect.period import PeriodResult, find_period, step_times
 from slurmguard.detect.records import RankOps
 from slurmguard.errors import InputError
-from slurmguard.hook.ring import OP, RingError, RingHeader, RingReader, step_name
+from slurmguard.hook.ring import (
+    NOT_COLLECTIVE,
+    RingError,
+    RingHeader,
+    RingReader,
+    step_name,
+)
 from slurmguard.whatif import optypes as ot
 from slurmguard.whatif.trace import JobMeta
 
@@ -74,10 +80,6 @@ DP_OP = "dp-collectives"
 #: how the inferred ops map to the simulator's op types (see module docstring)
 RING_OP_MAP = {COMPUTE_OP: ot.FORWARD_COMPUTE, DP_OP: ot.GRADS_REDUCE_SCATTER}
 
-# bookkeeping records, not collectives (sg_ring.h)
-_NOT_COLLECTIVE = frozenset(
-    OP[n] for n in ("none", "group_start", "group_end", "comm_init", "comm_destroy",
-                    "comm_abort", "hold", "comm_split"))
 _RESTART = re.compile(r"\.restart-(\d+)(?:\.\d+)?$")
 
 
@@ -195,11 +197,12 @@ def _read_rank(files: list[RingFile]) -> tuple[RankOps, int]:
         lost += batch.lost + batch.corrupt + batch.abandoned
         off = f.header.clock_offset_ns
         for rec in batch.records:
-            if rec.op in _NOT_COLLECTIVE:
+            if rec.op in NOT_COLLECTIVE:
                 continue
             # communicator ids are unsigned 64-bit: fold to int64 (only equality matters)
             cid = rec.comm_id - (1 << 64) if rec.comm_id >= 1 << 63 else rec.comm_id
-            rows.append((rec.op, cid, rec.bytes, rec.start_ns + off, rec.end_ns + off))
+            # when the work ran: on the GPU where the ring has it (the agent's rule)
+            rows.append((rec.op, cid, rec.bytes, rec.begin_ns + off, rec.finish_ns + off))
     rank = files[0].header.global_rank
     if not rows:
         return RankOps(rank, *(np.zeros(0, np.int64) for _ in range(5))), lost

@@ -175,6 +175,26 @@ static cudaError_t enter(int f)
 	return cudaSuccess;
 }
 
+/* the same, for calls that touch no shared state after it */
+static cudaError_t enter_locked(int f)
+{
+	cudaError_t e;
+
+	pthread_mutex_lock(&mu);
+	e = enter(f);
+	pthread_mutex_unlock(&mu);
+	return e;
+}
+
+/* a convenience entry point (cudaStreamCreate, cudaEventCreate): counted
+ * as itself, then the full call does the rest */
+static void count_only(int f)
+{
+	pthread_mutex_lock(&mu);
+	ncalls[f]++;
+	pthread_mutex_unlock(&mu);
+}
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -350,10 +370,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned flags)
 	struct CUstream_st *s;
 	cudaError_t e;
 
-	pthread_mutex_lock(&mu);
-	e = enter(C_STCREATEF);
-	pthread_mutex_unlock(&mu);
-	if (e)
+	if ((e = enter_locked(C_STCREATEF)))
 		return e;
 	if (!out || flags > cudaStreamNonBlocking)
 		return cudaErrorInvalidValue;
@@ -366,9 +383,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned flags)
 
 cudaError_t cudaStreamCreate(cudaStream_t *out)
 {
-	pthread_mutex_lock(&mu);
-	ncalls[C_STCREATE]++;
-	pthread_mutex_unlock(&mu);
+	count_only(C_STCREATE);
 	return cudaStreamCreateWithFlags(out, cudaStreamDefault);
 }
 
@@ -398,19 +413,28 @@ static cudaError_t stream_sync(struct CUstream_st *s)
 	return cudaSuccess;
 }
 
+/* mu held: what the stream waits and queries check first (a wait on the
+ * legacy stream also while another thread captures in a blocking stream) */
+static cudaError_t st_wait_check(int f, cudaStream_t h, int wait, struct CUstream_st **out)
+{
+	cudaError_t e = enter(f);
+
+	if (!e)
+		e = unsafe_check();
+	if (!e && wait)
+		e = legacy_check(h);
+	if (!e && !(*out = resolve(h)))
+		e = cudaErrorInvalidResourceHandle;
+	return e;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t h)
 {
-	struct CUstream_st *s;
+	struct CUstream_st *s = NULL;
 	cudaError_t e;
 
 	pthread_mutex_lock(&mu);
-	e = enter(C_STSYNC);
-	if (!e)
-		e = unsafe_check();
-	if (!e)
-		e = legacy_check(h);
-	if (!e && !(s = resolve(h)))
-		e = cudaErrorInvalidResourceHandle;
+	e = st_wait_check(C_STSYNC, h, 1, &s);
 	if (!e && s->capture != cudaStreamCaptureStatusNone) {
 		s->self_invalid = 1;
 		invalidated++;
@@ -424,15 +448,11 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h)
 
 cudaError_t cudaStreamQuery(cudaStream_t h)
 {
-	struct CUstream_st *s;
+	struct CUstream_st *s = NULL;
 	cudaError_t e;
 
 	pthread_mutex_lock(&mu);
-	e = enter(C_STQUERY);
-	if (!e)
-		e = unsafe_check();
-	if (!e && !(s = resolve(h)))
-		e = cudaErrorInvalidResourceHandle;
+	e = st_wait_check(C_STQUERY, h, 0, &s);
 	if (!e)
 		e = s->done < s->queued ? cudaErrorNotReady : cudaSuccess;
 	pthread_mutex_unlock(&mu);
@@ -556,10 +576,7 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode)
 	cudaStreamCaptureMode old;
 	cudaError_t e;
 
-	pthread_mutex_lock(&mu);
-	e = enter(C_EXCHMODE);
-	pthread_mutex_unlock(&mu);
-	if (e)
+	if ((e = enter_locked(C_EXCHMODE)))
 		return e;
 	if (!mode || (unsigned)*mode > cudaStreamCaptureModeRelaxed)
 		return cudaErrorInvalidValue;
@@ -581,10 +598,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags)
 	struct CUevent_st *ev;
 	cudaError_t e;
 
-	pthread_mutex_lock(&mu);
-	e = enter(C_EVCREATEF);
-	pthread_mutex_unlock(&mu);
-	if (e)
+	if ((e = enter_locked(C_EVCREATEF)))
 		return e;
 	if (!out || (flags & ~0x7u))
 		return cudaErrorInvalidValue;
@@ -599,9 +613,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags)
 
 cudaError_t cudaEventCreate(cudaEvent_t *out)
 {
-	pthread_mutex_lock(&mu);
-	ncalls[C_EVCREATE]++;
-	pthread_mutex_unlock(&mu);
+	count_only(C_EVCREATE);
 	return cudaEventCreateWithFlags(out, cudaEventDefault);
 }
 
@@ -657,19 +669,27 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream)
 	return e;
 }
 
+/* mu held: what cudaEventQuery and cudaEventSynchronize check first */
+static cudaError_t ev_wait_check(int f, cudaEvent_t h, struct CUevent_st **out)
+{
+	cudaError_t e = enter(f);
+
+	if (!e)
+		e = unsafe_check();
+	if (!e && !(*out = ev_ok(h)))
+		e = cudaErrorInvalidResourceHandle;
+	if (!e && (*out)->captured)
+		e = cudaErrorCapturedEvent;
+	return e;
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t h)
 {
-	struct CUevent_st *ev;
+	struct CUevent_st *ev = NULL;
 	cudaError_t e;
 
 	pthread_mutex_lock(&mu);
-	e = enter(C_EVQUERY);
-	if (!e)
-		e = unsafe_check();
-	if (!e && !(ev = ev_ok(h)))
-		e = cudaErrorInvalidResourceHandle;
-	if (!e && ev->captured)
-		e = cudaErrorCapturedEvent;
+	e = ev_wait_check(C_EVQUERY, h, &ev);
 	if (!e && ev->recorded && ev->done_gen != ev->gen)
 		e = cudaErrorNotReady;
 	pthread_mutex_unlock(&mu);
@@ -678,17 +698,11 @@ cudaError_t cudaEventQuery(cudaEvent_t h)
 
 cudaError_t cudaEventSynchronize(cudaEvent_t h)
 {
-	struct CUevent_st *ev;
+	struct CUevent_st *ev = NULL;
 	cudaError_t e;
 
 	pthread_mutex_lock(&mu);
-	e = enter(C_EVSYNC);
-	if (!e)
-		e = unsafe_check();
-	if (!e && !(ev = ev_ok(h)))
-		e = cudaErrorInvalidResourceHandle;
-	if (!e && ev->captured)
-		e = cudaErrorCapturedEvent;
+	e = ev_wait_check(C_EVSYNC, h, &ev);
 	while (!e && ev->recorded && ev->done_gen != ev->gen && !unloading)
 		pthread_cond_wait(&done_cond, &mu);
 	pthread_mutex_unlock(&mu);
@@ -731,10 +745,7 @@ cudaError_t cudaGetDeviceCount(int *n)
 {
 	cudaError_t e;
 
-	pthread_mutex_lock(&mu);
-	e = enter(C_DEVCOUNT);
-	pthread_mutex_unlock(&mu);
-	if (e)
+	if ((e = enter_locked(C_DEVCOUNT)))
 		return e;
 	if (!n)
 		return cudaErrorInvalidValue;
@@ -746,10 +757,7 @@ cudaError_t cudaGetDevice(int *d)
 {
 	cudaError_t e;
 
-	pthread_mutex_lock(&mu);
-	e = enter(C_GETDEV);
-	pthread_mutex_unlock(&mu);
-	if (e)
+	if ((e = enter_locked(C_GETDEV)))
 		return e;
 	if (!d)
 		return cudaErrorInvalidValue;
@@ -761,10 +769,7 @@ cudaError_t cudaSetDevice(int d)
 {
 	cudaError_t e;
 
-	pthread_mutex_lock(&mu);
-	e = enter(C_SETDEV);
-	pthread_mutex_unlock(&mu);
-	if (e)
+	if ((e = enter_locked(C_SETDEV)))
 		return e;
 	if (d < 0 || d >= devices())
 		return cudaErrorInvalidDevice;

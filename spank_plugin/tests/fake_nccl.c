@@ -145,6 +145,11 @@ static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
  * as in a ring) whose ProxySteps go through NCCL's states with transSize:
  * SendGPUWait -> SendPeerWait_v4 -> SendWait, RecvWait -> RecvFlushWait ->
  * RecvGPUWait. Each step's network time is the link's (fakeNcclSetLink).
+ * As NCCL 2.28.9 did on a real GPU (tests/data/gpu/, recorded with
+ * spank_plugin/gpu/run_real.sh): a collective of a one-rank communicator
+ * gets no profiler event at all (NCCL's one-rank path, ncclLaunchOneRank,
+ * never reaches the kernel plan), and a send/recv to oneself its P2p event
+ * but no KernelCh, ProxyOp or ProxyStep event (nothing leaves the GPU).
  */
 #include "../nccl_profiler_api.h"
 
@@ -384,8 +389,9 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 {
 	uint64_t until;
 	void *ev = NULL;
+	int self = p2p && root_or_peer == c->rank;
 
-	if (c->prof) {
+	if (c->prof && (p2p || c->nranks > 1)) {
 		union sg_nccl_prof_descr_u u;
 
 		memset(&u, 0, sizeof(u));
@@ -411,8 +417,9 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 	until = mono_ns() + enqueue_ns;
 	while (enqueue_ns && mono_ns() < until)
 		;
-	if (ev && group_depth_tls() > 0) {
-		/* grouped work: host events only in this fake */
+	if (ev && (group_depth_tls() > 0 || self)) {
+		/* grouped work: host events only in this fake; to oneself: no
+		 * kernel channel or proxy events in NCCL either */
 		prof_stop(ev);
 		ev = NULL;
 	}

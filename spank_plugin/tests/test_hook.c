@@ -9,46 +9,12 @@
  * accounting and the hold control word (release and timeout).
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "../nccl_api.h"
-#include "../sg_ring.h"
-#include "../sg_ring_file.h"
-#include "check.h"
+#include "testlib.h"
 
-ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
-				    ncclConfig_t *config);
-ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
-			   ncclConfig_t *config);
-ncclResult_t ncclCommDestroy(ncclComm_t comm);
-ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-			   cudaStream_t);
-ncclResult_t ncclAllGather(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
-			   cudaStream_t);
-ncclResult_t ncclReduceScatter(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
-			       ncclComm_t, cudaStream_t);
-ncclResult_t ncclBroadcast(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
-			   cudaStream_t);
-ncclResult_t ncclBcast(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-ncclResult_t ncclReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int,
-			ncclComm_t, cudaStream_t);
-ncclResult_t ncclAllToAll(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
-			  cudaStream_t);
-ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-ncclResult_t ncclRecv(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-ncclResult_t ncclGroupStart(void);
-ncclResult_t ncclGroupEnd(void);
-unsigned long long fakeNcclCalls(const char *name, unsigned long long *elems);
 
 #define NOEV SG_F_NO_EVENT
 #define RANK 3
@@ -144,7 +110,6 @@ static void *mt_worker(void *p)
 int main(void)
 {
 	char dir[] = "/tmp/sg-test-hook-XXXXXX";
-	char path[4096];
 	float fsend[64], frecv[64 * WORLD];
 	int32_t isend[16], irecv[16 * WORLD];
 	double dsend[100];
@@ -153,17 +118,12 @@ int main(void)
 	ncclComm_t comm, comm_twin, comm_split;
 	struct sg_ring_header *h;
 	struct sg_record r;
-	const char *why;
 	uint64_t t_begin, t_end, n, wc, prev_start = 0;
 	unsigned long long elems;
 	ncclResult_t rc;
 	int i, ok;
 
-	if (!mkdtemp(dir)) {
-		perror("mkdtemp");
-		return 2;
-	}
-	setenv("SLURMGUARD_RING_DIR", dir, 1);
+	test_dir_make(dir);
 	setenv("SLURMGUARD_JOB_ID", "4242", 1);
 	setenv("SLURMGUARD_STEP_ID", "7", 1);
 	setenv("SLURMGUARD_RING_RECORDS", "1000", 1); /* rounded up to 1024 */
@@ -242,9 +202,7 @@ int main(void)
 	CHECK(fakeNcclCalls("ncclSend", &elems) == 1 && elems == 100, "send forwarded");
 	CHECK(fakeNcclCalls("ncclGroupEnd", NULL) == 1, "groupend forwarded");
 
-	snprintf(path, sizeof(path), "%s/rank-3.step-7.nccl.ring", dir);
-	h = sg_ring_open(path, &why);
-	CHECK(h != NULL, "ring %s: %s (is the hook preloaded?)", path, why ? why : "");
+	h = test_ring(dir, 3, "7", "nccl", 1);
 	if (!h)
 		DONE("test_hook");
 	CHECK(h->capacity == 1024, "capacity %u", h->capacity);
@@ -419,20 +377,6 @@ int main(void)
 	CHECK(ncclCommDestroy(comm_twin) == ncclSuccess, "destroy twin");
 
 	sg_ring_unmap(h);
-	{
-		/* clean up the temporary ring directory */
-		DIR *d = opendir(dir);
-		struct dirent *de;
-
-		while (d && (de = readdir(d))) {
-			if (de->d_name[0] == '.')
-				continue;
-			snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-			unlink(path);
-		}
-		if (d)
-			closedir(d);
-		rmdir(dir);
-	}
+	test_dir_remove(dir);
 	DONE("test_hook");
 }

@@ -27,70 +27,23 @@
  *             on (sg_ring.h), nothing after it is damaged
  */
 #define _GNU_SOURCE
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <signal.h>
-#include <string.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "../cuda_api.h"
-#include "../nccl_api.h"
-#include "../sg_ring.h"
-#include "../sg_ring_file.h"
-#include "check.h"
+#include "testlib.h"
 
-ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
-ncclResult_t ncclCommDestroy(ncclComm_t comm);
-ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-			   cudaStream_t);
-ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-ncclResult_t ncclRecv(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-ncclResult_t ncclGroupStart(void);
-ncclResult_t ncclGroupEnd(void);
-void fakeNcclSetTiming(uint64_t enqueue_ns, uint64_t kernel_ns);
 
-cudaError_t cudaSetDevice(int);
-cudaError_t cudaStreamCreate(cudaStream_t *);
-cudaError_t cudaStreamSynchronize(cudaStream_t);
-cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode);
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *);
-cudaError_t cudaGraphDestroy(cudaGraph_t);
-unsigned long long fakeCudaCalls(const char *name);
-void fakeCudaFail(const char *name, cudaError_t err, long after);
-unsigned fakeCudaGraphNodes(cudaGraph_t);
-unsigned fakeCudaInvalidated(void);
-cudaError_t fakeCudaLaunch(cudaStream_t, uint64_t ns, void (*fn)(void *), void *arg);
 
-#define MS 1000000ull
-#define US 1000ull
 
 static char g_dir[256];
 static float fin[8] = { 1, 2, 3, 4, 5, 6, 7, 8 }, fout[8];
 
-static void sleep_ns(uint64_t ns)
-{
-	struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
-
-	nanosleep(&ts, NULL);
-}
-
 static struct sg_ring_header *open_ring(int rank)
 {
-	char path[512];
-	const char *why = NULL;
-	struct sg_ring_header *h;
-
-	snprintf(path, sizeof(path), "%s/rank-%d.step-0.nccl.ring", g_dir, rank);
-	h = sg_ring_open(path, &why);
-	CHECK(h != NULL, "ring %s: %s", path, why ? why : "");
-	return h;
+	return test_ring(g_dir, rank, "0", "nccl", 1);
 }
 
 /* Wait up to timeout for record n to be committed; 1 if it is. */
@@ -430,15 +383,21 @@ static int scenario_cudaerr(void)
 	/* a device fault: every event query from now on fails (only the
 	 * completion thread queries) */
 	fakeCudaFail("cudaEventQuery", cudaErrorIllegalAddress, 0);
+	h = NULL;
 	for (i = 0; i < 4; i++) {
 		rc = ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s);
 		CHECK(rc == ncclSuccess, "call %d rc %d", i, rc);
-		if (i == 0)
-			sleep_ns(10 * MS); /* the completion thread meets the error */
+		if (i == 0) {
+			uint64_t until = sg_mono_ns() + 3000 * MS;
+
+			/* the completion thread meets the error (waited for, not
+			 * slept on: a loaded machine may not run it for a while) */
+			if (!(h = open_ring(0)))
+				return 1;
+			while (atomic_load(&h->gpu_state) != SG_GPU_CUDA_ERROR && sg_mono_ns() < until)
+				sleep_ns(1 * MS);
+		}
 	}
-	h = open_ring(0);
-	if (!h)
-		return 1;
 	for (i = 0; i < 4; i++) {
 		CHECK(find_op(h, SG_OP_ALLREDUCE, i, &r, 3000 * MS), "record %d", i);
 		CHECK(r.flags == SG_F_NO_EVENT, "record %d flags %#x", i, r.flags);
@@ -563,22 +522,6 @@ static int scenario_disabled(void)
 
 /* ------------------------------------------------------------------ driver */
 
-static void clean_dir(const char *dir)
-{
-	char path[1024];
-	DIR *d = opendir(dir);
-	struct dirent *de;
-
-	while (d && (de = readdir(d))) {
-		if (de->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-		unlink(path);
-	}
-	if (d)
-		closedir(d);
-}
-
 /* Run fn (or the rank function) in a child with its own ring dir and
  * stderr file. Returns the child's wait status. */
 static pid_t start_child(const char *name, int (*fn)(void), int rank, const ncclUniqueId *uid,
@@ -615,7 +558,7 @@ static int run(const char *name, int (*fn)(void), const char *events)
 	int st = 0;
 	pid_t pid;
 
-	clean_dir(g_dir);
+	test_dir_clean(g_dir);
 	pid = start_child(name, fn, 0, NULL, events);
 	waitpid(pid, &st, 0);
 	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "scenario %s: status %#x (its stderr above)",
@@ -624,8 +567,6 @@ static int run(const char *name, int (*fn)(void), const char *events)
 		copy_stderr(name);
 	return st;
 }
-
-static void copy_stderr(const char *name);
 
 static void copy_stderr(const char *name)
 {
@@ -647,11 +588,7 @@ int main(void)
 	int st;
 
 	snprintf(g_dir, sizeof(g_dir), "/tmp/sg-test-cuda-XXXXXX");
-	if (!mkdtemp(g_dir)) {
-		perror("mkdtemp");
-		return 2;
-	}
-	setenv("SLURMGUARD_RING_DIR", g_dir, 1);
+	test_dir_make(g_dir);
 	setenv("SLURMGUARD_STEP_ID", "0", 1);
 	setenv("WORLD_SIZE", "2", 1);
 	setenv("FAKE_NCCL_CLIQUE_DIR", g_dir, 1);
@@ -661,7 +598,7 @@ int main(void)
 	CHECK(stderr_lines(errfile, NULL) == 0, "timing scenario wrote to stderr");
 
 	/* two ranks of one communicator, in two processes */
-	clean_dir(g_dir);
+	test_dir_clean(g_dir);
 	ncclGetUniqueId(&uid);
 	g_go_ns = sg_mono_ns() + 500 * MS;
 	{
@@ -693,7 +630,7 @@ int main(void)
 	CHECK(stderr_lines(errfile, NULL) == 1 && stderr_lines(errfile, "CUDA error 700") == 1,
 	      "cudaerr: want one stderr line");
 
-	clean_dir(g_dir);
+	test_dir_clean(g_dir);
 	{
 		uint64_t t0 = sg_mono_ns(), took;
 		pid_t pid = start_child("exit", scenario_exit, 0, NULL, NULL);
@@ -703,7 +640,7 @@ int main(void)
 		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 7, "exit status %#x, want 7", st);
 		check_exit(took);
 	}
-	clean_dir(g_dir);
+	test_dir_clean(g_dir);
 	{
 		pid_t pid = start_child("killed", scenario_killed, 0, NULL, NULL);
 		uint64_t until = sg_mono_ns() + 10000 * MS;
@@ -719,7 +656,6 @@ int main(void)
 		CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "killed: status %#x", st);
 		check_killed();
 	}
-	clean_dir(g_dir);
-	rmdir(g_dir);
+	test_dir_remove(g_dir);
 	DONE("test_hook_cuda");
 }

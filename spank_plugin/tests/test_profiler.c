@@ -16,32 +16,10 @@
  * (NCCL 2.26) NCCL finds no interface it knows: the hook records as before.
  */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "../cuda_api.h"
-#include "../nccl_api.h"
-#include "../sg_ring.h"
-#include "../sg_ring_file.h"
-#include "check.h"
+#include "testlib.h"
 
-ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
-ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);
-ncclResult_t ncclCommDestroy(ncclComm_t comm);
-ncclResult_t ncclAllReduce(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-			   cudaStream_t);
-ncclResult_t ncclSend(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
-void fakeNcclSetTiming(uint64_t enqueue_ns, uint64_t kernel_ns);
-void fakeNcclSetLink(int peer, uint64_t ns);
-cudaError_t cudaStreamCreate(cudaStream_t *);
-cudaError_t cudaStreamSynchronize(cudaStream_t);
 
-#define MS 1000000ull
-#define US 1000ull
 #define NCOLL 5
 #define STEPS (NCOLL * 2 /* channels */ * 4 /* steps */)
 
@@ -50,45 +28,13 @@ static int g_keep; /* SG_TEST_RING_DIR: write there and keep the rings */
 
 static struct sg_ring_header *try_ring(const char *source)
 {
-	char path[1024];
-	const char *why = NULL;
-
-	snprintf(path, sizeof(path), "%s/rank-0.step-0.%s.ring", g_dir, source);
-	if (access(path, F_OK) != 0)
-		return NULL;
-	return sg_ring_open(path, &why);
-}
-
-static int count_op(struct sg_ring_header *h, uint16_t op)
-{
-	uint64_t n, wc = h ? atomic_load(&h->write_counter) : 0;
-	struct sg_record r;
-	int k = 0;
-
-	for (n = 0; n < wc; n++)
-		if (sg_ring_read(h, n, &r) == SG_READ_OK && r.op == op)
-			k++;
-	return k;
+	return test_ring(g_dir, 0, "0", source, 0);
 }
 
 static void cleanup(void)
 {
-	char path[1024];
-	DIR *d;
-	struct dirent *de;
-
-	if (g_keep)
-		return;
-	d = opendir(g_dir);
-	while (d && (de = readdir(d))) {
-		if (de->d_name[0] == '.')
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", g_dir, de->d_name);
-		unlink(path);
-	}
-	if (d)
-		closedir(d);
-	rmdir(g_dir);
+	if (!g_keep)
+		test_dir_remove(g_dir);
 }
 
 int main(void)
@@ -107,11 +53,10 @@ int main(void)
 	if (getenv("SG_TEST_RING_DIR")) {
 		snprintf(g_dir, sizeof(g_dir), "%s", getenv("SG_TEST_RING_DIR"));
 		g_keep = 1;
-	} else if (!mkdtemp(g_dir)) {
-		perror("mkdtemp");
-		return 2;
+		setenv("SLURMGUARD_RING_DIR", g_dir, 1);
+	} else {
+		test_dir_make(g_dir);
 	}
-	setenv("SLURMGUARD_RING_DIR", g_dir, 1);
 	setenv("SLURMGUARD_STEP_ID", "0", 1);
 	setenv("RANK", "0", 1);
 	setenv("SLURMGUARD_XFER_INTERVAL_MS", "60000", 1); /* flushed at finalize */
@@ -147,6 +92,19 @@ int main(void)
 		      (unsigned long long)atomic_load(&prof->holds));
 	}
 	CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+	/* a communicator of one, as recorded under NCCL 2.28.9 on a GPU: its
+	 * collectives give the plugin nothing, a send to oneself host times */
+	{
+		ncclComm_t one;
+
+		ncclGetUniqueId(&uid);
+		CHECK(ncclCommInitRank(&one, 1, uid, 0) == ncclSuccess, "init 1-rank");
+		CHECK(ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, one, s) == ncclSuccess,
+		      "1-rank allreduce");
+		CHECK(ncclSend(in, 16, ncclFloat32, 0, one, s) == ncclSuccess, "send to self");
+		cudaStreamSynchronize(s);
+		CHECK(ncclCommDestroy(one) == ncclSuccess, "destroy 1-rank");
+	}
 	hook = try_ring("nccl");
 
 	if (version < 4) {
@@ -154,11 +112,12 @@ int main(void)
 		int k;
 
 		CHECK(prof == NULL, "a ring from a plugin NCCL cannot load");
-		/* the hook's records come when their GPU events complete */
-		for (k = 0; k < 200 && hook && count_op(hook, SG_OP_ALLREDUCE) < NCOLL; k++)
+		/* the hook's records come when their GPU events complete (the
+		 * 1-rank communicator's all-reduce too) */
+		for (k = 0; k < 200 && hook && test_count_op(hook, SG_OP_ALLREDUCE) < NCOLL + 1; k++)
 			usleep(10000);
-		CHECK(hook && count_op(hook, SG_OP_ALLREDUCE) == NCOLL, "hook records: %d",
-		      hook ? count_op(hook, SG_OP_ALLREDUCE) : -1);
+		CHECK(hook && test_count_op(hook, SG_OP_ALLREDUCE) == NCOLL + 1, "hook records: %d",
+		      hook ? test_count_op(hook, SG_OP_ALLREDUCE) : -1);
 		cleanup();
 		DONE(name);
 	}
@@ -169,12 +128,13 @@ int main(void)
 	}
 	CHECK(prof->source == SG_SOURCE_NCCL_PROFILER, "source %u", prof->source);
 	/* one writer per call: the hook stood down when NCCL loaded the plugin */
-	CHECK(!hook || (count_op(hook, SG_OP_ALLREDUCE) == 0 && count_op(hook, SG_OP_COMM_INIT) == 0),
-	      "the hook recorded too: %d allreduce", count_op(hook, SG_OP_ALLREDUCE));
+	CHECK(!hook || (test_count_op(hook, SG_OP_ALLREDUCE) == 0 && test_count_op(hook, SG_OP_COMM_INIT) == 0),
+	      "the hook recorded too: %d allreduce", test_count_op(hook, SG_OP_ALLREDUCE));
 
 	wc = atomic_load(&prof->write_counter);
-	/* init, 5 + 1 collectives, send, hold, 2 links, destroy: nothing per step */
-	CHECK(wc == 1 + NCOLL + 1 + 1 + 1 + 2 + 1, "%llu records", (unsigned long long)wc);
+	/* init, 5 + 1 collectives, send, hold, 2 links, destroy: nothing per
+	 * step; then the 1-rank communicator's init, send to self, destroy */
+	CHECK(wc == 1 + NCOLL + 1 + 1 + 1 + 2 + 1 + 3, "%llu records", (unsigned long long)wc);
 	for (n = 0, i = 0; n < wc; n++) {
 		CHECK(sg_ring_read(prof, n, &r) == SG_READ_OK, "record %llu", (unsigned long long)n);
 		if (r.op == SG_OP_ALLREDUCE && i < NCOLL) {
@@ -209,6 +169,16 @@ int main(void)
 		}
 	}
 	CHECK(n < wc, "no send record");
+	for (n = wc - 3; n < wc; n++) {
+		static const uint16_t want[3] = { SG_OP_COMM_INIT, SG_OP_SEND, SG_OP_COMM_DESTROY };
+
+		CHECK(sg_ring_read(prof, n, &r) == SG_READ_OK && r.op == want[n - (wc - 3)],
+		      "1-rank record %llu: op %u", (unsigned long long)n, r.op);
+		if (r.op == SG_OP_SEND)
+			CHECK(r.flags == SG_F_NO_EVENT && r.peer == 0, "send to self: flags %#x",
+			      r.flags);
+	}
+	CHECK(test_count_op(prof, SG_OP_ALLREDUCE) == NCOLL + 1, "1-rank allreduce recorded");
 	{
 		struct sg_record slow = { 0 }, fine = { 0 };
 		int links = 0;
@@ -248,7 +218,7 @@ int main(void)
 		       slow.xfer_net_ns / 1e6 / (double)slow.count,
 		       fine.xfer_net_ns / 1e6 / (double)fine.count);
 	}
-	CHECK(count_op(prof, SG_OP_HOLD) == 1 && count_op(prof, SG_OP_COMM_DESTROY) == 1,
+	CHECK(test_count_op(prof, SG_OP_HOLD) == 1 && test_count_op(prof, SG_OP_COMM_DESTROY) == 2,
 	      "hold / destroy records");
 	cleanup();
 	DONE(name);

@@ -1,8 +1,9 @@
 """`slurmguard bench agent`: CPU and memory of one node agent watching a busy node.
 
-Two real `slurmguard agent` processes run side by side for `--duration` s
-with the same policy, sim telemetry and a local report sink standing in for
-the controller (it answers 200 and counts what it gets):
+Two real agent processes (the daemon's own loop, slurmguard.agent.daemon.run)
+run side by side for `--duration` s with the same policy, sim telemetry and a
+local report sink standing in for the controller (it answers 200 and counts
+what it gets):
 
 - loaded: its ring root holds the rings of one job with `--ranks` ranks on
   this node, written by the real ring writer (hook/ring.RingWriter) in a
@@ -11,6 +12,14 @@ the controller (it answers 200 and counts what it gets):
   all-reduce on a few communicators, sizes and durations of a data-parallel
   step), the compute between them left as gaps;
 - baseline: an idle agent whose ring root is empty.
+
+The agent reads a ring only for a job Slurm says runs on its node, in a
+directory owned by that job's user: each agent gets the project's FakeSlurm
+(slurmguard.slurm.fake) as its Slurm view, in which the bench job runs on
+the loaded agent's node as the bench's own user, so the loaded agent really
+reads and analyses the rings. Each agent counts the ranks its reports carried
+(taken from the reports it built, not from the wire format) and prints them
+when it stops; a loaded agent that reported no ranks fails the bench.
 
 After `--warmup` s (start-up, first discovery) the CPU time (utime + stime
 from /proc/PID/stat) and the RSS (VmRSS, sampled every second; the peak is
@@ -42,8 +51,9 @@ def write_rings(root: str, node: str, job_id: int, ranks: int, collectives: int,
                 stop_after_s: float) -> None:
     """The writer process: `ranks` rings of one job, `collectives` records per rank per step.
 
-    Each step: the ranks' collectives are spread over the step with compute
-    gaps between them; durations vary by a few percent between ranks.
+    Each step: a forward pass without collectives, then the ranks'
+    collectives spread over the rest of the step with compute gaps between
+    them; durations vary by a few percent between ranks.
     """
     import random
 
@@ -63,9 +73,11 @@ def write_rings(root: str, node: str, job_id: int, ranks: int, collectives: int,
     step = 0
     while time.monotonic() < deadline:
         t0 = time.monotonic()
-        slot = step_s / collectives
+        # the forward pass (first 30% of the step) issues no collective: the
+        # long gap at each iteration boundary that the period detection keys on
+        slot = 0.7 * step_s / collectives
         for i, op in enumerate(kinds):
-            target = t0 + (i + 1) * slot
+            target = t0 + 0.3 * step_s + (i + 1) * slot
             now = time.monotonic()
             if target > now:
                 time.sleep(target - now)
@@ -79,27 +91,77 @@ def write_rings(root: str, node: str, job_id: int, ranks: int, collectives: int,
         w.close()
 
 
+JOB_ID = 4242
+#: longest wait for both agents' first reports (s; start-up on a loaded machine)
+READY_S = 180.0
+
+
+def make_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: int | None):
+    """An agent as `slurmguard agent` builds it (policy, sender, sim telemetry),
+    with a FakeSlurm view in which job `job_id` (None: no job) runs on `node`
+    as this process's user, so the agent trusts that job's ring directory."""
+    from slurmguard.agent.daemon import Agent
+    from slurmguard.agent.sender import ReportSender
+    from slurmguard.config import load_policy
+    from slurmguard.reports import read_secret
+    from slurmguard.slurm.fake import FakeSlurm
+    from slurmguard.telemetry import open_source
+
+    pol = load_policy(policy_path)
+    slurm = FakeSlurm([node])
+    if job_id is not None:
+        slurm.start_job([node], user=str(os.getuid()), job_id=job_id)
+    p = pol.agent
+    sender = ReportSender(url, read_secret(p.secret_file, "node key"), timeout_s=p.request_timeout_s,
+                          max_reports=p.buffer_max_reports, now=time.time)
+    return Agent(node=node, policy=pol, sender=sender, source=open_source("sim", node),
+                 ring_root=ring_root, slurm=slurm)
+
+
+def run_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: int | None,
+              status: str) -> None:
+    """The agent process: the daemon's loop until SIGTERM. After every report
+    it builds, `status` holds JSON: reports built so far and the ranks the
+    last one carried with iterations found (the bench starts measuring once the agent reports)."""
+    from slurmguard.agent.daemon import run
+
+    agent = make_agent(node, url, policy_path, ring_root, job_id)
+    seen = {"reports": 0, "ranks": 0}
+    build = agent.build_report
+
+    def counted():
+        rep = build()
+        seen["reports"] += 1
+        # ranks whose iterations the agent found: it did the whole analysis for them
+        seen["ranks"] = sum(1 for j in rep.jobs for r in j.ranks if r.steps)
+        tmp = status + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(seen, f)
+        os.replace(tmp, status)
+        return rep
+
+    agent.build_report = counted
+    run(agent)
+
+
+def _status(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"reports": 0, "ranks": 0}
+
+
 class _Sink(BaseHTTPRequestHandler):
-    stats: dict = {}
+    """Stands in for the controller: answers 200 to every report, whatever its format."""
 
     def do_POST(self) -> None:  # noqa: N802 (http.server API)
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        node = "?"
-        ranks = 0
-        try:
-            doc = json.loads(body)
-            node = doc.get("node", "?")
-            ranks = sum(len(j.get("ranks", [])) for j in doc.get("jobs", []))
-        except (ValueError, AttributeError):
-            pass
-        s = self.stats.setdefault(node, {"reports": 0, "bytes": 0, "ranks": 0})
-        s["reports"] += 1
-        s["bytes"] += len(body)
-        s["ranks"] = max(s["ranks"], ranks)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"accepted": true}'  # what the controller answers a report it took
         self.send_response(200)
-        self.send_header("Content-Length", "2")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(b"{}")
+        self.wfile.write(body)
 
     def log_message(self, *args: object) -> None:
         pass
@@ -117,6 +179,16 @@ def _rss_mb(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _writer(root: Path, node: str, job_id: int, ranks: int, collectives: int, step_s: float,
+            seconds: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from slurmguard.agent.bench import write_rings; "
+         "write_rings(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "
+         "int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))",
+         str(root), node, str(job_id), str(ranks), str(collectives), str(step_s), str(seconds)])
 
 
 @click.command("agent")
@@ -154,31 +226,41 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
         roots = {"loaded": t / "rings-loaded", "baseline": t / "rings-empty"}
         for r in roots.values():
             r.mkdir()
-        writer = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys; from slurmguard.agent_bench import write_rings; "
-             "write_rings(sys.argv[1], 'benchnode', 4242, int(sys.argv[2]), int(sys.argv[3]), "
-             "float(sys.argv[4]), float(sys.argv[5]))",
-             str(roots["loaded"]), str(ranks), str(collectives), str(step_s), str(total)])
-        env = {**os.environ, "SLURMGUARD_POLICY": str(policy)}
-        slurmguard = Path(sys.executable).with_name("slurmguard")
-        base = [str(slurmguard)] if slurmguard.is_file() else [sys.executable, "-m", "slurmguard.cli"]
+        writer = _writer(roots["loaded"], "benchnode", JOB_ID, ranks, collectives, step_s, total)
+        status = {n: t / f"{n}.status" for n in roots}
         agents = {
             name: subprocess.Popen(
-                [*base, "agent", "--node", "benchnode" if name == "loaded" else "idlenode",
-                 "--controller", url, "--ring-root", str(root), "--telemetry", "sim"],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                [sys.executable, "-c",
+                 "import sys; from slurmguard.agent.bench import run_agent; "
+                 "run_agent(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
+                 "int(sys.argv[5]) if sys.argv[5] else None, sys.argv[6])",
+                 "benchnode" if name == "loaded" else "idlenode", url, str(policy), str(root),
+                 str(JOB_ID) if name == "loaded" else "", str(status[name])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             for name, root in roots.items()}
         try:
-            click.echo(f"agents started; warming up {warmup:g} s, then measuring {duration:g} s "
-                       f"({ranks} ranks x {collectives} collectives per {step_s:g} s step = "
+            click.echo(f"agents started; once both report (the loaded one all {ranks} ranks), "
+                       f"warming up {warmup:g} s, then measuring {duration:g} s ({ranks} ranks x "
+                       f"{collectives} collectives per {step_s:g} s step = "
                        f"{ranks * collectives / step_s:.0f} records/s)")
+            ready_by = time.monotonic() + READY_S
+            while True:
+                for name, p in agents.items():
+                    if p.poll() is not None:
+                        err = p.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+                        raise click.ClickException(f"{name} agent exited: {' | '.join(err)}")
+                st = {n: _status(f) for n, f in status.items()}
+                if st["baseline"]["reports"] and st["loaded"]["ranks"] >= ranks:
+                    break
+                if time.monotonic() > ready_by:
+                    raise click.ClickException(
+                        f"after {READY_S:g} s the loaded agent reports {st['loaded']['ranks']} of "
+                        f"{ranks} ranks (idle agent: {st['baseline']['reports']} reports); "
+                        "nothing measured")
+                time.sleep(0.5)
             time.sleep(warmup)
-            for name, p in agents.items():
-                if p.poll() is not None:
-                    err = p.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
-                    raise click.ClickException(f"{name} agent exited: {' | '.join(err)}")
             c0 = {n: _cpu_s(p.pid) for n, p in agents.items()}
+            r0 = {n: _status(f)["reports"] for n, f in status.items()}
             w0 = time.monotonic()
             rss = {n: _rss_mb(p.pid) for n, p in agents.items()}
             while time.monotonic() - w0 < duration:
@@ -187,6 +269,7 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
                     rss[n] = max(rss[n], _rss_mb(p.pid))
             wall = time.monotonic() - w0
             cpu = {n: _cpu_s(p.pid) - c0[n] for n, p in agents.items()}
+            seen = {n: _status(f) for n, f in status.items()}
         finally:
             for p in [*agents.values(), writer]:
                 if p.poll() is None:
@@ -197,23 +280,16 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
                 except subprocess.TimeoutExpired:
                     p.kill()
             server.shutdown()
-        stats = _Sink.stats
         click.echo(f"{'agent':<34}{'CPU % of one core':>19}{'peak RSS MB':>13}{'reports':>9}"
-                   f"{'ranks seen':>12}")
+                   f"{'ranks analysed':>16}")
         for n, label in (("loaded", f"{ranks} ranks, {collectives} coll/step"),
                          ("baseline", "idle (no rings), baseline")):
-            node = "benchnode" if n == "loaded" else "idlenode"
-            s = stats.get(node, {"reports": 0, "ranks": 0})
-            click.echo(f"{label:<34}{100 * cpu[n] / wall:>19.2f}{rss[n]:>13.1f}{s['reports']:>9}"
-                       f"{s['ranks']:>12}")
-        if not stats.get("benchnode", {}).get("ranks"):
-            # the agent reads a ring only for a job Slurm runs on its node, owned by
-            # that job's user: without that view it reads nothing, and its figures
-            # would be an idle agent's
+            click.echo(f"{label:<34}{100 * cpu[n] / wall:>19.2f}{rss[n]:>13.1f}"
+                       f"{seen[n]['reports'] - r0[n]:>9}{seen[n]['ranks']:>16}")
+        if seen["loaded"]["ranks"] < ranks:
             raise click.ClickException(
-                "the loaded agent reported no ranks: it trusts rings only of jobs Slurm runs on "
-                "its node (no Slurm view here), so its CPU figure would be an idle agent's; "
-                "nothing measured")
+                f"the loaded agent's last report carried {seen['loaded']['ranks']} of {ranks} "
+                "ranks: its figures are not those of an agent watching them")
         pct, mb = 100 * cpu["loaded"] / wall, rss["loaded"]
         ok = pct <= TARGET_CPU_PCT and mb <= TARGET_RSS_MB
         click.echo(f"target: <= {TARGET_CPU_PCT:g}% of one core, <= {TARGET_RSS_MB:g} MB: "
@@ -229,30 +305,19 @@ def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
     import cProfile
     import pstats
 
-    from slurmguard.agent.daemon import Agent, run
-    from slurmguard.agent.sender import ReportSender
-    from slurmguard.config import load_policy
-    from slurmguard.reports import read_secret
-    from slurmguard.telemetry import open_source
+    from slurmguard.agent.daemon import run
 
     root = t / "rings-profile"
     root.mkdir()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    writer = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from slurmguard.agent_bench import write_rings; "
-         "write_rings(sys.argv[1], 'profnode', 4343, int(sys.argv[2]), int(sys.argv[3]), "
-         "float(sys.argv[4]), float(sys.argv[5]))",
-         str(root), str(ranks), str(collectives), str(step_s), str(duration + 10)])
-    pol = load_policy(policy)
-    agent = Agent(node="profnode", policy=pol,
-                  sender=ReportSender(url, read_secret(pol.agent.secret_file), now=time.time),
-                  source=open_source("sim", "profnode"), ring_root=str(root))
+    writer = _writer(root, "profnode", JOB_ID + 1, ranks, collectives, step_s, duration + 10)
+    agent = make_agent("profnode", url, str(policy), str(root), JOB_ID + 1)
     stop = threading.Event()
     threading.Timer(duration, stop.set).start()
-    prof = cProfile.Profile()
+    # CPU time, not wall: on a shared machine waiting for a core is not the agent's cost
+    prof = cProfile.Profile(time.process_time)
     try:
         time.sleep(3)  # the writer has created its rings
         prof.runcall(run, agent, stop)
@@ -262,7 +327,7 @@ def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
         server.shutdown()
     stats = pstats.Stats(prof)
     click.echo(f"\nprofile of the loaded agent, {duration:g} s in-process "
-               f"(total {stats.total_tt:.2f} s CPU under the profiler), top {top} by own time:")
+               f"(total {stats.total_tt:.2f} s of process CPU under the profiler), top {top} by own time:")
     stats.sort_stats("tottime").print_stats(top)
     click.echo(f"top {top} by cumulative time:")
     stats.sort_stats("cumulative").print_stats(top)
