@@ -307,7 +307,7 @@ def test_pipeline_job_gets_rebalanced_then_retopologised_then_drained(sqlite_sto
     """Ski-rental order for an opted-in pp=2 x dp=2 job whose ranks 0 (stage 0, replica 0)
     and 3 (stage 1, replica 1) are slow: S2 cannot help (each replica has a slow stage),
     S3 consolidates both into one stage, then the drain follows at its price."""
-    from slurmguard.respond.tiers import accumulated_cost_gpu_s
+    from slurmguard.respond.escalation import accumulated_cost_gpu_s
 
     policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
         "escalation": POLICY.response.escalation.model_copy(update={
