@@ -10,7 +10,8 @@ from slurmguard.detect.crossgroup import group_times, slow_groups, suspects
 from slurmguard.detect.findings import job_finding, localise
 from slurmguard.detect.mycroft import StragglerTriggers, find_stall, late_ranks, sample_ranks
 from slurmguard.detect.period import step_times
-from slurmguard.detect.records import JobLayout, expand_hostlist, parse_tasks_per_node
+from slurmguard.detect.records import JobLayout, parse_tasks_per_node
+from slurmguard.slurm.hostlist import expand as expand_hostlist
 from slurmguard.detect.synth import JobSpec, make_job
 from slurmguard.errors import InputError
 
