@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from slurmguard.clock import Clock, SystemClock
+from slurmguard.names import NODE_NAME_RULE, is_node_name
 from slurmguard.store import db
 from slurmguard.store.errors import InvalidValue, NotFound, StaleState, UnknownNode
 from slurmguard.store.lifecycle import (
@@ -58,8 +59,6 @@ from slurmguard.store.records import (
 )
 from slurmguard.store.types import Timestamp, jsonable, to_utc
 
-# Slurm node names: letters, digits, '-', '_', '.'; no spaces or shell metacharacters.
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 CAUSE_MAX = 256
 DEFAULT_ACTOR = "slurmguard"
@@ -984,10 +983,8 @@ class _NodeIds:
 
 # ---------------------------------------------------------------- validation
 def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not NODE_NAME_RE.match(name):
-        raise InvalidValue(
-            f"invalid node name {name!r} (letters, digits, '.', '_', '-'; at most 128)"
-        )
+    if not is_node_name(name):
+        raise InvalidValue(f"invalid node name {name!r} ({NODE_NAME_RULE})")
     return name
 
 
