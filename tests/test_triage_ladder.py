@@ -107,6 +107,14 @@ def test_repeat_rule(world, earlier_days, limit, expect):
     quarantined(world)
     a = fail_sweep(world, lad)
     assert a.rung is expect and a.is_entry
+    # the report's "what next" applies the same rule to the same rows
+    from slurmguard.store import utc
+    from slurmguard.triage.report_next import recommend
+
+    nxt = recommend("node2", NodeState.REMEDIATION, live=None, slurm_reachable=True, episode_sweeps=(),
+                    episode_triage=(a,), all_triage=store.triage_actions("node2"),
+                    now=utc(clock.now()), policy=lad.policy)
+    assert nxt.code == ("replace" if expect is TriageRung.TERMINAL else "rung_running")
     if expect is TriageRung.TERMINAL:
         assert f"triage entry {len(earlier_days) + 1} within 7 days" in a.detail
         assert step(world, lad) == "terminal"

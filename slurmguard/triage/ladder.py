@@ -3,7 +3,8 @@
 Rungs come from `TriagePolicy.ladder` (default resweep, reboot, reimage, terminal), each
 more invasive than the last; every rung except terminal ends in a new sweep round
 (lifecycle remediation -> quarantined). Guard's repeat rule: a node entering triage for
-the `repeat_limit`-th time within `repeat_window_days` goes straight to terminal.
+the `repeat_limit`-th time within `repeat_window_days` goes straight to terminal. Both
+rules are the pure functions of triage/rungs.py, which the report's "what next" shows.
 
 Bookkeeping lives in the database, so a restarted controller continues the same rung:
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from slurmguard.clock import Clock
@@ -44,13 +44,13 @@ from slurmguard.store import (
     Store,
     TriageActionRecord,
     TriageRung,
-    utc,
 )
 from slurmguard.sweeps.episode import AFTER_SWEEP, Episode
 from slurmguard.sweeps.quarantine import REBOOT_FLAGS
 from slurmguard.sweeps.verdict import make_reason
+from slurmguard.triage.rungs import entries_in_window, entry_rung, rung_after, window_start
 
-log = logging.getLogger("slurmguard.triage")
+log = logging.getLogger(__name__)
 
 FAILED_SWEEP = "failed_sweep"
 OPEN = (ActionStatus.PLANNED, ActionStatus.RUNNING)
@@ -88,19 +88,14 @@ class TriageLadder:
     # ------------------------------------------------------------------ entering
     def next_rung(self, episode: Episode) -> tuple[TriageRung, bool, str, int]:
         """(rung, is_entry, why, entry_count) for the failure that ends the current round."""
-        ladder = list(self.policy.ladder)
         if episode.actions:
-            last = episode.actions[-1].rung.value
-            i = ladder.index(last) if last in ladder else -1
-            rung = ladder[min(i + 1, len(ladder) - 1)]
-            return TriageRung(rung), False, f"next rung after {last}", 0
-        since = self.clock.now() - self.policy.repeat_window_days * 86400.0
-        count = len(self.store.recent_triage_entries(episode.node, since)) + 1
-        if count >= self.policy.repeat_limit:
-            why = (f"triage entry {count} within {self.policy.repeat_window_days:g} days"
-                   f" (limit {self.policy.repeat_limit}): replace")
-            return TriageRung.TERMINAL, True, why, count
-        return TriageRung(ladder[0]), True, f"triage entry {count}", count
+            last = episode.actions[-1].rung
+            return rung_after(last, self.policy), False, f"next rung after {last.value}", 0
+        since = window_start(self.clock.now(), self.policy)
+        earlier = entries_in_window(self.store.recent_triage_entries(episode.node, since),
+                                    self.clock.now(), self.policy)
+        rung, why, count = entry_rung(earlier, self.policy)
+        return rung, True, why, count
 
     def enter(self, node: str, episode: Episode, *, failed_sweep: int | None, reason: str,
               evidence: dict[str, Any] | None = None) -> TriageActionRecord:
@@ -268,8 +263,3 @@ class TriageLadder:
                                         evidence={"drain_reason": reason})
         return self._finish(node, a)
 
-
-def triage_entries_since(store: Store, node: str, clock: Clock, policy: TriagePolicy) -> int:
-    """Triage entries of `node` inside the repeat window (for status displays)."""
-    since = utc(clock.now()) - timedelta(days=policy.repeat_window_days)
-    return len(store.recent_triage_entries(node, since))
