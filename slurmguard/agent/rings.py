@@ -46,7 +46,7 @@ import numpy as np
 
 from slurmguard.hook.ring import RING_NAME, RingError, RingHeader, RingReader
 
-log = logging.getLogger("slurmguard.agent.rings")
+log = logging.getLogger(__name__)
 
 # op codes that are bookkeeping, not collectives (sg_ring.h)
 _NOT_COLLECTIVE = {0, 9, 10, 11, 12, 13, 17, 18}

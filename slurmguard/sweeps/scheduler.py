@@ -87,7 +87,7 @@ from slurmguard.sweeps.verdict import (
 )
 from slurmguard.triage.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 
-log = logging.getLogger("slurmguard.sweeps")
+log = logging.getLogger(__name__)
 
 ACTIVE = (NodeState.DRAINING, NodeState.QUARANTINED, NodeState.REMEDIATION)
 FINAL_JOB_STATES = frozenset({
