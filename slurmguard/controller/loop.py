@@ -35,9 +35,9 @@ from slurmguard.respond.tiers import JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
-from slurmguard.store import AuditOutcome, IncidentStatus, NodeState, Store
+from slurmguard.store import AuditOutcome, IllegalTransition, IncidentStatus, NodeState, Store
 
-log = logging.getLogger("slurmguard.controller")
+log = logging.getLogger(__name__)
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
@@ -391,7 +391,8 @@ class Controller:
             return
         try:
             self.store.transition(node, to, cause[:250], evidence, actor=self.actor)
-        except Exception as exc:  # an illegal lifecycle step must not stop the loop
+        except IllegalTransition as exc:  # a step the lifecycle forbids must not stop the loop;
+            # anything else (the database down) is the cycle's error, not a warning
             log.warning("lifecycle %s -> %s for %s not recorded: %s", rec.state, to, node, exc)
 
     def _alert(self, why: str, node: str | None, incident_id: int, res: CycleResult) -> None:

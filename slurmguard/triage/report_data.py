@@ -13,8 +13,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import click
-
 from slurmguard.errors import SlurmguardError
 from slurmguard.store import (
     AuditRecord,
@@ -237,8 +235,7 @@ def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
             resv = client.reservations()
         except SlurmguardError:
             resv = []
-    except (SlurmguardError, OSError, click.ClickException) as exc:
-        # ClickException: the CLI context could not build a client (unsupported backend).
+    except (SlurmguardError, OSError) as exc:  # ConfigError: no client for this backend
         return SlurmView(reachable=False, checked=True, error=_one_line(exc))
     by_node: dict[str, list[str]] = defaultdict(list)
     for r in resv:
