@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.names import NODE_NAME_RULE, is_node_name
 from slurmguard.store import db
-from slurmguard.store.errors import InvalidValue, NotFound, StaleState, UnknownNode
+from slurmguard.store.errors import InvalidValue, NotFound, StaleState, NodeNotRegistered
 from slurmguard.store.lifecycle import (
     INITIAL_STATE,
     NodeState,
@@ -259,7 +259,7 @@ class Store:
         Raises IllegalTransition for a change the lifecycle does not allow
         (unless `force`, an admin override, recorded as forced=True), StaleState
         when `expect_from` is given and the node is in another state (or another
-        writer moved it concurrently), UnknownNode for an unregistered node.
+        writer moved it concurrently), NodeNotRegistered for an unregistered node.
         """
         to = parse_state(to_state)
         cause = _check_cause(cause)
@@ -953,7 +953,7 @@ class Store:
     def _node_row(self, s: Session, name: str) -> Node:
         row = s.scalar(select(Node).where(Node.name == name))
         if row is None:
-            raise UnknownNode(f"node {name}: not registered in the database")
+            raise NodeNotRegistered(f"node {name}: not registered in the database")
         return row
 
 
@@ -970,7 +970,7 @@ class _NodeIds:
                 select(Node.id, Node.hw_class).where(Node.name == name)
             ).first()
             if row is None:
-                raise UnknownNode(f"node {name}: not registered in the database")
+                raise NodeNotRegistered(f"node {name}: not registered in the database")
             self._cache[name] = (row[0], row[1])
         return self._cache[name]
 
