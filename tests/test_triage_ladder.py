@@ -11,7 +11,7 @@ from slurmguard.runner import CommandError, CommandResult, CommandTimeout
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store import ActionStatus, NodeState, TriageRung
 from slurmguard.sweeps.episode import load_episode
-from slurmguard.triage.ladder import TriageLadder
+from slurmguard.sweeps.ladder import TriageLadder
 
 DAY = 86400.0
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurmguard.config import TriagePolicy
 from slurmguard.store import ActionStatus, TriageActionRecord, TriageRung
-from slurmguard.triage.rungs import entries_in_window, entry_rung, rung_after
+from slurmguard.sweeps.rungs import entries_in_window, entry_rung, rung_after
 
 NOW = datetime(2026, 1, 10, tzinfo=UTC)
 

@@ -45,10 +45,10 @@ from slurmguard.store import (
     TriageActionRecord,
     TriageRung,
 )
-from slurmguard.sweeps.episode import AFTER_SWEEP, Episode
+from slurmguard.sweeps.episode import AFTER_SWEEP, NodeEpisode
 from slurmguard.sweeps.quarantine import REBOOT_FLAGS
 from slurmguard.sweeps.verdict import make_reason
-from slurmguard.triage.rungs import entries_in_window, entry_rung, rung_after, window_start
+from slurmguard.sweeps.rungs import entries_in_window, entry_rung, rung_after, window_start
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class TriageLadder:
         self.delete_quarantine = delete_quarantine or (lambda node: None)
 
     # ------------------------------------------------------------------ entering
-    def next_rung(self, episode: Episode) -> tuple[TriageRung, bool, str, int]:
+    def next_rung(self, episode: NodeEpisode) -> tuple[TriageRung, bool, str, int]:
         """(rung, is_entry, why, entry_count) for the failure that ends the current round."""
         if episode.actions:
             last = episode.actions[-1].rung
@@ -97,7 +97,7 @@ class TriageLadder:
         rung, why, count = entry_rung(earlier, self.policy)
         return rung, True, why, count
 
-    def enter(self, node: str, episode: Episode, *, failed_sweep: int | None, reason: str,
+    def enter(self, node: str, episode: NodeEpisode, *, failed_sweep: int | None, reason: str,
               evidence: dict[str, Any] | None = None) -> TriageActionRecord:
         """A sweep round failed (or a hard error): plan the next rung and move the node to
         remediation. Idempotent per failed sweep."""
@@ -120,7 +120,7 @@ class TriageLadder:
         return action
 
     # ------------------------------------------------------------------ remediation
-    def decide(self, node: str, live: NodeInfo | None, episode: Episode) -> LadderStep:
+    def decide(self, node: str, live: NodeInfo | None, episode: NodeEpisode) -> LadderStep:
         a = episode.last_action
         if a is None:
             rung, _, why, _ = self.next_rung(episode)
@@ -136,7 +136,7 @@ class TriageLadder:
             return LadderStep(node, "finish", f"{a.rung.value} done", a.rung)
         return LadderStep(node, "next_rung", f"{a.rung.value} {a.status.value}", a.rung)
 
-    def apply(self, step: LadderStep, live: NodeInfo | None, episode: Episode) -> str:
+    def apply(self, step: LadderStep, live: NodeInfo | None, episode: NodeEpisode) -> str:
         node = step.node
         a = episode.last_action
         if step.action == "enter":

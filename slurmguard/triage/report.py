@@ -30,7 +30,7 @@ from slurmguard.triage.report_model import (
     SlurmView,
 )
 from slurmguard.triage.report_next import recommend
-from slurmguard.triage.rungs import entries_in_window
+from slurmguard.sweeps.rungs import entries_in_window
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

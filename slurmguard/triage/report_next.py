@@ -19,7 +19,7 @@ from slurmguard.store import (
     Verdict,
 )
 from slurmguard.triage.report_model import NextAction
-from slurmguard.triage.rungs import entries_in_window, repeat_limit_reached, rung_after
+from slurmguard.sweeps.rungs import entries_in_window, repeat_limit_reached, rung_after
 
 _OPEN = (ActionStatus.PLANNED, ActionStatus.RUNNING)
 
