@@ -21,8 +21,8 @@ from slurmguard.extras import missing_extra
 # command name -> "module:attribute" of a click.Command / click.Group
 COMMANDS: dict[str, str] = {
     "devcluster": "slurmguard.devcluster.cli:devcluster",
-    "nodes": "slurmguard.slurm.cli:nodes",
-    "node": "slurmguard.slurm.cli:node",
+    "nodes": "slurmguard.report.node_cli:nodes",
+    "node": "slurmguard.report.node_cli:node",
     "db": "slurmguard.store.cli:db",
     "policy": "slurmguard.config_cli:policy",
     "ring": "slurmguard.hook.cli:ring",
@@ -33,8 +33,8 @@ COMMANDS: dict[str, str] = {
     "agent": "slurmguard.agent:agent_cmd",
     "controller": "slurmguard.controller:controller_cmd",
     "keys": "slurmguard.controller:keys",
-    "triage": "slurmguard.triage.cli:triage",
-    "incidents": "slurmguard.triage.cli:incidents",
+    "triage": "slurmguard.report.cli:triage",
+    "incidents": "slurmguard.report.cli:incidents",
     "sweep": "slurmguard.sweeps.cli:sweep",
     "demo": "slurmguard.demo:demo",
 }

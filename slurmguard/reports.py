@@ -24,13 +24,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
-import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from slurmguard.config import read_trusted
 from slurmguard.errors import ConfigError
+from slurmguard.names import NODE_NAME_RE
 
 SCHEMA_VERSION = 1
 MAX_SKEW_S = 300.0
@@ -38,8 +38,8 @@ TIME_HEADER = "X-Slurmguard-Time"
 SIG_HEADER = "X-Slurmguard-Signature"
 NODE_HEADER = "X-Slurmguard-Node"
 KEY_CONTEXT = b"slurmguard node key v1\0"
-#: a Slurm node name as slurmguard accepts it anywhere (slurm.validate)
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+#: a Slurm node name as slurmguard accepts it anywhere (slurmguard.names)
+NODE_NAME = NODE_NAME_RE
 
 
 class _Model(BaseModel):

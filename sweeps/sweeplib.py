@@ -47,7 +47,14 @@ import torch.distributed as dist
 from slurmguard.config import SweepPolicy, load_policy
 from slurmguard.errors import SlurmguardError
 from slurmguard.sweeps.inject import NodeFault, extra_delay, load_faults
-from slurmguard.sweeps.result import GEMM_DTYPES, SCHEMA_NAME, SCHEMA_VERSION, ResultError, parse_result
+from slurmguard.sweeps.result import (
+    GEMM_DTYPES,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    ResultError,
+    SweepSettings,
+    parse_result,
+)
 
 MIB = 1 << 20
 NO_FAULT = NodeFault()
@@ -58,23 +65,14 @@ _TORCH_DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": to
 
 # ---------------------------------------------------------------- settings
 @dataclass(frozen=True)
-class Settings:
+class Settings(SweepSettings):
+    """The recorded settings (slurmguard.sweeps.result.SweepSettings) plus the run-only ones."""
+
     device: str
-    gemm_duration_s: float
-    gemm_dtypes: tuple[str, ...]
-    gemm_size: int
-    membw_bytes: int
-    message_sizes_mb: tuple[int, ...]
-    repeats: int
     comm_timeout_s: float
     comm_iters: int = 20
     comm_warmup: int = 5
     telemetry_interval_s: float = 1.0
-
-    def to_schema(self) -> dict[str, Any]:
-        return {"gemm_duration_s": self.gemm_duration_s, "gemm_dtypes": list(self.gemm_dtypes),
-                "gemm_size": self.gemm_size, "membw_bytes": self.membw_bytes,
-                "message_sizes_mb": list(self.message_sizes_mb), "repeats": self.repeats}
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:

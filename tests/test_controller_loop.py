@@ -307,7 +307,7 @@ def test_pipeline_job_gets_rebalanced_then_retopologised_then_drained(sqlite_sto
     """Ski-rental order for an opted-in pp=2 x dp=2 job whose ranks 0 (stage 0, replica 0)
     and 3 (stage 1, replica 1) are slow: S2 cannot help (each replica has a slow stage),
     S3 consolidates both into one stage, then the drain follows at its price."""
-    from slurmguard.respond.tiers import accumulated_cost_gpu_s
+    from slurmguard.respond.escalation import accumulated_cost_gpu_s
 
     policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
         "escalation": POLICY.response.escalation.model_copy(update={
@@ -350,3 +350,31 @@ def test_pipeline_job_gets_rebalanced_then_retopologised_then_drained(sqlite_sto
         actions = cycle(len(paid) + 1)
     assert ("drain", "node1") in actions and ("drain", "node4") in actions
     assert [e.action for e in sqlite_store.audit_entries()][:2] == ["retopology", "drain"]
+
+
+def test_lifecycle_refusal_is_logged_but_a_database_outage_is_the_jobs_error(env, monkeypatch, caplog):
+    """_lifecycle swallows only the lifecycle's refusal (IllegalTransition), never a DB outage."""
+    from slurmguard.store import DatabaseUnavailable
+
+    ctl, slurm, store, clock = env
+    store.get_or_create_node("node2")
+    store.transition("node2", NodeState.QUARANTINED, "test")
+    store.transition("node2", NodeState.REMEDIATION, "test")  # remediation -> draining is refused
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    res = ctl.cycle()
+    assert ("drain", "node2") in res.actions and res.errors == []
+    assert store.get_node("node2").state == NodeState.REMEDIATION
+    assert "not recorded" in caplog.text
+
+    job2 = slurm.start_job(["node3", "node4"])
+
+    def outage(*a, **k):
+        raise DatabaseUnavailable("database at sqlite:///x unreachable")
+
+    monkeypatch.setattr(store, "transition", outage)
+    clock.advance(5)
+    feed_job(ctl, clock, job2, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=2)
+    res = ctl.cycle()
+    assert ("drain", "node4") in res.actions
+    assert [e for e in res.errors if e.startswith(f"job {job2}: DatabaseUnavailable")], res.errors

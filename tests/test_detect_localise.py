@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from slurmguard.detect.records import JobLayout, expand_hostlist, parse_tasks_per_node
+from slurmguard.detect.records import JobLayout, parse_tasks_per_node
+from slurmguard.slurm.hostlist import expand as expand_hostlist
 from slurmguard.errors import InputError
 
 

@@ -178,3 +178,16 @@ def test_entry_help_exits_0(argv):
     res = subprocess.run([sys.executable, "-m", "slurmguard.nodecheck.prolog", *argv],
                          check=False, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert res.returncode == 0 and "--policy" in res.stdout
+
+
+@pytest.mark.parametrize("hook", ["slurmguard.nodecheck.prolog", "slurmguard.nodecheck.epilog"])
+def test_a_bug_in_either_hook_never_fails_the_node(hook):
+    """Prolog and epilog share one guard: an exception escaping main is one line, exit 0."""
+    code = (f"import {hook} as h\n"
+            "def boom():\n    raise KeyError('bug')\n"
+            "h.main = boom\nh.entry()\n")
+    res = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    prog = "slurmguard-prolog" if hook.endswith("prolog") else "slurmguard-epilog"
+    assert res.returncode == 0
+    assert res.stderr == f"{prog}: internal error (ignored): KeyError: 'bug'\n"

@@ -1,5 +1,7 @@
 """Parsers and validation, on recorded command output (no cluster needed)."""
 
+import re
+
 import pytest
 
 from slurmguard.slurm import hostlist, parse, validate
@@ -59,6 +61,15 @@ def test_hostlist_expand(expr, expected):
 def test_hostlist_rejects_garbage():
     with pytest.raises(ValueError, match="unbalanced"):
         hostlist.expand("node[1-3")
+
+
+@pytest.mark.parametrize("expr,why", [("node[1-3", "unbalanced '\\['"), ("node1]", "unbalanced '\\]'"),
+                                      ("gpu[3-1]", "descending range '3-1'"), ("gpu[a-b]", "bad range 'a-b'")])
+def test_hostlist_errors_are_user_errors_naming_the_expression(expr, why):
+    from slurmguard.errors import InputError
+
+    with pytest.raises(InputError, match=f"{why} in hostlist '{re.escape(expr)}'"):
+        hostlist.expand(expr)
 
 
 def test_time_limit_minutes():

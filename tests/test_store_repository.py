@@ -22,7 +22,7 @@ from slurmguard.store import (
     SweepKind,
     TelemetrySummaryRecord,
     TriageRung,
-    UnknownNode,
+    NodeNotRegistered,
     Verdict,
     utc,
 )
@@ -151,7 +151,7 @@ def test_same_state_and_unknown_state_and_unknown_node(store):
         store.transition("n1", "healthy", "noop", force=True)
     with pytest.raises(IllegalTransition, match="unknown node state 'broken'"):
         store.transition("n1", "broken", "x")
-    with pytest.raises(UnknownNode, match="node nope: not registered"):
+    with pytest.raises(NodeNotRegistered, match="node nope: not registered"):
         store.transition("nope", "suspect", "x")
 
 
@@ -399,7 +399,7 @@ def test_telemetry_and_step_time_summaries(store):
     assert [(r.value, r.deviating) for r in got] == [(1410.0, True), (None, False)]
     assert got[0].window_end == utc(T0 + 60) and got[0].id is not None
     assert len(store.telemetry_summaries(signal="sm_clock_mhz", since=T0 + 60)) == 2
-    with pytest.raises(UnknownNode, match="ghost"):
+    with pytest.raises(NodeNotRegistered, match="ghost"):
         store.add_telemetry_summaries(
             [
                 TelemetrySummaryRecord(
@@ -528,7 +528,7 @@ def test_triage_actions_and_recent_entries(store, fake_clock):
     assert [a.id for a in store.triage_actions(status="done")] == [first.id]
     with pytest.raises(InvalidValue, match="triage rung 'pray'"):
         store.add_triage_action("n1", "pray")
-    with pytest.raises(UnknownNode):
+    with pytest.raises(NodeNotRegistered):
         store.add_triage_action("ghost", "reboot")
 
 

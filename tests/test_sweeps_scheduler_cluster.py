@@ -245,7 +245,7 @@ def test_third_triage_entry_in_seven_days_goes_to_terminal(e, clean_cluster):
 
 
 def test_reboot_rung_restarts_the_nodes_slurmd_and_sweeps_again(e, clean_cluster):
-    from slurmguard.triage.devreboot import adopt_restarted, install
+    from slurmguard.devcluster.devreboot import adopt_restarted, install
 
     e.open(triage=TriagePolicy(ladder=("reboot", "terminal")))
     install(clean_cluster)

@@ -11,7 +11,7 @@ from slurmguard.runner import CommandError, CommandResult, CommandTimeout
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store import ActionStatus, NodeState, TriageRung
 from slurmguard.sweeps.episode import load_episode
-from slurmguard.triage.ladder import TriageLadder
+from slurmguard.sweeps.ladder import TriageLadder
 
 DAY = 86400.0
 
@@ -107,6 +107,14 @@ def test_repeat_rule(world, earlier_days, limit, expect):
     quarantined(world)
     a = fail_sweep(world, lad)
     assert a.rung is expect and a.is_entry
+    # the report's "what next" applies the same rule to the same rows
+    from slurmguard.store import utc
+    from slurmguard.triage.report_next import recommend
+
+    nxt = recommend("node2", NodeState.REMEDIATION, live=None, slurm_reachable=True, episode_sweeps=(),
+                    episode_triage=(a,), all_triage=store.triage_actions("node2"),
+                    now=utc(clock.now()), policy=lad.policy)
+    assert nxt.code == ("replace" if expect is TriageRung.TERMINAL else "rung_running")
     if expect is TriageRung.TERMINAL:
         assert f"triage entry {len(earlier_days) + 1} within 7 days" in a.detail
         assert step(world, lad) == "terminal"

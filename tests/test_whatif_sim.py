@@ -7,7 +7,7 @@ import pytest
 
 from slurmguard.config import WhatIfPolicy
 from slurmguard.whatif.analysis import (
-    Scenario,
+    Counterfactual,
     ScenarioRunner,
     analyse,
     idealised_durations,
@@ -121,7 +121,7 @@ def test_two_lane_dp_attribution_equals_full_lane_simulation():
     for q in range(4):
         wm = np.zeros((2, 4), dtype=bool)
         wm[:, q] = True
-        full.append(Scenario(np.ones(t.n_slots, dtype=bool), wm))
+        full.append(Counterfactual(np.ones(t.n_slots, dtype=bool), wm))
     np.testing.assert_allclose(lanes, runner.run(full), rtol=0, atol=1e-12)
 
 
@@ -198,5 +198,5 @@ def test_two_lane_single_worker_scenarios_equal_full_lanes():
     for s, q in cells:
         wm = np.zeros((3, 3), dtype=bool)
         wm[s, q] = True
-        full.append(Scenario(np.ones(t.n_slots, dtype=bool), wm))
+        full.append(Counterfactual(np.ones(t.n_slots, dtype=bool), wm))
     np.testing.assert_allclose(lanes, runner.run(full), rtol=0, atol=1e-12)

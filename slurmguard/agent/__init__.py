@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 
 import click
+
+from slurmguard.service import setup_logging
 
 
 @click.command("agent")
@@ -35,8 +36,7 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     from slurmguard.reports import read_secret
     from slurmguard.telemetry import open_source
 
-    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(verbose)
     app = app_context(ctx)
     p = app.policy.agent
     node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]

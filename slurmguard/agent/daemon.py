@@ -9,7 +9,6 @@ runs."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from dataclasses import dataclass, field
 
@@ -18,10 +17,11 @@ from slurmguard.agent.rings import RingTracker, SlurmJobs
 from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
+from slurmguard.service import stop_on_signals
 from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
 from slurmguard.telemetry.base import UnavailableSet
 
-log = logging.getLogger("slurmguard.agent")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -117,13 +117,7 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
     stop = stop or threading.Event()
     p = agent.policy.agent
 
-    def _stop(signum, _frame) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(stop, log)
     next_report = agent.clock.monotonic()
     try:
         while not stop.is_set():

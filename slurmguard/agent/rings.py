@@ -57,7 +57,7 @@ from slurmguard.hook.ring import (
     RingReader,
 )
 
-log = logging.getLogger("slurmguard.agent.rings")
+log = logging.getLogger(__name__)
 
 _GROUP_END = OP["group_end"]
 _PEER_XFER = OP["peer_xfer"]

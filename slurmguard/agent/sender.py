@@ -24,7 +24,7 @@ from typing import Callable
 
 from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
 
-log = logging.getLogger("slurmguard.agent.sender")
+log = logging.getLogger(__name__)
 
 
 class ReportSender:

@@ -15,7 +15,7 @@ from slurmguard.clock import Clock
 from slurmguard.telemetry.base import Reading
 from slurmguard.telemetry.sim import SimTelemetrySource
 
-log = logging.getLogger("slurmguard.agent.sim")
+log = logging.getLogger(__name__)
 
 
 class SimFromFile:

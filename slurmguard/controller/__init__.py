@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
+
+from slurmguard.service import setup_logging
 
 
 @click.command("controller")
@@ -25,8 +25,7 @@ def controller_cmd(ctx: click.Context, listen: str | None, secret_file: str | No
     from slurmguard.controller.daemon import DaemonOptions, run
     from slurmguard.reports import read_secret
 
-    logging.basicConfig(level=logging.DEBUG if verbose > 1 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(verbose)
     app = app_context(ctx)
     policy = app.policy
     if dry_run:

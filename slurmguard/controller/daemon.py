@@ -10,19 +10,19 @@ controller.lease_retry_s."""
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from dataclasses import dataclass
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
+from slurmguard.service import stop_on_signals
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.store import Store
 
-log = logging.getLogger("slurmguard.controller")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,13 +84,7 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
              f", management on {c.management_host}:{http.management_port}" if c.management_host else "",
              policy.safety.dry_run)
 
-    def _stop(signum, _frame) -> None:
-        log.info("signal %d: finishing the current cycle and shutting down", signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+    stop_on_signals(stop, log, "finishing the current cycle and shutting down")
     try:
         while not stop.is_set():
             if lease is not None:

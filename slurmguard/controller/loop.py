@@ -30,13 +30,14 @@ from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.respond.safety import SafetyGate
-from slurmguard.respond.tiers import JobAssessment, Tier, classify, gated_tier
+from slurmguard.respond.escalation import Action, Decision, InJob, decide
+from slurmguard.respond.tiers import JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
-from slurmguard.store import AuditOutcome, IncidentStatus, NodeState, Store
+from slurmguard.store import AuditOutcome, IllegalTransition, IncidentStatus, NodeState, Store
 
-log = logging.getLogger("slurmguard.controller")
+log = logging.getLogger(__name__)
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
@@ -256,10 +257,14 @@ class Controller:
         onset = incident.onset_at.timestamp()
         if a.onset is None or onset < a.onset:
             a = replace(a, onset=onset)
-        gated = gated_tier(a, tier, self.policy.response.escalation, now)
+        want = job_options(job.comment).mitigate
+        decision = decide(a, tier, self.policy.response.escalation, now,
+                          in_job=InJob(want.pp) if want is not None else None,
+                          taken=incident.evidence.get("mitigations", []))
+        gated = decision.tier
         if gated < Tier.DRAIN:
             # cheaper than a drain, for jobs that opted in: rebalance micro-batches
-            self._mitigate(a, job, incident, now, res)
+            self._mitigate(a, job, incident, decision, res)
             return  # the slowdown has not yet cost the price of the next action
         if gated > _tier_of(incident.tier):
             incident = self.store.update_incident(incident.id, tier=_TIER_NAME[gated],
@@ -302,50 +307,40 @@ class Controller:
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
 
-    def _mitigate(self, a: JobAssessment, job: JobInfo, incident, now: float,
+    def _mitigate(self, a: JobAssessment, job: JobInfo, incident, decision: Decision,
                   res: CycleResult) -> None:
-        """In-job tiers for opted-in jobs, each taken once, when its price is paid."""
-        from slurmguard.mitigate.escalation import Action, RootCause, candidate_actions
+        """Carry out the in-job action the rule made due (each taken once per incident)."""
         from slurmguard.mitigate.plan import JobPlan
-        from slurmguard.respond.tiers import accumulated_cost_gpu_s
 
         want = job_options(job.comment).mitigate
         if want is None:
             return
         if self.plans.get(a.job_id) is None and incident.evidence.get("plan"):
             self.plans.put(JobPlan.model_validate(incident.evidence["plan"]))
-        world = a.gpus
-        if world % want.pp:
+        if decision.in_job is None:
             return
-        paid = accumulated_cost_gpu_s(a, now)
-        taken = set(incident.evidence.get("mitigations", []))
+        action = decision.in_job
+        taken = set(incident.evidence.get("mitigations", [])) | {x.value for x in decision.skipped}
+        taken.add(action.value)
         compute = {int(k.split("/")[1]): v for k, v in a.evidence.get("rank_compute_s", {}).items()}
-        for cand in candidate_actions(self.policy.response.escalation, RootCause.COMPUTE, opted_in=True,
-                                      dp_groups=world // want.pp, pp_stages=want.pp):
-            if cand.action not in (Action.REBALANCE, Action.RETOPOLOGY):
-                continue
-            if cand.action.value in taken or paid < cand.cost_gpu_s:
-                continue
-            if cand.action is Action.REBALANCE:
-                plan = self.plans.rebalance(a.job_id, compute, want.microbatches, want.pp)
-            else:
-                slow = sorted({r for c in a.culprits for r in c.ranks})
-                plan = self.plans.retopology(a.job_id, slow, world, want.pp)
-            taken.add(cand.action.value)
-            if plan is None:
-                self.store.update_incident(incident.id, evidence={"mitigations": sorted(taken)})
-                continue
-            what = (f"micro-batches {list(plan.microbatches)}" if cand.action is Action.REBALANCE
-                    else f"swaps {[list(s) for s in plan.swaps]}")
-            self.store.audit(cand.action.value, actor=self.actor, job_id=str(a.job_id),
-                             reason=f"{what} (plan v{plan.version})",
-                             evidence={"incident": incident.id, "plan": plan.model_dump(mode="json"),
-                                       "rank_compute_s": compute, "paid_gpu_s": round(paid, 3)})
-            self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json"),
-                                                              "mitigations": sorted(taken)},
-                                       outcome=f"{cand.action.value}: {what}")
-            res.actions.append((cand.action.value, str(a.job_id)))
-            return  # one in-job change per cycle: let the job apply it before the next
+        if action is Action.REBALANCE:
+            plan = self.plans.rebalance(a.job_id, compute, want.microbatches, want.pp)
+        else:
+            slow = sorted({r for c in a.culprits for r in c.ranks})
+            plan = self.plans.retopology(a.job_id, slow, a.gpus, want.pp)
+        if plan is None:
+            self.store.update_incident(incident.id, evidence={"mitigations": sorted(taken)})
+            return
+        what = (f"micro-batches {list(plan.microbatches)}" if action is Action.REBALANCE
+                else f"swaps {[list(s) for s in plan.swaps]}")
+        self.store.audit(action.value, actor=self.actor, job_id=str(a.job_id),
+                         reason=f"{what} (plan v{plan.version})",
+                         evidence={"incident": incident.id, "plan": plan.model_dump(mode="json"),
+                                   "rank_compute_s": compute, "paid_gpu_s": round(decision.paid_gpu_s, 3)})
+        self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json"),
+                                                          "mitigations": sorted(taken)},
+                                   outcome=f"{action.value}: {what}")
+        res.actions.append((action.value, str(a.job_id)))
 
     def _checkpoint(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
                     res: CycleResult) -> None:
@@ -427,7 +422,8 @@ class Controller:
             return
         try:
             self.store.transition(node, to, cause[:250], evidence, actor=self.actor)
-        except Exception as exc:  # an illegal lifecycle step must not stop the loop
+        except IllegalTransition as exc:  # a step the lifecycle forbids must not stop the loop;
+            # anything else (the database down) is the cycle's error, not a warning
             log.warning("lifecycle %s -> %s for %s not recorded: %s", rec.state, to, node, exc)
 
     def _alert(self, why: str, node: str | None, incident_id: int, res: CycleResult) -> None:

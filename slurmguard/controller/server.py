@@ -47,7 +47,7 @@ from slurmguard.config import ControllerPolicy
 from slurmguard.reports import (NODE_HEADER, NODE_NAME, SIG_HEADER, TIME_HEADER, AgentReport,
                                 check_time, verify)
 
-log = logging.getLogger("slurmguard.controller.http")
+log = logging.getLogger(__name__)
 
 _BUSY = b'{"error": "controller busy (all workers and queue slots taken): try again later"}'
 _OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slurmguard.errors import InputError
+from slurmguard.slurm import hostlist
 
 IN_FLIGHT = 0  # end_ns of an op that has not completed
 
@@ -124,7 +125,7 @@ class JobLayout:
         owns one GPU (the usual `--gpus-per-task=1` layout); with
         `gpus_per_node`, local ranks beyond it get no GPU.
         """
-        nodes = expand_hostlist(nodelist)
+        nodes = hostlist.expand(nodelist)
         counts = parse_tasks_per_node(tasks_per_node)
         if len(counts) != len(nodes):
             raise InputError(f"job {job_id}: SLURM_TASKS_PER_NODE '{tasks_per_node}' describes "
@@ -168,59 +169,3 @@ def parse_tasks_per_node(spec: str) -> list[int]:
         except ValueError:
             raise InputError(f"SLURM_TASKS_PER_NODE: cannot parse '{part}' in '{spec}'") from None
     return out
-
-
-def expand_hostlist(expr: str) -> list[str]:
-    """Slurm hostlist: "gpu[01-03,07],login1" -> gpu01 gpu02 gpu03 gpu07 login1.
-
-    Zero padding follows the range's lower bound, as scontrol show hostnames does.
-    """
-    out: list[str] = []
-    i, n = 0, len(expr)
-    token = ""
-    depth = 0
-    parts: list[str] = []
-    for ch in expr:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise InputError(f"hostlist '{expr}': unbalanced ']'")
-        if ch == "," and depth == 0:
-            parts.append(token)
-            token = ""
-        else:
-            token += ch
-    if depth != 0:
-        raise InputError(f"hostlist '{expr}': unbalanced '['")
-    parts.append(token)
-    del i, n
-    for part in parts:
-        part = part.strip()
-        if not part:
-            continue
-        out.extend(_expand_one(part, expr))
-    return out
-
-
-def _expand_one(part: str, expr: str) -> list[str]:
-    lb = part.find("[")
-    if lb < 0:
-        return [part]
-    rb = part.find("]", lb)
-    prefix, body, rest = part[:lb], part[lb + 1: rb], part[rb + 1:]
-    tails = _expand_one(rest, expr) if rest else [""]
-    heads: list[str] = []
-    for rng in body.split(","):
-        if "-" in rng:
-            lo, hi = rng.split("-", 1)
-            if not (lo.isdigit() and hi.isdigit()) or int(hi) < int(lo):
-                raise InputError(f"hostlist '{expr}': bad range '{rng}'")
-            width = len(lo)
-            heads.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
-        else:
-            if not rng.isdigit():
-                raise InputError(f"hostlist '{expr}': bad index '{rng}'")
-            heads.append(prefix + rng)
-    return [h + t for h in heads for t in tails]

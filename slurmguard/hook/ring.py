@@ -5,8 +5,9 @@ it field by field (``tests/test_hook_ring_format.py`` checks both against the
 C compiler's view of the header). Read that header first: header page,
 fixed 128-byte records, commit protocol, control word.
 
-This module uses the standard library only, because the torch hook loads it
-inside users' jobs, whatever Python environment they run.
+This module uses the standard library only (and slurmguard.errors, which does
+too), because the torch hook loads it inside users' jobs, whatever Python
+environment they run.
 
 Readers never block writers and never crash on a bad file: a truncated or
 corrupt ring raises :class:`RingError` (one line naming the file and the
@@ -28,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+
+from slurmguard.errors import InputError
 
 MAGIC = 0x3130474E49524753  # b"SGRING01" read as little-endian u64
 #: 2: 128-byte records with GPU start/end and per-peer transfer aggregates
@@ -142,8 +145,8 @@ RING_NAME = re.compile(
     r"^rank-(?P<rank>-?\d+)\.step-(?P<step>[a-z0-9]+)\.(?P<source>[a-z]+)(?:\.pid-(?P<pid>\d+))?\.ring$")
 
 
-class RingError(Exception):
-    """A ring file that cannot be used: missing, truncated, corrupt."""
+class RingError(InputError):
+    """A ring file that cannot be used: missing, truncated, corrupt (names the file)."""
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}")

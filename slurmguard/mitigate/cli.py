@@ -67,7 +67,7 @@ def _echo(obj: object) -> None:
 
 @click.group()
 def plan() -> None:
-    """Mitigation planners (Greyhound S2/S3) and the escalation rule."""
+    """Mitigation planners (Greyhound S2/S3) and the escalation rule (slurmguard.respond.escalation)."""
 
 
 @plan.command("microbatch")
@@ -147,17 +147,17 @@ def escalation(ctx: click.Context, cause: str, t_slow: str, t_healthy: str, gpus
                dp_groups: str, pp_stages: str, no_opt_in: bool) -> None:
     """When each tier becomes due under a constant slowdown (ski rental, policy costs)."""
     from slurmguard.config import load_policy
-    from slurmguard.mitigate.escalation import SlowIteration, candidate_actions
+    from slurmguard.respond.escalation import candidate_actions, iterations_to_pay, rent_gpu_s
 
     root = ctx.find_root().obj or {}
     pol = load_policy(root.get("policy_path")).response.escalation
     slow_s, healthy_s = _num("--slow", t_slow), _num("--healthy", t_healthy)
-    per_iter = SlowIteration(slow_s, healthy_s, _int("--gpus", gpus, 1)).impact_gpu_s()
+    per_iter = rent_gpu_s(slow_s, healthy_s, _int("--gpus", gpus, 1))
     cands = candidate_actions(pol, cause, opted_in=not no_opt_in,
                               dp_groups=_int("--dp", dp_groups, 1), pp_stages=_int("--pp", pp_stages, 1))
     rows = []
     for c in cands:
-        iters = math.ceil(c.cost_gpu_s / per_iter) if per_iter > 0 else None
+        iters = iterations_to_pay(c.cost_gpu_s, per_iter)
         rows.append({"action": c.action.value, "cost_gpu_s": c.cost_gpu_s, "after_iterations": iters,
                      "after_s": iters * slow_s if iters is not None else None})
     _echo({"impact_gpu_s_per_iteration": per_iter, "tiers": rows})

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import PrologPolicy
+from slurmguard.errors import SlurmguardError
 from slurmguard.hook.ring import RingError, read_header
 
 MANIFEST = "manifest.json"
@@ -108,8 +109,8 @@ class ArchiveResult:
         return sum(f.bytes for f in self.files)
 
 
-class ArchiveError(Exception):
-    pass
+class ArchiveError(SlurmguardError):
+    """The ring root cannot be archived safely; the message names the directory."""
 
 
 def _utc(ts: float) -> str:

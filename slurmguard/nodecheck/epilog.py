@@ -33,7 +33,7 @@ from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
 from slurmguard.errors import ConfigError
 from slurmguard.nodecheck.archive import ArchiveResult, archive_job, prune
-from slurmguard.nodecheck.common import SYSTEM_POLICY, load, node_name
+from slurmguard.nodecheck.common import SYSTEM_POLICY, guarded_exit, load, node_name
 from slurmguard.slurm.hostlist import expand
 
 PROG = "slurmguard-epilog"
@@ -101,17 +101,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
 
 def entry() -> None:
-    try:
-        os.chdir("/")
-        code = main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 2
-    except Exception as exc:  # noqa: BLE001 - a bug must not drain the node nor fill slurmd's log with a traceback
-        sys.stderr.write(f"{PROG}: internal error (ignored): {type(exc).__name__}: {exc}\n")
-        code = 0
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    guarded_exit(PROG, main)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy, PrologPolicy
 from slurmguard.errors import ConfigError
 from slurmguard.nodecheck.checks import Check, CheckResult, run_checks
-from slurmguard.nodecheck.common import SYSTEM_POLICY, load, node_name
+from slurmguard.nodecheck.common import SYSTEM_POLICY, guarded_exit, load, node_name
 from slurmguard.nodecheck.gpu import GpuCountCheck, GpuHealthCheck, NvmlLoader
 from slurmguard.nodecheck.nic import NicLinkCheck
 from slurmguard.nodecheck.slurmconf import expected_gpus
@@ -139,18 +139,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
 
 
 def entry() -> None:
-    # os._exit: a check thread stuck in a driver call must not hold the interpreter's exit
-    try:
-        os.chdir("/")
-        code = main()
-    except SystemExit as exc:  # argparse --help / usage errors
-        code = exc.code if isinstance(exc.code, int) else 2
-    except Exception as exc:  # noqa: BLE001 - never a traceback in slurmd's log, never a drain for a bug
-        sys.stderr.write(f"{PROG}: internal error (ignored): {type(exc).__name__}: {exc}\n")
-        code = 0
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    guarded_exit(PROG, main)
 
 
 if __name__ == "__main__":

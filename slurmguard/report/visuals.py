@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from slurmguard.store import AuditOutcome, SweepRecord, Verdict
-from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot
+from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot, flat_metrics
 
 # Signals shown first, in this order (Guard 4.1); others follow by name.
 SIGNAL_ORDER = ("gpu_temp_c", "sm_clock_mhz", "power_w", "gpu_util", "nic_rate_gbps",
@@ -80,26 +80,6 @@ class SweepChart:
 
 def _ts(t: datetime) -> float:
     return t.timestamp()
-
-
-def flat_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of a sweep's metrics, keys joined with '/'.
-
-    Accepts the flat form (`{"gemm_bfloat16/gpu0": 700.0}`) and nested forms; a top-level
-    "metrics" object, when present, is what is judged.
-    """
-    if not prefix and isinstance(metrics.get("metrics"), Mapping):
-        metrics = metrics["metrics"]
-    out: dict[str, float] = {}
-    for k, v in metrics.items():
-        key = f"{prefix}/{k}" if prefix else str(k)
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, (int, float)):
-            out[key] = float(v)
-        elif isinstance(v, Mapping):
-            out.update(flat_metrics(v, key))
-    return out
 
 
 class ClassBaselines:

@@ -16,7 +16,7 @@ from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import SlurmError
 from slurmguard.store import AuditOutcome, Store
 
-log = logging.getLogger("slurmguard.actions")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

@@ -1,20 +1,18 @@
-"""Response tiers (Guard 4.2) and the ski-rental gate between them.
+"""Response tiers (Guard 4.2): how bad a job's slowdown is.
 
-The tier says how bad a job's slowdown is; the ski-rental rule (Greyhound
-Algorithm 1, slurmguard.mitigate.escalation) says whether it has cost enough
-yet to pay for the next action. The action taken is the cheaper of the two:
-a severe slowdown that has not yet cost the price of a requeue is drained
-first and requeued once its accumulated cost reaches the requeue price. A
-stall makes no progress at all, so it skips the gate.
+The tier says what the observed impact calls for; the ski-rental rule
+(slurmguard.respond.escalation.decide) says whether it has cost enough yet to
+pay for it. The action taken is the cheaper of the two: a severe slowdown that
+has not yet cost the price of a requeue is drained first and requeued once its
+accumulated cost reaches the requeue price.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from slurmguard.config import EscalationPolicy, TierPolicy
+from slurmguard.config import TierPolicy
 
 
 class Tier(IntEnum):
@@ -74,37 +72,3 @@ def classify(a: JobAssessment, policy: TierPolicy, now: float) -> Tier:
     if s >= policy.moderate_slowdown and a.onset is not None and now - a.onset >= policy.sustained_s:
         return Tier.DRAIN
     return Tier.NONE
-
-
-def accumulated_cost_gpu_s(a: JobAssessment, now: float) -> float:
-    """Cost of the slowdown so far: slow iterations x (t_slow - t_healthy) x GPUs.
-
-    Derived from the assessment alone (onset, step times), so a restarted
-    controller computes the same figure without remembering anything.
-    """
-    if a.onset is None or not a.baseline_s or not a.current_s or a.current_s <= a.baseline_s:
-        return 0.0
-    slow_iterations = max(0.0, now - a.onset) / a.current_s
-    return slow_iterations * (a.current_s - a.baseline_s) * max(1, a.gpus)
-
-
-def gated_tier(a: JobAssessment, tier: Tier, costs: EscalationPolicy, now: float) -> Tier:
-    """Apply the ski-rental gate: the highest tier up to `tier` whose price is paid."""
-    if tier <= Tier.VERIFY:
-        return tier
-    if a.stalled_for_s > 0 and tier == Tier.REQUEUE:
-        return Tier.REQUEUE  # a stall makes no progress: the rent is unbounded
-    paid = accumulated_cost_gpu_s(a, now)
-    if tier >= Tier.REQUEUE and paid >= costs.requeue_gpu_s:
-        return Tier.REQUEUE
-    if paid >= costs.drain_checkpoint_gpu_s:
-        return Tier.DRAIN
-    return Tier.NONE
-
-
-def time_to_pay(a: JobAssessment, price_gpu_s: float) -> float:
-    """Seconds after onset at which the accumulated cost reaches `price_gpu_s`."""
-    if not a.baseline_s or not a.current_s or a.current_s <= a.baseline_s:
-        return math.inf
-    per_s = (a.current_s - a.baseline_s) * max(1, a.gpus) / a.current_s
-    return price_gpu_s / per_s

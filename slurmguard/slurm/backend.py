@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slurmguard.errors import ConfigError
 from slurmguard.slurm.client import SlurmClient
 
 
@@ -21,4 +22,4 @@ def client_from_policy(p: Any, env: dict[str, str] | None = None) -> SlurmClient
                              token_file=p.restd_token_file, lifespan_s=p.restd_token_lifespan_s)
         return RestdSlurmClient(p.restd_url, tokens, api=p.restd_api,
                                 timeout_s=p.command_timeout_s, fallback=commands)
-    raise ValueError(f"slurm.backend {p.backend!r}: expected commands or restd")
+    raise ConfigError(f"slurm.backend {p.backend!r}: expected commands or restd")

@@ -10,17 +10,17 @@ from __future__ import annotations
 import re
 
 from slurmguard import REASON_PREFIX
+from slurmguard.names import NODE_NAME_RULE, is_node_name
 from slurmguard.slurm.errors import InvalidArgument
 
-_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _RESV = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$")
 _SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]{1,10}$|^\d{1,2}$")
 MAX_REASON = 240
 
 
 def node_name(name: str) -> str:
-    if not isinstance(name, str) or not _NODE.match(name):
-        raise InvalidArgument(f"invalid node name {name!r}: letters, digits, '.', '_', '-' only")
+    if not is_node_name(name):
+        raise InvalidArgument(f"invalid node name {name!r}: {NODE_NAME_RULE}")
     return name
 
 

@@ -9,7 +9,7 @@ from slurmguard.store.errors import (
     SchemaNotCurrent,
     StaleState,
     StoreError,
-    UnknownNode,
+    NodeNotRegistered,
 )
 from slurmguard.store.lifecycle import ALLOWED, NodeState
 from slurmguard.store.models import (
@@ -59,7 +59,7 @@ __all__ = [
     "TransitionRecord",
     "TriageActionRecord",
     "TriageRung",
-    "UnknownNode",
+    "NodeNotRegistered",
     "Verdict",
     "utc",
 ]

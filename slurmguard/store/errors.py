@@ -21,7 +21,7 @@ class MigrationsMissing(StoreError):
     """The Alembic scripts under sql/ cannot be found."""
 
 
-class UnknownNode(StoreError):
+class NodeNotRegistered(StoreError):
     """A node name that is not in the nodes table."""
 
 

@@ -21,8 +21,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from slurmguard.clock import Clock, SystemClock
+from slurmguard.names import NODE_NAME_RULE, is_node_name
 from slurmguard.store import db
-from slurmguard.store.errors import InvalidValue, NotFound, StaleState, UnknownNode
+from slurmguard.store.errors import InvalidValue, NotFound, StaleState, NodeNotRegistered
 from slurmguard.store.lifecycle import (
     INITIAL_STATE,
     NodeState,
@@ -58,8 +59,6 @@ from slurmguard.store.records import (
 )
 from slurmguard.store.types import Timestamp, jsonable, to_utc
 
-# Slurm node names: letters, digits, '-', '_', '.'; no spaces or shell metacharacters.
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 CAUSE_MAX = 256
 DEFAULT_ACTOR = "slurmguard"
@@ -300,7 +299,7 @@ class Store:
         Raises IllegalTransition for a change the lifecycle does not allow
         (unless `force`, an admin override, recorded as forced=True), StaleState
         when `expect_from` is given and the node is in another state (or another
-        writer moved it concurrently), UnknownNode for an unregistered node.
+        writer moved it concurrently), NodeNotRegistered for an unregistered node.
         """
         to = parse_state(to_state)
         cause = _check_cause(cause)
@@ -1003,7 +1002,7 @@ class Store:
     def _node_row(self, s: Session, name: str) -> Node:
         row = s.scalar(select(Node).where(Node.name == name))
         if row is None:
-            raise UnknownNode(f"node {name}: not registered in the database")
+            raise NodeNotRegistered(f"node {name}: not registered in the database")
         return row
 
 
@@ -1020,7 +1019,7 @@ class _NodeIds:
                 select(Node.id, Node.hw_class).where(Node.name == name)
             ).first()
             if row is None:
-                raise UnknownNode(f"node {name}: not registered in the database")
+                raise NodeNotRegistered(f"node {name}: not registered in the database")
             self._cache[name] = (row[0], row[1])
         return self._cache[name]
 
@@ -1033,10 +1032,8 @@ class _NodeIds:
 
 # ---------------------------------------------------------------- validation
 def _check_name(name: str) -> str:
-    if not isinstance(name, str) or not NODE_NAME_RE.match(name):
-        raise InvalidValue(
-            f"invalid node name {name!r} (letters, digits, '.', '_', '-'; at most 128)"
-        )
+    if not is_node_name(name):
+        raise InvalidValue(f"invalid node name {name!r} ({NODE_NAME_RULE})")
     return name
 
 

@@ -352,8 +352,8 @@ def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, s
                  cold_start: bool, healthy_sweeps: int, as_json: bool) -> None:
     """Time and sweep node-hours to verify and return a drained node (dev cluster)."""
     from slurmguard.devcluster import ClusterSpec, DevCluster
-    from slurmguard.triage.devreboot import adopt_restarted
-    from slurmguard.triage.devreboot import install as install_devreboot
+    from slurmguard.devcluster.devreboot import adopt_restarted
+    from slurmguard.devcluster.devreboot import install as install_devreboot
 
     workdir = Path(tempfile.mkdtemp(prefix="sg-bench-sweeps-"))
     started = False

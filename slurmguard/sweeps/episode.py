@@ -36,7 +36,7 @@ AFTER_SWEEP = "after_sweep_id"
 
 
 @dataclass(frozen=True)
-class Episode:
+class NodeEpisode:
     node: str
     state: NodeState
     started_at: datetime | None
@@ -88,7 +88,7 @@ class Episode:
         return [s for s in self.round_sweeps if s.kind is kind]
 
 
-def load_episode(store: Store, node: str) -> Episode:
+def load_episode(store: Store, node: str) -> NodeEpisode:
     """The episode `node` is in (an empty one when it is healthy)."""
     history = store.node_history(node)
     start_idx = 0
@@ -101,9 +101,9 @@ def load_episode(store: Store, node: str) -> Episode:
     state = history[-1].to_state if history else NodeState.HEALTHY
     rest = history[start_idx:]
     if not rest:
-        return Episode(node, state, None, False, (), ())
+        return NodeEpisode(node, state, None, False, (), ())
     started = rest[0].at
     rolling = bool(isinstance(rest[0].evidence, dict) and rest[0].evidence.get(ROLLING))
     sweeps = tuple(s for s in store.sweeps(node=node, since=started) if s.id > watermark)
     actions = tuple(store.triage_actions(node, since=started))
-    return Episode(node, state, started, rolling, sweeps, actions)
+    return NodeEpisode(node, state, started, rolling, sweeps, actions)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal, Mapping
 
 from slurmguard.errors import InputError
-from slurmguard.sweeps.result import NODE_NAME_RE
+from slurmguard.names import is_node_name
 
 ENV_INLINE = "SLURMGUARD_SWEEP_INJECT"
 ENV_FILE = "SLURMGUARD_SWEEP_INJECT_FILE"
@@ -89,7 +89,7 @@ def parse_faults(data: Any, source: str) -> dict[str, NodeFault]:
     known = {f.name for f in fields(NodeFault)}
     out: dict[str, NodeFault] = {}
     for node, spec in data.items():
-        if not isinstance(node, str) or not NODE_NAME_RE.match(node):
+        if not is_node_name(node):
             raise InputError(f"{source}: invalid node name {node!r}")
         if not isinstance(spec, dict):
             raise InputError(f"{source}: {node}: expected an object of faults")

@@ -27,7 +27,7 @@ from typing import Any
 from slurmguard.store import SweepKind, SweepRecord
 from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps.result import ResultError, SweepResult, parse_result
-from slurmguard.sweeps.verdict import MetricCheck, Outcome, PastSweep, Verdict
+from slurmguard.sweeps.verdict import MetricCheck, Outcome, PastSweep, SweepJudgment
 
 NOT_RUN = "not_run"
 """Outcome of a sweep that was never submitted or never started (no evidence either way)."""
@@ -40,7 +40,7 @@ KIND_OF = {SweepKind.ONE_NODE: "node", SweepKind.TWO_NODE: "pair"}
 """Store sweep kind -> result/template kind."""
 
 
-def store_verdict(v: Verdict) -> StoreVerdict:
+def store_verdict(v: SweepJudgment) -> StoreVerdict:
     if v.outcome.returns_node:
         return StoreVerdict.PASS
     if v.outcome is Outcome.FAIL and v.result is not None and not v.result.errors:
@@ -53,7 +53,7 @@ def _check_doc(c: MetricCheck) -> dict[str, Any]:
             "count": c.count, "basis": c.basis, "deviation": c.deviation}
 
 
-def outcome_metrics(v: Verdict, *, job_state: str, runtime_s: float | None, node_count: int,
+def outcome_metrics(v: SweepJudgment, *, job_state: str, runtime_s: float | None, node_count: int,
                     result_path: str) -> dict[str, Any]:
     """The `metrics` document of a judged sweep (see module docstring)."""
     return {

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Mapping
 
 from slurmguard.errors import InputError
+from slurmguard.names import NODE_NAME_RULE, is_node_name
 
 SCHEMA_NAME = "slurmguard.sweep"
 SCHEMA_VERSION = 1
@@ -31,8 +32,6 @@ GEMM_DTYPES: tuple[str, ...] = ("float32", "tf32", "bfloat16", "float16")
 SCHEDULES: tuple[str, ...] = ("ring", "tree")
 SCOPES: tuple[str, ...] = ("intra", "cross")
 
-# Slurm node names: what slurm.conf accepts and what is safe on a command line.
-NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _PRINTABLE_RE = re.compile(r"^[\x20-\x7e]*$")
 
 
@@ -151,12 +150,24 @@ class StageResult:
 
 @dataclass(frozen=True)
 class SweepSettings:
+    """The measurement settings a sweep ran with, as recorded in its result ($.settings).
+
+    The sweep workloads (sweeps/sweeplib.py ``Settings``) extend this record with the
+    run-only knobs, so the fields written and the fields parsed are the same ones.
+    """
+
     gemm_duration_s: float
     gemm_dtypes: tuple[str, ...]
     gemm_size: int
     membw_bytes: int
     message_sizes_mb: tuple[int, ...]
     repeats: int
+
+    def to_schema(self) -> dict[str, Any]:
+        """The ``settings`` object of the result JSON (read back by parse_result)."""
+        return {"gemm_duration_s": self.gemm_duration_s, "gemm_dtypes": list(self.gemm_dtypes),
+                "gemm_size": self.gemm_size, "membw_bytes": self.membw_bytes,
+                "message_sizes_mb": list(self.message_sizes_mb), "repeats": self.repeats}
 
 
 @dataclass(frozen=True)
@@ -252,8 +263,8 @@ class _V:
 
     def node(self, value: Any, path: str) -> str:
         s = self.str_(value, path)
-        if not NODE_NAME_RE.match(s):
-            raise self.fail(path, f"invalid node name {s!r}")
+        if not is_node_name(s):
+            raise self.fail(path, f"invalid node name {s!r} ({NODE_NAME_RULE})")
         return s
 
     def list_(self, value: Any, path: str) -> list:

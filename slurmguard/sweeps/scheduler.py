@@ -16,7 +16,7 @@ Per node (lifecycle state -> what a tick does):
   `verdict.judge_job` against the class baseline rebuilt from the database; crash,
   timeout, cancel, no result or malformed JSON fail. Both pass -> reservations deleted,
   no slurmguard drain left, comment cleared, -> healthy. Fail -> drained again with the
-  failing evidence as reason, -> remediation (triage ladder, `slurmguard.triage.ladder`).
+  failing evidence as reason, -> remediation (triage ladder, `slurmguard.sweeps.ladder`).
   An inconclusive pair result (untrusted reference) is repeated with another reference;
   a suspected node without a class baseline is held (drained with that reason) until
   the baseline exists.
@@ -60,7 +60,7 @@ from slurmguard.store import (
 from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.baseline import ClassBaseline, baseline_for, peers_for
-from slurmguard.sweeps.episode import LAST_SWEEP, PEER, ROLLING, Episode, load_episode
+from slurmguard.sweeps.episode import LAST_SWEEP, PEER, ROLLING, NodeEpisode, load_episode
 from slurmguard.sweeps.local import free_port
 from slurmguard.sweeps.quarantine import (
     PAIR_PREFIX,
@@ -85,9 +85,9 @@ from slurmguard.sweeps.verdict import (
     make_reason,
     reference_status,
 )
-from slurmguard.triage.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
+from slurmguard.sweeps.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 
-log = logging.getLogger("slurmguard.sweeps")
+log = logging.getLogger(__name__)
 
 ACTIVE = (NodeState.DRAINING, NodeState.QUARANTINED, NodeState.REMEDIATION)
 FINAL_JOB_STATES = frozenset({
@@ -240,7 +240,7 @@ class SweepScheduler:
         return records
 
     # ================================================================== decisions
-    def _decide(self, r: NodeRecord, ep: Episode, view: _View, records: dict[str, NodeRecord],
+    def _decide(self, r: NodeRecord, ep: NodeEpisode, view: _View, records: dict[str, NodeRecord],
                 taken: set[str]) -> Step:
         name = r.name
         live = view.nodes.get(name)
@@ -265,7 +265,7 @@ class SweepScheduler:
             return Step(name, "wait", f"waiting for running work to end ({jobs})")
         return Step(name, "quarantine", "idle: reserve and quarantine")
 
-    def _decide_quarantined(self, r: NodeRecord, ep: Episode, live: NodeInfo, view: _View,
+    def _decide_quarantined(self, r: NodeRecord, ep: NodeEpisode, live: NodeInfo, view: _View,
                             records: dict[str, NodeRecord], taken: set[str]) -> Step:
         name = r.name
         pending = ep.pending()
@@ -336,7 +336,7 @@ class SweepScheduler:
         # next: the 2-node sweep (after a 1-node pass, an inconclusive or unrun pair sweep)
         return self._pair_step(name, klass, ep, view, records, taken)
 
-    def _pair_step(self, name: str, klass: str, ep: Episode, view: _View,
+    def _pair_step(self, name: str, klass: str, ep: NodeEpisode, view: _View,
                    records: dict[str, NodeRecord], taken: set[str]) -> Step:
         exclude = {s.reference_node for s in ep.round_kind(SweepKind.TWO_NODE)
                    if s.reference_node and rec.outcome_of(s) in (Outcome.INCONCLUSIVE.value, rec.NOT_RUN)}
@@ -384,7 +384,7 @@ class SweepScheduler:
                         {"sweep": s.id, "start": job.start_time or view.now})
         return Step(name, "wait", f"sweep {s.id} job {jid} {state}")
 
-    def _decide_remediation(self, ep: Episode, live: NodeInfo, view: _View) -> Step:
+    def _decide_remediation(self, ep: NodeEpisode, live: NodeInfo, view: _View) -> Step:
         name = live.name
         ls = self.ladder.decide(name, live, ep)
         if ls.action == "blocked":
@@ -403,7 +403,7 @@ class SweepScheduler:
         return self.clock.now() - t.timestamp() < 30.0
 
     # ================================================================== actions
-    def _apply(self, step: Step, r: NodeRecord, ep: Episode, view: _View,
+    def _apply(self, step: Step, r: NodeRecord, ep: NodeEpisode, view: _View,
                records: dict[str, NodeRecord]) -> str | None:
         live = view.nodes[step.node]
         a = step.action
@@ -520,7 +520,7 @@ class SweepScheduler:
                 res.errors.append(f"{node}: {exc}")
 
     # ------------------------------------------------------------------ submitting
-    def _submit(self, live: NodeInfo, ep: Episode, kind: str, klass: str, ref: str | None,
+    def _submit(self, live: NodeInfo, ep: NodeEpisode, kind: str, klass: str, ref: str | None,
                 view: _View) -> str:
         node = live.name
         nodes = (node,) if ref is None else (node, ref)
@@ -602,7 +602,7 @@ class SweepScheduler:
         return 1 if s.kind is SweepKind.ONE_NODE else 2
 
     # ------------------------------------------------------------------ judging
-    def _judge(self, ep: Episode, step: Step, view: _View, records: dict[str, NodeRecord]) -> str:
+    def _judge(self, ep: NodeEpisode, step: Step, view: _View, records: dict[str, NodeRecord]) -> str:
         s = self.store.get_sweep(int(step.data["sweep"]))
         kind = rec.KIND_OF[s.kind]
         state = str(step.data["state"])
@@ -679,7 +679,7 @@ class SweepScheduler:
                              now=self.clock.now())
         return cls_b, peers_for(result, healthy, self.policy.peer_window_min * 60.0)
 
-    def _rejudge(self, ep: Episode, step: Step, records: dict[str, NodeRecord]) -> str:
+    def _rejudge(self, ep: NodeEpisode, step: Step, records: dict[str, NodeRecord]) -> str:
         """Judge a held sweep's stored result again now that a reference exists.
 
         A judged sweep row is a fact and never changes: the new verdict is a new row of the
@@ -711,7 +711,7 @@ class SweepScheduler:
                 f" {v.reason} [{v.basis_text}]")
 
     # ------------------------------------------------------------------ gate
-    def _fail(self, live: NodeInfo, ep: Episode, step: Step) -> str:
+    def _fail(self, live: NodeInfo, ep: NodeEpisode, step: Step) -> str:
         reason = step.why if step.why.startswith("slurmguard:") else make_reason(step.why)
         done = []
         if not (live.drained_by_us and (live.reason or "").startswith(reason)):
@@ -722,7 +722,7 @@ class SweepScheduler:
         done.append(f"triage: {act.rung.value} planned")
         return "; ".join(done)
 
-    def _return(self, live: NodeInfo, ep: Episode, view: _View) -> str:
+    def _return(self, live: NodeInfo, ep: NodeEpisode, view: _View) -> str:
         node = live.name
         done = []
         if live.drained_by_us:

@@ -18,7 +18,7 @@ from typing import Literal, Sequence
 from slurmguard import datafiles
 from slurmguard.config import SweepPolicy
 from slurmguard.errors import ConfigError
-from slurmguard.sweeps.result import NODE_NAME_RE
+from slurmguard.names import is_node_name
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
 _PATH_RE = re.compile(r"^/[A-Za-z0-9._/+@=,-]*$")
@@ -76,7 +76,7 @@ def render_sweep_script(spec: SweepJobSpec, policy: SweepPolicy, template_dir: P
     _check(want[0] <= len(spec.nodes) <= want[1], "nodes", spec.nodes,
            f"a {spec.kind} sweep takes {want[0]}{'' if want[0] == want[1] else '+'} node(s)")
     for n in spec.nodes:
-        _check(isinstance(n, str) and bool(NODE_NAME_RE.match(n)), "nodes", n, "invalid node name")
+        _check(is_node_name(n), "nodes", n, "invalid node name")
     _check(len(set(spec.nodes)) == len(spec.nodes), "nodes", spec.nodes, "duplicate node")
     for field, p in (("out_path", spec.out_path), ("log_path", spec.log_path)):
         _check(isinstance(p, str) and bool(_PATH_RE.match(p)) and "/../" not in p + "/", field, p,

@@ -102,7 +102,7 @@ class ReferenceStatus:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class SweepJudgment:
     node: str
     kind: str
     label: str
@@ -230,13 +230,13 @@ def reference_status(reference: str, history: Iterable[PastSweep], policy: Sweep
 def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline | None,
               policy: SweepPolicy, suspected: bool = True, reference: str | None = None,
               ref_status: ReferenceStatus | None = None, peers: ClassBaseline | None = None,
-              use_floor: bool = True) -> Verdict:
-    """Verdict for a finished sweep job: crash/timeout/no result/malformed result fail."""
+              use_floor: bool = True) -> SweepJudgment:
+    """SweepJudgment for a finished sweep job: crash/timeout/no result/malformed result fail."""
     label = "sweep1" if kind == "node" else "sweep2" if kind == "pair" else "sweepN"
     state = (job.state.split() or ["UNKNOWN"])[0].upper()
 
-    def fail(short: str, detail: str, result: SweepResult | None = None) -> Verdict:
-        return Verdict(node, kind, label, Outcome.FAIL, make_reason(f"{label} {short}"), detail,
+    def fail(short: str, detail: str, result: SweepResult | None = None) -> SweepJudgment:
+        return SweepJudgment(node, kind, label, Outcome.FAIL, make_reason(f"{label} {short}"), detail,
                        result=result, reference=reference)
 
     result: SweepResult | None = None
@@ -281,8 +281,8 @@ def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline 
 
 def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: SweepPolicy, *,
                  suspected: bool = True, ref_status: ReferenceStatus | None = None,
-                 peers: ClassBaseline | None = None, use_floor: bool = True) -> Verdict:
-    """Verdict for a parsed 1-node or 2-node result against the first reference that
+                 peers: ClassBaseline | None = None, use_floor: bool = True) -> SweepJudgment:
+    """SweepJudgment for a parsed 1-node or 2-node result against the first reference that
     exists: class baseline, same-window peers, policy floor (module docstring).
     use_floor=False: peers can still be swept, so the loose floor must not judge yet."""
     if result.kind == "multi":
@@ -305,8 +305,8 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
     basis_nodes = ref.nodes if ref is not None else ()
 
     def verdict(outcome: Outcome, short: str, detail: str, failures: Sequence[MetricCheck] = (),
-                checks: Sequence[MetricCheck] = ()) -> Verdict:
-        return Verdict(node, result.kind, label, outcome, make_reason(f"{label} {short}"), detail,
+                checks: Sequence[MetricCheck] = ()) -> SweepJudgment:
+        return SweepJudgment(node, result.kind, label, outcome, make_reason(f"{label} {short}"), detail,
                        tuple(failures), tuple(checks), result, result.reference, basis, basis_nodes,
                        floor.model if floor is not None else None)
 
@@ -550,11 +550,11 @@ def localize_links(transfers: Sequence[Transfer], policy: SweepPolicy,
 
 
 def judge_multi(result: SweepResult, policy: SweepPolicy,
-                baseline: ClassBaseline | None = None) -> list[Verdict]:
+                baseline: ClassBaseline | None = None) -> list[SweepJudgment]:
     """One verdict per node of a multi-node pass sweep (suspects fail, the rest pass)."""
     if result.errors:
         e = result.errors[0]
-        return [Verdict(n, result.kind, result.label, Outcome.FAIL,
+        return [SweepJudgment(n, result.kind, result.label, Outcome.FAIL,
                         make_reason(f"{result.label} error in {e.where}: {e.message[:48]}"),
                         f"{e.where}: {e.message}", result=result) for n in result.nodes]
     diag = localize_links(result.transfers, policy, baseline)
@@ -565,13 +565,13 @@ def judge_multi(result: SweepResult, policy: SweepPolicy,
             bad = sorted((c for c in mine if not c.ok), key=lambda c: c.deviation)
             worst = bad[0]
             peer = worst.dst_node if worst.src_node == n else worst.src_node
-            out.append(Verdict(n, result.kind, result.label, Outcome.FAIL,
+            out.append(SweepJudgment(n, result.kind, result.label, Outcome.FAIL,
                                make_reason(f"{result.label} gpu{worst.gpu} link {n}-{peer}"
                                            f" {_pct(worst.deviation)} vs class, {len(bad)} slow links"),
                                "; ".join(f"{c.src_node}->{c.dst_node} gpu{c.gpu} {c.size_mb}MB"
                                          f" {_pct(c.deviation)}" for c in bad[:8]), result=result))
         else:
-            out.append(Verdict(n, result.kind, result.label, Outcome.PASS,
+            out.append(SweepJudgment(n, result.kind, result.label, Outcome.PASS,
                                make_reason(f"{result.label} pass"),
                                f"{len(mine)} link measurements", result=result))
     return out

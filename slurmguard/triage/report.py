@@ -29,7 +29,8 @@ from slurmguard.triage.report_model import (
     ReportFilters,
     SlurmView,
 )
-from slurmguard.triage.report_next import recommend, triage_entries
+from slurmguard.triage.report_next import recommend
+from slurmguard.sweeps.rungs import entries_in_window
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -285,7 +286,7 @@ def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
             name, rec.state if rec else None, live=ln, slurm_reachable=view.reachable,
             episode_sweeps=ep_sweeps, episode_triage=ep_triage, all_triage=all_triage,
             now=now, policy=policy.triage),
-        triage_entries=triage_entries(all_triage, now, policy.triage),
+        triage_entries=entries_in_window(all_triage, now, policy.triage),
         slowdown=incs[-1].slowdown if incs else None,
     )
 

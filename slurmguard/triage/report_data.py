@@ -9,11 +9,10 @@ its absence is a fact to show, not an error.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-
-import click
+from typing import Any
 
 from slurmguard.errors import SlurmguardError
 from slurmguard.store import (
@@ -237,8 +236,7 @@ def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
             resv = client.reservations()
         except SlurmguardError:
             resv = []
-    except (SlurmguardError, OSError, click.ClickException) as exc:
-        # ClickException: the CLI context could not build a client (unsupported backend).
+    except (SlurmguardError, OSError) as exc:  # ConfigError: no client for this backend
         return SlurmView(reachable=False, checked=True, error=_one_line(exc))
     by_node: dict[str, list[str]] = defaultdict(list)
     for r in resv:
@@ -251,3 +249,23 @@ def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
 def _one_line(exc: BaseException) -> str:
     text = str(getattr(exc, "message", None) or exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:300]
+
+
+def flat_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a sweep's metrics, keys joined with '/'.
+
+    Accepts the flat form (`{"gemm_bfloat16/gpu0": 700.0}`) and nested forms; a top-level
+    "metrics" object, when present, is what is judged.
+    """
+    if not prefix and isinstance(metrics.get("metrics"), Mapping):
+        metrics = metrics["metrics"]
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        key = f"{prefix}/{k}" if prefix else str(k)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out[key] = float(v)
+        elif isinstance(v, Mapping):
+            out.update(flat_metrics(v, key))
+    return out

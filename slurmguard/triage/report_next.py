@@ -7,7 +7,7 @@ It names what slurmguard will do next on its own, or what a person has to do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from slurmguard.config import TriagePolicy
 from slurmguard.slurm.models import NodeInfo
@@ -19,6 +19,7 @@ from slurmguard.store import (
     Verdict,
 )
 from slurmguard.triage.report_model import NextAction
+from slurmguard.sweeps.rungs import entries_in_window, repeat_limit_reached, rung_after
 
 _OPEN = (ActionStatus.PLANNED, ActionStatus.RUNNING)
 
@@ -33,22 +34,6 @@ def _pending(sweeps: Sequence[SweepRecord]) -> SweepRecord | None:
 def _sweep_text(s: SweepRecord) -> str:
     job = f"job {s.slurm_job_id}" if s.slurm_job_id else "not yet submitted"
     return f"{s.kind.value} sweep in progress ({job})"
-
-
-def triage_entries(actions: Sequence[TriageActionRecord], now: datetime,
-                   policy: TriagePolicy) -> int:
-    """Triage episodes opened within the repeat window (Guard 6 counts these)."""
-    start = now - timedelta(days=policy.repeat_window_days)
-    return sum(1 for a in actions if a.is_entry and a.at >= start)
-
-
-def next_rung(done: str | None, policy: TriagePolicy) -> str:
-    """The ladder rung after `done` (None: the first rung)."""
-    ladder = list(policy.ladder)
-    if done is None or done not in ladder:
-        return ladder[0]
-    i = ladder.index(done)
-    return ladder[min(i + 1, len(ladder) - 1)]
 
 
 def recommend(
@@ -117,8 +102,8 @@ def recommend(
             return NextAction("sweep_now", f"{missing} sweep still to run")
         return NextAction("sweep_now", "submit the 1-node and 2-node sweeps")
     # remediation: on the triage ladder
-    entries = triage_entries(all_triage, now, policy)
-    if entries >= policy.repeat_limit:
+    entries = entries_in_window(all_triage, now, policy)
+    if repeat_limit_reached(entries, policy):
         return NextAction(
             "replace",
             f"entered triage {entries} times within {policy.repeat_window_days:g} days "
@@ -132,7 +117,7 @@ def recommend(
         return NextAction("sweep_running", _sweep_text(pending))
     done = [a for a in episode_triage if a.status not in _OPEN]
     last = done[-1].rung.value if done else None
-    rung = next_rung(last, policy)
+    rung = rung_after(last, policy).value
     why = ""
     failed = [s for s in episode_sweeps if s.verdict in (Verdict.FAIL, Verdict.ERROR)]
     if failed and failed[-1].failure_reason:

@@ -122,7 +122,7 @@ def _fmt(t: datetime | None) -> str:
 
 
 def _metrics_text(m: dict[str, Any], limit: int = 8) -> str:
-    from slurmguard.report.visuals import flat_metrics
+    from slurmguard.triage.report_data import flat_metrics
 
     flat = flat_metrics(m)
     items = [f"{k}={v:g}" for k, v in list(flat.items())[:limit]]

@@ -64,7 +64,7 @@ def idealised_durations(t: OpTensor, original: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class Counterfactual:
     """Which durations stay original: slot_mask[slot] & worker_mask[stage, dp_rank]."""
 
     slot_mask: np.ndarray
@@ -92,7 +92,7 @@ class ScenarioRunner:
         per = (self.model.n_slots + 1) * len(self.t.steps) * lanes * 8 * 4
         return max(1, self.budget // per)
 
-    def run(self, scenarios: list[Scenario]) -> np.ndarray:
+    def run(self, scenarios: list[Counterfactual]) -> np.ndarray:
         n_steps, dp = self.original.shape[1:]
         out = np.empty((len(scenarios), n_steps))
         size = self._chunk(dp)
@@ -271,13 +271,13 @@ def analyse(
     no_workers = np.zeros((pp, dp), dtype=bool)
     groups = np.array([ot.attribution_group(x) for x in t.slot_optype], dtype=object)
     group_names = sorted(set(groups.tolist()))
-    scenarios = [Scenario(all_slots, all_workers), Scenario(all_slots, no_workers)]
+    scenarios = [Counterfactual(all_slots, all_workers), Counterfactual(all_slots, no_workers)]
     for s in range(pp):
         wm = no_workers.copy()
         wm[s] = True
-        scenarios.append(Scenario(all_slots, wm))
+        scenarios.append(Counterfactual(all_slots, wm))
     for g in group_names:
-        scenarios.append(Scenario(groups == g, all_workers))
+        scenarios.append(Counterfactual(groups == g, all_workers))
     times = runner.run(scenarios)
     step_orig, step_ideal = times[0], times[1]
     by_stage_steps = times[2 : 2 + pp]
@@ -293,11 +293,11 @@ def analyse(
     order = np.lexsort((t.rank.ravel(), -worker.ravel()))[:k]
     top_mask = np.zeros(pp * dp, dtype=bool)
     top_mask[order] = True
-    fix = [Scenario(all_slots, ~top_mask.reshape(pp, dp))]
+    fix = [Counterfactual(all_slots, ~top_mask.reshape(pp, dp))]
     if pp > 1:
         last = all_workers.copy()
         last[pp - 1] = False
-        fix.append(Scenario(all_slots, last))
+        fix.append(Counterfactual(all_slots, last))
     fixed = runner.run(fix).mean(axis=1)
     t_fix_w = float(fixed[0])
     t_fix_s = float(fixed[1]) if pp > 1 else t_orig
@@ -308,7 +308,7 @@ def analyse(
         if dp > 1:
             steps_w = runner.run_dp_ranks([d for _, d in cells], masks)
         else:  # no identical other ranks to fold into one lane
-            steps_w = runner.run([Scenario(m, all_workers) for m in masks])
+            steps_w = runner.run([Counterfactual(m, all_workers) for m in masks])
         exact = (steps_w.mean(axis=1) / t_ideal).reshape(pp, dp)
     timings["simulate_s"] = timer() - c1
     actual = t.actual_step_times()

@@ -201,7 +201,7 @@ def whatif(
         from slurmguard.whatif.timeline import write_timeline
 
         write_timeline(t, timeline_path, steps=timeline_steps)
-    from slurmguard.whatif.report import to_json, to_text
+    from slurmguard.whatif.render import to_json, to_text
 
     if as_json:
         out = to_json(result)

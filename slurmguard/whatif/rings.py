@@ -11,7 +11,7 @@ iteration, from the gaps between collectives:
 * iterations of the remaining collectives: one per op when one (op,
   communicator, bytes) repeats; otherwise Greyhound's ACF period over (op,
   communicator, bytes) symbols, then the agent's own logic
-  (`agent.analysis.iteration_starts`, which codes ops by type and communicator
+  (`detect.period.iteration_anchors`, which codes ops by type and communicator
   only). Iteration k spans the collectives from its anchor (the first one after
   the longest typical gap) up to the next anchor; the first collective has no
   compute before it, so its iteration is left out;
@@ -60,9 +60,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from slurmguard.agent.analysis import iteration_starts
 from slurmguard.config import PeriodPolicy
-from slurmguard.detect.period import PeriodResult, find_period, step_times
+from slurmguard.detect.period import PeriodResult, find_period, iteration_anchors, step_times
 from slurmguard.detect.records import RankOps
 from slurmguard.errors import InputError
 from slurmguard.hook.ring import (
@@ -310,11 +309,12 @@ def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIter
         if len(np.unique(core.nbytes)) > 1:
             starts = _sized_period_starts(core, period)
         if starts is None:
-            starts = iteration_starts(core, period)
+            idx = iteration_anchors(core, period)
+            starts = None if idx is None else core.start_ns[idx]
     if starts is None or len(starts) < 2:
         raise InputError(
             f"{source}: rank {ops.rank}: no repeating iteration found in its {n} collectives")
-    # anchors as op indices (iteration_starts may round a start by a nanosecond)
+    # anchors as op indices (the sized-period starts may round a start by a nanosecond)
     t = core.start_ns
     pos = np.clip(np.searchsorted(t, starts), 1, m - 1)
     pos = np.unique(np.where(np.abs(t[pos - 1] - starts) <= np.abs(t[pos] - starts), pos - 1, pos))

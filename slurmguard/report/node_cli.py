@@ -106,6 +106,6 @@ def resume(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def show(ctx: click.Context, name: str, fmt: str, offline: bool) -> None:
     """Full history of NAME: lifecycle rows, audited actions, incidents, sweeps, triage."""
-    from slurmguard.triage.cli import show_node
+    from slurmguard.report.cli import show_node
 
     show_node(ctx, name, fmt, offline)

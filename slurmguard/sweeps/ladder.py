@@ -3,7 +3,8 @@
 Rungs come from `TriagePolicy.ladder` (default resweep, reboot, reimage, terminal), each
 more invasive than the last; every rung except terminal ends in a new sweep round
 (lifecycle remediation -> quarantined). Guard's repeat rule: a node entering triage for
-the `repeat_limit`-th time within `repeat_window_days` goes straight to terminal.
+the `repeat_limit`-th time within `repeat_window_days` goes straight to terminal. Both
+rules are the pure functions of triage/rungs.py, which the report's "what next" shows.
 
 Bookkeeping lives in the database, so a restarted controller continues the same rung:
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from slurmguard.clock import Clock
@@ -44,13 +44,13 @@ from slurmguard.store import (
     Store,
     TriageActionRecord,
     TriageRung,
-    utc,
 )
-from slurmguard.sweeps.episode import AFTER_SWEEP, Episode
+from slurmguard.sweeps.episode import AFTER_SWEEP, NodeEpisode
 from slurmguard.sweeps.quarantine import REBOOT_FLAGS
 from slurmguard.sweeps.verdict import make_reason
+from slurmguard.sweeps.rungs import entries_in_window, entry_rung, rung_after, window_start
 
-log = logging.getLogger("slurmguard.triage")
+log = logging.getLogger(__name__)
 
 FAILED_SWEEP = "failed_sweep"
 OPEN = (ActionStatus.PLANNED, ActionStatus.RUNNING)
@@ -86,23 +86,18 @@ class TriageLadder:
         self.delete_quarantine = delete_quarantine or (lambda node: None)
 
     # ------------------------------------------------------------------ entering
-    def next_rung(self, episode: Episode) -> tuple[TriageRung, bool, str, int]:
+    def next_rung(self, episode: NodeEpisode) -> tuple[TriageRung, bool, str, int]:
         """(rung, is_entry, why, entry_count) for the failure that ends the current round."""
-        ladder = list(self.policy.ladder)
         if episode.actions:
-            last = episode.actions[-1].rung.value
-            i = ladder.index(last) if last in ladder else -1
-            rung = ladder[min(i + 1, len(ladder) - 1)]
-            return TriageRung(rung), False, f"next rung after {last}", 0
-        since = self.clock.now() - self.policy.repeat_window_days * 86400.0
-        count = len(self.store.recent_triage_entries(episode.node, since)) + 1
-        if count >= self.policy.repeat_limit:
-            why = (f"triage entry {count} within {self.policy.repeat_window_days:g} days"
-                   f" (limit {self.policy.repeat_limit}): replace")
-            return TriageRung.TERMINAL, True, why, count
-        return TriageRung(ladder[0]), True, f"triage entry {count}", count
+            last = episode.actions[-1].rung
+            return rung_after(last, self.policy), False, f"next rung after {last.value}", 0
+        since = window_start(self.clock.now(), self.policy)
+        earlier = entries_in_window(self.store.recent_triage_entries(episode.node, since),
+                                    self.clock.now(), self.policy)
+        rung, why, count = entry_rung(earlier, self.policy)
+        return rung, True, why, count
 
-    def enter(self, node: str, episode: Episode, *, failed_sweep: int | None, reason: str,
+    def enter(self, node: str, episode: NodeEpisode, *, failed_sweep: int | None, reason: str,
               evidence: dict[str, Any] | None = None) -> TriageActionRecord:
         """A sweep round failed (or a hard error): plan the next rung and move the node to
         remediation. Idempotent per failed sweep."""
@@ -125,7 +120,7 @@ class TriageLadder:
         return action
 
     # ------------------------------------------------------------------ remediation
-    def decide(self, node: str, live: NodeInfo | None, episode: Episode) -> LadderStep:
+    def decide(self, node: str, live: NodeInfo | None, episode: NodeEpisode) -> LadderStep:
         a = episode.last_action
         if a is None:
             rung, _, why, _ = self.next_rung(episode)
@@ -141,7 +136,7 @@ class TriageLadder:
             return LadderStep(node, "finish", f"{a.rung.value} done", a.rung)
         return LadderStep(node, "next_rung", f"{a.rung.value} {a.status.value}", a.rung)
 
-    def apply(self, step: LadderStep, live: NodeInfo | None, episode: Episode) -> str:
+    def apply(self, step: LadderStep, live: NodeInfo | None, episode: NodeEpisode) -> str:
         node = step.node
         a = episode.last_action
         if step.action == "enter":
@@ -268,8 +263,3 @@ class TriageLadder:
                                         evidence={"drain_reason": reason})
         return self._finish(node, a)
 
-
-def triage_entries_since(store: Store, node: str, clock: Clock, policy: TriagePolicy) -> int:
-    """Triage entries of `node` inside the repeat window (for status displays)."""
-    since = utc(clock.now()) - timedelta(days=policy.repeat_window_days)
-    return len(store.recent_triage_entries(node, since))

@@ -135,7 +135,7 @@ def install(cluster: Any) -> Path:
     d.mkdir(exist_ok=True)
     path = d / "reboot.sh"
     path.write_text(f"#!/bin/sh\n# slurmguard devcluster reboot: restart this node's slurmd\n"
-                    f"exec {sys.executable} -m slurmguard.triage.devreboot\n")
+                    f"exec {sys.executable} -m slurmguard.devcluster.devreboot\n")
     path.chmod(0o755)
     cluster.set_reboot_program(path)
     return path

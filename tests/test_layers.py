@@ -1,0 +1,27 @@
+"""Layers point one way: the import-linter contracts of pyproject.toml hold.
+
+The contracts (see [tool.importlinter] in pyproject.toml): no import cycle between
+slurmguard's packages and top-level modules; the adapters (slurm, store, telemetry)
+import nothing above them; the what-if analysis never imports the agent or the
+controller. A new import that breaks one fails here, naming the import chain.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RUN = ("import sys\n"
+       "from importlinter.cli import lint_imports\n"
+       "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))\n")
+
+
+def test_import_contracts_are_kept():
+    res = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, check=False)
+    out = res.stdout + res.stderr
+    assert "Contracts: 3 kept, 0 broken." in out, out
+    assert res.returncode == 0, out
