@@ -33,6 +33,16 @@ LOCALISE_RECENT = 9
 #: fraction of its baseline step: below it, what the hooks see of its compute
 #: is too thin (a pipeline stage whose receives are untimed) to compare
 OBSERVABLE_COMPUTE = 0.1
+#: share of the job's step-time growth a rank's extra compute must explain to
+#: name its node: in synchronous training the others wait for the slow rank,
+#: so a straggler's extra compute per iteration is the job's extra step time.
+#: The ByteDance study (paper 004, 5.1, Eq. 5) calls workers responsible for a
+#: job's slowdown when fixing them alone removes more than half of it.
+ATTRIBUTION = 0.5
+#: robust s.d. = this x the median absolute deviation; s.e. of a median of m
+#: samples ~ MEDIAN_SE x s.d. / sqrt(m)
+MAD_SD = 1.4826
+MEDIAN_SE = 1.2533
 
 
 def _recent(r: RankReport, since: float | None, n: int) -> list:
@@ -90,6 +100,15 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     return current, onset, len(rows)
 
 
+def _median_se(xs: list[float]) -> float:
+    """Standard error (s) of the median of xs, from their robust spread."""
+    a = np.asarray(xs, dtype=np.float64)
+    if a.size < 2:
+        return float("inf")
+    sd = MAD_SD * float(np.median(np.abs(a - np.median(a))))
+    return MEDIAN_SE * sd / float(np.sqrt(a.size))
+
+
 def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list],
              policy: Policy) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
@@ -107,29 +126,50 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     against its own baseline. Ranks still in warm-up (no baseline) are not
     judged. Slow ranks on most of the job's nodes are not one node's fault:
     no node is named then.
+
+    A rank is named only when its extra compute (over its same-role peers',
+    or over its baseline scaled by the other ranks' growth) is beyond the
+    noise of the window (policy detection.bocd.significance standard errors
+    of the two medians) and explains at least ATTRIBUTION of the job's
+    step-time growth over the same iterations (median over ranks of the
+    recent median step minus the baseline step). Ranks that share a machine
+    with other work all slow down together and differ by chance, in either
+    direction: such a job-wide slowdown is not one node's, however large.
+    A rank with no other rank's compute to compare with is never named
+    while the job has other ranks (they are in warm-up or hidden): alone,
+    its own growth cannot tell a slow node from a slower job.
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
+    spread: dict[tuple[str, int], float] = {}
     roles: dict[tuple[str, int], str] = {}
+    growth: list[float] = []
     hidden = []
     for (node, rank), st in recents.items():
         rep = next(r for n, r in ranks if n == node and r.rank == rank)
+        if st and rep.baseline_step_s:
+            growth.append(float(np.median([s.step_s for s in st])) - rep.baseline_step_s)
         if not st or not rep.baseline_compute_s:
             continue
         if rep.baseline_step_s and rep.baseline_compute_s < OBSERVABLE_COMPUTE * rep.baseline_step_s:
             hidden.append(rank)
             continue
-        c = float(np.median([s.step_s - s.comm_s for s in st]))
+        cs = [s.step_s - s.comm_s for s in st]
+        c = float(np.median(cs))
         computes[(node, rank)] = c
+        spread[(node, rank)] = _median_se(cs)
         ratios[(node, rank)] = c / rep.baseline_compute_s
         roles[(node, rank)] = rep.role or f"rank{rank}"
     excess = policy.detection.cross_group.median_excess
+    k_se = policy.detection.bocd.significance
+    grown_s = float(np.median(growth)) if growth else 0.0
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
     unseen = (f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
               f"under {OBSERVABLE_COMPUTE:.0%} of their step as the hooks see it" if hidden else "")
     if not ratios:
         return ratios, computes, slow, ("no rank has a compute baseline yet (warm-up)" if not hidden
                                         else unseen[2:])
+    unexplained: list[str] = []
     for key, ratio in ratios.items():
         if ratio <= 1.0 + excess:
             continue
@@ -145,13 +185,37 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
                 # (a baseline learned during a slow spell makes any rank "grow")
                 continue
             grown = float(np.median([ratios[k] for k in others]))
-            against = (f"same-role peers {float(np.median([computes[k] for k in peers])):.3g}s"
-                       if peers else f"its baseline {base:.3g}s (no same-role peer; the other "
-                                     f"ranks grew {grown:.2f}x)")
-        elif ratio > 1.0 + 2 * excess:
-            # nothing to compare with: its own baseline, with a wider margin
-            against = f"its baseline {base:.3g}s (no other rank's compute is observable)"
+            if peers:
+                expected = float(np.median([computes[k] for k in peers]))
+                noise = float(np.hypot(spread[key], np.median([spread[k] for k in peers])))
+                against = f"same-role peers {expected:.3g}s"
+            else:
+                expected = base * grown
+                noise = float(np.hypot(spread[key], base * np.median(
+                    [spread[k] / computes[k] * ratios[k] for k in others])))
+                against = (f"its baseline {base:.3g}s (no same-role peer; the other "
+                           f"ranks grew {grown:.2f}x)")
+        elif len(ranks) == 1:
+            if ratio <= 1.0 + 2 * excess:
+                continue
+            # a one-rank job: nothing to compare with but its own baseline,
+            # with a wider margin
+            expected, noise = base, spread[key]
+            against = f"its baseline {base:.3g}s (the job's only rank)"
         else:
+            unexplained.append(f"rank {key[1]} computes {ratio:.2f}x its baseline, but no other "
+                               f"rank's compute is observable yet to tell a slow node from a "
+                               f"slower job")
+            continue
+        extra = computes[key] - expected
+        if extra <= k_se * noise:
+            unexplained.append(f"rank {key[1]} computes {extra * 1e3:.3g} ms more than expected, "
+                               f"within the noise ({k_se:g} s.e. = {k_se * noise * 1e3:.3g} ms)")
+            continue
+        if extra < ATTRIBUTION * grown_s:
+            unexplained.append(f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms explains "
+                               f"{extra / grown_s:.0%} of the job's step growth "
+                               f"{grown_s * 1e3:.3g} ms (needs {ATTRIBUTION:.0%}): job-wide")
             continue
         slow[key[0]].append((key[1], computes[key], against))
     if not slow:
@@ -159,6 +223,8 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
         why = (f"no rank's compute grew more than {excess:.0%} beyond its own baseline and its "
                f"peers' (largest growth {grown:.2f}x): the slowdown is in the collectives or "
                f"job-wide, not one node's compute{unseen}")
+        if unexplained:
+            why = "no node named: " + "; ".join(unexplained[:3]) + unseen
         return ratios, computes, slow, why
     nodes = {n for n, _ in ratios}
     if len(nodes) > 2 and len(slow) > len(nodes) / 2:
