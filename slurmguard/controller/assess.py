@@ -135,12 +135,16 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     recent median step minus the baseline step). Ranks that share a machine
     with other work all slow down together and differ by chance, in either
     direction: such a job-wide slowdown is not one node's, however large.
+    The extra compute counts at the rank's observed compute share (its
+    baseline compute over its baseline step): where the hooks see only part
+    of a rank's work as compute, its step grows by more than that part.
     A rank with no other rank's compute to compare with is never named
     while the job has other ranks (they are in warm-up or hidden): alone,
     its own growth cannot tell a slow node from a slower job.
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
+    rep_of: dict[tuple[str, int], RankReport] = {}
     spread: dict[tuple[str, int], float] = {}
     roles: dict[tuple[str, int], str] = {}
     growth: list[float] = []
@@ -157,6 +161,7 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
         cs = [s.step_s - s.comm_s for s in st]
         c = float(np.median(cs))
         computes[(node, rank)] = c
+        rep_of[(node, rank)] = rep
         spread[(node, rank)] = _median_se(cs)
         ratios[(node, rank)] = c / rep.baseline_compute_s
         roles[(node, rank)] = rep.role or f"rank{rank}"
@@ -212,9 +217,15 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
             unexplained.append(f"rank {key[1]} computes {extra * 1e3:.3g} ms more than expected, "
                                f"within the noise ({k_se:g} s.e. = {k_se * noise * 1e3:.3g} ms)")
             continue
-        if extra < ATTRIBUTION * grown_s:
-            unexplained.append(f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms explains "
-                               f"{extra / grown_s:.0%} of the job's step growth "
+        # what the hooks see of a rank's compute is a share of its work (DDP
+        # runs the backward pass under its in-flight all-reduces): the rank's
+        # own step would grow by its extra compute over that share
+        seen = min(1.0, base / rep_of[key].baseline_step_s) if rep_of[key].baseline_step_s else 1.0
+        explained = extra / seen
+        if explained < ATTRIBUTION * grown_s:
+            unexplained.append(f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms ({explained * 1e3:.3g} "
+                               f"ms of step at its observed compute share {seen:.0%}) explains "
+                               f"{explained / grown_s:.0%} of the job's step growth "
                                f"{grown_s * 1e3:.3g} ms (needs {ATTRIBUTION:.0%}): job-wide")
             continue
         slow[key[0]].append((key[1], computes[key], against))
@@ -280,6 +291,18 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
 
     ratios, computes, slow_ranks, why_not = localise(
         ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy)
+    if slow_ranks:
+        # sustained (Guard 4.2: deviation over consecutive windows): the same
+        # node is named by the window of iterations before too; a machine's
+        # scheduler can starve one rank for a few seconds, a fault stays
+        _, _, before, _ = localise(
+            ranks, {(n, r.rank): _recent(r, since, 2 * LOCALISE_RECENT)[:-LOCALISE_RECENT]
+                    for n, r in ranks}, policy)
+        held = {n: rows for n, rows in slow_ranks.items() if n in before}
+        if not held:
+            why_not = (f"{', '.join(sorted(slow_ranks))}: slow over the last {LOCALISE_RECENT} "
+                       f"iterations but not the {LOCALISE_RECENT} before (not yet sustained)")
+        slow_ranks = held
     culprits = []
     for node, rows in sorted(slow_ranks.items()):
         rows.sort()
