@@ -130,3 +130,60 @@ def test_a_rank_computing_less_than_its_same_role_peers_is_never_the_straggler()
     recents = {(n, r.rank): r.steps for n, r in ranks}
     _, _, slow, _ = localise(ranks, recents, POLICY)
     assert list(slow) == ["node1"]
+
+
+def _dp_rank(r, base_c, comps, steps, base_step=0.1):
+    from slurmguard.reports import RankReport, StepSample
+
+    ss = [StepSample(end=100.0 + i, step_s=s, comm_s=s - c) for i, (c, s) in enumerate(zip(comps, steps))]
+    return RankReport(rank=r, source="torch", role="dp", baseline_step_s=base_step,
+                      baseline_compute_s=base_c, steps=ss, total_steps=60)
+
+
+def test_a_job_wide_slowdown_is_not_one_nodes_even_when_one_rank_computes_a_bit_more():
+    """Seen on a shared 2-core machine: another job starts and a healthy job's
+    step goes 0.1 -> 0.2 s; its ranks' compute grows with it and differs by
+    chance (here rank 0 +15%, every iteration). Its extra 15 ms of compute, at
+    its observed compute share of 50%, explain 30 ms of the 100 ms the step
+    grew: job-wide, no node is named, and the evidence says so."""
+    from slurmguard.controller.assess import localise
+
+    steps = [0.2] * 9
+    ranks = [("node1", _dp_rank(0, 0.05, [0.115] * 9, steps)),
+             ("node2", _dp_rank(1, 0.05, [0.1] * 9, steps))]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+    assert not slow
+    assert "explains 30%" in why and "job-wide" in why
+    # the same 15 ms on a job whose step grew by 20 ms is the straggler
+    steps = [0.12] * 9
+    ranks = [("node1", _dp_rank(0, 0.05, [0.065] * 9, steps)),
+             ("node2", _dp_rank(1, 0.05, [0.05] * 9, steps))]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+    assert list(slow) == ["node1"], why
+
+
+def test_a_difference_within_the_noise_names_no_node():
+    """Per-iteration compute scattered over +-40 ms: a 20 ms difference of the
+    medians of 9 iterations is within 2 standard errors."""
+    from slurmguard.controller.assess import localise
+
+    wobble = [0.0, 0.04, -0.04, 0.03, -0.03, 0.02, -0.02, 0.04, -0.04]
+    steps = [0.13] * 9
+    ranks = [("node1", _dp_rank(0, 0.05, [0.08 + w for w in wobble], steps)),
+             ("node2", _dp_rank(1, 0.05, [0.06 - w for w in wobble], steps))]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+    assert not slow and "within the noise" in why
+
+
+def test_a_rank_alone_with_no_observable_peer_is_not_named_in_a_multi_rank_job():
+    """The other rank is re-learning its baseline (no compute baseline): one
+    rank's growth against its own baseline cannot tell a slow node from a
+    slower job."""
+    from slurmguard.controller.assess import localise
+
+    steps = [0.2] * 9
+    lone = _dp_rank(0, 0.05, [0.12] * 9, steps)
+    other = _dp_rank(1, 0.05, [0.05] * 9, steps).model_copy(update={"baseline_compute_s": None})
+    ranks = [("node1", lone), ("node2", other)]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+    assert not slow and "no other rank's compute is observable" in why

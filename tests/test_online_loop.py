@@ -95,7 +95,12 @@ def test_healthy_guarded_job_end_to_end_touches_nothing(guarded):
         info = run.node(n)
         assert not info["drained"] and not info["comment"]
     with run.store() as s:
-        assert s.incidents() == []
+        # a job slowed by the other work on this shared machine (every rank
+        # alike) may be recorded, at tier none, as a slowdown no node is to
+        # blame for; nothing is done about it
+        for inc in s.incidents():
+            assert str(inc.tier.value) == "none" and not inc.evidence.get("culprits"), inc
+            assert inc.evidence.get("localisation") or inc.evidence.get("note"), inc
 
 
 def test_admin_drained_node_is_never_resumed_or_re_reasoned(guarded):

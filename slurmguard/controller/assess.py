@@ -41,6 +41,16 @@ LOCALISE_RECENT = 9
 #: fraction of its baseline step: below it, what the hooks see of its compute
 #: is too thin (a pipeline stage whose receives are untimed) to compare
 OBSERVABLE_COMPUTE = 0.1
+#: share of the job's step-time growth a rank's extra compute must explain to
+#: name its node: in synchronous training the others wait for the slow rank,
+#: so a straggler's extra compute per iteration is the job's extra step time.
+#: The ByteDance study (paper 004, 5.1, Eq. 5) calls workers responsible for a
+#: job's slowdown when fixing them alone removes more than half of it.
+ATTRIBUTION = 0.5
+#: robust s.d. = this x the median absolute deviation; s.e. of a median of m
+#: samples ~ MEDIAN_SE x s.d. / sqrt(m)
+MAD_SD = 1.4826
+MEDIAN_SE = 1.2533
 
 
 def _recent(r: RankReport, since: float | None, n: int):
@@ -66,22 +76,6 @@ def _median_without_self(v: np.ndarray) -> np.ndarray:
     i1 = k1 + (k1 >= pos)
     i2 = k2 + (k2 >= pos)
     return (sv[i1] + sv[i2]) / 2.0
-
-
-def _compute_medians(windows: list) -> np.ndarray:
-    """Median compute (step - comm) of each rank's recent window, as one array op."""
-    arrays = [getattr(w, "columns", None) for w in windows]
-    if all(a is not None for a in arrays) and len({a.shape for a in arrays}) == 1:
-        a = np.stack(arrays)  # (ranks, 3, n): the controller's compact windows, all one length
-        return np.median(a[:, 1, :] - a[:, 2, :], axis=1)
-    width = max(len(w) for w in windows)
-    x = np.full((len(windows), width), np.nan)
-    for i, w in enumerate(windows):
-        if hasattr(w, "step_s"):
-            x[i, width - len(w):] = w.step_s - w.comm_s
-        else:
-            x[i, width - len(w):] = [s.step_s - s.comm_s for s in w]
-    return np.nanmedian(x, axis=1)
 
 
 def _judge_steps(ranks: list[RankReport], policy: Policy,
@@ -167,6 +161,34 @@ def _within_baseline(rows: list, policy: Policy) -> float | None:
     return float(np.median(meds))
 
 
+def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per window (a rank's recent iterations): median step (s), median compute
+    (step - comm, s) and the standard error of that median (s, from the robust
+    spread: MEDIAN_SE x MAD_SD x MAD / sqrt(m); inf under 2 iterations), as
+    arrays in one pass over all ranks (O(ranks x window))."""
+    arrays = [getattr(w, "columns", None) for w in windows]
+    if all(a is not None for a in arrays) and len({a.shape for a in arrays}) == 1:
+        a = np.stack(arrays)  # (ranks, 3, n): the controller's compact windows, all one length
+        step, comp = a[:, 1, :], a[:, 1, :] - a[:, 2, :]
+    else:
+        width = max(len(w) for w in windows)
+        step = np.full((len(windows), width), np.nan)
+        comp = np.full((len(windows), width), np.nan)
+        for i, w in enumerate(windows):
+            if hasattr(w, "step_s"):
+                step[i, width - len(w):], comp[i, width - len(w):] = w.step_s, w.step_s - w.comm_s
+            else:
+                step[i, width - len(w):] = [s.step_s for s in w]
+                comp[i, width - len(w):] = [s.step_s - s.comm_s for s in w]
+    with np.errstate(all="ignore"):
+        med_step = np.nanmedian(step, axis=1)
+        med_comp = np.nanmedian(comp, axis=1)
+        m = np.sum(~np.isnan(comp), axis=1)
+        mad = np.nanmedian(np.abs(comp - med_comp[:, None]), axis=1)
+        se = np.where(m >= 2, MEDIAN_SE * MAD_SD * mad / np.sqrt(np.maximum(m, 1)), np.inf)
+    return med_step, med_comp, se
+
+
 def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list],
              policy: Policy) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
@@ -184,82 +206,134 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     against its own baseline. Ranks still in warm-up (no baseline) are not
     judged. Slow ranks on most of the job's nodes are not one node's fault:
     no node is named then.
+
+    A rank is named only when its extra compute (over its same-role peers',
+    or over its baseline scaled by the other ranks' growth) is beyond the
+    noise of the window (policy detection.bocd.significance standard errors
+    of the two medians) and explains at least ATTRIBUTION of the job's
+    step-time growth over the same iterations (median over ranks of the
+    recent median step minus the baseline step). Ranks that share a machine
+    with other work all slow down together and differ by chance, in either
+    direction: such a job-wide slowdown is not one node's, however large.
+    The extra compute counts at the rank's observed compute share (its
+    baseline compute over its baseline step): where the hooks see only part
+    of a rank's work as compute, its step grows by more than that part.
+    A rank with no other rank's compute to compare with is never named
+    while the job has other ranks (they are in warm-up or hidden): alone,
+    its own growth cannot tell a slow node from a slower job.
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
-    roles: dict[tuple[str, int], str] = {}
-    hidden = []
     by_key = {(n, r.rank): r for n, r in ranks}
-    judged = []
-    for key, st in recents.items():
-        rep = by_key[key]
-        bc = rep.baseline_compute_s
-        if not bc or not len(st):
-            continue
-        bs = rep.baseline_step_s
-        if bs and bc < OBSERVABLE_COMPUTE * bs:
-            hidden.append(key[1])
-            continue
-        judged.append((key, st, bc, rep.role))
-    if judged:
-        med = _compute_medians([j[1] for j in judged])
-        for (key, _, bc, role), c in zip(judged, med.tolist()):
+    hidden = []
+    keyed = [(key, st) for key, st in recents.items() if len(st)]
+    growth: list[float] = []
+    judged: list[tuple[tuple[str, int], RankReport, float, float]] = []
+    if keyed:
+        med_step, med_comp, se = _window_stats([st for _, st in keyed])
+        for (key, _), ms, c, e in zip(keyed, med_step.tolist(), med_comp.tolist(), se.tolist()):
+            rep = by_key[key]
+            if rep.baseline_step_s:
+                growth.append(ms - rep.baseline_step_s)
+            if not rep.baseline_compute_s:
+                continue
+            if rep.baseline_step_s and rep.baseline_compute_s < OBSERVABLE_COMPUTE * rep.baseline_step_s:
+                hidden.append(key[1])
+                continue
             computes[key] = c
-            ratios[key] = c / bc
-            roles[key] = role or f"rank{key[1]}"
+            ratios[key] = c / rep.baseline_compute_s
+            judged.append((key, rep, c, e))
     excess = policy.detection.cross_group.median_excess
+    k_se = policy.detection.bocd.significance
+    grown_s = float(np.median(growth)) if growth else 0.0
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
     unseen = (f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
               f"under {OBSERVABLE_COMPUTE:.0%} of their step as the hooks see it" if hidden else "")
     if not ratios:
         return ratios, computes, slow, ("no rank has a compute baseline yet (warm-up)" if not hidden
                                         else unseen[2:])
-    # the medians over a rank's same-role peers and over all other ranks, for every
-    # rank at once: one sort per role instead of one median per rank (O(n log n))
-    keys = list(ratios)
-    rv = np.array([ratios[k] for k in keys])
-    cv = np.array([computes[k] for k in keys])
+    # every rank's same-role peers' medians (ratio, compute, s.e.) and the other
+    # ranks' medians, for all ranks at once: one sort per role, O(n log n)
+    n = len(judged)
+    rv = np.array([ratios[k] for k, *_ in judged])
+    cv = np.array([c for *_, c, _ in judged])
+    sv = np.array([e for *_, e in judged])
+    with np.errstate(all="ignore"):
+        qv = sv / cv * rv  # a rank's s.e. relative to its baseline compute
     by_role: dict[str, list[int]] = defaultdict(list)
-    for i, k in enumerate(keys):
-        by_role[roles[k]].append(i)
-    peer_ratio = np.full(len(keys), np.nan)
-    peer_compute = np.full(len(keys), np.nan)
+    for i, (key, rep, _, _) in enumerate(judged):
+        by_role[rep.role or f"rank{key[1]}"].append(i)
+    peer = np.zeros(n, dtype=bool)
+    peer_ratio, peer_comp, peer_se = (np.full(n, np.nan) for _ in range(3))
     for idx in by_role.values():
         if len(idx) > 1:
             ix = np.array(idx)
+            peer[ix] = True
             peer_ratio[ix] = _median_without_self(rv[ix])
-            peer_compute[ix] = _median_without_self(cv[ix])
-    all_ratio = _median_without_self(rv) if len(keys) > 1 else np.full(1, np.nan)
-    for i, key in enumerate(keys):
+            peer_comp[ix] = _median_without_self(cv[ix])
+            peer_se[ix] = _median_without_self(sv[ix])
+    if n > 1:
+        all_ratio, all_q = _median_without_self(rv), _median_without_self(qv)
+    unexplained: list[str] = []
+    for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
         if ratio <= 1.0 + excess:
             continue
-        has_peers = not np.isnan(peer_ratio[i])
-        others = len(keys) > 1
-        base = computes[key] / ratio
-        if others:
-            grown = float(peer_ratio[i] if has_peers else all_ratio[i])
+        base = c / ratio
+        if n > 1:
+            grown = float(peer_ratio[i] if peer[i] else all_ratio[i])
             if ratio <= grown * (1.0 + excess):
                 continue
-            if has_peers and computes[key] <= float(peer_compute[i]) * (1.0 + excess):
+            if peer[i] and c <= float(peer_comp[i]) * (1.0 + excess):
                 # ranks of one role do the same work: one that computes no longer
                 # than its peers is not their straggler, whatever its own baseline
                 # (a baseline learned during a slow spell makes any rank "grow")
                 continue
-            against = (f"same-role peers {float(peer_compute[i]):.3g}s"
-                       if has_peers else f"its baseline {base:.3g}s (no same-role peer; the other "
-                                         f"ranks grew {grown:.2f}x)")
-        elif ratio > 1.0 + 2 * excess:
-            # nothing to compare with: its own baseline, with a wider margin
-            against = f"its baseline {base:.3g}s (no other rank's compute is observable)"
+            if peer[i]:
+                expected = float(peer_comp[i])
+                noise = float(np.hypot(e, peer_se[i]))
+                against = f"same-role peers {expected:.3g}s"
+            else:
+                expected = base * grown
+                noise = float(np.hypot(e, base * all_q[i]))
+                against = (f"its baseline {base:.3g}s (no same-role peer; the other "
+                           f"ranks grew {grown:.2f}x)")
+        elif len(ranks) == 1:
+            if ratio <= 1.0 + 2 * excess:
+                continue
+            # a one-rank job: nothing to compare with but its own baseline,
+            # with a wider margin
+            expected, noise = base, e
+            against = f"its baseline {base:.3g}s (the job's only rank)"
         else:
+            unexplained.append(f"rank {key[1]} computes {ratio:.2f}x its baseline, but no other "
+                               f"rank's compute is observable yet to tell a slow node from a "
+                               f"slower job")
             continue
-        slow[key[0]].append((key[1], computes[key], against))
+        extra = c - expected
+        if extra <= k_se * noise:
+            unexplained.append(f"rank {key[1]} computes {extra * 1e3:.3g} ms more than expected, "
+                               f"within the noise ({k_se:g} s.e. = {k_se * noise * 1e3:.3g} ms)")
+            continue
+        # what the hooks see of a rank's compute is a share of its work (DDP
+        # runs the backward pass under its in-flight all-reduces): the rank's
+        # own step would grow by its extra compute over that share
+        seen = min(1.0, base / rep.baseline_step_s) if rep.baseline_step_s else 1.0
+        explained = extra / seen
+        if explained < ATTRIBUTION * grown_s:
+            unexplained.append(f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms ({explained * 1e3:.3g} "
+                               f"ms of step at its observed compute share {seen:.0%}) explains "
+                               f"{explained / grown_s:.0%} of the job's step growth "
+                               f"{grown_s * 1e3:.3g} ms (needs {ATTRIBUTION:.0%}): job-wide")
+            continue
+        slow[key[0]].append((key[1], c, against))
     if not slow:
         grown = max(ratios.values())
         why = (f"no rank's compute grew more than {excess:.0%} beyond its own baseline and its "
                f"peers' (largest growth {grown:.2f}x): the slowdown is in the collectives or "
                f"job-wide, not one node's compute{unseen}")
+        if unexplained:
+            why = "no node named: " + "; ".join(unexplained[:3]) + unseen
         return ratios, computes, slow, why
     nodes = {n for n, _ in ratios}
     if len(nodes) > 2 and len(slow) > len(nodes) / 2:
@@ -305,6 +379,18 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
 
     ratios, computes, slow_ranks, why_not = localise(
         ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy)
+    if slow_ranks:
+        # sustained (Guard 4.2: deviation over consecutive windows): the same
+        # node is named by the window of iterations before too; a machine's
+        # scheduler can starve one rank for a few seconds, a fault stays
+        _, _, before, _ = localise(
+            ranks, {(n, r.rank): _recent(r, since, 2 * LOCALISE_RECENT)[:-LOCALISE_RECENT]
+                    for n, r in ranks}, policy)
+        held = {n: rows for n, rows in slow_ranks.items() if n in before}
+        if not held:
+            why_not = (f"{', '.join(sorted(slow_ranks))}: slow over the last {LOCALISE_RECENT} "
+                       f"iterations but not the {LOCALISE_RECENT} before (not yet sustained)")
+        slow_ranks = held
     # the detectors' output: typed findings; controller.decide turns them into the assessment
     found: list[Finding] = []
     if current is not None:

@@ -107,9 +107,10 @@ class Scenario:
         return Path(self.cluster.state_dir) / f"wl-{job}"
 
     def submit(self, steps: int, *, guarded: bool = True, nodes: str | None = None,
-               signal: bool = True, ckpt_every: int = 50) -> int:
+               signal: bool = True, ckpt_every: int = 50, exclusive: bool = True) -> int:
         """The workload on its own exclusive nodes (GPU training jobs do not share
-        nodes). signal: say the job handles a checkpoint signal (Slurm's
+        nodes; exclusive=False: one CPU per task, so two jobs can share a node).
+        signal: say the job handles a checkpoint signal (Slurm's
         --signal=B:USR1@30: to the batch shell, which passes it on to the ranks)."""
         lay = LAYOUTS[self.workload]
         st = self.cluster.state_dir
@@ -130,7 +131,8 @@ class Scenario:
             # wait returns above 128 when a trapped signal interrupts it
             "while wait $srun_pid; rc=$?; [ $rc -gt 128 ] && kill -0 $srun_pid 2>/dev/null; do :; done\n"
             "exit $rc\n")
-        args = [f"-N{lay.nodes}", f"--ntasks-per-node={lay.tasks_per_node}", "--exclusive",
+        args = [f"-N{lay.nodes}", f"--ntasks-per-node={lay.tasks_per_node}",
+                "--exclusive" if exclusive else "--cpus-per-task=1",
                 "-J", f"wl-{self.workload}", "-o", f"{st}/job-%j.out"]
         if guarded:
             args.append("--straggler-guard")

@@ -17,8 +17,12 @@ the same arguments, and returns its result unchanged. Work with a future
 future and the ASYNC flag: the callback, on the thread that completes the
 work, describes the call (group, sizes, reduce op), writes its record into
 the ring at once and drops every reference to the call's arguments and
-future. Work without a future (gloo p2p) ends when the call returns and is
-written then. The ring is shared memory, so a record once written outlives
+future. Work without a future (gloo's send/recv and reduce_scatter, whose
+data moves when the job waits for it) is handed back wrapped (_timed_work):
+its record ends when the job's wait() returns, so a pipeline stage waiting
+for its neighbour, or an FSDP rank waiting for a slow peer's gradients, is
+seen waiting rather than computing; past MAX_UNWAITED such works not yet
+waited for, further ones end when the call returns. The ring is shared memory, so a record once written outlives
 whatever ends the process afterwards (os._exit, SIGTERM, SIGKILL). Records
 appear in completion order; the callback needs the interpreter lock, so
 the end can lag the real completion when the lock is busy. start_ns is
@@ -87,6 +91,13 @@ SETTLE_TIMEOUT_S = 1.0
 #: signals whose default disposition ends the process and that Slurm sends
 #: to a job's tasks (scancel, time limit, --signal); see _TermGuard
 TERM_SIGNALS = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
+#: works without a future (gloo p2p, reduce_scatter) handed back wrapped and
+#: not yet waited for; beyond it a call is recorded when it returns. The
+#: wrappers are kept until the job has waited and dropped them: a wrapper
+#: freed while C++ still held its Work would leave that Work's wait() blocked
+MAX_UNWAITED = 1024
+#: wrappers held before the waited-for ones the job dropped are pruned
+PRUNE_UNWAITED = 64
 
 # c10d operator -> (sg op, index of the process group, index of the count
 # tensor(s), how to count, index of peer/root or None, index of the
@@ -152,6 +163,8 @@ class Recorder:
         self._term: _TermGuard | None = None
         self._groups: dict[tuple, tuple] = {}  # (group name, device) -> (comm_id, skip)
         self._announced: set = set()
+        self._unwaited: dict[int, Any] = {}  # id -> _timed_work wrapper (see MAX_UNWAITED)
+        self._prune_at = PRUNE_UNWAITED
 
     # ---------------------------------------------------------------- setup
     def _writer(self) -> _ring.RingWriter | None:
@@ -204,6 +217,8 @@ class Recorder:
             self._term = None
         self._groups = {}
         self._announced = set()
+        self._unwaited = {}
+        self._prune_at = PRUNE_UNWAITED
 
     def _fail(self, msg: str) -> None:
         if self.enabled:
@@ -263,21 +278,56 @@ class Recorder:
             w.hold_wait()
         return (w, opname, args, device_type, _monotonic_ns())
 
-    def after(self, ctx: tuple, out: Any, error: bool = False) -> None:
+    def after(self, ctx: tuple, out: Any, error: bool = False) -> Any:
+        """Record the call (now, or when its work completes). Returns what
+        the kernel hands back: `out`, or `out` with its work wrapped."""
         if not error:
             # (outputs, work) or a bare work; the work arrives boxed as a
             # TorchScript object
             work = out[-1] if type(out) is tuple and out else out
+            inner = fut = None
             try:
-                fut = _c10d().work_unbox(work).get_future()
+                inner = _c10d().work_unbox(work)
+                fut = inner.get_future()
             except Exception:
-                fut = None  # e.g. gloo p2p work has no future: end = return
+                pass  # gloo p2p / reduce_scatter work has no future
             if fut is not None:
                 p = _Pending(self, ctx, fut)
                 self._pending.add(p)
                 fut.add_done_callback(p)  # a future already done runs it here
-                return
+                return out
+            if inner is not None and ctx[3] == "cpu" and ctx[1] != "recv_any_source_":
+                timed = self._timed(ctx, inner)
+                if timed is not None:
+                    return (*out[:-1], timed) if type(out) is tuple else timed
         self._emit(ctx, _monotonic_ns(), error, False)
+        return out
+
+    def _timed(self, ctx: tuple, inner: Any) -> Any:
+        """A boxed wrapper of `inner` whose wait() writes the record, or None
+        (too many unwaited: the caller records at return)."""
+        if len(self._unwaited) >= self._prune_at:
+            # wrappers the job has waited for and no longer holds can go
+            # (references: the dict, `old`, getrefcount's argument)
+            for k in list(self._unwaited):
+                old = self._unwaited[k]
+                if old._sg is None and sys.getrefcount(old) <= 3:
+                    del self._unwaited[k]
+            old = None
+            self._prune_at = max(PRUNE_UNWAITED, 2 * len(self._unwaited))
+            if len(self._unwaited) >= MAX_UNWAITED:
+                return None
+        w = _c10d().timed_work(self, ctx, inner)
+        self._unwaited[id(w)] = w
+        return w.boxed()
+
+    def waited(self, ctx: tuple, error: bool) -> None:
+        """A wrapped work's wait() returned (or raised): write its record."""
+        try:
+            self._emit(ctx, _monotonic_ns(), error, True)
+        except Exception as exc:
+            self.missed()
+            self._fail(f"recording failed: {exc!r}")
 
     def completed(self, p: _Pending, ctx: tuple, end: int, fut: Any) -> None:
         """A done-callback: write the record now (the process may end at any
@@ -637,6 +687,7 @@ class _C10d:
         self.script_object = torch.ScriptObject
         self.work_cls = Work
         self.pg_cls = ProcessGroup
+        self.timed_work = _timed_work_class(Work)
 
     def work_unbox(self, work: Any) -> Any:
         return work if type(work) is self.work_cls else self.work_cls.unbox(work)
@@ -645,6 +696,55 @@ class _C10d:
         """The ProcessGroup of a dispatcher argument (a boxed TorchScript
         object there; a ProcessGroup when called directly)."""
         return self.pg_cls.unbox(obj) if type(obj) is self.script_object else obj
+
+
+def _timed_work_class(Work: type) -> type:
+    """A Work subclass (torch calls its Python methods from C++) that
+    forwards everything to the real work and tells the recorder when the
+    job's wait() on it returns."""
+
+    class TimedWork(Work):  # type: ignore[misc, valid-type]
+        def __init__(self, rec: Recorder, ctx: tuple, inner: Any) -> None:
+            super().__init__()
+            self._sg: tuple | None = (rec, ctx)
+            self._inner = inner
+
+        def wait(self, timeout: Any = None) -> bool:
+            try:
+                ok = self._inner.wait() if timeout is None else self._inner.wait(timeout)
+            except BaseException:
+                self._record(True)
+                raise
+            self._record(False)
+            return ok
+
+        def _record(self, error: bool) -> None:
+            sg, self._sg = self._sg, None
+            if sg is not None:
+                sg[0].waited(sg[1], error)
+
+        def is_completed(self) -> bool:
+            return self._inner.is_completed()
+
+        def is_success(self) -> bool:
+            return self._inner.is_success()
+
+        def exception(self) -> Any:
+            return self._inner.exception()
+
+        def source_rank(self) -> int:
+            return self._inner.source_rank()
+
+        def result(self) -> Any:
+            return self._inner.result()
+
+        def synchronize(self) -> None:
+            self._inner.synchronize()
+
+        def get_future(self) -> Any:
+            return self._inner.get_future()
+
+    return TimedWork
 
 
 _c10d_cache: list = []
@@ -780,7 +880,7 @@ def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Calla
                 pass
             raise
         try:
-            rec.after(ctx, out)
+            return rec.after(ctx, out)
         except Exception as exc:
             rec._fail(f"recording failed: {exc!r}")
             rec.missed()
