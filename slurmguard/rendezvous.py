@@ -36,7 +36,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 #: candidate beacon ports: PORT_LOW + offset, offset in [0, PORT_SPAN)
 PORT_LOW = 20000

@@ -9,7 +9,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import textwrap
@@ -30,8 +29,9 @@ TRAIN = textwrap.dedent('''
           "SG=" + ",".join(sorted(k for k in os.environ if k.startswith("SLURMGUARD_"))),
           flush=True)
     import torch, torch.distributed as dist
+    from slurmguard.rendezvous import init_process_group
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_process_group("gloo", rank, world)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(128, 128))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -50,12 +50,6 @@ TRAIN = textwrap.dedent('''
 
 STEPS = 8
 DDP_COUNT = 128 * 128 + 128
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +75,8 @@ def outdir():
 
 
 def run_batch(cluster, script: str, out: Path, *args: str, timeout: float = 240) -> tuple[int, str, str]:
-    jid = cluster.sbatch(script, "-o", str(out), *args)
+    # the time limit (min) ends a job that hangs before the test gives up on it
+    jid = cluster.sbatch(script, "-o", str(out), "--time=3", *args)
     state = cluster.wait_job(jid, timeout=timeout)
     text = out.read_text() if out.exists() else ""
     return jid, state, text
@@ -93,7 +88,7 @@ def ddp_script(tmp: Path) -> str:
     os.chmod(train, 0o644)
     return textwrap.dedent(f'''\
         #!/bin/bash
-        export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}
+        export MASTER_ADDR=127.0.0.1
         srun --kill-on-bad-exit=1 bash -c \\
           'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec {sys.executable} {train}'
         ''')

@@ -347,7 +347,8 @@ TORCH_CALLS = textwrap.dedent('''
     if rank == 0 and world > 1:
         for r in range(1, world):
             peers.append(subprocess.Popen([sys.executable] + sys.argv, env=dict(os.environ, RANK=str(r))))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from slurmguard.rendezvous import init_process_group
+    init_process_group("gloo", rank, world)
     hook = sys.modules.get("_slurmguard_torchhook")
     if hook is None or not hook.patch():
         sys.exit("the torch hook is not loaded")
@@ -483,12 +484,9 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
             jobs = []
             for guarded, nodelist in zip(order, sets):
                 tag = f"pair{p}-{'g' if guarded else 'u'}"
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", 0))
-                    port = sock.getsockname()[1]
                 batch_script = (
                     "#!/bin/bash\n"
-                    f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={port}\n"
+                    "export MASTER_ADDR=127.0.0.1\n"
                     f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.devcluster.train "
                     f"--iters {iters} --compute-ms {compute_ms} --ckpt {tmp / (tag + '-ckpt')} "
                     f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\n")
