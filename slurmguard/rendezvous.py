@@ -21,7 +21,9 @@ Here rank 0 never needs a chosen port to be free for its store:
   beacon, next) until they read their own id, then join the store.
 
 The id (``rdzv_id()``) names one rendezvous: the Slurm job, step and restart
-count, so a requeued job or another step never joins a stale store. The
+count, the cluster and the srun that launched the step, so a requeued job,
+another step, or the same job id on another cluster sharing the host never
+joins a foreign store. The
 candidates lie below Linux's default ephemeral range (32768-60999), where
 the kernel never hands out a port on its own; MASTER_PORT, when set, is
 tried first. The beacon closes once the process group is up (or after the
@@ -58,13 +60,22 @@ class RendezvousError(RuntimeError):
 
 def rdzv_id(env: Mapping[str, str] | None = None) -> str:
     """The identity of this rendezvous: SLURMGUARD_RDZV_ID when set, else the
-    Slurm job, step and restart count, else (no Slurm) MASTER_ADDR:MASTER_PORT."""
+    Slurm job, step, restart count, cluster and launching srun, else (no
+    Slurm) MASTER_ADDR:MASTER_PORT."""
     e = os.environ if env is None else env
     if e.get("SLURMGUARD_RDZV_ID"):
         return e["SLURMGUARD_RDZV_ID"]
     if e.get("SLURM_JOB_ID"):
-        return "slurm-{}.{}.{}".format(e["SLURM_JOB_ID"], e.get("SLURM_STEP_ID", "0"),
-                                       e.get("SLURM_RESTART_COUNT", "0"))
+        ident = "slurm-{}.{}.{}".format(e["SLURM_JOB_ID"], e.get("SLURM_STEP_ID", "0"),
+                                        e.get("SLURM_RESTART_COUNT", "0"))
+        # job ids repeat across clusters (every dev cluster starts at 1, several
+        # share one host): the cluster, and the srun that launched the step (its
+        # host and the port it holds while the step lives), make the id unique
+        if e.get("SLURM_CLUSTER_NAME"):
+            ident += "-" + e["SLURM_CLUSTER_NAME"]
+        if e.get("SLURM_SRUN_COMM_HOST") and e.get("SLURM_SRUN_COMM_PORT"):
+            ident += "@{}:{}".format(e["SLURM_SRUN_COMM_HOST"], e["SLURM_SRUN_COMM_PORT"])
+        return "".join(c for c in ident if not c.isspace())
     return "local-{}:{}".format(e.get("MASTER_ADDR", "127.0.0.1"), e.get("MASTER_PORT", "0"))
 
 

@@ -63,6 +63,11 @@ def test_candidates_follow_master_port_then_the_id_below_the_ephemeral_range():
     assert rendezvous.candidates("slurm-7.0.0", {}) != rendezvous.candidates("slurm-7.0.1", {})
     assert rendezvous.rdzv_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2",
                                "SLURM_RESTART_COUNT": "1"}) == "slurm-7.2.1"
+    # the same job id on two clusters sharing a host (every dev cluster starts at 1)
+    step = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_CLUSTER_NAME": "dev",
+            "SLURM_SRUN_COMM_HOST": "127.0.0.1"}
+    a, b = (rendezvous.rdzv_id({**step, "SLURM_SRUN_COMM_PORT": p}) for p in ("40001", "40002"))
+    assert a == "slurm-1.0.0-dev@127.0.0.1:40001" and a != b
 
 
 def test_ranks_meet_when_master_port_is_held_by_a_silent_listener_and_a_foreign_beacon(tmp_path):
