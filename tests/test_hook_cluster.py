@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slurm
 
 TRAIN = textwrap.dedent('''
     import hashlib, os, sys
+    from slurmguard.rendezvous import rdzv_id
     print("TASK", os.environ["SLURM_PROCID"], "LD_PRELOAD=" + os.environ.get("LD_PRELOAD", ""),
+          "RDZV=" + rdzv_id(),
           "PYTHONPATH=" + os.environ.get("PYTHONPATH", ""),
           "SG=" + ",".join(sorted(k for k in os.environ if k.startswith("SLURMGUARD_"))),
           flush=True)
@@ -124,6 +126,10 @@ def test_guarded_and_unguarded_ddp_over_two_nodes(devcluster, guard, tmp_path):
     hook, site = str(guard["build"].hook), str(guard["build"].torch_site)
     t = tasks(out)
     assert set(t) == {"0", "1"}
+    # one rendezvous for the step, named after its srun: job ids repeat across
+    # the dev clusters sharing this host
+    assert t["0"]["RDZV"] == t["1"]["RDZV"]
+    assert re.fullmatch(rf"slurm-{jid}\.0\.0-\w+@[\w.-]+:\d+", t["0"]["RDZV"]), t["0"]["RDZV"]
     for env in t.values():
         assert env["LD_PRELOAD"] == hook and env["PYTHONPATH"] == site
         assert env["SG"] == ("SLURMGUARD_JOB_ID,SLURMGUARD_NCCL_HOOK,SLURMGUARD_RING_DIR,"
