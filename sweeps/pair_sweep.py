@@ -9,8 +9,9 @@ Launched by srun with one task per node (sweeps/templates/pair_sweep.sbatch):
 
     srun python sweeps/pair_sweep.py --out result.json --node-under-test n2 --reference n1
 
-Rank and size come from SLURM_PROCID / SLURM_NTASKS, the rendezvous from MASTER_ADDR /
-MASTER_PORT. Each task starts one worker per local GPU (global rank = node rank * GPUs +
+Rank and size come from SLURM_PROCID / SLURM_NTASKS, the rendezvous through
+slurmguard.rendezvous at MASTER_ADDR (MASTER_PORT, when set, is where rank 0's beacon is
+looked for first). Each task starts one worker per local GPU (global rank = node rank * GPUs +
 GPU index; NCCL); on CPU one worker per --cpu-devices (gloo over TCP). Node rank 0 writes
 the result (kind "pair" for 2 nodes, "multi" above). Exit status as node_sweep.py.
 """
@@ -18,7 +19,6 @@ the result (kind "pair" for 2 nodes, "multi" above). Exit status as node_sweep.p
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import socket
@@ -33,6 +33,7 @@ if __package__ in (None, ""):
 import sweeplib as sl  # noqa: E402
 
 from slurmguard.config import load_policy  # noqa: E402
+from slurmguard import rendezvous  # noqa: E402
 from slurmguard.errors import SlurmguardError  # noqa: E402
 from slurmguard.sweeps import tools  # noqa: E402
 from slurmguard.sweeps.schedule import ring_passes, tree_passes  # noqa: E402
@@ -68,7 +69,6 @@ def run(argv: list[str] | None = None) -> int:
     if nnodes < 2 or node_rank >= nnodes:
         raise SlurmguardError(f"a pair sweep needs 2+ tasks, got rank {node_rank} of {nnodes}")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = _env_int("MASTER_PORT")
     node = sl.node_name(args.node)
     fault, injected = sl.fault_for(node)
     sl.apply_start_faults(fault)
@@ -77,15 +77,17 @@ def run(argv: list[str] | None = None) -> int:
     device = sl.pick_device(settings.device)
     device_name, count = sl.device_inventory(device, args.cpu_devices)
     started = sl.now()
-    timeout = datetime.timedelta(seconds=settings.comm_timeout_s)
-    # one store for the whole sweep, hosted by node rank 0: first the node inventory,
-    # then (under a prefix) the process group, finally errors and a done handshake
-    store = sl.dist.TCPStore(addr, port, world_size=None, is_master=node_rank == 0,
-                             timeout=timeout, wait_for_workers=False)
+    # one store for the whole sweep, hosted by node rank 0 on a port it binds as it
+    # starts (MASTER_PORT: where its beacon is looked for first): first the node
+    # inventory, then (under a prefix) the process group, finally errors and a done
+    # handshake
+    rdzv = rendezvous.connect(node_rank, addr=addr, timeout_s=settings.comm_timeout_s)
+    store = rdzv.store
     store.set(f"node/{node_rank}", json.dumps({"name": node, "devices": count,
                                                "device_name": device_name,
                                                "injected": injected}))
     infos = [json.loads(store.get(f"node/{r}")) for r in range(nnodes)]
+    rdzv.close()  # every node has joined
     names = tuple(i["name"] for i in infos)
     errors: list[dict[str, str]] = []
     data: dict[str, Any] = {"transfers": [], "allreduce": []}
@@ -97,7 +99,7 @@ def run(argv: list[str] | None = None) -> int:
             f"{i['name']}={i['devices']}" for i in infos)})
     else:
         base = dict(backend="nccl" if device == "cuda" else "gloo", store_host=addr,
-                    store_port=port, world=nnodes * count, device=device, node_rank=node_rank,
+                    store_port=store.port, world=nnodes * count, device=device, node_rank=node_rank,
                     gpus_per_node=count, settings=settings, fault=fault, node_names=names,
                     schedules=schedules_for(nnodes), task="passes")
         specs = [sl.WorkerSpec(rank=node_rank * count + g, local_index=g, **base)

@@ -61,6 +61,9 @@ def test_report_lines():
     assert "2.0 collective(s) x 28.0 us = 56.0 us = 0.070% of a step" in text2
     assert "overhead +0.50% (95% interval -0.10% .. +0.90%; meets target < 1%)" in text
     assert "per pair: +1.00%, +0.00%, +0.00%" in text
+    s.aborted, s.lost = {"guarded": 1, "unguarded": 2}, 3
+    assert ("jobs: 3 guarded, 3 unguarded; aborted in teardown (pytorch issue 190489): "
+            "guarded 1, unguarded 2; guarded rings: 3 records lost") in report(None, None, s)
     assert "2.0 collective(s) x 30.0 us = 60.0 us = 0.075% of a step" in text
 
 

@@ -9,7 +9,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import sys
 import tempfile
 import textwrap
@@ -25,13 +24,16 @@ pytestmark = pytest.mark.slurm
 
 TRAIN = textwrap.dedent('''
     import hashlib, os, sys
+    from slurmguard.rendezvous import rdzv_id
     print("TASK", os.environ["SLURM_PROCID"], "LD_PRELOAD=" + os.environ.get("LD_PRELOAD", ""),
+          "RDZV=" + rdzv_id(),
           "PYTHONPATH=" + os.environ.get("PYTHONPATH", ""),
           "SG=" + ",".join(sorted(k for k in os.environ if k.startswith("SLURMGUARD_"))),
           flush=True)
     import torch, torch.distributed as dist
+    from slurmguard.rendezvous import init_process_group
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    init_process_group("gloo", rank, world)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(128, 128))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -50,12 +52,6 @@ TRAIN = textwrap.dedent('''
 
 STEPS = 8
 DDP_COUNT = 128 * 128 + 128
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +77,8 @@ def outdir():
 
 
 def run_batch(cluster, script: str, out: Path, *args: str, timeout: float = 240) -> tuple[int, str, str]:
-    jid = cluster.sbatch(script, "-o", str(out), *args)
+    # the time limit (min) ends a job that hangs before the test gives up on it
+    jid = cluster.sbatch(script, "-o", str(out), "--time=3", *args)
     state = cluster.wait_job(jid, timeout=timeout)
     text = out.read_text() if out.exists() else ""
     return jid, state, text
@@ -93,7 +90,7 @@ def ddp_script(tmp: Path) -> str:
     os.chmod(train, 0o644)
     return textwrap.dedent(f'''\
         #!/bin/bash
-        export MASTER_ADDR=127.0.0.1 MASTER_PORT={free_port()}
+        export MASTER_ADDR=127.0.0.1
         srun --kill-on-bad-exit=1 bash -c \\
           'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec {sys.executable} {train}'
         ''')
@@ -129,6 +126,10 @@ def test_guarded_and_unguarded_ddp_over_two_nodes(devcluster, guard, tmp_path):
     hook, site = str(guard["build"].hook), str(guard["build"].torch_site)
     t = tasks(out)
     assert set(t) == {"0", "1"}
+    # one rendezvous for the step, named after its srun: job ids repeat across
+    # the dev clusters sharing this host
+    assert t["0"]["RDZV"] == t["1"]["RDZV"]
+    assert re.fullmatch(rf"slurm-{jid}\.0\.0-\w+@[\w.-]+:\d+", t["0"]["RDZV"]), t["0"]["RDZV"]
     for env in t.values():
         assert env["LD_PRELOAD"] == hook and env["PYTHONPATH"] == site
         assert env["SG"] == ("SLURMGUARD_JOB_ID,SLURMGUARD_NCCL_HOOK,SLURMGUARD_RING_DIR,"

@@ -349,5 +349,11 @@ def test_work_in_flight_at_the_end_is_recorded_or_counted_lost(spank_build, tmp_
         assert [bool(x.flags & ring.F_ERROR) for x in recs] == [False, True]
         assert h.overwritten == 0
     else:
-        assert [bool(x.flags & ring.F_ERROR) for x in recs] == [False]
-        assert h.overwritten == 1  # the call in flight, counted lost
+        # the call in flight at exit is counted lost; if rank 0 reached its exit
+        # only after rank 1 had left (more than 3 s: a failure of this test with
+        # the 2-core machine at load 25 fits that), the call had failed by then
+        # and is recorded with the error flag instead: one of the two, never
+        # neither or both
+        errors = [bool(x.flags & ring.F_ERROR) for x in recs]
+        assert errors in ([False], [False, True]), errors
+        assert h.overwritten + errors.count(True) == 1, (errors, h.overwritten)

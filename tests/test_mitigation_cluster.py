@@ -21,7 +21,6 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
     st = run.cluster.state_dir
     script = (
         "#!/bin/bash\n"
-        "export MASTER_PORT=$((21000 + SLURM_JOB_ID % 20000))\n"
         f"export SLURMGUARD_CONTROLLER_URL={run.guard.controller_url}\n"
         f"srun {sys.executable} -m slurmguard.devcluster.train --iters 700 --compute-ms 80 "
         f"--microbatches 16 --plan-every 5 --ckpt {st}/ckpt-$SLURM_JOB_ID "

@@ -20,9 +20,8 @@ from tests.fixtures.common import wait_for
 
 
 def _script(shape: str, steps: int, ckpt: Path, *extra: str) -> str:
+    # no MASTER_PORT: the ranks meet through slurmguard.rendezvous
     return ("#!/bin/bash\n"
-            f"export MASTER_PORT=$({sys.executable} -c 'import socket; s=socket.socket(); "
-            "s.bind((\"\", 0)); print(s.getsockname()[1])')\n"
             f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.workloads {shape} "
             f"--steps {steps} --ckpt-dir {ckpt} {' '.join(extra)}\n")
 

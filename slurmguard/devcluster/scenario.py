@@ -116,10 +116,8 @@ class Scenario:
         st = self.cluster.state_dir
         script = (
             "#!/bin/bash\n"
-            # rank 0 runs on this (the first) node: a free port here, not one
-            # derived from the job id (other dev clusters share the host)
-            f"export MASTER_PORT=$({sys.executable} -c 'import socket; s=socket.socket(); "
-            "s.bind((\"\", 0)); print(s.getsockname()[1])')\n"
+            # no MASTER_PORT: rank 0 binds its rendezvous port as it starts
+            # (slurmguard.rendezvous; other dev clusters share the host)
             # the checkpoint signal may reach the batch shell (--signal=B:USR1, or a
             # scancel --batch) or the ranks directly: the shell passes it on to srun,
             # which forwards it to every task
@@ -151,7 +149,6 @@ class Scenario:
         st = self.cluster.state_dir
         script = (
             "#!/bin/bash\n"
-            "export MASTER_PORT=$((21000 + SLURM_JOB_ID % 20000))\n"
             f"srun {sys.executable} -m slurmguard.devcluster.train --iters {iters} "
             f"--compute-ms {compute_ms} --ckpt {st}/ckpt-$SLURM_JOB_ID "
             f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n")

@@ -53,9 +53,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     job = int(os.environ.get("SLURM_JOB_ID", "0"))
     node = os.environ.get("SLURMD_NODENAME", socket.gethostname())
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(21000 + job % 20000))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=__import__("datetime").timedelta(seconds=120))
+    from slurmguard.rendezvous import init_process_group
+
+    init_process_group("gloo", rank, world, timeout_s=120)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     ddp = torch.nn.parallel.DistributedDataParallel(model)

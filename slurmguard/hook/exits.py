@@ -63,6 +63,24 @@ ENDINGS: dict[str, str] = {
     "startup": "sys.exit(4) right after importing torch.distributed (all ranks)",
 }
 
+#: endings Slurm sends mid-training (the job trains until they come; only
+#: on a cluster: the stress test's batch script sends them once both ranks
+#: have printed ``STEP <rank> SIGNAL_AFTER``). Every task of the job step
+#: gets the signal.
+SLURM_ENDINGS: dict[str, str] = {
+    "slurm-term": "scancel --signal=TERM mid-training (all ranks), default disposition",
+    "slurm-usr1": "scancel --signal=USR1 mid-training (all ranks), default disposition",
+    "slurm-kill": "job cancel (scancel) mid-training: SIGTERM, which the job's own handler "
+                  "notes and trains on (a checkpoint outlasting KillWait), then SIGKILL",
+}
+#: the signal that ends each Slurm-sent ending's ranks
+SLURM_SIGNALS = {"slurm-term": signal.SIGTERM, "slurm-usr1": signal.SIGUSR1,
+                 "slurm-kill": signal.SIGKILL}
+#: the Slurm-sent endings' signal comes once both ranks printed this step
+SIGNAL_AFTER = 3
+#: a Slurm-sent ending's job stops training here when no signal came
+LONG_STEPS = 1500
+
 # exit status of rank 1 per ending (rank 0: 0, except where the ending
 # concerns all ranks); negative: killed by that signal
 _RANK1_STATUS = {"sys-exit": 3, "raise": 1, "sigterm": -signal.SIGTERM, "sigterm-handler": 7,
@@ -71,7 +89,7 @@ _ALL_STATUS = {"startup": 4}
 #: endings where no rank reaches interpreter finalisation with gloo started,
 #: so the upstream race cannot strike (in all others rank 0 at least exits
 #: normally after destroy_process_group)
-RACE_FREE = frozenset({"finish", "startup"})
+RACE_FREE = frozenset({"finish", "startup", *SLURM_ENDINGS})
 ABORT_MESSAGE = "terminate called without an active exception"
 
 JOB = textwrap.dedent('''
@@ -87,12 +105,15 @@ JOB = textwrap.dedent('''
         if ending == "startup":
             sys.exit(4)
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        from slurmguard.rendezvous import init_process_group
+        init_process_group("gloo", rank, world)
         if ending == "sigterm-handler" and rank == 1:
             def on_term(signum, frame):
                 print("TERM", rank, flush=True)
                 sys.exit(7)
             signal.signal(signal.SIGTERM, on_term)
+        if ending == "slurm-kill":
+            signal.signal(signal.SIGTERM, lambda signum, frame: print("TERM", rank, flush=True))
         torch.manual_seed(0)
         if ending == "no-collective":
             model = torch.nn.Linear(32, 4)
@@ -104,7 +125,16 @@ JOB = textwrap.dedent('''
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         gen = torch.Generator().manual_seed(11 + rank)
         data = [torch.randn(8, 32, generator=gen) for _ in range({steps})]
-        if ending.startswith("loader-"):
+        if ending.startswith("slurm-"):
+            # train until Slurm's signal ends the job; a step line once the
+            # step's collectives are done (and their records written)
+            def paced():
+                for i in range({long_steps}):
+                    yield torch.randn(8, 32, generator=gen)
+                    time.sleep(0.02)
+                    print("STEP", rank, i, flush=True)
+            batches = paced()
+        elif ending.startswith("loader-"):
             from torch.utils.data import DataLoader
             batches = DataLoader(data, batch_size=None, num_workers=2,
                                  multiprocessing_context=ending.split("-")[1])
@@ -157,7 +187,7 @@ JOB = textwrap.dedent('''
 
     if __name__ == "__main__":  # spawned DataLoader workers import this file
         main(sys.argv[1], sys.argv[2])
-''').format(steps=STEPS)
+''').format(steps=STEPS, long_steps=LONG_STEPS)
 
 
 def write_job(directory: Path) -> Path:
@@ -171,7 +201,14 @@ def expected_status(ending: str, rank: int) -> int:
     """Exit status of `rank` (negative: the signal that killed it)."""
     if ending in _ALL_STATUS:
         return _ALL_STATUS[ending]
+    if ending in SLURM_SIGNALS:
+        return -SLURM_SIGNALS[ending]
     return _RANK1_STATUS.get(ending, 0) if rank == 1 else 0
+
+
+def ops_per_step(shape: str) -> int:
+    """Training records one step adds to a rank's ring."""
+    return 1 if shape == "ddp" else 2
 
 
 def trained(ending: str) -> bool:
@@ -181,7 +218,10 @@ def trained(ending: str) -> bool:
 def expected_counts(shape: str, ending: str, rank: int) -> dict[str, int]:
     """Training records `rank`'s ring must hold: op name -> how many
     records of the shape's payload (DDP_COUNT all-reduces, PIPE_COUNT
-    send/recv). Empty: no training collective."""
+    send/recv). Empty: no training collective. The Slurm-sent endings stop
+    training at a step the job prints (see the stress test)."""
+    if ending in SLURM_ENDINGS:
+        raise ValueError(f"{ending}: the count depends on when the signal came")
     if not trained(ending):
         return {}
     if shape == "ddp":

@@ -20,8 +20,9 @@ examples (a 2-node job, one task per node; 2d wants 2 tasks per node):
 
 Rank, world size and local rank come from Slurm (SLURM_PROCID, SLURM_NTASKS,
 SLURM_LOCALID; torchrun's RANK/WORLD_SIZE/LOCAL_RANK otherwise), the rendezvous
-from MASTER_ADDR/MASTER_PORT (default: the first node's address, a port from the
-job id). Everything runs on CPU with gloo, one thread per rank.
+through slurmguard.rendezvous at MASTER_ADDR (default: the first node's address;
+rank 0 binds its port as it starts). Everything runs on CPU with gloo, one thread
+per rank.
 
 Checkpoints (torch.distributed.checkpoint) go to --ckpt-dir, which every node
 must see: every --ckpt-every steps, on SIGUSR1 (slurmguard's or Slurm's

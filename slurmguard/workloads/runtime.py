@@ -3,9 +3,10 @@ model and data, checkpoint/resume, the per-rank step log, and the stop rule.
 
 Rank and world come from SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID (torchrun's
 RANK / WORLD_SIZE / LOCAL_RANK are honoured when Slurm's are absent), the
-rendezvous from MASTER_ADDR / MASTER_PORT (default: the first node of the job
-and a port derived from the job id). Everything runs on CPU with gloo, one
-intra-op thread per rank, like one GPU per rank on a real node.
+rendezvous through slurmguard.rendezvous at MASTER_ADDR (default: the first
+node of the job; rank 0 binds its store port when it starts). Everything
+runs on CPU with gloo, one intra-op thread per rank, like one GPU per rank on
+a real node.
 
 Per-rank step log (JSON lines, appended across restarts), one line per
 optimizer step, measured by the job itself:
@@ -22,7 +23,6 @@ ckpt_s: the checkpoint written after this step (0 when none).
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -90,15 +90,16 @@ def slurm_env() -> Env:
               job_id=job, restart=pick("SLURM_RESTART_COUNT", default="0"))
     if "MASTER_ADDR" not in e:
         e["MASTER_ADDR"] = _first_node_addr()
-    # a restarted job gets a fresh port: the old one may linger in TIME_WAIT
-    e.setdefault("MASTER_PORT", str(20000 + (job * 7 + env.restart) % 20000))
     return env
 
 
 def init(env: Env, timeout_s: float = 120.0) -> None:
+    from slurmguard.rendezvous import init_process_group
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=env.rank, world_size=env.world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    # the rendezvous id includes SLURM_RESTART_COUNT: a requeued job never
+    # joins its previous run's store
+    init_process_group("gloo", env.rank, env.world, timeout_s=timeout_s)
 
 
 # ------------------------------------------------------------------ model and data
