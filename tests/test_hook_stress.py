@@ -26,9 +26,9 @@ the hook did.
 
 All jobs are submitted at once; the 4-node cluster runs 4 of them side by
 side (one CPU per task). Each task starts Python and imports torch (about 2
-CPU seconds), so the 75 jobs need roughly 450 CPU seconds: about 4 minutes
-on an idle 2-core machine (estimated); 13 minutes measured while other test
-runs kept the 2-core development machine at a load average of 17 to 21.
+CPU seconds). Measured on the 2-core development machine: 5.7 minutes with
+it otherwise nearly idle (load average 1 before the run), 13 to 16 minutes
+while other test runs kept it at a load average of 17 to 25.
 """
 
 from __future__ import annotations
