@@ -53,14 +53,36 @@ MAD_SD = 1.4826
 MEDIAN_SE = 1.2533
 
 
+def _since(steps, since: float | None):
+    """The iterations of a rank's window that ended after `since` (all for None)."""
+    if hasattr(steps, "since"):  # the controller's compact window (controller.fleet.StepWindow)
+        return steps.since(since)
+    return steps if since is None else [s for s in steps if s.end > since]
+
+
 def _recent(r: RankReport, since: float | None, n: int):
     """The rank's last n iterations that ended after `since`."""
-    if hasattr(r.steps, "since"):  # the controller's compact window (controller.fleet.StepWindow)
-        return r.steps.since(since)[-n:]
-    tail = r.steps[-n:]
-    if since is not None and tail and tail[0].end <= since:
-        tail = [s for s in tail if s.end > since]
-    return tail
+    return _since(r.steps[-n:], since)
+
+
+def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
+    """(step_s, comm_s) of the windows as (ranks, longest) arrays, right-aligned
+    (the same column is about the same time) and NaN-padded; the controller's
+    compact windows of one length are stacked without a Python loop."""
+    arrays = [getattr(w, "columns", None) for w in windows]
+    if all(a is not None for a in arrays) and len({a.shape for a in arrays}) == 1:
+        a = np.stack(arrays)  # (ranks, 3, n): end, step_s, comm_s
+        return a[:, 1, :], a[:, 2, :]
+    width = max(len(w) for w in windows)
+    step = np.full((len(windows), width), np.nan)
+    comm = np.full((len(windows), width), np.nan)
+    for i, w in enumerate(windows):
+        if hasattr(w, "step_s"):
+            step[i, width - len(w):], comm[i, width - len(w):] = w.step_s, w.comm_s
+        else:
+            step[i, width - len(w):] = [s.step_s for s in w]
+            comm[i, width - len(w):] = [s.comm_s for s in w]
+    return step, comm
 
 
 def _median_without_self(v: np.ndarray) -> np.ndarray:
@@ -96,8 +118,7 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     cfg = DetectorConfig.from_policy(policy)
 
     def window(r: RankReport):
-        steps = (r.steps.since(since) if hasattr(r.steps, "since")
-                 else [s for s in r.steps if since is None or s.end > since])
+        steps = _since(r.steps, since)
         if since is None and len(r.steps) == r.total_steps:
             steps = steps[cfg.warmup:]  # the window starts at the job's start: skip its warm-up
         return steps
@@ -115,13 +136,10 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
         rows = rows[:MAX_JUDGED]
     if not rows:
         return None, None, 0
-    quick = _within_baseline(rows, policy)
+    x, _ = _columns([steps for _, steps in rows])
+    quick = _within_baseline(x, [r.baseline_step_s for r, _ in rows], policy)
     if quick is not None:
         return quick, None, len(rows)
-    T = len(rows[0][1])
-    x = np.full((len(rows), T), np.nan)
-    for i, (_, steps) in enumerate(rows):  # right-aligned: the same column is about the same time
-        x[i, T - len(steps):] = [s.step_s for s in steps]
     det = StepDetector(len(rows), cfg, baseline_s=np.array([r.baseline_step_s for r, _ in rows]),
                        warmup=0, learn=min(cfg.learn, len(rows[-1][1])))
     det.run(x)
@@ -139,26 +157,18 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     return current, onset, len(rows)
 
 
-def _within_baseline(rows: list, policy: Policy) -> float | None:
-    """A job whose every judged iteration is within response.tiers.moderate_slowdown
-    of the job's baseline cannot be judged slow by the detector (its level is an
-    average of such iterations): the median of the ranks' window medians then
-    stands for the current step, and the detector is not run (at 1,000 jobs a
-    cycle, running it over every healthy window costs tens of seconds). None: the
+def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> float | None:
+    """A job whose every judged iteration (x: the ranks' step times, s, one row
+    a rank, NaN-padded) is within response.tiers.moderate_slowdown of the job's
+    baseline cannot be judged slow by the detector (its level is an average of
+    such iterations): the median of the ranks' window medians then stands for
+    the current step, and the detector is not run (at 1,000 jobs a cycle,
+    running it over every healthy window costs tens of seconds). None: the
     detector must judge."""
-    limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(
-        np.median([r.baseline_step_s for r, _ in rows]))
-    cols = [getattr(steps, "columns", None) for _, steps in rows]
-    if all(c is not None for c in cols) and len({c.shape for c in cols}) == 1:
-        x = np.stack(cols)[:, 1, :]  # (ranks, steps): the controller's compact windows
-        return None if x.max() >= limit else float(np.median(np.median(x, axis=1)))
-    meds = []
-    for _, steps in rows:
-        x = steps.step_s if hasattr(steps, "step_s") else np.fromiter((s.step_s for s in steps), float)
-        if x.max() >= limit:
-            return None
-        meds.append(float(np.median(x)))
-    return float(np.median(meds))
+    limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(np.median(baselines))
+    if np.nanmax(x) >= limit:
+        return None
+    return float(np.median(np.nanmedian(x, axis=1)))
 
 
 def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -166,20 +176,8 @@ def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     (step - comm, s) and the standard error of that median (s, from the robust
     spread: MEDIAN_SE x MAD_SD x MAD / sqrt(m); inf under 2 iterations), as
     arrays in one pass over all ranks (O(ranks x window))."""
-    arrays = [getattr(w, "columns", None) for w in windows]
-    if all(a is not None for a in arrays) and len({a.shape for a in arrays}) == 1:
-        a = np.stack(arrays)  # (ranks, 3, n): the controller's compact windows, all one length
-        step, comp = a[:, 1, :], a[:, 1, :] - a[:, 2, :]
-    else:
-        width = max(len(w) for w in windows)
-        step = np.full((len(windows), width), np.nan)
-        comp = np.full((len(windows), width), np.nan)
-        for i, w in enumerate(windows):
-            if hasattr(w, "step_s"):
-                step[i, width - len(w):], comp[i, width - len(w):] = w.step_s, w.step_s - w.comm_s
-            else:
-                step[i, width - len(w):] = [s.step_s for s in w]
-                comp[i, width - len(w):] = [s.step_s - s.comm_s for s in w]
+    step, comm = _columns(windows)
+    comp = step - comm
     with np.errstate(all="ignore"):
         med_step = np.nanmedian(step, axis=1)
         med_comp = np.nanmedian(comp, axis=1)
