@@ -304,20 +304,29 @@ def measure_nccl_calls(runner: CommandRunner, calls: int, rounds: int, repeats: 
         "reference": {"LD_PRELOAD": str(BUILD / "tests" / "libref_shim.so"),
                       "SLURMGUARD_RING_DIR": ""},
     }
+    wall, cpu = _rotated_medians(SETUPS, configs, ring_dir, repeats,
+                                 lambda env: _ns_per_call(runner, calls, rounds, env))
+    return CallCost(calls_per_round=calls, rounds=rounds, runs=repeats, clocksource=_clocksource(),
+                    wall_ns=wall, cpu_ns=cpu)
+
+
+def _rotated_medians(setups: tuple[str, ...], configs: dict[str, dict[str, str]], ring_dir: str,
+                     repeats: int, measure) -> tuple[dict[str, float], dict[str, float]]:
+    """Median (wall ns, CPU ns) per call of each setup over `repeats` runs of
+    measure(env), the setups' order rotated each run so slow drift of the
+    machine hits all alike, the ring directory emptied before each run and
+    removed at the end."""
     samples: dict[str, list[tuple]] = {k: [] for k in configs}
     try:
         for rep in range(repeats):
-            # rotate the order so slow drift of the machine hits all alike
-            names = list(SETUPS[rep % 4:] + SETUPS[:rep % 4])
-            for name in names:
+            for name in setups[rep % len(setups):] + setups[:rep % len(setups)]:
                 for f in os.listdir(ring_dir):
                     os.unlink(os.path.join(ring_dir, f))
-                samples[name].append(_ns_per_call(runner, calls, rounds, configs[name]))
+                samples[name].append(measure(configs[name]))
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)
-    return CallCost(calls_per_round=calls, rounds=rounds, runs=repeats, clocksource=_clocksource(),
-                    wall_ns={k: statistics.median(w for w, _ in v) for k, v in samples.items()},
-                    cpu_ns={k: statistics.median(c for _, c in v) for k, v in samples.items()})
+    return ({k: statistics.median(w for w, _ in v) for k, v in samples.items()},
+            {k: statistics.median(c for _, c in v) for k, v in samples.items()})
 
 
 GPU_SETUPS = ("base", "host", "events", "reference")
@@ -337,21 +346,11 @@ def measure_gpu_calls(runner: CommandRunner, calls: int, rounds: int, repeats: i
         # no hook; the program records two events around each call itself
         "reference": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": "", "BENCH_REF_EVENTS": "1"},
     }
-    samples: dict[str, list[tuple]] = {k: [] for k in configs}
-    try:
-        for rep in range(repeats):
-            names = list(GPU_SETUPS[rep % 4:] + GPU_SETUPS[:rep % 4])
-            for name in names:
-                for f in os.listdir(ring_dir):
-                    os.unlink(os.path.join(ring_dir, f))
-                samples[name].append(_ns_per_call(runner, calls, rounds, configs[name],
-                                                  program, (str(burst),)))
-    finally:
-        shutil.rmtree(ring_dir, ignore_errors=True)
+    wall, cpu = _rotated_medians(
+        GPU_SETUPS, configs, ring_dir, repeats,
+        lambda env: _ns_per_call(runner, calls, rounds, env, program, (str(burst),)))
     return GpuCallCost(calls_per_round=calls, rounds=rounds, runs=repeats, burst=burst,
-                       runtime="real" if real else "fake",
-                       wall_ns={k: statistics.median(w for w, _ in v) for k, v in samples.items()},
-                       cpu_ns={k: statistics.median(c for _, c in v) for k, v in samples.items()})
+                       runtime="real" if real else "fake", wall_ns=wall, cpu_ns=cpu)
 
 
 TORCH_CALLS = textwrap.dedent('''
