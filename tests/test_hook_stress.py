@@ -116,8 +116,9 @@ def parse(text: str) -> dict[int, dict]:
         if rank not in tasks:
             continue
         tasks[rank]["lines"].append(body)
-        if body.startswith("EXIT "):
-            tasks[rank]["exit"] = int(body.split()[2])
+        ended = re.search(r"EXIT \d+ (\d+)$", body)
+        if ended:  # the wrapper's echo may follow a line the signal cut short
+            tasks[rank]["exit"] = int(ended.group(1))
         elif body.startswith("RESULT "):
             tasks[rank]["result"] = body
         elif body.startswith("STEP "):

@@ -88,8 +88,16 @@ def test_pipeline_checkpoints_on_sigusr1_and_resumes_after_requeue(clean_cluster
     saved = int((ckpt / "latest").read_text())
     for r in (0, 1):
         assert any(e["ckpt_s"] > 0 and e["iter"] == saved - 1 for e in _log(ckpt, r))
-    CommandSlurmClient(env=c.env, timeout_s=30).requeue(job, settle_s=30)
-    wait_for(lambda: [e for e in _log(ckpt, 1) if e["restart"] == 1], 240, "the restarted run")
+    slurm = CommandSlurmClient(env=c.env, timeout_s=30)
+    slurm.requeue(job, settle_s=30)
+
+    def restarted():
+        # the old run may take longer than settle_s to finish completing; the
+        # begin-time hold Slurm then sets is lifted here, as the controller
+        # does on its later cycles
+        slurm.release_requeue_hold(job)
+        return [e for e in _log(ckpt, 1) if e["restart"] == 1]
+    wait_for(restarted, 240, "the restarted run", interval=2.0)
     resumed = [e for e in _log(ckpt, 1) if e["restart"] == 1]
     assert resumed[0]["iter"] == saved
     c.run(["scancel", str(job)])

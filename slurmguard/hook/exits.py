@@ -132,7 +132,10 @@ JOB = textwrap.dedent('''
                 for i in range({long_steps}):
                     yield torch.randn(8, 32, generator=gen)
                     time.sleep(0.02)
-                    print("STEP", rank, i, flush=True)
+                    # one write: a print of several items is several writes
+                    # when unbuffered, and a TERM between them leaves half a line
+                    sys.stdout.write(f"STEP {{rank}} {{i}}\\n")
+                    sys.stdout.flush()
             batches = paced()
         elif ending.startswith("loader-"):
             from torch.utils.data import DataLoader
