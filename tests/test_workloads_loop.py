@@ -15,7 +15,6 @@ restart) about 5 min; all of them about 20 min. Unloaded, a fraction of that.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -25,20 +24,6 @@ from slurmguard.devcluster.scenario import MODERATE, SEVERE, Scenario
 from tests.fixtures.guard import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-# The severe/moderate drains of a 2-node job's capped node (ddp, fsdp, pp) failed
-# on the merged tree of session 3, also at load 1-3: after the cap, the healthy
-# peer's iteration structure changes and the agent re-learns its compute baseline;
-# until it has one the controller cannot compare the capped rank with anything and
-# names no node ("no other rank's compute is observable yet"), and in those runs
-# the re-learning outlasted the 120 s the tests wait (replaying the archived rings
-# through the merged and the workloads branch's analysis gives the same verdicts:
-# the agent's re-learning, not the merge). Opt-in (SLURMGUARD_WORKLOAD_LOOP=1)
-# until the peer keeps its baseline through a peer's slowdown (issue 12).
-_relearn = pytest.mark.skipif(
-    not os.environ.get("SLURMGUARD_WORKLOAD_LOOP"),
-    reason="issue 12: the healthy peer's baseline re-learning after a fault can outlast "
-           "the drain wait; SLURMGUARD_WORKLOAD_LOOP=1 runs it")
 
 BASELINE = 40  # steps: the agents' warm-up (5) and baseline (20) with margin
 HEALTHY = 30   # further healthy steps judged before the fault
@@ -68,7 +53,6 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float):
     return t_drain
 
 
-@_relearn
 @pytest.mark.parametrize("workload", ["ddp", "fsdp", "pp"])
 def test_healthy_run_untouched_then_capped_node_drained_and_job_moved(guarded, workload):
     run = guarded
@@ -173,7 +157,6 @@ def test_node_under_two_guarded_jobs_is_drained_once(guarded):
     run.cluster.run(["scancel", str(ja), str(jb)])
 
 
-@_relearn
 @pytest.mark.parametrize("workload", ["ddp"])
 def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
     run = guarded

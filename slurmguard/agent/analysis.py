@@ -194,7 +194,10 @@ class RankAnalyzer:
             links=link_reports(tr))
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
-        it = find_iterations(rank_ops(tr), self.detection.period)
+        # once a baseline is learned, its period holds while the ops still fit it
+        # (a checkpoint every N iterations is not a new iteration structure)
+        kept = self.structure[0] if self.structure and self.baseline_s is not None else None
+        it = find_iterations(rank_ops(tr), self.detection.period, keep_period=kept)
         if it is None:
             return []
         structure = (it.period, role_of(tr, it))

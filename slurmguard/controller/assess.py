@@ -34,7 +34,7 @@ from slurmguard.reports import RankReport
 from slurmguard.respond.tiers import Culprit, JobAssessment
 
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
-#: iterations whose median compute localises (a wide window: compute is a
+#: iterations whose (trimmed mean) compute localises (a wide window: compute is a
 #: noisier difference of two times than the step itself)
 LOCALISE_RECENT = 9
 #: a rank's compute is judged only when its baseline compute is at least this
@@ -47,10 +47,12 @@ OBSERVABLE_COMPUTE = 0.1
 #: The ByteDance study (paper 004, 5.1, Eq. 5) calls workers responsible for a
 #: job's slowdown when fixing them alone removes more than half of it.
 ATTRIBUTION = 0.5
-#: robust s.d. = this x the median absolute deviation; s.e. of a median of m
-#: samples ~ MEDIAN_SE x s.d. / sqrt(m)
-MAD_SD = 1.4826
-MEDIAN_SE = 1.2533
+#: share of a rank's window cut from each end before averaging its compute
+#: (a trimmed mean): one checkpoint or a scheduler hiccup does not move it,
+#: and unlike the median it follows a CPU cap that throttles some
+#: iterations once, some twice and leaves others alone (the window's compute
+#: is then three clusters, and its median jumps between them)
+TRIM = 0.2
 
 
 def _since(steps, since: float | None):
@@ -172,19 +174,33 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
 
 
 def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per window (a rank's recent iterations): median step (s), median compute
-    (step - comm, s) and the standard error of that median (s, from the robust
-    spread: MEDIAN_SE x MAD_SD x MAD / sqrt(m); inf under 2 iterations), as
-    arrays in one pass over all ranks (O(ranks x window))."""
+    """Per window (a rank's recent iterations): trimmed mean step (s), trimmed
+    mean compute (step - comm, s) and the standard error of the latter (s:
+    winsorized s.d. / ((1 - 2 TRIM) sqrt(m)), Tukey and McLaughlin; inf under
+    3 iterations), as arrays in one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
-    comp = step - comm
+    mean_step, _ = _trimmed(step)
+    mean_comp, se = _trimmed(step - comm)
+    return mean_step, mean_comp, se
+
+
+def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise TRIM-trimmed mean of a NaN-padded array and its standard error."""
+    m = np.sum(~np.isnan(x), axis=1)
+    g = np.floor(TRIM * m).astype(int)
+    srt = np.sort(x, axis=1)  # NaN last
+    col = np.arange(x.shape[1])[None, :]
+    inner = (col >= g[:, None]) & (col < (m - g)[:, None])
+    kept = np.maximum(m - 2 * g, 1)
+    mean = np.where(m > 0, np.where(inner, srt, 0.0).sum(axis=1) / kept, np.nan)
+    rows = np.arange(x.shape[0])
+    lo = srt[rows, np.minimum(g, x.shape[1] - 1)]
+    hi = srt[rows, np.clip(m - g - 1, 0, x.shape[1] - 1)]
     with np.errstate(all="ignore"):
-        med_step = np.nanmedian(step, axis=1)
-        med_comp = np.nanmedian(comp, axis=1)
-        m = np.sum(~np.isnan(comp), axis=1)
-        mad = np.nanmedian(np.abs(comp - med_comp[:, None]), axis=1)
-        se = np.where(m >= 2, MEDIAN_SE * MAD_SD * mad / np.sqrt(np.maximum(m, 1)), np.inf)
-    return med_step, med_comp, se
+        w = np.clip(x, lo[:, None], hi[:, None])
+        var = np.nanvar(w, axis=1, ddof=1)
+        se = np.sqrt(var) / ((1.0 - 2.0 * g / np.maximum(m, 1)) * np.sqrt(np.maximum(m, 1)))
+    return mean, np.where(m >= 3, se, np.inf)
 
 
 def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list],
@@ -208,9 +224,9 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     A rank is named only when its extra compute (over its same-role peers',
     or over its baseline scaled by the other ranks' growth) is beyond the
     noise of the window (policy detection.bocd.significance standard errors
-    of the two medians) and explains at least ATTRIBUTION of the job's
+    of the two trimmed means, see _window_stats) and explains at least ATTRIBUTION of the job's
     step-time growth over the same iterations (median over ranks of the
-    recent median step minus the baseline step). Ranks that share a machine
+    recent trimmed mean step minus the baseline step). Ranks that share a machine
     with other work all slow down together and differ by chance, in either
     direction: such a job-wide slowdown is not one node's, however large.
     The extra compute counts at the rank's observed compute share (its
@@ -280,12 +296,16 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
         base = c / ratio
         if n > 1:
             grown = float(peer_ratio[i] if peer[i] else all_ratio[i])
-            if ratio <= grown * (1.0 + excess):
-                continue
-            if peer[i] and c <= float(peer_comp[i]) * (1.0 + excess):
-                # ranks of one role do the same work: one that computes no longer
-                # than its peers is not their straggler, whatever its own baseline
-                # (a baseline learned during a slow spell makes any rank "grow")
+            if peer[i]:
+                # ranks of one role do the same work: their compute is compared
+                # directly. A rank that computes no longer than its peers is not
+                # their straggler, whatever its own baseline (a baseline learned
+                # during a slow spell makes any rank "grow"), and one that computes
+                # longer is, even when its own baseline was learned after the
+                # fault began (its growth against that baseline understates it)
+                if c <= float(peer_comp[i]) * (1.0 + excess):
+                    continue
+            elif ratio <= grown * (1.0 + excess):
                 continue
             if peer[i]:
                 expected = float(peer_comp[i])

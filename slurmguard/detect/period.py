@@ -222,6 +222,12 @@ SPLIT_RATIO = 1.2
 CONSISTENT_P = 1e-6
 #: largest multiple j tested
 MAX_SPLIT = 128
+#: largest multiple j still tested against a period kept by the caller
+#: (find_iterations' keep_period): a split into this many parts or fewer
+#: (a pipeline's micro-batches, a few equal buckets) can take longer to prove
+#: than the agent takes to learn a baseline, and is still found; a longer
+#: cycle is an interruption every N iterations (a checkpoint, an evaluation)
+KEPT_SPLIT = 8
 
 
 def _op_codes(ops: RankOps) -> np.ndarray:
@@ -275,6 +281,11 @@ def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     cols = g[:, pos::k][:, :j]
     hi = int(np.argmax(med[:, pos]))
     wins = int(np.count_nonzero(np.argmax(cols, axis=1) == hi))
+    # consistently: in most repetitions, not merely more often than chance (an
+    # interruption every few iterations, a checkpoint every 25 with j = 5, wins
+    # a fifth of the rows on its own and passes the binomial test alone)
+    if 2 * wins <= cols.shape[0]:
+        return False
     return float(bdtrc(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P  # binom.sf
 
 
@@ -297,7 +308,7 @@ def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.nd
     return None if it is None else it.anchors
 
 
-def _per_communicator(ops: RankOps, p: PeriodPolicy) -> Iterations | None:
+def _per_communicator(ops: RankOps, p: PeriodPolicy, keep_period: int | None) -> Iterations | None:
     """Iterations from one communicator's ops alone, busiest first: ops
     issued from several threads (a DP all-reduce thread beside the TP ops)
     interleave differently every iteration, while each communicator's own
@@ -309,18 +320,29 @@ def _per_communicator(ops: RankOps, p: PeriodPolicy) -> Iterations | None:
         idx = np.flatnonzero(ops.comm == c)
         sub = RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
                       ops.end_ns[idx])
-        it = find_iterations(sub, p, comm=int(c))
+        it = find_iterations(sub, p, comm=int(c), keep_period=keep_period)
         if it is not None:
             return Iterations(idx[it.anchors], it.period, it.signature)
     return None
 
 
 def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
-                    comm: int | None = None) -> Iterations | None:
+                    comm: int | None = None, keep_period: int | None = None) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
 
     comm: set when `ops` are one communicator's (the fallback when the
     interleaved sequence does not repeat, see _per_communicator).
+    keep_period: a period the caller has already measured the rank under (the
+    agent, once it has learned a baseline). While the ops still repeat
+    every `keep_period` ops with gaps that repeat too, it stays the
+    iteration, and only splits into up to KEPT_SPLIT parts are still tested
+    (a pipeline's micro-batches can take longer to prove than a baseline
+    takes to learn; the whole they make is then kept). A checkpoint or an
+    evaluation every N iterations makes N iterations repeat as a whole, and
+    by timing alone that cycle cannot be told from an iteration made of N
+    equal parts; taking it for the iteration once a baseline exists would
+    throw the baseline away and flip between near-multiples of the period
+    as the interruptions' timing varies.
 
     Greyhound's ACF finds a period in ops, but the symbols of real jobs
     often repeat within an iteration (DDP's equal-sized buckets, a pipeline
@@ -357,32 +379,48 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
             repeats[k] = bool(np.count_nonzero(r[:-k] == r[k:]) >= p.acf_threshold * (r.size - k))
         return repeats[k]
 
-    def accept(k: int) -> tuple[int, int] | int | None | bool:
-        """(k, first anchor) if k ops are one iteration; None if the gaps do
-        not repeat every k ops; j*k (an int) if k is a fraction of an
-        iteration that repeats every j*k ops; False if there are too few ops
-        to tell for k or any longer period."""
+    def place(k: int) -> tuple[int, int, np.ndarray] | None | bool:
+        """(phase start, anchor position, gaps) for k ops per iteration; None
+        if the gaps do not repeat every k ops; False if too few ops to tell."""
         start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
         gaps = np.diff(t[start:], prepend=t[start]).astype(np.float64)
         g = _gap_rows(gaps, k)
         if g is None:
             return False
-        anchor = int(np.argmax(np.median(g, axis=0)))
         if not _consistent(g):
             return None  # the gaps do not repeat every k ops: not an iteration length
-        for j in range(2, MAX_SPLIT + 1):
+        return start, int(np.argmax(np.median(g, axis=0))), gaps
+
+    def accept(k: int, max_split: int = MAX_SPLIT) -> tuple[int, int] | int | None | bool:
+        """(k, first anchor) if k ops are one iteration; None if the gaps do
+        not repeat every k ops; j*k (an int, j <= max_split) if k is a
+        fraction of an iteration that repeats every j*k ops; False if there
+        are too few ops to tell for k or any longer period."""
+        got = place(k)
+        if got is None or got is False:
+            return got
+        start, anchor, gaps = got
+        for j in range(2, max_split + 1):
             if j * k <= kmax and is_candidate(j * k) and _splits(gaps, k, anchor, j):
                 return j * k
         return k, start + anchor
+
+    chosen = None
+    k = keep_period
+    while chosen is None and k is not None and 1 <= k <= kmax and is_candidate(k):
+        kept = accept(k, KEPT_SPLIT)
+        if isinstance(kept, tuple):
+            chosen = kept
+        # a few parts of one iteration proven since: their whole is kept instead
+        k = kept if isinstance(kept, int) and not isinstance(kept, bool) else None
 
     # Smallest first. A k found to be a fraction of an iteration that repeats
     # every u ops makes u a unit: the iteration is a multiple of it, so lags
     # that are not (a 6 beside a pipeline stage's 8 ops: consistent at the
     # micro-batch level, never a boundary) are not taken when too few ops
     # exist yet to prove them wrong directly.
-    chosen = None
     unit = 1
-    for k in range(1, kmax + 1):
+    for k in range(1, kmax + 1 if chosen is None else 1):
         if k % unit or not is_candidate(k):
             continue
         got = accept(k)
@@ -394,7 +432,7 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
         if isinstance(got, int) and not isinstance(got, bool):
             unit = unit * got // math.gcd(unit, got)
     if chosen is None:
-        return _per_communicator(ops, p) if comm is None else None
+        return _per_communicator(ops, p, keep_period) if comm is None else None
     k, first = chosen
     anchors = keep[first::k]
     one = keep[first:first + k]
