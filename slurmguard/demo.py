@@ -50,7 +50,7 @@ def demo(state_dir: Path, workload: str, factor: float, sweep_wait: float, stop_
     step = _Steps()
     step(f"local Slurm cluster up: {', '.join(cluster.node_names)} (SLURM_CONF={cluster.conf_path})")
     try:
-        guard = Guard(cluster).start()
+        guard = Guard(cluster).start(fresh=True)
         step(f"slurmguard up: SPANK plugin in plugstack.conf, prolog/epilog, controller "
              f"{guard.controller_url} on {guard.db_url}, 4 agents (sim telemetry)")
         if sweep_wait > 0:

@@ -129,15 +129,23 @@ class Guard:
         else:
             f.write_text(f"{factor}\n")
 
-    def start(self) -> "Guard":
+    def start(self, fresh: bool = False) -> "Guard":
+        """Plugin, keys, policy, prolog/epilog, controller and agents up.
+        fresh: start clean, as the demo does: an empty database (sweep
+        baselines a previous run measured at another machine load are no
+        reference), no simulated telemetry faults and no sweep injections a
+        previous run left in the state directory."""
         from slurmguard.store import db
 
         build = build_plugin()
         self.write_keys()
         self.write_policy()
-        if not self.sim_profiles_path.exists():
+        if fresh or not self.sim_profiles_path.exists():
             self.set_sim_profiles({})
         self.inject_dir.mkdir(exist_ok=True)
+        if fresh:
+            for name in list(self.inject_dir.glob("*")):
+                name.unlink()
         # /dev/shm is world-writable: a user who made this name first must not own it
         secure_dir(Path(self.ring_root), 0o755)
         self.cluster.set_plugstack(
@@ -154,6 +162,8 @@ class Guard:
                 wrapper.write_text(f'#!/bin/sh\nSLURMGUARD_ENV_FILE={env_file} exec {script} "$@"\n')
                 wrapper.chmod(0o755)
                 getattr(self.cluster, f"set_{slot}")(wrapper)
+        if fresh:
+            self.db_path.unlink(missing_ok=True)
         db.upgrade(self.db_url)
         self.start_controller()
         for node in self.cluster.node_names:
