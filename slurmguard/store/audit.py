@@ -9,7 +9,7 @@ from typing import Any
 
 from slurmguard.store.checks import (
     DEFAULT_ACTOR,
-    argv as argv_list,
+    arg_list,
     check_actor,
     json_object,
     member,
@@ -52,7 +52,7 @@ class AuditLog(StoreCore):
         out = member(AuditOutcome, outcome, "audit outcome")
         if out is AuditOutcome.ERROR and not error:
             raise InvalidValue(f"audit {action}: outcome 'error' needs the error text")
-        args = None if argv is None else argv_list(argv)
+        args = None if argv is None else arg_list(argv)
         row = AuditEntry(
             at=self._at(at),
             actor=check_actor(actor),
@@ -81,11 +81,12 @@ class AuditLog(StoreCore):
         limit: int | None = None,
     ) -> list[AuditRecord]:
         """Audit rows, oldest first (the newest `limit` when given); `until` is exclusive."""
-        q = (Query(AuditEntry, order=(AuditEntry.at, AuditEntry.id))
-             .eq(AuditEntry.node, node)
-             .among(AuditEntry.action, action)
-             .eq(AuditEntry.outcome, outcome, value_of(AuditOutcome, "audit outcome"))
-             .since(AuditEntry.at, since)
-             .until(AuditEntry.at, until))
-        with self._tx(read=True) as s:
-            return [from_row(AuditRecord, r) for r in q.rows(s, limit)]
+        q = (
+            Query(AuditEntry, order=(AuditEntry.at, AuditEntry.id))
+            .eq(AuditEntry.node, node)
+            .among(AuditEntry.action, action)
+            .eq(AuditEntry.outcome, outcome, value_of(AuditOutcome, "audit outcome"))
+            .since(AuditEntry.at, since)
+            .until(AuditEntry.at, until)
+        )
+        return self._records(q, AuditRecord, limit, read=True)

@@ -63,7 +63,7 @@ def number(v: float | None) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def partitions(parts: Sequence[str]) -> tuple[str, ...]:
+def partition_names(parts: Sequence[str]) -> tuple[str, ...]:
     """Partition names from a sequence or one comma-separated string."""
     if isinstance(parts, str):
         parts = [p for p in parts.split(",") if p]
@@ -73,7 +73,7 @@ def partitions(parts: Sequence[str]) -> tuple[str, ...]:
     return out
 
 
-def argv(args: Sequence[str]) -> list[str]:
+def arg_list(args: Sequence[str]) -> list[str]:
     if isinstance(args, str):
         raise InvalidValue("argv must be a list of arguments, not one string")
     out = list(args)

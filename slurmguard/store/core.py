@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Self
+from typing import Self, TypeVar
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -21,7 +21,10 @@ from slurmguard.clock import Clock, SystemClock
 from slurmguard.store import db
 from slurmguard.store.errors import NodeNotRegistered
 from slurmguard.store.models import Node
+from slurmguard.store.query import Query
 from slurmguard.store.types import Timestamp, to_utc
+
+R = TypeVar("R")
 
 
 class StoreCore:
@@ -100,10 +103,18 @@ class StoreCore:
     def _at(self, at: Timestamp | None, what: str = "at") -> datetime:
         return self.now() if at is None else to_utc(at, what)
 
+    def _records(
+        self, q: Query, cls: type[R], limit: int | None = None, *, read: bool = False
+    ) -> list[R]:
+        """The records `cls` of q's rows (Query.records), read in one transaction
+        (read=True: a read-only one)."""
+        with self._tx(read=read) as s:
+            return q.records(s, cls, limit)
+
     def _node_row(self, s: Session, name: str) -> Node:
         row = s.scalar(select(Node).where(Node.name == name))
         if row is None:
-            raise NodeNotRegistered(f"node {name}: not registered in the database")
+            raise _not_registered(name)
         return row
 
 
@@ -120,7 +131,7 @@ class NodeIds:
                 select(Node.id, Node.hw_class).where(Node.name == name)
             ).first()
             if row is None:
-                raise NodeNotRegistered(f"node {name}: not registered in the database")
+                raise _not_registered(name)
             self._cache[name] = (row[0], row[1])
         return self._cache[name]
 
@@ -129,3 +140,7 @@ class NodeIds:
 
     def hw_class(self, name: str) -> str | None:
         return self._get(name)[1]
+
+
+def _not_registered(name: str) -> NodeNotRegistered:
+    return NodeNotRegistered(f"node {name}: not registered in the database")

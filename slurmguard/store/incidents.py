@@ -109,7 +109,9 @@ class IncidentStore(StoreCore):
 
     def get_incident(self, incident_id: int) -> IncidentRecord:
         with self._tx() as s:
-            return from_row(IncidentRecord, get_row(s, Incident, incident_id, "incident"))
+            return from_row(
+                IncidentRecord, get_row(s, Incident, incident_id, "incident")
+            )
 
     def incidents(
         self,
@@ -121,12 +123,13 @@ class IncidentStore(StoreCore):
         limit: int | None = None,
     ) -> list[IncidentRecord]:
         """Incidents by detection time, oldest first (the newest `limit` when given)."""
-        q = (Query(Incident, order=(Incident.detected_at, Incident.id))
-             .since(Incident.detected_at, since)
-             .eq(Incident.status, status, value_of(IncidentStatus, "incident status"))
-             .eq(Incident.job_id, job_id, str))
-        with self._tx(read=True) as s:
-            rows = [from_row(IncidentRecord, r) for r in q.rows(s, None if node else limit)]
+        q = (
+            Query(Incident, order=(Incident.detected_at, Incident.id))
+            .since(Incident.detected_at, since)
+            .eq(Incident.status, status, value_of(IncidentStatus, "incident status"))
+            .eq(Incident.job_id, job_id, str)
+        )
+        rows = self._records(q, IncidentRecord, None if node else limit, read=True)
         if node is not None:
             # the nodes are a JSON list, matched here the same way on every backend
             rows = [r for r in rows if node in r.nodes]
@@ -137,6 +140,6 @@ class IncidentStore(StoreCore):
         """Every incident not closed yet (open, mitigated or suppressed), oldest
         first: what a control cycle reads once for all its jobs."""
         q = Query(Incident, order=(Incident.detected_at, Incident.id)).among(
-            Incident.status, [st.value for st in _LIVE])
-        with self._tx(read=True) as s:
-            return [from_row(IncidentRecord, r) for r in q.rows(s)]
+            Incident.status, [st.value for st in _LIVE]
+        )
+        return self._records(q, IncidentRecord, read=True)

@@ -15,7 +15,7 @@ from slurmguard.store.checks import (
     check_actor,
     check_name,
     json_object,
-    partitions as partition_names,
+    partition_names,
 )
 from slurmguard.store.core import StoreCore
 from slurmguard.store.errors import InvalidValue, StaleState
@@ -28,7 +28,7 @@ from slurmguard.store.lifecycle import (
 from slurmguard.store.models import Node, NodeTransition
 from slurmguard.store.query import Query
 from slurmguard.store.records import NodeRecord, TransitionRecord, from_row
-from slurmguard.store.types import Timestamp, to_utc
+from slurmguard.store.types import Timestamp
 
 CAUSE_MAX = 256
 """Longest transition cause, characters; details belong in the evidence."""
@@ -77,7 +77,9 @@ class NodeStore(StoreCore):
             s.flush()
             return from_row(NodeRecord, row)
 
-    def register_nodes(self, nodes: dict[str, Sequence[str]], at: Timestamp | None = None) -> int:
+    def register_nodes(
+        self, nodes: dict[str, Sequence[str]], at: Timestamp | None = None
+    ) -> int:
         """Register every node of `nodes` (name -> partitions) the database does not
         know yet, and set the partitions of those it knows (Slurm's view wins), in
         one transaction, however many nodes; returns how many were new."""
@@ -85,8 +87,14 @@ class NodeStore(StoreCore):
             check_name(name)
         when = self._at(at)
         with self._tx() as s:
-            have = {r.name: r for r in s.scalars(select(Node).where(Node.name.in_(list(nodes))))} \
-                if len(nodes) <= 500 else {r.name: r for r in s.scalars(select(Node))}
+            have = (
+                {
+                    r.name: r
+                    for r in s.scalars(select(Node).where(Node.name.in_(list(nodes))))
+                }
+                if len(nodes) <= 500
+                else {r.name: r for r in s.scalars(select(Node))}
+            )
             fresh = []
             for name, parts in nodes.items():
                 p = partition_names(parts)
@@ -104,8 +112,12 @@ class NodeStore(StoreCore):
     def node_counts(self) -> dict[str, int]:
         """Nodes per lifecycle state (one aggregate query)."""
         with self._tx(read=True) as s:
-            return {str(st): int(n) for st, n in
-                    s.execute(select(Node.state, func.count()).group_by(Node.state))}
+            return {
+                str(st): int(n)
+                for st, n in s.execute(
+                    select(Node.state, func.count()).group_by(Node.state)
+                )
+            }
 
     def get_node(self, name: str) -> NodeRecord | None:
         with self._tx(read=True) as s:
@@ -120,11 +132,12 @@ class NodeStore(StoreCore):
         partition: str | None = None,
     ) -> list[NodeRecord]:
         """Nodes by name, optionally only those in `state` (one or several), class or partition."""
-        q = (Query(Node, order=(Node.name,))
-             .among(Node.state, state, _state_value)
-             .eq(Node.hw_class, hw_class))
-        with self._tx(read=True) as s:
-            rows = [from_row(NodeRecord, r) for r in q.rows(s)]
+        q = (
+            Query(Node, order=(Node.name,))
+            .among(Node.state, state, _state_value)
+            .eq(Node.hw_class, hw_class)
+        )
+        rows = self._records(q, NodeRecord, read=True)
         # JSON containment differs per backend; the fleet is small enough to filter here.
         return (
             rows
@@ -208,10 +221,12 @@ class NodeStore(StoreCore):
         """Transitions of a node, oldest first (the first is its registration)."""
         with self._tx() as s:
             row = self._node_row(s, name)
-            q = (Query(NodeTransition, order=(NodeTransition.at, NodeTransition.id))
-                 .eq(NodeTransition.node_id, row.id)
-                 .since(NodeTransition.at, since))
-            return [from_row(TransitionRecord, t, node=name) for t in q.rows(s)]
+            q = (
+                Query(NodeTransition, order=(NodeTransition.at, NodeTransition.id))
+                .eq(NodeTransition.node_id, row.id)
+                .since(NodeTransition.at, since)
+            )
+            return q.records(s, TransitionRecord, node=name)
 
     def transitions(
         self,
@@ -221,23 +236,40 @@ class NodeStore(StoreCore):
         limit: int | None = None,
     ) -> list[TransitionRecord]:
         """Fleet-wide transitions, oldest first (the newest `limit` when given)."""
-        q = (Query.named(NodeTransition, order=(NodeTransition.at, NodeTransition.id))
-             .since(NodeTransition.at, since)
-             .eq(NodeTransition.to_state, to_state, _state_value))
-        with self._tx() as s:
-            return [from_row(TransitionRecord, t, node=name) for t, name in q.rows(s, limit)]
+        q = (
+            Query.named(NodeTransition, order=(NodeTransition.at, NodeTransition.id))
+            .since(NodeTransition.at, since)
+            .eq(NodeTransition.to_state, to_state, _state_value)
+        )
+        return self._records(q, TransitionRecord, limit)
 
 
-def _new_node(name: str, hw_class: str | None, parts: Sequence[str], when: datetime) -> Node:
-    return Node(name=name, hw_class=hw_class, state=INITIAL_STATE.value, state_since=when,
-                partitions=list(parts), last_seen=None, created_at=when)
+def _new_node(
+    name: str, hw_class: str | None, parts: Sequence[str], when: datetime
+) -> Node:
+    return Node(
+        name=name,
+        hw_class=hw_class,
+        state=INITIAL_STATE.value,
+        state_since=when,
+        partitions=list(parts),
+        last_seen=None,
+        created_at=when,
+    )
 
 
 def _registration(row: Node, when: datetime) -> NodeTransition:
     """The first transition row of a node just registered (from_state None)."""
-    return NodeTransition(node_id=row.id, at=when, from_state=None,
-                          to_state=INITIAL_STATE.value, cause=_REGISTERED, evidence={},
-                          actor=DEFAULT_ACTOR, forced=False)
+    return NodeTransition(
+        node_id=row.id,
+        at=when,
+        from_state=None,
+        to_state=INITIAL_STATE.value,
+        cause=_REGISTERED,
+        evidence={},
+        actor=DEFAULT_ACTOR,
+        forced=False,
+    )
 
 
 def _state_value(state: NodeState | str) -> str:

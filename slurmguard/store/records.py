@@ -8,7 +8,6 @@ Clock.now() epoch seconds. `from_row` builds one from an ORM row.
 from __future__ import annotations
 
 import enum
-import functools
 import types
 import typing
 from collections.abc import Callable
@@ -173,19 +172,33 @@ def from_row(cls: type[R], row: object, **given: Any) -> R:
     Values take the field's type: enum fields get the enum member, bool fields a bool,
     tuple fields a tuple (an empty one for NULL unless the field is optional), dict
     fields a copy, so a record shares nothing with the session's rows."""
-    return cls(**{name: given[name] if name in given else conv(getattr(row, name))
-                  for name, conv in _converters(cls)})
+    return cls(
+        **{
+            name: given[name] if name in given else conv(getattr(row, name))
+            for name, conv in _converters(cls)
+        }
+    )
 
 
-@functools.cache
+_CONVERTERS: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+
 def _converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((f.name, _converter(hints[f.name])) for f in fields(cls))
+    """(field name, converter) of each field of record class `cls`, worked out once."""
+    if cls not in _CONVERTERS:
+        hints = typing.get_type_hints(cls)
+        _CONVERTERS[cls] = tuple(
+            (f.name, _converter(hints[f.name])) for f in fields(cls)
+        )
+    return _CONVERTERS[cls]
 
 
 def _converter(hint: Any) -> Callable[[Any], Any]:
     args = typing.get_args(hint)
-    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
+    optional = (
+        typing.get_origin(hint) in (typing.Union, types.UnionType)
+        and type(None) in args
+    )
     base = next(a for a in args if a is not type(None)) if optional else hint
     origin = typing.get_origin(base) or base
     if isinstance(origin, type) and issubclass(origin, enum.Enum):

@@ -116,12 +116,13 @@ class SweepStore(StoreCore):
                     row.finished_at = self.now()
             if slurm_job_id is not None:
                 row.slurm_job_id = opt_job(slurm_job_id)
-            if submitted_at is not None:
-                row.submitted_at = to_utc(submitted_at, "submitted_at")
-            if started_at is not None:
-                row.started_at = to_utc(started_at, "started_at")
-            if finished_at is not None:
-                row.finished_at = to_utc(finished_at, "finished_at")
+            for field, ts in (
+                ("submitted_at", submitted_at),
+                ("started_at", started_at),
+                ("finished_at", finished_at),
+            ):
+                if ts is not None:
+                    setattr(row, field, to_utc(ts, field))
             if metrics is not None:
                 row.metrics = json_object(metrics, "metrics")
             if failure_reason is not None:
@@ -155,23 +156,25 @@ class SweepStore(StoreCore):
         e.g. class baselines: sweeps(hw_class="h100", kind="1node", verdict="pass", limit=50).
         """
         ref = aliased(Node)
-        q = (Query.named(Sweep, order=(Sweep.created_at, Sweep.id))
-             .join(ref, ref.id == Sweep.reference_node_id, outer=True, columns=(ref.name,))
-             .eq(Node.name, node)
-             .eq(Sweep.hw_class, hw_class)
-             .eq(Sweep.kind, kind, value_of(SweepKind, "sweep kind"))
-             .among(Sweep.verdict, verdict, value_of(Verdict, "sweep verdict"))
-             .since(Sweep.created_at, since))
-        with self._tx() as s:
-            return [from_row(SweepRecord, r, node=n, reference_node=rn) for r, n, rn in q.rows(s, limit)]
+        q = (
+            Query.named(Sweep, order=(Sweep.created_at, Sweep.id))
+            .join(
+                ref,
+                ref.id == Sweep.reference_node_id,
+                outer=True,
+                columns={"reference_node": ref.name},
+            )
+            .eq(Node.name, node)
+            .eq(Sweep.hw_class, hw_class)
+            .eq(Sweep.kind, kind, value_of(SweepKind, "sweep kind"))
+            .among(Sweep.verdict, verdict, value_of(Verdict, "sweep verdict"))
+            .since(Sweep.created_at, since)
+        )
+        return self._records(q, SweepRecord, limit)
 
 
 def _record(s: Session, row: Sweep) -> SweepRecord:
     """The record of `row`, its node names read by id in session `s`."""
     name = s.get_one(Node, row.node_id).name
-    ref = (
-        s.get_one(Node, row.reference_node_id).name
-        if row.reference_node_id
-        else None
-    )
+    ref = s.get_one(Node, row.reference_node_id).name if row.reference_node_id else None
     return from_row(SweepRecord, row, node=name, reference_node=ref)

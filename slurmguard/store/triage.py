@@ -77,7 +77,9 @@ class TriageStore(StoreCore):
             if evidence is not None:
                 row.evidence = {**row.evidence, **json_object(evidence, "evidence")}
             s.flush()
-            return from_row(TriageActionRecord, row, node=s.get_one(Node, row.node_id).name)
+            return from_row(
+                TriageActionRecord, row, node=s.get_one(Node, row.node_id).name
+            )
 
     def triage_actions(
         self,
@@ -87,12 +89,13 @@ class TriageStore(StoreCore):
         status: ActionStatus | str | None = None,
     ) -> list[TriageActionRecord]:
         """Triage actions, oldest first."""
-        q = (Query.named(TriageAction, order=(TriageAction.at, TriageAction.id))
-             .eq(Node.name, node)
-             .since(TriageAction.at, since)
-             .eq(TriageAction.status, status, value_of(ActionStatus, "triage status")))
-        with self._tx() as s:
-            return [from_row(TriageActionRecord, t, node=name) for t, name in q.rows(s)]
+        q = (
+            Query.named(TriageAction, order=(TriageAction.at, TriageAction.id))
+            .eq(Node.name, node)
+            .since(TriageAction.at, since)
+            .eq(TriageAction.status, status, value_of(ActionStatus, "triage status"))
+        )
+        return self._records(q, TriageActionRecord)
 
     def recent_triage_entries(
         self, node: str, since: Timestamp
