@@ -565,3 +565,73 @@ def test_concurrent_writers_cannot_both_move_a_node(store, migrated_db_url, fake
     assert len(outcome) == 1 and isinstance(outcome[0], StaleState), outcome
     assert [h.cause for h in store.node_history("n1")] == ["registered", "A"]
     assert store.get_node("n1").state == NodeState.SUSPECT
+
+
+# ---------------------------------------------------------------- the listings' filters
+def test_listings_filter_and_keep_the_newest_limit_oldest_first(store, fake_clock):
+    """Every listing goes through one filter builder (store/query.py): None means any,
+    filters combine, one string is one value, rows come oldest first and `limit` keeps
+    the newest of them, a negative limit or an unknown enum value is refused by name."""
+    store.register_nodes({"a1": ["train"], "a2": ["train", "debug"], "b1": ["debug"]})
+    store.get_or_create_node("a1", hw_class="h100")
+    store.get_or_create_node("a2", hw_class="h100")
+    for k, (node, to) in enumerate(
+        [("a1", "suspect"), ("a2", "draining"), ("a1", "draining")]
+    ):
+        fake_clock.advance(10)
+        store.transition(node, to, f"t{k}")
+    assert [
+        n.name for n in store.list_nodes(["healthy", "draining"], hw_class="h100")
+    ] == ["a1", "a2"]
+    assert [n.name for n in store.list_nodes(partition="debug")] == ["a2", "b1"]
+    assert [n.name for n in store.list_nodes("draining")] == [
+        "a1",
+        "a2",
+    ]  # a str is one state
+    assert [t.cause for t in store.transitions(to_state="draining")] == ["t1", "t2"]
+    assert [t.cause for t in store.transitions(since=T0 + 20, limit=1)] == ["t2"]
+    assert [t.node for t in store.transitions(limit=2)] == ["a2", "a1"]
+
+    sw = [
+        store.add_sweep("a1", "1node"),
+        store.add_sweep("a2", "2node", reference_node="b1"),
+        store.add_sweep("b1", "1node", hw_class="a100"),
+    ]
+    store.update_sweep(sw[0].id, verdict="fail", failure_reason="bw")
+    assert [s.id for s in store.sweeps(hw_class="h100", kind="1node")] == [sw[0].id]
+    assert [s.id for s in store.sweeps(verdict=["pending", "fail"], limit=2)] == [
+        sw[1].id,
+        sw[2].id,
+    ]
+    assert [(s.node, s.reference_node) for s in store.sweeps(node="a2")] == [
+        ("a2", "b1")
+    ]
+    assert store.sweeps(verdict="pass") == []
+
+    first = store.add_triage_action("a1", "resweep", is_entry=True)
+    store.add_triage_action("a2", "reboot")
+    store.update_triage_action(first.id, status="done")
+    assert [t.node for t in store.triage_actions(status="done")] == ["a1"]
+    assert [t.rung for t in store.triage_actions("a2")] == [TriageRung.REBOOT]
+
+    store.audit("drain", node="a1", at=T0 + 1)
+    store.audit("drain", node="a2", at=T0 + 2, outcome="dry_run")
+    store.audit("resume", node="a1", at=T0 + 3)
+    assert [e.node for e in store.audit_entries(action="drain", until=T0 + 2)] == ["a1"]
+    assert [e.action for e in store.audit_entries(node="a1", limit=1)] == ["resume"]
+    assert [e.node for e in store.audit_entries(outcome=AuditOutcome.DRY_RUN)] == ["a2"]
+
+    store.add_incident("7", nodes=["a1", "a2"], tier="drain", onset_at=T0)
+    store.add_incident("8", nodes=["a1"], tier="verify", onset_at=T0)
+    store.add_incident("9", nodes=["b1"], tier="verify", onset_at=T0)
+    assert [i.job_id for i in store.incidents(node="a1", limit=1)] == ["8"]
+    assert [i.job_id for i in store.incidents(job_id=7)] == ["7"]  # ids compare as text
+
+    with pytest.raises(InvalidValue, match="limit must be >= 0"):
+        store.sweeps(limit=-1)
+    with pytest.raises(InvalidValue, match="sweep verdict 'maybe' is not one of"):
+        store.sweeps(verdict=["pass", "maybe"])
+    with pytest.raises(InvalidValue, match="triage status 'later'"):
+        store.triage_actions(status="later")
+    with pytest.raises(IllegalTransition, match="unknown node state 'sleepy'"):
+        store.list_nodes("sleepy")

@@ -2,14 +2,18 @@
 
 They carry no database session, so callers can keep them after the
 transaction ends. Times are aware UTC datetimes; use `utc()` to build one from
-Clock.now() epoch seconds.
+Clock.now() epoch seconds. `from_row` builds one from an ORM row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from slurmguard.store.lifecycle import NodeState
 from slurmguard.store.models import (
@@ -156,3 +160,61 @@ class AuditRecord:
     outcome: AuditOutcome
     error: str | None
     evidence: dict[str, Any]
+
+
+R = TypeVar("R")
+
+
+def from_row(cls: type[R], row: object, **given: Any) -> R:
+    """The record `cls` holding `row`'s attributes of the same names; `given` supplies
+    the fields the row lacks (a joined node name) or overrides one.
+
+    Values take the field's type: enum fields get the enum member, bool fields a bool,
+    tuple fields a tuple (an empty one for NULL unless the field is optional), dict
+    fields a copy, so a record shares nothing with the session's rows."""
+    return cls(
+        **{
+            name: given[name] if name in given else conv(getattr(row, name))
+            for name, conv in _converters(cls)
+        }
+    )
+
+
+_CONVERTERS: dict[type, tuple[tuple[str, Callable[[Any], Any]], ...]] = {}
+
+
+def _converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
+    """(field name, converter) of each field of record class `cls`, worked out once."""
+    if cls not in _CONVERTERS:
+        hints = typing.get_type_hints(cls)
+        _CONVERTERS[cls] = tuple(
+            (f.name, _converter(hints[f.name])) for f in fields(cls)
+        )
+    return _CONVERTERS[cls]
+
+
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    args = typing.get_args(hint)
+    optional = (
+        typing.get_origin(hint) in (typing.Union, types.UnionType)
+        and type(None) in args
+    )
+    base = next(a for a in args if a is not type(None)) if optional else hint
+    origin = typing.get_origin(base) or base
+    if isinstance(origin, type) and issubclass(origin, enum.Enum):
+        make: Callable[[Any], Any] = origin
+    elif origin is bool:
+        make = bool
+    elif origin is tuple:
+        make = tuple
+        if not optional:
+            return lambda v: () if v is None else tuple(v)
+    elif origin is dict:
+        make = dict
+    else:
+        return _as_is
+    return (lambda v: None if v is None else make(v)) if optional else make
+
+
+def _as_is(v: Any) -> Any:
+    return v
