@@ -19,7 +19,7 @@ import pytest
 
 from slurmguard.config import Policy
 from slurmguard.detect.baselines import score
-from slurmguard.detect.bench import RECORDED, run_detector
+from slurmguard_dev.bench.detect import RECORDED, run_detector
 from slurmguard.detect.scenarios import load_recorded, load_recorded_dir
 from slurmguard.detect.stepfile import first_step_after, read_step_file, write_step_file
 from slurmguard.detect.steps import DetectorConfig, detect_steps
@@ -86,7 +86,7 @@ def test_a_lifted_cap_is_found_too(recorded):
 
 
 def test_a_saved_series_is_read_back_with_its_labels(tmp_path: Path):
-    from slurmguard.respond.bench import _save_series
+    from slurmguard_dev.bench.loop import _save_series
 
     ends = [100.0 + 0.1 * i for i in range(60)]
     entries = [{"t": t, "restart": 0} for t in ends]

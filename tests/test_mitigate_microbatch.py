@@ -88,7 +88,7 @@ def test_continuous_bound_is_a_lower_bound_and_tight_for_divisible_cases():
 
 def test_matches_cvxpy_milp_on_larger_cases():
     pytest.importorskip("cvxpy")
-    from slurmguard.mitigate.bench import make_times
+    from slurmguard_dev.bench.plan import make_times
     from slurmguard.mitigate.reference import plan_microbatches_milp
 
     rng = np.random.default_rng(11)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from slurmguard.cli import cli
 from slurmguard.store import NodeState, SweepKind, Verdict
-from slurmguard.sweeps.bench import NodeRun, _episode_figures, summarise
+from slurmguard_dev.bench.sweeps import NodeRun, _episode_figures, summarise
 from slurmguard.sweeps.episode import load_episode
 from tests.test_sweeps_scheduler import Rig
 

@@ -1,7 +1,13 @@
-"""Fault injection for sweep workloads: a TEST AND DEMO FACILITY, never set in production.
+"""Fault injection for sweep workloads, the development tools' own: never on a production node.
 
 The development cluster has no GPUs and all its "nodes" share one host, so a bad node
-cannot be produced physically. A workload reads its node's faults from
+cannot be produced physically. The product's workloads cannot be told to fake one (no
+policy key, variable or file does it): this launcher does it from the outside. Used as the
+sweep interpreter (`sweeps.python`, see `launcher`), it runs
+
+    python -m slurmguard_dev.sweepfaults WORKLOAD.py [ARGS...]
+
+which reads the faults from
 
 * ``SLURMGUARD_SWEEP_INJECT``: inline JSON, or
 * ``SLURMGUARD_SWEEP_INJECT_FILE``: path of a JSON file (read when the workload starts),
@@ -10,21 +16,27 @@ keyed by the Slurm node name (``SLURMD_NODENAME``), e.g.::
 
     SLURMGUARD_SWEEP_INJECT='{"node2": {"gemm_slowdown": 0.25, "gpus": [5]}}'
 
-Slowdowns are fractions of throughput lost (0.25 = the metric reads 25% low). The
-workload realises them by sleeping inside the timed region for t * s / (1 - s) after a
-measurement of duration t, so a slowed link costs time proportional to its bytes and the
-CPU stays idle (the dev machine is shared). Every result written while faults are active
-records them under ``injected``, so a demo result can never pass for a real one.
+replaces the workload's `sweeplib.fault_for` (which answers "no fault" in the product) and
+runs WORKLOAD.py as its own main. Slowdowns are fractions of throughput lost (0.25 = the
+metric reads 25% low); the workload realises them by sleeping inside the timed region
+(sweeplib.NodeFault, extra_delay). Every result written while faults are active records
+them under ``injected``, so a demo result can never pass for a real one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Mapping
+import runpy
+import shlex
+import sys
+from dataclasses import fields
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping
 
-from slurmguard.errors import InputError
+from slurmguard import datafiles
+from slurmguard.errors import InputError, SlurmguardError
 from slurmguard.names import is_node_name
 
 ENV_INLINE = "SLURMGUARD_SWEEP_INJECT"
@@ -33,57 +45,27 @@ ENV_FILE = "SLURMGUARD_SWEEP_INJECT_FILE"
 _SLOWDOWNS = ("gemm_slowdown", "membw_slowdown", "p2p_slowdown", "link_slowdown")
 
 
-@dataclass(frozen=True)
-class NodeFault:
-    gemm_slowdown: float = 0.0
-    """Fraction of GEMM throughput lost on the affected GPUs."""
-    membw_slowdown: float = 0.0
-    """Fraction of device memory bandwidth lost on the affected GPUs."""
-    p2p_slowdown: float = 0.0
-    """Fraction of intra-node GPU-to-GPU copy bandwidth lost on pairs touching affected GPUs."""
-    link_slowdown: float = 0.0
-    """Fraction of cross-node bandwidth lost (send/recv and all-reduce) on this node."""
-    link_direction: Literal["tx", "rx", "both"] = "both"
-    """Which transfers of this node the link slowdown hits: sends, receives or both."""
-    gpus: tuple[int, ...] | None = None
-    """GPU indexes affected by the per-GPU faults; None = all."""
-    crash: bool = False
-    """Exit with status 3 before writing any result (a crashed sweep)."""
-    hang_s: float = 0.0
-    """Sleep this long before measuring (drives the sweep into its time limit)."""
-    corrupt_output: bool = False
-    """Write a truncated, invalid JSON result."""
-    gemm_corrupt: bool = False
-    """Flip one element of each verified GEMM product on the affected GPUs (silent data
-    corruption): the float64 reference check must catch it."""
+def _sweeplib(workload_dir: Path | None = None) -> ModuleType:
+    """The workloads' shared module (it defines NodeFault), imported as the workloads do:
+    by name from their own folder, so a NodeFault pickled to a worker is the same class."""
+    if "sweeplib" not in sys.modules:
+        sys.path.insert(0, str(workload_dir or datafiles.sweep_dir()))
+    import sweeplib
 
-    def hits_gpu(self, index: int) -> bool:
-        return self.gpus is None or index in self.gpus
-
-    def link_factor(self, sending: bool) -> float:
-        """Slowdown that applies to one transfer of this node (0 when it does not)."""
-        if self.link_slowdown <= 0:
-            return 0.0
-        if self.link_direction == "both" or (self.link_direction == "tx") == sending:
-            return self.link_slowdown
-        return 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.gpus is not None:
-            d["gpus"] = list(self.gpus)
-        return d
+    return sweeplib
 
 
-def extra_delay(elapsed_s: float, slowdown: float) -> float:
-    """Seconds to add to a measurement of `elapsed_s` so its rate drops by `slowdown`."""
-    if slowdown <= 0 or elapsed_s <= 0:
-        return 0.0
-    return elapsed_s * slowdown / (1.0 - slowdown)
+def __getattr__(name: str) -> Any:
+    # NodeFault and extra_delay belong to the workload (sweeplib); re-exported for callers
+    if name in ("NodeFault", "extra_delay", "NO_FAULT"):
+        return getattr(_sweeplib(), name)
+    raise AttributeError(name)
 
 
-def parse_faults(data: Any, source: str) -> dict[str, NodeFault]:
-    """Validate the node -> fault mapping. Raises InputError naming source and key."""
+def parse_faults(data: Any, source: str) -> dict[str, Any]:
+    """Validate the node -> fault mapping into sweeplib.NodeFault records. Raises
+    InputError naming source and key."""
+    NodeFault = _sweeplib().NodeFault
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a JSON object of node name -> faults")
     known = {f.name for f in fields(NodeFault)}
@@ -123,7 +105,7 @@ def parse_faults(data: Any, source: str) -> dict[str, NodeFault]:
     return out
 
 
-def load_faults(env: Mapping[str, str] | None = None) -> dict[str, NodeFault]:
+def load_faults(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Faults from the environment (inline JSON beats the file); {} when neither is set."""
     env = os.environ if env is None else env
     inline = env.get(ENV_INLINE)
@@ -145,5 +127,39 @@ def load_faults(env: Mapping[str, str] | None = None) -> dict[str, NodeFault]:
     return parse_faults(data, source)
 
 
-def fault_for(node: str, faults: Mapping[str, NodeFault]) -> NodeFault | None:
-    return faults.get(node)
+def launcher(path: Path, fault_file: Path | None = None, python: str | None = None) -> Path:
+    """Write an executable interpreter for `sweeps.python` that runs every sweep workload
+    under this module (with the faults of `fault_file` when given, else of the job's
+    environment); returns its absolute path."""
+    path = Path(path).absolute()
+    env = f"export {ENV_FILE}={shlex.quote(str(fault_file))}\n" if fault_file is not None else ""
+    path.write_text("#!/bin/sh\n# slurmguard-dev: sweep workloads with injected faults (never in production)\n"
+                    f"{env}exec {shlex.quote(python or sys.executable)} -m slurmguard_dev.sweepfaults \"$@\"\n")
+    path.chmod(0o755)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run WORKLOAD.py ARGS... with the faults of the environment (see the module doc)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or not args[0].endswith(".py"):
+        sys.exit("usage: python -m slurmguard_dev.sweepfaults WORKLOAD.py [ARGS...]")
+    script = os.path.abspath(args[0])
+    try:
+        faults = load_faults()
+    except SlurmguardError as exc:
+        print(f"slurmguard sweep: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)  # the workloads' "bad options/policy" status
+    sl = _sweeplib(Path(script).parent)
+
+    def fault_for(node: str) -> tuple[Any, dict[str, Any] | None]:
+        f = faults.get(node)
+        return (f or sl.NO_FAULT), ({node: f.to_dict()} if f is not None else None)
+
+    sl.fault_for = fault_for
+    sys.argv = [script, *args[1:]]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The node agent (`slurmguard agent`, in agent/cli.py)."""

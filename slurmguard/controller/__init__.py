@@ -1,0 +1,1 @@
+"""The controller daemon: fleet model, decisions, actions (`slurmguard controller`, in controller/cli.py)."""
