@@ -6,7 +6,7 @@ jobs on 2 nodes, rank 0's own step times; healthy, with the node of the last
 rank CPU-capped from outside the job (shift), or capped mildly and lifted
 (transient), labelled with the step that ended first after the cap went on
 (and began first after it was lifted). Each class is scored as the bench
-scores it (slurmguard.detect.baselines.score: FPR, FNR, detection delay
+scores it (slurmguard_dev.bench.detect_baselines.score: FPR, FNR, detection delay
 detected_at - onset, location error), against issue 13's targets.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from slurmguard.config import Policy
-from slurmguard.detect.baselines import score
+from slurmguard_dev.bench.detect_baselines import score
 from slurmguard_dev.bench.detect import RECORDED, run_detector
-from slurmguard.detect.scenarios import load_recorded, load_recorded_dir
+from slurmguard_dev.bench.detect_scenarios import load_recorded, load_recorded_dir
 from slurmguard.detect.stepfile import first_step_after, read_step_file, write_step_file
 from slurmguard.detect.steps import DetectorConfig, detect_steps
 

@@ -229,8 +229,8 @@ def test_cli_bad_rows_name_the_line_or_become_gaps(tmp_path):
 
 def test_recorded_series_load_with_their_labels_and_score(tmp_path):
     from slurmguard_dev.bench.detect import run_detector
-    from slurmguard.detect.baselines import score
-    from slurmguard.detect.scenarios import load_recorded, load_recorded_dir
+    from slurmguard_dev.bench.detect_baselines import score
+    from slurmguard_dev.bench.detect_scenarios import load_recorded, load_recorded_dir
     from slurmguard.errors import InputError
 
     rng = np.random.default_rng(100)
