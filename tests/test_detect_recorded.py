@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from slurmguard.config import Policy
-from slurmguard_dev.bench.detect_baselines import score
-from slurmguard_dev.bench.detect import RECORDED, run_detector
-from slurmguard_dev.bench.detect_scenarios import load_recorded, load_recorded_dir
 from slurmguard.detect.stepfile import first_step_after, read_step_file, write_step_file
 from slurmguard.detect.steps import DetectorConfig, detect_steps
+from slurmguard_dev.bench.detect import RECORDED, run_detector
+from slurmguard_dev.bench.detect_baselines import score
+from slurmguard_dev.bench.detect_scenarios import load_recorded, load_recorded_dir
 
 CLASSES = ("healthy", "shift", "transient")
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurmguard_dev.devcluster.fault import apply_cpu_cap, clear_fault
 from slurmguard.store import NodeState, SweepKind, Verdict
 from slurmguard_dev.bench.sweeps import DEV_CPU_FLOOR
+from slurmguard_dev.devcluster.fault import apply_cpu_cap, clear_fault
 from tests.test_sweeps_scheduler_cluster import Env, sweep_policy
 
 pytestmark = pytest.mark.slurm

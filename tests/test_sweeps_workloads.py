@@ -13,10 +13,15 @@ from slurmguard.config import SweepPolicy
 from slurmguard.sweeps.baseline import baseline_for
 from slurmguard.sweeps.local import run_node_local, run_pair_local
 from slurmguard.sweeps.result import load_result, parse_result
-from slurmguard_dev.sweepfaults import launcher
 from slurmguard.sweeps.verdict import (
-    JobOutcome, Outcome, ReferenceStatus, judge_job, judge_multi, judge_result,
+    JobOutcome,
+    Outcome,
+    ReferenceStatus,
+    judge_job,
+    judge_multi,
+    judge_result,
 )
+from slurmguard_dev.sweepfaults import launcher
 
 POL = SweepPolicy()
 

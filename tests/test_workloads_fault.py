@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from slurmguard_dev.devcluster import ClusterSpec, DevCluster
-from slurmguard_dev.devcluster.fault import (PARENT, CgroupCpu, FaultError, active_faults,
-                                         apply_cpu_cap, clear_fault, find_cpu_cgroup)
+from slurmguard_dev.devcluster.fault import (
+    PARENT,
+    CgroupCpu,
+    FaultError,
+    active_faults,
+    apply_cpu_cap,
+    clear_fault,
+    find_cpu_cgroup,
+)
 from tests.fixtures.common import wait_for
 
 # a pure-Python CPU-bound loop: prints "<seconds since start> <seconds per chunk>"

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import click
 
+from slurmguard.workloads import SHAPES
 from slurmguard_dev.devcluster import ClusterSpec, DevCluster
 from slurmguard_dev.devcluster.cluster import DEFAULT_STATE_DIR
 from slurmguard_dev.devcluster.scenario import SEVERE
-from slurmguard.workloads import SHAPES
 
 
 @click.command()

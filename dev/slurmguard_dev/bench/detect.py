@@ -29,16 +29,16 @@ from scipy.special import gammaln
 
 from slurmguard.config import BocdPolicy, load_policy
 from slurmguard.datafiles import checkout_root
-from slurmguard_dev.bench.detect_baselines import Alarm, Report, Score, score, sliding_window
 from slurmguard.detect.bocd import ALPHA0, KAPPA0, BatchBocd
 from slurmguard.detect.period import step_times
+from slurmguard.detect.steps import DetectorConfig, StepDetector
+from slurmguard_dev.bench.detect_baselines import Alarm, Report, Score, score, sliding_window
 from slurmguard_dev.bench.detect_scenarios import (
     TEXTURES,
     Scenario,
     load_recorded_dir,
     make_suite,
 )
-from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard_dev.bench.detect_synth import JobSpec, make_job
 
 

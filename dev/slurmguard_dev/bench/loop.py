@@ -29,8 +29,8 @@ WARMUP_STEPS = 5
 
 def _offline_delays(series: list[float], onset: int) -> tuple[int | None, int | None]:
     from slurmguard.config import Policy
-    from slurmguard_dev.bench.detect_baselines import sliding_window_alarms
     from slurmguard.detect.bocd import detect_changepoints
+    from slurmguard_dev.bench.detect_baselines import sliding_window_alarms
 
     x = np.asarray(series[WARMUP_STEPS:], dtype=np.float64)
     k = onset - WARMUP_STEPS

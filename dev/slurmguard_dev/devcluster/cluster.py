@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
 from slurmguard.errors import SlurmguardError
+from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
 
 #: program -> Debian package that provides it
 REQUIRED_PROGRAMS = {

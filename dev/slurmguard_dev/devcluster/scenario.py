@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from slurmguard.slurm.hostlist import expand
+from slurmguard.workloads import SHAPES
 from slurmguard_dev.devcluster import fault
 from slurmguard_dev.devcluster.cluster import DevClusterError
 from slurmguard_dev.devcluster.guard import Guard
-from slurmguard.slurm.hostlist import expand
-from slurmguard.workloads import SHAPES
 
 #: target step-time factors of the two fault tiers the tests and benchmark use
 MODERATE = 1.25
