@@ -3,7 +3,9 @@
 #   - Debian packages: Slurm (slurmctld, slurmd, client, headers, slurmrestd and
 #     the JWT plugin for the REST backend), munge,
 #     PostgreSQL 15 (tests), a C toolchain, Python venv support, Chromium (report test).
-#   - A virtual environment in .venv with slurmguard and its Python dependencies.
+#   - A virtual environment in .venv with slurmguard and its Python dependencies, and the
+#     development tools (dev/: the local cluster, demo, benchmarks) that the tests and the
+#     demo use; a node or controller install takes the product only (pip install .).
 #   - The SPANK plugin and NCCL hook (spank_plugin/build/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +44,11 @@ fi
 # torch is pinned so a machine with the CPU wheel on disk uses it; elsewhere PyPI serves it.
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,torch,plan,bench,whatif]" "torch==2.13.0" \
   2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import slurmguard, torch, sqlalchemy, psycopg" \
+# the development tools: their own distribution (never in the product's wheel); they
+# add `slurmguard bench|devcluster|demo`
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ./dev \
+  2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import slurmguard, slurmguard_dev, torch, sqlalchemy, psycopg" \
   || { echo "install.sh: Python dependencies did not install" >&2; exit 1; }
 
 if [ -f spank_plugin/Makefile ]; then

@@ -8,7 +8,7 @@ to tests/data/steptimes/<shape>-<case>.csv:
 
   healthy     a job to completion, with its checkpoints (every --ckpt-every steps)
   shift       after --before steps the node of the last rank is capped in a
-              cgroup (slurmguard.devcluster.fault) at the CPU share that makes its
+              cgroup (slurmguard_dev.devcluster.fault) at the CPU share that makes its
               steps about --factor times slower; --after more steps
   transient   a milder cap (--mild) for --hold steps, then lifted; --after more
 
@@ -40,9 +40,9 @@ from pathlib import Path
 import click
 
 from slurmguard.detect.stepfile import first_step_after, write_step_file
-from slurmguard.devcluster import ClusterSpec, DevCluster, fault
-from slurmguard.devcluster.guard import Guard
-from slurmguard.devcluster.scenario import Scenario
+from slurmguard_dev.devcluster import ClusterSpec, DevCluster, fault
+from slurmguard_dev.devcluster.guard import Guard
+from slurmguard_dev.devcluster.scenario import Scenario
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "steptimes"
 WARMUP = 5

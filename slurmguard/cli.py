@@ -4,6 +4,11 @@ Each area of the package owns its commands in its own module; this file only
 maps command names to those modules and loads one when it is invoked, so that
 `slurmguard --help` stays fast and a broken optional dependency of one area
 (torch, cvxpy) cannot take the whole CLI down.
+
+Other distributions add commands through the entry-point group `slurmguard.commands`
+(name = "module:attribute" of a click command): the development tools in the checkout's
+dev/ folder (distribution slurmguard-dev: `bench`, `devcluster`, `demo`) register theirs
+there, so the product package never imports them and a node install does not carry them.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from functools import lru_cache
 from typing import Any
 
 import click
@@ -20,35 +26,30 @@ from slurmguard.extras import missing_extra
 
 # command name -> "module:attribute" of a click.Command / click.Group
 COMMANDS: dict[str, str] = {
-    "devcluster": "slurmguard.devcluster.cli:devcluster",
     "nodes": "slurmguard.report.node_cli:nodes",
     "node": "slurmguard.report.node_cli:node",
     "db": "slurmguard.store.cli:db",
     "policy": "slurmguard.config_cli:policy",
     "ring": "slurmguard.hook.cli:ring",
     "detect": "slurmguard.detect.cli:detect",
-    "bench": "slurmguard.bench:bench",
     "whatif": "slurmguard.whatif.cli:whatif",
     "plan": "slurmguard.mitigate.cli:plan",
-    "agent": "slurmguard.agent:agent_cmd",
-    "controller": "slurmguard.controller:controller_cmd",
-    "keys": "slurmguard.controller:keys",
+    "agent": "slurmguard.agent.cli:agent_cmd",
+    "controller": "slurmguard.controller.cli:controller_cmd",
+    "keys": "slurmguard.controller.cli:keys",
     "triage": "slurmguard.report.cli:triage",
     "incidents": "slurmguard.report.cli:incidents",
     "sweep": "slurmguard.sweeps.cli:sweep",
-    "demo": "slurmguard.demo:demo",
 }
 
 # Short help shown in `slurmguard --help` without importing the module.
 HELP: dict[str, str] = {
-    "devcluster": "Run a real multi-node Slurm cluster on this machine.",
     "nodes": "Show the fleet as Slurm and slurmguard see it.",
     "node": "Drain, resume or inspect one node.",
     "db": "Create or upgrade the database.",
     "policy": "Validate a policies.yaml file.",
     "ring": "Inspect per-rank collective rings.",
     "detect": "Run the detectors on recorded data.",
-    "bench": "Benchmarks that print their figures with a baseline.",
     "whatif": "What-if analysis of a job trace.",
     "plan": "Mitigation planners (micro-batch redistribution, consolidation).",
     "agent": "Run the node agent.",
@@ -57,8 +58,37 @@ HELP: dict[str, str] = {
     "triage": "Triage report of nodes that are not healthy.",
     "incidents": "List incidents with detection delay and outcome.",
     "sweep": "Run or inspect node sweeps.",
-    "demo": "Run the closed loop on the embedded default (local cluster, SQLite).",
 }
+
+PLUGIN_GROUP = "slurmguard.commands"
+"""Entry-point group through which other distributions add `slurmguard` commands."""
+
+ELSEWHERE: dict[str, str] = {
+    "bench": "slurmguard-dev",
+    "devcluster": "slurmguard-dev",
+    "demo": "slurmguard-dev",
+}
+"""Commands another distribution provides -> that distribution, for the error that says
+how to install it (a name only: the product never imports it)."""
+
+INSTALL_HINT = {
+    "slurmguard-dev": "the development tools (local cluster, demo, benchmarks); "
+                      "from a source checkout: pip install ./dev",
+}
+
+
+@lru_cache(maxsize=1)
+def plugin_commands() -> dict[str, str]:
+    """Commands registered in the `slurmguard.commands` entry-point group: name ->
+    "module:attribute". A product command of the same name wins (a plugin cannot
+    replace `node drain`); the first distribution on sys.path wins among plugins."""
+    from importlib.metadata import entry_points
+
+    out: dict[str, str] = {}
+    for ep in entry_points(group=PLUGIN_GROUP):
+        if ep.name not in COMMANDS:
+            out.setdefault(ep.name, ep.value)
+    return out
 
 
 class LazyGroup(click.Group):
@@ -70,16 +100,28 @@ class LazyGroup(click.Group):
     commands_map: dict[str, str] = COMMANDS
     help_map: dict[str, str] = HELP
 
+    def targets(self) -> dict[str, str]:
+        return self.commands_map
+
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(self.commands_map)
+        return sorted(self.targets())
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = self.commands_map.get(cmd_name)
+        target = self.targets().get(cmd_name)
         if target is None:
             return None
         if ctx.resilient_parsing or _listing_only(ctx):
-            # `slurmguard --help` lists commands; avoid importing every area.
-            return click.Command(cmd_name, help=self.help_map.get(cmd_name, ""))
+            # `slurmguard --help` lists commands; avoid importing every area. A plugin's
+            # help is its command's own: loading it must not break the listing.
+            if cmd_name in self.help_map:
+                return click.Command(cmd_name, help=self.help_map[cmd_name])
+            try:
+                return self.load(cmd_name, target)
+            except (click.ClickException, SlurmguardError, ImportError, AttributeError) as exc:
+                return click.Command(cmd_name, help=f"(unavailable: {exc})")
+        return self.load(cmd_name, target)
+
+    def load(self, cmd_name: str, target: str) -> click.Command:
         module_name, attr = target.split(":")
         try:
             module = importlib.import_module(module_name)
@@ -96,6 +138,22 @@ class LazyGroup(click.Group):
         return getattr(module, attr)
 
 
+class RootGroup(LazyGroup):
+    """The top-level group: the product's commands plus those of installed plugins."""
+
+    def targets(self) -> dict[str, str]:
+        return {**plugin_commands(), **COMMANDS}
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        name = args[0] if args else None
+        if name in ELSEWHERE and name not in self.targets():
+            dist = ELSEWHERE[name]
+            raise click.UsageError(
+                f"command '{name}' comes with {dist}, which is not installed: "
+                f"{INSTALL_HINT.get(dist, f'pip install {dist}')}", ctx)
+        return super().resolve_command(ctx, args)
+
+
 def _listing_only(ctx: click.Context) -> bool:
     """True while click only lists this group's commands for --help."""
     args = sys.argv[1:]
@@ -107,7 +165,7 @@ def _listing_only(ctx: click.Context) -> bool:
     return len(args) > depth and args[depth] in ("--help", "-h")
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RootGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--db",
     "db_url",

@@ -453,8 +453,6 @@ class SweepPolicy(Strict):
     """Rendezvous address of pair sweeps; None = the batch host's hostname."""
     workload_args: tuple[str, ...] = ()
     """Extra workload options appended to every sweep job (e.g. --threads 1)."""
-    inject_file: str | None = None
-    """TESTS/DEMO ONLY: fault file passed to sweep jobs as SLURMGUARD_SWEEP_INJECT_FILE."""
     baseline_max_age_h: float = Field(168.0, gt=0)
     """A healthy node's result older than this no longer counts in its class baseline,
     hours; the baseline is re-learned (same-window peers, rolling or `sweep baseline`)."""

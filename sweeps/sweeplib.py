@@ -20,8 +20,12 @@ Two paths with one result schema (slurmguard.sweeps.result):
 Bus bandwidth as nccl-tests computes it: algbw = bytes / time per operation; all-reduce
 busbw = algbw * 2(n-1)/n; a send/recv moves `bytes` once (busbw = algbw).
 
-Fault injection (slurmguard.sweeps.inject) is a test/demo facility: it adds sleeps inside
-the timed regions of the node it names and is recorded in the result.
+Faults: the development cluster has no GPUs and its nodes share one host, so its tests and
+demo slow a node's measurements on purpose. The product cannot do that: `fault_for` below
+always answers "no fault", and no policy key, variable or file changes that. Only the
+development tools' launcher (`python -m slurmguard_dev.sweepfaults WORKLOAD.py ...`, used
+as `sweeps.python`) replaces it before the workload starts; the timed regions then sleep by
+the NodeFault it returns, and the result records it under `injected`.
 """
 
 from __future__ import annotations
@@ -38,15 +42,14 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.distributed as dist
 
 from slurmguard.config import SweepPolicy, load_policy
 from slurmguard.errors import SlurmguardError
-from slurmguard.sweeps.inject import NodeFault, extra_delay, load_faults
 from slurmguard.sweeps.result import (
     GEMM_DTYPES,
     SCHEMA_NAME,
@@ -57,7 +60,63 @@ from slurmguard.sweeps.result import (
 )
 
 MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class NodeFault:
+    """Slowdowns and failures a development run asks of one node; all off by default.
+
+    Slowdowns are fractions of throughput lost (0.25 = the metric reads 25% low), realised
+    by sleeping inside the timed region (`extra_delay`), so the CPU stays idle."""
+
+    gemm_slowdown: float = 0.0
+    """Fraction of GEMM throughput lost on the affected GPUs."""
+    membw_slowdown: float = 0.0
+    """Fraction of device memory bandwidth lost on the affected GPUs."""
+    p2p_slowdown: float = 0.0
+    """Fraction of intra-node GPU-to-GPU copy bandwidth lost on pairs touching affected GPUs."""
+    link_slowdown: float = 0.0
+    """Fraction of cross-node bandwidth lost (send/recv and all-reduce) on this node."""
+    link_direction: Literal["tx", "rx", "both"] = "both"
+    """Which transfers of this node the link slowdown hits: sends, receives or both."""
+    gpus: tuple[int, ...] | None = None
+    """GPU indexes affected by the per-GPU faults; None = all."""
+    crash: bool = False
+    """Exit with status 3 before writing any result (a crashed sweep)."""
+    hang_s: float = 0.0
+    """Sleep this long before measuring (drives the sweep into its time limit), seconds."""
+    corrupt_output: bool = False
+    """Write a truncated, invalid JSON result."""
+    gemm_corrupt: bool = False
+    """Flip one element of each verified GEMM product on the affected GPUs (silent data
+    corruption): the float64 reference check must catch it."""
+
+    def hits_gpu(self, index: int) -> bool:
+        return self.gpus is None or index in self.gpus
+
+    def link_factor(self, sending: bool) -> float:
+        """Slowdown that applies to one transfer of this node (0 when it does not)."""
+        if self.link_slowdown <= 0:
+            return 0.0
+        if self.link_direction == "both" or (self.link_direction == "tx") == sending:
+            return self.link_slowdown
+        return 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.gpus is not None:
+            d["gpus"] = list(self.gpus)
+        return d
+
+
 NO_FAULT = NodeFault()
+
+
+def extra_delay(elapsed_s: float, slowdown: float) -> float:
+    """Seconds to add to a measurement of `elapsed_s` so its rate drops by `slowdown`."""
+    if slowdown <= 0 or elapsed_s <= 0:
+        return 0.0
+    return elapsed_s * slowdown / (1.0 - slowdown)
 
 _TORCH_DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16,
                  "float16": torch.float16}
@@ -182,10 +241,9 @@ def sync(dev: torch.device) -> None:
 
 
 def fault_for(node: str) -> tuple[NodeFault, dict[str, Any] | None]:
-    """This node's injected faults (NO_FAULT when none) and the dict recorded in the result."""
-    faults = load_faults()
-    f = faults.get(node)
-    return (f or NO_FAULT), ({node: f.to_dict()} if f is not None else None)
+    """This node's faults and the dict recorded in the result: none, in the product. The
+    development tools' launcher (slurmguard_dev.sweepfaults) replaces this function."""
+    return NO_FAULT, None
 
 
 def apply_start_faults(fault: NodeFault) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmguard.agent.bench import JOB_ID, make_agent, write_rings
+from slurmguard_dev.bench.agent import JOB_ID, make_agent, write_rings
 
 
 def _policy(tmp_path: Path) -> Path:

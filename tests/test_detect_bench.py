@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 from click.testing import CliRunner
 
-from slurmguard.detect.baselines import Alarm, Report, score, sliding_window, sliding_window_alarms
-from slurmguard.detect.scenarios import KINDS, MIN_DURATION, MIN_SHIFT, make_scenario, make_suite
+from slurmguard_dev.bench.detect_baselines import Alarm, Report, score, sliding_window, sliding_window_alarms
+from slurmguard_dev.bench.detect_scenarios import KINDS, MIN_DURATION, MIN_SHIFT, make_scenario, make_suite
 
 
 def test_bench_detect_small_run_prints_tables_baselines_and_throughput():

@@ -8,7 +8,7 @@ import pytest
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.period import acf, find_period, rank_period, step_times
 from slurmguard.detect.records import RankOps
-from slurmguard.detect.synth import JobSpec, make_job
+from slurmguard_dev.bench.detect_synth import JobSpec, make_job
 
 
 def test_acf_is_one_at_the_period_of_a_periodic_symbol_sequence():

@@ -6,7 +6,7 @@ jobs on 2 nodes, rank 0's own step times; healthy, with the node of the last
 rank CPU-capped from outside the job (shift), or capped mildly and lifted
 (transient), labelled with the step that ended first after the cap went on
 (and began first after it was lifted). Each class is scored as the bench
-scores it (slurmguard.detect.baselines.score: FPR, FNR, detection delay
+scores it (slurmguard_dev.bench.detect_baselines.score: FPR, FNR, detection delay
 detected_at - onset, location error), against issue 13's targets.
 """
 
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from slurmguard.config import Policy
-from slurmguard.detect.baselines import score
-from slurmguard.detect.bench import RECORDED, run_detector
-from slurmguard.detect.scenarios import load_recorded, load_recorded_dir
 from slurmguard.detect.stepfile import first_step_after, read_step_file, write_step_file
 from slurmguard.detect.steps import DetectorConfig, detect_steps
+from slurmguard_dev.bench.detect import RECORDED, run_detector
+from slurmguard_dev.bench.detect_baselines import score
+from slurmguard_dev.bench.detect_scenarios import load_recorded, load_recorded_dir
 
 CLASSES = ("healthy", "shift", "transient")
 
@@ -86,7 +86,7 @@ def test_a_lifted_cap_is_found_too(recorded):
 
 
 def test_a_saved_series_is_read_back_with_its_labels(tmp_path: Path):
-    from slurmguard.respond.bench import _save_series
+    from slurmguard_dev.bench.loop import _save_series
 
     ends = [100.0 + 0.1 * i for i in range(60)]
     entries = [{"t": t, "restart": 0} for t in ends]

@@ -228,10 +228,10 @@ def test_cli_bad_rows_name_the_line_or_become_gaps(tmp_path):
 
 
 def test_recorded_series_load_with_their_labels_and_score(tmp_path):
-    from slurmguard.detect.bench import run_detector
-    from slurmguard.detect.baselines import score
-    from slurmguard.detect.scenarios import load_recorded, load_recorded_dir
     from slurmguard.errors import InputError
+    from slurmguard_dev.bench.detect import run_detector
+    from slurmguard_dev.bench.detect_baselines import score
+    from slurmguard_dev.bench.detect_scenarios import load_recorded, load_recorded_dir
 
     rng = np.random.default_rng(100)
     x = _noisy(rng, _pattern(300, 2, 1.3, base=0.09), 0.02)

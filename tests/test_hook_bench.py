@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from slurmguard.hook.bench import CallCost, ExitRace, StepCost, TorchCallCost, report
+from slurmguard_dev.bench.hook import CallCost, ExitRace, StepCost, TorchCallCost, report
 
 pytestmark = pytest.mark.slow
 

@@ -88,7 +88,7 @@ def test_gpu_event_bench_report():
     """`slurmguard bench hook`'s CUDA-event part: added cost = events minus
     host-only timing in the same run, and its share of a 50 ms step with
     100 collectives, judged against both targets."""
-    from slurmguard.hook.bench import GpuCallCost, report
+    from slurmguard_dev.bench.hook import GpuCallCost, report
 
     g = GpuCallCost(calls_per_round=20000, rounds=3, runs=5, burst=100,
                     cpu_ns={"base": 150.0, "host": 700.0, "events": 1100.0},

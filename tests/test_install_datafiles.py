@@ -55,7 +55,7 @@ def test_checkout_only_path_missing_is_a_one_line_error_naming_the_command(monke
 
 def test_bench_whatif_takes_its_traces_from_an_option_or_env_never_a_default(monkeypatch, capsys):
     from slurmguard.cli import main
-    from slurmguard.whatif.bench import TRACES_ENV
+    from slurmguard_dev.bench.whatif import TRACES_ENV
 
     monkeypatch.delenv(TRACES_ENV, raising=False)
     with pytest.raises(SystemExit) as exc:

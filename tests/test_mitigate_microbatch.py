@@ -88,8 +88,8 @@ def test_continuous_bound_is_a_lower_bound_and_tight_for_divisible_cases():
 
 def test_matches_cvxpy_milp_on_larger_cases():
     pytest.importorskip("cvxpy")
-    from slurmguard.mitigate.bench import make_times
     from slurmguard.mitigate.reference import plan_microbatches_milp
+    from slurmguard_dev.bench.plan import make_times
 
     rng = np.random.default_rng(11)
     for groups, per_group, pp in [(16, 8, 1), (32, 5, 1), (48, 3, 2), (64, 4, 1)]:

@@ -22,7 +22,7 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
     script = (
         "#!/bin/bash\n"
         f"export SLURMGUARD_CONTROLLER_URL={run.guard.controller_url}\n"
-        f"srun {sys.executable} -m slurmguard.devcluster.train --iters 700 --compute-ms 80 "
+        f"srun {sys.executable} -m slurmguard_dev.devcluster.train --iters 700 --compute-ms 80 "
         f"--microbatches 16 --plan-every 5 --ckpt {st}/ckpt-$SLURM_JOB_ID "
         f"--inject-dir {run.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n")
     job = run.cluster.sbatch(script, "-N2", "--ntasks-per-node=1", "--exclusive", "--straggler-guard",

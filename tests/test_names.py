@@ -8,7 +8,7 @@ from slurmguard.errors import SlurmguardError
 from slurmguard.names import MAX_NODE_NAME, is_node_name
 from slurmguard.reports import NODE_NAME
 from slurmguard.slurm import validate
-from slurmguard.sweeps.inject import parse_faults
+from slurmguard_dev.sweepfaults import parse_faults
 
 LONGEST = "n" * MAX_NODE_NAME
 GOOD = ["gpu001", "a", "gpu-a01.rack_3", LONGEST]

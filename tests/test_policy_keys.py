@@ -205,11 +205,12 @@ def test_the_scan_sees_what_it_must():
     for must in ("slurmguard.controller.assess", "slurmguard.controller.decide",
                  "slurmguard.detect.steps", "slurmguard.detect.findings", "slurmguard.nodecheck.prolog"):
         assert must in mods
-    for lazy in ("slurmguard.detect.bench", "slurmguard.workloads.runtime", "slurmguard.hook.torchhook"):
-        assert lazy in mods  # through `bench detect`, `python -m slurmguard.workloads`, the site dir
-    # a package nothing imports is not reached (the tests' fake Slurm is: `bench agent`
-    # runs a real agent against it, until the benches leave the package, issue 14.6)
+    for lazy in ("slurmguard.whatif.simulate", "slurmguard.workloads.runtime", "slurmguard.hook.torchhook"):
+        assert lazy in mods  # through `whatif`, `python -m slurmguard.workloads`, the site dir
+    # a package nothing imports is not reached, nor are the development tools (dev/): a key
+    # only a benchmark or the dev cluster reads changes nothing the product does
     assert "slurmguard._data" not in mods
+    assert not [m for m in mods if m.startswith("slurmguard_dev")]
     product = {m: _names_used(t) for m, t in mods.items() if m != "slurmguard.config"}
     assert _readers("detection.peers.window_s", [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")],
                     product)

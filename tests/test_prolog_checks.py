@@ -274,7 +274,7 @@ def test_expected_gpus_errors_name_the_file(tmp_path):
 
 
 def test_devcluster_conf_has_no_gres(tmp_path):
-    from slurmguard.devcluster.conf import ConfPaths, render_slurm_conf
+    from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
     text = render_slurm_conf(cluster_name="c", control_host="h", ctld_port=1, node_ports={"node1": 2},
                              partition="debug", cpus_per_node=2, memory_mb=100,
                              paths=ConfPaths(tmp_path, tmp_path, tmp_path, None, None, None))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmguard.devcluster.cluster import ClusterSpec, DevCluster, DevClusterError, secure_dir
+from slurmguard_dev.devcluster.cluster import ClusterSpec, DevCluster, DevClusterError, secure_dir
 from tests.fixtures.security import attacker, run_as  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]

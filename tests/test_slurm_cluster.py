@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from slurmguard.devcluster import ClusterSpec, DevCluster
 from slurmguard.slurm.commands import CommandSlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmUnavailable, UnknownJob, UnknownNode
+from slurmguard_dev.devcluster import ClusterSpec, DevCluster
 from tests.fixtures.common import wait_for as _wait
 
 pytestmark = pytest.mark.slurm

@@ -89,7 +89,7 @@ def test_unreachable_restd_is_slurm_unavailable(tmp_path):
 # ------------------------------------------------------------------ on the local cluster
 @pytest.fixture(scope="module")
 def restd_cluster(tmp_path_factory):
-    from slurmguard.devcluster import ClusterSpec, DevCluster
+    from slurmguard_dev.devcluster import ClusterSpec, DevCluster
 
     c = DevCluster(ClusterSpec(state_dir=tmp_path_factory.mktemp("restd"), nodes=2, restd=True))
     c.up()

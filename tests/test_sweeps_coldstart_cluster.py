@@ -2,7 +2,7 @@
 
 A fresh database, no seeding step: node2 and node3 are drained the way an admin does it
 (`slurmguard node drain`: audited drain + lifecycle `draining`); node3 is slowed from
-outside by the CPU-cap fault (slurmguard.devcluster.fault, a cgroup CPU quota on its
+outside by the CPU-cap fault (slurmguard_dev.devcluster.fault, a cgroup CPU quota on its
 slurmd and job steps). With no class baseline the scheduler sweeps an idle healthy peer
 itself (never a busy node), judges both drained nodes against it, returns node2 and holds
 node3 with its evidence; no manual step between.
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurmguard.devcluster.fault import apply_cpu_cap, clear_fault
 from slurmguard.store import NodeState, SweepKind, Verdict
-from slurmguard.sweeps.bench import DEV_CPU_FLOOR
+from slurmguard_dev.bench.sweeps import DEV_CPU_FLOOR
+from slurmguard_dev.devcluster.fault import apply_cpu_cap, clear_fault
 from tests.test_sweeps_scheduler_cluster import Env, sweep_policy
 
 pytestmark = pytest.mark.slurm
@@ -33,7 +33,7 @@ def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devclus
     devcluster.wait_nodes_idle(timeout=60)
     e = Env(devcluster, tmp_path)  # a fresh database
     pol = sweep_policy(tmp_path, bootstrap_min_nodes=3, peer_min_nodes=1, pass_tolerance=0.75,
-                       floors=(DEV_CPU_FLOOR,), inject_file=None)
+                       floors=(DEV_CPU_FLOOR,), python=None)  # the product workload, no fault launcher
     e.open(sweeps=pol)
     assert e.store.sweeps() == []
     e.tick()  # the controller's first cycle registers the nodes Slurm knows

@@ -1,7 +1,7 @@
 import pytest
 
 from slurmguard.errors import InputError
-from slurmguard.sweeps.inject import NodeFault, extra_delay, load_faults
+from slurmguard_dev.sweepfaults import NodeFault, extra_delay, load_faults
 
 
 def test_inline_env_beats_file_and_is_keyed_by_node(tmp_path):

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from slurmguard.cli import cli
 from slurmguard.store import NodeState, SweepKind, Verdict
-from slurmguard.sweeps.bench import NodeRun, _episode_figures, summarise
 from slurmguard.sweeps.episode import load_episode
+from slurmguard_dev.bench.sweeps import NodeRun, _episode_figures, summarise
 from tests.test_sweeps_scheduler import Rig
 
 
@@ -82,9 +82,9 @@ def test_episode_figures_from_the_database(sqlite_store, fake_clock, tmp_path):
 
 def test_baseline_shows_expiry_and_refresh_sweeps_idle_healthy_nodes(sqlite_store, fake_clock, tmp_path,
                                                                      monkeypatch):
-    from slurmguard.sweeps import cli as sweep_cli
-
     import time
+
+    from slurmguard.sweeps import cli as sweep_cli
 
     rig = Rig(sqlite_store, fake_clock, tmp_path)
     now = time.time()  # the CLI reads the system clock

@@ -2,7 +2,7 @@
 
 One module-wide database is seeded by a rolling sweep of node1 (an unsuspected node:
 bootstrap sample of the class baseline and a trusted reference). Faults are injected
-through the policy's inject_file (SLURMGUARD_SWEEP_INJECT_FILE in the sweep job's env).
+by the development tools' launcher as the sweep interpreter (sweeps.python), reading inject.json.
 CPU timings on a shared 2-core machine are noisy, so the test policy uses a wide
 tolerance (85%) and injects large faults (95%).
 """
@@ -30,6 +30,7 @@ from slurmguard.store import (
 )
 from slurmguard.sweeps.episode import AFTER_SWEEP, LAST_SWEEP, load_episode
 from slurmguard.sweeps.scheduler import SweepScheduler
+from slurmguard_dev.sweepfaults import launcher
 
 pytestmark = pytest.mark.slurm
 
@@ -39,7 +40,8 @@ def sweep_policy(tmp: Path, **kw) -> SweepPolicy:
             "membw_bytes": 2 << 20, "message_sizes_mb": (4,), "repeats": 5, "comm_timeout_s": 60.0,
             "time_limit_min": 3, "start_timeout_min": 2, "pass_tolerance": 0.85,
             "bootstrap_min_nodes": 1, "master_addr": "127.0.0.1", "workload_args": ("--threads", "1"),
-            "inject_file": str(tmp / "inject.json"), "result_dir": str(tmp / "results")}
+            "python": str(launcher(tmp / "python-faults", tmp / "inject.json")),
+            "result_dir": str(tmp / "results")}
     return SweepPolicy(**(base | kw))
 
 
@@ -245,7 +247,7 @@ def test_third_triage_entry_in_seven_days_goes_to_terminal(e, clean_cluster):
 
 
 def test_reboot_rung_restarts_the_nodes_slurmd_and_sweeps_again(e, clean_cluster):
-    from slurmguard.devcluster.devreboot import adopt_restarted, install
+    from slurmguard_dev.devcluster.devreboot import adopt_restarted, install
 
     e.open(triage=TriagePolicy(ladder=("reboot", "terminal")))
     install(clean_cluster)

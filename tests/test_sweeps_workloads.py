@@ -14,20 +14,33 @@ from slurmguard.sweeps.baseline import baseline_for
 from slurmguard.sweeps.local import run_node_local, run_pair_local
 from slurmguard.sweeps.result import load_result, parse_result
 from slurmguard.sweeps.verdict import (
-    JobOutcome, Outcome, ReferenceStatus, judge_job, judge_multi, judge_result,
+    JobOutcome,
+    Outcome,
+    ReferenceStatus,
+    judge_job,
+    judge_multi,
+    judge_result,
 )
+from slurmguard_dev.sweepfaults import launcher
 
 POL = SweepPolicy()
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    """The workloads run by the development tools' fault launcher, which reads the
+    SLURMGUARD_SWEEP_INJECT each test passes (the product's own run never injects)."""
+    return POL.model_copy(update={"python": str(launcher(tmp_path_factory.mktemp("faults") / "python"))})
 SMALL = ["--device", "cpu", "--duration", "0.3", "--gemm-size", "96", "--dtypes", "float32,bfloat16",
          "--membw-bytes", str(2 << 20), "--message-sizes-mb", "1", "--repeats", "3", "--threads", "1",
          "--comm-timeout", "60"]
 
 
-def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
+def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path, faulty):
     out = tmp_path / "node.json"
     # a strong fault: on a loaded 2-core machine the twin's own speed varies 2-3x
     inject = json.dumps({"node3": {"gemm_slowdown": 0.85, "gpus": [1]}})
-    res = run_node_local(str(out), "node3", SMALL + ["--cpu-devices", "2"], POL, timeout_s=180,
+    res = run_node_local(str(out), "node3", SMALL + ["--cpu-devices", "2"], faulty, timeout_s=180,
                          env={"SLURMGUARD_SWEEP_INJECT": inject})
     assert res.returncode == 0, res.stderr[-2000:]
     r = load_result(str(out))
@@ -51,7 +64,7 @@ def test_node_sweep_cpu_two_devices_with_slowed_gpu(tmp_path):
     assert {c.key for c in v.failures} >= {"gemm_float32/gpu1", "gemm_bfloat16/gpu1"}
 
 
-def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path):
+def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path, faulty):
     healthy_out, slow_out = tmp_path / "healthy.json", tmp_path / "slow.json"
     rs = run_pair_local(str(healthy_out), ["node2", "node1"], SMALL, POL, timeout_s=180)
     assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
@@ -61,7 +74,7 @@ def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path):
     assert [(a.scope, a.ranks) for a in healthy.allreduce] == [("cross", 2)]
 
     inject = json.dumps({"node2": {"link_slowdown": 0.9}})
-    rs = run_pair_local(str(slow_out), ["node2", "node1"], SMALL, POL, timeout_s=180,
+    rs = run_pair_local(str(slow_out), ["node2", "node1"], SMALL, faulty, timeout_s=180,
                         env={"SLURMGUARD_SWEEP_INJECT": inject})
     assert [r.returncode for r in rs] == [0, 0], [r.stderr[-1500:] for r in rs]
     text = slow_out.read_text()
@@ -86,9 +99,9 @@ def test_pair_sweep_names_the_link_slowed_node_under_test(tmp_path):
     assert "node1" not in v.reason
 
 
-def test_crashed_and_corrupt_sweeps_fail(tmp_path):
+def test_crashed_and_corrupt_sweeps_fail(tmp_path, faulty):
     out = tmp_path / "crash.json"
-    res = run_node_local(str(out), "node4", SMALL, POL, timeout_s=120,
+    res = run_node_local(str(out), "node4", SMALL, faulty, timeout_s=120,
                          env={"SLURMGUARD_SWEEP_INJECT": '{"node4": {"crash": true}}'})
     assert res.returncode == 3 and not out.exists()
     v = judge_job(JobOutcome("FAILED", res.returncode, None, str(out)), kind="node", node="node4",
@@ -96,12 +109,27 @@ def test_crashed_and_corrupt_sweeps_fail(tmp_path):
     assert v.outcome is Outcome.FAIL and v.reason == "slurmguard: sweep1 crashed (FAILED exit 3)"
 
     out = tmp_path / "corrupt.json"
-    res = run_node_local(str(out), "node4", SMALL, POL, timeout_s=120,
+    res = run_node_local(str(out), "node4", SMALL, faulty, timeout_s=120,
                          env={"SLURMGUARD_SWEEP_INJECT": '{"node4": {"corrupt_output": true}}'})
     assert res.returncode == 0
     v = judge_job(JobOutcome("COMPLETED", 0, out.read_bytes(), str(out)), kind="node", node="node4",
                   baseline=None, policy=POL, suspected=False)
     assert v.outcome is Outcome.FAIL and v.reason.startswith("slurmguard: sweep1 bad result: invalid JSON")
+
+
+def test_the_product_workload_cannot_be_told_to_fake_a_fault(tmp_path, faulty):
+    # the variables the development launcher reads do nothing to the product's own run
+    out = tmp_path / "node.json"
+    res = run_node_local(str(out), "node4", SMALL, POL, timeout_s=120,
+                         env={"SLURMGUARD_SWEEP_INJECT": '{"node4": {"crash": true}}'})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert load_result(str(out)).injected is None
+    # and the launcher refuses a bad fault spec with one line naming it, before measuring
+    res = run_node_local(str(tmp_path / "x.json"), "node4", SMALL, faulty, timeout_s=120,
+                         env={"SLURMGUARD_SWEEP_INJECT": '{"node4": {"crash": 1}}'})
+    assert res.returncode == 2
+    assert res.stderr.strip() == ("slurmguard sweep: SLURMGUARD_SWEEP_INJECT: node4.crash: "
+                                  "expected true or false, got 1")
 
 
 def test_bad_options_are_one_line_errors(tmp_path):
@@ -111,9 +139,9 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
 
 @pytest.mark.slow
-def test_three_node_pass_sweep_localizes_the_slow_node(tmp_path):
+def test_three_node_pass_sweep_localizes_the_slow_node(tmp_path, faulty):
     out = tmp_path / "multi.json"
-    rs = run_pair_local(str(out), ["n0", "n1", "n2"], SMALL, POL, timeout_s=240,
+    rs = run_pair_local(str(out), ["n0", "n1", "n2"], SMALL, faulty, timeout_s=240,
                         env={"SLURMGUARD_SWEEP_INJECT": '{"n1": {"link_slowdown": 0.9}}'})
     assert [r.returncode for r in rs] == [0, 0, 0], [r.stderr[-1500:] for r in rs]
     r = load_result(str(out))
@@ -127,12 +155,12 @@ def test_three_node_pass_sweep_localizes_the_slow_node(tmp_path):
     assert verdicts["n0"].outcome is Outcome.PASS and verdicts["n2"].outcome is Outcome.PASS
 
 
-def test_silent_data_corruption_fails_the_sweep(tmp_path):
+def test_silent_data_corruption_fails_the_sweep(tmp_path, faulty):
     """One wrong element per verified product (gemm_corrupt): the float64 reference check
     catches it, the sweep reports an error and the verdict fails with it."""
     out = tmp_path / "node.json"
     fp32 = ["float32" if a == "float32,bfloat16" else a for a in SMALL]
-    res = run_node_local(str(out), "node3", fp32, POL,
+    res = run_node_local(str(out), "node3", fp32, faulty,
                          timeout_s=180, env={"SLURMGUARD_SWEEP_INJECT": '{"node3": {"gemm_corrupt": true}}'})
     assert res.returncode == 1, res.stderr[-2000:]
     r = load_result(str(out))

@@ -8,8 +8,8 @@ import click
 import numpy as np
 import pytest
 
-from slurmguard.devcluster.fault import FaultError, cap_for_slowdown
-from slurmguard.respond.bench import _fmt, _offline_delays, parse_fault
+from slurmguard_dev.bench.loop import _fmt, _offline_delays, parse_fault
+from slurmguard_dev.devcluster.fault import FaultError, cap_for_slowdown
 
 
 def test_fault_grammar():

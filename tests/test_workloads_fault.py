@@ -1,4 +1,4 @@
-"""The CPU-cap fault (slurmguard.devcluster.fault) on the real local cluster, and
+"""The CPU-cap fault (slurmguard_dev.devcluster.fault) on the real local cluster, and
 its cgroup v2 path on a directory laid out like a cgroup2 mount (this host's v2
 tree has no cpu controller)."""
 
@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from slurmguard.devcluster import ClusterSpec, DevCluster
-from slurmguard.devcluster.fault import (PARENT, CgroupCpu, FaultError, active_faults,
-                                         apply_cpu_cap, clear_fault, find_cpu_cgroup)
+from slurmguard_dev.devcluster import ClusterSpec, DevCluster
+from slurmguard_dev.devcluster.fault import (
+    PARENT,
+    CgroupCpu,
+    FaultError,
+    active_faults,
+    apply_cpu_cap,
+    clear_fault,
+    find_cpu_cgroup,
+)
 from tests.fixtures.common import wait_for
 
 # a pure-Python CPU-bound loop: prints "<seconds since start> <seconds per chunk>"

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from slurmguard.devcluster import fault
-from slurmguard.devcluster.scenario import MODERATE, SEVERE, Scenario
+from slurmguard_dev.devcluster import fault
+from slurmguard_dev.devcluster.scenario import MODERATE, SEVERE, Scenario
 from tests.fixtures.guard import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -1,7 +1,7 @@
 """An in-memory SlurmClient with the same ownership rules as the real backend.
 
 For unit tests of the controller, sweeps and triage logic that must not need a
-cluster. Integration tests use the real cluster (slurmguard.devcluster).
+cluster. Integration tests use the real cluster (slurmguard_dev.devcluster).
 Semantics follow Slurm: DRAIN is a flag on top of the base state, a node
 running jobs keeps ALLOCATED while draining, requeue sends a job back to
 PENDING with a restart counted, reservations are MAINT/IGNORE_JOBS.

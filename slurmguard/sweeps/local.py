@@ -2,7 +2,8 @@
 
 The pair sweep is started as one process per "node" with the environment srun would give
 it (SLURM_PROCID, SLURM_NTASKS, SLURMD_NODENAME, MASTER_ADDR/PORT on loopback), so the
-CPU path, the rendezvous and the node-keyed fault injection behave as under Slurm.
+CPU path, the rendezvous and anything keyed by node name (the development tools' fault
+launcher, when it is the policy's `python`) behave as under Slurm.
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ class SweepResult:
     errors: tuple[SweepErrorRecord, ...] = ()
     stages: tuple[StageResult, ...] = ()
     injected: Mapping[str, Any] | None = None
-    """The fault-injection knobs that were active (tests/demo only); None in production."""
+    """The faults the development tools' launcher injected (slurmguard_dev.sweepfaults);
+    None from the product's own run, which cannot inject any."""
     schema: str = SCHEMA_NAME
     version: int = SCHEMA_VERSION
 

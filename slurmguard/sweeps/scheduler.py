@@ -97,7 +97,6 @@ KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "R
 """Ended from outside (admin, preemption, Slurm): retried, not held against the node."""
 NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
 VANISHED = "VANISHED"
-INJECT_ENV = "SLURMGUARD_SWEEP_INJECT_FILE"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -558,11 +557,10 @@ class SweepScheduler:
                                 master_addr=self.policy.master_addr, master_port=port, hw_class=klass,
                                 extra_args=workload_args(self.policy))
             script = render_sweep_script(spec, self.policy)
-            env = {INJECT_ENV: self.policy.inject_file} if self.policy.inject_file else None
             jid = self.executor.submit(script, node=node, reason=f"{self._label(s)} of {node}",
                                        evidence={"sweep": s.id, "kind": kind, "reference": ref},
                                        job_name=spec.job_name, nodelist=list(nodes), reservation=resv,
-                                       time_limit_min=spec.time_limit_min, partition=parts, env=env)
+                                       time_limit_min=spec.time_limit_min, partition=parts)
         except Exception as exc:
             self._mark_not_run(s.id, f"submission failed: {exc}", view, reason=f"{self._label(s)} not submitted")
             if ref is not None:

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from slurmguard.devcluster.cluster import DevCluster, DevClusterError
+from slurmguard_dev.devcluster.cluster import DevCluster, DevClusterError
 
 #: CFS period written with every cap (us); the kernel default.
 PERIOD_US = 100_000

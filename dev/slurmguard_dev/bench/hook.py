@@ -33,7 +33,7 @@
    path), the process's CPU time (adds the completion callbacks, which
    describe and write the records) and wall time.
 3. Step time of a guarded job against the same job unguarded on the local
-   cluster: slurmguard.devcluster.train (DDP over 2 nodes, gloo) with its
+   cluster: slurmguard_dev.devcluster.train (DDP over 2 nodes, gloo) with its
    accelerator compute modelled as a sleep (--compute-ms), so its step
    time does not swing with how busy the machine's cores are. A guarded
    and an unguarded job run at the same time on disjoint node pairs
@@ -476,7 +476,7 @@ def _bootstrap_ci(g: list[float], u: list[float], n: int = 1000, seed: int = 0) 
 
 def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_ms: float = 80.0,
                       warmup: int = 5) -> StepCost:
-    """Run slurmguard.devcluster.train over 2 nodes guarded and unguarded at
+    """Run slurmguard_dev.devcluster.train over 2 nodes guarded and unguarded at
     the same time on disjoint node pairs of `cluster` (a DevCluster with the
     plugin installed, rings under ring_root), `pairs` times, swapping the
     node pairs and the submission order each time. Step times are rank 0's
@@ -506,7 +506,7 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                 batch_script = (
                     "#!/bin/bash\n"
                     "export MASTER_ADDR=127.0.0.1\n"
-                    f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.devcluster.train "
+                    f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard_dev.devcluster.train "
                     f"--iters {iters} --compute-ms {compute_ms} --ckpt {tmp / (tag + '-ckpt')} "
                     f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\n")
                 args = ["-N2", "-n2", "-w", nodelist, "-o", str(tmp / f"{tag}.out")]
@@ -572,7 +572,7 @@ class _GuardedCluster:
         self.old_plugstack = None
 
     def __enter__(self) -> _GuardedCluster:
-        from slurmguard.devcluster import ClusterSpec, DevCluster
+        from slurmguard_dev.devcluster import ClusterSpec, DevCluster
 
         if self.state_dir:
             self.cluster = DevCluster.attach(self.state_dir)
@@ -677,7 +677,7 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
         ok = "meets" if s.overhead_pct < STEP_TARGET_PCT else "MISSES"
         lo, hi = s.ci_pct
         lines += [
-            f"Guarded step time on the local cluster (slurmguard.devcluster.train, 2 nodes, gloo, "
+            f"Guarded step time on the local cluster (slurmguard_dev.devcluster.train, 2 nodes, gloo, "
             f"compute modelled as {s.compute_ms:g} ms asleep; {s.iters} iterations x {s.pairs} "
             f"concurrent guarded/unguarded job pairs, {s.steps_used} overlapping steps per side):",
             f"  median step: unguarded {s.unguarded_ms:.2f} ms   guarded {s.guarded_ms:.2f} ms   "

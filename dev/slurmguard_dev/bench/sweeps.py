@@ -351,9 +351,9 @@ def _fmt(v) -> str:
 def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, state_dir: str | None,
                  cold_start: bool, healthy_sweeps: int, as_json: bool) -> None:
     """Time and sweep node-hours to verify and return a drained node (dev cluster)."""
-    from slurmguard.devcluster import ClusterSpec, DevCluster
-    from slurmguard.devcluster.devreboot import adopt_restarted
-    from slurmguard.devcluster.devreboot import install as install_devreboot
+    from slurmguard_dev.devcluster import ClusterSpec, DevCluster
+    from slurmguard_dev.devcluster.devreboot import adopt_restarted
+    from slurmguard_dev.devcluster.devreboot import install as install_devreboot
 
     workdir = Path(tempfile.mkdtemp(prefix="sg-bench-sweeps-"))
     started = False

@@ -1,5 +1,6 @@
 """`slurmguard bench ...`: each benchmark prints its figure and the baseline
-measured in the same run. The benchmarks live with the code they measure."""
+measured in the same run. One module per area of the product it measures (named by the
+bench: detect, hook, loop = the online loop of respond/controller, prolog = nodecheck...)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import click
 from slurmguard.cli import LazyGroup
 
 BENCHES = {
-    "detect": "slurmguard.detect.bench:bench_detect",
-    "hook": "slurmguard.hook.bench:bench_hook",
-    "whatif": "slurmguard.whatif.bench:bench_whatif",
-    "plan": "slurmguard.mitigate.bench:bench_plan",
-    "sweeps": "slurmguard.sweeps.bench:bench_sweeps",
-    "loop": "slurmguard.respond.bench:bench_loop",
-    "prolog": "slurmguard.nodecheck.bench:bench_prolog",
-    "agent": "slurmguard.agent.bench:bench_agent",
-    "scale": "slurmguard.controller.scale_bench:bench_scale",
+    "detect": "slurmguard_dev.bench.detect:bench_detect",
+    "hook": "slurmguard_dev.bench.hook:bench_hook",
+    "whatif": "slurmguard_dev.bench.whatif:bench_whatif",
+    "plan": "slurmguard_dev.bench.plan:bench_plan",
+    "sweeps": "slurmguard_dev.bench.sweeps:bench_sweeps",
+    "loop": "slurmguard_dev.bench.loop:bench_loop",
+    "prolog": "slurmguard_dev.bench.prolog:bench_prolog",
+    "agent": "slurmguard_dev.bench.agent:bench_agent",
+    "scale": "slurmguard_dev.bench.scale:bench_scale",
 }
 
 BENCH_HELP = {

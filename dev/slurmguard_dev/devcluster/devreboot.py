@@ -127,7 +127,7 @@ def main() -> int:
 
 def install(cluster: Any) -> Path:
     """Make this the RebootProgram of a DevCluster; returns the wrapper's path."""
-    from slurmguard.devcluster import DevCluster
+    from slurmguard_dev.devcluster import DevCluster
 
     if not isinstance(cluster, DevCluster):
         raise TypeError("devreboot is for the development cluster only")
@@ -135,7 +135,7 @@ def install(cluster: Any) -> Path:
     d.mkdir(exist_ok=True)
     path = d / "reboot.sh"
     path.write_text(f"#!/bin/sh\n# slurmguard devcluster reboot: restart this node's slurmd\n"
-                    f"exec {sys.executable} -m slurmguard.devcluster.devreboot\n")
+                    f"exec {sys.executable} -m slurmguard_dev.devcluster.devreboot\n")
     path.chmod(0o755)
     cluster.set_reboot_program(path)
     return path

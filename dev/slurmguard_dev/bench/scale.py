@@ -2,7 +2,7 @@
 synthetic fleet of N nodes x 8 GPUs, per N and database, against the previous
 release's code in the same run (--baseline-src: a source tree of it).
 
-Each measurement runs in a process of its own (controller/scale_harness.py), so
+Each measurement runs in a process of its own (bench/scale_harness.py), so
 its RSS is its own and the baseline runs the same harness on its own code.
 """
 

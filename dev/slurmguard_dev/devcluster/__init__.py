@@ -5,6 +5,6 @@ port, spool and log, all under one state directory. Used by the test suite,
 the demo and the benchmarks.
 """
 
-from slurmguard.devcluster.cluster import ClusterSpec, DevCluster, DevClusterError, MissingSoftware
+from slurmguard_dev.devcluster.cluster import ClusterSpec, DevCluster, DevClusterError, MissingSoftware
 
 __all__ = ["ClusterSpec", "DevCluster", "DevClusterError", "MissingSoftware"]

@@ -185,7 +185,7 @@ def _writer(root: Path, node: str, job_id: int, ranks: int, collectives: int, st
             seconds: float) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from slurmguard.agent.bench import write_rings; "
+         "import sys; from slurmguard_dev.bench.agent import write_rings; "
          "write_rings(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "
          "int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))",
          str(root), node, str(job_id), str(ranks), str(collectives), str(step_s), str(seconds)])
@@ -231,7 +231,7 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
         agents = {
             name: subprocess.Popen(
                 [sys.executable, "-c",
-                 "import sys; from slurmguard.agent.bench import run_agent; "
+                 "import sys; from slurmguard_dev.bench.agent import run_agent; "
                  "run_agent(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
                  "int(sys.argv[5]) if sys.argv[5] else None, sys.argv[6])",
                  "benchnode" if name == "loaded" else "idlenode", url, str(policy), str(root),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slurmguard.detect.scenarios import Scenario
+from slurmguard_dev.bench.detect_scenarios import Scenario
 
 
 @dataclass(frozen=True)

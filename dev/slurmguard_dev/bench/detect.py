@@ -3,7 +3,7 @@
 One run prints:
 1. on a labelled suite of step series with the texture of real jobs (step
    patterns, checkpoints, outliers, heavy tails, warm-up, hiccups; see
-   slurmguard.detect.scenarios), for the step detector (slurmguard.detect.steps,
+   slurmguard_dev.bench.detect_scenarios), for the step detector (slurmguard.detect.steps,
    what the agent and the controller run) and, from the same run, the
    sliding-window and plain-BOCD baselines and the previous BOCD + 10%-check:
    FPR, FNR (slowdowns >= 10% lasting >= 30 steps), detection delay
@@ -29,17 +29,17 @@ from scipy.special import gammaln
 
 from slurmguard.config import BocdPolicy, load_policy
 from slurmguard.datafiles import checkout_root
-from slurmguard.detect.baselines import Alarm, Report, Score, score, sliding_window
 from slurmguard.detect.bocd import ALPHA0, KAPPA0, BatchBocd
 from slurmguard.detect.period import step_times
-from slurmguard.detect.scenarios import (
+from slurmguard.detect.steps import DetectorConfig, StepDetector
+from slurmguard_dev.bench.detect_baselines import Alarm, Report, Score, score, sliding_window
+from slurmguard_dev.bench.detect_scenarios import (
     TEXTURES,
     Scenario,
     load_recorded_dir,
     make_suite,
 )
-from slurmguard.detect.steps import DetectorConfig, StepDetector
-from slurmguard.detect.synth import JobSpec, make_job
+from slurmguard_dev.bench.detect_synth import JobSpec, make_job
 
 
 def _matrix(suite: list[Scenario]) -> np.ndarray:

@@ -2,7 +2,7 @@
 `slurmguard bench loop` and the online tests: a guarded training job from
 slurmguard.workloads (ddp, fsdp, pp, tp or 2d) on 2 exclusive nodes, a real
 fault from outside the job (a cgroup CPU cap on one node, see
-slurmguard.devcluster.fault), then what slurmguard did, timed against the
+slurmguard_dev.devcluster.fault), then what slurmguard did, timed against the
 job's own per-rank step log.
 
 The cap for a wanted slowdown is calibrated per run and per workload: the CPU
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from slurmguard.devcluster import fault
-from slurmguard.devcluster.cluster import DevClusterError
-from slurmguard.devcluster.guard import Guard
 from slurmguard.slurm.hostlist import expand
 from slurmguard.workloads import SHAPES
+from slurmguard_dev.devcluster import fault
+from slurmguard_dev.devcluster.cluster import DevClusterError
+from slurmguard_dev.devcluster.guard import Guard
 
 #: target step-time factors of the two fault tiers the tests and benchmark use
 MODERATE = 1.25
@@ -144,12 +144,12 @@ class Scenario:
 
     def submit_sleep_model(self, iters: int, compute_ms: float = 80.0, *, guarded: bool = True,
                            nodes: str | None = None) -> int:
-        """The sleep-modelled DDP job (slurmguard.devcluster.train), a unit-test tool
+        """The sleep-modelled DDP job (slurmguard_dev.devcluster.train), a unit-test tool
         for the ring and what-if paths; its log is train-<job>.jsonl."""
         st = self.cluster.state_dir
         script = (
             "#!/bin/bash\n"
-            f"srun {sys.executable} -m slurmguard.devcluster.train --iters {iters} "
+            f"srun {sys.executable} -m slurmguard_dev.devcluster.train --iters {iters} "
             f"--compute-ms {compute_ms} --ckpt {st}/ckpt-$SLURM_JOB_ID "
             f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n")
         # train.py checkpoints on SIGUSR1: it asks for slurmguard's checkpoint signal

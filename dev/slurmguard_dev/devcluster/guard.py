@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import yaml
 
 from slurmguard import datafiles
-from slurmguard.devcluster.cluster import DevCluster, DevClusterError, _free_ports, secure_dir
+from slurmguard_dev.devcluster.cluster import DevCluster, DevClusterError, _free_ports, secure_dir
 
 REPO = datafiles.checkout_root()
 BUILD = REPO / "spank_plugin" / "build"
@@ -253,7 +253,7 @@ class Guard:
         scheduler would resubmit what is cancelled), jobs cancelled, reservations
         deleted, faults cleared (CPU caps, sleep injections, sim profiles), nodes
         resumed and uncommented, all idle."""
-        from slurmguard.devcluster.fault import clear_all
+        from slurmguard_dev.devcluster.fault import clear_all
 
         c = self.cluster
         c.stop_service("sg-controller")

@@ -1,6 +1,6 @@
 """A small torch DDP training job for the demo, the tests and the benchmarks.
 
-Run under Slurm (`srun python -m slurmguard.devcluster.train ...`): rank,
+Run under Slurm (`srun python -m slurmguard_dev.devcluster.train ...`): rank,
 world size and local rank come from SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID, gloo over 127.0.0.1 (every dev-cluster node is this host).
 
@@ -27,7 +27,7 @@ from typing import NoReturn
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    ap = argparse.ArgumentParser(prog="slurmguard.devcluster.train")
+    ap = argparse.ArgumentParser(prog="slurmguard_dev.devcluster.train")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--work", type=int, default=2, help="real matmuls (64x256 @ 256x256) per iteration")
     ap.add_argument("--compute-ms", type=float, default=80.0,

@@ -2,7 +2,7 @@
 
 Runs real training jobs (slurmguard.workloads: ddp, fsdp, pp, tp, 2d) on one
 guarded development cluster, slows one node of each from outside the job (a
-cgroup CPU cap, slurmguard.devcluster.fault) and measures, from the job's own
+cgroup CPU cap, slurmguard_dev.devcluster.fault) and measures, from the job's own
 per-rank step log, the time and the iterations from the injection to the
 drain. Per workload it also runs one healthy job and counts the actions
 slurmguard took on it (false actions). The baseline, measured on the same
@@ -29,8 +29,8 @@ WARMUP_STEPS = 5
 
 def _offline_delays(series: list[float], onset: int) -> tuple[int | None, int | None]:
     from slurmguard.config import Policy
-    from slurmguard.detect.baselines import sliding_window_alarms
     from slurmguard.detect.bocd import detect_changepoints
+    from slurmguard_dev.bench.detect_baselines import sliding_window_alarms
 
     x = np.asarray(series[WARMUP_STEPS:], dtype=np.float64)
     k = onset - WARMUP_STEPS
@@ -74,8 +74,8 @@ class Run:
 
 def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float,
                    save: Path | None, tag: str) -> Run:
-    from slurmguard.devcluster import fault
-    from slurmguard.devcluster.scenario import ScenarioError
+    from slurmguard_dev.devcluster import fault
+    from slurmguard_dev.devcluster.scenario import ScenarioError
 
     job = sc.submit(steps, ckpt_every=0)
     try:
@@ -202,9 +202,9 @@ def _fmt(xs: list[float | int | None], unit: str = "") -> str:
 def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: bool,
                timeout_s: float, save_series: Path | None, state_dir: Path | None) -> None:
     """Injection-to-drain delay (seconds, iterations) vs. the detectors' own delay."""
-    from slurmguard.devcluster import ClusterSpec, DevCluster
-    from slurmguard.devcluster.guard import Guard
-    from slurmguard.devcluster.scenario import Scenario
+    from slurmguard_dev.devcluster import ClusterSpec, DevCluster
+    from slurmguard_dev.devcluster.guard import Guard
+    from slurmguard_dev.devcluster.scenario import Scenario
 
     mode, value = parse_fault(fault_spec)
     shapes = ["ddp", "fsdp", "pp", "tp", "2d"] if "all" in workloads else list(dict.fromkeys(workloads))

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import click
 
-from slurmguard.devcluster import ClusterSpec, DevCluster
-from slurmguard.devcluster.cluster import DEFAULT_STATE_DIR
-from slurmguard.devcluster.scenario import SEVERE
 from slurmguard.workloads import SHAPES
+from slurmguard_dev.devcluster import ClusterSpec, DevCluster
+from slurmguard_dev.devcluster.cluster import DEFAULT_STATE_DIR
+from slurmguard_dev.devcluster.scenario import SEVERE
 
 
 @click.command()
@@ -38,8 +38,8 @@ from slurmguard.workloads import SHAPES
 @click.option("--down", "stop_after", is_flag=True, help="Stop the cluster at the end.")
 def demo(state_dir: Path, workload: str, factor: float, sweep_wait: float, stop_after: bool) -> None:
     """Run the online loop end to end on a local cluster and show what happened."""
-    from slurmguard.devcluster.guard import Guard
-    from slurmguard.devcluster.scenario import Scenario
+    from slurmguard_dev.devcluster.guard import Guard
+    from slurmguard_dev.devcluster.scenario import Scenario
 
     cluster = DevCluster(ClusterSpec(state_dir=state_dir, nodes=4))
     if cluster.is_running():

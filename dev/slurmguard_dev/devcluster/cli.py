@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from slurmguard.devcluster.cluster import DEFAULT_STATE_DIR, ClusterSpec, DevCluster
+from slurmguard_dev.devcluster.cluster import DEFAULT_STATE_DIR, ClusterSpec, DevCluster
 
 _state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
                           default=DEFAULT_STATE_DIR, show_default=True,
@@ -37,7 +37,7 @@ def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: b
                                cpus_per_node=cpus_per_node, restd=restd))
     c.up()
     if guard:
-        from slurmguard.devcluster.guard import Guard
+        from slurmguard_dev.devcluster.guard import Guard
 
         try:
             g = Guard(c).start()
@@ -113,7 +113,7 @@ def fault(state_dir: Path, node: str, percent: float | None, clear: bool) -> Non
     The jobs are not told: their ranks on NODE just get less CPU, like a GPU
     node held back by a thermal or power limit. `devcluster down` clears all.
     """
-    from slurmguard.devcluster.fault import apply_cpu_cap, clear_fault
+    from slurmguard_dev.devcluster.fault import apply_cpu_cap, clear_fault
 
     if (percent is None) == (not clear):
         raise click.UsageError("give exactly one of --cpu PERCENT or --clear")

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from slurmguard.devcluster.conf import ConfPaths, render_slurm_conf
 from slurmguard.errors import SlurmguardError
+from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
 
 #: program -> Debian package that provides it
 REQUIRED_PROGRAMS = {
@@ -482,7 +482,7 @@ class DevCluster:
         if st is None:
             return
         self._adopt_pidfiles(st)
-        from slurmguard.devcluster.fault import clear_all
+        from slurmguard_dev.devcluster.fault import clear_all
 
         clear_all(self)  # CPU caps first: a capped slurmd would slow its own shutdown
         if any(self._ours(n, p) for n, p in st.pids.items() if n == "slurmctld"):
