@@ -42,7 +42,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # The tests cover every command, so every extra (a compute node needs only torch, for sweeps).
 # torch is pinned so a machine with the CPU wheel on disk uses it; elsewhere PyPI serves it.
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,torch,plan,bench,whatif]" "torch==2.13.0" \
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,torch,plan,whatif]" "torch==2.13.0" \
   2>&1 | grep -v "^WARNING: Location" || true
 # the development tools: their own distribution (never in the product's wheel); they
 # add `slurmguard bench|devcluster|demo`

@@ -12,7 +12,6 @@ from __future__ import annotations
 from slurmguard.errors import SlurmguardError
 
 EXTRA_OF: dict[str, str] = {
-    "scipy": "bench",        # detect bench (exact BOCD reference)
     "pandas": "whatif",      # what-if trace tables
     "pyarrow": "whatif",     # parquet traces
     "matplotlib": "whatif",  # the what-if worker heatmap (--heatmap)
