@@ -359,12 +359,19 @@ class Recorder:
     def give_up(self) -> int:
         """Count the calls still in flight as lost and release what they
         hold (arguments, futures); their callbacks, should they still run,
+        write nothing. Wrapped works the job has not waited for (a p2p
+        work or a functional collective's output it never used) are
+        counted too; their wrappers stay (C++ may still hold them) but
         write nothing. Returns the number given up."""
         n = 0
         for p in list(self._pending):
             if p.drop():
                 n += 1
         self._pending.clear()
+        for w in list(self._unwaited.values()):
+            if w._sg is not None:
+                w._sg = None
+                n += 1
         if n:
             self.missed(n)
         return n
@@ -784,14 +791,17 @@ def patch(env: dict[str, str] | None = None) -> bool:
 
         rec = _state.get("recorder") or Recorder(env, _nccl_hook_loaded(env))
         lib = torch.library.Library("c10d", "IMPL")
-        below = torch._C._after_autograd_keyset
-        for key, device in (("AutogradCPU", "cpu"), ("AutogradCUDA", "cuda")):
-            for name in _OPS:
-                packet = getattr(torch.ops.c10d, name, None)
-                if packet is None:
-                    continue  # not in this torch version
-                lib.impl(name, _kernel(rec, name, packet.default, below, device), key,
-                         with_keyset=True)
+        dk = torch._C.DispatchKey
+        # the backend kernels only (never back up to the Python dispatcher,
+        # which would dispatch this call from the top again)
+        below = torch._C._dispatch_keyset_full_after(dk.BackendSelect).remove(dk.PythonDispatcher)
+        devices = {dk.CPU: "cpu", dk.SparseCPU: "cpu", dk.CUDA: "cuda", dk.SparseCUDA: "cuda"}
+        for name in _OPS:
+            packet = getattr(torch.ops.c10d, name, None)
+            if packet is None:
+                continue  # not in this torch version
+            lib.impl(name, _kernel(rec, name, packet.default, below, devices), "BackendSelect",
+                     with_keyset=True)
     except Exception as exc:
         _warn(f"cannot hook torch.distributed: {exc!r}")
         return False
@@ -853,26 +863,32 @@ def unpatch() -> None:
         lib._destroy()
 
 
-def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Callable:
+def _kernel(rec: Recorder, name: str, op: Any, below: Any, devices: dict) -> Callable:
+    """The BackendSelect kernel of one c10d op: times the call, then hands
+    it to the backend kernel the dispatcher would have chosen (devices:
+    that kernel's DispatchKey -> the hook's device type; calls on other
+    devices pass untimed)."""
     # the OpOverload's own redispatch is one Python frame around this
     handle = getattr(op, "_handle", None)
     redispatch = getattr(handle, "redispatch_boxed", None) or op.redispatch
 
     def kernel(keyset: Any, *args: Any) -> Any:
+        keyset = keyset & below
         if not rec.enabled:
             if rec.writer is not None:
                 rec.missed()  # recording failed after the ring existed
-            return redispatch(keyset & below, *args)
+            return redispatch(keyset, *args)
         try:
-            ctx = rec.before(name, args, device)
+            device = devices.get(keyset.highestPriorityTypeId())
+            ctx = None if device is None else rec.before(name, args, device)
         except Exception as exc:
             rec._fail(f"recording failed: {exc!r}")
             rec.missed()
             ctx = None
         if ctx is None:
-            return redispatch(keyset & below, *args)
+            return redispatch(keyset, *args)
         try:
-            out = redispatch(keyset & below, *args)
+            out = redispatch(keyset, *args)
         except BaseException:
             try:
                 rec.after(ctx, None, error=True)
