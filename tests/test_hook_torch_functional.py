@@ -75,7 +75,8 @@ TP_JOB = textwrap.dedent('''
 # Every functional collective the hook must see, called as DTensor and
 # torch.compile'd code call them (torch.ops._c10d_functional with a group
 # name, then wait_tensor), plus the Python API whose AsyncCollectiveTensor
-# waits on first use. Rank 1 arrives DELAY late at each of them.
+# waits on first use, and a plain all_reduce on inference-mode tensors
+# (no autograd keys). Rank 1 arrives DELAY late at each of them.
 FUNC_JOB = textwrap.dedent('''
     import json, os, time, torch, torch.distributed as dist
     import torch.distributed._functional_collectives as fc
@@ -106,6 +107,12 @@ FUNC_JOB = textwrap.dedent('''
     call("reduce_scatter_coalesced",
          lambda: [wait(t) for t in F.reduce_scatter_tensor_coalesced([x, x[:2]], "sum", world, g)])
     call("act", lambda: fc.all_reduce(x.double(), "sum", dist.group.WORLD) * 1)
+    def inference():  # tensors without autograd keys
+        with torch.inference_mode():
+            t = x.clone()
+            dist.all_reduce(t)
+            return t
+    call("inference", inference)
     torch.save(out, os.environ["OUT"] + ".pt")
     with open(os.environ["OUT"] + ".json", "w") as f:
         json.dump({"calls": calls}, f)
@@ -238,7 +245,8 @@ def test_functional_collectives_recorded_as_their_c10d_ops(spank_build, tmp_path
                 ("allreduce", 11, "float32", "sum", -1, True),
                 ("allgather", 10, "float32", "none", -1, True),
                 ("reducescatter", 5, "float32", "sum", -1, True),
-                ("allreduce", 8, "float64", "sum", -1, False)]
+                ("allreduce", 8, "float64", "sum", -1, False),
+                ("allreduce", 8, "float32", "sum", -1, False)]
     for rank in range(2):
         header, recs = records(rings, rank)
         assert header.overwritten == 0

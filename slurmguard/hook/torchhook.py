@@ -9,11 +9,21 @@ Where it hooks. DDP, FSDP and the functional collectives call the process
 group from C++, so wrapping the Python functions of torch.distributed would
 miss most of a real job's traffic. Every c10d collective and p2p call goes
 through the torch dispatcher as a ``c10d::*`` operator, so the hook
-registers a kernel for each of them at the Autograd dispatch keys (which
-run before the backend kernels and where c10d has none of its own): it
-notes the start time, redispatches to the real kernel below autograd with
-the same arguments, and returns its result unchanged. Work with a future
-(all gloo collectives) gets its end time from a done-callback on that
+registers a kernel for each of them at the BackendSelect dispatch key (the
+last one before the backend kernels; c10d has none there): it notes the
+start time, redispatches to the backend kernel the dispatcher would have
+chosen with the same arguments, and returns its result unchanged. Calls on
+CPU and CUDA tensors are timed; others pass untimed. BackendSelect, not
+the Autograd keys: functional collectives (``torch.ops._c10d_functional``:
+all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+all_to_all_single, broadcast and the coalesced ones; what DTensor
+tensor parallelism and torch.compile'd code issue) reach the c10d op from
+inside the autograd fallback, which excludes the Autograd keys, as does
+every call made inside a __torch_dispatch__; BackendSelect is never
+excluded, so each call is seen once, as its c10d op (a functional
+all_reduce is recorded as the ``allreduce_`` it issues, a few microseconds
+after the functional op was called), inference-mode tensors included.
+Work with a future (all gloo collectives) gets its end time from a done-callback on that
 future and the ASYNC flag: the callback, on the thread that completes the
 work, describes the call (group, sizes, reduce op), writes its record into
 the ring at once and drops every reference to the call's arguments and
@@ -21,14 +31,16 @@ future. Work without a future (gloo's send/recv and reduce_scatter, whose
 data moves when the job waits for it) is handed back wrapped (_timed_work):
 its record ends when the job's wait() returns, so a pipeline stage waiting
 for its neighbour, or an FSDP rank waiting for a slow peer's gradients, is
-seen waiting rather than computing; past MAX_UNWAITED such works not yet
-waited for, further ones end when the call returns. The ring is shared memory, so a record once written outlives
+seen waiting rather than computing; for a functional collective that wait
+is wait_tensor's on its output (an AsyncCollectiveTensor waits on first
+use), which calls the wrapper from C++. Past MAX_UNWAITED such works not yet
+waited for, further ones end when the call returns; those never waited for
+are counted lost when the hook gives up (process end, last group gone).
+The ring is shared memory, so a record once written outlives
 whatever ends the process afterwards (os._exit, SIGTERM, SIGKILL). Records
 appear in completion order; the callback needs the interpreter lock, so
 the end can lag the real completion when the lock is busy. start_ns is
-exact, which is what period detection uses. Tensors created
-under torch.inference_mode() carry no autograd keys and are not seen (those
-calls run normally, untimed).
+exact, which is what period detection uses.
 
 What a call costs (all_reduce on a 1-rank gloo group pinned to one core of
 the 2-core development machine, interleaved hook on/off blocks; `slurmguard
