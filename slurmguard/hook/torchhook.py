@@ -804,8 +804,9 @@ def patch(env: dict[str, str] | None = None) -> bool:
         rec = _state.get("recorder") or Recorder(env, _nccl_hook_loaded(env))
         lib = torch.library.Library("c10d", "IMPL")
         dk = torch._C.DispatchKey
-        # the backend kernels only (never back up to the Python dispatcher,
-        # which would dispatch this call from the top again)
+        # below BackendSelect only the backend kernels run; the full-after set
+        # also holds the Python dispatcher's key (the highest of all), which
+        # the call has passed already
         below = torch._C._dispatch_keyset_full_after(dk.BackendSelect).remove(dk.PythonDispatcher)
         devices = {dk.CPU: "cpu", dk.SparseCPU: "cpu", dk.CUDA: "cuda", dk.SparseCUDA: "cuda"}
         for name in _OPS:
