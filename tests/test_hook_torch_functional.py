@@ -264,3 +264,43 @@ def test_functional_collectives_recorded_as_their_c10d_ops(spank_build, tmp_path
                 assert span >= 0.8 * DELAY_S, (name, span)
             else:
                 assert span < DELAY_S / 2, (name, span)
+
+
+UNWAITED_JOB = textwrap.dedent('''
+    import os, sys, tempfile, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    hook = sys.modules["_slurmguard_torchhook"]
+    rec = hook._state["recorder"]
+    F, g = torch.ops._c10d_functional, dist.group.WORLD.group_name
+    x = torch.ones(4)
+    for i in range(hook.MAX_UNWAITED + 100):
+        F.reduce_scatter_tensor(x, "sum", 1, g)  # output dropped, never waited for
+    for _ in range(10):
+        F.wait_tensor(F.reduce_scatter_tensor(x, "sum", 1, g))
+    print("held", len(rec._unwaited), hook.MAX_UNWAITED, flush=True)
+    dist.destroy_process_group()
+''')
+
+
+def test_functional_outputs_never_waited_for_are_bounded_and_counted(spank_build, tmp_path):
+    """gloo's reduce_scatter work has no future: its wrapper waits for
+    wait_tensor. Outputs the job drops unwaited keep at most MAX_UNWAITED
+    wrappers; past that, calls are recorded when they return, and the
+    unwaited ones are counted lost once the last group is destroyed: every
+    call is in the ring or counted, none held forever."""
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    script = tmp_path / "unwaited.py"
+    script.write_text(UNWAITED_JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
+    env.update(PYTHONPATH=f"{spank_build.torch_site}{os.pathsep}{REPO}",
+               SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "slurmguard:" not in res.stderr, res.stderr[-2000:]
+    held, limit = map(int, res.stdout.split()[1:3])
+    assert held == limit
+    header, recs = records(rings, 0)
+    scattered = [x for x in recs if x.op_name == "reducescatter"]
+    assert len(scattered) == 110 and header.overwritten == limit
+    assert all(x.count == 4 and not x.flags & ring.F_ASYNC for x in scattered)

@@ -327,8 +327,12 @@ class Recorder:
                     del self._unwaited[k]
             old = None
             self._prune_at = max(PRUNE_UNWAITED, 2 * len(self._unwaited))
-            if len(self._unwaited) >= MAX_UNWAITED:
-                return None
+        if len(self._unwaited) >= MAX_UNWAITED:
+            # full of works not waited for (a job that drops isend works or
+            # functional outputs unused): the next look is MAX_UNWAITED or
+            # more calls away, so a full table costs no scan per call
+            self._prune_at -= 1
+            return None
         w = _c10d().timed_work(self, ctx, inner)
         self._unwaited[id(w)] = w
         return w.boxed()
