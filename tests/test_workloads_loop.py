@@ -46,7 +46,14 @@ def _nothing_happened(run) -> None:
 
 
 def _drained_after(run, sc: Scenario, node: str, t_inject: float):
-    drain = wait_for(lambda: sc.drain(node), DRAIN_S, f"{node} drained")
+    try:
+        drain = wait_for(lambda: sc.drain(node), DRAIN_S, f"{node} drained")
+    except AssertionError as exc:
+        # what the controller made of it: its incidents say why no node was named
+        with run.store() as s:
+            why = [(str(i.tier.value), i.evidence.get("localisation") or i.evidence.get("note"))
+                   for i in s.incidents()]
+        raise AssertionError(f"{exc}; incidents: {why}") from None
     t_drain = sc.epoch(drain.at)
     assert t_drain >= t_inject - 1.0, "drained before the fault was on"
     assert drain.reason.startswith("slurmguard: ")
@@ -55,9 +62,12 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float):
 
 @pytest.mark.parametrize("workload", ["ddp", "fsdp", "pp"])
 def test_healthy_run_untouched_then_capped_node_drained_and_job_moved(guarded, workload):
-    run = guarded
+    _capped_node_drained(guarded, workload)
+
+
+def _capped_node_drained(run, workload: str, ckpt_every: int = 25) -> None:
     sc = Scenario(run.guard, say=print, workload=workload)
-    job = sc.submit(steps=100000, ckpt_every=25)
+    job = sc.submit(steps=100000, ckpt_every=ckpt_every)
     healthy = sc.wait_steps(job, BASELINE + HEALTHY, timeout=240)
     restart = 0
     if workload == "ddp":
@@ -91,31 +101,19 @@ def test_healthy_run_untouched_then_capped_node_drained_and_job_moved(guarded, w
           f"{len(after)} steps after injection")
 
 
-def test_tensor_parallel_fault_is_never_pinned_on_the_wrong_node(guarded):
-    """DTensor's tensor-parallel collectives are functional collectives, which
-    the torch hook does not time yet (issue 12: only the per-step all-reduce
-    of the loss is seen), so a TP rank's compute as the hooks see it is its
-    whole step on both ranks: a capped node cannot be told from a slower job.
-    Until the hook times them, the slowdown is recorded in an incident that
-    says why no node is named, and nothing is drained."""
-    run = guarded
-    sc = Scenario(run.guard, say=print, workload="tp")
-    job = sc.submit(steps=100000, ckpt_every=0)
-    sc.wait_steps(job, BASELINE + HEALTHY, timeout=240)
-    time.sleep(3)
-    _nothing_happened(run)
-    slow = sc.job_nodes(job)[-1]
-    sc.inject(slow, SEVERE)
+def test_tensor_parallel_capped_node_drained_and_job_moved(guarded):
+    """DTensor TP over the job's 2 nodes: its forward and backward all-reduces
+    are functional collectives, which the torch hook records (as the c10d
+    all-reduces they issue, ended when their work completes), so the healthy
+    rank is seen waiting inside them for the capped one and the capped rank
+    computing longer: that node, and only it, is drained, and the job moves.
 
-    def noted():
-        with run.store() as s:
-            return [i for i in s.incidents() if i.evidence.get("localisation")]
-
-    (inc, *_) = wait_for(noted, DRAIN_S, "an incident saying why no node is named")
-    sc.clear(slow)
-    run.cluster.run(["scancel", str(job)])
-    assert run.audit("drain") == [] and run.audit("requeue") == [] and run.audit("signal") == []
-    print(f"\ntp: capped {slow}: {inc.evidence['localisation']}")
+    Without periodic checkpoints (only on the checkpoint signal): a TP step is
+    8 identical all-reduces, and a checkpoint's collectives every 25 steps make
+    the period finder take the 25 steps (200 all-reduces) for one iteration,
+    so no baseline forms in the test's time (issue 12: the period finder's
+    keep hint for checkpoint pauses is in flight)."""
+    _capped_node_drained(guarded, "tp", ckpt_every=0)
 
 
 def test_pipeline_stalled_by_its_capped_stage_is_drained(guarded):

@@ -9,11 +9,21 @@ Where it hooks. DDP, FSDP and the functional collectives call the process
 group from C++, so wrapping the Python functions of torch.distributed would
 miss most of a real job's traffic. Every c10d collective and p2p call goes
 through the torch dispatcher as a ``c10d::*`` operator, so the hook
-registers a kernel for each of them at the Autograd dispatch keys (which
-run before the backend kernels and where c10d has none of its own): it
-notes the start time, redispatches to the real kernel below autograd with
-the same arguments, and returns its result unchanged. Work with a future
-(all gloo collectives) gets its end time from a done-callback on that
+registers a kernel for each of them at the BackendSelect dispatch key (the
+last one before the backend kernels; c10d has none there): it notes the
+start time, redispatches to the backend kernel the dispatcher would have
+chosen with the same arguments, and returns its result unchanged. Calls on
+CPU and CUDA tensors are timed; others pass untimed. BackendSelect, not
+the Autograd keys: functional collectives (``torch.ops._c10d_functional``:
+all_reduce, all_gather_into_tensor, reduce_scatter_tensor,
+all_to_all_single, broadcast and the coalesced ones; what DTensor
+tensor parallelism and torch.compile'd code issue) reach the c10d op from
+inside the autograd fallback, which excludes the Autograd keys, as does
+every call made inside a __torch_dispatch__; BackendSelect is never
+excluded, so each call is seen once, as its c10d op (a functional
+all_reduce is recorded as the ``allreduce_`` it issues, a few microseconds
+after the functional op was called), inference-mode tensors included.
+Work with a future (all gloo collectives) gets its end time from a done-callback on that
 future and the ASYNC flag: the callback, on the thread that completes the
 work, describes the call (group, sizes, reduce op), writes its record into
 the ring at once and drops every reference to the call's arguments and
@@ -21,14 +31,16 @@ future. Work without a future (gloo's send/recv and reduce_scatter, whose
 data moves when the job waits for it) is handed back wrapped (_timed_work):
 its record ends when the job's wait() returns, so a pipeline stage waiting
 for its neighbour, or an FSDP rank waiting for a slow peer's gradients, is
-seen waiting rather than computing; past MAX_UNWAITED such works not yet
-waited for, further ones end when the call returns. The ring is shared memory, so a record once written outlives
+seen waiting rather than computing; for a functional collective that wait
+is wait_tensor's on its output (an AsyncCollectiveTensor waits on first
+use), which calls the wrapper from C++. Past MAX_UNWAITED such works not yet
+waited for, further ones end when the call returns; those never waited for
+are counted lost when the hook gives up (process end, last group gone).
+The ring is shared memory, so a record once written outlives
 whatever ends the process afterwards (os._exit, SIGTERM, SIGKILL). Records
 appear in completion order; the callback needs the interpreter lock, so
 the end can lag the real completion when the lock is busy. start_ns is
-exact, which is what period detection uses. Tensors created
-under torch.inference_mode() carry no autograd keys and are not seen (those
-calls run normally, untimed).
+exact, which is what period detection uses.
 
 What a call costs (all_reduce on a 1-rank gloo group pinned to one core of
 the 2-core development machine, interleaved hook on/off blocks; `slurmguard
@@ -315,8 +327,12 @@ class Recorder:
                     del self._unwaited[k]
             old = None
             self._prune_at = max(PRUNE_UNWAITED, 2 * len(self._unwaited))
-            if len(self._unwaited) >= MAX_UNWAITED:
-                return None
+        if len(self._unwaited) >= MAX_UNWAITED:
+            # full of works not waited for (a job that drops isend works or
+            # functional outputs unused): the next look is MAX_UNWAITED or
+            # more calls away, so a full table costs no scan per call
+            self._prune_at -= 1
+            return None
         w = _c10d().timed_work(self, ctx, inner)
         self._unwaited[id(w)] = w
         return w.boxed()
@@ -359,12 +375,19 @@ class Recorder:
     def give_up(self) -> int:
         """Count the calls still in flight as lost and release what they
         hold (arguments, futures); their callbacks, should they still run,
+        write nothing. Wrapped works the job has not waited for (a p2p
+        work or a functional collective's output it never used) are
+        counted too; their wrappers stay (C++ may still hold them) but
         write nothing. Returns the number given up."""
         n = 0
         for p in list(self._pending):
             if p.drop():
                 n += 1
         self._pending.clear()
+        for w in list(self._unwaited.values()):
+            if w._sg is not None:
+                w._sg = None
+                n += 1
         if n:
             self.missed(n)
         return n
@@ -784,14 +807,18 @@ def patch(env: dict[str, str] | None = None) -> bool:
 
         rec = _state.get("recorder") or Recorder(env, _nccl_hook_loaded(env))
         lib = torch.library.Library("c10d", "IMPL")
-        below = torch._C._after_autograd_keyset
-        for key, device in (("AutogradCPU", "cpu"), ("AutogradCUDA", "cuda")):
-            for name in _OPS:
-                packet = getattr(torch.ops.c10d, name, None)
-                if packet is None:
-                    continue  # not in this torch version
-                lib.impl(name, _kernel(rec, name, packet.default, below, device), key,
-                         with_keyset=True)
+        dk = torch._C.DispatchKey
+        # below BackendSelect only the backend kernels run; the full-after set
+        # also holds the Python dispatcher's key (the highest of all), which
+        # the call has passed already
+        below = torch._C._dispatch_keyset_full_after(dk.BackendSelect).remove(dk.PythonDispatcher)
+        devices = {dk.CPU: "cpu", dk.SparseCPU: "cpu", dk.CUDA: "cuda", dk.SparseCUDA: "cuda"}
+        for name in _OPS:
+            packet = getattr(torch.ops.c10d, name, None)
+            if packet is None:
+                continue  # not in this torch version
+            lib.impl(name, _kernel(rec, name, packet.default, below, devices), "BackendSelect",
+                     with_keyset=True)
     except Exception as exc:
         _warn(f"cannot hook torch.distributed: {exc!r}")
         return False
@@ -853,26 +880,32 @@ def unpatch() -> None:
         lib._destroy()
 
 
-def _kernel(rec: Recorder, name: str, op: Any, below: Any, device: str) -> Callable:
+def _kernel(rec: Recorder, name: str, op: Any, below: Any, devices: dict) -> Callable:
+    """The BackendSelect kernel of one c10d op: times the call, then hands
+    it to the backend kernel the dispatcher would have chosen (devices:
+    that kernel's DispatchKey -> the hook's device type; calls on other
+    devices pass untimed)."""
     # the OpOverload's own redispatch is one Python frame around this
     handle = getattr(op, "_handle", None)
     redispatch = getattr(handle, "redispatch_boxed", None) or op.redispatch
 
     def kernel(keyset: Any, *args: Any) -> Any:
+        keyset = keyset & below
         if not rec.enabled:
             if rec.writer is not None:
                 rec.missed()  # recording failed after the ring existed
-            return redispatch(keyset & below, *args)
+            return redispatch(keyset, *args)
         try:
-            ctx = rec.before(name, args, device)
+            device = devices.get(keyset.highestPriorityTypeId())
+            ctx = None if device is None else rec.before(name, args, device)
         except Exception as exc:
             rec._fail(f"recording failed: {exc!r}")
             rec.missed()
             ctx = None
         if ctx is None:
-            return redispatch(keyset & below, *args)
+            return redispatch(keyset, *args)
         try:
-            out = redispatch(keyset & below, *args)
+            out = redispatch(keyset, *args)
         except BaseException:
             try:
                 rec.after(ctx, None, error=True)
