@@ -29,90 +29,20 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
-import numpy as np
-
-from slurmguard.reports import AgentReport, JobReport, RankReport, UnavailableSignal
+from slurmguard.reports import (AgentReport, JobReport, RankReport, Step, StepWindow,  # noqa: F401 - Step: re-exported
+                                UnavailableSignal)
 from slurmguard.telemetry.base import TelemetrySample
 
 DEFAULT_KEEP_STEPS = 256
 DEFAULT_KEEP_SAMPLES = 4096
 
 
-class Step(NamedTuple):
-    """One iteration as the controller keeps it (the fields of reports.StepSample)."""
-
-    end: float
-    step_s: float
-    comm_s: float
-
-
-class StepWindow(Sequence):
-    """A rank's iterations as one (3, n) float64 array (end, step_s, comm_s):
-    24 bytes an iteration instead of a model object each. Reads like the list
-    of StepSample it replaces (len, index, slice, iterate); `end`, `step_s` and
-    `comm_s` are the columns, for code that works on arrays."""
-
-    __slots__ = ("_a",)
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    @classmethod
-    def of(cls, steps, keep: int) -> "StepWindow":
-        if isinstance(steps, StepWindow):
-            return steps if len(steps) <= keep else StepWindow(steps._a[:, -keep:].copy())
-        tail = steps[-keep:] if keep < len(steps) else steps
-        a = np.empty((3, len(tail)))
-        a[0] = [st.end for st in tail]  # a row at a time: about half the cost of element-wise
-        a[1] = [st.step_s for st in tail]
-        a[2] = [st.comm_s for st in tail]
-        return cls(a)
-
-    @property
-    def columns(self) -> np.ndarray:
-        """The (3, n) array: end, step_s, comm_s."""
-        return self._a
-
-    @property
-    def end(self) -> np.ndarray:
-        return self._a[0]
-
-    @property
-    def step_s(self) -> np.ndarray:
-        return self._a[1]
-
-    @property
-    def comm_s(self) -> np.ndarray:
-        return self._a[2]
-
-    def __len__(self) -> int:
-        return self._a.shape[1]
-
-    def __bool__(self) -> bool:
-        return self._a.shape[1] > 0
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return StepWindow(self._a[:, i])
-        e, st, c = self._a[:, i].tolist()
-        return Step(e, st, c)
-
-    def __iter__(self):
-        for e, st, c in zip(*self._a.tolist()):
-            yield Step(e, st, c)
-
-    def since(self, t: float | None) -> "StepWindow":
-        """The iterations that ended after Unix time t (all for None)."""
-        if t is None:
-            return self
-        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
-
-
 def compact_rank(rank: RankReport, keep: int) -> RankReport:
-    """The rank with its newest `keep` iterations as a StepWindow (fields unchanged)."""
-    return rank.model_copy(update={"steps": StepWindow.of(rank.steps, keep)})
+    """The rank with its newest `keep` iterations as a StepWindow (fields unchanged);
+    a packed window (schema version 2) that fits is kept as it came."""
+    w = StepWindow.of(rank.steps, keep)
+    return rank if w is rank.steps else rank.model_copy(update={"steps": w})
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,10 @@ import json
 import os
 import random
 import resource
-import socket
+import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 GPUS = 8
@@ -219,14 +218,59 @@ def _db_bytes(store, url: str) -> int | None:
         return int(c.execute(text("select pg_database_size(current_database())")).scalar())
 
 
+#: the loopback client, run in a process of its own so that the controller's
+#: figure is its own: argv = requests file, port, threads; prints "ok seconds"
+_CLIENT = r"""
+import socket, sys, threading, time
+path, port, nthreads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+data = open(path, "rb").read()
+reqs, at = [], 0
+while at < len(data):
+    n = int.from_bytes(data[at:at + 4], "big")
+    reqs.append(data[at + 4:at + 4 + n])
+    at += 4 + n
+reqs.reverse()
+ok, lock = 0, threading.Lock()
+def client():
+    global ok
+    while True:
+        with lock:
+            if not reqs:
+                return
+            r = reqs.pop()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(r)
+            resp = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                resp += chunk
+        if b" 200 " in resp.split(b"\r\n", 1)[0]:
+            with lock:
+                ok += 1
+threads = [threading.Thread(target=client) for _ in range(nthreads)]
+t0 = time.perf_counter()
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(ok, time.perf_counter() - t0)
+"""
+
+
 def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
     """Reports/s through the real HTTP server on loopback: bodies are built and
-    signed in advance and posted from a second process, so the figure is the
-    controller's own cost."""
+    signed in advance (in the wire format the code under test sends: what its
+    AgentReport serialises to) and posted from a second process, so the figure
+    is the controller's own cost; cpu: the controller process's CPU seconds per
+    accepted report (what a loaded machine changes least)."""
+    import subprocess
+
     from slurmguard.config import ControllerPolicy
     from slurmguard.controller.metrics import ControllerMetrics
     from slurmguard.controller.server import ControllerHTTP
-    from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, node_key, sign
+    from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
 
     secret = b"scale-bench-master-secret-0123456789"
     pol = ControllerPolicy(ip_rate_per_s=1e9, ip_burst=1_000_000, node_rate_per_s=1e9,
@@ -238,55 +282,38 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
                           now=clock.now, health=lambda: (True, "ok"), policy=pol,
                           known=ctl.fleet.known)
     http.start()
+    tmp = tempfile.mkdtemp(prefix="sg-scale-http-")
     try:
         clock.advance(args.period)
         now = clock.now()
         n = min(len(fleet.nodes), args.http_reports)
-        reqs = []
-        for i, node in enumerate(fleet.nodes[:n]):
-            body = json.dumps(report_dict(fleet, node, 10_000 + i, now, args.steps, 2,
-                                          args.period, args.tel_every)).encode()
-            ts = f"{now:.3f}"
-            sig = sign(node_key(secret, node), ts, node, body)
-            head = (f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}\r\n"
-                    f"{SIG_HEADER}: {sig}\r\n\r\n").encode()
-            reqs.append(head + body)
-        body_kb = sum(len(r) for r in reqs) / len(reqs) / 1024
-        ok = 0
-        lock = threading.Lock()
-        queue = list(reversed(reqs))
-
-        def client() -> None:
-            nonlocal ok
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    r = queue.pop()
-                with socket.create_connection(("127.0.0.1", http.port), timeout=60) as s:
-                    s.sendall(r)
-                    resp = b""
-                    while True:
-                        chunk = s.recv(65536)
-                        if not chunk:
-                            break
-                        resp += chunk
-                if b" 200 " in resp.split(b"\r\n", 1)[0]:
-                    with lock:
-                        ok += 1
-
-        threads = [threading.Thread(target=client) for _ in range(args.clients)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        dt = time.perf_counter() - t0
+        path = os.path.join(tmp, "requests")
+        size = 0
+        with open(path, "wb") as f:
+            for i, node in enumerate(fleet.nodes[:n]):
+                body = AgentReport.model_validate(report_dict(
+                    fleet, node, 10_000 + i, now, args.steps, 2, args.period,
+                    args.tel_every)).model_dump_json().encode()
+                ts = f"{now:.3f}"
+                sig = sign(node_key(secret, node), ts, node, body)
+                head = (f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}"
+                        f"\r\n{SIG_HEADER}: {sig}\r\n\r\n").encode()
+                f.write((len(head) + len(body)).to_bytes(4, "big") + head + body)
+                size += len(head) + len(body)
+        gc.collect()
+        cpu0 = time.process_time()
+        p = subprocess.run([sys.executable, "-c", _CLIENT, path, str(http.port), str(args.clients)],
+                           capture_output=True, text=True, timeout=600, shell=False, check=True)
+        cpu = time.process_time() - cpu0
+        ok_s, dt_s = p.stdout.split()
+        ok, dt = int(ok_s), float(dt_s)
         return {"http_reports": n, "http_ok": ok, "http_reports_per_s": round(ok / dt, 1),
-                "report_kb": round(body_kb, 1)}
+                "http_cpu_ms_per_report": round(1e3 * cpu / max(1, ok), 3),
+                "report_kb": round(size / n / 1024, 1)}
     finally:
         http.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
