@@ -33,7 +33,8 @@ def _report(node: str, seq: int, now: float, *, tel_from: float = 0.0, n_tel: in
         jobs = [JobReport(job_id=job, ranks=[RankReport(rank=0, gpu=0, baseline_step_s=1.0,
                                                         baseline_compute_s=0.7, steps=ss,
                                                         total_steps=400, last_progress=now)])]
-    tel = [TelemetryRecord(signal="sm_clock", value=1980.0, unit="MHz", timestamp=tel_from + i, gpu=0)
+    # value = timestamp: a sample lost or counted twice moves the window's mean
+    tel = [TelemetryRecord(signal="sm_clock", value=tel_from + i, unit="MHz", timestamp=tel_from + i, gpu=0)
            for i in range(n_tel)]
     return AgentReport(node=node, seq=seq, sent_at=now, jobs=jobs, telemetry=tel)
 
@@ -55,12 +56,12 @@ def test_step_window_reads_like_the_list_it_replaces():
     assert len(w.since(None)) == 20 and len(w.since(1e12)) == 0 and not w.since(1e12)
 
 
-def _scored(ctl: Controller) -> list[float]:
-    seen: list[float] = []
+def _scored(ctl: Controller) -> list[tuple]:
+    seen: list[tuple] = []
     real = ctl.scorer.window
 
     def window(samples, group=None):
-        seen.extend(s.timestamp for s in samples)
+        seen.extend((s.node, s.gpu, s.signal, s.value, s.timestamp) for s in samples)
         return real(samples, group)
 
     ctl.scorer.window = window
@@ -73,12 +74,14 @@ def test_every_sample_is_scored_once_also_when_reports_arrive_during_a_cycle(sql
     seen = _scored(ctl)
     now = fake_clock.now()
     # three reports of one node between two scorings (10 s reports, a 30 s window):
-    # only the latest report's steps matter, but all three reports' samples must be scored
+    # only the latest report's steps matter, but all three reports' samples must be
+    # scored: the scorer gets the device's mean over the window, of exactly those 30
     for k in range(3):
         assert ctl.fleet.ingest(_report("node1", k + 1, now, tel_from=1000 + 10 * k, n_tel=10), now)
     fake_clock.advance(10)
     ctl.cycle()
-    assert sorted(seen) == [1000.0 + i for i in range(30)]
+    assert seen == [("node1", 0, "sm_clock", pytest.approx(1014.5), 1029.0)]
+    assert ctl.fleet.samples_taken == 30
     # a report arriving while the scorer runs goes to the next window, not lost, not twice
     real = ctl.scorer.window
 
@@ -91,19 +94,21 @@ def test_every_sample_is_scored_once_also_when_reports_arrive_during_a_cycle(sql
     seen.clear()
     fake_clock.advance(10)
     ctl.cycle()
-    assert sorted(seen) == [1030.0 + i for i in range(5)]
+    assert seen == [("node1", 0, "sm_clock", pytest.approx(1032.0), 1034.0)]
+    assert ctl.fleet.samples_taken == 35
     ctl.scorer.window = real
     seen = _scored(ctl)
     fake_clock.advance(10)
     ctl.cycle()
-    assert sorted(seen) == [2000.0 + i for i in range(5)]
+    assert seen == [("node2", 0, "sm_clock", pytest.approx(2002.0), 2004.0)]
+    assert ctl.fleet.samples_taken == 40
     # a replayed report (same epoch, seq) adds nothing
     assert not ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5),
                                 fake_clock.now())
     seen.clear()
     fake_clock.advance(10)
     ctl.cycle()
-    assert seen == []
+    assert seen == [] and ctl.fleet.samples_taken == 40
 
 
 def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, fake_clock):
@@ -113,10 +118,25 @@ def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, f
     assert fleet.ingest(_report("node1", 2, now, job=7, steps=100, tel_from=50, n_tel=50), now)
     (_, rank), = fleet.job_ranks(7, now)[0]
     assert len(rank.steps) == 16 and rank.steps[-1].end == now  # the newest iterations
+    # a scored signal's samples are one sum per device, however many arrive
+    assert fleet.queued_samples() == 100 and fleet.dropped_samples == 0
+    # samples kept as sent (hard failures) are bounded: the oldest go
+    xids = [TelemetryRecord(signal="xid", value=13, unit="code", timestamp=200.0 + i, gpu=0)
+            for i in range(100)]
+    assert fleet.ingest(_report("node1", 3, now).model_copy(update={"telemetry": xids}), now)
     assert fleet.dropped_samples == 36
+    # and so are the sums: a flood of made-up devices cannot grow them past the limit
+    fake = [TelemetryRecord(signal="power", value=600.0, unit="W", timestamp=300.0, gpu=g)
+            for g in range(100)]
+    assert fleet.ingest(_report("node1", 4, now).model_copy(update={"telemetry": fake}), now)
+    assert fleet.dropped_samples == 36 + 37  # 64 sums: sm_clock gpu0 and 63 power devices
     taken = fleet.take_telemetry()
-    assert [s.timestamp for s in taken] == [36.0 + i for i in range(64)]  # oldest dropped
-    assert fleet.take_telemetry() == []
+    assert [s.timestamp for s in taken if s.signal == "xid"] == [236.0 + i for i in range(64)]
+    (clock,) = [s for s in taken if s.signal == "sm_clock"]
+    assert clock.value == pytest.approx(49.5) and clock.timestamp == 99.0
+    assert len([s for s in taken if s.signal == "power"]) == 63
+    assert fleet.samples_taken == 100 + 64 + 63
+    assert fleet.take_telemetry() == [] and fleet.queued_samples() == 0
 
 
 def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sqlite_store, fake_clock):

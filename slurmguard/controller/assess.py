@@ -157,6 +157,12 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     return current, onset, len(rows)
 
 
+def _row_medians(x: np.ndarray) -> np.ndarray:
+    """np.nanmedian(x, axis=1) at np.median's speed when x has no NaN (numpy takes
+    short rows' NaN-aware median through masked arrays: ten times slower)."""
+    return np.nanmedian(x, axis=1) if np.isnan(x).any() else np.median(x, axis=1)
+
+
 def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> float | None:
     """A job whose every judged iteration (x: the ranks' step times, s, one row
     a rank, NaN-padded) is within response.tiers.moderate_slowdown of the job's
@@ -168,7 +174,7 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(np.median(baselines))
     if np.nanmax(x) >= limit:
         return None
-    return float(np.median(np.nanmedian(x, axis=1)))
+    return float(np.median(_row_medians(x)))
 
 
 def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -179,10 +185,10 @@ def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     step, comm = _columns(windows)
     comp = step - comm
     with np.errstate(all="ignore"):
-        med_step = np.nanmedian(step, axis=1)
-        med_comp = np.nanmedian(comp, axis=1)
+        med_step = _row_medians(step)
+        med_comp = _row_medians(comp)
         m = np.sum(~np.isnan(comp), axis=1)
-        mad = np.nanmedian(np.abs(comp - med_comp[:, None]), axis=1)
+        mad = _row_medians(np.abs(comp - med_comp[:, None]))
         se = np.where(m >= 2, MEDIAN_SE * MAD_SD * mad / np.sqrt(np.maximum(m, 1)), np.inf)
     return med_step, med_comp, se
 

@@ -4,17 +4,24 @@ The latest report of each node is kept for its step windows: reports carry
 rolling windows, so the latest one is all the controller needs, and a restarted
 controller is whole again after one report per node. Telemetry is different:
 an agent sends only the samples since its previous report, so every report's
-samples are queued until the next scoring takes them (`take_telemetry`): each
+samples are kept until the next scoring takes them (`take_telemetry`): each
 sample is scored once, none is lost when several reports arrive between two
 scorings, and a report that arrives while a cycle runs waits for the next one.
+The peer scorer compares each device's mean of a signal over the window
+(detect.peers), so samples of the signals it scores are summed as they arrive,
+one (sum, count) per node, device and signal, and a window hands the scorer one
+sample per device and signal holding the mean: the cycle's cost does not grow
+with the sampling rate, and the ingesting thread does the adding. Samples of
+other signals (hard failures: XIDs, a GPU lost, a link down) are kept as sent.
 (epoch, seq) from one node must grow (epoch: the agent process's start): a
 replayed or reordered report is refused, a restarted agent's first report is
 taken.
 
 What is kept is bounded by the policy: at most `keep_steps` iterations per rank
-(the newest; stored as arrays, 16 bytes an iteration) and `keep_samples`
-queued telemetry samples per node (the oldest are dropped and counted in
-`dropped_samples`). Nodes Slurm no longer knows are evicted with everything
+(the newest; stored as arrays, 24 bytes an iteration) and `keep_samples`
+telemetry entries per node (device signal sums, and samples kept as sent: the
+oldest of these are dropped, and a sum for one more device signal is refused,
+both counted in `dropped_samples`). Nodes Slurm no longer knows are evicted with everything
 kept for them.
 
 Nothing a node reports about a job is trusted beyond that node: `job_ranks`
@@ -32,7 +39,11 @@ from dataclasses import dataclass
 
 from slurmguard.reports import (AgentReport, JobReport, RankReport, Step, StepWindow,  # noqa: F401 - Step: re-exported
                                 UnavailableSignal)
+from slurmguard.detect.peers import BAD_DIRECTION
 from slurmguard.telemetry.base import TelemetrySample
+
+#: signals the peer scorer averages per device over a window (summed at ingest)
+_AVERAGED = frozenset(BAD_DIRECTION)
 
 DEFAULT_KEEP_STEPS = 256
 DEFAULT_KEEP_SAMPLES = 4096
@@ -66,6 +77,10 @@ class FleetView:
         self._latest: dict[str, Received] = {}
         self._seq: dict[str, tuple[int, int]] = {}
         self._samples: dict[str, deque[TelemetrySample]] = {}
+        self._sums: dict[str, dict[tuple, list]] = {}
+        """node -> (signal, gpu, nic) -> [sum, count, last timestamp, unit], until scored."""
+        self.samples_taken = 0
+        """Telemetry samples handed to scoring (cumulative): a sum of k samples counts k."""
         self._lock = threading.Lock()
         self._known: frozenset[str] | None = None
         self.rejected = 0
@@ -83,11 +98,13 @@ class FleetView:
             if self._known is None:
                 return []
             gone = [n for n in self._latest if n not in self._known]
-            gone += [n for n in self._samples if n not in self._known and n not in self._latest]
+            gone += [n for n in {*self._samples, *self._sums}
+                     if n not in self._known and n not in self._latest]
             for n in gone:
                 self._latest.pop(n, None)
                 self._seq.pop(n, None)
                 self._samples.pop(n, None)
+                self._sums.pop(n, None)
             return gone
 
     def known(self, node: str) -> bool:
@@ -112,10 +129,11 @@ class FleetView:
         jobs = [j.model_copy(update={"ranks": [compact_rank(r, self.keep_steps) for r in j.ranks]})
                 for j in report.jobs]
         node = report.node
-        # built here, in the ingesting thread, so the cycle does not build them all at once
-        samples = [TelemetrySample(node=node, signal=t.signal, value=t.value, unit=t.unit,
-                                   timestamp=t.timestamp, gpu=t.gpu, nic=t.nic)
-                   for t in report.telemetry]
+        tel = report.telemetry
+        # split here, in the ingesting thread, so the cycle does not do it for the fleet
+        summed = [t for t in tel if t.signal in _AVERAGED]
+        kept_raw = [TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
+                    for t in tel if t.signal not in _AVERAGED] if len(summed) < len(tel) else []
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
@@ -127,15 +145,38 @@ class FleetView:
                 return False
             self._seq[report.node] = key
             self._latest[report.node] = Received(kept, received_at)
-            if samples:
+            if summed:
+                self._add_sums(node, summed)
+            if kept_raw:
                 q = self._samples.get(node)
                 if q is None:
                     q = self._samples[node] = deque(maxlen=self.keep_samples)
-                over = len(q) + len(samples) - self.keep_samples
+                over = len(q) + len(kept_raw) - self.keep_samples
                 if over > 0:
                     self.dropped_samples += over
-                q.extend(samples)
+                q.extend(kept_raw)
             return True
+
+    def _add_sums(self, node: str, records) -> None:
+        """Add samples to the node's per-device sums (the lock is held)."""
+        sums = self._sums.get(node)
+        if sums is None:
+            sums = self._sums[node] = {}
+        room = self.keep_samples - len(sums)
+        for t in records:
+            k = (t.signal, t.gpu, t.nic)
+            e = sums.get(k)
+            if e is None:
+                if room <= 0:  # a flood of made-up devices or signals: bounded, counted
+                    self.dropped_samples += 1
+                    continue
+                room -= 1
+                sums[k] = [t.value, 1, t.timestamp, t.unit]
+            else:
+                e[0] += t.value
+                e[1] += 1
+                if t.timestamp > e[2]:
+                    e[2] = t.timestamp
 
     def _live(self, now: float) -> list[Received]:
         with self._lock:
@@ -191,12 +232,24 @@ class FleetView:
         return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
     def take_telemetry(self) -> list[TelemetrySample]:
-        """Every queued telemetry sample, once: the queues are emptied, so a sample is
-        scored by exactly one window, and reports arriving meanwhile queue for the next."""
+        """Everything kept since the last call, once: one sample per node, device and
+        averaged signal (value: the mean of its samples; timestamp: the newest),
+        then the samples kept as sent. Reports arriving meanwhile wait for the next
+        call; samples_taken grows by the number of samples these stand for."""
         with self._lock:
             taken, self._samples = self._samples, {}
-        return [t for q in taken.values() for t in q]
+            sums, self._sums = self._sums, {}
+        out = [TelemetrySample(node, sig, e[0] / e[1], e[3], e[2], gpu, nic)
+               for node, per in sums.items() for (sig, gpu, nic), e in per.items()]
+        n = sum(e[1] for per in sums.values() for e in per.values())
+        for q in taken.values():
+            out.extend(q)
+            n += len(q)
+        self.samples_taken += n
+        return out
 
     def queued_samples(self) -> int:
+        """Samples waiting for scoring (a sum of k samples counts k)."""
         with self._lock:
-            return sum(len(q) for q in self._samples.values())
+            return (sum(len(q) for q in self._samples.values())
+                    + sum(e[1] for per in self._sums.values() for e in per.values()))
