@@ -18,6 +18,7 @@ recorded in that job's incident and the cycle goes on with the next job.
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -92,7 +93,23 @@ class Controller:
         the node table and one of the live incidents, new nodes registered in one
         transaction, each job's ranks from one index of the reports; the database
         is written only where something happened (an incident, an action's audit,
-        which must be durable before the next action, so each commits on its own)."""
+        which must be durable before the next action, so each commits on its own).
+
+        Python's cyclic garbage collector is paused while the cycle runs: the
+        cycle's temporaries (a peer window's hundreds of thousands of samples at
+        10,000 nodes) are freed by reference counting when it ends, but while they
+        live they make the collector walk every object of the fleet's reports, two
+        or three times a cycle (0.5 s of a 1.8 s cycle at 5,000 nodes). Collections
+        resume after it, with only what survived it counted."""
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return self._cycle()
+        finally:
+            if was:
+                gc.enable()
+
+    def _cycle(self) -> CycleResult:
         now = self.clock.now()
         res = CycleResult(at=now)
         try:

@@ -108,6 +108,14 @@ def report_dict(fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch
                           "baseline_compute_s": base - comm, "steps": ss,
                           "total_steps": 10 * steps, "last_progress": t, "role": None})
         jobs.append({"job_id": job, "ranks": ranks})
+    tel = telemetry_dicts(fleet, now, period_s, tel_every_s)
+    return {"node": node, "seq": seq, "epoch": epoch, "sent_at": now, "jobs": jobs,
+            "telemetry": tel}
+
+
+def telemetry_dicts(fleet: Fleet, now: float, period_s: float, tel_every_s: float) -> list[dict]:
+    """A node's telemetry samples of the last `period_s`: SM clock and power of each GPU."""
+    rng = fleet.rng
     tel = []
     k = max(1, int(period_s / tel_every_s))
     for i in range(k):
@@ -117,15 +125,14 @@ def report_dict(fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch
                         "timestamp": ts, "gpu": g})
             tel.append({"signal": "power", "value": 650.0 + rng.uniform(-10, 10), "unit": "W",
                         "timestamp": ts, "gpu": g})
-    return {"node": node, "seq": seq, "epoch": epoch, "sent_at": now, "jobs": jobs,
-            "telemetry": tel}
+    return tel
 
 
 def run(args) -> dict:
     from slurmguard.clock import FakeClock
     from slurmguard.config import parse_policy
     from slurmguard.controller.loop import Controller
-    from slurmguard.reports import AgentReport
+    from slurmguard.reports import AgentReport, TelemetryRecord
     from slurmguard.slurm.fake import FakeSlurm
     from slurmguard.store import Store
     from slurmguard.store import db as sgdb
@@ -154,8 +161,9 @@ def run(args) -> dict:
     def feed(seq: int) -> float:
         """Every node reports once. The first round is parsed from each node's own
         report (what the controller keeps is then its own, and the harness keeps
-        nothing); later rounds re-send the kept report with the next seq (building
-        10,000 reports is the harness's cost, not the controller's)."""
+        nothing); later rounds re-send the kept report with the next seq and fresh
+        telemetry (building 10,000 reports is the harness's cost, not the
+        controller's, and so are objects it would hold for them between rounds)."""
         now = clock.now()
         t_in = 0.0
         for node in fleet.nodes:
@@ -164,16 +172,16 @@ def run(args) -> dict:
                 r = AgentReport.model_validate(
                     report_dict(fleet, node, seq, now, args.steps, epoch, period, args.tel_every))
             else:
-                r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel[node]})
+                tel = [TelemetryRecord.model_construct(**t)
+                       for t in telemetry_dicts(fleet, now, period, args.tel_every)]
+                r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel})
+                del tel
             t0 = time.perf_counter()
             ctl.fleet.ingest(r, now)
             t_in += time.perf_counter() - t0
-            if kept is None:
-                tel[node] = r.telemetry
             del r
         return t_in
 
-    tel: dict = {}
     times = []
     cpu = []
     for c in range(args.cycles):
