@@ -263,7 +263,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-print(ok, time.perf_counter() - t0)
+print(ok, time.perf_counter() - t0, time.process_time())
 """
 
 
@@ -314,10 +314,11 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
         p = subprocess.run([sys.executable, "-c", _CLIENT, path, str(http.port), str(args.clients)],
                            capture_output=True, text=True, timeout=600, shell=False, check=True)
         cpu = time.process_time() - cpu0
-        ok_s, dt_s = p.stdout.split()
+        ok_s, dt_s, client_cpu = p.stdout.split()
         ok, dt = int(ok_s), float(dt_s)
         return {"http_reports": n, "http_ok": ok, "http_reports_per_s": round(ok / dt, 1),
                 "http_cpu_ms_per_report": round(1e3 * cpu / max(1, ok), 3),
+                "http_client_cpu_s": round(float(client_cpu), 2), "http_s": round(dt, 2),
                 "report_kb": round(size / n / 1024, 1)}
     finally:
         http.stop()

@@ -1,6 +1,6 @@
 """The controller's HTTP endpoints (stdlib server, bounded worker pool).
 
-POST /v1/report          signed AgentReport (see slurmguard.reports)
+POST /v1/report          signed AgentReport (see slurmguard.reports; wire format 2, or 1)
 GET  /healthz            200 while cycles run, 503 when the last one is stale
 GET  /metrics            Prometheus text format         } controller.read_clients only;
 GET  /v1/jobs/<id>/plan  the job's mitigation plan      } on the management listener
@@ -413,7 +413,8 @@ def _make_handler(ctx: _Ctx, role: str):
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(x) for x in first["loc"])
-                self._refuse(422, f"invalid report: {where}: {first['msg']}", "invalid", report=True)
+                self._refuse(422, f"invalid report from node {node}: {where}: {first['msg']}",
+                             "invalid", report=True)
                 return
             if report.node != node:
                 log.warning("node %s signed a report for node %s (from %s)", node, report.node,
