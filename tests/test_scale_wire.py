@@ -163,3 +163,25 @@ def _post(port: int, node: str, body: bytes) -> tuple[int, dict]:
 
 def _metric(metrics: ControllerMetrics, name: str, **labels) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.parametrize("batch_samples, requests", [(4096, 1), (16, 3)])
+def test_a_backlog_goes_in_few_requests_and_every_sample_once(batch_samples, requests):
+    """After an outage the sender merges its queue: the newest windows, all samples in order."""
+    http, fleet, metrics = _start()
+    try:
+        sender = ReportSender(f"http://127.0.0.1:{http.port}", node_key(MASTER, "node1"), now=time.time,
+                              batch_samples=batch_samples)
+        reps = [_report(seq=k, ranks=8, steps=8) for k in range(1, 6)]  # 8 samples each
+        for r in reps:
+            sender.enqueue(r)
+        assert sender.flush() == 5 and sender.sent == 5 and not sender.queue
+        assert sender.requests == requests
+        assert _metric(metrics, "slurmguard_reports_total", outcome="ok") == requests
+        assert fleet.queued_samples() == 40  # none lost, none twice
+        taken = fleet.take_telemetry()
+        assert sorted(s.value for s in taken) == [650.0 + g for g in range(8)]  # per-GPU means
+        (_, kept), *_ = fleet.job_ranks(7, time.time())[0]
+        assert kept.steps.end.tolist() == [s.end for s in reps[-1].jobs[0].ranks[0].steps]  # newest
+    finally:
+        http.stop()
