@@ -94,7 +94,8 @@ def bench_scale(sizes: str, dbs: tuple[str, ...], baseline_src: Path | None, bas
     if http:
         args.append("--http")
     head = (f"{'code':9} {'db':7} {'nodes':>6} {'ranks':>6} {'cycle p50':>9} {'p99':>7} "
-            f"{'cpu p50':>7} {'in-proc/s':>9} {'http/s':>7} {'fleet MB':>8} {'RSS MB':>7} {'DB MB':>6}")
+            f"{'cpu p50':>7} {'cpu max':>7} {'in-proc/s':>9} {'http/s':>7} {'ms cpu':>6} "
+            f"{'fleet MB':>8} {'RSS MB':>7} {'DB MB':>6}")
     click.echo(f"slurmguard bench scale: {steps} steps/rank/report, {cycles} cycles, 8 GPUs/node")
     click.echo(head)
     for db in dbs or (None,):
@@ -111,9 +112,14 @@ def bench_scale(sizes: str, dbs: tuple[str, ...], baseline_src: Path | None, bas
                 click.echo(
                     f"{label:9} {r['db'][:7]:7} {n:>6} {r['ranks']:>6} {r['cycle_p50_s']:>8.3f}s "
                     f"{r['cycle_p99_s']:>6.3f}s {r['cycle_cpu_p50_s']:>6.3f}s "
+                    f"{r.get('cycle_cpu_max_s', 0):>6.3f}s "
                     f"{r.get('ingest_inproc_per_s', 0):>9.0f} {r.get('http_reports_per_s', 0):>7.0f} "
+                    f"{r.get('http_cpu_ms_per_report', 0):>6.2f} "
                     f"{r['rss_fleet_mb']:>8.0f} {r['rss_mb']:>7.0f} {r.get('db_mb', 0):>6.1f}")
     click.echo("cycle: wall time of Controller.cycle (p50 without the first); cpu: its CPU time "
-               "(one core); in-proc/s: reports ingested by FleetView per second; http/s: signed "
-               "reports accepted per second through the HTTP server; fleet MB: RSS growth from "
-               "holding one report of every node; DB MB: database size after the run.")
+               "(one core; max: the slowest cycle after the first, which registers the fleet); "
+               "in-proc/s: reports ingested by FleetView per second; http/s: signed reports "
+               "accepted per second through the HTTP server, posted from a second process in the "
+               "code's own wire format; ms cpu: the controller's CPU per report over HTTP (what a "
+               "loaded machine changes least); fleet MB: RSS growth from holding one report of "
+               "every node; DB MB: database size after the run.")
