@@ -60,9 +60,10 @@ def _scored(ctl: Controller) -> list[tuple]:
     seen: list[tuple] = []
     real = ctl.scorer.window
 
-    def window(samples, group=None):
-        seen.extend((s.node, s.gpu, s.signal, s.value, s.timestamp) for s in samples)
-        return real(samples, group)
+    def window(samples, group=None, means=None):
+        seen.extend((s.node, s.gpu, s.signal, s.value) for s in samples)
+        seen.extend((node, gpu, sig, v) for (node, sig, gpu, _), v in (means or {}).items())
+        return real(samples, group, means)
 
     ctl.scorer.window = window
     return seen
@@ -80,27 +81,27 @@ def test_every_sample_is_scored_once_also_when_reports_arrive_during_a_cycle(sql
         assert ctl.fleet.ingest(_report("node1", k + 1, now, tel_from=1000 + 10 * k, n_tel=10), now)
     fake_clock.advance(10)
     ctl.cycle()
-    assert seen == [("node1", 0, "sm_clock", pytest.approx(1014.5), 1029.0)]
+    assert seen == [("node1", 0, "sm_clock", pytest.approx(1014.5))]
     assert ctl.fleet.samples_taken == 30
     # a report arriving while the scorer runs goes to the next window, not lost, not twice
     real = ctl.scorer.window
 
-    def arrives_meanwhile(samples, group=None):
+    def arrives_meanwhile(samples, group=None, means=None):
         ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5), fake_clock.now())
-        return real(samples, group)
+        return real(samples, group, means)
 
     ctl.fleet.ingest(_report("node1", 4, fake_clock.now(), tel_from=1030, n_tel=5), fake_clock.now())
     ctl.scorer.window = arrives_meanwhile
     seen.clear()
     fake_clock.advance(10)
     ctl.cycle()
-    assert seen == [("node1", 0, "sm_clock", pytest.approx(1032.0), 1034.0)]
+    assert seen == [("node1", 0, "sm_clock", pytest.approx(1032.0))]
     assert ctl.fleet.samples_taken == 35
     ctl.scorer.window = real
     seen = _scored(ctl)
     fake_clock.advance(10)
     ctl.cycle()
-    assert seen == [("node2", 0, "sm_clock", pytest.approx(2002.0), 2004.0)]
+    assert seen == [("node2", 0, "sm_clock", pytest.approx(2002.0))]
     assert ctl.fleet.samples_taken == 40
     # a replayed report (same epoch, seq) adds nothing
     assert not ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5),
@@ -131,12 +132,11 @@ def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, f
     assert fleet.ingest(_report("node1", 4, now).model_copy(update={"telemetry": fake}), now)
     assert fleet.dropped_samples == 36 + 37  # 64 sums: sm_clock gpu0 and 63 power devices
     taken = fleet.take_telemetry()
-    assert [s.timestamp for s in taken if s.signal == "xid"] == [236.0 + i for i in range(64)]
-    (clock,) = [s for s in taken if s.signal == "sm_clock"]
-    assert clock.value == pytest.approx(49.5) and clock.timestamp == 99.0
-    assert len([s for s in taken if s.signal == "power"]) == 63
-    assert fleet.samples_taken == 100 + 64 + 63
-    assert fleet.take_telemetry() == [] and fleet.queued_samples() == 0
+    assert [s.timestamp for s in taken.samples] == [236.0 + i for i in range(64)]
+    assert taken.means[("node1", "sm_clock", 0, None)] == pytest.approx(49.5)
+    assert len([k for k in taken.means if k[1] == "power"]) == 63
+    assert taken.count == fleet.samples_taken == 100 + 64 + 63
+    assert not fleet.take_telemetry() and fleet.queued_samples() == 0
 
 
 def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sqlite_store, fake_clock):
@@ -187,3 +187,43 @@ def test_departed_nodes_are_evicted_with_their_metric_series(sqlite_store, fake_
     assert 'node="node2"' not in text and 'node="node1"' in text
     assert ctl.fleet.nodes_reporting(fake_clock.now()) == {"node1"}
     assert not ctl.fleet.ingest(_report("node2", 2, now), now)  # and it cannot come back unasked
+
+
+def test_a_window_of_summed_means_scores_like_the_samples_it_stands_for():
+    """The controller hands the peer scorer per-device means (summed at ingest): the
+    deviations and flags are those of scoring every sample."""
+    from slurmguard.detect.peers import PeerScorer
+    from slurmguard.telemetry.base import sample
+
+    rng = np.random.default_rng(3)
+    fleet = FleetView(keep_samples=4096)
+    windows = []
+    for w in range(3):
+        samples = []
+        for node in ("n1", "n2"):
+            for k in range(6):  # six samples a device per window, as with 5 s sampling
+                for g in range(8):
+                    hot = node == "n2" and g == 5
+                    samples += [sample(node, "gpu_temp", (78 if hot else 60) + rng.normal(0, 1), k, gpu=g),
+                                sample(node, "sm_clock", (1380 if hot else 1980) - abs(rng.normal(0, 5)), k, gpu=g),
+                                sample(node, "power", 650 + rng.normal(0, 6), k, gpu=g)]
+        samples.append(sample("n1", "xid", 79, 3.0, gpu=2))  # a hard failure, kept as sent
+        recs = [TelemetryRecord(signal=s.signal, value=s.value, unit=s.unit, timestamp=s.timestamp, gpu=s.gpu)
+                for s in samples]
+        for node in ("n1", "n2"):
+            r = AgentReport(node=node, seq=w + 1, sent_at=0.0, telemetry=[t for t, s in zip(recs, samples)
+                                                                           if s.node == node])
+            assert fleet.ingest(r, 0.0)
+        windows.append((samples, fleet.take_telemetry()))
+    direct, summed = PeerScorer(), PeerScorer()
+    for samples, taken in windows:
+        assert taken.count == len(samples) and [s.signal for s in taken.samples] == ["xid"]
+        want = direct.deviations(samples)
+        got = summed.deviations(taken.samples, means=taken.means)
+        assert {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in got.items()} == \
+            {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in want.items()}
+        # (the same up to the order of additions in the means)
+        flags = [(f.node, f.device, f.hard, f.reasons, f.windows) for f in direct.window(samples)]
+        assert flags == [(f.node, f.device, f.hard, f.reasons, f.windows)
+                         for f in summed.window(taken.samples, means=taken.means)]
+    assert ("n2", "gpu5", False) in [f[:3] for f in flags] and ("n1", "gpu2", True) in [f[:3] for f in flags]

@@ -180,7 +180,7 @@ def test_a_backlog_goes_in_few_requests_and_every_sample_once(batch_samples, req
         assert _metric(metrics, "slurmguard_reports_total", outcome="ok") == requests
         assert fleet.queued_samples() == 40  # none lost, none twice
         taken = fleet.take_telemetry()
-        assert sorted(s.value for s in taken) == [650.0 + g for g in range(8)]  # per-GPU means
+        assert taken.count == 40 and sorted(taken.means.values()) == [650.0 + g for g in range(8)]
         (_, kept), *_ = fleet.job_ranks(7, time.time())[0]
         assert kept.steps.end.tolist() == [s.end for s in reps[-1].jobs[0].ranks[0].steps]  # newest
     finally:

@@ -9,9 +9,9 @@ sample is scored once, none is lost when several reports arrive between two
 scorings, and a report that arrives while a cycle runs waits for the next one.
 The peer scorer compares each device's mean of a signal over the window
 (detect.peers), so samples of the signals it scores are summed as they arrive,
-one (sum, count) per node, device and signal, and a window hands the scorer one
-sample per device and signal holding the mean: the cycle's cost does not grow
-with the sampling rate, and the ingesting thread does the adding. Samples of
+one (sum, count) per node, device and signal, and a window hands the scorer the
+mean of each: the cycle's cost does not grow with the sampling rate, and the
+ingesting thread does the adding. Samples of
 other signals (hard failures: XIDs, a GPU lost, a link down) are kept as sent.
 (epoch, seq) from one node must grow (epoch: the agent process's start): a
 replayed or reordered report is refused, a restarted agent's first report is
@@ -36,6 +36,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from slurmguard.reports import (AgentReport, JobReport, RankReport, Step, StepWindow,  # noqa: F401 - Step: re-exported
                                 UnavailableSignal)
@@ -54,6 +55,20 @@ def compact_rank(rank: RankReport, keep: int) -> RankReport:
     a packed window (schema version 2) that fits is kept as it came."""
     w = StepWindow.of(rank.steps, keep)
     return rank if w is rank.steps else rank.model_copy(update={"steps": w})
+
+
+class TelemetryWindow(NamedTuple):
+    """What one peer window scores (FleetView.take_telemetry)."""
+
+    means: dict[tuple[str, str, int | None, str | None], float]
+    """(node, signal, gpu, nic) -> mean of that device signal's samples (PeerScorer.window)."""
+    samples: list[TelemetrySample]
+    """Samples kept as sent (hard-failure signals)."""
+    count: int
+    """Samples the window stands for."""
+
+    def __bool__(self) -> bool:
+        return self.count > 0
 
 
 @dataclass(frozen=True)
@@ -231,22 +246,20 @@ class FleetView:
         """node -> the signals its agent cannot read now (latest live report)."""
         return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
-    def take_telemetry(self) -> list[TelemetrySample]:
-        """Everything kept since the last call, once: one sample per node, device and
-        averaged signal (value: the mean of its samples; timestamp: the newest),
-        then the samples kept as sent. Reports arriving meanwhile wait for the next
-        call; samples_taken grows by the number of samples these stand for."""
+    def take_telemetry(self) -> "TelemetryWindow":
+        """Everything kept since the last call, once: the mean of each node's device
+        signal that is summed here, and the samples kept as sent. Reports arriving
+        meanwhile wait for the next call; samples_taken grows by the number of
+        samples the window stands for."""
         with self._lock:
             taken, self._samples = self._samples, {}
             sums, self._sums = self._sums, {}
-        out = [TelemetrySample(node, sig, e[0] / e[1], e[3], e[2], gpu, nic)
-               for node, per in sums.items() for (sig, gpu, nic), e in per.items()]
-        n = sum(e[1] for per in sums.values() for e in per.values())
-        for q in taken.values():
-            out.extend(q)
-            n += len(q)
+        means = {(node, sig, gpu, nic): e[0] / e[1]
+                 for node, per in sums.items() for (sig, gpu, nic), e in per.items()}
+        samples = [t for q in taken.values() for t in q]
+        n = len(samples) + sum(e[1] for per in sums.values() for e in per.values())
         self.samples_taken += n
-        return out
+        return TelemetryWindow(means, samples, n)
 
     def queued_samples(self) -> int:
         """Samples waiting for scoring (a sum of k samples counts k)."""

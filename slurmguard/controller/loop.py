@@ -212,12 +212,12 @@ class Controller:
         the agents sent since the last window (each sample scored once)."""
         if now - self._scored_until < self.policy.detection.peers.window_s:
             return
-        samples = self.fleet.take_telemetry()
+        window = self.fleet.take_telemetry()
         self._scored_until = now
-        if not samples:
+        if not window:
             return
         group = {n: f"job:{j.job_id}" for j in jobs.values() if j.state == "RUNNING" for n in j.nodes}
-        flags = self.scorer.window(samples, group)
+        flags = self.scorer.window(window.samples, group, means=window.means)
         self._flags = {}
         for f in flags:
             self._flags.setdefault(f.node, []).append(f)

@@ -105,10 +105,14 @@ class PeerFlag:
 
 
 def _device(s: TelemetrySample) -> str:
-    if s.gpu is not None:
-        return f"gpu{s.gpu}"
-    if s.nic is not None:
-        return s.nic
+    return _device_name(s.gpu, s.nic)
+
+
+def _device_name(gpu: int | None, nic: str | None) -> str:
+    if gpu is not None:
+        return f"gpu{gpu}"
+    if nic is not None:
+        return nic
     return "host"
 
 
@@ -172,12 +176,17 @@ class PeerScorer:
         self._streak: dict[tuple[str, str], int] = defaultdict(int)
 
     def deviations(self, samples: list[TelemetrySample],
-                   peer_group: dict[str, str] | None = None) -> dict[tuple[str, str], list[Deviation]]:
+                   peer_group: dict[str, str] | None = None,
+                   means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+                   ) -> dict[tuple[str, str], list[Deviation]]:
         """Per (node, device): the signals deviating from their peers this window.
 
         peer_group maps node -> group name (job id or hardware class); nodes
         missing from it share one group. Samples of one device and signal in a
-        window are averaged first.
+        window are averaged first. means: (node, signal, gpu, nic) -> that
+        device signal's mean over the window, averaged already (the controller
+        sums samples as they arrive: controller.fleet), for device signals that
+        have no samples in `samples`.
         """
         import numpy as np  # see robust_z
 
@@ -193,6 +202,10 @@ class PeerScorer:
         for (grp, kind, sig, dev), vals in acc.items():
             # (a plain mean: np.mean's call costs 10x the sum of the few values of one device)
             table[(grp, kind, sig)][dev] = math.fsum(vals) / len(vals)
+        for (node, sig, gpu, nic), mean in (means or {}).items():
+            if sig in BAD_DIRECTION:
+                kind = "gpu" if gpu is not None else ("nic" if nic is not None else "host")
+                table[(peer_group.get(node, ""), kind, sig)][f"{node}\0{_device_name(gpu, nic)}"] = mean
         # derived: power per utilisation percent (low power at normal utilisation)
         for (grp, kind, sig), devs in list(table.items()):
             if sig != Signal.POWER:
@@ -217,11 +230,13 @@ class PeerScorer:
         return out
 
     def window(self, samples: list[TelemetrySample],
-               peer_group: dict[str, str] | None = None) -> list[PeerFlag]:
-        """Score one window; returns hard failures and devices whose multi-signal
-        deviation has lasted consecutive_windows windows."""
+               peer_group: dict[str, str] | None = None,
+               means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+               ) -> list[PeerFlag]:
+        """Score one window (means: see deviations); returns hard failures and devices
+        whose multi-signal deviation has lasted consecutive_windows windows."""
         p = self.policy
-        devs = self.deviations(samples, peer_group)
+        devs = self.deviations(samples, peer_group, means)
         flags = hard_failures(samples)
         multi = {k: v for k, v in devs.items() if len({d.signal for d in v}) >= p.min_signals}
         # a node whose devices deviate on several different signals (NIC errors
