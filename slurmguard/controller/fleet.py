@@ -71,6 +71,13 @@ class TelemetryWindow(NamedTuple):
         return self.count > 0
 
 
+def _compact_job(job: JobReport, keep: int) -> JobReport:
+    ranks = [compact_rank(r, keep) for r in job.ranks]
+    if all(a is b for a, b in zip(ranks, job.ranks)):
+        return job  # packed windows that fit (wire format 2): nothing to copy
+    return job.model_copy(update={"ranks": ranks})
+
+
 @dataclass(frozen=True)
 class Received:
     report: AgentReport
@@ -141,8 +148,7 @@ class FleetView:
             with self._lock:
                 self.rejected += 1
             return False
-        jobs = [j.model_copy(update={"ranks": [compact_rank(r, self.keep_steps) for r in j.ranks]})
-                for j in report.jobs]
+        jobs = [_compact_job(j, self.keep_steps) for j in report.jobs]
         node = report.node
         tel = report.telemetry
         # split here, in the ingesting thread, so the cycle does not do it for the fleet

@@ -49,6 +49,7 @@ from slurmguard.reports import (NODE_HEADER, NODE_NAME, SIG_HEADER, TIME_HEADER,
 
 log = logging.getLogger(__name__)
 
+_ACCEPTED = b'{"accepted": true}'
 _BUSY = b'{"error": "controller busy (all workers and queue slots taken): try again later"}'
 _OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY), _BUSY))
@@ -253,6 +254,7 @@ class _Ctx:
 def _make_handler(ctx: _Ctx, role: str):
     p = ctx.server.policy
     metrics = ctx.server.metrics
+    reports_ok = metrics.reports.labels("ok")
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -426,7 +428,7 @@ def _make_handler(ctx: _Ctx, role: str):
                 self._refuse(409, f"report (epoch {report.epoch}, seq {report.seq}) is not newer "
                                   f"than the last one of node {node}", "stale", report=True)
                 return
-            metrics.reports.labels("ok").inc()
-            self._json(200, {"accepted": True})
+            reports_ok.inc()
+            self._send(200, _ACCEPTED)
 
     return Handler
