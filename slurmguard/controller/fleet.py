@@ -11,8 +11,8 @@ The peer scorer compares each device's mean of a signal over the window
 (detect.peers), so samples of the signals it scores are summed as they arrive,
 one (sum, count) per node, device and signal, and a window hands the scorer the
 mean of each: the cycle's cost does not grow with the sampling rate, and the
-ingesting thread does the adding. Samples of
-other signals (hard failures: XIDs, a GPU lost, a link down) are kept as sent.
+ingesting thread does the adding. Samples of other signals (hard failures:
+XIDs, a GPU lost, a link down) are kept as sent.
 (epoch, seq) from one node must grow (epoch: the agent process's start): a
 replayed or reordered report is refused, a restarted agent's first report is
 taken.
@@ -21,8 +21,8 @@ What is kept is bounded by the policy: at most `keep_steps` iterations per rank
 (the newest; stored as arrays, 24 bytes an iteration) and `keep_samples`
 telemetry entries per node (device signal sums, and samples kept as sent: the
 oldest of these are dropped, and a sum for one more device signal is refused,
-both counted in `dropped_samples`). Nodes Slurm no longer knows are evicted with everything
-kept for them.
+both counted in `dropped_samples`). Nodes Slurm no longer knows are evicted
+with everything kept for them.
 
 Nothing a node reports about a job is trusted beyond that node: `job_ranks`
 keeps only ranks reported by nodes Slurm allocated to the job, and counts the
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -100,7 +99,7 @@ class FleetView:
         self._seq: dict[str, tuple[int, int]] = {}
         self._samples: dict[str, deque[TelemetrySample]] = {}
         self._sums: dict[str, dict[tuple, list]] = {}
-        """node -> (signal, gpu, nic) -> [sum, count, last timestamp, unit], until scored."""
+        """node -> (signal, gpu, nic) -> [sum, count] of its samples, until scored."""
         self.samples_taken = 0
         """Telemetry samples handed to scoring (cumulative): a sum of k samples counts k."""
         self._lock = threading.Lock()
@@ -192,12 +191,10 @@ class FleetView:
                     self.dropped_samples += 1
                     continue
                 room -= 1
-                sums[k] = [t.value, 1, t.timestamp, t.unit]
+                sums[k] = [t.value, 1]
             else:
                 e[0] += t.value
                 e[1] += 1
-                if t.timestamp > e[2]:
-                    e[2] = t.timestamp
 
     def _live(self, now: float) -> list[Received]:
         with self._lock:

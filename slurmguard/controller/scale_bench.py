@@ -82,21 +82,25 @@ def _fresh_db(url: str | None, tag: str) -> str | None:
 @click.option("--http/--no-http", default=True, show_default=True,
               help="Also measure ingestion over HTTP on loopback.")
 @click.option("--http-reports", type=int, default=2000, show_default=True)
+@click.option("--workers", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="controller.workers of the HTTP server (threads serving reports).")
 def bench_scale(sizes: str, dbs: tuple[str, ...], baseline_src: Path | None, baseline_max_nodes: int,
-                steps: int, cycles: int, http: bool, http_reports: int) -> None:
+                steps: int, cycles: int, http: bool, http_reports: int, workers: int) -> None:
     """Control cycle p50/p99 (wall and CPU), ingestion, RSS and database size per N."""
     try:
         ns = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {sizes!r}",
                                  param_hint="--nodes") from None
-    args = ["--steps", str(steps), "--cycles", str(cycles), "--http-reports", str(http_reports)]
+    args = ["--steps", str(steps), "--cycles", str(cycles), "--http-reports", str(http_reports),
+            "--workers", str(workers)]
     if http:
         args.append("--http")
     head = (f"{'code':9} {'db':7} {'nodes':>6} {'ranks':>6} {'cycle p50':>9} {'p99':>7} "
             f"{'cpu p50':>7} {'cpu max':>7} {'in-proc/s':>9} {'http/s':>7} {'ms cpu':>6} "
             f"{'fleet MB':>8} {'RSS MB':>7} {'DB MB':>6}")
-    click.echo(f"slurmguard bench scale: {steps} steps/rank/report, {cycles} cycles, 8 GPUs/node")
+    click.echo(f"slurmguard bench scale: {steps} steps/rank/report, {cycles} cycles, 8 GPUs/node, "
+               f"{workers} HTTP workers")
     click.echo(head)
     for db in dbs or (None,):
         for n in ns:
