@@ -185,3 +185,32 @@ def test_a_backlog_goes_in_few_requests_and_every_sample_once(batch_samples, req
         assert kept.steps.end.tolist() == [s.end for s in reps[-1].jobs[0].ranks[0].steps]  # newest
     finally:
         http.stop()
+
+
+@pytest.mark.parametrize("head, code", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"POST /v1/report HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    (b"POST /v1/report HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(100)) + b"\r\n", 431),
+    (b"POST /v1/report HTTP/1.1\r\nX-Long: " + b"a" * 10000 + b"\r\n\r\n", 431),
+    (b"POST /v1/report HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"POST /v1/report HTTP/1.1\r\n : empty name\r\n\r\n", 400),
+])
+def test_a_malformed_request_head_is_answered_and_counted(head, code):
+    """The listener reads request heads itself (not http.server's email parser): bounded,
+    answered with a reason, counted, and the next client is served."""
+    import socket
+
+    http, fleet, metrics = _start()
+    try:
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            s.sendall(head)
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 %d " % code), answer[:80]
+        assert b'"error"' in answer
+        assert _metric(metrics, "slurmguard_http_refused_total", reason="bad_request") == 1
+        code, _ = _post(http.port, "node1", _report(ranks=1, steps=4).model_dump_json().encode())
+        assert code == 200
+    finally:
+        http.stop()
