@@ -5,8 +5,9 @@ iterations into one base64 string of float64 columns, {"n": N, "cols": B64},
 where B64 holds 24 x N bytes: N `end`, then N `step_s`, then N `comm_s`,
 little-endian IEEE 754 (`StepWindow`); 256 iterations of 8 ranks are 66 KB
 of JSON instead of about 185 KB, and the controller reads them as arrays
-without building an object per iteration (a tenth of the parsing time). Version 1 (a list of
-{"end", "step_s", "comm_s"} objects per rank) is still accepted, so agents
+without building an object per iteration (a tenth of the parsing time).
+Version 1 (a list of {"end", "step_s", "comm_s"} objects per rank) is still
+accepted (`schema_version` 1 or 2; others are refused), so agents
 of the previous release keep reporting while the fleet is upgraded
 (controllers first: a version-1 controller refuses version 2 with 422). Both
 are validated alike: a packed window must hold exactly 24 x n bytes of finite
@@ -51,8 +52,6 @@ from slurmguard.errors import ConfigError
 from slurmguard.names import NODE_NAME_RE
 
 SCHEMA_VERSION = 2
-#: the versions the controller reads (see the module docstring)
-SCHEMA_VERSIONS = (1, 2)
 #: most iterations one packed rank window may carry (the agent sends agent.report_steps)
 MAX_PACKED_STEPS = 1 << 16
 MAX_SKEW_S = 300.0

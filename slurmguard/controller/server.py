@@ -264,7 +264,7 @@ def _make_handler(ctx: _Ctx, role: str):
 
         def parse_request(self) -> bool:
             """The request line and headers, read here rather than by http.server's
-            email-parser route (a third of a report's cost): HTTP/1.0 or 1.1, at most
+            email-parser route (a fifth of a report's cost): HTTP/1.0 or 1.1, at most
             MAX_HEADERS lines of MAX_LINE bytes; anything else is answered 400/431/505."""
             self.command = None
             self.request_version = "HTTP/0.9"
