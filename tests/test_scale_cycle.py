@@ -11,10 +11,10 @@ from sqlalchemy import event
 
 from slurmguard.config import parse_policy
 from slurmguard.controller.assess import _median_without_self
-from slurmguard.controller.fleet import FleetView, StepWindow
+from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, StepWindow, TelemetryRecord
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store.db import READ_ONLY
 

@@ -37,8 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from slurmguard.reports import (AgentReport, JobReport, RankReport, Step, StepWindow,  # noqa: F401 - Step: re-exported
-                                UnavailableSignal)
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepWindow, UnavailableSignal
 from slurmguard.detect.peers import BAD_DIRECTION
 from slurmguard.telemetry.base import TelemetrySample
 

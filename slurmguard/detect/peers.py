@@ -116,6 +116,11 @@ def _device_name(gpu: int | None, nic: str | None) -> str:
     return "host"
 
 
+def _kind(gpu: int | None, nic: str | None) -> str:
+    """The kind of device a sample is of: its peers are devices of the same kind."""
+    return "gpu" if gpu is not None else ("nic" if nic is not None else "host")
+
+
 #: the signals hard_failures looks at
 _HARD_SIGNALS = frozenset({Signal.XID, Signal.RECOVERY_ACTION, Signal.ROW_REMAP_FAILURE,
                            Signal.ROW_REMAP_PENDING, Signal.GPU_LOST, Signal.ECC_DBE_DELTA,
@@ -196,7 +201,7 @@ class PeerScorer:
         for s in samples:
             if s.signal not in BAD_DIRECTION:
                 continue
-            kind = "gpu" if s.gpu is not None else ("nic" if s.nic is not None else "host")
+            kind = _kind(s.gpu, s.nic)
             acc[(peer_group.get(s.node, ""), kind, s.signal, f"{s.node}\0{_device(s)}")].append(s.value)
         table: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
         for (grp, kind, sig, dev), vals in acc.items():
@@ -204,8 +209,8 @@ class PeerScorer:
             table[(grp, kind, sig)][dev] = math.fsum(vals) / len(vals)
         for (node, sig, gpu, nic), mean in (means or {}).items():
             if sig in BAD_DIRECTION:
-                kind = "gpu" if gpu is not None else ("nic" if nic is not None else "host")
-                table[(peer_group.get(node, ""), kind, sig)][f"{node}\0{_device_name(gpu, nic)}"] = mean
+                dev = f"{node}\0{_device_name(gpu, nic)}"
+                table[(peer_group.get(node, ""), _kind(gpu, nic), sig)][dev] = mean
         # derived: power per utilisation percent (low power at normal utilisation)
         for (grp, kind, sig), devs in list(table.items()):
             if sig != Signal.POWER:
