@@ -185,10 +185,10 @@ def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     step, comm = _columns(windows)
     comp = step - comm
     with np.errstate(all="ignore"):
-        med_step = _row_medians(step)
-        med_comp = _row_medians(comp)
+        med_step = np.nanmedian(step, axis=1)
+        med_comp = np.nanmedian(comp, axis=1)
         m = np.sum(~np.isnan(comp), axis=1)
-        mad = _row_medians(np.abs(comp - med_comp[:, None]))
+        mad = np.nanmedian(np.abs(comp - med_comp[:, None]), axis=1)
         se = np.where(m >= 2, MEDIAN_SE * MAD_SD * mad / np.sqrt(np.maximum(m, 1)), np.inf)
     return med_step, med_comp, se
 
