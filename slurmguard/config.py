@@ -308,8 +308,10 @@ class ControllerPolicy(Strict):
     keepalives) before it frees the lease; a leader whose host vanished is replaced
     within about lease_timeout_s + lease_retry_s."""
     keep_samples_per_node: int = Field(4096, ge=64)
-    """Telemetry samples of one node queued between two peer windows (each is scored
-    once); past it the oldest are dropped and counted (slurmguard_telemetry_dropped_total)."""
+    """Telemetry kept per node between two peer windows (each sample is scored once):
+    one running sum per device signal the peer scorer averages, plus hard-failure
+    samples as sent. Past it the oldest samples are dropped, sums for further device
+    signals refused, both counted (slurmguard_telemetry_dropped_total)."""
 
     @model_validator(mode="after")
     def _tls_pair(self) -> "ControllerPolicy":

@@ -1,5 +1,18 @@
 """What a node agent sends the controller: one versioned, signed JSON report.
 
+Wire format (`schema_version`): 2 (what agents send) packs each rank's
+iterations into one base64 string of float64 columns, {"n": N, "cols": B64},
+where B64 holds 24 x N bytes: N `end`, then N `step_s`, then N `comm_s`,
+little-endian IEEE 754 (`StepWindow`); 256 iterations of 8 ranks are 66 KB
+of JSON instead of about 185 KB, and the controller reads them as arrays
+without building an object per iteration (a tenth of the parsing time).
+Version 1 (a list of {"end", "step_s", "comm_s"} objects per rank) is still
+accepted (`schema_version` 1 or 2; others are refused), so agents
+of the previous release keep reporting while the fleet is upgraded
+(controllers first: a version-1 controller refuses version 2 with 422). Both
+are validated alike: a packed window must hold exactly 24 x n bytes of finite
+numbers with step_s and comm_s >= 0, or the report is refused naming the field.
+
 Reports carry rolling windows (the last `max_steps` iterations of each rank,
 the telemetry samples since the previous report), so the controller can
 rebuild its view from the next report after a restart and a lost report
@@ -21,18 +34,26 @@ reports, so a restarted agent is accepted at once and a replay is not.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Literal, NamedTuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainSerializer, Tag
+from pydantic_core import core_schema
 
 from slurmguard.config import read_trusted
 from slurmguard.errors import ConfigError
 from slurmguard.names import NODE_NAME_RE
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: most iterations one packed rank window may carry (the agent sends agent.report_steps)
+MAX_PACKED_STEPS = 1 << 16
 MAX_SKEW_S = 300.0
 TIME_HEADER = "X-Slurmguard-Time"
 SIG_HEADER = "X-Slurmguard-Signature"
@@ -55,6 +76,134 @@ class StepSample(_Model):
     end: float
     step_s: float = Field(ge=0)
     comm_s: float = Field(ge=0)
+
+
+class Step(NamedTuple):
+    """One iteration as read from a StepWindow (the fields of StepSample)."""
+
+    end: float
+    step_s: float
+    comm_s: float
+
+
+_LE_F64 = np.dtype("<f8")
+
+
+class StepWindow(Sequence):
+    """A rank's iterations as one (3, n) float64 array (end, step_s, comm_s):
+    24 bytes an iteration instead of a model object each, and the packed wire
+    form of schema version 2. Reads like the list of StepSample it replaces
+    (len, index, slice, iterate); `end`, `step_s` and `comm_s` are the
+    columns, for code that works on arrays."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    @classmethod
+    def of(cls, steps, keep: int | None = None) -> "StepWindow":
+        """The newest `keep` (None: all) of a StepWindow or a list of StepSample."""
+        if isinstance(steps, StepWindow):
+            if keep is None or len(steps) <= keep:
+                return steps
+            return StepWindow(steps._a[:, -keep:].copy())
+        tail = steps[-keep:] if keep is not None and keep < len(steps) else steps
+        a = np.empty((3, len(tail)))
+        a[0] = [st.end for st in tail]  # a row at a time: about half the cost of element-wise
+        a[1] = [st.step_s for st in tail]
+        a[2] = [st.comm_s for st in tail]
+        return cls(a)
+
+    # ---- the wire form
+    def packed(self) -> dict:
+        """{"n": N, "cols": base64 of the 24 x N little-endian bytes}."""
+        a = np.ascontiguousarray(self._a, dtype=_LE_F64)
+        return {"n": a.shape[1], "cols": base64.b64encode(a.tobytes()).decode("ascii")}
+
+    @classmethod
+    def unpack(cls, d: dict) -> "StepWindow":
+        """The window of a packed dict ({"n", "cols"}, types already checked);
+        ValueError naming what is wrong."""
+        n, cols = d["n"], d["cols"]
+        try:
+            raw = binascii.a2b_base64(cols, strict_mode=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"cols is not base64 ({exc})") from None
+        if len(raw) != 24 * n:
+            raise ValueError(f"cols holds {len(raw)} bytes; n={n} needs 24 x n = {24 * n}")
+        a = np.frombuffer(raw, dtype=_LE_F64).reshape(3, n)
+        if not np.isfinite(a).all():
+            raise ValueError("cols holds a value that is not a finite number")
+        if n and a[1:].min() < 0:
+            raise ValueError("step_s and comm_s must be >= 0")
+        return cls(a)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source, handler) -> core_schema.CoreSchema:
+        packed = core_schema.typed_dict_schema(
+            {"n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
+             "cols": core_schema.typed_dict_field(core_schema.str_schema())},
+            extra_behavior="forbid")
+        from_packed = core_schema.no_info_after_validator_function(cls.unpack, packed)
+        return core_schema.json_or_python_schema(
+            json_schema=from_packed,
+            python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), from_packed]),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda w: w.packed(), when_used="json"))
+
+    # ---- the columns
+    @property
+    def columns(self) -> np.ndarray:
+        """The (3, n) array: end, step_s, comm_s."""
+        return self._a
+
+    @property
+    def end(self) -> np.ndarray:
+        return self._a[0]
+
+    @property
+    def step_s(self) -> np.ndarray:
+        return self._a[1]
+
+    @property
+    def comm_s(self) -> np.ndarray:
+        return self._a[2]
+
+    def __len__(self) -> int:
+        return self._a.shape[1]
+
+    def __bool__(self) -> bool:
+        return self._a.shape[1] > 0
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return StepWindow(self._a[:, i])
+        e, st, c = self._a[:, i].tolist()
+        return Step(e, st, c)
+
+    def __iter__(self):
+        for e, st, c in zip(*self._a.tolist()):
+            yield Step(e, st, c)
+
+    def since(self, t: float | None) -> "StepWindow":
+        """The iterations that ended after Unix time t (all for None)."""
+        if t is None:
+            return self
+        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
+
+
+def _steps_form(v) -> str:
+    return "packed" if isinstance(v, (dict, StepWindow)) else "list"
+
+
+#: a rank's iterations: a list of StepSample (version 1, and what the agent
+#: builds) or a StepWindow (version 2 on the wire); always sent packed
+Steps = Annotated[
+    Union[Annotated[list[StepSample], Tag("list")], Annotated[StepWindow, Tag("packed")]],
+    Discriminator(_steps_form),
+    PlainSerializer(lambda v: StepWindow.of(v).packed(), when_used="json"),
+]
 
 
 class ChangeReport(_Model):
@@ -104,19 +253,22 @@ class RankReport(_Model):
     baseline_step_s: float | None = None
     """Median step time of the rank's first stable window (s); None until known."""
     baseline_compute_s: float | None = None
-    steps: list[StepSample] = Field(default_factory=list)
+    steps: Steps = Field(default_factory=list)
+    """The rank's newest iterations (agent.report_steps of them), oldest first."""
     total_steps: int = 0
     last_progress: float | None = None
     """Unix s of the rank's last completed collective."""
     in_flight_since: float | None = None
     """Unix s when the oldest collective still in flight started (None: none)."""
     lost_records: int = 0
-    changes: list[ChangeReport] = Field(default_factory=list)
+    changes: tuple[ChangeReport, ...] = ()
     exited: bool = False
     """The rank's process is gone while its ring stays (it died, or the job
     ends): its silence is not a stall and its last steps are not a slowdown."""
-    links: list[LinkReport] = Field(default_factory=list, max_length=MAX_LINKS)
-    """Per-link transfer times (NCCL profiler plugin only; empty otherwise)."""
+    links: tuple[LinkReport, ...] = Field((), max_length=MAX_LINKS)
+    """Per-link transfer times (NCCL profiler plugin only; empty otherwise). (Tuples here:
+    an empty one is no object to the garbage collector, which a controller holding
+    80,000 ranks walks through.)""" 
 
 
 class JobReport(_Model):
@@ -147,7 +299,8 @@ class UnavailableSignal(_Model):
 
 
 class AgentReport(_Model):
-    schema_version: int = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    """Wire format version (module docstring); others are refused."""
     node: str = Field(pattern=NODE_NAME.pattern)
     seq: int = Field(ge=0)
     epoch: int = Field(0, ge=0)

@@ -11,10 +11,10 @@ from sqlalchemy import event
 
 from slurmguard.config import parse_policy
 from slurmguard.controller.assess import _median_without_self
-from slurmguard.controller.fleet import FleetView, StepWindow
+from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, StepWindow, TelemetryRecord
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store.db import READ_ONLY
 
@@ -33,7 +33,8 @@ def _report(node: str, seq: int, now: float, *, tel_from: float = 0.0, n_tel: in
         jobs = [JobReport(job_id=job, ranks=[RankReport(rank=0, gpu=0, baseline_step_s=1.0,
                                                         baseline_compute_s=0.7, steps=ss,
                                                         total_steps=400, last_progress=now)])]
-    tel = [TelemetryRecord(signal="sm_clock", value=1980.0, unit="MHz", timestamp=tel_from + i, gpu=0)
+    # value = timestamp: a sample lost or counted twice moves the window's mean
+    tel = [TelemetryRecord(signal="sm_clock", value=tel_from + i, unit="MHz", timestamp=tel_from + i, gpu=0)
            for i in range(n_tel)]
     return AgentReport(node=node, seq=seq, sent_at=now, jobs=jobs, telemetry=tel)
 
@@ -55,13 +56,14 @@ def test_step_window_reads_like_the_list_it_replaces():
     assert len(w.since(None)) == 20 and len(w.since(1e12)) == 0 and not w.since(1e12)
 
 
-def _scored(ctl: Controller) -> list[float]:
-    seen: list[float] = []
+def _scored(ctl: Controller) -> list[tuple]:
+    seen: list[tuple] = []
     real = ctl.scorer.window
 
-    def window(samples, group=None):
-        seen.extend(s.timestamp for s in samples)
-        return real(samples, group)
+    def window(samples, group=None, means=None):
+        seen.extend((s.node, s.gpu, s.signal, s.value) for s in samples)
+        seen.extend((node, gpu, sig, v) for (node, sig, gpu, _), v in (means or {}).items())
+        return real(samples, group, means)
 
     ctl.scorer.window = window
     return seen
@@ -73,37 +75,41 @@ def test_every_sample_is_scored_once_also_when_reports_arrive_during_a_cycle(sql
     seen = _scored(ctl)
     now = fake_clock.now()
     # three reports of one node between two scorings (10 s reports, a 30 s window):
-    # only the latest report's steps matter, but all three reports' samples must be scored
+    # only the latest report's steps matter, but all three reports' samples must be
+    # scored: the scorer gets the device's mean over the window, of exactly those 30
     for k in range(3):
         assert ctl.fleet.ingest(_report("node1", k + 1, now, tel_from=1000 + 10 * k, n_tel=10), now)
     fake_clock.advance(10)
     ctl.cycle()
-    assert sorted(seen) == [1000.0 + i for i in range(30)]
+    assert seen == [("node1", 0, "sm_clock", pytest.approx(1014.5))]
+    assert ctl.fleet.samples_taken == 30
     # a report arriving while the scorer runs goes to the next window, not lost, not twice
     real = ctl.scorer.window
 
-    def arrives_meanwhile(samples, group=None):
+    def arrives_meanwhile(samples, group=None, means=None):
         ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5), fake_clock.now())
-        return real(samples, group)
+        return real(samples, group, means)
 
     ctl.fleet.ingest(_report("node1", 4, fake_clock.now(), tel_from=1030, n_tel=5), fake_clock.now())
     ctl.scorer.window = arrives_meanwhile
     seen.clear()
     fake_clock.advance(10)
     ctl.cycle()
-    assert sorted(seen) == [1030.0 + i for i in range(5)]
+    assert seen == [("node1", 0, "sm_clock", pytest.approx(1032.0))]
+    assert ctl.fleet.samples_taken == 35
     ctl.scorer.window = real
     seen = _scored(ctl)
     fake_clock.advance(10)
     ctl.cycle()
-    assert sorted(seen) == [2000.0 + i for i in range(5)]
+    assert seen == [("node2", 0, "sm_clock", pytest.approx(2002.0))]
+    assert ctl.fleet.samples_taken == 40
     # a replayed report (same epoch, seq) adds nothing
     assert not ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5),
                                 fake_clock.now())
     seen.clear()
     fake_clock.advance(10)
     ctl.cycle()
-    assert seen == []
+    assert seen == [] and ctl.fleet.samples_taken == 40
 
 
 def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, fake_clock):
@@ -113,10 +119,24 @@ def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, f
     assert fleet.ingest(_report("node1", 2, now, job=7, steps=100, tel_from=50, n_tel=50), now)
     (_, rank), = fleet.job_ranks(7, now)[0]
     assert len(rank.steps) == 16 and rank.steps[-1].end == now  # the newest iterations
+    # a scored signal's samples are one sum per device, however many arrive
+    assert fleet.queued_samples() == 100 and fleet.dropped_samples == 0
+    # samples kept as sent (hard failures) are bounded: the oldest go
+    xids = [TelemetryRecord(signal="xid", value=13, unit="code", timestamp=200.0 + i, gpu=0)
+            for i in range(100)]
+    assert fleet.ingest(_report("node1", 3, now).model_copy(update={"telemetry": xids}), now)
     assert fleet.dropped_samples == 36
+    # and so are the sums: a flood of made-up devices cannot grow them past the limit
+    fake = [TelemetryRecord(signal="power", value=600.0, unit="W", timestamp=300.0, gpu=g)
+            for g in range(100)]
+    assert fleet.ingest(_report("node1", 4, now).model_copy(update={"telemetry": fake}), now)
+    assert fleet.dropped_samples == 36 + 37  # 64 sums: sm_clock gpu0 and 63 power devices
     taken = fleet.take_telemetry()
-    assert [s.timestamp for s in taken] == [36.0 + i for i in range(64)]  # oldest dropped
-    assert fleet.take_telemetry() == []
+    assert [s.timestamp for s in taken.samples] == [236.0 + i for i in range(64)]
+    assert taken.means[("node1", "sm_clock", 0, None)] == pytest.approx(49.5)
+    assert len([k for k in taken.means if k[1] == "power"]) == 63
+    assert taken.count == fleet.samples_taken == 100 + 64 + 63
+    assert not fleet.take_telemetry() and fleet.queued_samples() == 0
 
 
 def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sqlite_store, fake_clock):
@@ -167,3 +187,76 @@ def test_departed_nodes_are_evicted_with_their_metric_series(sqlite_store, fake_
     assert 'node="node2"' not in text and 'node="node1"' in text
     assert ctl.fleet.nodes_reporting(fake_clock.now()) == {"node1"}
     assert not ctl.fleet.ingest(_report("node2", 2, now), now)  # and it cannot come back unasked
+
+
+def test_a_window_of_summed_means_scores_like_the_samples_it_stands_for():
+    """The controller hands the peer scorer per-device means (summed at ingest): the
+    deviations and flags are those of scoring every sample."""
+    from slurmguard.detect.peers import PeerScorer
+    from slurmguard.telemetry.base import sample
+
+    rng = np.random.default_rng(3)
+    fleet = FleetView(keep_samples=4096)
+    windows = []
+    for w in range(3):
+        samples = []
+        for node in ("n1", "n2"):
+            for k in range(6):  # six samples a device per window, as with 5 s sampling
+                for g in range(8):
+                    hot = node == "n2" and g == 5
+                    samples += [sample(node, "gpu_temp", (78 if hot else 60) + rng.normal(0, 1), k, gpu=g),
+                                sample(node, "sm_clock", (1380 if hot else 1980) - abs(rng.normal(0, 5)), k, gpu=g),
+                                sample(node, "power", 650 + rng.normal(0, 6), k, gpu=g)]
+        samples.append(sample("n1", "xid", 79, 3.0, gpu=2))  # a hard failure, kept as sent
+        recs = [TelemetryRecord(signal=s.signal, value=s.value, unit=s.unit, timestamp=s.timestamp, gpu=s.gpu)
+                for s in samples]
+        for node in ("n1", "n2"):
+            r = AgentReport(node=node, seq=w + 1, sent_at=0.0, telemetry=[t for t, s in zip(recs, samples)
+                                                                           if s.node == node])
+            assert fleet.ingest(r, 0.0)
+        windows.append((samples, fleet.take_telemetry()))
+    direct, summed = PeerScorer(), PeerScorer()
+    for samples, taken in windows:
+        assert taken.count == len(samples) and [s.signal for s in taken.samples] == ["xid"]
+        want = direct.deviations(samples)
+        got = summed.deviations(taken.samples, means=taken.means)
+        assert {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in got.items()} == \
+            {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in want.items()}
+        # (the same up to the order of additions in the means)
+        flags = [(f.node, f.device, f.hard, f.reasons, f.windows) for f in direct.window(samples)]
+        assert flags == [(f.node, f.device, f.hard, f.reasons, f.windows)
+                         for f in summed.window(taken.samples, means=taken.means)]
+    assert ("n2", "gpu5", False) in [f[:3] for f in flags] and ("n1", "gpu2", True) in [f[:3] for f in flags]
+
+
+def test_the_cycle_runs_with_the_collector_paused_and_gives_it_back(sqlite_store, fake_clock):
+    import gc
+
+    slurm = FakeSlurm(["node1"], clock=fake_clock)
+    ctl = Controller(POLICY, sqlite_store, slurm, fake_clock)
+    seen = []
+    real = slurm.fleet
+
+    def fleet():
+        seen.append(gc.isenabled())
+        return real()
+
+    slurm.fleet = fleet
+    assert gc.isenabled()
+    ctl.cycle()
+    assert seen == [False] and gc.isenabled()
+
+    def broken():
+        raise RuntimeError("boom")
+
+    slurm.fleet = broken
+    with pytest.raises(RuntimeError):
+        ctl.cycle()
+    assert gc.isenabled()  # also after a cycle that failed
+    gc.disable()
+    try:
+        slurm.fleet = fleet
+        ctl.cycle()
+        assert not gc.isenabled()  # not switched on where the caller had it off
+    finally:
+        gc.enable()

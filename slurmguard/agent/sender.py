@@ -2,7 +2,12 @@
 
 While the controller is unreachable reports queue up to `max_reports`; past
 that the oldest are dropped and counted (reports are rolling windows, so the
-newest one carries the most). Delivery is in order, oldest first.
+newest one carries the most). Delivery is in order, oldest first, and a backlog
+goes in as few requests as it can: queued reports are merged into one (the
+newest one's step windows, state and sequence number, with the telemetry
+samples and events of all of them in order, at most `batch_samples` samples a
+request), so a node that was cut off for an hour catches up in a few requests,
+not 360, and no sample is lost or sent twice.
 
 Each report is stamped here with this sender's epoch (its start, Unix ns) and
 the next sequence number, so (epoch, seq) grows across agent restarts and the
@@ -26,11 +31,20 @@ from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport
 
 log = logging.getLogger(__name__)
 
+#: telemetry samples merged into one request at most: the controller's default
+#: controller.keep_samples_per_node, about 0.5 MB of JSON (controller.max_body_bytes: 1 MB)
+BATCH_SAMPLES = 4096
+
 
 class ReportSender:
     def __init__(self, url: str, key: bytes, *, timeout_s: float = 5.0, max_reports: int = 1000,
-                 now: Callable[[], float], ca_file: str | None = None) -> None:
-        """key: this node's report key (reports.node_key); ca_file: CA of an https controller."""
+                 now: Callable[[], float], ca_file: str | None = None,
+                 batch_samples: int = BATCH_SAMPLES) -> None:
+        """key: this node's report key (reports.node_key); ca_file: CA of an https
+        controller; batch_samples: most telemetry samples merged into one request."""
+        self.batch_samples = batch_samples
+        self.requests = 0
+        """Requests that delivered reports (a merged backlog is one)."""
         self.url = url.rstrip("/") + "/v1/report"
         self.key = key
         self.epoch = int(now() * 1e9)
@@ -56,28 +70,46 @@ class ReportSender:
         return report
 
     def flush(self) -> int:
-        """Send queued reports until one fails; returns how many were delivered."""
+        """Send queued reports until a request fails; returns how many reports were
+        delivered (merged ones count each)."""
         now = self.now()
         if now < self._retry_at:
             return 0
         delivered = 0
         while self.queue:
-            report = self.queue[0]
+            k, report = self._merged()
             outcome = self._post(report)
             if outcome == "retry":
                 self.failures += 1
                 self._retry_at = now + self._backoff
                 self._backoff = min(self._backoff * 2, 60.0)
                 break
-            self.queue.popleft()
+            for _ in range(k):
+                self.queue.popleft()
             if outcome == "ok":
-                delivered += 1
-                self.sent += 1
+                delivered += k
+                self.sent += k
+                self.requests += 1
             else:
-                self.rejected += 1
+                self.rejected += k
         if delivered:
             self._backoff = 1.0
         return delivered
+
+    def _merged(self) -> tuple[int, AgentReport]:
+        """(k, one report standing for the oldest k queued): the k-th one with the
+        telemetry and events of all k, k as large as batch_samples allows (>= 1)."""
+        q = self.queue
+        k, samples = 1, len(q[0].telemetry)
+        while k < len(q) and samples + len(q[k].telemetry) <= self.batch_samples:
+            samples += len(q[k].telemetry)
+            k += 1
+        if k == 1:
+            return 1, q[0]
+        parts = [q[i] for i in range(k)]
+        return k, parts[-1].model_copy(update={
+            "telemetry": [t for r in parts for t in r.telemetry],
+            "events": [e for r in parts for e in r.events]})
 
     def _post(self, report: AgentReport) -> str:
         body = report.model_dump_json().encode()

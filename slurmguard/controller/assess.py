@@ -159,6 +159,12 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     return current, onset, len(rows)
 
 
+def _row_medians(x: np.ndarray) -> np.ndarray:
+    """np.nanmedian(x, axis=1) at np.median's speed when x has no NaN (numpy takes
+    short rows' NaN-aware median through masked arrays: ten times slower)."""
+    return np.nanmedian(x, axis=1) if np.isnan(x).any() else np.median(x, axis=1)
+
+
 def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> float | None:
     """A job whose every judged iteration (x: the ranks' step times, s, one row
     a rank, NaN-padded) is within response.tiers.moderate_slowdown of the job's
@@ -170,7 +176,7 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(np.median(baselines))
     if np.nanmax(x) >= limit:
         return None
-    return float(np.median(np.nanmedian(x, axis=1)))
+    return float(np.median(_row_medians(x)))
 
 
 def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

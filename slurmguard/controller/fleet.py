@@ -4,18 +4,25 @@ The latest report of each node is kept for its step windows: reports carry
 rolling windows, so the latest one is all the controller needs, and a restarted
 controller is whole again after one report per node. Telemetry is different:
 an agent sends only the samples since its previous report, so every report's
-samples are queued until the next scoring takes them (`take_telemetry`): each
+samples are kept until the next scoring takes them (`take_telemetry`): each
 sample is scored once, none is lost when several reports arrive between two
 scorings, and a report that arrives while a cycle runs waits for the next one.
+The peer scorer compares each device's mean of a signal over the window
+(detect.peers), so samples of the signals it scores are summed as they arrive,
+one (sum, count) per node, device and signal, and a window hands the scorer the
+mean of each: the cycle's cost does not grow with the sampling rate, and the
+ingesting thread does the adding. Samples of other signals (hard failures:
+XIDs, a GPU lost, a link down) are kept as sent.
 (epoch, seq) from one node must grow (epoch: the agent process's start): a
 replayed or reordered report is refused, a restarted agent's first report is
 taken.
 
 What is kept is bounded by the policy: at most `keep_steps` iterations per rank
-(the newest; stored as arrays, 16 bytes an iteration) and `keep_samples`
-queued telemetry samples per node (the oldest are dropped and counted in
-`dropped_samples`). Nodes Slurm no longer knows are evicted with everything
-kept for them.
+(the newest; stored as arrays, 24 bytes an iteration) and `keep_samples`
+telemetry entries per node (device signal sums, and samples kept as sent: the
+oldest of these are dropped, and a sum for one more device signal is refused,
+both counted in `dropped_samples`). Nodes Slurm no longer knows are evicted
+with everything kept for them.
 
 Nothing a node reports about a job is trusted beyond that node: `job_ranks`
 keeps only ranks reported by nodes Slurm allocated to the job, and counts the
@@ -27,92 +34,46 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
-from slurmguard.reports import AgentReport, JobReport, RankReport, UnavailableSignal
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepWindow, UnavailableSignal
+from slurmguard.detect.peers import BAD_DIRECTION
 from slurmguard.telemetry.base import TelemetrySample
+
+#: signals the peer scorer averages per device over a window (summed at ingest)
+_AVERAGED = frozenset(BAD_DIRECTION)
 
 DEFAULT_KEEP_STEPS = 256
 DEFAULT_KEEP_SAMPLES = 4096
 
 
-class Step(NamedTuple):
-    """One iteration as the controller keeps it (the fields of reports.StepSample)."""
+def compact_rank(rank: RankReport, keep: int) -> RankReport:
+    """The rank with its newest `keep` iterations as a StepWindow (fields unchanged);
+    a packed window (schema version 2) that fits is kept as it came."""
+    w = StepWindow.of(rank.steps, keep)
+    return rank if w is rank.steps else rank.model_copy(update={"steps": w})
 
-    end: float
-    step_s: float
-    comm_s: float
 
+class TelemetryWindow(NamedTuple):
+    """What one peer window scores (FleetView.take_telemetry)."""
 
-class StepWindow(Sequence):
-    """A rank's iterations as one (3, n) float64 array (end, step_s, comm_s):
-    24 bytes an iteration instead of a model object each. Reads like the list
-    of StepSample it replaces (len, index, slice, iterate); `end`, `step_s` and
-    `comm_s` are the columns, for code that works on arrays."""
-
-    __slots__ = ("_a",)
-
-    def __init__(self, a: np.ndarray) -> None:
-        self._a = a
-
-    @classmethod
-    def of(cls, steps, keep: int) -> "StepWindow":
-        if isinstance(steps, StepWindow):
-            return steps if len(steps) <= keep else StepWindow(steps._a[:, -keep:].copy())
-        tail = steps[-keep:] if keep < len(steps) else steps
-        a = np.empty((3, len(tail)))
-        a[0] = [st.end for st in tail]  # a row at a time: about half the cost of element-wise
-        a[1] = [st.step_s for st in tail]
-        a[2] = [st.comm_s for st in tail]
-        return cls(a)
-
-    @property
-    def columns(self) -> np.ndarray:
-        """The (3, n) array: end, step_s, comm_s."""
-        return self._a
-
-    @property
-    def end(self) -> np.ndarray:
-        return self._a[0]
-
-    @property
-    def step_s(self) -> np.ndarray:
-        return self._a[1]
-
-    @property
-    def comm_s(self) -> np.ndarray:
-        return self._a[2]
-
-    def __len__(self) -> int:
-        return self._a.shape[1]
+    means: dict[tuple[str, str, int | None, str | None], float]
+    """(node, signal, gpu, nic) -> mean of that device signal's samples (PeerScorer.window)."""
+    samples: list[TelemetrySample]
+    """Samples kept as sent (hard-failure signals)."""
+    count: int
+    """Samples the window stands for."""
 
     def __bool__(self) -> bool:
-        return self._a.shape[1] > 0
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return StepWindow(self._a[:, i])
-        e, st, c = self._a[:, i].tolist()
-        return Step(e, st, c)
-
-    def __iter__(self):
-        for e, st, c in zip(*self._a.tolist()):
-            yield Step(e, st, c)
-
-    def since(self, t: float | None) -> "StepWindow":
-        """The iterations that ended after Unix time t (all for None)."""
-        if t is None:
-            return self
-        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
+        return self.count > 0
 
 
-def compact_rank(rank: RankReport, keep: int) -> RankReport:
-    """The rank with its newest `keep` iterations as a StepWindow (fields unchanged)."""
-    return rank.model_copy(update={"steps": StepWindow.of(rank.steps, keep)})
+def _compact_job(job: JobReport, keep: int) -> JobReport:
+    ranks = [compact_rank(r, keep) for r in job.ranks]
+    if all(a is b for a, b in zip(ranks, job.ranks)):
+        return job  # packed windows that fit (wire format 2): nothing to copy
+    return job.model_copy(update={"ranks": ranks})
 
 
 @dataclass(frozen=True)
@@ -136,6 +97,10 @@ class FleetView:
         self._latest: dict[str, Received] = {}
         self._seq: dict[str, tuple[int, int]] = {}
         self._samples: dict[str, deque[TelemetrySample]] = {}
+        self._sums: dict[str, dict[tuple, list]] = {}
+        """node -> (signal, gpu, nic) -> [sum, count] of its samples, until scored."""
+        self.samples_taken = 0
+        """Telemetry samples handed to scoring (cumulative): a sum of k samples counts k."""
         self._lock = threading.Lock()
         self._known: frozenset[str] | None = None
         self.rejected = 0
@@ -153,11 +118,13 @@ class FleetView:
             if self._known is None:
                 return []
             gone = [n for n in self._latest if n not in self._known]
-            gone += [n for n in self._samples if n not in self._known and n not in self._latest]
+            gone += [n for n in {*self._samples, *self._sums}
+                     if n not in self._known and n not in self._latest]
             for n in gone:
                 self._latest.pop(n, None)
                 self._seq.pop(n, None)
                 self._samples.pop(n, None)
+                self._sums.pop(n, None)
             return gone
 
     def known(self, node: str) -> bool:
@@ -179,13 +146,13 @@ class FleetView:
             with self._lock:
                 self.rejected += 1
             return False
-        jobs = [j.model_copy(update={"ranks": [compact_rank(r, self.keep_steps) for r in j.ranks]})
-                for j in report.jobs]
+        jobs = [_compact_job(j, self.keep_steps) for j in report.jobs]
         node = report.node
-        # built here, in the ingesting thread, so the cycle does not build them all at once
-        samples = [TelemetrySample(node=node, signal=t.signal, value=t.value, unit=t.unit,
-                                   timestamp=t.timestamp, gpu=t.gpu, nic=t.nic)
-                   for t in report.telemetry]
+        tel = report.telemetry
+        # split here, in the ingesting thread, so the cycle does not do it for the fleet
+        summed = [t for t in tel if t.signal in _AVERAGED]
+        kept_raw = [TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
+                    for t in tel if t.signal not in _AVERAGED] if len(summed) < len(tel) else []
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
@@ -197,15 +164,36 @@ class FleetView:
                 return False
             self._seq[report.node] = key
             self._latest[report.node] = Received(kept, received_at)
-            if samples:
+            if summed:
+                self._add_sums(node, summed)
+            if kept_raw:
                 q = self._samples.get(node)
                 if q is None:
                     q = self._samples[node] = deque(maxlen=self.keep_samples)
-                over = len(q) + len(samples) - self.keep_samples
+                over = len(q) + len(kept_raw) - self.keep_samples
                 if over > 0:
                     self.dropped_samples += over
-                q.extend(samples)
+                q.extend(kept_raw)
             return True
+
+    def _add_sums(self, node: str, records) -> None:
+        """Add samples to the node's per-device sums (the lock is held)."""
+        sums = self._sums.get(node)
+        if sums is None:
+            sums = self._sums[node] = {}
+        room = self.keep_samples - len(sums)
+        for t in records:
+            k = (t.signal, t.gpu, t.nic)
+            e = sums.get(k)
+            if e is None:
+                if room <= 0:  # a flood of made-up devices or signals: bounded, counted
+                    self.dropped_samples += 1
+                    continue
+                room -= 1
+                sums[k] = [t.value, 1]
+            else:
+                e[0] += t.value
+                e[1] += 1
 
     def _live(self, now: float) -> list[Received]:
         with self._lock:
@@ -260,13 +248,23 @@ class FleetView:
         """node -> the signals its agent cannot read now (latest live report)."""
         return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
-    def take_telemetry(self) -> list[TelemetrySample]:
-        """Every queued telemetry sample, once: the queues are emptied, so a sample is
-        scored by exactly one window, and reports arriving meanwhile queue for the next."""
+    def take_telemetry(self) -> "TelemetryWindow":
+        """Everything kept since the last call, once: the mean of each node's device
+        signal that is summed here, and the samples kept as sent. Reports arriving
+        meanwhile wait for the next call; samples_taken grows by the number of
+        samples the window stands for."""
         with self._lock:
             taken, self._samples = self._samples, {}
-        return [t for q in taken.values() for t in q]
+            sums, self._sums = self._sums, {}
+        means = {(node, sig, gpu, nic): e[0] / e[1]
+                 for node, per in sums.items() for (sig, gpu, nic), e in per.items()}
+        samples = [t for q in taken.values() for t in q]
+        n = len(samples) + sum(e[1] for per in sums.values() for e in per.values())
+        self.samples_taken += n
+        return TelemetryWindow(means, samples, n)
 
     def queued_samples(self) -> int:
+        """Samples waiting for scoring (a sum of k samples counts k)."""
         with self._lock:
-            return sum(len(q) for q in self._samples.values())
+            return (sum(len(q) for q in self._samples.values())
+                    + sum(e[1] for per in self._sums.values() for e in per.values()))

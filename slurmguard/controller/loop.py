@@ -18,6 +18,7 @@ recorded in that job's incident and the cycle goes on with the next job.
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -92,7 +93,23 @@ class Controller:
         the node table and one of the live incidents, new nodes registered in one
         transaction, each job's ranks from one index of the reports; the database
         is written only where something happened (an incident, an action's audit,
-        which must be durable before the next action, so each commits on its own)."""
+        which must be durable before the next action, so each commits on its own).
+
+        Python's cyclic garbage collector is paused while the cycle runs: the
+        cycle's temporaries (a peer window's hundreds of thousands of samples at
+        10,000 nodes) are freed by reference counting when it ends, but while they
+        live they make the collector walk every object of the fleet's reports, two
+        or three times a cycle (0.5 s of a 1.8 s cycle at 5,000 nodes). Collections
+        resume after it, with only what survived it counted."""
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return self._cycle()
+        finally:
+            if was:
+                gc.enable()
+
+    def _cycle(self) -> CycleResult:
         now = self.clock.now()
         res = CycleResult(at=now)
         try:
@@ -195,12 +212,12 @@ class Controller:
         the agents sent since the last window (each sample scored once)."""
         if now - self._scored_until < self.policy.detection.peers.window_s:
             return
-        samples = self.fleet.take_telemetry()
+        window = self.fleet.take_telemetry()
         self._scored_until = now
-        if not samples:
+        if not window:
             return
         group = {n: f"job:{j.job_id}" for j in jobs.values() if j.state == "RUNNING" for n in j.nodes}
-        flags = self.scorer.window(samples, group)
+        flags = self.scorer.window(window.samples, group, means=window.means)
         self._flags = {}
         for f in flags:
             self._flags.setdefault(f.node, []).append(f)

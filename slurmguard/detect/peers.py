@@ -19,6 +19,7 @@ while as busy as its peers deviates on two signals (power and power/util).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -104,11 +105,26 @@ class PeerFlag:
 
 
 def _device(s: TelemetrySample) -> str:
-    if s.gpu is not None:
-        return f"gpu{s.gpu}"
-    if s.nic is not None:
-        return s.nic
+    return _device_name(s.gpu, s.nic)
+
+
+def _device_name(gpu: int | None, nic: str | None) -> str:
+    if gpu is not None:
+        return f"gpu{gpu}"
+    if nic is not None:
+        return nic
     return "host"
+
+
+def _kind(gpu: int | None, nic: str | None) -> str:
+    """The kind of device a sample is of: its peers are devices of the same kind."""
+    return "gpu" if gpu is not None else ("nic" if nic is not None else "host")
+
+
+#: the signals hard_failures looks at
+_HARD_SIGNALS = frozenset({Signal.XID, Signal.RECOVERY_ACTION, Signal.ROW_REMAP_FAILURE,
+                           Signal.ROW_REMAP_PENDING, Signal.GPU_LOST, Signal.ECC_DBE_DELTA,
+                           Signal.NIC_STATE, Signal.NVLINK_DOWN})
 
 
 def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
@@ -120,6 +136,8 @@ def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
     """
     out = []
     seen: set[tuple[str, str, str]] = set()
+    # the few samples of these signals first: a window holds hundreds of thousands of others
+    samples = [s for s in samples if s.signal in _HARD_SIGNALS]
     actions = {(s.node, s.gpu) for s in samples if s.signal == Signal.RECOVERY_ACTION}
     for s in samples:
         why = None
@@ -163,12 +181,17 @@ class PeerScorer:
         self._streak: dict[tuple[str, str], int] = defaultdict(int)
 
     def deviations(self, samples: list[TelemetrySample],
-                   peer_group: dict[str, str] | None = None) -> dict[tuple[str, str], list[Deviation]]:
+                   peer_group: dict[str, str] | None = None,
+                   means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+                   ) -> dict[tuple[str, str], list[Deviation]]:
         """Per (node, device): the signals deviating from their peers this window.
 
         peer_group maps node -> group name (job id or hardware class); nodes
         missing from it share one group. Samples of one device and signal in a
-        window are averaged first.
+        window are averaged first. means: (node, signal, gpu, nic) -> that
+        device signal's mean over the window, averaged already (the controller
+        sums samples as they arrive: controller.fleet), for device signals that
+        have no samples in `samples`.
         """
         import numpy as np  # see robust_z
 
@@ -178,11 +201,16 @@ class PeerScorer:
         for s in samples:
             if s.signal not in BAD_DIRECTION:
                 continue
-            kind = "gpu" if s.gpu is not None else ("nic" if s.nic is not None else "host")
+            kind = _kind(s.gpu, s.nic)
             acc[(peer_group.get(s.node, ""), kind, s.signal, f"{s.node}\0{_device(s)}")].append(s.value)
         table: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
         for (grp, kind, sig, dev), vals in acc.items():
-            table[(grp, kind, sig)][dev] = float(np.mean(vals))
+            # (a plain mean: np.mean's call costs 10x the sum of the few values of one device)
+            table[(grp, kind, sig)][dev] = math.fsum(vals) / len(vals)
+        for (node, sig, gpu, nic), mean in (means or {}).items():
+            if sig in BAD_DIRECTION:
+                dev = f"{node}\0{_device_name(gpu, nic)}"
+                table[(peer_group.get(node, ""), _kind(gpu, nic), sig)][dev] = mean
         # derived: power per utilisation percent (low power at normal utilisation)
         for (grp, kind, sig), devs in list(table.items()):
             if sig != Signal.POWER:
@@ -207,11 +235,13 @@ class PeerScorer:
         return out
 
     def window(self, samples: list[TelemetrySample],
-               peer_group: dict[str, str] | None = None) -> list[PeerFlag]:
-        """Score one window; returns hard failures and devices whose multi-signal
-        deviation has lasted consecutive_windows windows."""
+               peer_group: dict[str, str] | None = None,
+               means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+               ) -> list[PeerFlag]:
+        """Score one window (means: see deviations); returns hard failures and devices
+        whose multi-signal deviation has lasted consecutive_windows windows."""
         p = self.policy
-        devs = self.deviations(samples, peer_group)
+        devs = self.deviations(samples, peer_group, means)
         flags = hard_failures(samples)
         multi = {k: v for k, v in devs.items() if len({d.signal for d in v}) >= p.min_signals}
         # a node whose devices deviate on several different signals (NIC errors

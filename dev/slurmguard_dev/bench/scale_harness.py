@@ -19,11 +19,10 @@ import json
 import os
 import random
 import resource
-import socket
+import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 
 GPUS = 8
@@ -109,6 +108,14 @@ def report_dict(fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch
                           "baseline_compute_s": base - comm, "steps": ss,
                           "total_steps": 10 * steps, "last_progress": t, "role": None})
         jobs.append({"job_id": job, "ranks": ranks})
+    tel = telemetry_dicts(fleet, now, period_s, tel_every_s)
+    return {"node": node, "seq": seq, "epoch": epoch, "sent_at": now, "jobs": jobs,
+            "telemetry": tel}
+
+
+def telemetry_dicts(fleet: Fleet, now: float, period_s: float, tel_every_s: float) -> list[dict]:
+    """A node's telemetry samples of the last `period_s`: SM clock and power of each GPU."""
+    rng = fleet.rng
     tel = []
     k = max(1, int(period_s / tel_every_s))
     for i in range(k):
@@ -118,15 +125,14 @@ def report_dict(fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch
                         "timestamp": ts, "gpu": g})
             tel.append({"signal": "power", "value": 650.0 + rng.uniform(-10, 10), "unit": "W",
                         "timestamp": ts, "gpu": g})
-    return {"node": node, "seq": seq, "epoch": epoch, "sent_at": now, "jobs": jobs,
-            "telemetry": tel}
+    return tel
 
 
 def run(args) -> dict:
     from slurmguard.clock import FakeClock
     from slurmguard.config import parse_policy
     from slurmguard.controller.loop import Controller
-    from slurmguard.reports import AgentReport
+    from slurmguard.reports import AgentReport, TelemetryRecord
     from slurmguard.slurm.fake import FakeSlurm
     from slurmguard.store import Store
     from slurmguard.store import db as sgdb
@@ -155,8 +161,9 @@ def run(args) -> dict:
     def feed(seq: int) -> float:
         """Every node reports once. The first round is parsed from each node's own
         report (what the controller keeps is then its own, and the harness keeps
-        nothing); later rounds re-send the kept report with the next seq (building
-        10,000 reports is the harness's cost, not the controller's)."""
+        nothing); later rounds re-send the kept report with the next seq and fresh
+        telemetry (building 10,000 reports is the harness's cost, not the
+        controller's, and so are objects it would hold for them between rounds)."""
         now = clock.now()
         t_in = 0.0
         for node in fleet.nodes:
@@ -165,16 +172,16 @@ def run(args) -> dict:
                 r = AgentReport.model_validate(
                     report_dict(fleet, node, seq, now, args.steps, epoch, period, args.tel_every))
             else:
-                r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel[node]})
+                tel = [TelemetryRecord.model_construct(**t)
+                       for t in telemetry_dicts(fleet, now, period, args.tel_every)]
+                r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel})
+                del tel
             t0 = time.perf_counter()
             ctl.fleet.ingest(r, now)
             t_in += time.perf_counter() - t0
-            if kept is None:
-                tel[node] = r.telemetry
             del r
         return t_in
 
-    tel: dict = {}
     times = []
     cpu = []
     for c in range(args.cycles):
@@ -198,6 +205,9 @@ def run(args) -> dict:
     out["cycle_p50_s"] = round(statistics.median(times[1:] or times), 3)
     out["cycle_p99_s"] = round(times_sorted[min(len(times) - 1, int(0.99 * len(times)))], 3)
     out["cycle_cpu_p50_s"] = round(statistics.median(cpu[1:] or cpu), 3)
+    # the first cycle registers the whole fleet in the database: once, at start
+    out["cycle_cpu_max_s"] = round(max(cpu[1:] or cpu), 3)
+    out["cycle_cpu_s"] = [round(t, 3) for t in cpu]
     out["assessed"] = len(res.assessments)
     out["rss_mb"] = round(_rss_mb(), 1)
     out["peak_rss_mb"] = round(_peak_mb(), 1)
@@ -219,14 +229,59 @@ def _db_bytes(store, url: str) -> int | None:
         return int(c.execute(text("select pg_database_size(current_database())")).scalar())
 
 
+#: the loopback client, run in a process of its own so that the controller's
+#: figure is its own: argv = requests file, port, threads; prints "ok seconds"
+_CLIENT = r"""
+import socket, sys, threading, time
+path, port, nthreads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+data = open(path, "rb").read()
+reqs, at = [], 0
+while at < len(data):
+    n = int.from_bytes(data[at:at + 4], "big")
+    reqs.append(data[at + 4:at + 4 + n])
+    at += 4 + n
+reqs.reverse()
+ok, lock = 0, threading.Lock()
+def client():
+    global ok
+    while True:
+        with lock:
+            if not reqs:
+                return
+            r = reqs.pop()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall(r)
+            resp = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                resp += chunk
+        if b" 200 " in resp.split(b"\r\n", 1)[0]:
+            with lock:
+                ok += 1
+threads = [threading.Thread(target=client) for _ in range(nthreads)]
+t0 = time.perf_counter()
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(ok, time.perf_counter() - t0, time.process_time())
+"""
+
+
 def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
     """Reports/s through the real HTTP server on loopback: bodies are built and
-    signed in advance and posted from a second process, so the figure is the
-    controller's own cost."""
+    signed in advance (in the wire format the code under test sends: what its
+    AgentReport serialises to) and posted from a second process, so the figure
+    is the controller's own cost; cpu: the controller process's CPU seconds per
+    accepted report (what a loaded machine changes least)."""
+    import subprocess
+
     from slurmguard.config import ControllerPolicy
     from slurmguard.controller.metrics import ControllerMetrics
     from slurmguard.controller.server import ControllerHTTP
-    from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, node_key, sign
+    from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
 
     secret = b"scale-bench-master-secret-0123456789"
     pol = ControllerPolicy(ip_rate_per_s=1e9, ip_burst=1_000_000, node_rate_per_s=1e9,
@@ -238,55 +293,39 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
                           now=clock.now, health=lambda: (True, "ok"), policy=pol,
                           known=ctl.fleet.known)
     http.start()
+    tmp = tempfile.mkdtemp(prefix="sg-scale-http-")
     try:
         clock.advance(args.period)
         now = clock.now()
         n = min(len(fleet.nodes), args.http_reports)
-        reqs = []
-        for i, node in enumerate(fleet.nodes[:n]):
-            body = json.dumps(report_dict(fleet, node, 10_000 + i, now, args.steps, 2,
-                                          args.period, args.tel_every)).encode()
-            ts = f"{now:.3f}"
-            sig = sign(node_key(secret, node), ts, node, body)
-            head = (f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}\r\n"
-                    f"{SIG_HEADER}: {sig}\r\n\r\n").encode()
-            reqs.append(head + body)
-        body_kb = sum(len(r) for r in reqs) / len(reqs) / 1024
-        ok = 0
-        lock = threading.Lock()
-        queue = list(reversed(reqs))
-
-        def client() -> None:
-            nonlocal ok
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    r = queue.pop()
-                with socket.create_connection(("127.0.0.1", http.port), timeout=60) as s:
-                    s.sendall(r)
-                    resp = b""
-                    while True:
-                        chunk = s.recv(65536)
-                        if not chunk:
-                            break
-                        resp += chunk
-                if b" 200 " in resp.split(b"\r\n", 1)[0]:
-                    with lock:
-                        ok += 1
-
-        threads = [threading.Thread(target=client) for _ in range(args.clients)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        dt = time.perf_counter() - t0
+        path = os.path.join(tmp, "requests")
+        size = 0
+        with open(path, "wb") as f:
+            for i, node in enumerate(fleet.nodes[:n]):
+                body = AgentReport.model_validate(report_dict(
+                    fleet, node, 10_000 + i, now, args.steps, 2, args.period,
+                    args.tel_every)).model_dump_json().encode()
+                ts = f"{now:.3f}"
+                sig = sign(node_key(secret, node), ts, node, body)
+                head = (f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}"
+                        f"\r\n{SIG_HEADER}: {sig}\r\n\r\n").encode()
+                f.write((len(head) + len(body)).to_bytes(4, "big") + head + body)
+                size += len(head) + len(body)
+        gc.collect()
+        cpu0 = time.process_time()
+        p = subprocess.run([sys.executable, "-c", _CLIENT, path, str(http.port), str(args.clients)],
+                           capture_output=True, text=True, timeout=600, shell=False, check=True)
+        cpu = time.process_time() - cpu0
+        ok_s, dt_s, client_cpu = p.stdout.split()
+        ok, dt = int(ok_s), float(dt_s)
         return {"http_reports": n, "http_ok": ok, "http_reports_per_s": round(ok / dt, 1),
-                "report_kb": round(body_kb, 1)}
+                "http_cpu_ms_per_report": round(1e3 * cpu / max(1, ok), 3),
+                "http_client_cpu_s": round(float(client_cpu), 2), "http_s": round(dt, 2),
+                "report_kb": round(size / n / 1024, 1)}
     finally:
         http.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

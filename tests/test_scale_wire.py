@@ -1,0 +1,216 @@
+"""Issue 17.1, ingestion: the compact report wire format (schema version 2) and
+what the report listener does with bad input at scale. A real ControllerHTTP on
+a loopback port, real sockets, the agent's real ReportSender; fast (about 2 s)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from slurmguard.agent.sender import ReportSender
+from slurmguard.config import ControllerPolicy
+from slurmguard.controller.fleet import FleetView
+from slurmguard.controller.metrics import ControllerMetrics
+from slurmguard.controller.server import ControllerHTTP
+from slurmguard.reports import (NODE_HEADER, SCHEMA_VERSION, SIG_HEADER, TIME_HEADER, AgentReport, JobReport,
+                                RankReport, StepSample, StepWindow, TelemetryRecord, node_key, sign)
+
+MASTER = b"wire-test-master-secret-0123456789abcdef"
+
+
+def _report(node: str = "node1", seq: int = 1, steps: int = 256, ranks: int = 8) -> AgentReport:
+    rng = np.random.default_rng(seq)
+    now = time.time()
+    rks = []
+    for r in range(ranks):
+        st = 1.0 + rng.normal(0, 0.01, steps)
+        end = now - steps + np.cumsum(st)
+        ss = [StepSample(end=float(e), step_s=float(s), comm_s=float(s) * 0.3) for e, s in zip(end, st)]
+        rks.append(RankReport(rank=r, gpu=r, baseline_step_s=1.0, baseline_compute_s=0.7, steps=ss,
+                              total_steps=1000, last_progress=float(end[-1])))
+    tel = [TelemetryRecord(signal="power", value=650.0 + g, unit="W", timestamp=now, gpu=g) for g in range(ranks)]
+    return AgentReport(node=node, seq=seq, epoch=1, sent_at=now, jobs=[JobReport(job_id=7, ranks=rks)],
+                       telemetry=tel)
+
+
+def test_a_report_goes_packed_and_comes_back_the_same():
+    rep = _report()
+    body = rep.model_dump_json()
+    wire = json.loads(body)
+    assert wire["schema_version"] == SCHEMA_VERSION == 2
+    packed = wire["jobs"][0]["ranks"][3]["steps"]
+    assert set(packed) == {"n", "cols"} and packed["n"] == 256
+    assert len(base64.b64decode(packed["cols"])) == 24 * 256
+    back = AgentReport.model_validate_json(body)
+    for sent, got in zip(rep.jobs[0].ranks, back.jobs[0].ranks):
+        assert isinstance(got.steps, StepWindow)
+        assert got.steps.end.tolist() == [s.end for s in sent.steps]  # bit-exact float64
+        assert got.steps.step_s.tolist() == [s.step_s for s in sent.steps]
+        assert got.steps.comm_s.tolist() == [s.comm_s for s in sent.steps]
+        assert got.model_dump(exclude={"steps"}) == sent.model_dump(exclude={"steps"})
+    # a window read back serialises to the same bytes (a controller could forward it)
+    assert back.model_dump_json() == body
+    # the default report (256 iterations of 8 ranks): 66 KB, version 1 185 KB
+    v1 = json.dumps({**wire, "schema_version": 1, "jobs": [
+        {**wire["jobs"][0], "ranks": [{**rk, "steps": [s.model_dump() for s in sent.steps]}
+                                      for rk, sent in zip(wire["jobs"][0]["ranks"], rep.jobs[0].ranks)]}]})
+    assert len(body) < 0.4 * len(v1), (len(body), len(v1))
+    # version 1 (the previous release's agents) still reads, into the same values
+    old = AgentReport.model_validate_json(v1)
+    assert old.schema_version == 1
+    assert [s.step_s for s in old.jobs[0].ranks[5].steps] == back.jobs[0].ranks[5].steps.step_s.tolist()
+
+
+def _cols(end, step, comm) -> str:
+    n = len(end)
+    return base64.b64encode(struct.pack(f"<{3 * n}d", *end, *step, *comm)).decode()
+
+
+@pytest.mark.parametrize("steps, why", [
+    ({"n": 3, "cols": _cols([1, 2, 3], [1, 1, 1], [0, 0, 0])[:-4]}, "bytes; n=3 needs 24 x n = 72"),
+    ({"n": 2, "cols": _cols([1, 2, 3], [1, 1, 1], [0, 0, 0])}, "cols holds 72 bytes; n=2 needs"),
+    ({"n": 2, "cols": _cols([1, 2], [1, float("nan")], [0, 0])}, "not a finite number"),
+    ({"n": 2, "cols": _cols([1, float("inf")], [1, 1], [0, 0])}, "not a finite number"),
+    ({"n": 2, "cols": _cols([1, 2], [1, 1], [0, -0.5])}, "step_s and comm_s must be >= 0"),
+    ({"n": 1, "cols": "not base64!"}, "cols is not base64"),
+    ({"n": -1, "cols": ""}, "greater than or equal to 0"),
+    ({"n": 1, "cols": _cols([1], [1], [0]), "extra": 1}, "extra"),
+    ([{"end": 1.0, "step_s": -1.0, "comm_s": 0.0}], "greater than or equal to 0"),
+])
+def test_a_bad_window_is_refused_naming_node_and_field(steps, why):
+    http, fleet, metrics = _start()
+    try:
+        body = _report(ranks=2, steps=4).model_dump_json()
+        wire = json.loads(body)
+        wire["jobs"][0]["ranks"][1]["steps"] = steps
+        code, answer = _post(http.port, "node1", json.dumps(wire).encode())
+        assert code == 422
+        assert "node node1" in answer["error"] and "jobs.0.ranks.1.steps" in answer["error"]
+        assert why in answer["error"]
+        assert _metric(metrics, "slurmguard_reports_total", outcome="invalid") == 1
+        assert fleet.nodes_reporting(time.time()) == set()
+        # the listener goes on: the node's next good report is taken
+        code, _ = _post(http.port, "node1", _report(seq=2, ranks=2, steps=4).model_dump_json().encode())
+        assert code == 200 and fleet.nodes_reporting(time.time()) == {"node1"}
+    finally:
+        http.stop()
+
+
+def test_unknown_versions_nodes_and_oversized_reports_are_refused_and_counted():
+    http, fleet, metrics = _start(max_body_bytes=64 * 1024)
+    try:
+        wire = json.loads(_report(ranks=1, steps=4).model_dump_json())
+        code, answer = _post(http.port, "node1", json.dumps({**wire, "schema_version": 3}).encode())
+        assert code == 422 and "schema_version" in answer["error"]
+        assert _metric(metrics, "slurmguard_reports_total", outcome="invalid") == 1
+        code, answer = _post(http.port, "node9", _report("node9", steps=4).model_dump_json().encode())
+        assert code == 403 and "node9" in answer["error"]
+        assert _metric(metrics, "slurmguard_reports_total", outcome="unknown_node") == 1
+        big = _report(steps=2000).model_dump_json().encode()  # 8 ranks x 2,000 iterations: 0.5 MB
+        code, answer = _post(http.port, "node2", big)
+        assert code == 413 and "max_body_bytes" in answer["error"]
+        assert _metric(metrics, "slurmguard_reports_total", outcome="too_large") == 1
+        assert fleet.nodes_reporting(time.time()) == set()
+    finally:
+        http.stop()
+
+
+def test_the_agents_sender_delivers_packed_windows_the_controller_keeps_as_arrays():
+    http, fleet, metrics = _start()
+    try:
+        sender = ReportSender(f"http://127.0.0.1:{http.port}", node_key(MASTER, "node2"), now=time.time)
+        rep = _report("node2", steps=300)
+        sender.enqueue(rep)
+        assert sender.flush() == 1 and sender.rejected == 0
+        (_, kept), *_ = fleet.job_ranks(7, time.time())[0]
+        assert isinstance(kept.steps, StepWindow) and len(kept.steps) == fleet.keep_steps == 256
+        assert kept.steps.end.tolist() == [s.end for s in rep.jobs[0].ranks[0].steps[-256:]]
+        assert fleet.queued_samples() == 8
+        assert _metric(metrics, "slurmguard_reports_total", outcome="ok") == 1
+    finally:
+        http.stop()
+
+
+def _start(**policy) -> tuple[ControllerHTTP, FleetView, ControllerMetrics]:
+    fleet = FleetView()
+    fleet.set_known_nodes({"node1", "node2"})
+    metrics = ControllerMetrics()
+    http = ControllerHTTP("127.0.0.1", 0, secret=MASTER, ingest=lambda r: fleet.ingest(r, time.time()),
+                          metrics=metrics, now=time.time, health=lambda: (True, "ok"),
+                          policy=ControllerPolicy(**policy), known=fleet.known)
+    http.start()
+    return http, fleet, metrics
+
+
+def _post(port: int, node: str, body: bytes) -> tuple[int, dict]:
+    ts = f"{time.time():.3f}"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/report", data=body, method="POST", headers={
+        "Content-Type": "application/json", TIME_HEADER: ts, NODE_HEADER: node,
+        SIG_HEADER: sign(node_key(MASTER, node), ts, node, body)})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _metric(metrics: ControllerMetrics, name: str, **labels) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.parametrize("batch_samples, requests", [(4096, 1), (16, 3)])
+def test_a_backlog_goes_in_few_requests_and_every_sample_once(batch_samples, requests):
+    """After an outage the sender merges its queue: the newest windows, all samples in order."""
+    http, fleet, metrics = _start()
+    try:
+        sender = ReportSender(f"http://127.0.0.1:{http.port}", node_key(MASTER, "node1"), now=time.time,
+                              batch_samples=batch_samples)
+        reps = [_report(seq=k, ranks=8, steps=8) for k in range(1, 6)]  # 8 samples each
+        for r in reps:
+            sender.enqueue(r)
+        assert sender.flush() == 5 and sender.sent == 5 and not sender.queue
+        assert sender.requests == requests
+        assert _metric(metrics, "slurmguard_reports_total", outcome="ok") == requests
+        assert fleet.queued_samples() == 40  # none lost, none twice
+        taken = fleet.take_telemetry()
+        assert taken.count == 40 and sorted(taken.means.values()) == [650.0 + g for g in range(8)]
+        (_, kept), *_ = fleet.job_ranks(7, time.time())[0]
+        assert kept.steps.end.tolist() == [s.end for s in reps[-1].jobs[0].ranks[0].steps]  # newest
+    finally:
+        http.stop()
+
+
+@pytest.mark.parametrize("head, code", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"POST /v1/report HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+    (b"POST /v1/report HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(100)) + b"\r\n", 431),
+    (b"POST /v1/report HTTP/1.1\r\nX-Long: " + b"a" * 10000 + b"\r\n\r\n", 431),
+    (b"POST /v1/report HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+    (b"POST /v1/report HTTP/1.1\r\n : empty name\r\n\r\n", 400),
+])
+def test_a_malformed_request_head_is_answered_and_counted(head, code):
+    """The listener reads request heads itself (not http.server's email parser): bounded,
+    answered with a reason, counted, and the next client is served."""
+    import socket
+
+    http, fleet, metrics = _start()
+    try:
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            s.sendall(head)
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 %d " % code), answer[:80]
+        assert b'"error"' in answer
+        assert _metric(metrics, "slurmguard_http_refused_total", reason="bad_request") == 1
+        code, _ = _post(http.port, "node1", _report(ranks=1, steps=4).model_dump_json().encode())
+        assert code == 200
+    finally:
+        http.stop()
