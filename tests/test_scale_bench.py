@@ -3,7 +3,7 @@ server on a small fleet (about 5 s). The figures are the bench's; this keeps it 
 
 from __future__ import annotations
 
-from slurmguard.controller.scale_bench import _run
+from slurmguard_dev.bench.scale import _run
 
 
 def test_bench_scale_measures_a_small_fleet_through_its_http_server():

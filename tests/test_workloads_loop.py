@@ -107,13 +107,10 @@ def test_tensor_parallel_capped_node_drained_and_job_moved(guarded):
     all-reduces they issue, ended when their work completes), so the healthy
     rank is seen waiting inside them for the capped one and the capped rank
     computing longer: that node, and only it, is drained, and the job moves.
-
-    Without periodic checkpoints (only on the checkpoint signal): a TP step is
-    8 identical all-reduces, and a checkpoint's collectives every 25 steps make
-    the period finder take the 25 steps (200 all-reduces) for one iteration,
-    so no baseline forms in the test's time (issue 12: the period finder's
-    keep hint for checkpoint pauses is in flight)."""
-    _capped_node_drained(guarded, "tp", ckpt_every=0)
+    With a checkpoint every 25 steps, like the other shapes: the agent keeps
+    the 8-all-reduce iteration it learned its baseline under (the checkpoint
+    cycle, 25 such steps, repeats too but is not an iteration)."""
+    _capped_node_drained(guarded, "tp")
 
 
 def test_pipeline_stalled_by_its_capped_stage_is_drained(guarded):

@@ -212,6 +212,11 @@ def step_times(ops: RankOps, policy: PeriodPolicy | None = None,
 #: one is not part of every iteration (start-up broadcasts, a checkpoint
 #: barrier, the last small DDP bucket): left out when finding the boundaries
 RARE_RATIO = 8.0
+#: occurrences a symbol may miss at the window's two edges and still not be
+#: rare: an op once per iteration beside 8 of the commonest (a TP job's flags
+#: all-reduce) sits exactly at RARE_RATIO, and without this slack it was in or
+#: out by where the window began, changing the iteration's length with it
+RARE_SLACK = 2
 #: a candidate k splits real iterations when, over j*k ops, one of its j
 #: anchor gaps is the longest of them in more repetitions than chance
 #: (1/j each) explains at this significance (binomial test), and its
@@ -362,7 +367,7 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
         return None
     code = _op_codes(ops)
     counts = np.bincount(code)
-    keep = np.flatnonzero(counts[code] >= max(p.min_repeats, counts.max() / RARE_RATIO))
+    keep = np.flatnonzero(counts[code] + RARE_SLACK >= max(p.min_repeats, counts.max() / RARE_RATIO))
     keep = keep[-p.window_ops:]
     s, t = code[keep], ops.start_ns[keep]
     m = s.size
