@@ -1,16 +1,17 @@
 """The online loop on real training jobs (slurmguard.workloads) with real faults
 from outside the job (a cgroup CPU cap on one node), on the guarded local cluster.
 
-Per workload, one job: a healthy start (for DDP also a restart after a requeue
-that is not slurmguard's) and nothing may happen (no drain, comment, incident
-or signal); then a severe fault on one of its nodes: that node, and only that
-node, is drained with a slurmguard reason, and the job is requeued and resumes
-on other nodes from its checkpoint. A pipeline whose capped stage all but stops
-it is drained too, and a node under two guarded jobs is drained once.
+Per workload (ddp, fsdp, pp, tp, 2d), one job: a healthy start and a restart
+after a requeue that is not slurmguard's, and nothing may happen (no drain,
+comment, incident or signal); then a severe fault on one of its nodes: that
+node, and only that node, is drained with a slurmguard reason, and the job is
+requeued and resumes on other nodes from its checkpoint. For ddp and pp also
+the moderate tier (drain and the checkpoint signal, no requeue). A pipeline
+whose capped stage all but stops it is drained too, and a node under two
+guarded jobs is drained once.
 
-Time on the 2-core development machine at load average ~26 (other sessions'
-tests; steps 4-6x their unloaded time): 100-140 s per test, ddp (with its
-restart) about 5 min; all of them about 20 min. Unloaded, a fraction of that.
+Time on the quiet 2-core development machine: 40-70 s per severe test (more
+with the restart), the whole file about 10 minutes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 BASELINE = 40  # steps: the agents' warm-up (5) and baseline (20) with margin
 HEALTHY = 30   # further healthy steps judged before the fault
 DRAIN_S = 120  # a severe fault is drained well within this (bench loop: 5-20 s)
+MODERATE_S = 150  # issue 12.7: moderate faults within 60 s (bench loop); margin for load
 
 
 def _nothing_happened(run) -> None:
@@ -45,9 +47,9 @@ def _nothing_happened(run) -> None:
             assert inc.evidence.get("localisation") or inc.evidence.get("note"), inc
 
 
-def _drained_after(run, sc: Scenario, node: str, t_inject: float):
+def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float = DRAIN_S):
     try:
-        drain = wait_for(lambda: sc.drain(node), DRAIN_S, f"{node} drained")
+        drain = wait_for(lambda: sc.drain(node), within, f"{node} drained")
     except AssertionError as exc:
         # what the controller made of it: its incidents say why no node was named
         with run.store() as s:
@@ -60,7 +62,7 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float):
     return t_drain
 
 
-@pytest.mark.parametrize("workload", ["ddp", "fsdp", "pp"])
+@pytest.mark.parametrize("workload", ["ddp", "fsdp", "pp", "2d"])
 def test_healthy_run_untouched_then_capped_node_drained_and_job_moved(guarded, workload):
     _capped_node_drained(guarded, workload)
 
@@ -70,13 +72,13 @@ def _capped_node_drained(run, workload: str, ckpt_every: int = 25) -> None:
     job = sc.submit(steps=100000, ckpt_every=ckpt_every)
     healthy = sc.wait_steps(job, BASELINE + HEALTHY, timeout=240)
     restart = 0
-    if workload == "ddp":
+    if ckpt_every:
         # a restart that is not slurmguard's (preemption, an admin): resumes from
         # the checkpoint, and its start-up is not a slowdown
         sc.requeue(job)
         restart = 1
         healthy = sc.wait_steps(job, BASELINE, restart=1, timeout=240)
-        assert healthy[0]["iter"] >= 25 and healthy[0]["iter"] % 25 == 0
+        assert healthy[0]["iter"] >= ckpt_every and healthy[0]["iter"] % ckpt_every == 0
     time.sleep(3)  # the last reports of the healthy run reach the controller
     _nothing_happened(run)
 
@@ -152,7 +154,7 @@ def test_node_under_two_guarded_jobs_is_drained_once(guarded):
     run.cluster.run(["scancel", str(ja), str(jb)])
 
 
-@pytest.mark.parametrize("workload", ["ddp"])
+@pytest.mark.parametrize("workload", ["ddp", "pp"])
 def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
     run = guarded
     run.configure(response={"tiers": {"sustained_s": 6.0},
@@ -162,8 +164,11 @@ def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
     sc.wait_steps(job, BASELINE)
     nodes = sc.job_nodes(job)
     slow = nodes[-1]
-    sc.inject(slow, MODERATE)
-    wait_for(lambda: run.node(slow)["drained"], 150, f"{slow} drained")
+    use, cap = sc.inject(slow, MODERATE)
+    t_inject = time.time()
+    t_drain = _drained_after(run, sc, slow, t_inject, MODERATE_S)
+    print(f"\n{workload} moderate: {slow} capped at {cap:.0f}% (used {use:.2f} CPUs); "
+          f"drained {t_drain - t_inject:.1f}s after injection")
     wait_for(lambda: run.audit("signal"), 60, "checkpoint signal")
     # the job checkpoints on the signal (ckpt_every=0: no periodic ones)
     wait_for(lambda: any(e["ckpt_s"] > 0 for e in sc.log(job)), 60, "the checkpoint on SIGUSR1")
