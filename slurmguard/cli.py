@@ -14,7 +14,6 @@ there, so the product package never imports them and a node install does not car
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from functools import lru_cache
 from typing import Any

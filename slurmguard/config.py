@@ -65,7 +65,7 @@ class SlurmPolicy(Strict):
     """Lifetime of the tokens signed from restd_jwt_key_file, seconds."""
 
     @model_validator(mode="after")
-    def _restd_needs_url(self) -> "SlurmPolicy":
+    def _restd_needs_url(self) -> SlurmPolicy:
         if self.backend == "restd" and not self.restd_url:
             raise ValueError("backend restd needs restd_url (e.g. http://127.0.0.1:6820)")
         if self.restd_jwt_key_file and self.restd_token_file:
@@ -165,7 +165,7 @@ class TierPolicy(Strict):
     are drained under and left running (slurmguard.controller.plans.job_options)."""
 
     @model_validator(mode="after")
-    def _ordered(self) -> "TierPolicy":
+    def _ordered(self) -> TierPolicy:
         if self.severe_slowdown <= self.moderate_slowdown:
             raise ValueError("severe_slowdown must be greater than moderate_slowdown")
         return self
@@ -314,7 +314,7 @@ class ControllerPolicy(Strict):
     signals refused, both counted (slurmguard_telemetry_dropped_total)."""
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> "ControllerPolicy":
+    def _tls_pair(self) -> ControllerPolicy:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         for net in self.read_clients:

@@ -41,7 +41,7 @@ import hmac
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple, Union
+from typing import Annotated, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainSerializer, Tag
@@ -102,7 +102,7 @@ class StepWindow(Sequence):
         self._a = a
 
     @classmethod
-    def of(cls, steps, keep: int | None = None) -> "StepWindow":
+    def of(cls, steps, keep: int | None = None) -> StepWindow:
         """The newest `keep` (None: all) of a StepWindow or a list of StepSample."""
         if isinstance(steps, StepWindow):
             if keep is None or len(steps) <= keep:
@@ -122,7 +122,7 @@ class StepWindow(Sequence):
         return {"n": a.shape[1], "cols": base64.b64encode(a.tobytes()).decode("ascii")}
 
     @classmethod
-    def unpack(cls, d: dict) -> "StepWindow":
+    def unpack(cls, d: dict) -> StepWindow:
         """The window of a packed dict ({"n", "cols"}, types already checked);
         ValueError naming what is wrong."""
         n, cols = d["n"], d["cols"]
@@ -186,7 +186,7 @@ class StepWindow(Sequence):
         for e, st, c in zip(*self._a.tolist()):
             yield Step(e, st, c)
 
-    def since(self, t: float | None) -> "StepWindow":
+    def since(self, t: float | None) -> StepWindow:
         """The iterations that ended after Unix time t (all for None)."""
         if t is None:
             return self
@@ -200,7 +200,7 @@ def _steps_form(v) -> str:
 #: a rank's iterations: a list of StepSample (version 1, and what the agent
 #: builds) or a StepWindow (version 2 on the wire); always sent packed
 Steps = Annotated[
-    Union[Annotated[list[StepSample], Tag("list")], Annotated[StepWindow, Tag("packed")]],
+    Annotated[list[StepSample], Tag("list")] | Annotated[StepWindow, Tag("packed")],
     Discriminator(_steps_form),
     PlainSerializer(lambda v: StepWindow.of(v).packed(), when_used="json"),
 ]
@@ -268,7 +268,7 @@ class RankReport(_Model):
     links: tuple[LinkReport, ...] = Field((), max_length=MAX_LINKS)
     """Per-link transfer times (NCCL profiler plugin only; empty otherwise). (Tuples here:
     an empty one is no object to the garbage collector, which a controller holding
-    80,000 ranks walks through.)""" 
+    80,000 ranks walks through.)"""
 
 
 class JobReport(_Model):

@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import threading
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 from slurmguard.errors import SlurmguardError
 

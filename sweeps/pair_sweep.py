@@ -32,8 +32,8 @@ if __package__ in (None, ""):
 
 import sweeplib as sl  # noqa: E402
 
-from slurmguard.config import load_policy  # noqa: E402
 from slurmguard import rendezvous  # noqa: E402
+from slurmguard.config import load_policy  # noqa: E402
 from slurmguard.errors import SlurmguardError  # noqa: E402
 from slurmguard.sweeps import tools  # noqa: E402
 from slurmguard.sweeps.schedule import ring_passes, tree_passes  # noqa: E402

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -42,8 +43,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -375,10 +377,7 @@ def gemm_run(dev: torch.device, dtype: str, size: int, duration_s: float, slowdo
             if now >= duration_s:
                 break
         steady = [w for w in windows if w[1] >= duration_s / 2] or windows
-        if cuda:
-            busy = sum(w[2] for w in steady)
-        else:
-            busy = steady[-1][1] - steady[0][0]
+        busy = sum(w[2] for w in steady) if cuda else steady[-1][1] - steady[0][0]
         return {"dtype": dtype, "tflops": len(steady) * batch * flop / busy / 1e12,
                 "tflops_initial": batch * flop / windows[0][2] / 1e12,
                 "iterations": len(windows) * batch, "seconds": sum(w[2] for w in windows),
@@ -462,7 +461,7 @@ class RunTelemetry:
         self._cg_start: dict[str, float] | None = None
         self._t0 = 0.0
 
-    def start(self) -> "RunTelemetry":
+    def start(self) -> RunTelemetry:
         self._t0 = time.monotonic()
         if self.device == "cuda":
             try:
@@ -551,7 +550,8 @@ def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
     is used. None when nothing can be read.
     """
     try:
-        lines = open(proc_cgroup, encoding="utf-8").read().splitlines()
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except OSError:
         return None
     paths = []
@@ -579,7 +579,8 @@ def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
 
 def _read_cpu_stat(path: str) -> dict[str, float] | None:
     try:
-        kv = dict(line.split() for line in open(path, encoding="utf-8") if len(line.split()) == 2)
+        with open(path, encoding="utf-8") as f:
+            kv = dict(line.split() for line in f if len(line.split()) == 2)
     except (OSError, ValueError):
         return None
     try:
@@ -782,7 +783,7 @@ def allreduce_bench(dev: torch.device, sizes_mb: Sequence[int], repeats: int, sl
         times = []
         for _ in range(repeats):
             _barrier(dev)
-            t = timed_ops(lambda: dist.all_reduce(buf), dev, iters)
+            t = timed_ops(functools.partial(dist.all_reduce, buf), dev, iters)
             x = extra_delay(t, slow)
             if x:
                 time.sleep(x)
@@ -836,9 +837,9 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
                         if role == "send":
                             if x:
                                 time.sleep(x)
-                            t = timed_ops(lambda: dist.send(buf, peer), dev, n_ops)
+                            t = timed_ops(functools.partial(dist.send, buf, peer), dev, n_ops)
                         else:
-                            t = timed_ops(lambda: dist.recv(buf, peer), dev, n_ops)
+                            t = timed_ops(functools.partial(dist.recv, buf, peer), dev, n_ops)
                             if x:
                                 time.sleep(x)
                         if x:  # host-side sleep: not on the GPU's clock, but part of the transfer

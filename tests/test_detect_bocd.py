@@ -88,7 +88,7 @@ def _reference_posterior(y, R, hazard, beta0):
     bet = np.array([beta0])
     mu0 = y[0]
     for x in y[1:]:
-        def logt(m, k, a, b):
+        def logt(m, k, a, b, x=x):
             nu = 2 * a
             s2 = b * (k + 1) / (a * k)
             return (gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(nu * np.pi * s2)
@@ -122,7 +122,7 @@ def test_batched_kernel_matches_textbook_recursion():
 
 def test_many_series_at_once_match_one_at_a_time_and_missing_samples_wait():
     rng = np.random.default_rng(8)
-    X = np.stack([_series(rng, 90, 60, level=l, jump=j) for l, j in ((0.5, 0.2), (3.0, 0.0), (1.0, 0.5))])
+    X = np.stack([_series(rng, 90, 60, level=lv, jump=j) for lv, j in ((0.5, 0.2), (3.0, 0.0), (1.0, 0.5))])
     batch = StepDetector(3).run(X)
     singles = [(i, c.index, c.direction) for i in range(3) for c in detect_changepoints(X[i])]
     assert sorted((c.series, c.index, c.direction) for c in batch) == sorted(singles)

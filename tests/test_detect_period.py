@@ -55,7 +55,7 @@ def test_unordered_interleaving_falls_back_to_one_communicator():
     rng = np.random.default_rng(5)
     rows = []
     t = 0
-    for i in range(60):
+    for _ in range(60):
         # TP ops keep their order; the DP allreduces come from another thread
         # and land at varying positions between them
         ops = [(1, 7), (2, 7), (1, 7), (2, 7)]
@@ -127,7 +127,7 @@ def test_a_kept_period_still_finds_the_micro_batches_it_is_made_of():
     per_micro = [(7, 0, 64), (8, 0, 64)]            # send, recv
     n_iter = 120
     ops, t = [], 0
-    for i in range(n_iter):
+    for _ in range(n_iter):
         for m in range(2):
             for op, comm, nb in per_micro:
                 gap = 0.004 + rng.normal(0, 0.0003)

@@ -6,7 +6,6 @@ import io
 import json
 import multiprocessing
 import os
-import re
 import subprocess
 import sys
 import time

@@ -180,7 +180,7 @@ def test_two_controller_daemons_one_active_the_other_takes_over(pg):
         t.start()
         daemons.append((port, stop, t))
         if len(daemons) == 1:
-            wait_for(lambda: "active" in _healthz(port) or not t.is_alive(), 30,
+            wait_for(lambda port=port, t=t: "active" in _healthz(port) or not t.is_alive(), 30,
                      "the first daemon to lead", 0.1)
             assert t.is_alive(), "the first daemon ended"
     (pa, stop_a, ta), (pb, _, _) = daemons

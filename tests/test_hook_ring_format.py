@@ -65,7 +65,7 @@ def test_layout_matches_c_compiler(spank_build):
 
 
 def _c_enum(name: str) -> dict[str, int]:
-    body = re.search(r"enum %s \{(.*?)\};" % name, HEADER_H, re.DOTALL).group(1)
+    body = re.search(rf"enum {name} \{{(.*?)\}};", HEADER_H, re.DOTALL).group(1)
     return {m.group(2): int(m.group(1)) for m in
             re.finditer(r"= (\d+),?\s*/\* ([a-z0-9_]+)", body)}
 

@@ -6,9 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from slurmguard.errors import InputError
-from slurmguard.mitigate.example_ddp import ExampleConfig, run_example
-from slurmguard.mitigate.plan import JobPlan, rank_share
+# after the skip: these import torch
+from slurmguard.errors import InputError  # noqa: E402
+from slurmguard.mitigate.example_ddp import ExampleConfig, run_example  # noqa: E402
+from slurmguard.mitigate.plan import JobPlan, rank_share  # noqa: E402
 
 
 def _grad_of_split(model, x, y, counts, b):

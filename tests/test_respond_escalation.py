@@ -21,7 +21,9 @@ POLICY = EscalationPolicy(rebalance_gpu_s=60, retopology_gpu_s=600, drain_checkp
 
 
 def test_candidates_follow_table_2_and_are_sorted_by_cost():
-    names = lambda cs: [c.action for c in cs]
+    def names(cs):
+        return [c.action for c in cs]
+
     assert names(candidate_actions(POLICY, "compute")) == [
         Action.REBALANCE, Action.RETOPOLOGY, Action.DRAIN_CHECKPOINT, Action.REQUEUE]
     # S2 has no effect on slow communication.

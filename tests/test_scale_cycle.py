@@ -175,7 +175,7 @@ def test_departed_nodes_are_evicted_with_their_metric_series(sqlite_store, fake_
     ctl = Controller(POLICY, sqlite_store, slurm, fake_clock, metrics=metrics)
     ctl.cycle()
     now = fake_clock.now()
-    for i, node in enumerate(("node1", "node2")):
+    for node in ("node1", "node2"):
         r = _report(node, 1, now, n_tel=3).model_copy(update={"ring_errors": {"corrupt_records": 2}})
         assert ctl.fleet.ingest(r, now)
     ctl.cycle()

@@ -19,8 +19,20 @@ from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
-from slurmguard.reports import (NODE_HEADER, SCHEMA_VERSION, SIG_HEADER, TIME_HEADER, AgentReport, JobReport,
-                                RankReport, StepSample, StepWindow, TelemetryRecord, node_key, sign)
+from slurmguard.reports import (
+    NODE_HEADER,
+    SCHEMA_VERSION,
+    SIG_HEADER,
+    TIME_HEADER,
+    AgentReport,
+    JobReport,
+    RankReport,
+    StepSample,
+    StepWindow,
+    TelemetryRecord,
+    node_key,
+    sign,
+)
 
 MASTER = b"wire-test-master-secret-0123456789abcdef"
 

@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from click.testing import CliRunner
 
 from slurmguard.cli import cli

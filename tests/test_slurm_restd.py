@@ -131,10 +131,10 @@ def test_rest_submit_then_signal_and_cancel_through_commands(both, restd_cluster
     cmd, rest = both
     out = tmp_path / "sig.out"
     # the batch shell and its step each record USR1 (and the environment we passed)
-    script = ("#!/bin/sh\necho \"mark=$SG_MARK\" >> %s\n"
-              "trap 'echo batch got USR1 >> %s' USR1\n"
-              "srun sh -c \"trap 'echo step got USR1 >> %s' USR1; "
-              "i=0; while [ \\$i -lt 120 ]; do sleep 0.5; i=\\$((i+1)); done\"\n" % (out, out, out))
+    script = (f"#!/bin/sh\necho \"mark=$SG_MARK\" >> {out}\n"
+              f"trap 'echo batch got USR1 >> {out}' USR1\n"
+              f"srun sh -c \"trap 'echo step got USR1 >> {out}' USR1; "
+              "i=0; while [ \\$i -lt 120 ]; do sleep 0.5; i=\\$((i+1)); done\"\n")
     jid = rest.submit(script, job_name="sg-restd", output="/dev/null", time_limit_min=5,
                       env={"SG_MARK": "42"})  # POST /job/submit
     job = wait_for(lambda: (j := cmd.job(jid)).running and j, what="REST-submitted job running")

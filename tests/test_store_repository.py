@@ -15,6 +15,7 @@ from slurmguard.store import (
     IncidentStatus,
     IncidentTier,
     InvalidValue,
+    NodeNotRegistered,
     NodeState,
     NotFound,
     StaleState,
@@ -22,7 +23,6 @@ from slurmguard.store import (
     SweepKind,
     TelemetrySummaryRecord,
     TriageRung,
-    NodeNotRegistered,
     Verdict,
     utc,
 )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slurmguard.config import ModelFloor, SweepPolicy, parse_policy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.baseline import baseline_for, peers_for
-from slurmguard.sweeps.verdict import Outcome, floor_for, judge_result
 from slurmguard.sweeps.result import parse_result
+from slurmguard.sweeps.verdict import Outcome, floor_for, judge_result
 from tests.fixtures.sweeps import node_doc, node_result, pair_result
-
-import pytest
 
 POL = SweepPolicy()  # default floors: H100 SXM spec x 0.5
 DAY = 86400.0

@@ -5,7 +5,11 @@ import pytest
 from slurmguard.config import SweepPolicy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.templates import (
-    SweepJobSpec, default_workload_dir, fill_template, placeholders, render_sweep_script,
+    SweepJobSpec,
+    default_workload_dir,
+    fill_template,
+    placeholders,
+    render_sweep_script,
 )
 
 POL = SweepPolicy(python="/usr/bin/python3")

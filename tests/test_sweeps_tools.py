@@ -28,7 +28,7 @@ def test_nccl_tests_busbw_per_size_and_average():
     assert p.figures["busbw_inplace_gbps/2048MB"] == 482.97
     assert p.figures["avg_busbw_gbps"] == 477.087
     # busbw = algbw * 2(n-1)/n with n = 8 (nccl-tests PERFORMANCE.md)
-    assert 264.98 * 2 * 7 / 8 == pytest.approx(463.72, abs=0.01)
+    assert pytest.approx(463.72, abs=0.01) == 264.98 * 2 * 7 / 8
 
 
 def test_nccl_tests_wrong_values_fail_and_old_layout_parses():

@@ -6,8 +6,16 @@ from slurmguard.config import SweepPolicy
 from slurmguard.sweeps.baseline import baseline_for, compute_baseline, extract_metrics, settings_fingerprint
 from slurmguard.sweeps.result import SweepResult, Transfer, parse_result
 from slurmguard.sweeps.verdict import (
-    JobOutcome, Outcome, PastSweep, ReferenceStatus, judge_job, judge_multi, judge_result,
-    localize_links, make_reason, reference_status,
+    JobOutcome,
+    Outcome,
+    PastSweep,
+    ReferenceStatus,
+    judge_job,
+    judge_multi,
+    judge_result,
+    localize_links,
+    make_reason,
+    reference_status,
 )
 from tests.fixtures.sweeps import node_doc, node_result, pair_doc, pair_result
 

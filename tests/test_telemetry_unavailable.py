@@ -13,12 +13,12 @@ import pytest
 
 from slurmguard.agent.daemon import Agent
 from slurmguard.agent.sender import ReportSender
-from slurmguard.reports import node_key
 from slurmguard.clock import FakeClock
 from slurmguard.config import Policy
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
+from slurmguard.reports import node_key
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.telemetry import MultiSource
 from slurmguard.telemetry.dcgm import DcgmSource

@@ -30,10 +30,11 @@ import os
 import runpy
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any
 
 from slurmguard import datafiles
 from slurmguard.errors import InputError, SlurmguardError

@@ -17,8 +17,8 @@ from slurmguard.agent.rings import RingTracker, SlurmJobs
 from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
-from slurmguard.service import stop_on_signals
 from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
+from slurmguard.service import stop_on_signals
 from slurmguard.telemetry.base import UnavailableSet
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
-from slurmguard.service import stop_on_signals
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
+from slurmguard.service import stop_on_signals
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.store import Store
 

@@ -37,8 +37,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepWindow, UnavailableSignal
 from slurmguard.detect.peers import BAD_DIRECTION
+from slurmguard.reports import AgentReport, JobReport, RankReport, StepWindow, UnavailableSignal
 from slurmguard.telemetry.base import TelemetrySample
 
 #: signals the peer scorer averages per device over a window (summed at ingest)
@@ -248,7 +248,7 @@ class FleetView:
         """node -> the signals its agent cannot read now (latest live report)."""
         return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
-    def take_telemetry(self) -> "TelemetryWindow":
+    def take_telemetry(self) -> TelemetryWindow:
         """Everything kept since the last call, once: the mean of each node's device
         signal that is summed here, and the samples kept as sent. Reports arriving
         meanwhile wait for the next call; samples_taken grows by the number of

@@ -30,8 +30,8 @@ from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
 from slurmguard.respond.actions import ActionExecutor
-from slurmguard.respond.safety import SafetyGate
 from slurmguard.respond.escalation import Action, Decision, InJob, decide
+from slurmguard.respond.safety import SafetyGate
 from slurmguard.respond.tiers import JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError

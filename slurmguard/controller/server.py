@@ -37,15 +37,22 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Callable
 
 from pydantic import ValidationError
 
 from slurmguard.config import ControllerPolicy
-from slurmguard.reports import (NODE_HEADER, NODE_NAME, SIG_HEADER, TIME_HEADER, AgentReport,
-                                check_time, verify)
+from slurmguard.reports import (
+    NODE_HEADER,
+    NODE_NAME,
+    SIG_HEADER,
+    TIME_HEADER,
+    AgentReport,
+    check_time,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +212,7 @@ class ControllerHTTP:
                                              "management", tls))
         self._threads: list[threading.Thread] = []
 
-    def _server(self, addr, ctx: "_Ctx", role: str, tls) -> _PoolServer:
+    def _server(self, addr, ctx: _Ctx, role: str, tls) -> _PoolServer:
         p = self.policy
         handler = _make_handler(ctx, role)
         return _PoolServer(addr, handler, workers=p.workers, max_pending=p.max_pending,

@@ -283,7 +283,7 @@ class BatchBocd:
                 jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
             return fire, jstar
         # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
-        return np.zeros(self.n, bool) | (self.H > self.policy.change_probability), jstar
+        return np.zeros(self.n, bool) | (self.policy.change_probability < self.H), jstar
 
     def map_candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The MAP run-length drop rule for levels `age` samples old: (fired, run

@@ -221,7 +221,7 @@ class PeerScorer:
                 table[(grp, kind, "power_per_util")] = derived
         out: dict[tuple[str, str], list[Deviation]] = defaultdict(list)
         floor = p.mad_floor
-        for (grp, kind, sig), devs in table.items():
+        for (_group, _which, sig), devs in table.items():
             if len(devs) < p.min_peers:
                 continue
             names = list(devs)

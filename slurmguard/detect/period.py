@@ -39,13 +39,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 # the distribution functions themselves, not scipy.stats: that import alone
 # costs the node agent about 50 MB of RSS (issue 17.5)
 from scipy.special import bdtrc, chdtrc
 
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.records import RankOps
-
 
 #: an op more than this many median gaps after the previous one of its
 #: communicator starts a new iteration (per-communicator fallback only)

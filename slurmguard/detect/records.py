@@ -57,7 +57,7 @@ class RankOps:
         return self.end_ns != IN_FLIGHT
 
     @classmethod
-    def from_rows(cls, rank: int, rows: list[tuple[int, int, int, int, int]]) -> "RankOps":
+    def from_rows(cls, rank: int, rows: list[tuple[int, int, int, int, int]]) -> RankOps:
         """Build from (op, comm, nbytes, start_ns, end_ns) tuples."""
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 5)
         return cls(rank, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
@@ -111,13 +111,13 @@ class JobLayout:
         return [r for r in self.ranks if self._by_rank[r].node == node]
 
     @classmethod
-    def from_headers(cls, job_id: str, headers: list[tuple[int, str, int | None]]) -> "JobLayout":
+    def from_headers(cls, job_id: str, headers: list[tuple[int, str, int | None]]) -> JobLayout:
         """From ring headers: (rank, hostname, cuda device index) per ring."""
         return cls(job_id, [RankPlace(r, h, g) for r, h, g in headers])
 
     @classmethod
     def from_slurm(cls, job_id: str, nodelist: str, tasks_per_node: str,
-                   distribution: str = "block", gpus_per_node: int | None = None) -> "JobLayout":
+                   distribution: str = "block", gpus_per_node: int | None = None) -> JobLayout:
         """From SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE (e.g. "2(x3),1").
 
         Block distribution fills each node in turn (Slurm's default); cyclic

@@ -76,12 +76,12 @@ class DetectorConfig:
     significance: float = 2.0
 
     @classmethod
-    def from_policy(cls, policy: Policy | None = None) -> "DetectorConfig":
+    def from_policy(cls, policy: Policy | None = None) -> DetectorConfig:
         p = policy or Policy()
         return cls.from_parts(p.detection.bocd, p.agent.warmup_steps, p.agent.baseline_steps)
 
     @classmethod
-    def from_parts(cls, bocd: BocdPolicy, warmup_steps: int, baseline_steps: int) -> "DetectorConfig":
+    def from_parts(cls, bocd: BocdPolicy, warmup_steps: int, baseline_steps: int) -> DetectorConfig:
         """The same config from the policy sections the agent holds."""
         return cls(bocd=bocd, warmup=warmup_steps, learn=baseline_steps,
                    max_period=bocd.max_period, significance=bocd.significance)

@@ -9,8 +9,9 @@ then re-raised for the caller to handle.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import SlurmError

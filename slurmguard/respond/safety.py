@@ -19,8 +19,8 @@ it did before the restart.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from slurmguard.config import SafetyPolicy
 from slurmguard.store import AuditOutcome, Store

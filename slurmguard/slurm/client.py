@@ -7,8 +7,9 @@ comment written starts with `slurmguard:`, and operations on a node drained
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo
 

@@ -12,13 +12,19 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from slurmguard.runner import CommandError, CommandNotFound, CommandRunner, SubprocessRunner
 from slurmguard.slurm import parse, validate
-from slurmguard.slurm.errors import (NotOurs, SlurmCommandError, SlurmError, SlurmUnavailable,
-                                     UnknownJob, UnknownNode)
+from slurmguard.slurm.errors import (
+    NotOurs,
+    SlurmCommandError,
+    SlurmError,
+    SlurmUnavailable,
+    UnknownJob,
+    UnknownNode,
+)
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo, is_ours
 
 # Messages Slurm prints when slurmctld cannot be reached (22.05 - 25.x).

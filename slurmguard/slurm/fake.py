@@ -9,9 +9,9 @@ PENDING with a restart counted, reservations are MAINT/IGNORE_JOBS.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.slurm import validate

@@ -9,8 +9,9 @@ fallback where JSON is not available.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from slurmguard.slurm.hostlist import expand
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo

@@ -33,8 +33,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from slurmguard.slurm import parse, validate
 from slurmguard.slurm.commands import CommandSlurmClient, fleet_view

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
@@ -93,7 +94,7 @@ def judge(ctx: click.Context, result: str, history: tuple[str, ...], suspected: 
     pol = _policy(ctx).sweeps
     healthy = [load_result(h) for h in history]
     try:
-        text = open(result, "rb").read()
+        text = Path(result).read_bytes()
     except FileNotFoundError:
         text = None
     except OSError as exc:

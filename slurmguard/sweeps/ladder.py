@@ -47,8 +47,8 @@ from slurmguard.store import (
 )
 from slurmguard.sweeps.episode import AFTER_SWEEP, NodeEpisode
 from slurmguard.sweeps.quarantine import REBOOT_FLAGS
-from slurmguard.sweeps.verdict import make_reason
 from slurmguard.sweeps.rungs import entries_in_window, entry_rung, rung_after, window_start
+from slurmguard.sweeps.verdict import make_reason
 
 log = logging.getLogger(__name__)
 

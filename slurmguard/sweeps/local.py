@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Sequence
 
 from slurmguard.config import SweepPolicy
 from slurmguard.runner import CommandResult, CommandRunner, SubprocessRunner

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 from slurmguard.errors import InputError
 from slurmguard.names import NODE_NAME_RULE, is_node_name

@@ -61,6 +61,7 @@ from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.baseline import ClassBaseline, baseline_for, peers_for
 from slurmguard.sweeps.episode import LAST_SWEEP, PEER, ROLLING, NodeEpisode, load_episode
+from slurmguard.sweeps.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 from slurmguard.sweeps.local import free_port
 from slurmguard.sweeps.quarantine import (
     PAIR_PREFIX,
@@ -85,7 +86,6 @@ from slurmguard.sweeps.verdict import (
     make_reason,
     reference_status,
 )
-from slurmguard.sweeps.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from slurmguard import datafiles
 from slurmguard.config import SweepPolicy

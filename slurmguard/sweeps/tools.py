@@ -46,8 +46,8 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 from slurmguard.config import ToolStage
 

@@ -40,13 +40,16 @@ import fnmatch
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Sequence
 
 from slurmguard.config import ModelFloor, SweepPolicy
 from slurmguard.sweeps.baseline import (
-    ClassBaseline, Metric, expected_keys, extract_metrics,
+    ClassBaseline,
+    Metric,
+    expected_keys,
+    extract_metrics,
 )
 from slurmguard.sweeps.result import ResultError, SweepResult, Transfer, parse_result_text
 

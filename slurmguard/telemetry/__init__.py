@@ -16,8 +16,16 @@ from __future__ import annotations
 from typing import Any
 
 from slurmguard.errors import ConfigError
-from slurmguard.telemetry.base import (HARD_XIDS, Deadline, Reading, Signal, SourceEvent, TelemetrySample,
-                                       TelemetrySource, UnavailableSet)
+from slurmguard.telemetry.base import (
+    HARD_XIDS,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    TelemetrySample,
+    TelemetrySource,
+    UnavailableSet,
+)
 
 __all__ = ["HARD_XIDS", "Deadline", "MultiSource", "Reading", "Signal", "SourceEvent", "TelemetrySample",
            "TelemetrySource", "UnavailableSet", "open_source"]

@@ -10,8 +10,9 @@ threads.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 
 class Signal:
@@ -136,7 +137,7 @@ class Reading:
     samples: list[TelemetrySample] = field(default_factory=list)
     events: list[SourceEvent] = field(default_factory=list)
 
-    def extend(self, other: "Reading") -> None:
+    def extend(self, other: Reading) -> None:
         self.samples.extend(other.samples)
         self.events.extend(other.events)
 
@@ -162,7 +163,7 @@ class Unavailable:
         self.source = source
         self._on: dict[tuple, str] = {}
 
-    def mark(self, out: "Reading", node: str, signal: str, detail: str, ts: float, *,
+    def mark(self, out: Reading, node: str, signal: str, detail: str, ts: float, *,
              gpu: int | None = None, nic: str | None = None) -> None:
         key = (node, gpu, nic, signal)
         if key in self._on:
@@ -170,7 +171,7 @@ class Unavailable:
         self._on[key] = detail
         out.events.append(SourceEvent(node, self.source, "unavailable", detail, ts, gpu, nic, signal))
 
-    def clear(self, out: "Reading", node: str, signal: str, ts: float, *, gpu: int | None = None,
+    def clear(self, out: Reading, node: str, signal: str, ts: float, *, gpu: int | None = None,
               nic: str | None = None) -> None:
         if self._on.pop((node, gpu, nic, signal), None) is not None:
             out.events.append(SourceEvent(node, self.source, "available", f"{signal} readable again", ts,

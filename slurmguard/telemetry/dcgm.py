@@ -29,13 +29,24 @@ The reader is injected so tests run against recorded values.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, CounterRates, Deadline, Reading, Signal, SourceEvent,
-                                       SourceTimeout, Unavailable, ValueChange, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    ValueChange,
+    sample,
+)
 from slurmguard.telemetry.nvml import THERMAL_BITS
 
 BINDING_DIRS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")

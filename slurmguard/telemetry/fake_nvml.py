@@ -144,7 +144,7 @@ class FakeNvml:
                 setattr(self, name, getattr(_real, name))
 
     @classmethod
-    def from_fixture(cls, path: str | Path, **kw: Any) -> "FakeNvml":
+    def from_fixture(cls, path: str | Path, **kw: Any) -> FakeNvml:
         data = json.loads(Path(path).read_text())
         return cls(data["devices"], **kw)
 

@@ -34,8 +34,17 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, CounterRates, Deadline, Reading, Signal, SourceEvent,
-                                       SourceTimeout, Unavailable, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    sample,
+)
 
 ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "port_rcv_remote_physical_errors",
                   "port_xmit_discards", "local_link_integrity_errors",

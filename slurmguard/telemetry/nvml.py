@@ -32,8 +32,18 @@ from __future__ import annotations
 from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, XID_RECOVERY_ACTION, CounterRates, Deadline, Reading, Signal,
-                                       SourceEvent, SourceTimeout, Unavailable, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    XID_RECOVERY_ACTION,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    sample,
+)
 
 THERMAL_BITS = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
 

@@ -31,8 +31,17 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, CounterRates, Deadline, Reading, Signal, SourceEvent,
-                                       SourceTimeout, Unavailable, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    sample,
+)
 from slurmguard.telemetry.dcgm import BY_NAME, FIELDS, DcgmSignals, field_names, is_blank
 from slurmguard.telemetry.infiniband import STATE_ACTIVE, CounterSet, ExpectedPorts, emit_rate
 

@@ -17,9 +17,10 @@ from slurmguard.errors import InputError
 from slurmguard.slurm import hostlist
 from slurmguard.slurm.models import NodeInfo
 from slurmguard.store import AuditOutcome, NodeState, Store
+from slurmguard.sweeps.records import sweep_reference_text
+from slurmguard.sweeps.rungs import entries_in_window
 from slurmguard.triage.report_data import FleetSnapshot, load_slurm_view
 from slurmguard.triage.report_figures import fleet_figures
-from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.triage.report_model import (
     STATE_ORDER,
     EvidenceStep,
@@ -30,7 +31,6 @@ from slurmguard.triage.report_model import (
     SlurmView,
 )
 from slurmguard.triage.report_next import recommend
-from slurmguard.sweeps.rungs import entries_in_window
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

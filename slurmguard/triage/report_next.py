@@ -18,8 +18,8 @@ from slurmguard.store import (
     TriageActionRecord,
     Verdict,
 )
-from slurmguard.triage.report_model import NextAction
 from slurmguard.sweeps.rungs import entries_in_window, repeat_limit_reached, rung_after
+from slurmguard.triage.report_model import NextAction
 
 _OPEN = (ActionStatus.PLANNED, ActionStatus.RUNNING)
 

@@ -14,7 +14,6 @@ from rich.table import Table
 from slurmguard.config import Policy
 from slurmguard.errors import InputError
 from slurmguard.slurm.models import NodeInfo
-from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.store import (
     AuditRecord,
     IncidentRecord,
@@ -25,6 +24,7 @@ from slurmguard.store import (
     TransitionRecord,
     TriageActionRecord,
 )
+from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.triage.report import episode_start, human_duration
 from slurmguard.triage.report_data import FleetSnapshot, load_slurm_view
 from slurmguard.triage.report_model import NextAction, SlurmView

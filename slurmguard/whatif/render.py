@@ -8,9 +8,7 @@ rank, step.
 from __future__ import annotations
 
 import io
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

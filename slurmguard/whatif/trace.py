@@ -54,7 +54,7 @@ class Coded:
     def __len__(self) -> int:
         return len(self.codes)
 
-    def take(self, mask: np.ndarray) -> "Coded":
+    def take(self, mask: np.ndarray) -> Coded:
         return Coded(self.codes[mask], self.categories)
 
 
@@ -78,7 +78,7 @@ class Trace:
     def __len__(self) -> int:
         return len(self.columns["step"])
 
-    def take(self, mask: np.ndarray) -> "Trace":
+    def take(self, mask: np.ndarray) -> Trace:
         """The rows where `mask` is true."""
         return Trace({k: v[mask] for k, v in self.columns.items()})
 

@@ -29,9 +29,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -261,7 +262,8 @@ class RunOptions:
 class StepLog:
     def __init__(self, path: Path, env: Env) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "a")
+        # held for the whole run (one line per step); closed when the process ends
+        self.f = open(path, "a")  # noqa: SIM115
         self.env = env
 
     def write(self, it: int, step_s: float, loss: float, ckpt_s: float) -> None:

@@ -17,15 +17,14 @@ tp    DTensor tensor parallel (parallelize_module): each block's up projection
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
-
 
 
 @dataclass

@@ -264,7 +264,7 @@ def load_recorded(path: str | Path) -> Scenario:
     else:
         sev = 0.0
     positives = []
-    for k, o in enumerate(onsets):
+    for o in onsets:
         end = next((r for r in recov if r > o), x.size)
         if sev >= MIN_SHIFT and end - o >= MIN_DURATION:
             positives.append(o)

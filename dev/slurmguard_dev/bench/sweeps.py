@@ -171,7 +171,7 @@ class ColdStart:
     sweeps: int
 
 
-def cold_start_case(rig: "_Rig", node: str, *, tick_s: float, timeout_s: float) -> ColdStart:
+def cold_start_case(rig: _Rig, node: str, *, tick_s: float, timeout_s: float) -> ColdStart:
     """Drain one node on an empty database and tick until it is back (no seeding step).
 
     A site's bootstrap_min_nodes (3) here, so the class baseline cannot form from the one
@@ -207,7 +207,7 @@ class FalseFails:
     """The largest shortfall of a healthy sweep's metric against its reference (fraction)."""
 
 
-def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: SweepPolicy,
+def false_fail_rate(rig: _Rig, cluster, nodes: list[str], count: int, policy: SweepPolicy,
                     workdir: Path, echo=print) -> FalseFails:
     """`count` 1-node sweeps of idle healthy nodes, round robin, one job per node at a time,
     each judged as a suspected node's sweep against the class baseline in the database."""

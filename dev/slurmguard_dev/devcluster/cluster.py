@@ -16,9 +16,9 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 from slurmguard.errors import SlurmguardError
 from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
@@ -247,14 +247,14 @@ class DevCluster:
         return self.state_dir / "slots" / f"{name}.target"
 
     # ------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "DevCluster":
+    def __enter__(self) -> DevCluster:
         self.up()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def up(self) -> "DevCluster":
+    def up(self) -> DevCluster:
         """Start munged, slurmctld and the slurmd; wait until every node is idle."""
         check_software()
         if self.is_running():
@@ -376,16 +376,14 @@ class DevCluster:
 
     def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         assert self._state is not None
-        out = open(self.log_dir / f"{name.replace(':', '-')}.stdout", "ab")
         full_env = self.env
         if env:
             full_env.update(env)
-        try:
+        # the child keeps its own copy of the descriptor
+        with open(self.log_dir / f"{name.replace(':', '-')}.stdout", "ab") as out:
             proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     env=full_env, close_fds=True)
-        finally:
-            out.close()
         self._children.append(proc)
         self._state.pids[name] = proc.pid
         self._save_state()
@@ -430,7 +428,7 @@ class DevCluster:
         return res.returncode == 0 and "UP" in res.stdout
 
     @classmethod
-    def attach(cls, state_dir: Path | str = DEFAULT_STATE_DIR) -> "DevCluster":
+    def attach(cls, state_dir: Path | str = DEFAULT_STATE_DIR) -> DevCluster:
         """The cluster recorded in state_dir (running or not)."""
         c = cls(ClusterSpec(state_dir=Path(state_dir)))
         path = c.state_dir / "state.json"
@@ -531,7 +529,7 @@ class DevCluster:
             if marker in environ.split(b"\0"):
                 argv = _cmdline(int(entry.name))
                 # never kill the test runner or the CLI that set SLURM_CONF for itself
-                if argv and ("slurmstepd" in argv[0] or "SLURM_JOB_ID=".encode() in environ):
+                if argv and ("slurmstepd" in argv[0] or b"SLURM_JOB_ID=" in environ):
                     try:
                         os.kill(int(entry.name), signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):

@@ -38,7 +38,7 @@ def render_slurm_conf(*, cluster_name: str, control_host: str, ctld_port: int,
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={paths.munge_socket}",
-        *([f"AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={paths.jwt_key}"]
+        *(["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={paths.jwt_key}"]
           if paths.jwt_key is not None else []),
         f"StateSaveLocation={s}/ctld-state",
         f"SlurmdSpoolDir={s}/spool/%n",

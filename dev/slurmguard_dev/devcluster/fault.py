@@ -29,9 +29,9 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 from slurmguard_dev.devcluster.cluster import DevCluster, DevClusterError
 

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -129,7 +130,7 @@ class Guard:
         else:
             f.write_text(f"{factor}\n")
 
-    def start(self, fresh: bool = False) -> "Guard":
+    def start(self, fresh: bool = False) -> Guard:
         """Plugin, keys, policy, prolog/epilog, controller and agents up.
         fresh: start clean, as the demo does: an empty database (sweep
         baselines a previous run measured at another machine load are no

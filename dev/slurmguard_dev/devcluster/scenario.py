@@ -19,9 +19,10 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
-from typing import Callable
 
 from slurmguard.slurm.hostlist import expand
 from slurmguard.workloads import SHAPES
@@ -208,9 +209,8 @@ class Scenario:
     @staticmethod
     def epoch(at) -> float:
         """An audit timestamp as epoch seconds (the store keeps UTC)."""
-        from datetime import timezone
 
-        return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+        return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
     def wait(self, pred, timeout: float, what: str, interval: float = 0.5):
         deadline = time.monotonic() + timeout

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     x = torch.randn(64, 256)
     y = torch.randint(0, 8, (64,))
     w = torch.randn(256, 256)
-    log = open(args.log, "a") if (args.log and rank == 0) else None
+    # open for the whole loop, closed after it
+    log = open(args.log, "a") if (args.log and rank == 0) else None  # noqa: SIM115
     poller = None
     if args.microbatches:
         from slurmguard.mitigate.client import PlanClient
