@@ -570,6 +570,7 @@ class StepDetector:
             self.base_s[i] = self._sec(i, lvl)
             return
         e = self._s[i].open
+        assert e is not None, "a series not HEALTHY has an open episode"
         la = self._sec(i, lvl)
         self._s[i].open = Episode(e.onset, e.detected_at, max(self.peak[i], la / e.baseline - 1.0),
                                   e.baseline, la, series=i)
@@ -715,12 +716,14 @@ class StepDetector:
                 self.peak[i] = 0.0
             else:
                 e = s.open
+                assert e is not None, "a series not HEALTHY has an open episode"
                 self.peak[i] = max(self.peak[i], e.level_s / base_s - 1.0)
                 s.open = Episode(e.onset, e.detected_at, max(self.peak[i], la / base_s - 1.0),
                                  e.baseline, la, series=i)
             self.vlevel[i] = a
         elif kind == "recovery" or (self.state[i] == SLOW and la / base_s - 1.0 < math.expm1(self.rec)):
             e = s.open
+            assert e is not None, "a series not HEALTHY has an open episode"
             s.episodes.append(Episode(e.onset, e.detected_at, e.slowdown, e.baseline,
                                       e.level_s, c, n - 1, series=i))
             s.open = None
@@ -733,6 +736,7 @@ class StepDetector:
             la = base_s
         elif self.state[i] == SLOW:  # faster, still above the bar
             e = s.open
+            assert e is not None, "a series not HEALTHY has an open episode"
             self.peak[i] = max(self.peak[i], e.level_s / base_s - 1.0)
             s.open = Episode(e.onset, e.detected_at, e.slowdown, e.baseline, la, series=i)
         else:  # faster while healthy: the job got faster, a new baseline

@@ -776,7 +776,7 @@ class RingProblem:
     problem: str
 
 
-def scan(directory: str) -> Iterator[object]:
+def scan(directory: str) -> Iterator[RingHeader | RingProblem]:
     """Every ``*.ring`` file below `directory` (one level of job dirs or
     the job dir itself): a RingHeader for each readable ring, a
     RingProblem for each damaged one. Never raises for a bad file."""

@@ -86,13 +86,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 if __package__:
     from . import ring as _ring
 else:  # loaded by sitecustomize.py under a private name, ring.py likewise
-    import _slurmguard_ring as _ring  # type: ignore[no-redef]
+    import _slurmguard_ring as _ring  # type: ignore[no-redef, import-not-found]
 
 _monotonic_ns = time.monotonic_ns
 
@@ -163,7 +163,7 @@ def _warn(msg: str) -> None:
 class Recorder:
     """Turns dispatcher calls into ring records. One per process."""
 
-    def __init__(self, env: dict[str, str], nccl_hook_loaded: bool) -> None:
+    def __init__(self, env: Mapping[str, str], nccl_hook_loaded: bool) -> None:
         self.env = env
         self.nccl_hook_loaded = nccl_hook_loaded
         self.enabled = True
@@ -196,7 +196,7 @@ class Recorder:
                  else _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 0))
         step = _env_int(env, ("SLURMGUARD_STEP_ID",), _ring.STEP_PENDING)
         directory = env["SLURMGUARD_RING_DIR"]
-        meta = dict(
+        meta: dict[str, Any] = dict(
             capacity=_env_int(env, ("SLURMGUARD_RING_RECORDS",), _ring.DEFAULT_CAPACITY),
             job_id=_env_int(env, ("SLURMGUARD_JOB_ID",), 0), step_id=step,
             global_rank=rank, local_rank=_env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), -1),
@@ -211,9 +211,11 @@ class Recorder:
             try:
                 writer = _ring.RingWriter(path, **meta)
             except OSError as exc:
-                return self._fail(f"cannot create {path}: {exc.strerror}")
+                self._fail(f"cannot create {path}: {exc.strerror}")
+                return None
         except OSError as exc:
-            return self._fail(f"cannot create {path}: {exc.strerror}")
+            self._fail(f"cannot create {path}: {exc.strerror}")
+            return None
         atexit.register(self.at_exit)
         self._term = _TermGuard.install(self)
         return writer
@@ -470,7 +472,7 @@ class _Pending:
 
     def __init__(self, rec: Recorder, ctx: tuple, fut: Any) -> None:
         self.rec = rec
-        self.ctx = ctx
+        self.ctx: tuple | None = ctx
         self.fut = fut
 
     def __call__(self, fut: Any) -> None:
@@ -648,7 +650,7 @@ def _group_name(pg_obj: Any) -> str:
     return _c10d().pg(pg_obj).group_name
 
 
-def _env_int(env: dict[str, str], names: tuple, default: int) -> int:
+def _env_int(env: Mapping[str, str], names: tuple, default: int) -> int:
     for n in names:
         v = env.get(n)
         if v:
@@ -726,7 +728,7 @@ def _timed_work_class(Work: type) -> type:
     forwards everything to the real work and tells the recorder when the
     job's wait() on it returns."""
 
-    class TimedWork(Work):  # type: ignore[misc, valid-type]
+    class TimedWork(Work):
         def __init__(self, rec: Recorder, ctx: tuple, inner: Any) -> None:
             super().__init__()
             self._sg: tuple | None = (rec, ctx)
@@ -840,7 +842,7 @@ def _wrap_os_exit(rec: Recorder) -> None:
         return
 
     @functools.wraps(real)
-    def _exit(status: int) -> None:  # type: ignore[misc]
+    def _exit(status: int) -> None:
         try:
             if rec.enabled and rec._pending:
                 rec.settle()
@@ -867,7 +869,7 @@ def _wrap_destroy(rec: Recorder) -> None:
 
         for module in (c10d, dist):
             if getattr(module, "destroy_process_group", None) is original:
-                module.destroy_process_group = destroy_process_group
+                cast(Any, module).destroy_process_group = destroy_process_group
     except Exception as exc:  # recording goes on; only the final settle is missing
         _warn(f"cannot wrap destroy_process_group: {exc!r}")
 
@@ -961,7 +963,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(env: dict[str, str] | None = None) -> bool:
+def install(env: Mapping[str, str] | None = None) -> bool:
     """Arrange for patch() once torch.distributed is imported. Returns
     False (and does nothing) outside guarded jobs."""
     env = os.environ if env is None else env

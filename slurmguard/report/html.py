@@ -182,27 +182,27 @@ def _detail(r: NodeRow, snap: FleetSnapshot, series: SeriesSnapshot, base: Class
             if c.peer_median.xs else None,
             events=events,
             markers=[svg.Marker(t, y, label) for t, y, label in c.change_points]))
-    for c in telemetry_charts(r.name, series):
-        unit = f" ({c.unit})" if c.unit else ""
-        band = (svg.Band("peers (min-max)", c.band_xs, c.band_lo, c.band_hi)
-                if c.band_xs else None)
+    for tc in telemetry_charts(r.name, series):
+        unit = f" ({tc.unit})" if tc.unit else ""
+        band = (svg.Band("peers (min-max)", tc.band_xs, tc.band_lo, tc.band_hi)
+                if tc.band_xs else None)
         parts.append(svg.line_chart(
-            ident=f"{aid}-tele-{c.signal}", css_class="chart chart-telemetry",
-            title=f"{c.signal}{unit} of {r.name} vs its peers", y_label=f"{c.signal}{unit}",
-            lines=[svg.Line(r.name, c.node.xs, c.node.ys, svg.PALETTE[0]),
-                   svg.Line("peer median", c.peer_median.xs, c.peer_median.ys, "#424242", 1.2,
+            ident=f"{aid}-tele-{tc.signal}", css_class="chart chart-telemetry",
+            title=f"{tc.signal}{unit} of {r.name} vs its peers", y_label=f"{tc.signal}{unit}",
+            lines=[svg.Line(r.name, tc.node.xs, tc.node.ys, svg.PALETTE[0]),
+                   svg.Line("peer median", tc.peer_median.xs, tc.peer_median.ys, "#424242", 1.2,
                             "5 3")],
             band=band, width=420, height=180,
-            markers=[svg.Marker(t, v, "deviating window", shape="dot") for t, v in c.deviating]))
-    for c in sweep_charts(r.name, snap, base):
+            markers=[svg.Marker(t, v, "deviating window", shape="dot") for t, v in tc.deviating]))
+    for sc in sweep_charts(r.name, snap, base):
         tol = policy.sweeps.pass_tolerance
-        bars = [svg.Bar(k, d, d < -tol) for k, d in c.deviations[:16]]
-        title = (f"sweep {c.sweep_id} ({c.kind}, {c.verdict}) vs class {c.hw_class or '-'} "
-                 + (f"baseline of {c.baseline_nodes} nodes" if c.baseline_nodes else
+        bars = [svg.Bar(k, d, d < -tol) for k, d in sc.deviations[:16]]
+        title = (f"sweep {sc.sweep_id} ({sc.kind}, {sc.verdict}) vs class {sc.hw_class or '-'} "
+                 + (f"baseline of {sc.baseline_nodes} nodes" if sc.baseline_nodes else
                     "(no passed sweep of this class yet: no baseline to compare with)"))
         parts.append(f'<div><div class="muted">{escape(title)}'
-                     + (f": {escape(c.failure_reason)}" if c.failure_reason else "") + "</div>"
-                     + svg.deviation_bars(ident=f"{aid}-sweep-{c.sweep_id}",
+                     + (f": {escape(sc.failure_reason)}" if sc.failure_reason else "") + "</div>"
+                     + svg.deviation_bars(ident=f"{aid}-sweep-{sc.sweep_id}",
                                           css_class="chart chart-sweep", title=title, bars=bars,
                                           tolerance=tol) + "</div>")
     parts.append("</div></section>")

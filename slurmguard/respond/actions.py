@@ -37,7 +37,7 @@ class ActionExecutor:
             argv: list[str] | None = None, evidence: dict[str, Any] | None = None) -> T | None:
         if self.fence is not None:
             evidence = {**(evidence or {}), **self.fence()}
-        common = dict(actor=self.actor, node=node, job_id=None if job_id is None else str(job_id),
+        common: dict[str, Any] = dict(actor=self.actor, node=node, job_id=None if job_id is None else str(job_id),
                       reason=reason, argv=argv, evidence=evidence)
         if self.dry_run:
             log.warning("dry-run: would %s node=%s job=%s reason=%r", action, node, job_id, reason)

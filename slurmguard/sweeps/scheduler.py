@@ -182,10 +182,10 @@ class SweepScheduler:
         cycle at scale); None = read them here."""
         now = self.clock.now()
         res = TickResult(at=now)
-        view = self._read_view(now, view)
-        self._view_cache = view
-        records = self._sync_nodes(view)
-        self._cleanup(view, records, res)
+        slurm_view = self._read_view(now, view)
+        self._view_cache = slurm_view
+        records = self._sync_nodes(slurm_view)
+        self._cleanup(slurm_view, records, res)
         taken: set[str] = set()
         rolling_active = 0
         for name, r in records.items():
@@ -194,13 +194,13 @@ class SweepScheduler:
             try:
                 ep = load_episode(self.store, name)
                 rolling_active += int(ep.rolling)
-                step = self._decide(r, ep, view, records, taken)
+                step = self._decide(r, ep, slurm_view, records, taken)
                 res.steps.append(step)
                 if step.action in ("wait", "blocked") or self.dry_run:
                     if self.dry_run and step.action not in ("wait", "blocked"):
                         log.warning("dry-run: would %s %s: %s", step.action, name, step.why)
                     continue
-                done = self._apply(step, r, ep, view, records)
+                done = self._apply(step, r, ep, slurm_view, records)
                 if done:
                     res.done.append(f"{name}: {done}")
                     log.info("%s: %s", name, done)
@@ -209,12 +209,12 @@ class SweepScheduler:
                 res.errors.append(f"{name}: {exc}")
                 log.error("sweep scheduler: %s: %s", name, exc)
         try:
-            self._peer_sweeps(view, records, taken, res)
+            self._peer_sweeps(slurm_view, records, taken, res)
         except (SlurmError, StoreError) as exc:
             res.errors.append(f"peer sweeps: {exc}")
         if rolling_active == 0:
             try:
-                self._rolling(view, records, taken, res)
+                self._rolling(slurm_view, records, taken, res)
             except (SlurmError, StoreError) as exc:
                 res.errors.append(f"rolling: {exc}")
         return res
@@ -284,7 +284,7 @@ class SweepScheduler:
         out = rec.outcome_of(last) if last is not None else None
         if last is not None and rec.passed(last) and last.kind is SweepKind.TWO_NODE:
             return Step(name, "return", "1-node and 2-node sweeps passed", {"sweep": last.id})
-        if out == Outcome.FAIL.value:
+        if last is not None and out == Outcome.FAIL.value:
             return Step(name, "fail", str(last.metrics.get("reason") or last.failure_reason),
                         {"sweep": last.id})
         in_resv = quarantine_name(name) in view.reservations

@@ -26,6 +26,8 @@ from slurmguard.triage.report_model import (
     EvidenceStep,
     FleetSummary,
     NodeRow,
+    Owner,
+    ReasonSource,
     Report,
     ReportFilters,
     SlurmView,
@@ -231,14 +233,14 @@ def evidence_chain(snap: FleetSnapshot, name: str, start: datetime | None) -> li
                                   f"{s.kind.value} sweep{ref}{job}: {s.verdict.value}{why}"
                                   + sweep_reference_text(s.metrics),
                                   f"sweep {s.id}", ok=ok))
-    for a in snap.triage.get(name, ()):
-        if not keep(a.at):
+    for t in snap.triage.get(name, ()):
+        if not keep(t.at):
             continue
-        entry = " (triage entry)" if a.is_entry else ""
-        detail = f": {a.detail}" if a.detail else ""
-        steps.append(EvidenceStep(a.at, "triage", f"{a.rung.value} {a.status.value}{entry}{detail}",
-                                  f"triage {a.id}",
-                                  ok=False if a.status.value == "failed" else None))
+        entry = " (triage entry)" if t.is_entry else ""
+        detail = f": {t.detail}" if t.detail else ""
+        steps.append(EvidenceStep(t.at, "triage", f"{t.rung.value} {t.status.value}{entry}{detail}",
+                                  f"triage {t.id}",
+                                  ok=False if t.status.value == "failed" else None))
     steps.sort(key=lambda e: (e.at, _STAGE_ORDER[e.stage], e.ref))
     return steps
 
@@ -259,6 +261,9 @@ def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
     ep_sweeps = [s for s in snap.sweeps_by_node.get(name, ()) if in_ep(s.created_at)]
     all_triage = snap.triage.get(name, [])
     ep_triage = [a for a in all_triage if in_ep(a.at)]
+    reason: str | None
+    source: ReasonSource | None
+    owner: Owner | None
     if ln is not None:
         reason, source, comment = ln.reason, "slurm", ln.comment
         owner = "slurmguard" if ln.drained_by_us else ("other" if ln.drained_by_others else None)

@@ -9,8 +9,10 @@ hands over an open connection in config.attributes['connection']. For the
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from alembic import context
+from sqlalchemy import Connection
 
 from slurmguard.store.models import Base
 
@@ -26,7 +28,7 @@ def _url() -> str:
     return url
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(**kwargs: Any) -> None:
     context.configure(
         target_metadata=target_metadata,
         compare_type=True,
@@ -59,7 +61,7 @@ def run_online() -> None:
         engine.dispose()
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     # SQLite cannot ALTER most things in place; batch mode rebuilds the table.
     _configure(
         connection=connection, render_as_batch=connection.dialect.name == "sqlite"
