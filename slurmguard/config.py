@@ -640,9 +640,9 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         data = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
+        where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}{line}: invalid YAML: {problem}") from None
+        raise ConfigError(f"{source}{where}: invalid YAML: {problem}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

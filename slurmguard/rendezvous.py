@@ -97,7 +97,7 @@ class _Beacon:
     def __init__(self, ident: str, store_port: int, ports: list[int], deadline: float) -> None:
         self.line = f"{_BANNER} {ident} {store_port}\n".encode()
         self.deadline = deadline
-        self.sock = None
+        self.sock: socket.socket | None = None
         tried = []
         for port in ports:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -119,9 +119,12 @@ class _Beacon:
         self._thread.start()
 
     def _serve(self) -> None:
+        sock = self.sock
+        if sock is None:  # no port was free: nothing to serve
+            return
         while not self._stop.is_set() and time.monotonic() < self.deadline:
             try:
-                conn, _ = self.sock.accept()
+                conn, _ = sock.accept()
             except OSError:  # timeout: look at the stop flag again
                 continue
             try:
@@ -131,7 +134,7 @@ class _Beacon:
                 pass
             finally:
                 conn.close()
-        self.sock.close()
+        sock.close()
 
     def close(self) -> None:
         self._stop.set()

@@ -41,7 +41,7 @@ import hmac
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Final, Literal, NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainSerializer, Tag
@@ -51,7 +51,7 @@ from slurmguard.config import read_trusted
 from slurmguard.errors import ConfigError
 from slurmguard.names import NODE_NAME_RE
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION: Final = 2
 #: most iterations one packed rank window may carry (the agent sends agent.report_steps)
 MAX_PACKED_STEPS = 1 << 16
 MAX_SKEW_S = 300.0

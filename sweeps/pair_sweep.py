@@ -177,6 +177,7 @@ def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
     for i, hca in enumerate(common):
         port = str(cfg.ib_port_base + i)
         base = ["-d", hca, "-p", port, "--report_gbits", "-F"]
+        assert exe is not None, "common is empty without ib_write_bw"
         if node_rank != client:
             try:
                 server = subprocess.Popen([exe, *base, *stage.args], stdout=subprocess.DEVNULL,

@@ -659,11 +659,13 @@ def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: in
             def timed(inner: int, src: torch.Tensor = bufs[i], dst: torch.Tensor = dsts[j],
                       a: torch.device = devs[i], b: torch.device = devs[j]) -> float:
                 # host clock around both devices' syncs: a peer copy involves two GPUs
-                sync(a), sync(b)
+                sync(a)
+                sync(b)
                 t0 = time.perf_counter()
                 for _ in range(inner):
                     dst.copy_(src, non_blocking=True)
-                sync(a), sync(b)
+                sync(a)
+                sync(b)
                 return time.perf_counter() - t0
 
             timed(1)
@@ -738,7 +740,7 @@ def _barrier(dev: torch.device) -> None:
     sync(dev)
 
 
-def timed_ops(op: Callable[[], None], dev: torch.device, iters: int) -> float:
+def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
     """Seconds for `iters` back-to-back operations: CUDA events on the current stream
     (NCCL work is ordered against it) on GPU, the host clock on CPU."""
     if dev.type == "cuda":

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.service import setup_logging
+
+if TYPE_CHECKING:
+    from slurmguard.telemetry import TelemetrySource
 
 
 @click.command("agent")
@@ -43,7 +47,7 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     kind = source_kind or p.telemetry_source
     kw: dict = {"clock": app.clock}
     spec = sim_profiles or os.environ.get("SLURMGUARD_SIM_PROFILES")
-    source = None
+    source: TelemetrySource | None = None
     if kind == "sim" and spec and spec.startswith("@"):
         from slurmguard.agent.simfile import SimFromFile
 

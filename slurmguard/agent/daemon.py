@@ -19,7 +19,7 @@ from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
 from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
 from slurmguard.service import stop_on_signals
-from slurmguard.telemetry.base import UnavailableSet
+from slurmguard.telemetry.base import TelemetrySource, UnavailableSet
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Agent:
     node: str
     policy: Policy
     sender: ReportSender
-    source: object | None = None
+    source: TelemetrySource | None = None
     clock: Clock = field(default_factory=SystemClock)
     ring_root: str | None = None
     slurm: object | None = None

@@ -38,7 +38,7 @@ class DaemonOptions:
 def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor):
     """The sweep scheduler when that part is installed; None otherwise."""
     try:
-        from slurmguard.sweeps.scheduler import build_scheduler  # type: ignore[attr-defined]
+        from slurmguard.sweeps.scheduler import build_scheduler
     except ImportError:
         log.warning("sweep scheduler not available: drained nodes wait for an admin")
         return None

@@ -78,8 +78,9 @@ def decide(jf: JobFindings) -> JobAssessment | None:
     if not culprits and stall is not None and stall.subject.node is not None:
         # Mycroft: a stall names the rank with the least progress
         s = stall.subject
-        culprits.append(Culprit(node=s.node, ranks=() if s.rank is None else (s.rank,), gpu=s.gpu,
-                                why=stall.text, telemetry=tuple(telemetry.get(s.node, ()))))
+        culprits.append(Culprit(node=stall.subject.node, ranks=() if s.rank is None else (s.rank,),
+                                gpu=s.gpu, why=stall.text,
+                                telemetry=tuple(telemetry.get(stall.subject.node, ()))))
     why_not = next((f.text for f in jf.of(Kind.UNLOCALISED)), None)
     return JobAssessment(
         job_id=jf.job_id, nodes=jf.nodes, gpus=jf.ranks, baseline_s=baseline, current_s=current,

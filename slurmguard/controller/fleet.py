@@ -62,7 +62,8 @@ class TelemetryWindow(NamedTuple):
     """(node, signal, gpu, nic) -> mean of that device signal's samples (PeerScorer.window)."""
     samples: list[TelemetrySample]
     """Samples kept as sent (hard-failure signals)."""
-    count: int
+    # a field named count shadows tuple.count, which nothing calls on a window
+    count: int  # type: ignore[assignment]
     """Samples the window stands for."""
 
     def __bool__(self) -> bool:
@@ -233,7 +234,8 @@ class FleetView:
         if index is None:
             index = self.job_index(now)
         allowed = None if allocation is None else frozenset(allocation)
-        out, dropped = [], 0
+        out: list[tuple[str, RankReport]] = []
+        dropped = 0
         for node, j in index.get(job_id, ()):
             if allowed is not None and node not in allowed:
                 dropped += len(j.ranks)

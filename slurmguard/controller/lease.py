@@ -26,9 +26,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from slurmguard.slurm.errors import SlurmError
 from slurmguard.store import AuditOutcome, Store
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("slurmguard.controller.lease")
 
@@ -58,14 +62,14 @@ class Lease:
         self.timeout_s = timeout_s
         self.holder = holder or holder_name()
         self.epoch: int | None = None
-        self._conn = None
+        self._conn: psycopg.Connection | None = None
 
     @property
     def held(self) -> bool:
         return self.epoch is not None
 
     # ------------------------------------------------------------ session
-    def _connect(self):
+    def _connect(self) -> psycopg.Connection:
         import psycopg
 
         u = self.store.engine.url
@@ -95,6 +99,7 @@ class Lease:
         self._conn = None
 
     def _lock_is_ours(self) -> bool:
+        assert self._conn is not None, "called with a session open"
         row = self._conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND pid = pg_backend_pid() AND ((classid::bigint << 32) | objid::bigint) = %s",
@@ -117,8 +122,8 @@ class Lease:
                     self._drop("a newer epoch was written")
                     return False
                 return True
-            got = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0]
-            if not got:
+            row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()
+            if not (row and row[0]):
                 return False
             self.epoch = self._last_epoch() + 1
             self.store.audit(LEASE_ACTION, actor="slurmguard", reason=f"active controller {self.holder}",

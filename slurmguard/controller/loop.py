@@ -348,7 +348,7 @@ class Controller:
         if plan is None:
             self.store.update_incident(incident.id, evidence={"mitigations": sorted(taken)})
             return
-        what = (f"micro-batches {list(plan.microbatches)}" if action is Action.REBALANCE
+        what = (f"micro-batches {list(plan.microbatches or ())}" if action is Action.REBALANCE
                 else f"swaps {[list(s) for s in plan.swaps]}")
         self.store.audit(action.value, actor=self.actor, job_id=str(a.job_id),
                          reason=f"{what} (plan v{plan.version})",

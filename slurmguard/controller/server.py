@@ -40,6 +40,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -74,7 +75,7 @@ _REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized
 class Headers(dict):
     """Request headers by lower-cased name (the last of repeated ones)."""
 
-    def get(self, name: str, default=None):  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return super().get(name.lower(), default)
 
 
@@ -265,6 +266,7 @@ def _make_handler(ctx: _Ctx, role: str):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        raw_requestline: bytes  # set by handle_one_request; typeshed does not declare it
 
         def log_message(self, fmt: str, *args) -> None:  # route to logging, not stderr
             log.debug("%s " + fmt, self.client_address[0], *args)
@@ -273,7 +275,7 @@ def _make_handler(ctx: _Ctx, role: str):
             """The request line and headers, read here rather than by http.server's
             email-parser route (a fifth of a report's cost): HTTP/1.0 or 1.1, at most
             MAX_HEADERS lines of MAX_LINE bytes; anything else is answered 400/431/505."""
-            self.command = None
+            self.command = None  # type: ignore[assignment]  # http.server's own reset (typeshed: str)
             self.request_version = "HTTP/0.9"
             self.close_connection = True  # one request per connection: workers are few
             line = self.raw_requestline.decode("iso-8859-1").rstrip("\r\n")
@@ -298,7 +300,8 @@ def _make_handler(ctx: _Ctx, role: str):
                 headers[name.lower()] = value.strip()
             else:
                 return self._bad(431, f"more than {MAX_HEADERS} header lines")
-            self.headers = headers
+            # the handlers read headers with .get only; typeshed wants an email Message
+            self.headers = headers  # type: ignore[assignment]
             if headers.get("Expect", "").lower() == "100-continue" and version == "HTTP/1.1":
                 self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True

@@ -225,13 +225,13 @@ class PeerScorer:
             if len(devs) < p.min_peers:
                 continue
             names = list(devs)
-            vals = np.array([devs[n] for n in names])
-            z, med = robust_z(vals, floor)
+            values = np.array([devs[n] for n in names])
+            z, med = robust_z(values, floor)
             direction = BAD_DIRECTION[sig]
             bad = (z * direction > p.robust_z) if direction else (np.abs(z) > p.robust_z)
             for i in np.nonzero(bad)[0]:
                 node, dev = names[i].split("\0")
-                out[(node, dev)].append(Deviation(sig, float(vals[i]), med, float(z[i])))
+                out[(node, dev)].append(Deviation(sig, float(values[i]), med, float(z[i])))
         return out
 
     def window(self, samples: list[TelemetrySample],

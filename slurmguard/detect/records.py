@@ -134,8 +134,8 @@ class JobLayout:
         if distribution == "block":
             rank = 0
             for node, c in zip(nodes, counts):
-                for local in range(c):
-                    gpu = local if gpus_per_node is None or local < gpus_per_node else None
+                for lr in range(c):
+                    gpu = lr if gpus_per_node is None or lr < gpus_per_node else None
                     places.append(RankPlace(rank, node, gpu))
                     rank += 1
         elif distribution == "cyclic":

@@ -286,9 +286,9 @@ class RunOutcome:
                 out.append(f"rank {r.rank}: no RESULT line: {r.stdout[-300:]} {r.stderr[-600:]}")
         if self.guarded:
             for rank in range(len(self.ranks)):
-                want = expected_counts(self.shape, self.ending, rank)
-                if want and self.counts.get(rank) != want:
-                    out.append(f"rank {rank}: ring holds {self.counts.get(rank)}, expected {want}")
+                counts = expected_counts(self.shape, self.ending, rank)
+                if counts and self.counts.get(rank) != counts:
+                    out.append(f"rank {rank}: ring holds {self.counts.get(rank)}, expected {counts}")
                 if self.lost.get(rank, 0):
                     out.append(f"rank {rank}: ring header counts {self.lost[rank]} lost")
         return out

@@ -440,7 +440,7 @@ class RingReader:
     descriptor (the caller has checked the directory itself).
     """
 
-    def __init__(self, path: str, *, stall_s: float = 5.0,
+    def __init__(self, path: str | os.PathLike[str], *, stall_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic, dir_fd: int | None = None) -> None:
         self.path = os.fspath(path)
         self._stall_s = stall_s

@@ -37,12 +37,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.errors import InputError
 from slurmguard.mitigate.microbatch import plan_microbatches
 from slurmguard.mitigate.plan import JobPlan, rank_share
+
+if TYPE_CHECKING:
+    import torch  # imported by the worker only: the CLI stays light
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,13 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's gradient, which backward has just filled in."""
+    if p.grad is None:
+        raise RuntimeError("a DDP parameter has no gradient after backward")
+    return p.grad
 
 
 def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | None) -> ExampleResult | None:
@@ -204,7 +215,7 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         grads = []
         for p_ in (None, plan):
             run_step(step, p_, slowed=False, optimize=False)
-            grads.append(torch.cat([q.grad.reshape(-1) for q in ddp.parameters()]).clone())
+            grads.append(torch.cat([_grad(q).reshape(-1) for q in ddp.parameters()]).clone())
             opt.zero_grad(set_to_none=True)
         diff = float((grads[0] - grads[1]).abs().max().item())
         gmax = float(grads[0].abs().max().item())

@@ -123,8 +123,7 @@ class GpuHealthCheck:
                 src.close()
         finally:
             _shutdown(nv, progress)
-        seen: set[str] = set()
-        return [p for p in problems if not (p in seen or seen.add(p))]
+        return list(dict.fromkeys(problems))  # each once, in order
 
     def _judge(self, reading: Any) -> list[str]:
         out = []

@@ -54,7 +54,7 @@ class NicLinkCheck:
         phys = {s.nic: int(s.value) for s in reading.samples if s.signal == Signal.NIC_PHYS_STATE}
         rate = {s.nic: s.value for s in reading.samples if s.signal == Signal.NIC_RATE}
         state = {s.nic: s.value for s in reading.samples
-                 if s.signal == Signal.NIC_STATE and self._selected(s.nic)}
+                 if s.signal == Signal.NIC_STATE and s.nic is not None and self._selected(s.nic)}
         for flag in hard_failures([s for s in reading.samples
                                    if s.signal == Signal.NIC_STATE and self._selected(s.nic)]):
             p = phys.get(flag.device, 0)

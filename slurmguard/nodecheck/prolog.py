@@ -71,9 +71,10 @@ def build_checks(p: PrologPolicy, node: str, env: Mapping[str, str],
     for name in p.checks:
         if name in gpu_wanted and (not p.nvml or expected is None):
             continue  # nvml off: nothing to ask; unknown count: reported by _Skipped above
-        if name == "gpu_count":
+        # (both GPU checks are in gpu_wanted: expected is known past the line above)
+        if name == "gpu_count" and expected is not None:
             checks.append(GpuCountCheck(expected, loader))
-        elif name == "gpu_health":
+        elif name == "gpu_health" and expected is not None:
             checks.append(GpuHealthCheck(node, expected=expected, max_ecc_dbe=p.max_ecc_dbe,
                                          call_timeout_s=call_timeout, loader=loader))
         elif name == "nic_link":

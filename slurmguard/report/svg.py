@@ -291,9 +291,9 @@ def heatmap_grid(*, ident: str, cells: Sequence[Cell], vmax: float, thresholds: 
     p.append(f'<text x="{5 + steps * 10}" y="{ly + 24}" class="tick" text-anchor="end">'
              f'&#8805;{vmax:.0%}</text>')
     for v, label in thresholds:
-        x = 5 + min(v / vmax, 1.0) * steps * 10 if vmax else 5
-        p.append(f'<line x1="{_num(x)}" x2="{_num(x)}" y1="{ly - 2}" y2="{ly + 12}" stroke="#000"/>'
-                 f'<text x="{_num(x)}" y="{ly - 4}" class="tick" text-anchor="middle">'
+        tx = 5 + min(v / vmax, 1.0) * steps * 10 if vmax else 5
+        p.append(f'<line x1="{_num(tx)}" x2="{_num(tx)}" y1="{ly - 2}" y2="{ly + 12}" stroke="#000"/>'
+                 f'<text x="{_num(tx)}" y="{ly - 4}" class="tick" text-anchor="middle">'
                  f'{escape(label)}</text>')
     lx = 5 + steps * 10 + 30
     for state, color in STATE_COLORS.items():

@@ -236,8 +236,7 @@ def fleet_slowdowns(series: SeriesSnapshot) -> dict[str, float]:
     out: dict[str, float] = {}
     for node, rows in series.step_times.items():
         newest = max(r.window_end for r in rows)
-        vals = [_slow(r) for r in rows if r.window_end == newest]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in (_slow(r) for r in rows if r.window_end == newest) if v is not None]
         if vals:
             out[node] = max(vals)
     return out

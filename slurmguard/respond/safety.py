@@ -19,7 +19,7 @@ it did before the restart.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from slurmguard.config import SafetyPolicy
@@ -50,7 +50,7 @@ class SafetyGate:
     def drained_recently(self, now: float) -> set[str]:
         return {r.node for r in self._ours("drain", self.policy.breaker.window_s, now) if r.node}
 
-    def may_drain(self, node: str, partition_members: dict[str, Sequence[str]], now: float) -> SafetyVerdict:
+    def may_drain(self, node: str, partition_members: Mapping[str, Sequence[str]], now: float) -> SafetyVerdict:
         """May slurmguard drain `node` now? partition_members: partition -> its nodes."""
         b = self.policy.breaker
         recent = self.drained_recently(now)

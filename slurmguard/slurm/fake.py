@@ -87,10 +87,10 @@ class FakeSlurm:
             if j.state == "RUNNING":
                 for n in j.nodes:
                     busy.setdefault(n, []).append(j.job_id)
-        for name, n in self._nodes.items():
+        for name, node in self._nodes.items():
             jobs = tuple(sorted(busy.get(name, ())))
-            base = "ALLOCATED" if jobs else ("DOWN" if n.state == "DOWN" else "IDLE")
-            self._nodes[name] = replace(n, jobs=jobs, state=base)
+            base = "ALLOCATED" if jobs else ("DOWN" if node.state == "DOWN" else "IDLE")
+            self._nodes[name] = replace(node, jobs=jobs, state=base)
 
     # ------------------------------------------------------------ SlurmClient
     def version(self) -> tuple[int, int, int]:

@@ -21,7 +21,9 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 def _split_top(expr: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1

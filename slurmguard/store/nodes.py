@@ -3,11 +3,11 @@ transition row, in one transaction) and the transition history."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from slurmguard.store.checks import (
@@ -78,7 +78,7 @@ class NodeStore(StoreCore):
             return from_row(NodeRecord, row)
 
     def register_nodes(
-        self, nodes: dict[str, Sequence[str]], at: Timestamp | None = None
+        self, nodes: Mapping[str, Sequence[str]], at: Timestamp | None = None
     ) -> int:
         """Register every node of `nodes` (name -> partitions) the database does not
         know yet, and set the partitions of those it knows (Slurm's view wins), in
@@ -151,9 +151,10 @@ class NodeStore(StoreCore):
         if not names:
             return 0
         with self._tx() as s:
-            res = s.execute(
+            # DML returns a CursorResult (with rowcount); Session.execute is typed for SELECT
+            res = cast(CursorResult, s.execute(
                 update(Node).where(Node.name.in_(names)).values(last_seen=self._at(at))
-            )
+            ))
             return int(res.rowcount or 0)
 
     def transition(
@@ -190,12 +191,12 @@ class NodeStore(StoreCore):
             when = self._at(at)
             # Compare-and-set: a concurrent writer that moved the node first wins,
             # and this call fails instead of overwriting its transition.
-            res = s.execute(
+            res = cast(CursorResult, s.execute(
                 update(Node)
                 .where(Node.id == row.id, Node.state == frm.value)
                 .values(state=to.value, state_since=when)
                 .execution_options(synchronize_session=False)
-            )
+            ))
             if res.rowcount != 1:
                 raise StaleState(
                     f"node {node}: state changed concurrently (was {frm.value})"

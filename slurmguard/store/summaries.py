@@ -5,9 +5,9 @@ pruned by age (prune_summaries)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import TypeVar, cast
 
-from sqlalchemy import delete
+from sqlalchemy import CursorResult, delete
 
 from slurmguard.store.checks import job, number, opt_job, short, window
 from slurmguard.store.core import NodeIds, StoreCore
@@ -80,12 +80,13 @@ class SummaryStore(StoreCore):
         """Delete telemetry and step-time windows that ended before `before`; returns rows deleted."""
         cutoff = to_utc(before, "before")
         with self._tx() as s:
-            n = s.execute(
+            # DML returns a CursorResult (with rowcount); Session.execute is typed for SELECT
+            n = cast(CursorResult, s.execute(
                 delete(TelemetrySummary).where(TelemetrySummary.window_end < cutoff)
-            ).rowcount
-            n += s.execute(
+            )).rowcount
+            n += cast(CursorResult, s.execute(
                 delete(StepTimeSummary).where(StepTimeSummary.window_end < cutoff)
-            ).rowcount
+            )).rowcount
             return int(n or 0)
 
     def _add_windows(

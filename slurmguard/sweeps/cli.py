@@ -6,6 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -135,7 +136,7 @@ def judge(ctx: click.Context, result: str, history: tuple[str, ...], suspected: 
 @click.option("--time-limit", type=int, default=None, help="minutes [default: policy]")
 @click.option("--small", is_flag=True, help="short settings (demo/tests)")
 @click.pass_context
-def render(ctx: click.Context, kind: str, nodes: str, out_path: str, log_path: str,
+def render(ctx: click.Context, kind: Literal["node", "pair"], nodes: str, out_path: str, log_path: str,
            reservation: str | None, partition: str | None, time_limit: int | None, small: bool) -> None:
     """Print the sbatch script of a sweep job."""
     spec = SweepJobSpec(kind=kind, nodes=tuple(n for n in nodes.split(",") if n), out_path=out_path,

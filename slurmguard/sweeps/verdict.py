@@ -351,11 +351,11 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
             checks.append(MetricCheck("devices_per_node", "gpus", float(result.devices_per_node),
                                       float(ref.devices_per_node), ref.node_count, basis, None, False))
         for key, m in metrics.items():
-            b = ref.metrics.get(key)
-            if b is None or b.count < need or b.median <= 0:
+            mb = ref.metrics.get(key)
+            if mb is None or mb.count < need or mb.median <= 0:
                 continue
-            dev = m.value / b.median - 1.0
-            checks.append(MetricCheck(key, m.label, m.value, b.median, b.count, basis, dev, dev >= -tol))
+            dev = m.value / mb.median - 1.0
+            checks.append(MetricCheck(key, m.label, m.value, mb.median, mb.count, basis, dev, dev >= -tol))
     elif floor is not None:
         for key, m in metrics.items():
             lo = floor_value(key, floor)

@@ -222,7 +222,7 @@ class DcgmSource:
     def sample(self) -> Reading:
         out = Reading()
         ts = self.clock.now()
-        if not self._connect(out, ts):
+        if not self._connect(out, ts) or self.reader is None:
             return out
         try:
             data = self.deadline.call(self.reader.GetLatestGpuValuesAsFieldIdDict)

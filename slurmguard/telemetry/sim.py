@@ -103,7 +103,9 @@ class SimTelemetrySource:
         self.t0 = self.clock.now()
         self.rates = CounterRates()
         self._n = 0
-        self._state = {n: _NodeState(*(np.zeros(nics_per_node) for _ in range(5)), np.zeros(gpus_per_node))
+        k = nics_per_node
+        self._state = {n: _NodeState(tx=np.zeros(k), rx=np.zeros(k), errors=np.zeros(k), downed=np.zeros(k),
+                                     congestion=np.zeros(k), pcie=np.zeros(gpus_per_node))
                        for n in self.nodes}
 
     def close(self) -> None:

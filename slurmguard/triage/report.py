@@ -233,14 +233,14 @@ def evidence_chain(snap: FleetSnapshot, name: str, start: datetime | None) -> li
                                   f"{s.kind.value} sweep{ref}{job}: {s.verdict.value}{why}"
                                   + sweep_reference_text(s.metrics),
                                   f"sweep {s.id}", ok=ok))
-    for t in snap.triage.get(name, ()):
-        if not keep(t.at):
+    for act in snap.triage.get(name, ()):
+        if not keep(act.at):
             continue
-        entry = " (triage entry)" if t.is_entry else ""
-        detail = f": {t.detail}" if t.detail else ""
-        steps.append(EvidenceStep(t.at, "triage", f"{t.rung.value} {t.status.value}{entry}{detail}",
-                                  f"triage {t.id}",
-                                  ok=False if t.status.value == "failed" else None))
+        entry = " (triage entry)" if act.is_entry else ""
+        detail = f": {act.detail}" if act.detail else ""
+        steps.append(EvidenceStep(act.at, "triage", f"{act.rung.value} {act.status.value}{entry}{detail}",
+                                  f"triage {act.id}",
+                                  ok=False if act.status.value == "failed" else None))
     steps.sort(key=lambda e: (e.at, _STAGE_ORDER[e.stage], e.ref))
     return steps
 

@@ -138,7 +138,8 @@ class SeriesSnapshot:
             out.newest_slowdown = {n: v for n, (_, v) in newest.items()}
             if wanted == []:
                 return out
-            step_rows, tele_rows = [], []
+            step_rows: list[Any] = []  # Rows of step_cols
+            tele_rows: list[Any] = []  # Rows of tele_cols
             for model, cols, sink, per_node in ((ST, step_cols, step_rows, jobs_per_node),
                                                 (TS, tele_cols, tele_rows, 1)):
                 base_q = select(*cols).join(Node, Node.id == model.node_id).where(
@@ -149,11 +150,11 @@ class SeriesSnapshot:
                 # 1. which jobs each wanted node has in the window, and when each ended
                 last: dict[str, dict[str | None, datetime]] = defaultdict(dict)
                 for chunk in _chunks(wanted):
-                    q = (select(Node.name, model.job_id, func.max(model.window_end))
-                         .join(Node, Node.id == model.node_id)
-                         .where(model.window_end >= since, Node.name.in_(chunk))
-                         .group_by(Node.name, model.job_id))
-                    for name, job, end in conn.execute(q):
+                    jobs_q = (select(Node.name, model.job_id, func.max(model.window_end))
+                              .join(Node, Node.id == model.node_id)
+                              .where(model.window_end >= since, Node.name.in_(chunk))
+                              .group_by(Node.name, model.job_id))
+                    for name, job, end in conn.execute(jobs_q):
                         last[name][job] = end
                 jobs: set[str] = set()
                 own_null: list[str] = []
@@ -162,8 +163,7 @@ class SeriesSnapshot:
                         own_null.append(name)
                     pref = prefer.get(name, set())
                     order = sorted((j for j in by_job if j is not None),
-                                   key=lambda j, b=by_job, p=pref: (j not in p, -_aware(
-                                       b[j]).timestamp()))
+                                   key=lambda j: (j not in pref, -_aware(by_job[j]).timestamp()))
                     jobs.update(order[:per_node])
                 # 2. job sizes: small jobs bring every node's rows (the peer band)
                 small: set[str] = set()
@@ -171,7 +171,8 @@ class SeriesSnapshot:
                     sizes = (select(model.job_id, func.count(func.distinct(model.node_id)))
                              .where(model.job_id.in_(chunk), model.window_end >= since)
                              .group_by(model.job_id))
-                    small.update(j for j, n in conn.execute(sizes) if n <= max_peer_nodes)
+                    # job_id IN (chunk): never NULL here
+                    small.update(j for j, n in conn.execute(sizes) if j is not None and n <= max_peer_nodes)
                 for chunk in _chunks(sorted(small)):
                     sink.extend(conn.execute(base_q.where(model.job_id.in_(chunk))))
                 # 3. large jobs: only the wanted nodes' own rows; rows with no job too

@@ -303,8 +303,8 @@ def _make_level(
         deps[i, : len(m.deps[s])] = m.deps[s]
     gw = max((len(g) for g in grp), default=0)
     gm = np.full((len(grp), gw), n, dtype=np.int64)
-    for i, g in enumerate(grp):
-        gm[i, : len(g)] = g
+    for i, members in enumerate(grp):
+        gm[i, : len(members)] = members
     return Level(
         slots=np.asarray(slots, dtype=np.int64),
         deps=deps,

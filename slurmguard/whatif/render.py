@@ -141,8 +141,8 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
     ops.add_column("op type")
     ops.add_column("S_t", justify="right")
     ops.add_column("waste", justify="right")
-    for k, v in list(r.by_optype.items())[:top]:
-        ops.add_row(k, f"{v:.3f}", f"{100 * r.waste_by_optype[k]:.1f}%")
+    for op, st in list(r.by_optype.items())[:top]:
+        ops.add_row(op, f"{st:.3f}", f"{100 * r.waste_by_optype[op]:.1f}%")
     con.print(ops)
 
     stages = Table(title="S_w by PP stage (Eq. 4)", min_width=50)

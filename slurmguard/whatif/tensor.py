@@ -120,8 +120,8 @@ def tensorize(df: Trace, meta: JobMeta, source: str) -> OpTensor:
             f"{source}: {where(int(np.flatnonzero(counts == 0)[0]))} is missing"
             " (every step and DP rank must record the same ops)"
         )
-    start = np.empty(n * n_steps * dp)
-    dur = np.empty(n * n_steps * dp)
+    start: np.ndarray = np.empty(n * n_steps * dp)
+    dur: np.ndarray = np.empty(n * n_steps * dp)
     start[flat] = df["start_ts"]
     dur[flat] = df["duration"]
     start = start.reshape(n, n_steps, dp)

@@ -373,9 +373,9 @@ def _check_layout(df: Trace, meta: JobMeta, source: str, meta_source: str) -> No
     ):
         v = df[col]
         if v.min() < 0 or v.max() >= size:
-            bad = int(v.max()) if v.max() >= size else int(v.min())
+            outside = int(v.max()) if v.max() >= size else int(v.min())
             raise InputError(
-                f"{meta_source}: {key}={size} but {source} has {col} {bad}"
+                f"{meta_source}: {key}={size} but {source} has {col} {outside}"
             )
     rank = df["rank"]
     n_ranks = int(np.count_nonzero(np.bincount(rank - rank.min())))

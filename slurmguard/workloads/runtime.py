@@ -313,7 +313,7 @@ def train(env: Env, opts: RunOptions, model: nn.Module, optim: torch.optim.Optim
             ck.save(it, model, optim)
             ckpt_s = time.perf_counter() - t1
             want["ckpt"] = False
-        log.write(it - 1, step_s, float(flags[0] / max(flags[1], 1.0)), ckpt_s)
+        log.write(it - 1, step_s, float(flags[0] / flags[1].clamp(min=1.0)), ckpt_s)
         if stop:
             break
     if it >= opts.steps and env.rank == 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -142,7 +143,7 @@ def build_2d(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
     # ranks are numbered node by node: the tasks of one node form a TP group
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     model = parallelize_module(build_model(spec), mesh["tp"], _tp_plan(spec))
-    for layer in model:
+    for layer in cast(nn.Sequential, model):  # build_model's stack of layers
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     optim = _optim(model.parameters())

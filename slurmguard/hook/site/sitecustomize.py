@@ -13,19 +13,22 @@ library until it imports torch itself.
 
 import os
 import sys
+from types import ModuleType
 
 
-def _load(name, path):
+def _load(name: str, path: str) -> ModuleType:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a loadable Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def _start_hook():
+def _start_hook() -> None:
     if not os.environ.get("SLURMGUARD_RING_DIR"):
         return
     try:
