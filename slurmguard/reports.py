@@ -39,12 +39,12 @@ import binascii
 import hashlib
 import hmac
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Final, Literal, NamedTuple
+from typing import Annotated, Any, Final, Literal, NamedTuple, overload
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainSerializer, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, GetCoreSchemaHandler, PlainSerializer, Tag
 from pydantic_core import core_schema
 
 from slurmguard.config import read_trusted
@@ -102,7 +102,7 @@ class StepWindow(Sequence):
         self._a = a
 
     @classmethod
-    def of(cls, steps, keep: int | None = None) -> StepWindow:
+    def of(cls, steps: StepWindow | Sequence[StepSample], keep: int | None = None) -> StepWindow:
         """The newest `keep` (None: all) of a StepWindow or a list of StepSample."""
         if isinstance(steps, StepWindow):
             if keep is None or len(steps) <= keep:
@@ -140,7 +140,7 @@ class StepWindow(Sequence):
         return cls(a)
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, source, handler) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         packed = core_schema.typed_dict_schema(
             {"n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
              "cols": core_schema.typed_dict_field(core_schema.str_schema())},
@@ -176,13 +176,17 @@ class StepWindow(Sequence):
     def __bool__(self) -> bool:
         return self._a.shape[1] > 0
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> Step: ...
+    @overload
+    def __getitem__(self, i: slice) -> StepWindow: ...
+    def __getitem__(self, i: int | slice) -> Step | StepWindow:
         if isinstance(i, slice):
             return StepWindow(self._a[:, i])
         e, st, c = self._a[:, i].tolist()
         return Step(e, st, c)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Step]:
         for e, st, c in zip(*self._a.tolist()):
             yield Step(e, st, c)
 
@@ -193,7 +197,7 @@ class StepWindow(Sequence):
         return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
 
 
-def _steps_form(v) -> str:
+def _steps_form(v: object) -> str:
     return "packed" if isinstance(v, (dict, StepWindow)) else "list"
 
 

@@ -24,11 +24,11 @@ if __package__ in (None, ""):
 
 import sweeplib as sl  # noqa: E402
 
-from slurmguard.config import load_policy  # noqa: E402
+from slurmguard.config import SweepPolicy, load_policy  # noqa: E402
 from slurmguard.sweeps.tools import node_stages  # noqa: E402
 
 
-def settings_policy(args: argparse.Namespace):
+def settings_policy(args: argparse.Namespace) -> SweepPolicy:
     """The node-side policy (tool stages are configured where the tools are installed)."""
     return load_policy(args.policy).sweeps
 

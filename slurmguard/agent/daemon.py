@@ -19,6 +19,7 @@ from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
 from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
 from slurmguard.service import stop_on_signals
+from slurmguard.slurm.client import SlurmClient
 from slurmguard.telemetry.base import TelemetrySource, UnavailableSet
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class Agent:
     source: TelemetrySource | None = None
     clock: Clock = field(default_factory=SystemClock)
     ring_root: str | None = None
-    slurm: object | None = None
+    slurm: SlurmClient | None = None
     """The Slurm client that says which jobs run on this node (required to read any ring)."""
 
     def __post_init__(self) -> None:

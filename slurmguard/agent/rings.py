@@ -40,7 +40,7 @@ import os
 import pwd
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,6 +56,7 @@ from slurmguard.hook.ring import (
     RingHeader,
     RingReader,
 )
+from slurmguard.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class SlurmJobs:
     last answer stands (None until the first one: nothing is trusted before).
     """
 
-    def __init__(self, slurm, node: str, *, refresh_s: float = JOBS_REFRESH_S,
+    def __init__(self, slurm: SlurmClient, node: str, *, refresh_s: float = JOBS_REFRESH_S,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.slurm = slurm
         self.node = node
@@ -278,7 +279,7 @@ class RingTracker:
             self._logged.clear()
         return list(self.rings.values())
 
-    def _job_dirs(self, running: dict[int, int | None]):
+    def _job_dirs(self, running: dict[int, int | None]) -> Iterator[tuple[int, int, list[str]]]:
         """(job id, directory fd, ring file names) of the running jobs' trusted directories."""
         try:
             rootfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
@@ -21,6 +22,11 @@ from slurmguard.controller.server import ControllerHTTP
 from slurmguard.service import stop_on_signals
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.store import Store
+
+if TYPE_CHECKING:
+    from slurmguard.reports import AgentReport
+    from slurmguard.respond.actions import ActionExecutor
+    from slurmguard.sweeps.scheduler import SweepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +41,8 @@ class DaemonOptions:
     sweeps: bool = True
 
 
-def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor):
+def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock,
+             executor: ActionExecutor) -> SweepScheduler | None:
     """The sweep scheduler when that part is installed; None otherwise."""
     try:
         from slurmguard.sweeps.scheduler import build_scheduler
@@ -71,7 +78,7 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
         ok = age <= max(3 * opts.interval_s, 30.0)
         return ok, f"{role}last cycle {age:.0f}s ago"
 
-    def ingest(report) -> bool:
+    def ingest(report: AgentReport) -> bool:
         return ctl.fleet.ingest(report, clock.now())
 
     http = ControllerHTTP(opts.host, opts.port, secret=opts.secret, ingest=ingest, metrics=metrics,

@@ -34,11 +34,19 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from slurmguard.detect.peers import BAD_DIRECTION
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepWindow, UnavailableSignal
+from slurmguard.reports import (
+    AgentReport,
+    JobReport,
+    RankReport,
+    StepWindow,
+    TelemetryRecord,
+    UnavailableSignal,
+)
 from slurmguard.telemetry.base import TelemetrySample
 
 #: signals the peer scorer averages per device over a window (summed at ingest)
@@ -111,7 +119,7 @@ class FleetView:
         self.foreign_ranks = 0
         """Ranks dropped because their node is not in the job's allocation (cumulative)."""
 
-    def set_known_nodes(self, nodes) -> list[str]:
+    def set_known_nodes(self, nodes: Iterable[str] | None) -> list[str]:
         """The nodes Slurm knows (from the last cycle); None = accept any node.
         Returns the nodes evicted (reported before, unknown to Slurm now)."""
         with self._lock:
@@ -177,7 +185,7 @@ class FleetView:
                 q.extend(kept_raw)
             return True
 
-    def _add_sums(self, node: str, records) -> None:
+    def _add_sums(self, node: str, records: Iterable[TelemetryRecord]) -> None:
         """Add samples to the node's per-device sums (the lock is held)."""
         sums = self._sums.get(node)
         if sums is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmguard.clock import Clock
 from slurmguard.config import Policy
@@ -29,6 +29,7 @@ from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
+from slurmguard.reports import JobReport
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.respond.escalation import Action, Decision, InJob, decide
 from slurmguard.respond.safety import SafetyGate
@@ -36,7 +37,17 @@ from slurmguard.respond.tiers import JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
-from slurmguard.store import AuditOutcome, IllegalTransition, IncidentStatus, NodeState, Store
+from slurmguard.store import (
+    AuditOutcome,
+    IllegalTransition,
+    IncidentRecord,
+    IncidentStatus,
+    NodeState,
+    Store,
+)
+
+if TYPE_CHECKING:  # metrics imports this module (for its annotations)
+    from slurmguard.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +77,8 @@ class CycleResult:
 class Controller:
     def __init__(self, policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, *,
                  fleet: FleetView | None = None, executor: ActionExecutor | None = None,
-                 sweeper: Ticker | None = None, actor: str = "slurmguard", metrics=None) -> None:
+                 sweeper: Ticker | None = None, actor: str = "slurmguard",
+                 metrics: ControllerMetrics | None = None) -> None:
         self.policy = policy
         self.store = store
         self.slurm = slurm
@@ -155,7 +167,9 @@ class Controller:
         return res
 
     def _job(self, job: JobInfo, nodes: dict[str, NodeInfo], partitions: dict[str, list[str]],
-             slow_nodes: set[str], now: float, res: CycleResult, index=None, incident=None) -> None:
+             slow_nodes: set[str], now: float, res: CycleResult,
+             index: dict[int, list[tuple[str, JobReport]]] | None = None,
+             incident: IncidentRecord | None = None) -> None:
         since = _restart_cut(incident)
         ranks, foreign = self.fleet.job_ranks(job.job_id, now, allocation=job.nodes, index=index)
         if foreign:
@@ -236,14 +250,15 @@ class Controller:
                 continue
         return out
 
-    def _live_incident(self, job_id: int):
+    def _live_incident(self, job_id: int) -> IncidentRecord | None:
         """The job's latest incident that is not closed (open, mitigated or suppressed)."""
         rows = [r for r in self.store.incidents(job_id=str(job_id)) if r.kind != "error"
                 and r.status in (IncidentStatus.OPEN, IncidentStatus.MITIGATED, IncidentStatus.SUPPRESSED)]
         return rows[-1] if rows else None
 
     def _respond(self, a: JobAssessment, tier: Tier, job: JobInfo, nodes: dict[str, NodeInfo],
-                 partitions: dict[str, list[str]], incident, now: float, res: CycleResult) -> None:
+                 partitions: dict[str, list[str]], incident: IncidentRecord | None, now: float,
+                 res: CycleResult) -> None:
         if tier < Tier.DRAIN:
             return
         if incident is not None and incident.evidence.get("requeued_at") is not None:
@@ -324,7 +339,7 @@ class Controller:
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
 
-    def _mitigate(self, a: JobAssessment, job: JobInfo, incident, decision: Decision,
+    def _mitigate(self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, decision: Decision,
                   res: CycleResult) -> None:
         """Carry out the in-job action the rule made due (each taken once per incident)."""
         from slurmguard.mitigate.plan import JobPlan
@@ -359,7 +374,7 @@ class Controller:
                                    outcome=f"{action.value}: {what}")
         res.actions.append((action.value, str(a.job_id)))
 
-    def _checkpoint(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
+    def _checkpoint(self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, evidence: dict,
                     res: CycleResult) -> None:
         done = [e for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
                 if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id]
@@ -388,7 +403,7 @@ class Controller:
                                    action_at=self.clock.now(),
                                    outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})")
 
-    def _requeue(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
+    def _requeue(self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, evidence: dict,
                  res: CycleResult, now: float) -> None:
         before = int(incident.evidence.get("restarts_at_detection", job.restarts))
         if job.restarts > before:
@@ -461,7 +476,7 @@ def _tier_of(name: str) -> Tier:
     return {v: k for k, v in _TIER_NAME.items()}.get(str(name), Tier.NONE)
 
 
-def _restart_cut(incident) -> float | None:
+def _restart_cut(incident: IncidentRecord | None) -> float | None:
     """After a requeue, only iterations of the new run count."""
     if incident is None:
         return None

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from slurmguard.reports import UnavailableSignal
 from slurmguard.store import NodeState
+
+if TYPE_CHECKING:  # the loop imports this module
+    from slurmguard.controller.loop import Controller, CycleResult
 
 
 class ControllerMetrics:
@@ -52,7 +59,7 @@ class ControllerMetrics:
                                  "1 per signal a node's agent cannot read now (signal=source: the whole source)",
                                  ["node", "source", "signal", "device"], registry=r)
 
-    def observe_cycle(self, controller, res) -> None:
+    def observe_cycle(self, controller: Controller, res: CycleResult) -> None:
         for action, _ in res.actions:
             self.actions.labels(action).inc()
         if res.suppressed:
@@ -78,7 +85,7 @@ class ControllerMetrics:
         self.last_cycle.set(res.at)
         self.observe_unavailable(controller.fleet.unavailable(res.at))
 
-    def forget_nodes(self, nodes) -> None:
+    def forget_nodes(self, nodes: Iterable[str]) -> None:
         """Drop the per-node series of nodes that left the cluster, so /metrics
         does not grow with every node that ever reported."""
         gone = set(nodes)
@@ -90,7 +97,7 @@ class ControllerMetrics:
         for labels in [k for k in self.ring_errors._metrics if k[0] in gone]:  # noqa: SLF001
             self.ring_errors.remove(*labels)
 
-    def observe_unavailable(self, by_node) -> None:
+    def observe_unavailable(self, by_node: Mapping[str, Iterable[UnavailableSignal]]) -> None:
         """Exactly the signals the live reports say cannot be read (a signal that
         is readable again, or a node gone stale, drops out)."""
         self.unavailable.clear()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from slurmguard.mitigate.microbatch import plan_microbatches
 from slurmguard.mitigate.plan import JobPlan
@@ -165,7 +166,7 @@ class PlanBook:
                           pp=pp, swaps=tuple((s.a, s.b) for s in plan.swaps),
                           makespan_s=current.makespan_s if current else None)
 
-    def _next(self, job_id: int, current: JobPlan | None, **fields) -> JobPlan:
+    def _next(self, job_id: int, current: JobPlan | None, **fields: Any) -> JobPlan:
         new = JobPlan(job_id=str(job_id), version=(current.version + 1) if current else 1, **fields)
         self.put(new)
         return new

@@ -40,11 +40,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from slurmguard.config import ControllerPolicy
+
+if TYPE_CHECKING:
+    from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.reports import (
     NODE_HEADER,
     NODE_NAME,
@@ -106,7 +109,7 @@ class _PoolServer(socketserver.TCPServer):
 
     allow_reuse_address = True
 
-    def __init__(self, addr, handler, *, workers: int, max_pending: int, timeout_s: float,
+    def __init__(self, addr: tuple[str, int], handler: type[BaseHTTPRequestHandler], *, workers: int, max_pending: int, timeout_s: float,
                  tls: ssl.SSLContext | None, on_overload: Callable[[], None]) -> None:
         self.timeout_s = timeout_s
         self.tls = tls
@@ -125,7 +128,7 @@ class _PoolServer(socketserver.TCPServer):
         for t in self._threads:
             t.start()
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: Any, client_address: Any) -> None:
         try:
             self._q.put_nowait((request, client_address, time.monotonic() + self.timeout_s))
         except queue.Full:
@@ -189,7 +192,7 @@ class ControllerHTTP:
     Slurm knows a node (reports of other nodes are refused before their body is read)."""
 
     def __init__(self, host: str, port: int, *, secret: bytes, ingest: Callable[[AgentReport], bool],
-                 metrics, now: Callable[[], float], health: Callable[[], tuple[bool, str]],
+                 metrics: ControllerMetrics, now: Callable[[], float], health: Callable[[], tuple[bool, str]],
                  plan: Callable[[int], dict | None] = lambda job: None,
                  policy: ControllerPolicy | None = None,
                  known: Callable[[str], bool] = lambda node: True) -> None:
@@ -208,12 +211,12 @@ class ControllerHTTP:
                    node_limit=TokenBuckets(p.node_rate_per_s, p.node_burst))
         split = p.management_host is not None
         self.servers = [self._server((host, port), ctx, "report" if split else "all", tls)]
-        if split:
+        if p.management_host is not None:
             self.servers.append(self._server((p.management_host, p.management_port), ctx,
                                              "management", tls))
         self._threads: list[threading.Thread] = []
 
-    def _server(self, addr, ctx: _Ctx, role: str, tls) -> _PoolServer:
+    def _server(self, addr: tuple[str, int], ctx: _Ctx, role: str, tls: ssl.SSLContext | None) -> _PoolServer:
         p = self.policy
         handler = _make_handler(ctx, role)
         return _PoolServer(addr, handler, workers=p.workers, max_pending=p.max_pending,
@@ -259,7 +262,7 @@ class _Ctx:
         self.server.metrics.http_refused.labels(reason).inc()
 
 
-def _make_handler(ctx: _Ctx, role: str):
+def _make_handler(ctx: _Ctx, role: str) -> type[BaseHTTPRequestHandler]:
     p = ctx.server.policy
     metrics = ctx.server.metrics
     reports_ok = metrics.reports.labels("ok")
@@ -268,7 +271,7 @@ def _make_handler(ctx: _Ctx, role: str):
         protocol_version = "HTTP/1.1"
         raw_requestline: bytes  # set by handle_one_request; typeshed does not declare it
 
-        def log_message(self, fmt: str, *args) -> None:  # route to logging, not stderr
+        def log_message(self, fmt: str, *args: Any) -> None:  # route to logging, not stderr
             log.debug("%s " + fmt, self.client_address[0], *args)
 
         def parse_request(self) -> bool:
@@ -319,7 +322,7 @@ def _make_handler(ctx: _Ctx, role: str):
                              b"Connection: close\r\n\r\n%s"
                              % (code, _REASONS.get(code, "").encode(), ctype.encode(), len(body), body))
 
-        def _json(self, code: int, obj) -> None:
+        def _json(self, code: int, obj: Any) -> None:
             self._send(code, json.dumps(obj).encode())
 
         def _refuse(self, code: int, why: str, label: str, *, report: bool = False) -> None:

@@ -36,6 +36,7 @@ from math import lgamma, log, pi
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from slurmguard.config import BocdPolicy
 
@@ -448,7 +449,7 @@ def _median_rows(a: np.ndarray) -> np.ndarray:
     return np.where(m > 0, 0.5 * (lo + hi), np.nan)
 
 
-def detect_changepoints(step_times, policy: BocdPolicy | None = None, *,
+def detect_changepoints(step_times: ArrayLike, policy: BocdPolicy | None = None, *,
                         verify: bool = True, rule: Rule | None = None) -> list[ChangePoint]:
     """Change points of one step-time series (seconds per iteration).
 

@@ -6,11 +6,11 @@ import json
 
 import click
 
-from slurmguard.config import load_policy
+from slurmguard.config import Policy, load_policy
 from slurmguard.detect.stepfile import read_step_file
 
 
-def _policy(ctx: click.Context):
+def _policy(ctx: click.Context) -> Policy:
     obj = ctx.find_root().obj or {}
     return load_policy(obj.get("policy_path"))
 

@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from slurmguard.config import BocdPolicy, Policy
 from slurmguard.detect.bocd import BatchBocd, ChangePoint
@@ -777,7 +778,7 @@ class Detection:
         }
 
 
-def detect_steps(step_times, config: DetectorConfig | None = None) -> Detection:
+def detect_steps(step_times: ArrayLike, config: DetectorConfig | None = None) -> Detection:
     """Run the detector over one series (seconds per step) and say what it found.
 
     Samples that are not a positive finite number of seconds are ignored (and

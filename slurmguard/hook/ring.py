@@ -636,7 +636,7 @@ class RingWriter:
         put("node_name", node_name.encode()[:NODE_NAME_LEN - 1])
         put("magic", MAGIC)  # last: a reader that sees it sees the rest
 
-    def _put(self, name: str, value) -> None:
+    def _put(self, name: str, value: int | bytes) -> None:
         off, st = _HDR[name]
         st.pack_into(self._mm, off, value)
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.errors import InputError
+
+if TYPE_CHECKING:
+    from slurmguard.mitigate.topology import Layout
 
 
 def _floats(opt: str, text: str) -> list[float]:
@@ -51,7 +55,7 @@ def _names(opt: str, text: str) -> list[str]:
     return items
 
 
-def _layout(text: str | None, stages: str | None, per_stage: str | None):
+def _layout(text: str | None, stages: str | None, per_stage: str | None) -> Layout:
     from slurmguard.mitigate.topology import Layout
 
     if text:

@@ -137,7 +137,7 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         world, total, b = cfg.world_size, cfg.microbatches, cfg.batch
         compute_est = [0.0]  # this rank's seconds of real compute per micro-batch (EMA)
 
-        def global_batch(step: int):
+        def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             x = torch.randn(total * b, w, generator=g)
             y = torch.randint(0, 10, (total * b,), generator=g)

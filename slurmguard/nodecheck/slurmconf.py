@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 from slurmguard.errors import ConfigError
@@ -48,7 +49,7 @@ def parse_gres_gpus(gres: str, where: str = "Gres") -> int:
     return total
 
 
-def _logical_lines(path: Path, depth: int = 0):
+def _logical_lines(path: Path, depth: int = 0) -> Iterator[tuple[Path, int, list[str]]]:
     """(file, line number, tokens) for every non-empty line, following Include."""
     if depth > _MAX_INCLUDE_DEPTH:
         raise ConfigError(f"{path}: Include nested more than {_MAX_INCLUDE_DEPTH} deep")

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.context import app_context
 from slurmguard.store import NodeState
 
+if TYPE_CHECKING:
+    from slurmguard.context import AppContext
+    from slurmguard.slurm.client import SlurmClient
+
 FORMATS = ("table", "json", "html")
 
 
-def _slurm_factory(app):
+def _slurm_factory(app: AppContext) -> Callable[[], SlurmClient]:
     # Built lazily inside the report, so a Slurm that cannot even be configured degrades
     # to the audit-log view instead of failing the command.
     return lambda: app.slurm
@@ -45,8 +51,9 @@ def triage() -> None:
 @click.option("--max-detail", type=click.IntRange(0), default=100, show_default=True,
               help="HTML: nodes with a detail section (charts).")
 @click.pass_context
-def report_cmd(ctx: click.Context, nodes, states, since, partition, fmt, output, offline,
-               window, max_detail) -> None:
+def report_cmd(ctx: click.Context, nodes: tuple[str, ...], states: tuple[str, ...], since: str | None,
+               partition: str | None, fmt: str, output: str | None, offline: bool,
+               window: str, max_detail: int) -> None:
     """Which nodes are out, why, since when, what was tried, and what to do next."""
     from slurmguard.triage.report import (
         build_report,
@@ -114,7 +121,8 @@ def schema_cmd() -> None:
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
 @click.pass_context
-def incidents(ctx: click.Context, since, status, node, job, limit, fmt) -> None:
+def incidents(ctx: click.Context, since: str | None, status: str | None, node: str | None,
+              job: str | None, limit: int | None, fmt: str) -> None:
     """Incidents with their detection delay, tier, affected jobs and outcome."""
     from slurmguard.triage.report import parse_since
     from slurmguard.triage.report_node import (

@@ -9,7 +9,7 @@ detailed node with `svg.chart-steptime`, `svg.chart-telemetry`, `svg.chart-sweep
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from html import escape
 
 from slurmguard.config import Policy
@@ -23,6 +23,7 @@ from slurmguard.report.visuals import (
     sweep_charts,
     telemetry_charts,
 )
+from slurmguard.store import Store
 from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot
 from slurmguard.triage.report_model import NodeRow, Report
 
@@ -214,7 +215,7 @@ def detail_rows(report: Report, max_detail: int = DEFAULT_MAX_DETAIL) -> list[No
     return [r for r in report.rows if r.state is not None][:max_detail]
 
 
-def report_html(store, report: Report, snap: FleetSnapshot, policy: Policy, *,
+def report_html(store: Store, report: Report, snap: FleetSnapshot, policy: Policy, *,
                 max_detail: int = DEFAULT_MAX_DETAIL) -> str:
     """Load the chart series (detailed nodes and their jobs only) and render the page."""
     names = [r.name for r in detail_rows(report, max_detail)]
@@ -261,7 +262,7 @@ def render_html(report: Report, snap: FleetSnapshot, series: SeriesSnapshot, pol
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
-def _span(d) -> str:
+def _span(d: timedelta) -> str:
     s = d.total_seconds()
     return f"{s / 86400:g}d" if s % 86400 == 0 else f"{s / 3600:g}h"
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from slurmguard.context import app_context
+from slurmguard.context import AppContext, app_context
 from slurmguard.slurm.models import NodeInfo, is_ours
 from slurmguard.store import NodeState, SchemaNotCurrent, StoreError
+
+if TYPE_CHECKING:
+    from slurmguard.respond.actions import ActionExecutor
 
 
 def _owner(n: NodeInfo) -> str:
@@ -19,7 +23,7 @@ def _owner(n: NodeInfo) -> str:
     return "-"
 
 
-def _lifecycle(app) -> dict[str, str]:
+def _lifecycle(app: AppContext) -> dict[str, str]:
     try:
         return {r.name: str(r.state) for r in app.store.list_nodes()}
     except StoreError:
@@ -57,7 +61,7 @@ def node() -> None:
     """Drain, resume or inspect one node."""
 
 
-def _executor(ctx: click.Context):
+def _executor(ctx: click.Context) -> tuple[AppContext, ActionExecutor]:
     from slurmguard.respond.actions import ActionExecutor
 
     app = app_context(ctx)

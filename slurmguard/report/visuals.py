@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from slurmguard.store import AuditOutcome, SweepRecord, Verdict
+from slurmguard.store import AuditOutcome, StepTimeRecord, SweepRecord, Verdict
 from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot, flat_metrics
 
 # Signals shown first, in this order (Guard 4.1); others follow by name.
@@ -242,7 +242,7 @@ def fleet_slowdowns(series: SeriesSnapshot) -> dict[str, float]:
     return out
 
 
-def _slow(r) -> float | None:
+def _slow(r: StepTimeRecord) -> float | None:
     if r.slowdown is not None:
         return r.slowdown
     if r.baseline_step_s:

@@ -6,11 +6,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import click
 
-from slurmguard.config import load_policy
+from slurmguard.config import Policy, load_policy
 from slurmguard.errors import InputError
 from slurmguard.sweeps.baseline import baseline_for
 from slurmguard.sweeps.result import ResultError, load_result
@@ -18,8 +18,12 @@ from slurmguard.sweeps.schedule import passes_for
 from slurmguard.sweeps.templates import SweepJobSpec, render_sweep_script, small_workload_args
 from slurmguard.sweeps.verdict import JobOutcome, judge_job, judge_multi
 
+if TYPE_CHECKING:
+    from slurmguard.context import AppContext
+    from slurmguard.sweeps.scheduler import SweepScheduler, TickResult
 
-def _policy(ctx: click.Context):
+
+def _policy(ctx: click.Context) -> Policy:
     return load_policy(ctx.find_root().obj.get("policy_path") if ctx.find_root().obj else None)
 
 
@@ -155,7 +159,7 @@ def schedule(topology: str, ranks: int) -> None:
 
 
 # ---------------------------------------------------------------- scheduling (issue 6)
-def _scheduler(ctx: click.Context, dry_run: bool = False):
+def _scheduler(ctx: click.Context, dry_run: bool = False) -> tuple[AppContext, SweepScheduler]:
     from slurmguard.context import app_context
     from slurmguard.respond.actions import ActionExecutor
     from slurmguard.sweeps.scheduler import build_scheduler
@@ -168,7 +172,7 @@ def _scheduler(ctx: click.Context, dry_run: bool = False):
                                 executor=executor)
 
 
-def _print_tick(res, verbose: bool) -> None:
+def _print_tick(res: TickResult, verbose: bool) -> None:
     for line in res.done:
         click.echo(line)
     for s in res.steps:
@@ -225,7 +229,7 @@ def status_cmd(ctx: click.Context, show_all: bool, as_json: bool) -> None:
     from slurmguard.sweeps.records import outcome_of
 
     app = app_context(ctx)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for r in app.store.list_nodes():
         if r.state is NodeState.HEALTHY and not show_all:
             continue
@@ -288,7 +292,8 @@ def baseline_cmd(ctx: click.Context, refresh: bool, klass: str | None, count: in
             period = app.policy.controller.cycle_interval_s
             while time.monotonic() < deadline:
                 _print_tick(sched.tick(), False)
-                if all(app.store.get_node(n).state is not NodeState.QUARANTINED for n in started):
+                if all((rec := app.store.get_node(n)) is not None and rec.state is not NodeState.QUARANTINED
+                       for n in started):
                     break
                 time.sleep(period)
             else:
@@ -327,7 +332,7 @@ def baseline_rows(ctx: click.Context, klass: str | None = None) -> list[dict]:
     groups: dict[tuple[str, str], list] = {}
     for r in rec.healthy_results(pool):
         groups.setdefault((r.hw_class, r.kind), []).append(r)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (k, kind), results in sorted(groups.items()):
         fresh = [r for r in results if now - r.finished <= max_age]
         rows.append({

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from slurmguard.config import ToolStage
+from slurmguard.config import ToolStage, ToolStages
 
 EVIDENCE_CHARS = 4000
 MIB = 1 << 20
@@ -324,7 +324,7 @@ def _text(b: bytes | str | None) -> str:
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
 
 
-def node_stages(stages, *, gpus: int, device: str, runner: Runner = run_argv) -> list[StageOutcome]:
+def node_stages(stages: ToolStages, *, gpus: int, device: str, runner: Runner = run_argv) -> list[StageOutcome]:
     """The 1-node sweep's stages: DCGM diagnostics, nccl-tests all-reduce, nvbandwidth."""
     cpu = "the CPU path has no GPU" if device != "cuda" else None
     out = [run_stage("dcgm_diag", stages.dcgm_diag, ["diag", "-r", str(stages.dcgm_level), "-j"],
@@ -337,7 +337,7 @@ def node_stages(stages, *, gpus: int, device: str, runner: Runner = run_argv) ->
     return out
 
 
-def ib_hcas(stages, sysfs: str = "/sys/class/infiniband") -> list[str]:
+def ib_hcas(stages: ToolStages, sysfs: str = "/sys/class/infiniband") -> list[str]:
     """The HCAs ib_write_bw measures: the policy's list, else every device in sysfs."""
     if stages.ib_hcas:
         return list(stages.ib_hcas)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -68,7 +69,7 @@ class PrometheusSource:
     name = "prometheus"
 
     def __init__(self, targets: list[Target], *, clock: Clock | None = None, timeout_s: float = 5.0,
-                 fetch=None, expected_ports: tuple[str, ...] | list[str] | None = ()) -> None:
+                 fetch: Callable[[str], str] | None = None, expected_ports: tuple[str, ...] | list[str] | None = ()) -> None:
         self.targets = targets
         self.clock = clock or SystemClock()
         self.timeout_s = timeout_s

@@ -9,14 +9,15 @@ audit log's copy, it never fails the report), and returns typed records
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from slurmguard.config import Policy
 from slurmguard.errors import InputError
 from slurmguard.slurm import hostlist
+from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.models import NodeInfo
-from slurmguard.store import AuditOutcome, NodeState, Store
+from slurmguard.store import AuditOutcome, AuditRecord, NodeState, Store
 from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.sweeps.rungs import entries_in_window
 from slurmguard.triage.report_data import FleetSnapshot, load_slurm_view
@@ -92,7 +93,7 @@ def parse_nodes(values: Iterable[str]) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------- building
-def build_report(store: Store, slurm, policy: Policy, filters: ReportFilters, *,
+def build_report(store: Store, slurm: SlurmClient | Callable[[], SlurmClient] | None, policy: Policy, filters: ReportFilters, *,
                  now: datetime | None = None,
                  snapshot: FleetSnapshot | None = None) -> Report:
     """The report for `filters`. `slurm` is a SlurmClient, a callable returning one, or None.
@@ -296,7 +297,7 @@ def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
     )
 
 
-def audit_reason(rows) -> tuple[str | None, str | None, None]:
+def audit_reason(rows: Iterable[AuditRecord]) -> tuple[str | None, str | None, None]:
     """(reason, comment, owner) Slurm should hold, replayed from successful audited actions.
 
     A drain/reboot reason stands until a resume; a comment until clear_comment. The owner

@@ -9,10 +9,10 @@ its absence is a fact to show, not an error.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from slurmguard.errors import SlurmguardError
 from slurmguard.store import (
@@ -28,6 +28,12 @@ from slurmguard.store import (
 )
 from slurmguard.store.types import to_utc
 from slurmguard.triage.report_model import SlurmView
+
+if TYPE_CHECKING:
+    from slurmguard.slurm.client import SlurmClient
+
+R = TypeVar("R")
+K = TypeVar("K")
 
 
 @dataclass
@@ -215,14 +221,15 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def _group(rows, key) -> dict:
-    out: dict = defaultdict(list)
+def _group(rows: Iterable[R], key: Callable[[R], K]) -> dict[K, list[R]]:
+    out: defaultdict[K, list[R]] = defaultdict(list)
     for r in rows:
         out[key(r)].append(r)
     return dict(out)
 
 
-def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
+def load_slurm_view(slurm: SlurmClient | Callable[[], SlurmClient] | None, *,
+                    offline: bool = False) -> SlurmView:
     """The live node list and reservations; a Slurm that cannot be asked is reported, not raised.
 
     `slurm` may be a SlurmClient or a zero-argument callable returning one (building the
@@ -231,7 +238,8 @@ def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
     if offline:
         return SlurmView(reachable=False, checked=False, error="not asked (--offline)")
     try:
-        client = slurm() if callable(slurm) and not hasattr(slurm, "nodes") else slurm
+        # callers pass None only with offline set
+        client = cast("SlurmClient", slurm() if callable(slurm) and not hasattr(slurm, "nodes") else slurm)
         nodes = {n.name: n for n in client.nodes()}
         try:
             resv = client.reservations()

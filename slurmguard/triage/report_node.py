@@ -4,6 +4,7 @@ incident list with detection delay, tier, affected jobs and outcome."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from slurmguard.config import Policy
 from slurmguard.errors import InputError
+from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.models import NodeInfo
 from slurmguard.store import (
     AuditRecord,
@@ -47,7 +49,8 @@ class NodeHistory:
     next_action: NextAction
 
 
-def node_history(store: Store, name: str, slurm, policy: Policy, *, offline: bool = False,
+def node_history(store: Store, name: str, slurm: SlurmClient | Callable[[], SlurmClient] | None,
+                 policy: Policy, *, offline: bool = False,
                  now: datetime | None = None) -> NodeHistory:
     """Everything recorded about `name`; InputError if neither the database nor Slurm knows it."""
     now = now or store.now()

@@ -32,11 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 
 # ------------------------------------------------------------------ environment
@@ -228,7 +231,7 @@ class Checkpointer:
         return step
 
 
-def _SD_OPTIONS():
+def _SD_OPTIONS() -> StateDictOptions:
     """Flattened optimizer state: param-group settings keyed per parameter. A
     pipeline stage's optimizer holds other parameters than its peers'; nested,
     every rank's `param_groups` entry had the same key and DCP kept only one."""

@@ -17,7 +17,7 @@ tp    DTensor tensor parallel (parallelize_module): each block's up projection
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
 
@@ -48,7 +48,7 @@ class ShapeOptions:
     tp: int = 0
 
 
-def _optim(params) -> torch.optim.Optimizer:
+def _optim(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3)
 
 

@@ -40,7 +40,7 @@ def _start_hook() -> None:
         sys.stderr.write(f"slurmguard: torch.distributed timing off: {exc!r}\n")
 
 
-def _chain():
+def _chain() -> None:
     import importlib.machinery
     import importlib.util
 
