@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from slurmguard import datafiles
 from slurmguard.errors import InputError, SlurmguardError
@@ -70,7 +70,7 @@ def parse_faults(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a JSON object of node name -> faults")
     known = {f.name for f in fields(NodeFault)}
-    out: dict[str, NodeFault] = {}
+    out: dict[str, Any] = {}  # NodeFault of the workloads' sweeplib
     for node, spec in data.items():
         if not is_node_name(node):
             raise InputError(f"{source}: invalid node name {node!r}")
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         f = faults.get(node)
         return (f or sl.NO_FAULT), ({node: f.to_dict()} if f is not None else None)
 
-    sl.fault_for = fault_for
+    cast(Any, sl).fault_for = fault_for  # replaces the workloads' lookup
     sys.argv = [script, *args[1:]]
     runpy.run_path(script, run_name="__main__")
 

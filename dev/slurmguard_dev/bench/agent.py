@@ -247,7 +247,8 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
             while True:
                 for name, p in agents.items():
                     if p.poll() is not None:
-                        err = p.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+                        raw = p.stderr.read() if p.stderr is not None else b""
+                        err = raw.decode(errors="replace").strip().splitlines()[-3:]
                         raise click.ClickException(f"{name} agent exited: {' | '.join(err)}")
                 st = {n: _status(f) for n, f in status.items()}
                 if st["baseline"]["reports"] and st["loaded"]["ranks"] >= ranks:
@@ -326,8 +327,9 @@ def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
         writer.wait(timeout=15)
         server.shutdown()
     stats = pstats.Stats(prof)
+    total_s = stats.total_tt  # type: ignore[attr-defined]  # set by Stats; typeshed omits it
     click.echo(f"\nprofile of the loaded agent, {duration:g} s in-process "
-               f"(total {stats.total_tt:.2f} s of process CPU under the profiler), top {top} by own time:")
+               f"(total {total_s:.2f} s of process CPU under the profiler), top {top} by own time:")
     stats.sort_stats("tottime").print_stats(top)
     click.echo(f"top {top} by cumulative time:")
     stats.sort_stats("cumulative").print_stats(top)

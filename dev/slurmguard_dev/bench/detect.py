@@ -64,7 +64,8 @@ def run_detector(suite: list[Scenario], cfg: DetectorConfig) -> tuple[list[Repor
             reps[c.series].slower.append(Alarm(c.index, c.detected_at))
     for i, r in enumerate(reps):
         eps = det.episodes(i)
-        r.faster = [Alarm(e.recovery, e.recovered_at) for e in eps if e.recovery is not None]
+        r.faster = [Alarm(e.recovery, e.recovered_at) for e in eps
+                    if e.recovery is not None and e.recovered_at is not None]
         r.open_at_end = any(e.open for e in eps)
     return reps, int(np.isfinite(x).sum()) / max(dt, 1e-9)
 
@@ -259,7 +260,7 @@ def bench_detect(ctx: click.Context, scenarios: int, length: int, series: int, s
         tr = make_job(JobSpec(nodes=nodes, gpus_per_node=gpn, tp=tp, iterations=80, seed=seed + i,
                               step_s=0.3 + 0.4 * i, jitter=0.03))
         st = step_times(tr.ops[-1], policy.period)
-        truth = tr.iteration_s[-st.seconds.size:] if st is not None else None
+        truth = tr.iteration_s[-st.seconds.size:] if st is not None else np.empty(0)
         if st is None or truth.size != st.seconds.size:
             errs.append(float("inf"))
             per_it.append(float("inf"))

@@ -70,12 +70,16 @@ import tempfile
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard import datafiles
 from slurmguard.errors import SlurmguardError
 from slurmguard.runner import CommandRunner, SubprocessRunner
+
+if TYPE_CHECKING:
+    from slurmguard_dev.devcluster import DevCluster
 
 SPANK = datafiles.checkout_root() / "spank_plugin"
 BUILD = SPANK / "build"
@@ -239,7 +243,10 @@ def measure_exit_race(runs: int, shape: str = "ddp", ending: str = "destroy",
     tmp = Path(tempfile.mkdtemp(prefix="sg-bench-exit-"))
     try:
         results = exits.forked_runs(tmp, shape, ending, runs, SITE, timeout=timeout)
-        aborts, failures, lost, examples = {}, {}, 0, []
+        aborts: dict[str, int] = {}
+        failures: dict[str, int] = {}
+        lost = 0
+        examples: list[str] = []
         for side, outcomes in results.items():
             aborts[side] = sum(o.aborted for o in outcomes)
             failures[side] = 0
@@ -566,10 +573,10 @@ class _GuardedCluster:
 
     def __init__(self, state_dir: str | None) -> None:
         self.state_dir = state_dir
-        self.cluster = None
+        self.cluster: DevCluster | None = None
         self.started = False
-        self.ring_root = None
-        self.old_plugstack = None
+        self.ring_root: str | None = None
+        self.old_plugstack: str | None = None
 
     def __enter__(self) -> _GuardedCluster:
         from slurmguard_dev.devcluster import ClusterSpec, DevCluster
@@ -697,15 +704,15 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
                 f"collective(s) x {max(t.added_us, 0):.1f} us = {derived * 1e3:.1f} us "
                 f"= {100 * derived / s.unguarded_ms:.3f}% of a step")
     if e is not None:
-        g, u = e.aborts["guarded"], e.aborts["unguarded"]
+        ga, ua = e.aborts["guarded"], e.aborts["unguarded"]
         verdict = ("no evidence that the hook raises it" if e.p_value >= 0.05
                    else "the hook RAISES it")
         lines += [
             f"Exit race ({e.runs} guarded and {e.runs} unguarded 2-rank gloo jobs on 127.0.0.1, "
             f"{e.shape}, ending '{e.ending}'; ranks forked from a warm parent per side, sides "
             f"side by side):",
-            f"  aborted at finalisation (pytorch issue 190489): guarded {g}/{e.runs} "
-            f"({100 * g / e.runs:.1f}%), unguarded {u}/{e.runs} ({100 * u / e.runs:.1f}%); "
+            f"  aborted at finalisation (pytorch issue 190489): guarded {ga}/{e.runs} "
+            f"({100 * ga / e.runs:.1f}%), unguarded {ua}/{e.runs} ({100 * ua / e.runs:.1f}%); "
             f"Fisher's exact test, one-sided (guarded > unguarded): p = {e.p_value:.3f}, {verdict}",
             f"  other failures: guarded {e.failures['guarded']}, unguarded "
             f"{e.failures['unguarded']}; guarded rings: {e.lost} records lost",
@@ -790,6 +797,7 @@ def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst:
             raise SlurmguardError("the step-time benchmark starts slurmd, which needs root; "
                                   "run as root or pass --no-cluster")
         with _GuardedCluster(devcluster_dir) as gc:
+            assert gc.cluster is not None and gc.ring_root is not None  # set by __enter__
             s = measure_step_time(gc.cluster, os.path.join(gc.ring_root, "rings"), steps, pairs,
                                   compute_ms)
     e = measure_exit_race(exit_runs) if exit_runs else None

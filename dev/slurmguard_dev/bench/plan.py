@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from typing import Any
 
 import click
 import numpy as np
@@ -43,7 +44,7 @@ def _time_exact(times: list[float], total: int, pp: int, repeats: int):
 def run_bench(
     min_groups: int = 16, max_groups: int = 1024, max_cvxpy_groups: int = 512, per_group: int = 8,
     pp: int = 1, repeats: int = 20, seed: int = 0,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """One row per size; times in seconds. ``cvxpy_s`` is None above ``max_cvxpy_groups``."""
     rng = np.random.default_rng(seed)
     if max_cvxpy_groups >= min_groups:
@@ -51,13 +52,13 @@ def run_bench(
 
         # Import and first-solve costs of cvxpy are not part of a planning step.
         plan_microbatches_milp([1.0, 2.0], 3 * pp, pp)
-    rows = []
+    rows: list[dict[str, Any]] = []
     groups = min_groups
     while groups <= max_groups:
         times = make_times(groups, rng).tolist()
         total = groups * per_group * pp
         plan, exact_s = _time_exact(times, total, pp, repeats)
-        row: dict[str, object] = {
+        row: dict[str, Any] = {
             "groups": groups, "microbatches": total, "exact_s": exact_s,
             "cvxpy_s": None, "match": None, "makespan": plan.makespan,
             "uniform_makespan": makespan(_uniform(total, groups, pp), times),

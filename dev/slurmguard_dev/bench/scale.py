@@ -104,7 +104,7 @@ def bench_scale(sizes: str, dbs: tuple[str, ...], baseline_src: Path | None, bas
     click.echo(head)
     for db in dbs or (None,):
         for n in ns:
-            runs = [("current", None)]
+            runs: list[tuple[str, Path | None]] = [("current", None)]
             if baseline_src is not None and n <= baseline_max_nodes:
                 runs.append(("baseline", baseline_src))
             for label, src in runs:

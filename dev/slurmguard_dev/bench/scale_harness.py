@@ -148,10 +148,10 @@ def run(args) -> dict:
     store = Store.open(url, clock)
     slurm = FakeSlurm(fleet.nodes, clock=clock)
     refresh = slurm._refresh_alloc  # noqa: SLF001 - O(fleet) per job: once after placing all
-    slurm._refresh_alloc = lambda: None
+    slurm._refresh_alloc = lambda: None  # type: ignore[method-assign]  # placement only, restored below
     for job, ns in fleet.jobs.items():
         slurm.start_job(ns, job_id=job)
-    slurm._refresh_alloc = refresh
+    slurm._refresh_alloc = refresh  # type: ignore[method-assign]
     refresh()
     ctl = Controller(policy, store, slurm, clock)
     rss0 = _rss_mb()

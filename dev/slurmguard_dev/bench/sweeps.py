@@ -42,6 +42,7 @@ import click
 
 from slurmguard.clock import SystemClock
 from slurmguard.config import ModelFloor, SweepPolicy, TriagePolicy
+from slurmguard.errors import SlurmguardError
 from slurmguard.store import NodeState, Store, SweepKind, db
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.quarantine import pair_name
@@ -155,7 +156,10 @@ class _Rig:
         return False, ticks, spent / max(ticks, 1)
 
     def state(self, node: str) -> NodeState:
-        return self.store.get_node(node).state
+        record = self.store.get_node(node)
+        if record is None:
+            raise SlurmguardError(f"{node}: not in the store")
+        return record.state
 
 
 @dataclass

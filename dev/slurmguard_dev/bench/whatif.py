@@ -28,8 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import numpy as np
@@ -37,12 +39,13 @@ import numpy as np
 from slurmguard.errors import InputError
 
 TRACES_ENV = "SLURMGUARD_WHATIF_TRACES"
+T = TypeVar("T")
 """Environment variable naming the trace directory when --traces is not given (no default:
 the traces are data, not part of an install)."""
 
 
-def _best(fn, repeat: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+def _best(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
+    best = float("inf")
     for _ in range(repeat):
         c = time.perf_counter()
         out = fn()
@@ -69,7 +72,7 @@ def tile_dp(tr, dp: int, pp: int, copies: int, seed: int = 0) -> dict:
         factor = rng.uniform(0.98, 1.02, size=len(tr))
         part["duration"] = np.where(comp, tr["duration"] * factor, tr["duration"])
         parts.append(part)
-    out = {k: np.concatenate([p[k] for p in parts]) for k in REQUIRED_COLUMNS}
+    out: dict[str, Any] = {k: np.concatenate([p[k] for p in parts]) for k in REQUIRED_COLUMNS}
     out["optype"] = Coded(out["optype"], list(OPTYPE_NAMES))
     return out
 

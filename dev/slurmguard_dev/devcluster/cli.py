@@ -82,9 +82,9 @@ def status(state_dir: Path, as_json: bool) -> None:
         raise SystemExit(1)
     click.echo(f"running: {'yes' if st['running'] else 'no'}")
     click.echo(f"SLURM_CONF={st['slurm_conf']}")
-    for name, d in st["daemons"].items():  # type: ignore[union-attr]
+    for name, d in st["daemons"].items():
         click.echo(f"  {name:<14} pid {d['pid']:<8} {'alive' if d['alive'] else 'stopped'}")
-    for node, state in st["nodes"].items():  # type: ignore[union-attr]
+    for node, state in st["nodes"].items():
         click.echo(f"  {node:<14} {state}")
     if not st["running"]:
         raise SystemExit(1)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slurmguard.errors import SlurmguardError
 from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
@@ -460,7 +461,7 @@ class DevCluster:
 
     def is_running(self) -> bool:
         st = self._load_state()
-        return bool(st) and any(self._ours(n, p) for n, p in st.pids.items())
+        return st is not None and any(self._ours(n, p) for n, p in st.pids.items())
 
     def _adopt_pidfiles(self, st: _State) -> None:
         """slurmd restarted by the dev RebootProgram has a new pid: read it from
@@ -626,7 +627,7 @@ class DevCluster:
         if res.returncode != 0:
             raise DevClusterError(f"scontrol reconfigure failed: {res.stderr.strip()}")
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         st = self._load_state()
         if st is None:
             return {"state_dir": str(self.state_dir), "running": False}

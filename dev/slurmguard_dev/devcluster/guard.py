@@ -145,8 +145,8 @@ class Guard:
             self.set_sim_profiles({})
         self.inject_dir.mkdir(exist_ok=True)
         if fresh:
-            for name in list(self.inject_dir.glob("*")):
-                name.unlink()
+            for stale in list(self.inject_dir.glob("*")):
+                stale.unlink()
         # /dev/shm is world-writable: a user who made this name first must not own it
         secure_dir(Path(self.ring_root), 0o755)
         self.cluster.set_plugstack(
