@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurmguard.runner import CommandError, CommandNotFound, CommandRunner, SubprocessRunner
 from slurmguard.slurm import parse, validate
@@ -92,7 +93,7 @@ class CommandSlurmClient:
             self._use_json = self.version() >= (21, 8, 0)
         return self._use_json
 
-    def _load_json(self, argv: Sequence[str]) -> dict | None:
+    def _load_json(self, argv: Sequence[str]) -> dict[str, Any] | None:
         """Run a --json query; None if this Slurm lacks the JSON plugin."""
         try:
             out = self._run(argv)
@@ -102,7 +103,8 @@ class CommandSlurmClient:
                 return None
             raise
         try:
-            return json.loads(out)
+            doc: dict[str, Any] = json.loads(out)
+            return doc
         except json.JSONDecodeError:
             self._use_json = False
             return None
@@ -349,7 +351,7 @@ def _with_jobs(n: NodeInfo, jobs: tuple[int, ...]) -> NodeInfo:
     return replace(n, jobs=jobs)
 
 
-def _natural(name: str) -> tuple:
+def _natural(name: str) -> tuple[int | str, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 

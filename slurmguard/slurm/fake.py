@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.slurm import validate
@@ -31,7 +32,7 @@ class FakeSlurm:
         self._resv: dict[str, ReservationInfo] = {}
         self._next_job = 1000
         self.available = True
-        self.calls: list[tuple] = []
+        self.calls: list[tuple[Any, ...]] = []
         self.reboots: list[tuple[str, str, str]] = []
         self.signals: list[tuple[int, str]] = []
         self.scripts: dict[int, str] = {}

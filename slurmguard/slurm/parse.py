@@ -56,7 +56,7 @@ def _split_state(tokens: Iterable[str]) -> tuple[str, frozenset[str]]:
     return base, frozenset(t for t in toks if t and t != base)
 
 
-def nodes_from_json(doc: dict) -> list[NodeInfo]:
+def nodes_from_json(doc: dict[str, Any]) -> list[NodeInfo]:
     out = []
     for n in doc.get("nodes", []):
         state = n.get("state")
@@ -75,7 +75,7 @@ def nodes_from_json(doc: dict) -> list[NodeInfo]:
     return out
 
 
-def jobs_from_json(doc: dict) -> list[JobInfo]:
+def jobs_from_json(doc: dict[str, Any]) -> list[JobInfo]:
     out = []
     for j in doc.get("jobs", []):
         state = j.get("job_state")
@@ -93,7 +93,7 @@ def jobs_from_json(doc: dict) -> list[JobInfo]:
     return out
 
 
-def reservations_from_json(doc: dict) -> list[ReservationInfo]:
+def reservations_from_json(doc: dict[str, Any]) -> list[ReservationInfo]:
     """slurmrestd `GET /reservations` (v0.0.38: node_list, flags list, users text)."""
     out = []
     for r in doc.get("reservations", []):

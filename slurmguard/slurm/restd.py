@@ -130,7 +130,7 @@ class RestdSlurmClient:
 
     # ------------------------------------------------------------------ plumbing
     def _request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                 body: dict | None = None, job: int | None = None) -> dict:
+                 body: dict[str, Any] | None = None, job: int | None = None) -> dict[str, Any]:
         url = self.base + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={
@@ -281,7 +281,7 @@ class RestdSlurmClient:
         self.fallback.signal(job_id, signal, batch_only=batch_only)
 
 
-def _json_or_none(text: str) -> dict | None:
+def _json_or_none(text: str) -> dict[str, Any] | None:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
@@ -289,7 +289,7 @@ def _json_or_none(text: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _errors_text(doc: dict | None) -> str:
+def _errors_text(doc: dict[str, Any] | None) -> str:
     """The `errors` of a slurmrestd reply as one line ('' when none)."""
     errs = (doc or {}).get("errors") or []
     parts = []

@@ -91,7 +91,8 @@ def json_object(ev: dict[str, Any] | None, what: str) -> dict[str, Any]:
         raise InvalidValue(
             f"{what} must be a JSON object (dict), got {type(ev).__name__}"
         )
-    return jsonable(ev, what)
+    out: dict[str, Any] = jsonable(ev, what)
+    return out
 
 
 def member(cls: type[E], value: Any, what: str) -> E:

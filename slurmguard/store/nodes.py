@@ -152,7 +152,7 @@ class NodeStore(StoreCore):
             return 0
         with self._tx() as s:
             # DML returns a CursorResult (with rowcount); Session.execute is typed for SELECT
-            res = cast(CursorResult, s.execute(
+            res = cast(CursorResult[Any], s.execute(
                 update(Node).where(Node.name.in_(names)).values(last_seen=self._at(at))
             ))
             return int(res.rowcount or 0)
@@ -191,7 +191,7 @@ class NodeStore(StoreCore):
             when = self._at(at)
             # Compare-and-set: a concurrent writer that moved the node first wins,
             # and this call fails instead of overwriting its transition.
-            res = cast(CursorResult, s.execute(
+            res = cast(CursorResult[Any], s.execute(
                 update(Node)
                 .where(Node.id == row.id, Node.state == frm.value)
                 .values(state=to.value, state_since=when)

@@ -38,7 +38,7 @@ class Query:
     a unique one last so equal times keep one order on every backend)."""
 
     def __init__(self, model: Any, *, order: Sequence[Any]) -> None:
-        self.stmt: Select = select(model)
+        self.stmt: Select[Any] = select(model)
         self.order = tuple(order)
         self._fields: list[str] = []
         """Record fields of the columns joined in, in select order after the model."""
@@ -130,7 +130,7 @@ class Query:
             for r in self.rows(s, limit)
         ]
 
-    def _read(self, s: Session, stmt: Select) -> list[Any]:
+    def _read(self, s: Session, stmt: Select[Any]) -> list[Any]:
         if self._fields:
             return list(s.execute(stmt).all())
         return list(s.scalars(stmt))

@@ -5,7 +5,7 @@ pruned by age (prune_summaries)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import CursorResult, delete
 
@@ -81,10 +81,10 @@ class SummaryStore(StoreCore):
         cutoff = to_utc(before, "before")
         with self._tx() as s:
             # DML returns a CursorResult (with rowcount); Session.execute is typed for SELECT
-            n = cast(CursorResult, s.execute(
+            n = cast(CursorResult[Any], s.execute(
                 delete(TelemetrySummary).where(TelemetrySummary.window_end < cutoff)
             )).rowcount
-            n += cast(CursorResult, s.execute(
+            n += cast(CursorResult[Any], s.execute(
                 delete(StepTimeSummary).where(StepTimeSummary.window_end < cutoff)
             )).rowcount
             return int(n or 0)

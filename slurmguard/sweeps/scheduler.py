@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from slurmguard.clock import Clock
 from slurmguard.config import Policy, SweepPolicy, TriagePolicy
@@ -519,7 +519,7 @@ class SweepScheduler:
                 res.errors.append(f"{node}: {exc}")
 
     # ------------------------------------------------------------------ submitting
-    def _submit(self, live: NodeInfo, ep: NodeEpisode, kind: str, klass: str, ref: str | None,
+    def _submit(self, live: NodeInfo, ep: NodeEpisode, kind: Literal["node", "pair"], klass: str, ref: str | None,
                 view: _View) -> str:
         node = live.name
         nodes = (node,) if ref is None else (node, ref)
@@ -551,7 +551,7 @@ class SweepScheduler:
                 # every "node" shares this host (development cluster): a port free here now,
                 # not the job-id formula, which collides between clusters on one host
                 port = free_port()
-            spec = SweepJobSpec(kind=kind, nodes=nodes, out_path=out, log_path=logp,  # type: ignore[arg-type]
+            spec = SweepJobSpec(kind=kind, nodes=nodes, out_path=out, log_path=logp,
                                 time_limit_min=self.policy.time_limit_min, reservation=resv,
                                 partition=parts, job_name=job_name(s.id, node),
                                 master_addr=self.policy.master_addr, master_port=port, hw_class=klass,

@@ -74,7 +74,7 @@ def open_source(kind: str, node: str, *, infiniband: bool = False, ib_root: str 
     if kind == "nvml":
         from slurmguard.telemetry.nvml import NvmlSource
 
-        gpu: Any = NvmlSource(node, **kw)
+        gpu: TelemetrySource = NvmlSource(node, **kw)
     elif kind == "dcgm":
         from slurmguard.telemetry.dcgm import DcgmSource
 

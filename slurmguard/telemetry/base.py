@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 
 class Signal:
@@ -60,6 +60,8 @@ class Signal:
     DRAM_ACTIVE = "dram_active"           # the device memory interface is busy
 
 
+T = TypeVar("T")
+
 UNITS = {
     Signal.GPU_TEMP: "C", Signal.SM_CLOCK: "MHz", Signal.POWER: "W", Signal.GPU_UTIL: "%",
     Signal.MEM_UTIL: "%", Signal.THROTTLE_REASONS: "bitmask", Signal.THERMAL_THROTTLE: "bool",
@@ -102,7 +104,7 @@ class TelemetrySample:
     gpu: int | None = None
     nic: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "gpu": self.gpu, "nic": self.nic, "signal": self.signal,
                 "value": self.value, "unit": self.unit, "timestamp": self.timestamp}
 
@@ -161,7 +163,7 @@ class Unavailable:
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self._on: dict[tuple, str] = {}
+        self._on: dict[tuple[Any, ...], str] = {}
 
     def mark(self, out: Reading, node: str, signal: str, detail: str, ts: float, *,
              gpu: int | None = None, nic: str | None = None) -> None:
@@ -182,7 +184,7 @@ class UnavailableSet:
     """The agent's view of what cannot be read now, built from source events."""
 
     def __init__(self) -> None:
-        self._on: dict[tuple, dict] = {}
+        self._on: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def update(self, events: list[SourceEvent], node: str | None = None) -> None:
         for e in events:
@@ -195,7 +197,7 @@ class UnavailableSet:
             else:
                 self._on.pop(key, None)
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[dict[str, Any]]:
         return [dict(v) for _, v in sorted(self._on.items(), key=lambda kv: repr(kv[0]))]
 
 
@@ -207,9 +209,9 @@ class ValueChange:
     every node with an old XID each time its agent restarts)."""
 
     def __init__(self) -> None:
-        self._last: dict[tuple, float] = {}
+        self._last: dict[tuple[Any, ...], float] = {}
 
-    def update(self, key: tuple, value: float) -> str:
+    def update(self, key: tuple[Any, ...], value: float) -> str:
         """'first' (no earlier value), 'changed' or 'same'."""
         prev = self._last.get(key)
         self._last[key] = value
@@ -245,7 +247,7 @@ class Deadline:
         self.timeout_s = timeout_s
         self._stuck: threading.Thread | None = None
 
-    def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+    def call(self, fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> T:
         if self._stuck is not None:
             if self._stuck.is_alive():
                 raise SourceTimeout("an earlier call is still hung")
@@ -266,7 +268,7 @@ class Deadline:
             raise SourceTimeout(f"call did not return within {self.timeout_s:g} s")
         if "error" in box:
             raise box["error"]
-        return box.get("value")
+        return cast(T, box.get("value"))  # what fn returned, stored by run()
 
 
 class CounterRates:
@@ -277,16 +279,16 @@ class CounterRates:
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple, tuple[float, float]] = {}
+        self._last: dict[tuple[Any, ...], tuple[float, float]] = {}
 
-    def rate(self, key: tuple, value: float, ts: float) -> float | None:
+    def rate(self, key: tuple[Any, ...], value: float, ts: float) -> float | None:
         prev = self._last.get(key)
         self._last[key] = (value, ts)
         if prev is None or ts <= prev[1] or value < prev[0]:
             return None
         return (value - prev[0]) / (ts - prev[1])
 
-    def delta(self, key: tuple, value: float) -> float | None:
+    def delta(self, key: tuple[Any, ...], value: float) -> float | None:
         prev = self._last.get(key)
         self._last[key] = (value, prev[1] + 1 if prev else 0.0)
         if prev is None or value < prev[0]:

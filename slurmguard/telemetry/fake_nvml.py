@@ -200,10 +200,10 @@ class FakeNvml:
         return h.index
 
     def nvmlDeviceGetName(self, h: _Handle) -> str:
-        return self._device("nvmlDeviceGetName", h)["name"]
+        return str(self._device("nvmlDeviceGetName", h)["name"])
 
     def nvmlDeviceGetUUID(self, h: _Handle) -> str:
-        return self._device("nvmlDeviceGetUUID", h)["uuid"]
+        return str(self._device("nvmlDeviceGetUUID", h)["uuid"])
 
     def nvmlDeviceGetTemperature(self, h: _Handle, sensor: int) -> int:
         dev = self._device("nvmlDeviceGetTemperature", h, "temperature")
@@ -246,7 +246,7 @@ class FakeNvml:
         links = dev.get("nvlink", [])
         if link >= len(links):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        return _real.NVML_FEATURE_ENABLED if links[link]["active"] else _real.NVML_FEATURE_DISABLED
+        return int(_real.NVML_FEATURE_ENABLED if links[link]["active"] else _real.NVML_FEATURE_DISABLED)
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: _Handle, link: int, counter: int) -> int:
         dev = self._device("nvmlDeviceGetNvLinkErrorCounter", h, "nvlink")
@@ -320,18 +320,19 @@ class FakeNvml:
         self._sets.append(s)
         return s
 
-    def nvmlDeviceRegisterEvents(self, h: _Handle, event_types: int, event_set: dict) -> None:
+    def nvmlDeviceRegisterEvents(self, h: _Handle, event_types: int, event_set: dict[str, Any]) -> None:
         self._device("nvmlDeviceRegisterEvents", h, "events")
         if event_types & _real.nvmlEventTypeXidCriticalError:
             event_set["registered"].add(h.index)
 
-    def nvmlEventSetWait_v2(self, event_set: dict, timeout_ms: int) -> _EventData:
+    def nvmlEventSetWait_v2(self, event_set: dict[str, Any], timeout_ms: int) -> _EventData:
         self._enter("nvmlEventSetWait_v2")
         if event_set["queue"]:
-            return event_set["queue"].popleft()
+            ev: _EventData = event_set["queue"].popleft()
+            return ev
         raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
 
-    def nvmlEventSetFree(self, event_set: dict) -> None:
+    def nvmlEventSetFree(self, event_set: dict[str, Any]) -> None:
         self._enter("nvmlEventSetFree")
         if event_set in self._sets:
             self._sets.remove(event_set)

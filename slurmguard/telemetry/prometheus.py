@@ -85,7 +85,8 @@ class PrometheusSource:
 
     def _http_get(self, url: str) -> str:
         with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:  # noqa: S310 (admin-set URL)
-            return resp.read().decode("utf-8", "replace")
+            body: bytes = resp.read()
+            return body.decode("utf-8", "replace")
 
     def sample(self) -> Reading:
         out = Reading()

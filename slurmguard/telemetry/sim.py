@@ -80,7 +80,7 @@ class _NodeState:
     pcie: np.ndarray
     last_ts: float | None = None
     flaps: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class SimTelemetrySource:
