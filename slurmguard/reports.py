@@ -140,17 +140,24 @@ class StepWindow(Sequence):
         return cls(a)
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
         packed = core_schema.typed_dict_schema(
-            {"n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
-             "cols": core_schema.typed_dict_field(core_schema.str_schema())},
-            extra_behavior="forbid")
+            {
+                "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
+                "cols": core_schema.typed_dict_field(core_schema.str_schema()),
+            },
+            extra_behavior="forbid",
+        )
         from_packed = core_schema.no_info_after_validator_function(cls.unpack, packed)
         return core_schema.json_or_python_schema(
             json_schema=from_packed,
             python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), from_packed]),
             serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda w: w.packed(), when_used="json"))
+                lambda w: w.packed(), when_used="json"
+            ),
+        )
 
     # ---- the columns
     @property
@@ -194,7 +201,7 @@ class StepWindow(Sequence):
         """The iterations that ended after Unix time t (all for None)."""
         if t is None:
             return self
-        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
+        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")) :])
 
 
 def _steps_form(v: object) -> str:
@@ -345,8 +352,7 @@ def check_time(timestamp: str, now: float) -> str | None:
     return None
 
 
-def verify(master: bytes, node: str, timestamp: str, body: bytes, signature: str,
-           now: float) -> str | None:
+def verify(master: bytes, node: str, timestamp: str, body: bytes, signature: str, now: float) -> str | None:
     """None if `body` was signed by `node`'s key at `timestamp`, else why not (for
     the log; the client sees 401)."""
     if not NODE_NAME.match(node or ""):

@@ -41,8 +41,9 @@ class DaemonOptions:
     sweeps: bool = True
 
 
-def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock,
-             executor: ActionExecutor) -> SweepScheduler | None:
+def _sweeper(
+    policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor: ActionExecutor
+) -> SweepScheduler | None:
     """The sweep scheduler when that part is installed; None otherwise."""
     try:
         from slurmguard.sweeps.scheduler import build_scheduler
@@ -52,8 +53,14 @@ def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock,
     return build_scheduler(policy=policy, store=store, slurm=slurm, clock=clock, executor=executor)
 
 
-def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
-        clock: Clock | None = None, stop: threading.Event | None = None) -> int:
+def run(
+    policy: Policy,
+    store: Store,
+    slurm: SlurmClient,
+    opts: DaemonOptions,
+    clock: Clock | None = None,
+    stop: threading.Event | None = None,
+) -> int:
     clock = clock or SystemClock()
     stop = stop or threading.Event()
     metrics = ControllerMetrics()
@@ -81,15 +88,28 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
     def ingest(report: AgentReport) -> bool:
         return ctl.fleet.ingest(report, clock.now())
 
-    http = ControllerHTTP(opts.host, opts.port, secret=opts.secret, ingest=ingest, metrics=metrics,
-                          now=clock.now, health=health, plan=ctl.plans.served,
-                          policy=policy.controller, known=ctl.fleet.known)
+    http = ControllerHTTP(
+        opts.host,
+        opts.port,
+        secret=opts.secret,
+        ingest=ingest,
+        metrics=metrics,
+        now=clock.now,
+        health=health,
+        plan=ctl.plans.served,
+        policy=policy.controller,
+        known=ctl.fleet.known,
+    )
     http.start()
     c = policy.controller
-    log.info("controller listening on %s://%s:%d%s (dry_run=%s)", "https" if c.tls_cert_file else "http",
-             opts.host, http.port,
-             f", management on {c.management_host}:{http.management_port}" if c.management_host else "",
-             policy.safety.dry_run)
+    log.info(
+        "controller listening on %s://%s:%d%s (dry_run=%s)",
+        "https" if c.tls_cert_file else "http",
+        opts.host,
+        http.port,
+        f", management on {c.management_host}:{http.management_port}" if c.management_host else "",
+        policy.safety.dry_run,
+    )
 
     stop_on_signals(stop, log, "finishing the current cycle and shutting down")
     try:

@@ -98,8 +98,13 @@ class FleetView:
     keep_samples: telemetry samples queued per node until scored
     (controller.keep_samples_per_node)."""
 
-    def __init__(self, stale_s: float = 120.0, *, keep_steps: int = DEFAULT_KEEP_STEPS,
-                 keep_samples: int = DEFAULT_KEEP_SAMPLES) -> None:
+    def __init__(
+        self,
+        stale_s: float = 120.0,
+        *,
+        keep_steps: int = DEFAULT_KEEP_STEPS,
+        keep_samples: int = DEFAULT_KEEP_SAMPLES,
+    ) -> None:
         self.stale_s = stale_s
         self.keep_steps = keep_steps
         self.keep_samples = keep_samples
@@ -127,8 +132,9 @@ class FleetView:
             if self._known is None:
                 return []
             gone = [n for n in self._latest if n not in self._known]
-            gone += [n for n in {*self._samples, *self._sums}
-                     if n not in self._known and n not in self._latest]
+            gone += [
+                n for n in {*self._samples, *self._sums} if n not in self._known and n not in self._latest
+            ]
             for n in gone:
                 self._latest.pop(n, None)
                 self._seq.pop(n, None)
@@ -160,8 +166,15 @@ class FleetView:
         tel = report.telemetry
         # split here, in the ingesting thread, so the cycle does not do it for the fleet
         summed = [t for t in tel if t.signal in _AVERAGED]
-        kept_raw = [TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
-                    for t in tel if t.signal not in _AVERAGED] if len(summed) < len(tel) else []
+        kept_raw = (
+            [
+                TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
+                for t in tel
+                if t.signal not in _AVERAGED
+            ]
+            if len(summed) < len(tel)
+            else []
+        )
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
@@ -232,9 +245,13 @@ class FleetView:
     def job_ids(self, now: float) -> set[int]:
         return set(self.job_index(now))
 
-    def job_ranks(self, job_id: int, now: float, allocation: tuple[str, ...] | None = None,
-                  index: dict[int, list[tuple[str, JobReport]]] | None = None,
-                  ) -> tuple[list[tuple[str, RankReport]], int]:
+    def job_ranks(
+        self,
+        job_id: int,
+        now: float,
+        allocation: tuple[str, ...] | None = None,
+        index: dict[int, list[tuple[str, JobReport]]] | None = None,
+    ) -> tuple[list[tuple[str, RankReport]], int]:
         """(node, rank report) for every rank of the job reported by a live agent on a
         node of `allocation` (Slurm's node list of the job; None = any), and how many
         ranks other nodes claimed for the job (dropped, added to foreign_ranks).
@@ -266,8 +283,11 @@ class FleetView:
         with self._lock:
             taken, self._samples = self._samples, {}
             sums, self._sums = self._sums, {}
-        means = {(node, sig, gpu, nic): e[0] / e[1]
-                 for node, per in sums.items() for (sig, gpu, nic), e in per.items()}
+        means = {
+            (node, sig, gpu, nic): e[0] / e[1]
+            for node, per in sums.items()
+            for (sig, gpu, nic), e in per.items()
+        }
         samples = [t for q in taken.values() for t in q]
         n = len(samples) + sum(e[1] for per in sums.values() for e in per.values())
         self.samples_taken += n
@@ -276,5 +296,6 @@ class FleetView:
     def queued_samples(self) -> int:
         """Samples waiting for scoring (a sum of k samples counts k)."""
         with self._lock:
-            return (sum(len(q) for q in self._samples.values())
-                    + sum(e[1] for per in self._sums.values() for e in per.values()))
+            return sum(len(q) for q in self._samples.values()) + sum(
+                e[1] for per in self._sums.values() for e in per.values()
+            )

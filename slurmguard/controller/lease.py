@@ -74,11 +74,20 @@ class Lease:
 
         u = self.store.engine.url
         idle = max(1, int(self.timeout_s / 3))
-        conn = psycopg.connect(host=u.host, port=u.port, user=u.username, password=u.password,
-                               dbname=u.database, autocommit=True,
-                               connect_timeout=max(2, int(self.timeout_s)),
-                               keepalives=1, keepalives_idle=idle, keepalives_interval=idle,
-                               keepalives_count=2, application_name=f"slurmguard lease {self.holder}"[:63])
+        conn = psycopg.connect(
+            host=u.host,
+            port=u.port,
+            user=u.username,
+            password=u.password,
+            dbname=u.database,
+            autocommit=True,
+            connect_timeout=max(2, int(self.timeout_s)),
+            keepalives=1,
+            keepalives_idle=idle,
+            keepalives_interval=idle,
+            keepalives_count=2,
+            application_name=f"slurmguard lease {self.holder}"[:63],
+        )
         # the server's side of the same bound: it drops a silent leader's session
         # (and with it the lock) after about timeout_s
         conn.execute(f"SET tcp_keepalives_idle = {idle}")
@@ -103,7 +112,8 @@ class Lease:
         row = self._conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND pid = pg_backend_pid() AND ((classid::bigint << 32) | objid::bigint) = %s",
-            (LOCK_KEY,)).fetchone()
+            (LOCK_KEY,),
+        ).fetchone()
         return bool(row and row[0])
 
     # ------------------------------------------------------------ API
@@ -126,9 +136,13 @@ class Lease:
             if not (row and row[0]):
                 return False
             self.epoch = self._last_epoch() + 1
-            self.store.audit(LEASE_ACTION, actor="slurmguard", reason=f"active controller {self.holder}",
-                             outcome=AuditOutcome.OK, evidence={"lease_epoch": self.epoch,
-                                                                "holder": self.holder})
+            self.store.audit(
+                LEASE_ACTION,
+                actor="slurmguard",
+                reason=f"active controller {self.holder}",
+                outcome=AuditOutcome.OK,
+                evidence={"lease_epoch": self.epoch, "holder": self.holder},
+            )
             log.warning("this controller is now active (lease epoch %d)", self.epoch)
             return True
         except Exception as exc:  # noqa: BLE001 - database trouble: stand by, try again later

@@ -36,8 +36,13 @@ class RankOps:
     end_ns: np.ndarray
 
     def __post_init__(self) -> None:
-        cols = {"op": self.op, "comm": self.comm, "nbytes": self.nbytes,
-                "start_ns": self.start_ns, "end_ns": self.end_ns}
+        cols = {
+            "op": self.op,
+            "comm": self.comm,
+            "nbytes": self.nbytes,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+        }
         n = None
         for name, arr in cols.items():
             a = np.asarray(arr)
@@ -116,8 +121,14 @@ class JobLayout:
         return cls(job_id, [RankPlace(r, h, g) for r, h, g in headers])
 
     @classmethod
-    def from_slurm(cls, job_id: str, nodelist: str, tasks_per_node: str,
-                   distribution: str = "block", gpus_per_node: int | None = None) -> JobLayout:
+    def from_slurm(
+        cls,
+        job_id: str,
+        nodelist: str,
+        tasks_per_node: str,
+        distribution: str = "block",
+        gpus_per_node: int | None = None,
+    ) -> JobLayout:
         """From SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE (e.g. "2(x3),1").
 
         Block distribution fills each node in turn (Slurm's default); cyclic
@@ -128,8 +139,10 @@ class JobLayout:
         nodes = hostlist.expand(nodelist)
         counts = parse_tasks_per_node(tasks_per_node)
         if len(counts) != len(nodes):
-            raise InputError(f"job {job_id}: SLURM_TASKS_PER_NODE '{tasks_per_node}' describes "
-                             f"{len(counts)} nodes, nodelist '{nodelist}' has {len(nodes)}")
+            raise InputError(
+                f"job {job_id}: SLURM_TASKS_PER_NODE '{tasks_per_node}' describes "
+                f"{len(counts)} nodes, nodelist '{nodelist}' has {len(nodes)}"
+            )
         places: list[RankPlace] = []
         if distribution == "block":
             rank = 0

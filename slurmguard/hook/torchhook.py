@@ -141,12 +141,23 @@ _OPS: dict[str, tuple] = {
 }
 
 _DTYPES = {
-    "torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32",
-    "torch.uint32": "uint32", "torch.int64": "int64", "torch.uint64": "uint64",
-    "torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64",
-    "torch.bfloat16": "bfloat16", "torch.float8_e4m3fn": "float8_e4m3",
-    "torch.float8_e5m2": "float8_e5m2", "torch.bool": "bool", "torch.int16": "int16",
-    "torch.uint16": "uint16", "torch.complex64": "complex64", "torch.complex128": "complex128",
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+    "torch.int32": "int32",
+    "torch.uint32": "uint32",
+    "torch.int64": "int64",
+    "torch.uint64": "uint64",
+    "torch.float16": "float16",
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+    "torch.bfloat16": "bfloat16",
+    "torch.float8_e4m3fn": "float8_e4m3",
+    "torch.float8_e5m2": "float8_e5m2",
+    "torch.bool": "bool",
+    "torch.int16": "int16",
+    "torch.uint16": "uint16",
+    "torch.complex64": "complex64",
+    "torch.complex128": "complex128",
 }
 
 # c10d ReduceOp.RedOpType values (torch/csrc/distributed/c10d/Types.hpp)
@@ -192,22 +203,29 @@ class Recorder:
 
         env = self.env
         rank = dist.get_rank() if dist.is_initialized() else _env_int(env, ("RANK", "SLURM_PROCID"), -1)
-        world = (dist.get_world_size() if dist.is_initialized()
-                 else _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 0))
+        world = (
+            dist.get_world_size()
+            if dist.is_initialized()
+            else _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 0)
+        )
         step = _env_int(env, ("SLURMGUARD_STEP_ID",), _ring.STEP_PENDING)
         directory = env["SLURMGUARD_RING_DIR"]
         meta: dict[str, Any] = dict(
             capacity=_env_int(env, ("SLURMGUARD_RING_RECORDS",), _ring.DEFAULT_CAPACITY),
-            job_id=_env_int(env, ("SLURMGUARD_JOB_ID",), 0), step_id=step,
-            global_rank=rank, local_rank=_env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), -1),
-            world_size=world, source=_ring.SOURCE_TORCH,
-            node_name=env.get("SLURMD_NODENAME") or os.uname().nodename)
+            job_id=_env_int(env, ("SLURMGUARD_JOB_ID",), 0),
+            step_id=step,
+            global_rank=rank,
+            local_rank=_env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), -1),
+            world_size=world,
+            source=_ring.SOURCE_TORCH,
+            node_name=env.get("SLURMD_NODENAME") or os.uname().nodename,
+        )
         name = _ring.ring_file_name(rank, step, "torch")
         path = os.path.join(directory, name)
         try:
             writer = _ring.RingWriter(path, **meta)
         except FileExistsError:
-            path = os.path.join(directory, name[:-len(".ring")] + f".pid-{os.getpid()}.ring")
+            path = os.path.join(directory, name[: -len(".ring")] + f".pid-{os.getpid()}.ring")
             try:
                 writer = _ring.RingWriter(path, **meta)
             except OSError as exc:
@@ -267,8 +285,9 @@ class Recorder:
                 # the group's rank and size, once, like the NCCL hook's comm_init
                 self._announced.add(pg.group_name)
                 t = first_use_ns or time.monotonic_ns()
-                w.append(_ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(),
-                         start_ns=t, end_ns=t)
+                w.append(
+                    _ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(), start_ns=t, end_ns=t
+                )
         self._groups[key] = (cid, skip)
         return cid, skip
 
@@ -456,12 +475,19 @@ class Recorder:
             flags |= _ring.F_ERROR
         if is_async:
             flags |= _ring.F_ASYNC
-        w.append(_ring.OP[op], comm_id=cid, count=count,
-                 nbytes=count * _ring.DATATYPE_SIZES[dt], start_ns=start, end_ns=end,
-                 peer=int(args[peer_i]) if peer_i is not None and peer_i < len(args) else -1,
-                 datatype=dt,
-                 redop=_redop(args[red_i]) if red_i is not None and red_i < len(args) else 0,
-                 flags=flags, status=1 if error else 0)
+        w.append(
+            _ring.OP[op],
+            comm_id=cid,
+            count=count,
+            nbytes=count * _ring.DATATYPE_SIZES[dt],
+            start_ns=start,
+            end_ns=end,
+            peer=int(args[peer_i]) if peer_i is not None and peer_i < len(args) else -1,
+            datatype=dt,
+            redop=_redop(args[red_i]) if red_i is not None and red_i < len(args) else 0,
+            flags=flags,
+            status=1 if error else 0,
+        )
 
 
 class _Pending:
@@ -547,8 +573,11 @@ class _TermGuard:
         try:
             if threading.current_thread() is not threading.main_thread():
                 return None
-            signums = tuple(n for n in (getattr(signal, x, None) for x in TERM_SIGNALS)
-                            if n is not None and signal.getsignal(n) is signal.SIG_DFL)
+            signums = tuple(
+                n
+                for n in (getattr(signal, x, None) for x in TERM_SIGNALS)
+                if n is not None and signal.getsignal(n) is signal.SIG_DFL
+            )
             if not signums:
                 return None
             import ctypes
@@ -575,8 +604,7 @@ class _TermGuard:
                 os.close(wfd)
             else:
                 guard.rfd, guard.wfd = rfd, wfd
-                threading.Thread(target=guard._watch, name="slurmguard-signals",
-                                 daemon=True).start()
+                threading.Thread(target=guard._watch, name="slurmguard-signals", daemon=True).start()
             return guard
         except Exception as exc:  # pragma: no cover - defensive
             _warn(f"no record settle on signals: {exc!r}")
@@ -819,8 +847,9 @@ def patch(env: dict[str, str] | None = None) -> bool:
             packet = getattr(torch.ops.c10d, name, None)
             if packet is None:
                 continue  # not in this torch version
-            lib.impl(name, _kernel(rec, name, packet.default, below, devices), "BackendSelect",
-                     with_keyset=True)
+            lib.impl(
+                name, _kernel(rec, name, packet.default, below, devices), "BackendSelect", with_keyset=True
+            )
     except Exception as exc:
         _warn(f"cannot hook torch.distributed: {exc!r}")
         return False

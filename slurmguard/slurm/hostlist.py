@@ -47,7 +47,7 @@ def _expand_one(item: str, expr: str) -> list[str]:
     m = re.search(r"\[([^\[\]]*)\]", item)
     if m is None:
         return [item]
-    head, tail = item[: m.start()], item[m.end():]
+    head, tail = item[: m.start()], item[m.end() :]
     out: list[str] = []
     for rng in m.group(1).split(","):
         r = _RANGE.match(rng.strip())

@@ -115,8 +115,11 @@ class _GpmMetricsGet:
 
 
 #: GPM metric id -> key of the device's "gpm" entry (percent over the interval)
-_GPM_KEYS = {_real.NVML_GPM_METRIC_SM_UTIL: "sm_util_pct", _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
-             "any_tensor_util_pct", _real.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_bw_util_pct"}
+_GPM_KEYS = {
+    _real.NVML_GPM_METRIC_SM_UTIL: "sm_util_pct",
+    _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "any_tensor_util_pct",
+    _real.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_bw_util_pct",
+}
 
 
 class _Utilization:
@@ -213,8 +216,11 @@ class FakeNvml:
 
     def nvmlDeviceGetClockInfo(self, h: _Handle, clock_type: int) -> int:
         dev = self._device("nvmlDeviceGetClockInfo", h, "clocks")
-        key = {_real.NVML_CLOCK_GRAPHICS: "clock_graphics_mhz", _real.NVML_CLOCK_SM: "clock_sm_mhz",
-               _real.NVML_CLOCK_MEM: "clock_mem_mhz"}.get(clock_type)
+        key = {
+            _real.NVML_CLOCK_GRAPHICS: "clock_graphics_mhz",
+            _real.NVML_CLOCK_SM: "clock_sm_mhz",
+            _real.NVML_CLOCK_MEM: "clock_mem_mhz",
+        }.get(clock_type)
         if key is None:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return int(dev[key])
@@ -227,8 +233,11 @@ class FakeNvml:
         return _Utilization(int(dev["utilization_gpu_pct"]), int(dev["utilization_memory_pct"]))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
-        return int(self._device("nvmlDeviceGetCurrentClocksEventReasons", h, "clocks_event_reasons")
-                   ["clocks_event_reasons"])
+        return int(
+            self._device("nvmlDeviceGetCurrentClocksEventReasons", h, "clocks_event_reasons")[
+                "clocks_event_reasons"
+            ]
+        )
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 
@@ -253,9 +262,12 @@ class FakeNvml:
         links = dev.get("nvlink", [])
         if link >= len(links):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        key = {_real.NVML_NVLINK_ERROR_DL_REPLAY: "replay", _real.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
-               _real.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
-               _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data"}.get(counter)
+        key = {
+            _real.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+            _real.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+            _real.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+            _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+        }.get(counter)
         if key is None:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         if key in links[link].get("unsupported", ()):
@@ -268,8 +280,12 @@ class FakeNvml:
         rr = dev.get("remapped_rows")
         if rr is None:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-        return (int(rr.get("correctable", 0)), int(rr.get("uncorrectable", 0)),
-                int(bool(rr.get("pending", False))), int(bool(rr.get("failure", False))))
+        return (
+            int(rr.get("correctable", 0)),
+            int(rr.get("uncorrectable", 0)),
+            int(bool(rr.get("pending", False))),
+            int(bool(rr.get("failure", False))),
+        )
 
     def nvmlDeviceGetFieldValues(self, h: _Handle, field_ids: list[int]) -> list[_FieldValue]:
         dev = self._device("nvmlDeviceGetFieldValues", h)
@@ -303,10 +319,16 @@ class FakeNvml:
     def nvmlGpmMetricsGet(self, mg: _GpmMetricsGet) -> _GpmMetricsGet:
         self._enter("nvmlGpmMetricsGet")
         a, b = mg.sample1, mg.sample2
-        if (mg.version != _real.NVML_GPM_METRICS_GET_VERSION or a is None or b is None or a.device is None
-                or a.device != b.device or a.seq >= b.seq):
+        if (
+            mg.version != _real.NVML_GPM_METRICS_GET_VERSION
+            or a is None
+            or b is None
+            or a.device is None
+            or a.device != b.device
+            or a.seq >= b.seq
+        ):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        for m in mg.metrics[:mg.numMetrics]:
+        for m in mg.metrics[: mg.numMetrics]:
             key = _GPM_KEYS.get(m.metricId)
             if key is None or key not in b.values:
                 m.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED

@@ -55,7 +55,8 @@ def _chain() -> None:
     except Exception as exc:
         # what site.py prints for a failing sitecustomize
         sys.stderr.write(
-            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
+            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n"
+        )
         return
     sys.modules["sitecustomize"] = module
 
