@@ -57,10 +57,12 @@ def unsteady(x: list[float], lo: int, hi: int) -> str | None:
         return None
     m = statistics.median(seg)
     for a in range(0, len(seg) - STEADY_WINDOW + 1, 5):
-        w = statistics.median(seg[a:a + STEADY_WINDOW])
+        w = statistics.median(seg[a : a + STEADY_WINDOW])
         if abs(w / m - 1.0) > STEADY_BAND:
-            return (f"steps {lo + a}-{lo + a + STEADY_WINDOW} median {w:.3f}s vs {m:.3f}s "
-                    f"over {lo}-{hi}: outside load")
+            return (
+                f"steps {lo + a}-{lo + a + STEADY_WINDOW} median {w:.3f}s vs {m:.3f}s "
+                f"over {lo}-{hi}: outside load"
+            )
     return None
 
 
@@ -76,7 +78,7 @@ def check(path: Path) -> str | None:
             return why
     if "recovery" in labels:  # the fault lifted: the job must be back at its level before
         on, rec = int(labels["onset"][0]), int(labels["recovery"][0])
-        before, after = statistics.median(x[WARMUP:on]), statistics.median(x[rec + 3:])
+        before, after = statistics.median(x[WARMUP:on]), statistics.median(x[rec + 3 :])
         if abs(after / before - 1.0) > STEADY_BAND:
             return f"median {after:.3f}s after the recovery vs {before:.3f}s before the onset: outside load"
     return None
@@ -92,21 +94,39 @@ def _cap(sc: Scenario, node: str, factor: float) -> tuple[float, float]:
 
 
 def _steps(sc: Scenario, job: int, n: int, timeout: float) -> list[dict]:
-    return sc.wait(lambda: (log := sc.log(job)) and len(log) >= n and log, timeout,
-                   f"job {job} to log {n} steps")
+    return sc.wait(
+        lambda: (log := sc.log(job)) and len(log) >= n and log, timeout, f"job {job} to log {n} steps"
+    )
 
 
-def record(sc: Scenario, case: str, *, steps: int, before: int, after: int, hold: int,
-           factor: float, mild: float, ckpt_every: int, out: Path) -> Path:
+def record(
+    sc: Scenario,
+    case: str,
+    *,
+    steps: int,
+    before: int,
+    after: int,
+    hold: int,
+    factor: float,
+    mild: float,
+    ckpt_every: int,
+    out: Path,
+) -> Path:
     wl = sc.workload
     src = f"slurmguard workloads {wl}, 2 nodes, rank 0 step times"
     if case == "healthy":
         job = sc.submit(steps, guarded=False, signal=False, ckpt_every=ckpt_every)
         sc.cluster.wait_job(job, timeout=900)
         log = sc.log(job)
-        return write_step_file(out / f"{wl}-healthy.csv", [e["step_s"] for e in log],
-                               {"kind": "healthy", "textures": "checkpoints",
-                                "source": f"{src}, healthy, checkpoint every {ckpt_every} steps"})
+        return write_step_file(
+            out / f"{wl}-healthy.csv",
+            [e["step_s"] for e in log],
+            {
+                "kind": "healthy",
+                "textures": "checkpoints",
+                "source": f"{src}, healthy, checkpoint every {ckpt_every} steps",
+            },
+        )
     job = sc.submit(100000, guarded=False, signal=False, ckpt_every=ckpt_every)
     node = None
     try:
@@ -126,8 +146,11 @@ def record(sc: Scenario, case: str, *, steps: int, before: int, after: int, hold
         if node is not None:
             fault.clear_fault(sc.cluster, node)
     ends = [e["t"] for e in log]
-    labels: dict[str, object] = {"kind": case, "onset": first_step_after(ends, t_on),
-                                 "textures": "checkpoints"}
+    labels: dict[str, object] = {
+        "kind": case,
+        "onset": first_step_after(ends, t_on),
+        "textures": "checkpoints",
+    }
     what = f"{node} CPU cap {cap:.1f}% (x{factor if case == 'shift' else mild:g} calibrated)"
     if t_off is not None:
         starts = [e["t"] - e["step_s"] for e in log]
@@ -138,15 +161,26 @@ def record(sc: Scenario, case: str, *, steps: int, before: int, after: int, hold
 
 
 def _with_load(text: str, load: str) -> str:
-    return "\n".join(line + f"; {load}" if line.startswith("# source:") else line
-                     for line in text.split("\n"))
+    return "\n".join(
+        line + f"; {load}" if line.startswith("# source:") else line for line in text.split("\n")
+    )
 
 
 @click.command()
-@click.option("--workload", "workloads", multiple=True, default=("ddp", "fsdp", "pp", "tp"),
-              type=click.Choice(["ddp", "fsdp", "pp", "tp"]))
-@click.option("--case", "cases", multiple=True, default=("healthy", "shift", "transient"),
-              type=click.Choice(["healthy", "shift", "transient"]))
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    default=("ddp", "fsdp", "pp", "tp"),
+    type=click.Choice(["ddp", "fsdp", "pp", "tp"]),
+)
+@click.option(
+    "--case",
+    "cases",
+    multiple=True,
+    default=("healthy", "shift", "transient"),
+    type=click.Choice(["healthy", "shift", "transient"]),
+)
 @click.option("--steps", default=160, show_default=True, help="Steps of the healthy job.")
 @click.option("--before", default=80, show_default=True, help="Healthy steps before a cap.")
 @click.option("--after", default=60, show_default=True, help="Steps recorded after the cap (or its lifting).")
@@ -168,16 +202,28 @@ def main(workloads, cases, steps, before, after, hold, factor, mild, ckpt_every,
                     t0 = time.monotonic()
                     load0 = os.getloadavg()[0]
                     try:
-                        p = record(sc, case, steps=steps, before=before, after=after, hold=hold,
-                                   factor=factor, mild=mild, ckpt_every=ckpt_every, out=out)
+                        p = record(
+                            sc,
+                            case,
+                            steps=steps,
+                            before=before,
+                            after=after,
+                            hold=hold,
+                            factor=factor,
+                            mild=mild,
+                            ckpt_every=ckpt_every,
+                            out=out,
+                        )
                     except Exception as exc:  # noqa: BLE001 - one failed recording, go on with the rest
                         click.echo(f"{wl} {case}: FAILED {exc}", err=True)
                         continue
                     load = f"host load average {load0:.1f} -> {os.getloadavg()[0]:.1f}"
                     p.write_text(_with_load(p.read_text(), load))
                     why = check(p)
-                    click.echo(f"{wl} {case} try {attempt}: {p} ({time.monotonic() - t0:.0f}s, {load})"
-                               + (f" UNSTEADY: {why}" if why else ""))
+                    click.echo(
+                        f"{wl} {case} try {attempt}: {p} ({time.monotonic() - t0:.0f}s, {load})"
+                        + (f" UNSTEADY: {why}" if why else "")
+                    )
                     sys.stdout.flush()
                     if why is None:
                         break

@@ -14,7 +14,6 @@ there, so the product package never imports them and a node install does not car
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from functools import lru_cache
 from typing import Any
@@ -73,7 +72,7 @@ how to install it (a name only: the product never imports it)."""
 
 INSTALL_HINT = {
     "slurmguard-dev": "the development tools (local cluster, demo, benchmarks); "
-                      "from a source checkout: pip install ./dev",
+    "from a source checkout: pip install ./dev",
 }
 
 
@@ -150,7 +149,9 @@ class RootGroup(LazyGroup):
             dist = ELSEWHERE[name]
             raise click.UsageError(
                 f"command '{name}' comes with {dist}, which is not installed: "
-                f"{INSTALL_HINT.get(dist, f'pip install {dist}')}", ctx)
+                f"{INSTALL_HINT.get(dist, f'pip install {dist}')}",
+                ctx,
+            )
         return super().resolve_command(ctx, args)
 
 
@@ -179,7 +180,7 @@ def _listing_only(ctx: click.Context) -> bool:
     default=None,
     type=click.Path(dir_okay=False),
     help="Policy file (default: $SLURMGUARD_POLICY, /etc/slurmguard/policies.yaml, built-in; never ./). "
-         "Run as root, it must be owned by root and not group/other-writable.",
+    "Run as root, it must be owned by root and not group/other-writable.",
 )
 @click.version_option(package_name="slurmguard")
 @click.pass_context

@@ -65,7 +65,7 @@ class SlurmPolicy(Strict):
     """Lifetime of the tokens signed from restd_jwt_key_file, seconds."""
 
     @model_validator(mode="after")
-    def _restd_needs_url(self) -> "SlurmPolicy":
+    def _restd_needs_url(self) -> SlurmPolicy:
         if self.backend == "restd" and not self.restd_url:
             raise ValueError("backend restd needs restd_url (e.g. http://127.0.0.1:6820)")
         if self.restd_jwt_key_file and self.restd_token_file:
@@ -165,7 +165,7 @@ class TierPolicy(Strict):
     are drained under and left running (slurmguard.controller.plans.job_options)."""
 
     @model_validator(mode="after")
-    def _ordered(self) -> "TierPolicy":
+    def _ordered(self) -> TierPolicy:
         if self.severe_slowdown <= self.moderate_slowdown:
             raise ValueError("severe_slowdown must be greater than moderate_slowdown")
         return self
@@ -314,7 +314,7 @@ class ControllerPolicy(Strict):
     signals refused, both counted (slurmguard_telemetry_dropped_total)."""
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> "ControllerPolicy":
+    def _tls_pair(self) -> ControllerPolicy:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         for net in self.read_clients:
@@ -367,13 +367,23 @@ DEFAULT_FLOORS: tuple[ModelFloor, ...] = (
     # spec sheets, dense: H100 SXM5 (HBM3 3.35 TB/s, NVLink 4 450 GB/s per direction,
     # one 400 Gb/s NIC per GPU), H200 (HBM3e 4.8 TB/s), A100 SXM4 80GB (2.039 TB/s,
     # NVLink 3 300 GB/s per direction, one 200 Gb/s NIC per GPU)
-    ModelFloor(model="NVIDIA H100 80GB HBM3", gemm_tflops=_GEMM_HOPPER, membw_gbps=3350.0,
-               p2p_gbps=450.0, send_gbps=50.0),
-    ModelFloor(model="NVIDIA H200*", gemm_tflops=_GEMM_HOPPER, membw_gbps=4800.0, p2p_gbps=450.0,
-               send_gbps=50.0),
-    ModelFloor(model="NVIDIA A100-SXM4-80GB",
-               gemm_tflops={"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
-               membw_gbps=2039.0, p2p_gbps=300.0, send_gbps=25.0),
+    ModelFloor(
+        model="NVIDIA H100 80GB HBM3",
+        gemm_tflops=_GEMM_HOPPER,
+        membw_gbps=3350.0,
+        p2p_gbps=450.0,
+        send_gbps=50.0,
+    ),
+    ModelFloor(
+        model="NVIDIA H200*", gemm_tflops=_GEMM_HOPPER, membw_gbps=4800.0, p2p_gbps=450.0, send_gbps=50.0
+    ),
+    ModelFloor(
+        model="NVIDIA A100-SXM4-80GB",
+        gemm_tflops={"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+        membw_gbps=2039.0,
+        p2p_gbps=300.0,
+        send_gbps=25.0,
+    ),
 )
 
 
@@ -401,8 +411,9 @@ class ToolStages(Strict):
     """`dcgmi diag -r LEVEL -j` on the 1-node sweep."""
     dcgm_level: Literal[1, 2, 3] = 1
     """dcgmi diag run level: 1 quick (about a minute), 2 medium, 3 long (tens of minutes)."""
-    nccl_all_reduce: ToolStage = ToolStage(command="all_reduce_perf",
-                                           args=("-b", "1G", "-e", "4G", "-f", "2"))
+    nccl_all_reduce: ToolStage = ToolStage(
+        command="all_reduce_perf", args=("-b", "1G", "-e", "4G", "-f", "2")
+    )
     """nccl-tests all_reduce_perf over all GPUs of the node (1-node sweep), -c 1 (checked)."""
     nvbandwidth: ToolStage = ToolStage(command="nvbandwidth")
     """nvbandwidth's copy benchmarks (1-node sweep)."""
@@ -478,7 +489,12 @@ class SweepPolicy(Strict):
     telemetry_interval_s: float = Field(1.0, gt=0)
     """Clocks, power, temperature and throttle reasons sampled this often during a sweep."""
     throttle_fail_reasons: tuple[str, ...] = (
-        "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "cpu_quota")
+        "hw_slowdown",
+        "sw_thermal_slowdown",
+        "hw_thermal_slowdown",
+        "hw_power_brake_slowdown",
+        "cpu_quota",
+    )
     """Throttle reasons that fail a sweep when seen during the device phases (NVML
     clocks-event names; cpu_quota: a cgroup CPU limit on the CPU path). sw_power_cap is
     normal for a GPU at full load and is not in the list."""
@@ -490,7 +506,11 @@ class SweepPolicy(Strict):
 
 class TriagePolicy(Strict):
     ladder: tuple[Literal["resweep", "reboot", "reimage", "terminal"], ...] = (
-        "resweep", "reboot", "reimage", "terminal")
+        "resweep",
+        "reboot",
+        "reimage",
+        "terminal",
+    )
     repeat_limit: int = Field(3, ge=1)
     """Guard 6: entering triage this many times within repeat_window_days -> terminal."""
     repeat_window_days: float = Field(7.0, gt=0)
@@ -536,7 +556,10 @@ class PrologPolicy(Strict):
     """Slurm Prolog/Epilog (prolog_epilog/): pre-job node checks and the job trace archive."""
 
     checks: tuple[Literal["gpu_count", "gpu_health", "nic_link"], ...] = (
-        "gpu_count", "gpu_health", "nic_link")
+        "gpu_count",
+        "gpu_health",
+        "nic_link",
+    )
     """Checks the prolog runs; a failing one exits non-zero and Slurm drains the node."""
     timeout_s: float = Field(8.0, gt=0, le=60)
     """Total budget of the prolog (s): a check still running then is a failure."""
@@ -605,7 +628,8 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool =
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark)
+                None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark
+            )
         seen[key] = key_node.start_mark.line + 1
     return loader.construct_mapping(node, deep=deep)
 
@@ -640,9 +664,9 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         data = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
+        where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}{line}: invalid YAML: {problem}") from None
+        raise ConfigError(f"{source}{where}: invalid YAML: {problem}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -661,13 +685,14 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
             line = lines.get(probe, 1)
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             if msg.startswith("Value error, "):
-                msg = msg[len("Value error, "):]
+                msg = msg[len("Value error, ") :]
             messages.append(f"{source}:{line}: {_format_loc(loc)}: {msg}")
         raise ConfigError("; ".join(messages)) from None
 
 
-def find_policy_file(explicit: str | os.PathLike | None = None,
-                     env: Mapping[str, str] | None = None) -> Path | None:
+def find_policy_file(
+    explicit: str | os.PathLike | None = None, env: Mapping[str, str] | None = None
+) -> Path | None:
     """--policy, then $SLURMGUARD_POLICY, then /etc/slurmguard/policies.yaml; never ./."""
     env = os.environ if env is None else env
     if explicit:
@@ -677,8 +702,9 @@ def find_policy_file(explicit: str | os.PathLike | None = None,
     return SYSTEM_POLICY if SYSTEM_POLICY.is_file() else None
 
 
-def read_trusted(path: str | os.PathLike, what: str, *, secret: bool = False,
-                 as_root: bool | None = None) -> bytes:
+def read_trusted(
+    path: str | os.PathLike, what: str, *, secret: bool = False, as_root: bool | None = None
+) -> bytes:
     """Content of a file that steers what root does (a policy, a secret).
 
     Run as root (as_root: default euid 0), the file must be owned by root and not writable by its
@@ -700,14 +726,17 @@ def read_trusted(path: str | os.PathLike, what: str, *, secret: bool = False,
             raise ConfigError(f"{p}: {what} is not a regular file")
         mode = stat.S_IMODE(st.st_mode)
         if as_root and st.st_uid != 0:
-            raise ConfigError(f"{p}: {what} is owned by uid {st.st_uid}, not root; refusing it "
-                              f"(chown root {p})")
+            raise ConfigError(
+                f"{p}: {what} is owned by uid {st.st_uid}, not root; refusing it (chown root {p})"
+            )
         if as_root and mode & 0o022:
-            raise ConfigError(f"{p}: {what} is writable by group or others (mode {mode:04o}); "
-                              f"refusing it (chmod go-w {p})")
+            raise ConfigError(
+                f"{p}: {what} is writable by group or others (mode {mode:04o}); refusing it (chmod go-w {p})"
+            )
         if secret and mode & 0o007:
-            raise ConfigError(f"{p}: {what} is accessible by others (mode {mode:04o}); "
-                              f"refusing it (chmod 600 {p})")
+            raise ConfigError(
+                f"{p}: {what} is accessible by others (mode {mode:04o}); refusing it (chmod 600 {p})"
+            )
         if st.st_size > 16 << 20:
             raise ConfigError(f"{p}: {what} is {st.st_size} bytes; too large")
         chunks = []

@@ -6,11 +6,16 @@ import getpass
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy, database_url, load_policy
+
+if TYPE_CHECKING:  # imported when first used: commands that need neither stay light
+    from slurmguard.slurm.client import SlurmClient
+    from slurmguard.store import Store
 
 
 @dataclass
@@ -28,13 +33,13 @@ class AppContext:
         return database_url(self.policy, self.db_override)
 
     @cached_property
-    def store(self):
+    def store(self) -> Store:
         from slurmguard.store import Store
 
         return Store.open(self.db_url, self.clock)
 
     @cached_property
-    def slurm(self):
+    def slurm(self) -> SlurmClient:
         from slurmguard.slurm.backend import client_from_policy
 
         return client_from_policy(self.policy.slurm)

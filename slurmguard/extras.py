@@ -12,11 +12,11 @@ from __future__ import annotations
 from slurmguard.errors import SlurmguardError
 
 EXTRA_OF: dict[str, str] = {
-    "pandas": "whatif",      # what-if trace tables
-    "pyarrow": "whatif",     # parquet traces
+    "pandas": "whatif",  # what-if trace tables
+    "pyarrow": "whatif",  # parquet traces
     "matplotlib": "whatif",  # the what-if worker heatmap (--heatmap)
-    "torch": "torch",        # sweep workloads, torch.distributed hook, dev training jobs
-    "cvxpy": "plan",         # reference MILP of the micro-batch planner
+    "torch": "torch",  # sweep workloads, torch.distributed hook, dev training jobs
+    "cvxpy": "plan",  # reference MILP of the micro-batch planner
     "highspy": "plan",
 }
 """Top-level module name -> the extra of pyproject.toml that installs it."""
@@ -33,6 +33,4 @@ def missing_extra(module: str | None, what: str) -> MissingExtra | None:
     extra = EXTRA_OF.get(top)
     if extra is None:
         return None
-    return MissingExtra(
-        f"{what} needs {top}, which is not installed: pip install 'slurmguard[{extra}]'"
-    )
+    return MissingExtra(f"{what} needs {top}, which is not installed: pip install 'slurmguard[{extra}]'")

@@ -66,8 +66,9 @@ def rdzv_id(env: Mapping[str, str] | None = None) -> str:
     if e.get("SLURMGUARD_RDZV_ID"):
         return e["SLURMGUARD_RDZV_ID"]
     if e.get("SLURM_JOB_ID"):
-        ident = "slurm-{}.{}.{}".format(e["SLURM_JOB_ID"], e.get("SLURM_STEP_ID", "0"),
-                                        e.get("SLURM_RESTART_COUNT", "0"))
+        ident = "slurm-{}.{}.{}".format(
+            e["SLURM_JOB_ID"], e.get("SLURM_STEP_ID", "0"), e.get("SLURM_RESTART_COUNT", "0")
+        )
         # job ids repeat across clusters (every dev cluster starts at 1, several
         # share one host): the cluster, and the srun that launched the step (its
         # host and the port it holds while the step lives), make the id unique
@@ -87,7 +88,7 @@ def candidates(ident: str, env: Mapping[str, str] | None = None) -> list[int]:
     ports = [PORT_LOW + (offset + k * _STRIDE) % PORT_SPAN for k in range(CANDIDATES)]
     first = e.get("MASTER_PORT", "").strip()
     if first.isdigit() and 0 < int(first) < 65536:
-        ports = [int(first)] + [p for p in ports if p != int(first)][:CANDIDATES - 1]
+        ports = [int(first)] + [p for p in ports if p != int(first)][: CANDIDATES - 1]
     return ports
 
 
@@ -97,7 +98,7 @@ class _Beacon:
     def __init__(self, ident: str, store_port: int, ports: list[int], deadline: float) -> None:
         self.line = f"{_BANNER} {ident} {store_port}\n".encode()
         self.deadline = deadline
-        self.sock = None
+        self.sock: socket.socket | None = None
         tried = []
         for port in ports:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -111,17 +112,21 @@ class _Beacon:
             self.sock, self.port = s, port
             break
         if self.sock is None:
-            raise RendezvousError(f"rendezvous {ident}: rank 0 found no free beacon port: "
-                                  + ", ".join(tried))
+            raise RendezvousError(
+                f"rendezvous {ident}: rank 0 found no free beacon port: " + ", ".join(tried)
+            )
         self.sock.settimeout(0.2)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="slurmguard-rdzv", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
+        sock = self.sock
+        if sock is None:  # no port was free: nothing to serve
+            return
         while not self._stop.is_set() and time.monotonic() < self.deadline:
             try:
-                conn, _ = self.sock.accept()
+                conn, _ = sock.accept()
             except OSError:  # timeout: look at the stop flag again
                 continue
             try:
@@ -131,7 +136,7 @@ class _Beacon:
                 pass
             finally:
                 conn.close()
-        self.sock.close()
+        sock.close()
 
     def close(self) -> None:
         self._stop.set()
@@ -171,8 +176,14 @@ class Rendezvous:
             self._beacon = None
 
 
-def connect(rank: int, *, world: int | None = None, addr: str | None = None,
-            timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> Rendezvous:
+def connect(
+    rank: int,
+    *,
+    world: int | None = None,
+    addr: str | None = None,
+    timeout_s: float = 120.0,
+    env: Mapping[str, str] | None = None,
+) -> Rendezvous:
     """Rank 0 starts the store and its beacon; the others find it and join.
 
     addr: rank 0's address as the peers reach it (default MASTER_ADDR, else
@@ -195,24 +206,30 @@ def connect(rank: int, *, world: int | None = None, addr: str | None = None,
         for port in ports:
             store_port = _ask(addr, port, ident)
             if store_port is not None:
-                return Rendezvous(dist.TCPStore(addr, store_port, world, False, timeout=timeout),
-                                  None)
+                return Rendezvous(dist.TCPStore(addr, store_port, world, False, timeout=timeout), None)
         if time.monotonic() > deadline:
             raise RendezvousError(
                 f"rendezvous {ident}: rank {rank} found no beacon of rank 0 at {addr} on ports "
-                f"{ports[0]}..(+{len(ports) - 1}) within {timeout_s:g} s")
+                f"{ports[0]}..(+{len(ports) - 1}) within {timeout_s:g} s"
+            )
         time.sleep(RETRY_S)
 
 
-def init_process_group(backend: str, rank: int, world: int, *, timeout_s: float = 120.0,
-                       env: Mapping[str, str] | None = None) -> None:
+def init_process_group(
+    backend: str, rank: int, world: int, *, timeout_s: float = 120.0, env: Mapping[str, str] | None = None
+) -> None:
     """torch.distributed.init_process_group over connect()'s store; the
     beacon is closed once every rank is in the group."""
     import torch.distributed as dist
 
     rdzv = connect(rank, world=world, timeout_s=timeout_s, env=env)
     try:
-        dist.init_process_group(backend, store=rdzv.store, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            store=rdzv.store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
     finally:
         rdzv.close()

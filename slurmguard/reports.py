@@ -39,19 +39,19 @@ import binascii
 import hashlib
 import hmac
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple, Union
+from typing import Annotated, Any, Final, Literal, NamedTuple, overload
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PlainSerializer, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, GetCoreSchemaHandler, PlainSerializer, Tag
 from pydantic_core import core_schema
 
 from slurmguard.config import read_trusted
 from slurmguard.errors import ConfigError
 from slurmguard.names import NODE_NAME_RE
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION: Final = 2
 #: most iterations one packed rank window may carry (the agent sends agent.report_steps)
 MAX_PACKED_STEPS = 1 << 16
 MAX_SKEW_S = 300.0
@@ -102,7 +102,7 @@ class StepWindow(Sequence):
         self._a = a
 
     @classmethod
-    def of(cls, steps, keep: int | None = None) -> "StepWindow":
+    def of(cls, steps: StepWindow | Sequence[StepSample], keep: int | None = None) -> StepWindow:
         """The newest `keep` (None: all) of a StepWindow or a list of StepSample."""
         if isinstance(steps, StepWindow):
             if keep is None or len(steps) <= keep:
@@ -122,7 +122,7 @@ class StepWindow(Sequence):
         return {"n": a.shape[1], "cols": base64.b64encode(a.tobytes()).decode("ascii")}
 
     @classmethod
-    def unpack(cls, d: dict) -> "StepWindow":
+    def unpack(cls, d: dict) -> StepWindow:
         """The window of a packed dict ({"n", "cols"}, types already checked);
         ValueError naming what is wrong."""
         n, cols = d["n"], d["cols"]
@@ -140,17 +140,24 @@ class StepWindow(Sequence):
         return cls(a)
 
     @classmethod
-    def __get_pydantic_core_schema__(cls, source, handler) -> core_schema.CoreSchema:
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
         packed = core_schema.typed_dict_schema(
-            {"n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
-             "cols": core_schema.typed_dict_field(core_schema.str_schema())},
-            extra_behavior="forbid")
+            {
+                "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
+                "cols": core_schema.typed_dict_field(core_schema.str_schema()),
+            },
+            extra_behavior="forbid",
+        )
         from_packed = core_schema.no_info_after_validator_function(cls.unpack, packed)
         return core_schema.json_or_python_schema(
             json_schema=from_packed,
             python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), from_packed]),
             serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda w: w.packed(), when_used="json"))
+                lambda w: w.packed(), when_used="json"
+            ),
+        )
 
     # ---- the columns
     @property
@@ -176,31 +183,35 @@ class StepWindow(Sequence):
     def __bool__(self) -> bool:
         return self._a.shape[1] > 0
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> Step: ...
+    @overload
+    def __getitem__(self, i: slice) -> StepWindow: ...
+    def __getitem__(self, i: int | slice) -> Step | StepWindow:
         if isinstance(i, slice):
             return StepWindow(self._a[:, i])
         e, st, c = self._a[:, i].tolist()
         return Step(e, st, c)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Step]:
         for e, st, c in zip(*self._a.tolist()):
             yield Step(e, st, c)
 
-    def since(self, t: float | None) -> "StepWindow":
+    def since(self, t: float | None) -> StepWindow:
         """The iterations that ended after Unix time t (all for None)."""
         if t is None:
             return self
-        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")):])
+        return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")) :])
 
 
-def _steps_form(v) -> str:
+def _steps_form(v: object) -> str:
     return "packed" if isinstance(v, (dict, StepWindow)) else "list"
 
 
 #: a rank's iterations: a list of StepSample (version 1, and what the agent
 #: builds) or a StepWindow (version 2 on the wire); always sent packed
 Steps = Annotated[
-    Union[Annotated[list[StepSample], Tag("list")], Annotated[StepWindow, Tag("packed")]],
+    Annotated[list[StepSample], Tag("list")] | Annotated[StepWindow, Tag("packed")],
     Discriminator(_steps_form),
     PlainSerializer(lambda v: StepWindow.of(v).packed(), when_used="json"),
 ]
@@ -268,7 +279,7 @@ class RankReport(_Model):
     links: tuple[LinkReport, ...] = Field((), max_length=MAX_LINKS)
     """Per-link transfer times (NCCL profiler plugin only; empty otherwise). (Tuples here:
     an empty one is no object to the garbage collector, which a controller holding
-    80,000 ranks walks through.)""" 
+    80,000 ranks walks through.)"""
 
 
 class JobReport(_Model):
@@ -341,8 +352,7 @@ def check_time(timestamp: str, now: float) -> str | None:
     return None
 
 
-def verify(master: bytes, node: str, timestamp: str, body: bytes, signature: str,
-           now: float) -> str | None:
+def verify(master: bytes, node: str, timestamp: str, body: bytes, signature: str, now: float) -> str | None:
     """None if `body` was signed by `node`'s key at `timestamp`, else why not (for
     the log; the client sees 401)."""
     if not NODE_NAME.match(node or ""):

@@ -12,8 +12,9 @@ import shutil
 import subprocess
 import threading
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol
 
 from slurmguard.errors import SlurmguardError
 
@@ -21,8 +22,15 @@ from slurmguard.errors import SlurmguardError
 class CommandError(SlurmguardError):
     """A command failed (non-zero exit), could not start, or timed out."""
 
-    def __init__(self, argv: Sequence[str], message: str, *, returncode: int | None = None,
-                 stderr: str = "", timed_out: bool = False) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        message: str,
+        *,
+        returncode: int | None = None,
+        stderr: str = "",
+        timed_out: bool = False,
+    ) -> None:
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr
@@ -47,8 +55,15 @@ class CommandResult:
 
 
 class CommandRunner(Protocol):
-    def run(self, argv: Sequence[str], *, timeout: float, check: bool = True,
-            env: Mapping[str, str] | None = None, input: str | None = None) -> CommandResult: ...
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> CommandResult: ...
 
 
 def resolve(program: str, search_path: str | None = None) -> str:
@@ -72,8 +87,15 @@ class SubprocessRunner:
     failures: Counter = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def run(self, argv: Sequence[str], *, timeout: float, check: bool = True,
-            env: Mapping[str, str] | None = None, input: str | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,
+    ) -> CommandResult:
         if not argv:
             raise ValueError("empty command")
         prog = os.path.basename(argv[0])
@@ -88,14 +110,22 @@ class SubprocessRunner:
         if env:
             run_env.update(env)
         try:
-            proc = subprocess.run(full, shell=False, capture_output=True, text=True,
-                                  timeout=timeout, env=run_env, input=input,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
+            proc = subprocess.run(
+                full,
+                shell=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=run_env,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as exc:
             self._count(prog)
             err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-            raise CommandTimeout(full, f"{' '.join(full)}: timed out after {timeout:g}s",
-                                 stderr=err, timed_out=True) from None
+            raise CommandTimeout(
+                full, f"{' '.join(full)}: timed out after {timeout:g}s", stderr=err, timed_out=True
+            ) from None
         except OSError as exc:
             self._count(prog)
             raise CommandError(full, f"{' '.join(full)}: cannot run: {exc}") from None
@@ -104,8 +134,9 @@ class SubprocessRunner:
             self._count(prog)
             detail = (proc.stderr or proc.stdout).strip().splitlines()
             msg = detail[-1] if detail else f"exit status {proc.returncode}"
-            raise CommandError(full, f"{' '.join(full)}: {msg}", returncode=proc.returncode,
-                               stderr=proc.stderr)
+            raise CommandError(
+                full, f"{' '.join(full)}: {msg}", returncode=proc.returncode, stderr=proc.stderr
+            )
         return result
 
     def _count(self, prog: str) -> None:

@@ -24,11 +24,11 @@ if __package__ in (None, ""):
 
 import sweeplib as sl  # noqa: E402
 
-from slurmguard.config import load_policy  # noqa: E402
+from slurmguard.config import SweepPolicy, load_policy  # noqa: E402
 from slurmguard.sweeps.tools import node_stages  # noqa: E402
 
 
-def settings_policy(args: argparse.Namespace):
+def settings_policy(args: argparse.Namespace) -> SweepPolicy:
     """The node-side policy (tool stages are configured where the tools are installed)."""
     return load_policy(args.policy).sweeps
 
@@ -54,16 +54,36 @@ def run(argv: list[str] | None = None) -> int:
     errors: list[dict[str, str]] = []
 
     per_dev: list[dict[str, Any]] = [
-        {"node": node, "index": i,
-         "name": sl.torch.cuda.get_device_name(i) if device == "cuda" else device_name,
-         "gemm": [], "membw_gbps": None} for i in range(count)]
+        {
+            "node": node,
+            "index": i,
+            "name": sl.torch.cuda.get_device_name(i) if device == "cuda" else device_name,
+            "gemm": [],
+            "membw_gbps": None,
+        }
+        for i in range(count)
+    ]
     # the sustained phase: every GPU in its own process, all at once (CPU devices share the
     # cores: one after another, here); clocks/power/throttling sampled meanwhile
     telemetry = sl.RunTelemetry(device, node, count, settings.telemetry_interval_s).start()
     if device == "cuda":
-        specs = [sl.WorkerSpec(task="device", backend="nccl", store_host="", store_port=0, rank=i,
-                               world=count, device=device, local_index=i, node_rank=0,
-                               gpus_per_node=count, settings=settings, fault=fault) for i in range(count)]
+        specs = [
+            sl.WorkerSpec(
+                task="device",
+                backend="nccl",
+                store_host="",
+                store_port=0,
+                rank=i,
+                world=count,
+                device=device,
+                local_index=i,
+                node_rank=0,
+                gpus_per_node=count,
+                settings=settings,
+                fault=fault,
+            )
+            for i in range(count)
+        ]
         limit = len(settings.gemm_dtypes) * (settings.gemm_duration_s + 120) + settings.comm_timeout_s
         results = sl.run_local_workers(specs, timeout_s=limit)
     else:
@@ -82,8 +102,7 @@ def run(argv: list[str] | None = None) -> int:
     allreduce: list[dict[str, Any]] = []
     if count >= 2:
         try:
-            p2p = sl.p2p_matrix(devs, node, max(settings.message_sizes_mb) * sl.MIB,
-                                settings.repeats, fault)
+            p2p = sl.p2p_matrix(devs, node, max(settings.message_sizes_mb) * sl.MIB, settings.repeats, fault)
         except Exception as exc:
             errors.append(sl.err("p2p matrix", exc))
         if device == "cuda":
@@ -95,26 +114,55 @@ def run(argv: list[str] | None = None) -> int:
     stages = [st.to_dict() for st in node_stages(settings_policy(args).stages, gpus=count, device=device)]
 
     doc = sl.build_result(
-        kind="node", nodes=[node], node_under_test=node, reference=None,
-        hw_class=args.hw_class or sl.default_hw_class(device_name, count), device=device,
-        device_name=device_name, devices_per_node=count, started=started, finished=sl.now(),
-        job_id=os.environ.get("SLURM_JOB_ID"), settings=settings.to_schema(), devices=per_dev,
-        p2p=p2p, allreduce=allreduce, transfers=[], errors=errors, stages=stages, injected=injected)
+        kind="node",
+        nodes=[node],
+        node_under_test=node,
+        reference=None,
+        hw_class=args.hw_class or sl.default_hw_class(device_name, count),
+        device=device,
+        device_name=device_name,
+        devices_per_node=count,
+        started=started,
+        finished=sl.now(),
+        job_id=os.environ.get("SLURM_JOB_ID"),
+        settings=settings.to_schema(),
+        devices=per_dev,
+        p2p=p2p,
+        allreduce=allreduce,
+        transfers=[],
+        errors=errors,
+        stages=stages,
+        injected=injected,
+    )
     valid = sl.write_result(args.out, doc, fault)
     return 0 if valid and not errors else 1
 
 
-def intra_allreduce(device: str, count: int, settings: sl.Settings,
-                    fault: sl.NodeFault) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def intra_allreduce(
+    device: str, count: int, settings: sl.Settings, fault: sl.NodeFault
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """All-reduce over the node's devices, one spawned process per device."""
     import datetime
 
     timeout = datetime.timedelta(seconds=settings.comm_timeout_s)
     store = sl.dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timeout)
-    specs = [sl.WorkerSpec(task="allreduce_intra", backend="nccl" if device == "cuda" else "gloo",
-                           store_host="127.0.0.1", store_port=store.port, rank=i, world=count,
-                           device=device, local_index=i, node_rank=0, gpus_per_node=count,
-                           settings=settings, fault=fault) for i in range(count)]
+    specs = [
+        sl.WorkerSpec(
+            task="allreduce_intra",
+            backend="nccl" if device == "cuda" else "gloo",
+            store_host="127.0.0.1",
+            store_port=store.port,
+            rank=i,
+            world=count,
+            device=device,
+            local_index=i,
+            node_rank=0,
+            gpus_per_node=count,
+            settings=settings,
+            fault=fault,
+        )
+        for i in range(count)
+    ]
     results = sl.run_local_workers(specs, timeout_s=settings.comm_timeout_s + 60)
     errors = [e for r in results for e in r["errors"]]
     data = results[0]["data"] or []

@@ -32,8 +32,8 @@ if __package__ in (None, ""):
 
 import sweeplib as sl  # noqa: E402
 
-from slurmguard.config import load_policy  # noqa: E402
 from slurmguard import rendezvous  # noqa: E402
+from slurmguard.config import load_policy  # noqa: E402
 from slurmguard.errors import SlurmguardError  # noqa: E402
 from slurmguard.sweeps import tools  # noqa: E402
 from slurmguard.sweeps.schedule import ring_passes, tree_passes  # noqa: E402
@@ -83,9 +83,10 @@ def run(argv: list[str] | None = None) -> int:
     # handshake
     rdzv = rendezvous.connect(node_rank, addr=addr, timeout_s=settings.comm_timeout_s)
     store = rdzv.store
-    store.set(f"node/{node_rank}", json.dumps({"name": node, "devices": count,
-                                               "device_name": device_name,
-                                               "injected": injected}))
+    store.set(
+        f"node/{node_rank}",
+        json.dumps({"name": node, "devices": count, "device_name": device_name, "injected": injected}),
+    )
     infos = [json.loads(store.get(f"node/{r}")) for r in range(nnodes)]
     rdzv.close()  # every node has joined
     names = tuple(i["name"] for i in infos)
@@ -95,15 +96,29 @@ def run(argv: list[str] | None = None) -> int:
     if len(set(names)) != len(names):
         errors.append({"where": "rendezvous", "message": f"duplicate node names {list(names)}"})
     elif len(counts) != 1:
-        errors.append({"where": "rendezvous", "message": "devices per node differ: " + ", ".join(
-            f"{i['name']}={i['devices']}" for i in infos)})
+        errors.append(
+            {
+                "where": "rendezvous",
+                "message": "devices per node differ: "
+                + ", ".join(f"{i['name']}={i['devices']}" for i in infos),
+            }
+        )
     else:
-        base = dict(backend="nccl" if device == "cuda" else "gloo", store_host=addr,
-                    store_port=store.port, world=nnodes * count, device=device, node_rank=node_rank,
-                    gpus_per_node=count, settings=settings, fault=fault, node_names=names,
-                    schedules=schedules_for(nnodes), task="passes")
-        specs = [sl.WorkerSpec(rank=node_rank * count + g, local_index=g, **base)
-                 for g in range(count)]
+        base = dict(
+            backend="nccl" if device == "cuda" else "gloo",
+            store_host=addr,
+            store_port=store.port,
+            world=nnodes * count,
+            device=device,
+            node_rank=node_rank,
+            gpus_per_node=count,
+            settings=settings,
+            fault=fault,
+            node_names=names,
+            schedules=schedules_for(nnodes),
+            task="passes",
+        )
+        specs = [sl.WorkerSpec(rank=node_rank * count + g, local_index=g, **base) for g in range(count)]
         if count == 1:
             if device == "cpu" and not args.threads:
                 sl.torch.set_num_threads(1)
@@ -137,21 +152,35 @@ def run(argv: list[str] | None = None) -> int:
     for i in infos:
         all_injected.update(i["injected"] or {})
     doc = sl.build_result(
-        kind="pair" if nnodes == 2 else "multi", nodes=list(names), node_under_test=nut,
+        kind="pair" if nnodes == 2 else "multi",
+        nodes=list(names),
+        node_under_test=nut,
         reference=ref if nnodes == 2 else None,
-        hw_class=args.hw_class or sl.default_hw_class(device_name, count), device=device,
-        device_name=device_name, devices_per_node=count, started=started, finished=sl.now(),
-        job_id=os.environ.get("SLURM_JOB_ID"), settings=settings.to_schema(), devices=[], p2p=[],
-        allreduce=data["allreduce"], transfers=data["transfers"], errors=errors,
-        stages=stages, injected=all_injected or None)
+        hw_class=args.hw_class or sl.default_hw_class(device_name, count),
+        device=device,
+        device_name=device_name,
+        devices_per_node=count,
+        started=started,
+        finished=sl.now(),
+        job_id=os.environ.get("SLURM_JOB_ID"),
+        settings=settings.to_schema(),
+        devices=[],
+        p2p=[],
+        allreduce=data["allreduce"],
+        transfers=data["transfers"],
+        errors=errors,
+        stages=stages,
+        injected=all_injected or None,
+    )
     valid = sl.write_result(args.out, doc, fault)
     # keep the store up briefly: peers may still be reading their last keys
     time.sleep(0.2)
     return 0 if valid and not errors else 1
 
 
-def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
-             args: argparse.Namespace) -> list[dict[str, Any]]:
+def ib_stage(
+    store: Any, node_rank: int, nnodes: int, names: tuple[str, ...], args: argparse.Namespace
+) -> list[dict[str, Any]]:
     """perftest ib_write_bw per HCA pair between the two nodes (2-node sweeps only).
 
     The reference runs the server of each HCA in turn, the node under test the client
@@ -162,8 +191,11 @@ def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
     cfg = load_policy(args.policy).sweeps.stages
     stage = cfg.ib_write_bw
     if nnodes != 2:
-        return [tools.StageOutcome("ib_write_bw", "skipped", "not applicable: more than two nodes").to_dict()] \
-            if node_rank == 0 else []
+        return (
+            [tools.StageOutcome("ib_write_bw", "skipped", "not applicable: more than two nodes").to_dict()]
+            if node_rank == 0
+            else []
+        )
     nut = args.node_under_test if args.node_under_test in names else names[0]
     client = names.index(nut)
     hcas = tools.ib_hcas(cfg) if stage.run != "never" else []
@@ -171,16 +203,22 @@ def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
     store.set(f"ib/hcas/{node_rank}", json.dumps(hcas if exe else []))
     store.set(f"ib/host/{node_rank}", socket.gethostname())
     theirs = json.loads(store.get(f"ib/hcas/{1 - node_rank}"))
-    common = [h for h in json.loads(store.get(f"ib/hcas/{client}")) if h in theirs
-              and h in (hcas if exe else [])]
+    common = [
+        h for h in json.loads(store.get(f"ib/hcas/{client}")) if h in theirs and h in (hcas if exe else [])
+    ]
     parts: list[tuple[str, tools.StageOutcome]] = []
     for i, hca in enumerate(common):
         port = str(cfg.ib_port_base + i)
         base = ["-d", hca, "-p", port, "--report_gbits", "-F"]
+        assert exe is not None, "common is empty without ib_write_bw"
         if node_rank != client:
             try:
-                server = subprocess.Popen([exe, *base, *stage.args], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                server = subprocess.Popen(
+                    [exe, *base, *stage.args],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL,
+                )
             except OSError as exc:
                 store.set(f"ib/ready/{hca}", f"error: {exc}")
                 continue
@@ -194,20 +232,34 @@ def ib_stage(store: Any, node_rank: int, nnodes: int, names: tuple[str, ...],
             continue
         ready = store.get(f"ib/ready/{hca}").decode()
         if ready != "ok":
-            parts.append((hca, tools.StageOutcome("ib_write_bw", "error", f"server on the reference: {ready}")))
+            parts.append(
+                (hca, tools.StageOutcome("ib_write_bw", "error", f"server on the reference: {ready}"))
+            )
             continue
         host = store.get(f"ib/host/{1 - client}").decode()
-        parts.append((hca, tools.run_stage("ib_write_bw", stage, [*base, host], tools.parse_ib_write_bw,
-                                           min_key=r"avg_gbps")))
+        parts.append(
+            (
+                hca,
+                tools.run_stage(
+                    "ib_write_bw", stage, [*base, host], tools.parse_ib_write_bw, min_key=r"avg_gbps"
+                ),
+            )
+        )
     if node_rank == client:
         if stage.run == "never":
             out = tools.StageOutcome("ib_write_bw", "skipped", "switched off in the policy")
         elif exe is None:
-            out = tools.StageOutcome("ib_write_bw", "error" if stage.run == "required" else "skipped",
-                                     f"{stage.command}: not installed on {nut}")
+            out = tools.StageOutcome(
+                "ib_write_bw",
+                "error" if stage.run == "required" else "skipped",
+                f"{stage.command}: not installed on {nut}",
+            )
         elif not common:
-            out = tools.StageOutcome("ib_write_bw", "skipped",
-                                     "not applicable: no InfiniBand device with ib_write_bw on both nodes")
+            out = tools.StageOutcome(
+                "ib_write_bw",
+                "skipped",
+                "not applicable: no InfiniBand device with ib_write_bw on both nodes",
+            )
         else:
             out = tools.merge_outcomes("ib_write_bw", parts)
         store.set("ib/stage", json.dumps(out.to_dict()))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import os
@@ -42,8 +43,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -118,8 +120,13 @@ def extra_delay(elapsed_s: float, slowdown: float) -> float:
         return 0.0
     return elapsed_s * slowdown / (1.0 - slowdown)
 
-_TORCH_DTYPES = {"float32": torch.float32, "tf32": torch.float32, "bfloat16": torch.bfloat16,
-                 "float16": torch.float16}
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "tf32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 
 # ---------------------------------------------------------------- settings
@@ -168,8 +175,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
             raise SlurmguardError(f"--{what}: expected positive integers, got {text!r}")
         return vals
 
-    dtypes = tuple(pol.gemm_dtypes) if args.dtypes is None else tuple(
-        d.strip() for d in args.dtypes.split(",") if d.strip())
+    dtypes = (
+        tuple(pol.gemm_dtypes)
+        if args.dtypes is None
+        else tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    )
     for d in dtypes:
         if d not in GEMM_DTYPES:
             raise SlurmguardError(f"unknown GEMM dtype {d!r} (known: {', '.join(GEMM_DTYPES)})")
@@ -263,7 +273,7 @@ def err(where: str, exc: BaseException) -> dict[str, str]:
 # ---------------------------------------------------------------- GEMM
 #: Unit roundoff of each dtype's result (float32: times sqrt(k) for the accumulation, set
 #: in verify_gemm); tf32 rounds inputs to 10 mantissa bits.
-VERIFY_UNIT = {"float32": 2.0 ** -24, "tf32": 2.0 ** -10, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+VERIFY_UNIT = {"float32": 2.0**-24, "tf32": 2.0**-10, "bfloat16": 2.0**-8, "float16": 2.0**-11}
 VERIFY_K = 16.0
 """A row's rounding error is a sum of k independent roundings (standard deviation about
 u/(2 sqrt 3) |C_i|); 16 u |C_i| is far outside it (no false alarm), while a flipped
@@ -275,14 +285,14 @@ def _rows_matvec(m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """m @ v in float64, a block of rows at a time (no full float64 copy of m)."""
     out = torch.empty(m.shape[0], dtype=torch.float64, device=m.device)
     for i in range(0, m.shape[0], _VERIFY_ROWS):
-        out[i:i + _VERIFY_ROWS] = m[i:i + _VERIFY_ROWS].to(torch.float64) @ v
+        out[i : i + _VERIFY_ROWS] = m[i : i + _VERIFY_ROWS].to(torch.float64) @ v
     return out
 
 
 def _row_norms(m: torch.Tensor) -> torch.Tensor:
     out = torch.empty(m.shape[0], dtype=torch.float64, device=m.device)
     for i in range(0, m.shape[0], _VERIFY_ROWS):
-        out[i:i + _VERIFY_ROWS] = torch.linalg.vector_norm(m[i:i + _VERIFY_ROWS].to(torch.float64), dim=1)
+        out[i : i + _VERIFY_ROWS] = torch.linalg.vector_norm(m[i : i + _VERIFY_ROWS].to(torch.float64), dim=1)
     return out
 
 
@@ -306,8 +316,17 @@ def verify_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, dtype: str, s
     return float(((got - ref).abs() / bound).max())
 
 
-def gemm_run(dev: torch.device, dtype: str, size: int, duration_s: float, slowdown: float, *,
-             corrupt: bool = False, seed: int = 0, align: Callable[[], None] | None = None) -> dict[str, Any]:
+def gemm_run(
+    dev: torch.device,
+    dtype: str,
+    size: int,
+    duration_s: float,
+    slowdown: float,
+    *,
+    corrupt: bool = False,
+    seed: int = 0,
+    align: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Sustained GEMM throughput of one device, TFLOP/s, with the results verified.
 
     Runs for `duration_s` in timing windows of about duration/20 (0.02-5 s); sustained =
@@ -328,7 +347,7 @@ def gemm_run(dev: torch.device, dtype: str, size: int, duration_s: float, slowdo
         a = torch.randn(size, size, device=dev, dtype=tdt, generator=gen)
         b = torch.randn(size, size, device=dev, dtype=tdt, generator=gen)
         c = torch.empty(size, size, device=dev, dtype=tdt)
-        flop = 2.0 * size ** 3
+        flop = 2.0 * size**3
 
         def run_window(batch: int) -> float:
             if cuda:
@@ -375,20 +394,27 @@ def gemm_run(dev: torch.device, dtype: str, size: int, duration_s: float, slowdo
             if now >= duration_s:
                 break
         steady = [w for w in windows if w[1] >= duration_s / 2] or windows
-        if cuda:
-            busy = sum(w[2] for w in steady)
-        else:
-            busy = steady[-1][1] - steady[0][0]
-        return {"dtype": dtype, "tflops": len(steady) * batch * flop / busy / 1e12,
-                "tflops_initial": batch * flop / windows[0][2] / 1e12,
-                "iterations": len(windows) * batch, "seconds": sum(w[2] for w in windows),
-                "checks": checks, "max_error": worst if math.isfinite(worst) else 1e300}
+        busy = sum(w[2] for w in steady) if cuda else steady[-1][1] - steady[0][0]
+        return {
+            "dtype": dtype,
+            "tflops": len(steady) * batch * flop / busy / 1e12,
+            "tflops_initial": batch * flop / windows[0][2] / 1e12,
+            "iterations": len(windows) * batch,
+            "seconds": sum(w[2] for w in windows),
+            "checks": checks,
+            "max_error": worst if math.isfinite(worst) else 1e300,
+        }
     finally:
         torch.backends.cuda.matmul.allow_tf32 = prev_tf32
 
 
-def device_phase(dev: torch.device, index: int, settings: Settings, fault: NodeFault,
-                 align: Callable[[], None] | None = None) -> dict[str, Any]:
+def device_phase(
+    dev: torch.device,
+    index: int,
+    settings: Settings,
+    fault: NodeFault,
+    align: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Everything measured on one device alone: GEMM per dtype (verified), memory bandwidth.
 
     Returns {"gemm": [...], "membw_gbps": float | None, "errors": [...]}; a wrong GEMM
@@ -399,14 +425,27 @@ def device_phase(dev: torch.device, index: int, settings: Settings, fault: NodeF
     out: dict[str, Any] = {"gemm": [], "membw_gbps": None, "errors": []}
     for dtype in settings.gemm_dtypes:
         try:
-            g = gemm_run(dev, dtype, settings.gemm_size, settings.gemm_duration_s,
-                         fault.gemm_slowdown if hit else 0.0, corrupt=fault.gemm_corrupt and hit,
-                         seed=index, align=align)
+            g = gemm_run(
+                dev,
+                dtype,
+                settings.gemm_size,
+                settings.gemm_duration_s,
+                fault.gemm_slowdown if hit else 0.0,
+                corrupt=fault.gemm_corrupt and hit,
+                seed=index,
+                align=align,
+            )
             out["gemm"].append(g)
             if g["max_error"] > 1.0:
-                out["errors"].append({"where": f"gemm {dtype} gpu{index}", "message": (
-                    f"wrong result (silent data corruption): error {g['max_error']:.3g} x the rounding"
-                    f" bound against a float64 reference ({g['checks']} products checked)")})
+                out["errors"].append(
+                    {
+                        "where": f"gemm {dtype} gpu{index}",
+                        "message": (
+                            f"wrong result (silent data corruption): error {g['max_error']:.3g} x the rounding"
+                            f" bound against a float64 reference ({g['checks']} products checked)"
+                        ),
+                    }
+                )
         except Exception as exc:  # a failed kernel is evidence, recorded and failed on
             out["errors"].append(err(f"gemm {dtype} gpu{index}", exc))
         finally:
@@ -415,8 +454,9 @@ def device_phase(dev: torch.device, index: int, settings: Settings, fault: NodeF
     try:
         if align is not None:
             align()
-        out["membw_gbps"] = membw(dev, settings.membw_bytes, settings.repeats,
-                                  fault.membw_slowdown if hit else 0.0)
+        out["membw_gbps"] = membw(
+            dev, settings.membw_bytes, settings.repeats, fault.membw_slowdown if hit else 0.0
+        )
     except Exception as exc:
         out["errors"].append(err(f"membw gpu{index}", exc))
     return out
@@ -424,15 +464,23 @@ def device_phase(dev: torch.device, index: int, settings: Settings, fault: NodeF
 
 # ---------------------------------------------------------------- telemetry during the run
 #: NVML clocks-event (throttle) reason bits, nvml.h nvmlClocksEventReason*.
-THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
-                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
-                 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
-                 0x100: "display_clock_setting"}
+THROTTLE_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
 
 
 def throttle_names(mask: int) -> list[str]:
     return [name for bit, name in THROTTLE_BITS.items() if mask & bit] + (
-        [f"unknown_0x{mask & ~sum(THROTTLE_BITS):x}"] if mask & ~sum(THROTTLE_BITS) else [])
+        [f"unknown_0x{mask & ~sum(THROTTLE_BITS):x}"] if mask & ~sum(THROTTLE_BITS) else []
+    )
 
 
 def _stats(values: Sequence[float]) -> dict[str, float] | None:
@@ -451,7 +499,9 @@ class RunTelemetry:
     recorded as {"source": "none", "error": ...}.
     """
 
-    def __init__(self, device: str, node: str, count: int, interval_s: float, nvml: Any | None = None) -> None:
+    def __init__(
+        self, device: str, node: str, count: int, interval_s: float, nvml: Any | None = None
+    ) -> None:
         self.device, self.node, self.count, self.interval = device, node, count, interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -462,7 +512,7 @@ class RunTelemetry:
         self._cg_start: dict[str, float] | None = None
         self._t0 = 0.0
 
-    def start(self) -> "RunTelemetry":
+    def start(self) -> RunTelemetry:
         self._t0 = time.monotonic()
         if self.device == "cuda":
             try:
@@ -481,8 +531,12 @@ class RunTelemetry:
     def _loop(self) -> None:
         from slurmguard.telemetry.base import Signal
 
-        want = {Signal.SM_CLOCK: "sm_clock_mhz", Signal.POWER: "power_w",
-                Signal.GPU_TEMP: "temperature_c", Signal.THROTTLE_REASONS: "throttle"}
+        want = {
+            Signal.SM_CLOCK: "sm_clock_mhz",
+            Signal.POWER: "power_w",
+            Signal.GPU_TEMP: "temperature_c",
+            Signal.THROTTLE_REASONS: "throttle",
+        }
         while True:
             try:
                 reading = self._src.sample()
@@ -510,8 +564,10 @@ class RunTelemetry:
         out = []
         for i in range(self.count):
             if self.device == "cuda":
-                t: dict[str, Any] = {"source": "nvml" if self._src is not None else "none",
-                                     "samples": len(self._samples.get((i, "sm_clock_mhz"), []))}
+                t: dict[str, Any] = {
+                    "source": "nvml" if self._src is not None else "none",
+                    "samples": len(self._samples.get((i, "sm_clock_mhz"), [])),
+                }
                 for key in ("sm_clock_mhz", "power_w", "temperature_c"):
                     st = _stats(self._samples.get((i, key), []))
                     if st is not None:
@@ -527,23 +583,27 @@ class RunTelemetry:
             else:
                 end = cgroup_cpu_stat()
                 if self._cg_start is not None and end is not None:
-                    t = {"source": "cgroup", "samples": 2,
-                         "throttled_s": max(0.0, end["throttled_s"] - self._cg_start["throttled_s"])}
+                    t = {
+                        "source": "cgroup",
+                        "samples": 2,
+                        "throttled_s": max(0.0, end["throttled_s"] - self._cg_start["throttled_s"]),
+                    }
                     periods = end["nr_periods"] - self._cg_start["nr_periods"]
                     throttled = end["nr_throttled"] - self._cg_start["nr_throttled"]
                     if throttled > 0:
                         t["throttle_reasons"] = ["cpu_quota"]
                         t["throttle_share"] = {"cpu_quota": throttled / max(periods, 1.0)}
                 else:
-                    t = {"source": "none", "samples": 0,
-                         "error": "no cgroup cpu.stat for this process"}
+                    t = {"source": "none", "samples": 0, "error": "no cgroup cpu.stat for this process"}
             if self._error and t.get("samples", 0) == 0:
                 t["error"] = self._error[:500]
             out.append(t)
         return out
 
 
-def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> dict[str, float] | None:
+def cgroup_cpu_stat(
+    proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup"
+) -> dict[str, float] | None:
     """This process's cgroup CPU throttling: {"nr_periods", "nr_throttled", "throttled_s"}.
 
     cgroup v1: <root>/cpu/<path>/cpu.stat (throttled_time, ns); v2: <root>/<path>/cpu.stat
@@ -551,7 +611,8 @@ def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
     is used. None when nothing can be read.
     """
     try:
-        lines = open(proc_cgroup, encoding="utf-8").read().splitlines()
+        with open(proc_cgroup, encoding="utf-8") as f:
+            lines = f.read().splitlines()
     except OSError:
         return None
     paths = []
@@ -579,7 +640,8 @@ def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
 
 def _read_cpu_stat(path: str) -> dict[str, float] | None:
     try:
-        kv = dict(line.split() for line in open(path, encoding="utf-8") if len(line.split()) == 2)
+        with open(path, encoding="utf-8") as f:
+            kv = dict(line.split() for line in f if len(line.split()) == 2)
     except (OSError, ValueError):
         return None
     try:
@@ -589,8 +651,11 @@ def _read_cpu_stat(path: str) -> dict[str, float] | None:
             thr = int(kv["throttled_time"]) / 1e9
         else:
             return None
-        return {"nr_periods": float(kv.get("nr_periods", 0)), "nr_throttled": float(kv.get("nr_throttled", 0)),
-                "throttled_s": thr}
+        return {
+            "nr_periods": float(kv.get("nr_periods", 0)),
+            "nr_throttled": float(kv.get("nr_throttled", 0)),
+            "throttled_s": thr,
+        }
     except ValueError:
         return None
 
@@ -639,8 +704,9 @@ def membw(dev: torch.device, nbytes: int, repeats: int, slowdown: float) -> floa
     return 2.0 * n * 4 / statistics.median(times) / 1e9
 
 
-def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: int,
-               fault: NodeFault) -> list[dict[str, Any]]:
+def p2p_matrix(
+    devs: Sequence[torch.device], node: str, nbytes: int, repeats: int, fault: NodeFault
+) -> list[dict[str, Any]]:
     """Directed copy bandwidth between every pair of devices of the node, GB/s.
 
     Reports each pair's asymmetry with its reverse and its deviation from the node's
@@ -655,14 +721,22 @@ def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: in
         for j in range(g):
             if i == j:
                 continue
-            def timed(inner: int, src: torch.Tensor = bufs[i], dst: torch.Tensor = dsts[j],
-                      a: torch.device = devs[i], b: torch.device = devs[j]) -> float:
+
+            def timed(
+                inner: int,
+                src: torch.Tensor = bufs[i],
+                dst: torch.Tensor = dsts[j],
+                a: torch.device = devs[i],
+                b: torch.device = devs[j],
+            ) -> float:
                 # host clock around both devices' syncs: a peer copy involves two GPUs
-                sync(a), sync(b)
+                sync(a)
+                sync(b)
                 t0 = time.perf_counter()
                 for _ in range(inner):
                     dst.copy_(src, non_blocking=True)
-                sync(a), sync(b)
+                sync(a)
+                sync(b)
                 return time.perf_counter() - t0
 
             timed(1)
@@ -682,9 +756,16 @@ def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: in
     out = []
     for (i, j), v in sorted(bw.items()):
         rev = bw[(j, i)]
-        out.append({"node": node, "src": i, "dst": j, "gbps": v,
-                    "asymmetry": abs(v - rev) / max(v, rev) if max(v, rev) > 0 else 0.0,
-                    "vs_node_median": v / med - 1.0 if med > 0 else 0.0})
+        out.append(
+            {
+                "node": node,
+                "src": i,
+                "dst": j,
+                "gbps": v,
+                "asymmetry": abs(v - rev) / max(v, rev) if max(v, rev) > 0 else 0.0,
+                "vs_node_median": v / med - 1.0 if med > 0 else 0.0,
+            }
+        )
     return out
 
 
@@ -725,8 +806,14 @@ def init_group(spec: WorkerSpec, store: Any | None = None) -> torch.device:
     kw: dict[str, Any] = {}
     if spec.backend == "nccl":
         kw["device_id"] = dev
-    dist.init_process_group(spec.backend, store=dist.PrefixStore(f"pg/{spec.task}", store),
-                            rank=spec.rank, world_size=spec.world, timeout=timeout, **kw)
+    dist.init_process_group(
+        spec.backend,
+        store=dist.PrefixStore(f"pg/{spec.task}", store),
+        rank=spec.rank,
+        world_size=spec.world,
+        timeout=timeout,
+        **kw,
+    )
     return dev
 
 
@@ -737,7 +824,7 @@ def _barrier(dev: torch.device) -> None:
     sync(dev)
 
 
-def timed_ops(op: Callable[[], None], dev: torch.device, iters: int) -> float:
+def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
     """Seconds for `iters` back-to-back operations: CUDA events on the current stream
     (NCCL work is ordered against it) on GPU, the host clock on CPU."""
     if dev.type == "cuda":
@@ -763,8 +850,15 @@ def busbw_factor(collective: str, n: int) -> float:
     return 1.0  # broadcast, reduce, send/recv
 
 
-def allreduce_bench(dev: torch.device, sizes_mb: Sequence[int], repeats: int, slow: float,
-                    scope: str, iters: int = 20, warmup: int = 5) -> list[dict[str, Any]]:
+def allreduce_bench(
+    dev: torch.device,
+    sizes_mb: Sequence[int],
+    repeats: int,
+    slow: float,
+    scope: str,
+    iters: int = 20,
+    warmup: int = 5,
+) -> list[dict[str, Any]]:
     """All-reduce bus bandwidth per message size (same numbers on every rank).
 
     Per repeat: `warmup` untimed all-reduces, then `iters` back-to-back ones timed
@@ -782,7 +876,7 @@ def allreduce_bench(dev: torch.device, sizes_mb: Sequence[int], repeats: int, sl
         times = []
         for _ in range(repeats):
             _barrier(dev)
-            t = timed_ops(lambda: dist.all_reduce(buf), dev, iters)
+            t = timed_ops(functools.partial(dist.all_reduce, buf), dev, iters)
             x = extra_delay(t, slow)
             if x:
                 time.sleep(x)
@@ -791,8 +885,16 @@ def allreduce_bench(dev: torch.device, sizes_mb: Sequence[int], repeats: int, sl
             times.append(float(tt.item()))
         t_med = statistics.median(times)
         algbw = size * MIB / t_med / 1e9
-        out.append({"scope": scope, "size_mb": size, "ranks": n, "time_s": t_med,
-                    "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor("all_reduce", n)})
+        out.append(
+            {
+                "scope": scope,
+                "size_mb": size,
+                "ranks": n,
+                "time_s": t_med,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * busbw_factor("all_reduce", n),
+            }
+        )
     return out
 
 
@@ -836,9 +938,9 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
                         if role == "send":
                             if x:
                                 time.sleep(x)
-                            t = timed_ops(lambda: dist.send(buf, peer), dev, n_ops)
+                            t = timed_ops(functools.partial(dist.send, buf, peer), dev, n_ops)
                         else:
-                            t = timed_ops(lambda: dist.recv(buf, peer), dev, n_ops)
+                            t = timed_ops(functools.partial(dist.recv, buf, peer), dev, n_ops)
                             if x:
                                 time.sleep(x)
                         if x:  # host-side sleep: not on the GPU's clock, but part of the transfer
@@ -860,10 +962,19 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
                     for g in range(G):
                         ts = [max(float(v[s * G + g]), float(v[d * G + g])) for v in samples[p_i]]
                         t_med = statistics.median(ts)
-                        out.append({"schedule": sched, "pass_index": p_i,
-                                    "src_node": spec.node_names[s], "src_gpu": g,
-                                    "dst_node": spec.node_names[d], "dst_gpu": g, "size_mb": size,
-                                    "time_s": t_med, "gbps": size * MIB / t_med / 1e9})
+                        out.append(
+                            {
+                                "schedule": sched,
+                                "pass_index": p_i,
+                                "src_node": spec.node_names[s],
+                                "src_gpu": g,
+                                "dst_node": spec.node_names[d],
+                                "dst_gpu": g,
+                                "size_mb": size,
+                                "time_s": t_med,
+                                "gbps": size * MIB / t_med / 1e9,
+                            }
+                        )
     return out
 
 
@@ -892,14 +1003,22 @@ def run_worker(spec: WorkerSpec, store: Any | None = None, barrier: Any | None =
         try:
             if spec.task == "allreduce_intra":
                 slow = spec.fault.p2p_slowdown if spec.fault.hits_gpu(spec.local_index) else 0.0
-                data = allreduce_bench(dev, s.message_sizes_mb, s.repeats, slow, "intra",
-                                       s.comm_iters, s.comm_warmup)
+                data = allreduce_bench(
+                    dev, s.message_sizes_mb, s.repeats, slow, "intra", s.comm_iters, s.comm_warmup
+                )
             elif spec.task == "passes":
-                data = {"transfers": passes_bench(spec, dev),
-                        "allreduce": allreduce_bench(
-                            dev, s.message_sizes_mb, s.repeats,
-                            max(spec.fault.link_factor(True), spec.fault.link_factor(False)), "cross",
-                            s.comm_iters, s.comm_warmup)}
+                data = {
+                    "transfers": passes_bench(spec, dev),
+                    "allreduce": allreduce_bench(
+                        dev,
+                        s.message_sizes_mb,
+                        s.repeats,
+                        max(spec.fault.link_factor(True), spec.fault.link_factor(False)),
+                        "cross",
+                        s.comm_iters,
+                        s.comm_warmup,
+                    ),
+                }
             else:
                 raise ValueError(f"unknown task {spec.task}")
             # the steps of slurmguard.workloads.teardown.finish, without its exit: this worker
@@ -954,9 +1073,18 @@ def run_local_workers(specs: Sequence[WorkerSpec], timeout_s: float) -> list[dic
                 p.kill()
     out = []
     for s, p in zip(specs, procs):
-        out.append(results.get(s.local_index) or {"data": None, "errors": [
-            {"where": f"{s.task} rank {s.rank}",
-             "message": f"worker exited with code {p.exitcode} without a result"}]})
+        out.append(
+            results.get(s.local_index)
+            or {
+                "data": None,
+                "errors": [
+                    {
+                        "where": f"{s.task} rank {s.rank}",
+                        "message": f"worker exited with code {p.exitcode} without a result",
+                    }
+                ],
+            }
+        )
     return out
 
 
@@ -998,4 +1126,3 @@ def main_guard(fn: Callable[[list[str] | None], int], argv: list[str] | None) ->
     except SlurmguardError as exc:
         print(f"slurmguard sweep: error: {exc}", file=sys.stderr)
         return 2
-

@@ -30,8 +30,10 @@ def watch(tmp_path, pattern, iters):
     root = tmp_path / "rings"
     slurm = FakeSlurm(nodes=("node0", "node1"))
     job = slurm.start_job(["node0", "node1"], user=getpass.getuser())
-    agents = [Agent(node=n, policy=POLICY, sender=Collect(), clock=SystemClock(), ring_root=str(root),
-                    slurm=slurm) for n in ("node0", "node1")]
+    agents = [
+        Agent(node=n, policy=POLICY, sender=Collect(), clock=SystemClock(), ring_root=str(root), slurm=slurm)
+        for n in ("node0", "node1")
+    ]
     proc = start_pattern(tmp_path, pattern, iters, ring_root=root, job_id=job)
     try:
         deadline = time.monotonic() + 300
@@ -44,8 +46,9 @@ def watch(tmp_path, pattern, iters):
     finally:
         proc.kill_all()
     codes = [p.returncode for p in proc.procs]
-    ranks = [(a.node, rk) for a in agents for j in a.sender.reports[-1].jobs if j.job_id == job
-             for rk in j.ranks]
+    ranks = [
+        (a.node, rk) for a in agents for j in a.sender.reports[-1].jobs if j.job_id == job for rk in j.ranks
+    ]
     return job, codes, ranks, agents
 
 

@@ -27,8 +27,7 @@ def _policy(tmp_path: Path) -> Path:
 def test_bench_agent_trusts_the_writers_rings_through_its_slurm_view(tmp_path):
     root = tmp_path / "rings"
     root.mkdir()
-    write_rings(str(root), "benchnode", JOB_ID, ranks=3, collectives=8, step_s=0.04,
-                stop_after_s=1.5)
+    write_rings(str(root), "benchnode", JOB_ID, ranks=3, collectives=8, step_s=0.04, stop_after_s=1.5)
     policy = _policy(tmp_path)
     loaded = make_agent("benchnode", "http://127.0.0.1:9", str(policy), str(root), JOB_ID)
     rep = loaded.build_report()
@@ -46,9 +45,28 @@ def test_bench_agent_prints_loaded_and_idle_rows():
     """About 25 s: the real bench, small and short."""
     exe = Path(sys.executable).with_name("slurmguard")
     cmd = [str(exe)] if exe.is_file() else [sys.executable, "-m", "slurmguard.cli"]
-    out = subprocess.run([*cmd, "bench", "agent", "--duration", "5", "--warmup", "1", "--ranks", "2",
-                          "--collectives", "16", "--step-s", "0.5", "--report-interval", "2"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            *cmd,
+            "bench",
+            "agent",
+            "--duration",
+            "5",
+            "--warmup",
+            "1",
+            "--ranks",
+            "2",
+            "--collectives",
+            "16",
+            "--step-s",
+            "0.5",
+            "--report-interval",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr + out.stdout
     rows = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines()}
     loaded = rows["2 ranks, 16 coll/step"]

@@ -55,35 +55,43 @@ class Collect:
 def plant_broken_rings(root, job_dir, other_user_job, stale_job):
     """Every kind of bad ring a job owner (or a crash) can leave behind."""
     # a second ring claiming rank 0, with older records than the job's own
-    good = ring.RingWriter(str(job_dir / "rank-9.step-0.torch.ring"), capacity=16, global_rank=0,
-                           world_size=2, node_name="node0")
+    good = ring.RingWriter(
+        str(job_dir / "rank-9.step-0.torch.ring"), capacity=16, global_rank=0, world_size=2, node_name="node0"
+    )
     for i in range(30):
         t = time.monotonic_ns() - (60 - i) * 10**8
         good.append(ring.OP["allreduce"], comm_id=1, nbytes=4, start_ns=t, end_ns=t + 10**6)
     good.close()
-    os.mkfifo(job_dir / "rank-2.step-0.torch.ring")                  # would block an open()
-    (job_dir / "rank-3.step-0.torch.ring").write_bytes(b"\1" * 100)   # truncated
-    sparse = job_dir / "rank-4.step-0.torch.ring"                     # huge geometry, a hole
+    os.mkfifo(job_dir / "rank-2.step-0.torch.ring")  # would block an open()
+    (job_dir / "rank-3.step-0.torch.ring").write_bytes(b"\1" * 100)  # truncated
+    sparse = job_dir / "rank-4.step-0.torch.ring"  # huge geometry, a hole
     raw = bytearray((job_dir / "rank-9.step-0.torch.ring").read_bytes()[: ring.HEADER_SIZE])
     struct.pack_into("<I", raw, 20, ring.MAX_CAPACITY)
     sparse.write_bytes(bytes(raw))
     os.truncate(sparse, ring.HEADER_SIZE + ring.MAX_CAPACITY * ring.RECORD_SIZE)
     (job_dir / "rank-5.step-0.torch.ring").symlink_to("/etc/passwd")
     # nonsense records: absurd and reversed times, out of order
-    w = ring.RingWriter(str(job_dir / "rank-1.step-0.nccl.ring"), capacity=64, global_rank=1,
-                        world_size=2, node_name="node0")
+    w = ring.RingWriter(
+        str(job_dir / "rank-1.step-0.nccl.ring"), capacity=64, global_rank=1, world_size=2, node_name="node0"
+    )
     now = time.monotonic_ns()
     for i in range(60):
         s = now - (i * 7919 % 60) * 10**7
-        w.append(ring.OP["allreduce"], comm_id=3, nbytes=4 * (i % 3), start_ns=s,
-                 end_ns=s + 2**62 if i % 2 else now + 10**15)
+        w.append(
+            ring.OP["allreduce"],
+            comm_id=3,
+            nbytes=4 * (i % 3),
+            start_ns=s,
+            end_ns=s + 2**62 if i % 2 else now + 10**15,
+        )
     w.close()
     # another user's directory for a running job, and a stale job's leftovers
     for jid in (other_user_job, stale_job):
         d = root / str(jid)
         d.mkdir()
-        ring.RingWriter(str(d / "rank-0.step-0.torch.ring"), capacity=16, global_rank=0,
-                        world_size=1, node_name="node0").close()
+        ring.RingWriter(
+            str(d / "rank-0.step-0.torch.ring"), capacity=16, global_rank=0, world_size=1, node_name="node0"
+        ).close()
     # (both directories stay owned by the test's user; job `other_user_job` runs as nobody)
 
 
@@ -101,8 +109,9 @@ def test_agent_survives_broken_rings_while_a_healthy_job_is_reported(tmp_path):
 
     agents, threads, stop = [], [], threading.Event()
     for node in ("node0", "node1"):
-        a = Agent(node=node, policy=POLICY, sender=Collect(), clock=SystemClock(),
-                  ring_root=str(root), slurm=slurm)
+        a = Agent(
+            node=node, policy=POLICY, sender=Collect(), clock=SystemClock(), ring_root=str(root), slurm=slurm
+        )
         t = threading.Thread(target=run, args=(a, stop), daemon=True)
         t.start()
         agents.append(a)
@@ -138,6 +147,6 @@ def test_agent_survives_broken_rings_while_a_healthy_job_is_reported(tmp_path):
     e1 = agents[1].sender.reports[-1].ring_errors
     # FIFO, truncated, sparse, symlink, duplicate rank 0 on node0
     assert e0.get("invalid", 0) >= 5
-    assert e0.get("untrusted", 0) >= 1          # job `other` runs as another user
-    assert e1.get("unreadable", 0) == 1         # the ring that shrank under node1's agent
-    assert e0.get("corrupt_records", 0) == 60     # the ring of impossible times, counted once
+    assert e0.get("untrusted", 0) >= 1  # job `other` runs as another user
+    assert e1.get("unreadable", 0) == 1  # the ring that shrank under node1's agent
+    assert e0.get("corrupt_records", 0) == 60  # the ring of impossible times, counted once

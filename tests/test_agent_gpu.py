@@ -32,7 +32,7 @@ from tests.test_agent_localise import judge as judge_gloo
 
 POLICY = Policy()
 JOB = 7
-ENQUEUE_NS = 5_000   # a host call of an NCCL collective on a GPU
+ENQUEUE_NS = 5_000  # a host call of an NCCL collective on a GPU
 ISSUE_GAP_NS = 20_000  # between two calls the CPU issues back to back
 _SEND, _RECV = ring.OP["send"], ring.OP["recv"]
 
@@ -64,9 +64,17 @@ def gpu_job(pattern: str, root, job: int = JOB, *, gpu: bool = True) -> dict:
         pos = np.arange(len(it)) - np.maximum.accumulate(np.where(first, np.arange(len(it)), 0))
         host = np.where(it >= 0, marks[it], start) + pos * ISSUE_GAP_NS
         host = np.minimum(host, start)  # never after the work itself started
-        w = ring.RingWriter(str(d / f"rank-{r}.step-0.nccl.ring"), capacity=8192, job_id=job,
-                            step_id=0, global_rank=r, local_rank=0, world_size=v["world"],
-                            source=ring.SOURCE_NCCL, node_name=v["node"])
+        w = ring.RingWriter(
+            str(d / f"rank-{r}.step-0.nccl.ring"),
+            capacity=8192,
+            job_id=job,
+            step_id=0,
+            global_rank=r,
+            local_rank=0,
+            world_size=v["world"],
+            source=ring.SOURCE_NCCL,
+            node_name=v["node"],
+        )
         for i, (op, comm, count, nbytes, s, _, peer, _) in enumerate(recs.tolist()):
             h = int(host[i]) if coll[i] else s
             times = {"gpu_start_ns": s, "gpu_end_ns": int(end[i])} if gpu else {}
@@ -74,16 +82,39 @@ def gpu_job(pattern: str, root, job: int = JOB, *, gpu: bool = True) -> dict:
             if op in (_SEND, _RECV):
                 # torch issues p2p inside an NCCL group; the group carries the time
                 w.append(ring.OP["group_start"], start_ns=h, end_ns=h + 500)
-                w.append(op, comm_id=comm, count=count, nbytes=nbytes, start_ns=h + 1000,
-                         end_ns=h + 1000 + ENQUEUE_NS, peer=peer, flags=ring.F_IN_GROUP)
-                w.append(ring.OP["group_end"], start_ns=h + 2000 + ENQUEUE_NS,
-                         end_ns=h + 3000 + ENQUEUE_NS, flags=gflag, **times)
+                w.append(
+                    op,
+                    comm_id=comm,
+                    count=count,
+                    nbytes=nbytes,
+                    start_ns=h + 1000,
+                    end_ns=h + 1000 + ENQUEUE_NS,
+                    peer=peer,
+                    flags=ring.F_IN_GROUP,
+                )
+                w.append(
+                    ring.OP["group_end"],
+                    start_ns=h + 2000 + ENQUEUE_NS,
+                    end_ns=h + 3000 + ENQUEUE_NS,
+                    flags=gflag,
+                    **times,
+                )
             elif coll[i]:
-                w.append(op, comm_id=comm, count=count, nbytes=nbytes, start_ns=h,
-                         end_ns=h + ENQUEUE_NS, peer=peer, flags=gflag, **times)
+                w.append(
+                    op,
+                    comm_id=comm,
+                    count=count,
+                    nbytes=nbytes,
+                    start_ns=h,
+                    end_ns=h + ENQUEUE_NS,
+                    peer=peer,
+                    flags=gflag,
+                    **times,
+                )
             else:
-                w.append(op, comm_id=comm, count=count, nbytes=nbytes, start_ns=s, end_ns=int(end[i]),
-                         peer=peer)
+                w.append(
+                    op, comm_id=comm, count=count, nbytes=nbytes, start_ns=s, end_ns=int(end[i]), peer=peer
+                )
         w.close()
     return rec
 
@@ -105,11 +136,14 @@ def judge(tmp_path, pattern, *, gpu=True):
 NOISY = {"L_tp2"}
 
 
-@pytest.mark.parametrize("name,node", [
-    ("L_ddp", "node1"),   # DP: the peer waits inside the all-reduce, on the GPU
-    ("L_fsdp", "node1"),  # FSDP: in all_gather / reduce_scatter
-    ("L_tp2", "node1"),   # TP pairs inside a node, DP across nodes
-])
+@pytest.mark.parametrize(
+    "name,node",
+    [
+        ("L_ddp", "node1"),  # DP: the peer waits inside the all-reduce, on the GPU
+        ("L_fsdp", "node1"),  # FSDP: in all_gather / reduce_scatter
+        ("L_tp2", "node1"),  # TP pairs inside a node, DP across nodes
+    ],
+)
 def test_gpu_job_names_the_slow_rank_as_the_gloo_job_does(tmp_path, name, node):
     a, ranks = judge(tmp_path / "gpu", name)
     g, _ = judge_gloo(tmp_path / "gloo", name)
@@ -130,7 +164,7 @@ def test_gpu_pipeline_is_judged_as_the_gloo_one(tmp_path, name):
     g, granks = judge_gloo(tmp_path / "gloo", name)
     assert len({r.role for _, r in ranks}) == 2
     assert {c.node for c in a.culprits} == {c.node for c in g.culprits}
-    assert ({r.rank: r.period_ops for _, r in ranks} == {r.rank: r.period_ops for _, r in granks})
+    assert {r.rank: r.period_ops for _, r in ranks} == {r.rank: r.period_ops for _, r in granks}
 
 
 @pytest.mark.parametrize("name,node", [("L_ddp", "node1"), ("L_tp2", "node1")])
@@ -152,7 +186,8 @@ def test_compute_is_iteration_minus_gpu_time_in_collectives(tmp_path):
     ratio = a.evidence["rank_compute_ratio"]
     assert ratio["node1/1"] > 1.15 * ratio["node0/0"]
     assert np.median([s.comm_s for s in peer.steps[-6:]]) > 20 * np.median(
-        [s.comm_s for s in slow.steps[-6:]])
+        [s.comm_s for s in slow.steps[-6:]]
+    )
     for s in slow.steps:
         assert 0 <= s.comm_s <= s.step_s
 
@@ -164,23 +199,34 @@ def test_group_members_take_their_groups_gpu_span(tmp_path):
     its calls their host times."""
     d = tmp_path / str(JOB)
     d.mkdir()
-    w = ring.RingWriter(str(d / "rank-0.step-0.nccl.ring"), capacity=64, job_id=JOB, step_id=0,
-                        global_rank=0, world_size=2, source=ring.SOURCE_NCCL, node_name="n")
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.nccl.ring"),
+        capacity=64,
+        job_id=JOB,
+        step_id=0,
+        global_rank=0,
+        world_size=2,
+        source=ring.SOURCE_NCCL,
+        node_name="n",
+    )
     t = time.monotonic_ns() - 10**9
     w.append(ring.OP["group_start"], start_ns=t, end_ns=t + 10)
-    w.append(_SEND, comm_id=5, nbytes=8, start_ns=t + 100, end_ns=t + 200, peer=1,
-             flags=ring.F_IN_GROUP)
-    w.append(_RECV, comm_id=5, nbytes=8, start_ns=t + 300, end_ns=t + 400, peer=1,
-             flags=ring.F_IN_GROUP)
+    w.append(_SEND, comm_id=5, nbytes=8, start_ns=t + 100, end_ns=t + 200, peer=1, flags=ring.F_IN_GROUP)
+    w.append(_RECV, comm_id=5, nbytes=8, start_ns=t + 300, end_ns=t + 400, peer=1, flags=ring.F_IN_GROUP)
     tr = RingTracker(str(tmp_path), "n", lambda: {JOB: os.getuid()}, young_s=0.0)
     (tracked,) = tr.poll()
     assert tracked.begin_ns.tolist() == [t + 100, t + 300]  # host times until the group_end
-    w.append(ring.OP["group_end"], start_ns=t + 500, end_ns=t + 600, flags=ring.F_GPU_TIME,
-             gpu_start_ns=t + 5000, gpu_end_ns=t + 9000)
+    w.append(
+        ring.OP["group_end"],
+        start_ns=t + 500,
+        end_ns=t + 600,
+        flags=ring.F_GPU_TIME,
+        gpu_start_ns=t + 5000,
+        gpu_end_ns=t + 9000,
+    )
     # an untimed group (events off): its calls keep their host times
     w.append(ring.OP["group_start"], start_ns=t + 10000, end_ns=t + 10010)
-    w.append(_SEND, comm_id=5, nbytes=8, start_ns=t + 10100, end_ns=t + 10200, peer=1,
-             flags=ring.F_IN_GROUP)
+    w.append(_SEND, comm_id=5, nbytes=8, start_ns=t + 10100, end_ns=t + 10200, peer=1, flags=ring.F_IN_GROUP)
     w.append(ring.OP["group_end"], start_ns=t + 10500, end_ns=t + 10600, flags=ring.F_NO_EVENT)
     tr.poll()
     assert tracked.begin_ns.tolist() == [t + 5000, t + 5000, t + 10100]
@@ -194,16 +240,43 @@ def test_peer_xfer_records_are_links_not_collectives(tmp_path):
     sequence; the tracker sums them per (communicator, peer, direction)."""
     d = tmp_path / str(JOB)
     d.mkdir()
-    w = ring.RingWriter(str(d / "rank-0.step-0.ncclprof.ring"), capacity=64, job_id=JOB,
-                        step_id=0, global_rank=0, world_size=4, source=ring.SOURCE_NCCL_PROFILER,
-                        node_name="n")
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.ncclprof.ring"),
+        capacity=64,
+        job_id=JOB,
+        step_id=0,
+        global_rank=0,
+        world_size=4,
+        source=ring.SOURCE_NCCL_PROFILER,
+        node_name="n",
+    )
     t = time.monotonic_ns() - 10**9
-    w.append(ring.OP["allreduce"], comm_id=5, nbytes=1 << 20, start_ns=t, end_ns=t + 10,
-             flags=ring.F_GPU_TIME, gpu_start_ns=t + 100, gpu_end_ns=t + 5100, coll_seq=1)
+    w.append(
+        ring.OP["allreduce"],
+        comm_id=5,
+        nbytes=1 << 20,
+        start_ns=t,
+        end_ns=t + 10,
+        flags=ring.F_GPU_TIME,
+        gpu_start_ns=t + 100,
+        gpu_end_ns=t + 5100,
+        coll_seq=1,
+    )
     for k, (peer, net) in enumerate([(1, 4_000_000), (1, 6_000_000), (3, 40_000_000)]):
-        w.append(ring.OP["peer_xfer"], comm_id=5, count=10, nbytes=10 << 20, start_ns=t + k,
-                 end_ns=t + k + 1, peer=peer, flags=ring.F_XFER_SEND, xfer_net_ns=net,
-                 xfer_peer_wait_ns=1000, xfer_channels=3, xfer_ops=2)
+        w.append(
+            ring.OP["peer_xfer"],
+            comm_id=5,
+            count=10,
+            nbytes=10 << 20,
+            start_ns=t + k,
+            end_ns=t + k + 1,
+            peer=peer,
+            flags=ring.F_XFER_SEND,
+            xfer_net_ns=net,
+            xfer_peer_wait_ns=1000,
+            xfer_channels=3,
+            xfer_ops=2,
+        )
     w.close()
     tr = RingTracker(str(tmp_path), "n", lambda: {JOB: os.getuid()}, young_s=0.0)
     (tracked,) = tr.poll()
@@ -219,15 +292,47 @@ def test_peer_xfer_records_are_links_not_collectives(tmp_path):
 def test_impossible_gpu_times_are_counted_not_used(tmp_path):
     d = tmp_path / str(JOB)
     d.mkdir()
-    w = ring.RingWriter(str(d / "rank-0.step-0.nccl.ring"), capacity=64, job_id=JOB, step_id=0,
-                        global_rank=0, world_size=2, source=ring.SOURCE_NCCL, node_name="n")
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.nccl.ring"),
+        capacity=64,
+        job_id=JOB,
+        step_id=0,
+        global_rank=0,
+        world_size=2,
+        source=ring.SOURCE_NCCL,
+        node_name="n",
+    )
     t = time.monotonic_ns() - 10**9
-    w.append(ring.OP["allreduce"], comm_id=5, nbytes=8, start_ns=t, end_ns=t + 10,
-             flags=ring.F_GPU_TIME, gpu_start_ns=t + 100, gpu_end_ns=t + 50)  # ends before it starts
-    w.append(ring.OP["allreduce"], comm_id=5, nbytes=8, start_ns=t + 20, end_ns=t + 30,
-             flags=ring.F_GPU_TIME, gpu_start_ns=t + 100, gpu_end_ns=t + 10**15)  # in 11 days
-    w.append(ring.OP["allreduce"], comm_id=5, nbytes=8, start_ns=t + 40, end_ns=t + 50,
-             flags=ring.F_GPU_TIME, gpu_start_ns=t + 200, gpu_end_ns=t + 300)
+    w.append(
+        ring.OP["allreduce"],
+        comm_id=5,
+        nbytes=8,
+        start_ns=t,
+        end_ns=t + 10,
+        flags=ring.F_GPU_TIME,
+        gpu_start_ns=t + 100,
+        gpu_end_ns=t + 50,
+    )  # ends before it starts
+    w.append(
+        ring.OP["allreduce"],
+        comm_id=5,
+        nbytes=8,
+        start_ns=t + 20,
+        end_ns=t + 30,
+        flags=ring.F_GPU_TIME,
+        gpu_start_ns=t + 100,
+        gpu_end_ns=t + 10**15,
+    )  # in 11 days
+    w.append(
+        ring.OP["allreduce"],
+        comm_id=5,
+        nbytes=8,
+        start_ns=t + 40,
+        end_ns=t + 50,
+        flags=ring.F_GPU_TIME,
+        gpu_start_ns=t + 200,
+        gpu_end_ns=t + 300,
+    )
     w.close()
     tr = RingTracker(str(tmp_path), "n", lambda: {JOB: os.getuid()}, young_s=0.0)
     (tracked,) = tr.poll()
@@ -252,14 +357,30 @@ def test_slow_link_from_the_plugins_transfer_times(tmp_path):
     d.mkdir()
     t = time.monotonic_ns() - 10**9
     for r in range(4):
-        w = ring.RingWriter(str(d / f"rank-{r}.step-0.ncclprof.ring"), capacity=64, job_id=JOB,
-                            step_id=0, global_rank=r, world_size=4,
-                            source=ring.SOURCE_NCCL_PROFILER, node_name=f"node{r}")
+        w = ring.RingWriter(
+            str(d / f"rank-{r}.step-0.ncclprof.ring"),
+            capacity=64,
+            job_id=JOB,
+            step_id=0,
+            global_rank=r,
+            world_size=4,
+            source=ring.SOURCE_NCCL_PROFILER,
+            node_name=f"node{r}",
+        )
         for peer, sent in (((r + 1) % 4, True), ((r + 3) % 4, False)):
             slow = (r, peer, sent) in ((0, 1, True), (1, 0, False))
-            w.append(ring.OP["peer_xfer"], comm_id=9, count=40, nbytes=40 << 19, start_ns=t,
-                     end_ns=t + 10**8, peer=peer, flags=ring.F_XFER_SEND if sent else 0,
-                     xfer_net_ns=40 * (8_000_000 if slow else 800_000), xfer_ops=4)
+            w.append(
+                ring.OP["peer_xfer"],
+                comm_id=9,
+                count=40,
+                nbytes=40 << 19,
+                start_ns=t,
+                end_ns=t + 10**8,
+                peer=peer,
+                flags=ring.F_XFER_SEND if sent else 0,
+                xfer_net_ns=40 * (8_000_000 if slow else 800_000),
+                xfer_ops=4,
+            )
         w.close()
     reports = []
     for r in range(4):
@@ -269,9 +390,12 @@ def test_slow_link_from_the_plugins_transfer_times(tmp_path):
         assert len(rep.links) == 2 and all(lk.steps == 40 for lk in rep.links)
         reports.append((f"node{r}", rep))
     got = slow_links(reports, POLICY)
-    assert got == ["node0/0 -> peer 1: 8 ms/step on the network vs median 0.8",
-                   "node1/1 <- peer 0: 8 ms/step on the network vs median 0.8"]
-    healthy = [(n, r.model_copy(update={"links": [lk for lk in r.links if lk.net_s < 0.1]}))
-               for n, r in reports]
+    assert got == [
+        "node0/0 -> peer 1: 8 ms/step on the network vs median 0.8",
+        "node1/1 <- peer 0: 8 ms/step on the network vs median 0.8",
+    ]
+    healthy = [
+        (n, r.model_copy(update={"links": [lk for lk in r.links if lk.net_s < 0.1]})) for n, r in reports
+    ]
     assert slow_links(healthy, POLICY) == []
     assert slow_links([(n, r.model_copy(update={"links": []})) for n, r in reports], POLICY) == []

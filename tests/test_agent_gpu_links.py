@@ -36,20 +36,44 @@ def ring_reports(root, slow: set[tuple[int, int]]) -> list:
     d.mkdir(parents=True)
     t = time.monotonic_ns() - 2 * 10**9
     for r in range(N):
-        w = ring.RingWriter(str(d / f"rank-{r}.step-0.ncclprof.ring"), capacity=256, job_id=JOB,
-                            step_id=0, global_rank=r, local_rank=0, world_size=N,
-                            source=ring.SOURCE_NCCL_PROFILER, node_name=f"node{r}")
+        w = ring.RingWriter(
+            str(d / f"rank-{r}.step-0.ncclprof.ring"),
+            capacity=256,
+            job_id=JOB,
+            step_id=0,
+            global_rank=r,
+            local_rank=0,
+            world_size=N,
+            source=ring.SOURCE_NCCL_PROFILER,
+            node_name=f"node{r}",
+        )
         for i in range(20):
             s = t + i * 10**7
-            w.append(ring.OP["allreduce"], comm_id=9, count=1 << 20, nbytes=4 << 20, start_ns=s,
-                     end_ns=s + 5000, flags=ring.F_GPU_TIME, gpu_start_ns=s + 10**6,
-                     gpu_end_ns=s + 4 * 10**6)
+            w.append(
+                ring.OP["allreduce"],
+                comm_id=9,
+                count=1 << 20,
+                nbytes=4 << 20,
+                start_ns=s,
+                end_ns=s + 5000,
+                flags=ring.F_GPU_TIME,
+                gpu_start_ns=s + 10**6,
+                gpu_end_ns=s + 4 * 10**6,
+            )
         for peer, sent in (((r + 1) % N, True), ((r - 1) % N, False)):
             link = (r, peer) if sent else (peer, r)
-            w.append(ring.OP["peer_xfer"], comm_id=9, count=STEPS, nbytes=STEPS << 19,
-                     start_ns=t, end_ns=t + 10**8, peer=peer,
-                     flags=ring.F_XFER_SEND if sent else 0,
-                     xfer_net_ns=STEPS * (SLOW_NS if link in slow else FAST_NS), xfer_ops=4)
+            w.append(
+                ring.OP["peer_xfer"],
+                comm_id=9,
+                count=STEPS,
+                nbytes=STEPS << 19,
+                start_ns=t,
+                end_ns=t + 10**8,
+                peer=peer,
+                flags=ring.F_XFER_SEND if sent else 0,
+                xfer_net_ns=STEPS * (SLOW_NS if link in slow else FAST_NS),
+                xfer_ops=4,
+            )
         w.close()
     out = []
     for r in range(N):
@@ -68,10 +92,13 @@ def test_a_slow_nic_is_the_node_common_to_the_slow_links(tmp_path):
     assert v.why.startswith("slow links point at node2")
 
 
-@pytest.mark.parametrize("slow", [
-    {(0, 1)},            # one slow link: a cable or either end, not one node
-    {(0, 1), (2, 3)},    # two links with no node in common
-])
+@pytest.mark.parametrize(
+    "slow",
+    [
+        {(0, 1)},  # one slow link: a cable or either end, not one node
+        {(0, 1), (2, 3)},  # two links with no node in common
+    ],
+)
 def test_slow_links_without_a_common_node_name_nobody(tmp_path, slow):
     v = link_verdict(ring_reports(tmp_path, slow), POLICY)
     assert v.node is None and v.ranks == ()
@@ -93,9 +120,22 @@ def _slowed(reports, *, slow_compute_rank: int | None = None) -> list:
             step = 0.2 if i < 80 else 0.3
             comp = 0.2 if (rep.rank == slow_compute_rank and i >= 80) else 0.1
             steps.append(StepSample(end=1000.0 + 0.25 * i, step_s=step, comm_s=step - comp))
-        out.append((node, rep.model_copy(update={
-            "steps": steps, "total_steps": 120, "baseline_step_s": 0.2,
-            "baseline_compute_s": 0.1, "role": "dp", "last_progress": 1030.0, "exited": False})))
+        out.append(
+            (
+                node,
+                rep.model_copy(
+                    update={
+                        "steps": steps,
+                        "total_steps": 120,
+                        "baseline_step_s": 0.2,
+                        "baseline_compute_s": 0.1,
+                        "role": "dp",
+                        "last_progress": 1030.0,
+                        "exited": False,
+                    }
+                ),
+            )
+        )
     return out
 
 

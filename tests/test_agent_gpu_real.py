@@ -71,8 +71,14 @@ def test_hook_gpu_durations_match_torch_events(tmp_path):
     span also holds torch's own launch work before the NCCL call, which the
     hook's events, around the NCCL call itself, leave out: 12% there."""
     res = real_nccl.compare(str(unpack(tmp_path, "hook")), str(DATA / "hook" / "calls.json"))
-    assert set(res) == {"allreduce_avg_64MB", "allreduce_avg_256MB", "allreduce_avg_1GB",
-                        "allgather_256MB", "sendrecv_self_256MB", "allreduce_avg_256MB_idle_gpu"}
+    assert set(res) == {
+        "allreduce_avg_64MB",
+        "allreduce_avg_256MB",
+        "allreduce_avg_1GB",
+        "allgather_256MB",
+        "sendrecv_self_256MB",
+        "allreduce_avg_256MB_idle_gpu",
+    }
     for name, row in res.items():
         assert row["records"] == row["calls"] == 13, (name, row)
         if row["busy"]:

@@ -40,10 +40,13 @@ def judge(tmp_path, name):
     return assess_job(JOB, tuple(nodes), ranks, {}, POLICY, now), ranks
 
 
-@pytest.mark.parametrize("name,node", [
-    ("L_ddp", "node1"),    # DP: the peer waits inside the all-reduce
-    ("L_fsdp", "node1"),   # FSDP: the peer waits in all_gather / reduce_scatter
-])
+@pytest.mark.parametrize(
+    "name,node",
+    [
+        ("L_ddp", "node1"),  # DP: the peer waits inside the all-reduce
+        ("L_fsdp", "node1"),  # FSDP: the peer waits in all_gather / reduce_scatter
+    ],
+)
 def test_slow_rank_names_its_node(tmp_path, name, node):
     a, _ = judge(tmp_path, name)
     assert a is not None and a.slowdown > 0.05, a
@@ -95,8 +98,11 @@ def test_warm_up_is_never_a_slowdown(tmp_path):
 
     from tests.fixtures import agent as fx
 
-    z = {f"rank{r}_{k}": (first[r] if k == "records" else v[k] if k != "node" else np.array([v[k]]))
-         for r, v in rec.items() for k in ("records", "marks", "node")}
+    z = {
+        f"rank{r}_{k}": (first[r] if k == "records" else v[k] if k != "node" else np.array([v[k]]))
+        for r, v in rec.items()
+        for k in ("records", "marks", "node")
+    }
     z.update({f"rank{r}_world": np.array([v["world"]]) for r, v in rec.items()})
     np.savez_compressed(tmp_path / "warm.npz", **z)
     old = fx.RECORDED
@@ -127,8 +133,15 @@ def test_a_rank_computing_less_than_its_same_role_peers_is_never_the_straggler()
 
     def rank(r, base_c, comp):
         steps = [StepSample(end=100.0 + i, step_s=0.2, comm_s=0.2 - comp) for i in range(9)]
-        return RankReport(rank=r, source="torch", role="dp", baseline_step_s=0.2,
-                          baseline_compute_s=base_c, steps=steps, total_steps=60)
+        return RankReport(
+            rank=r,
+            source="torch",
+            role="dp",
+            baseline_step_s=0.2,
+            baseline_compute_s=base_c,
+            steps=steps,
+            total_steps=60,
+        )
 
     # rank 0 computes 0.052 s against a baseline of 0.03 s (ratio 1.7), its
     # peer 0.102 s against 0.1 s: rank 0 is the fast one
@@ -147,8 +160,15 @@ def _dp_rank(r, base_c, comps, steps, base_step=0.1):
     from slurmguard.reports import RankReport, StepSample
 
     ss = [StepSample(end=100.0 + i, step_s=s, comm_s=s - c) for i, (c, s) in enumerate(zip(comps, steps))]
-    return RankReport(rank=r, source="torch", role="dp", baseline_step_s=base_step,
-                      baseline_compute_s=base_c, steps=ss, total_steps=60)
+    return RankReport(
+        rank=r,
+        source="torch",
+        role="dp",
+        baseline_step_s=base_step,
+        baseline_compute_s=base_c,
+        steps=ss,
+        total_steps=60,
+    )
 
 
 def test_a_job_wide_slowdown_is_not_one_nodes_even_when_one_rank_computes_a_bit_more():
@@ -160,15 +180,16 @@ def test_a_job_wide_slowdown_is_not_one_nodes_even_when_one_rank_computes_a_bit_
     from slurmguard.controller.assess import localise
 
     steps = [0.2] * 9
-    ranks = [("node1", _dp_rank(0, 0.05, [0.115] * 9, steps)),
-             ("node2", _dp_rank(1, 0.05, [0.1] * 9, steps))]
+    ranks = [("node1", _dp_rank(0, 0.05, [0.115] * 9, steps)), ("node2", _dp_rank(1, 0.05, [0.1] * 9, steps))]
     _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert not slow
     assert "explains 30%" in why and "job-wide" in why
     # the same 15 ms on a job whose step grew by 20 ms is the straggler
     steps = [0.12] * 9
-    ranks = [("node1", _dp_rank(0, 0.05, [0.065] * 9, steps)),
-             ("node2", _dp_rank(1, 0.05, [0.05] * 9, steps))]
+    ranks = [
+        ("node1", _dp_rank(0, 0.05, [0.065] * 9, steps)),
+        ("node2", _dp_rank(1, 0.05, [0.05] * 9, steps)),
+    ]
     _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert list(slow) == ["node1"], why
 
@@ -180,8 +201,10 @@ def test_a_difference_within_the_noise_names_no_node():
 
     wobble = [0.0, 0.04, -0.04, 0.03, -0.03, 0.02, -0.02, 0.04, -0.04]
     steps = [0.13] * 9
-    ranks = [("node1", _dp_rank(0, 0.05, [0.08 + w for w in wobble], steps)),
-             ("node2", _dp_rank(1, 0.05, [0.06 - w for w in wobble], steps))]
+    ranks = [
+        ("node1", _dp_rank(0, 0.05, [0.08 + w for w in wobble], steps)),
+        ("node2", _dp_rank(1, 0.05, [0.06 - w for w in wobble], steps)),
+    ]
     _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert not slow and "within the noise" in why
 
@@ -212,7 +235,9 @@ def test_a_cpu_cap_that_throttles_some_iterations_once_and_some_twice_is_named()
     capped = [0.1022, 0.0950, 0.1794, 0.0282, 0.0269, 0.0325, 0.1712, 0.0263, 0.1063]
     healthy = [0.028, 0.027, 0.029, 0.028, 0.030, 0.027, 0.028, 0.029, 0.028]
     steps = [0.2] * 9
-    ranks = [("node1", _dp_rank(0, 0.028, healthy, steps, base_step=0.085)),
-             ("node2", _dp_rank(1, 0.028, capped, steps, base_step=0.085))]
+    ranks = [
+        ("node1", _dp_rank(0, 0.028, healthy, steps, base_step=0.085)),
+        ("node2", _dp_rank(1, 0.028, capped, steps, base_step=0.085)),
+    ]
     _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert list(slow) == ["node2"], why

@@ -73,8 +73,10 @@ def test_recorded_patterns_iteration_time_and_count(tmp_path, pattern, missed):
         agent = np.array([s.step_s for s in rep.steps])
         assert agent.size, f"{pattern} rank {rank}: no iterations found"
         err = np.median(agent) / np.median(job) - 1
-        assert abs(err) <= 0.05, f"{pattern} rank {rank}: median {np.median(agent):.4f}s vs job's " \
-                                 f"{np.median(job):.4f}s ({err:+.1%})"
+        assert abs(err) <= 0.05, (
+            f"{pattern} rank {rank}: median {np.median(agent):.4f}s vs job's "
+            f"{np.median(job):.4f}s ({err:+.1%})"
+        )
         paired = paired_error(rep.steps, v["marks"], offset_ns[rank])
         assert abs(paired) <= 0.05, f"{pattern} rank {rank}: paired median error {paired:+.1%}"
         assert job.size - missed <= rep.total_steps <= job.size, (pattern, rank, rep.total_steps)
@@ -87,8 +89,8 @@ def test_roles_tell_pipeline_stages_apart_and_group_replicas(tmp_path):
         root = tmp_path / pattern
         rec = replay(pattern, root, JOB)
         roles[pattern] = [analyse(root, v["node"])[r].role for r, v in rec.items()]
-    assert roles["pp"][0] != roles["pp"][1]          # first and last stage
-    assert len(set(roles["tp"])) == 1                 # TP positions x DP replicas do the same work
+    assert roles["pp"][0] != roles["pp"][1]  # first and last stage
+    assert len(set(roles["tp"])) == 1  # TP positions x DP replicas do the same work
     assert len(set(roles["ddp"])) == 1 and len(set(roles["fsdp"])) == 1
 
 
@@ -100,8 +102,9 @@ def test_live_job_polled_while_it_runs(tmp_path, pattern, world):
     completion order, across polls) and still matches the job's step times."""
     root = tmp_path / "rings"
     job = start_pattern(tmp_path, pattern, 40, ring_root=root, job_id=JOB, world=world)
-    trackers = {r: RingTracker(str(root), f"node{r}", lambda: {JOB: os.getuid()}, young_s=30.0)
-                for r in range(world)}
+    trackers = {
+        r: RingTracker(str(root), f"node{r}", lambda: {JOB: os.getuid()}, young_s=30.0) for r in range(world)
+    }
     analyzers = {r: RankAnalyzer(POLICY.agent, POLICY.detection) for r in range(world)}
     reports = {}
     try:
@@ -160,6 +163,7 @@ def test_ops_interleaved_by_several_threads_fall_back_to_one_communicator():
     assert it is not None
     assert np.median(np.diff(ro.start_ns[it.anchors])) / 1e9 == pytest.approx(0.57, rel=0.01)
     noise = np.random.default_rng(6)
-    ro = RankOps.from_rows(0, [(int(noise.integers(0, 5)), int(noise.integers(0, 3)), 1, i, i + 1)
-                               for i in range(400)])
+    ro = RankOps.from_rows(
+        0, [(int(noise.integers(0, 5)), int(noise.integers(0, 3)), 1, i, i + 1) for i in range(400)]
+    )
     assert find_iterations(ro, POLICY.detection.period) is None

@@ -38,17 +38,26 @@ agent:
 """)
 
 
-def write_job(root, job_id, nodes, iters, slow_from, slow_node, *, compute=0.08, comm=0.02,
-              slow_extra=0.04, t0_ns=None):
+def write_job(
+    root, job_id, nodes, iters, slow_from, slow_node, *, compute=0.08, comm=0.02, slow_extra=0.04, t0_ns=None
+):
     """One ring per rank; returns the monotonic ns of the last record."""
     t = t0_ns or time.monotonic_ns() - int(iters * 0.2e9)
     writers = {}
     d = root / str(job_id)
     d.mkdir(parents=True, exist_ok=True)
     for rank, node in enumerate(nodes):
-        writers[node] = RingWriter(str(d / f"rank-{rank}.step-batch.torch.ring"), capacity=4096,
-                                   job_id=job_id, step_id=0, global_rank=rank, local_rank=0,
-                                   world_size=len(nodes), source=SOURCE_TORCH, node_name=node)
+        writers[node] = RingWriter(
+            str(d / f"rank-{rank}.step-batch.torch.ring"),
+            capacity=4096,
+            job_id=job_id,
+            step_id=0,
+            global_rank=rank,
+            local_rank=0,
+            world_size=len(nodes),
+            source=SOURCE_TORCH,
+            node_name=node,
+        )
     for i in range(iters):
         extra = slow_extra if i >= slow_from else 0.0
         arrive = {n: t + int((compute + (extra if n == slow_node else 0.0)) * 1e9) for n in nodes}
@@ -67,15 +76,28 @@ def stack(sqlite_store, tmp_path):
     slurm = FakeSlurm(clock=clock)
     metrics = ControllerMetrics()
     ctl = Controller(POLICY, sqlite_store, slurm, clock, metrics=metrics)
-    http = ControllerHTTP("127.0.0.1", 0, secret=SECRET, ingest=lambda r: ctl.fleet.ingest(r, clock.now()),
-                          metrics=metrics, now=time.time, health=lambda: (True, "ok"))
+    http = ControllerHTTP(
+        "127.0.0.1",
+        0,
+        secret=SECRET,
+        ingest=lambda r: ctl.fleet.ingest(r, clock.now()),
+        metrics=metrics,
+        now=time.time,
+        health=lambda: (True, "ok"),
+    )
     http.start()
     url = f"http://127.0.0.1:{http.port}"
 
     def agent(node: str) -> Agent:
         sender = ReportSender(url, node_key(SECRET, node), timeout_s=5, max_reports=5, now=time.time)
-        return Agent(node=node, policy=POLICY, sender=sender, clock=clock, ring_root=str(tmp_path / "rings"),
-                     slurm=slurm)
+        return Agent(
+            node=node,
+            policy=POLICY,
+            sender=sender,
+            clock=clock,
+            ring_root=str(tmp_path / "rings"),
+            slurm=slurm,
+        )
 
     yield ctl, slurm, clock, agent, url, metrics
     http.stop()
@@ -114,9 +136,17 @@ def test_controller_rejects_unsigned_stale_and_replayed_reports(stack):
     key = node_key(SECRET, "node1")
 
     def post(ts, sig):
-        req = urllib.request.Request(url + "/v1/report", data=body, method="POST", headers={
-            "Content-Type": "application/json", "X-Slurmguard-Time": ts, NODE_HEADER: "node1",
-            "X-Slurmguard-Signature": sig})
+        req = urllib.request.Request(
+            url + "/v1/report",
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "X-Slurmguard-Time": ts,
+                NODE_HEADER: "node1",
+                "X-Slurmguard-Signature": sig,
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status, r.read()
@@ -134,8 +164,9 @@ def test_controller_rejects_unsigned_stale_and_replayed_reports(stack):
 
 def test_sender_buffers_bounded_while_controller_down(tmp_path):
     clock = FakeClock(start=time.time())
-    sender = ReportSender("http://127.0.0.1:9", node_key(SECRET, "n1"), timeout_s=0.5, max_reports=3,
-                          now=clock.now)
+    sender = ReportSender(
+        "http://127.0.0.1:9", node_key(SECRET, "n1"), timeout_s=0.5, max_reports=3, now=clock.now
+    )
     for seq in range(1, 6):
         sender.enqueue(AgentReport(node="n1", seq=seq, sent_at=clock.now()))
         sender.flush()
@@ -153,8 +184,9 @@ def test_one_collective_per_iteration_despite_startup_broadcasts_and_final_barri
     n = 50
     t = np.cumsum(np.full(n, 100_000_000)).astype(np.int64)
     op = np.ones(n, np.int64)
-    op[:3] = 4    # DDP's start-up broadcasts
-    op[-1] = 14   # the job's final barrier
-    starts = iteration_starts(RankOps(0, op, np.zeros(n), np.full(n, 4000), t, t + 20_000_000),
-                              Policy().detection.period)
+    op[:3] = 4  # DDP's start-up broadcasts
+    op[-1] = 14  # the job's final barrier
+    starts = iteration_starts(
+        RankOps(0, op, np.zeros(n), np.full(n, 4000), t, t + 20_000_000), Policy().detection.period
+    )
     assert len(starts) == n - 4 and set(np.diff(starts)) == {100_000_000}

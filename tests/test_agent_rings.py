@@ -29,8 +29,16 @@ POLICY = Policy()
 
 
 def make_ring(path, *, rank=0, world=2, node=NODE, capacity=64, job_id=0, records=()):
-    w = ring.RingWriter(str(path), capacity=capacity, job_id=job_id, step_id=0, global_rank=rank,
-                        local_rank=rank, world_size=world, node_name=node)
+    w = ring.RingWriter(
+        str(path),
+        capacity=capacity,
+        job_id=job_id,
+        step_id=0,
+        global_rank=rank,
+        local_rank=rank,
+        world_size=world,
+        node_name=node,
+    )
     for r in records:
         w.append(**r)
     w.close()
@@ -42,14 +50,16 @@ def ddp_records(n, *, period_ns=50_000_000, comm_ns=5_000_000, t0=None):
     out = []
     for i in range(n):
         s = t + i * period_ns
-        out.append(dict(op=ring.OP["allreduce"], comm_id=7, count=10, nbytes=40, start_ns=s,
-                        end_ns=s + comm_ns))
+        out.append(
+            dict(op=ring.OP["allreduce"], comm_id=7, count=10, nbytes=40, start_ns=s, end_ns=s + comm_ns)
+        )
     return out
 
 
 def tracker(root, jobs=None):
-    return RingTracker(str(root), NODE, (lambda: jobs) if jobs is not None else (lambda: {5: UID}),
-                       young_s=0.0)
+    return RingTracker(
+        str(root), NODE, (lambda: jobs) if jobs is not None else (lambda: {5: UID}), young_s=0.0
+    )
 
 
 # ------------------------------------------------------------ the reader
@@ -59,9 +69,12 @@ HEADER_FIELD_NAMES = [name for name, _, _ in ring.HEADER_FIELDS if name != "node
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(field=st.sampled_from(HEADER_FIELD_NAMES), value=st.integers(0, 2**64 - 1),
-       cut=st.one_of(st.none(), st.integers(0, ring.HEADER_SIZE + 64 * 64 + 64)),
-       garbage=st.lists(st.tuples(st.integers(0, 63), st.binary(min_size=1, max_size=64)), max_size=6))
+@given(
+    field=st.sampled_from(HEADER_FIELD_NAMES),
+    value=st.integers(0, 2**64 - 1),
+    cut=st.one_of(st.none(), st.integers(0, ring.HEADER_SIZE + 64 * 64 + 64)),
+    garbage=st.lists(st.tuples(st.integers(0, 63), st.binary(min_size=1, max_size=64)), max_size=6),
+)
 def test_reader_never_raises_anything_but_ring_error(tmp_path, field, value, cut, garbage):
     path = tmp_path / "r.ring"
     if path.exists():
@@ -69,11 +82,16 @@ def test_reader_never_raises_anything_but_ring_error(tmp_path, field, value, cut
     make_ring(path, records=ddp_records(40))
     raw = bytearray(path.read_bytes())
     off, s = ring._HDR[field]
-    s.pack_into(raw, off, value % (1 << (8 * s.size)) if s.format[-1] in "QI" else
-                (value % (1 << (8 * s.size))) - (1 << (8 * s.size - 1)))
+    s.pack_into(
+        raw,
+        off,
+        value % (1 << (8 * s.size))
+        if s.format[-1] in "QI"
+        else (value % (1 << (8 * s.size))) - (1 << (8 * s.size - 1)),
+    )
     for slot, data in garbage:  # scribble over records, seq fields included
         o = ring.HEADER_SIZE + slot * 64
-        raw[o:o + len(data)] = data[: max(0, len(raw) - o)]
+        raw[o : o + len(data)] = data[: max(0, len(raw) - o)]
     if cut is not None:
         raw = raw[:cut]
     path.write_bytes(bytes(raw))
@@ -159,11 +177,11 @@ def test_broken_rings_are_skipped_counted_once_and_the_good_one_read(tmp_path, c
     d.mkdir()
     make_ring(d / "rank-0.step-0.torch.ring", records=ddp_records(30))
     os.mkfifo(d / "rank-1.step-0.torch.ring")
-    (d / "rank-2.step-0.torch.ring").write_bytes(b"\0" * 5000)       # no magic, old
-    make_ring(d / "rank-3.step-0.torch.ring", rank=7, world=2)        # not a rank of the job
-    make_ring(d / "rank-4.step-0.torch.ring", node="node2")           # another node's: not an error
+    (d / "rank-2.step-0.torch.ring").write_bytes(b"\0" * 5000)  # no magic, old
+    make_ring(d / "rank-3.step-0.torch.ring", rank=7, world=2)  # not a rank of the job
+    make_ring(d / "rank-4.step-0.torch.ring", node="node2")  # another node's: not an error
     raw = bytearray((d / "rank-0.step-0.torch.ring").read_bytes())
-    struct.pack_into("<q", raw, 48, -(1 << 62))                      # another boot's clock
+    struct.pack_into("<q", raw, 48, -(1 << 62))  # another boot's clock
     (d / "rank-5.step-0.torch.ring").write_bytes(bytes(raw))
     tr = tracker(tmp_path)
     for _ in range(3):
@@ -183,9 +201,10 @@ def test_records_in_completion_order_are_read_in_issue_order(tmp_path):
     d.mkdir()
     recs = ddp_records(40)
     # async work completes out of issue order and the hook writes on completion
-    recs = sorted(recs, key=lambda r: (r["end_ns"] + (30_000_000 if r["start_ns"] % 3 else 0)))
-    w = ring.RingWriter(str(d / "rank-0.step-0.torch.ring"), capacity=64, global_rank=0,
-                        world_size=1, node_name=NODE)
+    recs = sorted(recs, key=lambda r: r["end_ns"] + (30_000_000 if r["start_ns"] % 3 else 0))
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.torch.ring"), capacity=64, global_rank=0, world_size=1, node_name=NODE
+    )
     tr = tracker(tmp_path)
     for i, r in enumerate(recs):
         w.append(**r)
@@ -201,15 +220,17 @@ def test_records_in_completion_order_are_read_in_issue_order(tmp_path):
 
 # ------------------------------------------------------- tracker + analysis
 
-record = st.fixed_dictionaries({
-    "op": st.sampled_from([1, 2, 3, 4, 7, 8, 11, 14]),
-    "comm_id": st.sampled_from([0, 1, 2, 2**64 - 1]),
-    "count": st.integers(0, 2**20),
-    "nbytes": st.sampled_from([0, 4, 4000, 2**63 + 5]),
-    "start_ns": st.integers(0, 2**64 - 1),
-    "dur": st.integers(0, 2**40),
-    "peer": st.integers(-1, 8),
-})
+record = st.fixed_dictionaries(
+    {
+        "op": st.sampled_from([1, 2, 3, 4, 7, 8, 11, 14]),
+        "comm_id": st.sampled_from([0, 1, 2, 2**64 - 1]),
+        "count": st.integers(0, 2**20),
+        "nbytes": st.sampled_from([0, 4, 4000, 2**63 + 5]),
+        "start_ns": st.integers(0, 2**64 - 1),
+        "dur": st.integers(0, 2**40),
+        "peer": st.integers(-1, 8),
+    }
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -222,13 +243,22 @@ def test_tracker_and_analysis_never_raise_and_samples_make_sense(tmp_path, recs,
     rows = []
     for i, r in enumerate(recs):
         start = r["start_ns"]
-        if mode == "near":   # plausible times, arbitrary order and ops
+        if mode == "near":  # plausible times, arbitrary order and ops
             start = now - (start % 10**10)
         elif mode == "ddp":  # a periodic job with random jitter and reordering
             start = now - 10**10 + i * 50_000_000 + (start % 20_000_000)
         end = min(start + r["dur"], 2**64 - 1)
-        rows.append(dict(op=r["op"], comm_id=r["comm_id"], count=r["count"], nbytes=r["nbytes"],
-                         start_ns=start, end_ns=end, peer=r["peer"]))
+        rows.append(
+            dict(
+                op=r["op"],
+                comm_id=r["comm_id"],
+                count=r["count"],
+                nbytes=r["nbytes"],
+                start_ns=start,
+                end_ns=end,
+                peer=r["peer"],
+            )
+        )
     make_ring(d / "rank-0.step-0.torch.ring", world=1, capacity=256, records=rows)
     tr = tracker(root)
     an = RankAnalyzer(POLICY.agent, POLICY.detection)

@@ -36,15 +36,22 @@ def plugin_path(tmp_path: Path) -> Path:
     (meta / "entry_points.txt").write_text(
         "[slurmguard.commands]\n"
         "hello = sg_test_plugin:hello\n"
-        "node = sg_test_plugin:hello\n"       # must not replace the product's `node`
-        "broken = sg_test_no_such_module:cmd\n")
+        "node = sg_test_plugin:hello\n"  # must not replace the product's `node`
+        "broken = sg_test_no_such_module:cmd\n"
+    )
     return tmp_path
 
 
 def _run(path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), *sys.path])}
-    return subprocess.run([sys.executable, "-m", "slurmguard.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "slurmguard.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_a_plugin_command_runs_and_is_listed(plugin_path):
@@ -68,8 +75,9 @@ def test_a_plugin_cannot_replace_a_product_command(plugin_path):
 def test_a_plugin_whose_module_is_missing_is_one_line(plugin_path):
     res = _run(plugin_path, "broken")
     assert res.returncode == 1
-    assert res.stderr.strip() == ("Error: command 'broken' is unavailable: "
-                                  "module 'sg_test_no_such_module' is not installed")
+    assert res.stderr.strip() == (
+        "Error: command 'broken' is unavailable: module 'sg_test_no_such_module' is not installed"
+    )
 
 
 @pytest.mark.parametrize("name", ["bench", "devcluster", "demo"])
@@ -77,8 +85,10 @@ def test_dev_commands_without_the_dev_tools_say_how_to_install_them(monkeypatch,
     monkeypatch.setattr(cli_mod, "plugin_commands", lambda: {})
     res = CliRunner().invoke(cli_mod.cli, [name, "--help"])
     assert res.exit_code == 2
-    assert (f"command '{name}' comes with slurmguard-dev, which is not installed: the development "
-            "tools (local cluster, demo, benchmarks); from a source checkout: pip install ./dev") in res.output
+    assert (
+        f"command '{name}' comes with slurmguard-dev, which is not installed: the development "
+        "tools (local cluster, demo, benchmarks); from a source checkout: pip install ./dev"
+    ) in res.output
 
 
 def test_the_dev_tools_register_their_commands_in_the_group():
@@ -87,11 +97,14 @@ def test_the_dev_tools_register_their_commands_in_the_group():
 
     dev = tomllib.loads((Path(cli_mod.__file__).resolve().parents[1] / "dev" / "pyproject.toml").read_text())
     eps = dev["project"]["entry-points"][cli_mod.PLUGIN_GROUP]
-    assert eps == {"bench": "slurmguard_dev.bench:bench",
-                   "devcluster": "slurmguard_dev.devcluster.cli:devcluster",
-                   "demo": "slurmguard_dev.demo:demo"}
+    assert eps == {
+        "bench": "slurmguard_dev.bench:bench",
+        "devcluster": "slurmguard_dev.devcluster.cli:devcluster",
+        "demo": "slurmguard_dev.demo:demo",
+    }
     assert set(eps) == set(cli_mod.ELSEWHERE) and not set(eps) & set(cli_mod.COMMANDS)
     for target in eps.values():  # each names a click command that exists
         mod, attr = target.split(":")
-        assert getattr(__import__(mod, fromlist=[attr]), attr).name == next(k for k, v in eps.items()
-                                                                           if v == target)
+        assert getattr(__import__(mod, fromlist=[attr]), attr).name == next(
+            k for k, v in eps.items() if v == target
+        )

@@ -34,7 +34,9 @@ def test_bad_value_and_cross_field_rule():
 def test_yaml_syntax_error_and_duplicate_key_have_lines():
     with pytest.raises(ConfigError, match=r"^p.yaml:3: invalid YAML"):
         parse_policy("safety:\n  dry_run: [\n", "p.yaml")
-    with pytest.raises(ConfigError, match=r"p.yaml:3: invalid YAML: duplicate key 'dry_run' \(first at line 2\)"):
+    with pytest.raises(
+        ConfigError, match=r"p.yaml:3: invalid YAML: duplicate key 'dry_run' \(first at line 2\)"
+    ):
         parse_policy("safety:\n  dry_run: true\n  dry_run: false\n", "p.yaml")
 
 

@@ -25,8 +25,9 @@ detection:
 """)
 
 
-def rank_report(rank: int, now: float, *, base=1.0, slow_factor=1.0, slow_iters=0, culprit=False,
-                n=60, comm=0.2) -> RankReport:
+def rank_report(
+    rank: int, now: float, *, base=1.0, slow_factor=1.0, slow_iters=0, culprit=False, n=60, comm=0.2
+) -> RankReport:
     """n iterations ending at `now`; the last slow_iters are slowed by slow_factor.
 
     The culprit rank computes longer; its peers wait the difference inside the collective.
@@ -43,14 +44,23 @@ def rank_report(rank: int, now: float, *, base=1.0, slow_factor=1.0, slow_iters=
             c = compute
         t += step
         steps.append(StepSample(end=t, step_s=step, comm_s=step - c))
-    return RankReport(rank=rank, gpu=0, baseline_step_s=base, baseline_compute_s=base - comm,
-                      steps=steps, total_steps=n, last_progress=t)
+    return RankReport(
+        rank=rank,
+        gpu=0,
+        baseline_step_s=base,
+        baseline_compute_s=base - comm,
+        steps=steps,
+        total_steps=n,
+        last_progress=t,
+    )
 
 
-def report(node: str, job: int, ranks: list[RankReport], seq: int, now: float,
-           telemetry: list[TelemetryRecord] = ()) -> AgentReport:
-    return AgentReport(node=node, seq=seq, sent_at=now, jobs=[JobReport(job_id=job, ranks=ranks)],
-                       telemetry=list(telemetry))
+def report(
+    node: str, job: int, ranks: list[RankReport], seq: int, now: float, telemetry: list[TelemetryRecord] = ()
+) -> AgentReport:
+    return AgentReport(
+        node=node, seq=seq, sent_at=now, jobs=[JobReport(job_id=job, ranks=ranks)], telemetry=list(telemetry)
+    )
 
 
 @pytest.fixture
@@ -63,8 +73,9 @@ def env(sqlite_store, fake_clock):
 def feed_job(ctl, clock, job, nodes_slow: dict[str, float], slow_iters: int, seq: int) -> None:
     now = clock.now()
     for r, (node, factor) in enumerate(nodes_slow.items()):
-        rk = rank_report(r, now, slow_factor=max(nodes_slow.values()), slow_iters=slow_iters,
-                         culprit=factor > 1.0)
+        rk = rank_report(
+            r, now, slow_factor=max(nodes_slow.values()), slow_iters=slow_iters, culprit=factor > 1.0
+        )
         ctl.fleet.ingest(report(node, job, [rk], seq, now), now)
 
 
@@ -139,9 +150,17 @@ def test_moderate_sustained_drains_and_signals_without_requeue(env):
 
 
 def test_cost_gate_waits_until_the_slowdown_has_cost_the_action(sqlite_store, fake_clock):
-    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
-        "escalation": POLICY.response.escalation.model_copy(update={"drain_checkpoint_gpu_s": 50.0,
-                                                                      "requeue_gpu_s": 100.0})})})
+    policy = POLICY.model_copy(
+        update={
+            "response": POLICY.response.model_copy(
+                update={
+                    "escalation": POLICY.response.escalation.model_copy(
+                        update={"drain_checkpoint_gpu_s": 50.0, "requeue_gpu_s": 100.0}
+                    )
+                }
+            )
+        }
+    )
     slurm = FakeSlurm(clock=fake_clock)
     ctl = Controller(policy, sqlite_store, slurm, fake_clock)
     job = slurm.start_job(["node1", "node2"])
@@ -162,10 +181,16 @@ def test_cost_gate_waits_until_the_slowdown_has_cost_the_action(sqlite_store, fa
 
 
 def healthy_telemetry(node: str, now: float, temp=60.0, clock_mhz=1980.0, power=650.0) -> list:
-    return [TelemetryRecord(signal=s, value=v, unit=u, timestamp=now - 1, gpu=g)
-            for g in range(2)
-            for s, v, u in (("gpu_temp", temp, "C"), ("sm_clock", clock_mhz, "MHz"),
-                            ("power", power, "W"), ("gpu_util", 99.0, "%"))]
+    return [
+        TelemetryRecord(signal=s, value=v, unit=u, timestamp=now - 1, gpu=g)
+        for g in range(2)
+        for s, v, u in (
+            ("gpu_temp", temp, "C"),
+            ("sm_clock", clock_mhz, "MHz"),
+            ("power", power, "W"),
+            ("gpu_util", 99.0, "%"),
+        )
+    ]
 
 
 def test_telemetry_without_step_impact_only_marks_pending_verification(env):
@@ -177,8 +202,11 @@ def test_telemetry_without_step_impact_only_marks_pending_verification(env):
         clock.advance(11)
         now = clock.now()
         for r, node in enumerate(["node1", "node2", "node3", "node4"]):
-            tel = healthy_telemetry(node, now) if node != "node3" else healthy_telemetry(
-                node, now, temp=80.0, clock_mhz=1380.0, power=540.0)
+            tel = (
+                healthy_telemetry(node, now)
+                if node != "node3"
+                else healthy_telemetry(node, now, temp=80.0, clock_mhz=1380.0, power=540.0)
+            )
             ctl.fleet.ingest(report(node, job, [rank_report(r, now)], seq, now, tel), now)
         actions.append(ctl.cycle().actions)
     # flagged after consecutive_windows (2) windows, commented once
@@ -211,8 +239,13 @@ def test_admin_drained_node_is_never_touched(env):
 
 
 def test_breaker_at_one_node_holds_second_drain_and_alerts(sqlite_store, fake_clock):
-    policy = POLICY.model_copy(update={"safety": POLICY.safety.model_copy(update={
-        "breaker": POLICY.safety.breaker.model_copy(update={"max_nodes": 1})})})
+    policy = POLICY.model_copy(
+        update={
+            "safety": POLICY.safety.model_copy(
+                update={"breaker": POLICY.safety.breaker.model_copy(update={"max_nodes": 1})}
+            )
+        }
+    )
     slurm = FakeSlurm(clock=fake_clock)
     ctl = Controller(policy, sqlite_store, slurm, fake_clock)
     j1 = slurm.start_job(["node1", "node2"])
@@ -269,9 +302,21 @@ def test_quiet_below_stall_window_is_not_a_stall(env):
 
 
 def test_opted_in_job_is_rebalanced_before_any_drain(sqlite_store, fake_clock):
-    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
-        "escalation": POLICY.response.escalation.model_copy(update={
-            "rebalance_gpu_s": 0.5, "drain_checkpoint_gpu_s": 1000.0, "requeue_gpu_s": 2000.0})})})
+    policy = POLICY.model_copy(
+        update={
+            "response": POLICY.response.model_copy(
+                update={
+                    "escalation": POLICY.response.escalation.model_copy(
+                        update={
+                            "rebalance_gpu_s": 0.5,
+                            "drain_checkpoint_gpu_s": 1000.0,
+                            "requeue_gpu_s": 2000.0,
+                        }
+                    )
+                }
+            )
+        }
+    )
     slurm = FakeSlurm(clock=fake_clock)
     ctl = Controller(policy, sqlite_store, slurm, fake_clock)
     job = slurm.start_job(["node1", "node2"], comment="slurmguard:mitigate,microbatches=16")
@@ -309,14 +354,27 @@ def test_pipeline_job_gets_rebalanced_then_retopologised_then_drained(sqlite_sto
     S3 consolidates both into one stage, then the drain follows at its price."""
     from slurmguard.respond.escalation import accumulated_cost_gpu_s
 
-    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
-        "escalation": POLICY.response.escalation.model_copy(update={
-            "rebalance_gpu_s": 10.0, "retopology_gpu_s": 40.0, "drain_checkpoint_gpu_s": 80.0,
-            "requeue_gpu_s": 1e6})})})
+    policy = POLICY.model_copy(
+        update={
+            "response": POLICY.response.model_copy(
+                update={
+                    "escalation": POLICY.response.escalation.model_copy(
+                        update={
+                            "rebalance_gpu_s": 10.0,
+                            "retopology_gpu_s": 40.0,
+                            "drain_checkpoint_gpu_s": 80.0,
+                            "requeue_gpu_s": 1e6,
+                        }
+                    )
+                }
+            )
+        }
+    )
     slurm = FakeSlurm(clock=fake_clock)
     ctl = Controller(policy, sqlite_store, slurm, fake_clock)
-    job = slurm.start_job(["node1", "node2", "node3", "node4"],
-                          comment="slurmguard:mitigate,microbatches=16,pp=2")
+    job = slurm.start_job(
+        ["node1", "node2", "node3", "node4"], comment="slurmguard:mitigate,microbatches=16,pp=2"
+    )
     paid = []
 
     def cycle(seq):

@@ -13,15 +13,29 @@ from slurmguard_dev.bench.detect_scenarios import KINDS, MIN_DURATION, MIN_SHIFT
 def test_bench_detect_small_run_prints_tables_baselines_and_throughput():
     from slurmguard.cli import cli
 
-    res = CliRunner().invoke(cli, ["bench", "detect", "--scenarios", "40", "--length", "200",
-                                   "--series", "300", "--steps", "10"])
+    res = CliRunner().invoke(
+        cli, ["bench", "detect", "--scenarios", "40", "--length", "200", "--series", "300", "--steps", "10"]
+    )
     assert res.exit_code == 0, res.output
     out = res.output
-    for needle in ("SlidingWindow", "plain BOCD", "step detector", "delay med/p90", "loc med/p90",
-                   "per texture", "periodic", "checkpoints", "second seed family (seed 1000)",
-                   "samples/s", "R=500", "iteration time from the ACF period",
-                   # the real workloads' series of tests/data/steptimes, by default
-                   "recorded series (", "per class of recorded series", "ddp-shift.csv"):
+    for needle in (
+        "SlidingWindow",
+        "plain BOCD",
+        "step detector",
+        "delay med/p90",
+        "loc med/p90",
+        "per texture",
+        "periodic",
+        "checkpoints",
+        "second seed family (seed 1000)",
+        "samples/s",
+        "R=500",
+        "iteration time from the ACF period",
+        # the real workloads' series of tests/data/steptimes, by default
+        "recorded series (",
+        "per class of recorded series",
+        "ddp-shift.csv",
+    ):
         assert needle in out, needle
 
 
@@ -51,7 +65,7 @@ def test_suite_is_deterministic_labelled_and_draws_widely():
     o = sc.onsets[0]
     p = sc.notes.get("period", 1)
     k = (min(60, o, sc.x.size - o) // p) * p
-    ratio = sc.x[o:o + k].mean() / sc.x[o - k:o].mean() - 1.0
+    ratio = sc.x[o : o + k].mean() / sc.x[o - k : o].mean() - 1.0
     assert abs(ratio - sc.severity) < 0.5 * sc.severity + 0.05
 
 
@@ -60,16 +74,20 @@ def test_scoring_counts_fp_fn_delay_location_and_recoveries():
     healthy = make_scenario(rng, "healthy", 200)
     faulty = make_scenario(rng, "transient", 300)
     o, r = faulty.onsets[0], faulty.recoveries[0]
-    s = score("t", [healthy, faulty], [Report([Alarm(50, 52)]),
-                                       Report([Alarm(o + 1, o + 3)], [Alarm(r, r + 4)])])
+    s = score(
+        "t", [healthy, faulty], [Report([Alarm(50, 52)]), Report([Alarm(o + 1, o + 3)], [Alarm(r, r + 4)])]
+    )
     assert (s.false_pos, s.negatives, s.false_neg, s.positives) == (1, 1, 0, 1)
     assert s.delays == [3] and s.loc_err == [1]
     assert (s.recoveries_found, s.recoveries, s.false_recoveries) == (1, 1, 0)
     # reported too late: a miss; a recovery reported where the series only slowed: false
     shift = make_scenario(rng, "shift", 300)
     o = shift.onsets[0]
-    s = score("t", [faulty, shift], [Report([Alarm(o, faulty.onsets[0] + 30)]),
-                                     Report([Alarm(o, o + 2)], [Alarm(o + 40, o + 44)])])
+    s = score(
+        "t",
+        [faulty, shift],
+        [Report([Alarm(o, faulty.onsets[0] + 30)]), Report([Alarm(o, o + 2)], [Alarm(o + 40, o + 44)])],
+    )
     assert s.false_neg == 1 and s.false_recoveries == 1
 
 

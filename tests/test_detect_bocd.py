@@ -15,8 +15,7 @@ from slurmguard.detect.steps import StepDetector, detect_steps
 
 
 def _series(rng, before, after, level=1.0, jump=0.15, cv=0.02):
-    return np.r_[level * (1 + rng.normal(0, cv, before)),
-                 level * (1 + jump) * (1 + rng.normal(0, cv, after))]
+    return np.r_[level * (1 + rng.normal(0, cv, before)), level * (1 + jump) * (1 + rng.normal(0, cv, after))]
 
 
 def test_15_percent_step_is_detected_within_3_iterations():
@@ -44,9 +43,9 @@ def test_5_percent_step_is_rejected_as_jitter():
 def test_gc_pauses_and_checkpoints_are_not_fail_slows():
     rng = np.random.default_rng(3)
     x = 1.0 + rng.normal(0, 0.02, 400)
-    x[::37] += 0.6          # GC pauses
-    x[100::100] += 3.0      # checkpoints
-    x[101::100] += 0.5      # a GC right after the checkpoint
+    x[::37] += 0.6  # GC pauses
+    x[100::100] += 3.0  # checkpoints
+    x[101::100] += 0.5  # a GC right after the checkpoint
     x[:15] *= 1 + 0.8 * np.exp(-np.arange(15) / 4)  # warm-up
     assert [c for c in detect_changepoints(x) if c.direction == "slower"] == []
 
@@ -88,19 +87,30 @@ def _reference_posterior(y, R, hazard, beta0):
     bet = np.array([beta0])
     mu0 = y[0]
     for x in y[1:]:
-        def logt(m, k, a, b):
+
+        def logt(m, k, a, b, x=x):
             nu = 2 * a
             s2 = b * (k + 1) / (a * k)
-            return (gammaln((nu + 1) / 2) - gammaln(nu / 2) - 0.5 * np.log(nu * np.pi * s2)
-                    - (nu + 1) / 2 * np.log1p((x - m) ** 2 / (nu * s2)))
+            return (
+                gammaln((nu + 1) / 2)
+                - gammaln(nu / 2)
+                - 0.5 * np.log(nu * np.pi * s2)
+                - (nu + 1) / 2 * np.log1p((x - m) ** 2 / (nu * s2))
+            )
+
         g = P * np.exp(logt(mu, kap, alp, bet)) * (1 - hazard)
         c = hazard * np.exp(logt(mu0, KAPPA0, ALPHA0, beta0))
         P = np.r_[c, g]
         P /= P.sum()
-        mu, kap, alp, bet = (np.r_[(KAPPA0 * mu0 + x) / (KAPPA0 + 1), (kap * mu + x) / (kap + 1)],
-                             np.r_[KAPPA0 + 1, kap + 1], np.r_[ALPHA0 + 0.5, alp + 0.5],
-                             np.r_[beta0 + KAPPA0 * (x - mu0) ** 2 / (2 * (KAPPA0 + 1)),
-                                   bet + kap * (x - mu) ** 2 / (2 * (kap + 1))])
+        mu, kap, alp, bet = (
+            np.r_[(KAPPA0 * mu0 + x) / (KAPPA0 + 1), (kap * mu + x) / (kap + 1)],
+            np.r_[KAPPA0 + 1, kap + 1],
+            np.r_[ALPHA0 + 0.5, alp + 0.5],
+            np.r_[
+                beta0 + KAPPA0 * (x - mu0) ** 2 / (2 * (KAPPA0 + 1)),
+                bet + kap * (x - mu) ** 2 / (2 * (kap + 1)),
+            ],
+        )
     return P
 
 
@@ -115,14 +125,14 @@ def test_batched_kernel_matches_textbook_recursion():
         det.count += 1
         if det.count[0] == 1:
             det._reset_rows(np.array([0]), np.log(np.array([[v]])))
-    ref = _reference_posterior(np.log(x), 64, pol.hazard, ALPHA0 * pol.prior_cv ** 2)
+    ref = _reference_posterior(np.log(x), 64, pol.hazard, ALPHA0 * pol.prior_cv**2)
     got = det.posterior[: ref.size, 0]
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-12)
 
 
 def test_many_series_at_once_match_one_at_a_time_and_missing_samples_wait():
     rng = np.random.default_rng(8)
-    X = np.stack([_series(rng, 90, 60, level=l, jump=j) for l, j in ((0.5, 0.2), (3.0, 0.0), (1.0, 0.5))])
+    X = np.stack([_series(rng, 90, 60, level=lv, jump=j) for lv, j in ((0.5, 0.2), (3.0, 0.0), (1.0, 0.5))])
     batch = StepDetector(3).run(X)
     singles = [(i, c.index, c.direction) for i in range(3) for c in detect_changepoints(X[i])]
     assert sorted((c.series, c.index, c.direction) for c in batch) == sorted(singles)
@@ -162,6 +172,8 @@ def test_cli_steptimes_bad_input_names_file_and_line(tmp_path):
     assert exc.value.code == 2
     g = tmp_path / "neg.csv"
     g.write_text("1.0\n-2\n")
-    res = CliRunner().invoke(__import__("slurmguard.cli", fromlist=["cli"]).cli, ["detect", "steptimes", str(g)])
+    res = CliRunner().invoke(
+        __import__("slurmguard.cli", fromlist=["cli"]).cli, ["detect", "steptimes", str(g)]
+    )
     assert res.exit_code != 0
     assert f"{g}:2" in str(res.exception)

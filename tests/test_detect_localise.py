@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from slurmguard.detect.records import JobLayout, parse_tasks_per_node
-from slurmguard.slurm.hostlist import expand as expand_hostlist
 from slurmguard.errors import InputError
+from slurmguard.slurm.hostlist import expand as expand_hostlist
 
 
 def test_layout_from_slurm_and_headers():

@@ -11,15 +11,24 @@ from slurmguard.telemetry.base import Signal, sample
 def _window(rng, t, *, throttled=None, noisy_temp=None, low_power=None):
     out = []
     for g in range(8):
-        temp, clock, power, util = 60 + rng.normal(0, 1), 1980 - abs(rng.normal(0, 5)), 650 + rng.normal(0, 6), 100
+        temp, clock, power, util = (
+            60 + rng.normal(0, 1),
+            1980 - abs(rng.normal(0, 5)),
+            650 + rng.normal(0, 6),
+            100,
+        )
         if g == throttled:
-            temp, clock, power = 78, 1380, 550          # Guard Table 2
+            temp, clock, power = 78, 1380, 550  # Guard Table 2
         if g == noisy_temp:
-            temp = 85                                    # one signal only
+            temp = 85  # one signal only
         if g == low_power:
-            power = 570                                  # 12% low at normal utilisation
-        out += [sample("n1", Signal.GPU_TEMP, temp, t, gpu=g), sample("n1", Signal.SM_CLOCK, clock, t, gpu=g),
-                sample("n1", Signal.POWER, power, t, gpu=g), sample("n1", Signal.GPU_UTIL, util, t, gpu=g)]
+            power = 570  # 12% low at normal utilisation
+        out += [
+            sample("n1", Signal.GPU_TEMP, temp, t, gpu=g),
+            sample("n1", Signal.SM_CLOCK, clock, t, gpu=g),
+            sample("n1", Signal.POWER, power, t, gpu=g),
+            sample("n1", Signal.GPU_UTIL, util, t, gpu=g),
+        ]
     return out
 
 
@@ -27,7 +36,7 @@ def test_throttled_gpu_flagged_against_7_healthy_peers_after_consecutive_windows
     rng = np.random.default_rng(0)
     ps = PeerScorer()
     got = [ps.window(_window(rng, 30.0 * w, throttled=5)) for w in range(4)]
-    assert got[0] == [] and got[1] == []                 # needs 3 consecutive windows
+    assert got[0] == [] and got[1] == []  # needs 3 consecutive windows
     (flag,) = got[2]
     assert (flag.node, flag.device, flag.hard) == ("n1", "gpu5", False)
     assert {d.signal for d in flag.deviations} >= {Signal.GPU_TEMP, Signal.SM_CLOCK, Signal.POWER}
@@ -62,10 +71,16 @@ def test_low_power_at_normal_utilisation_counts_as_two_signals():
 
 def test_hard_failures_flag_at_once():
     ps = PeerScorer()
-    s = [sample("n3", Signal.XID, 79, 0.0, gpu=4), sample("n3", Signal.XID, 13, 0.0, gpu=1),
-         sample("n4", Signal.NIC_STATE, 0, 0.0, nic="mlx5_2:1")]
+    s = [
+        sample("n3", Signal.XID, 79, 0.0, gpu=4),
+        sample("n3", Signal.XID, 13, 0.0, gpu=1),
+        sample("n4", Signal.NIC_STATE, 0, 0.0, nic="mlx5_2:1"),
+    ]
     flags = ps.window(s)
-    assert {(f.node, f.device) for f in flags} == {("n3", "gpu4"), ("n4", "mlx5_2:1")}  # XID 13 is an app error
+    assert {(f.node, f.device) for f in flags} == {
+        ("n3", "gpu4"),
+        ("n4", "mlx5_2:1"),
+    }  # XID 13 is an app error
     assert by_node(flags)["n3"].hard
 
 
@@ -76,9 +91,11 @@ def test_peer_groups_are_compared_separately():
     s = []
     for n in range(5):
         for g in range(4):
-            s += [sample(f"a{n}", Signal.SM_CLOCK, 1410 + rng.normal(0, 3), 0, gpu=g),
-                  sample(f"a{n}", Signal.GPU_TEMP, 50 + rng.normal(0, 1), 0, gpu=g),
-                  sample(f"h{n}", Signal.SM_CLOCK, 1980 + rng.normal(0, 3), 0, gpu=g),
-                  sample(f"h{n}", Signal.GPU_TEMP, 65 + rng.normal(0, 1), 0, gpu=g)]
+            s += [
+                sample(f"a{n}", Signal.SM_CLOCK, 1410 + rng.normal(0, 3), 0, gpu=g),
+                sample(f"a{n}", Signal.GPU_TEMP, 50 + rng.normal(0, 1), 0, gpu=g),
+                sample(f"h{n}", Signal.SM_CLOCK, 1980 + rng.normal(0, 3), 0, gpu=g),
+                sample(f"h{n}", Signal.GPU_TEMP, 65 + rng.normal(0, 1), 0, gpu=g),
+            ]
     groups = {f"a{n}": "a100" for n in range(5)} | {f"h{n}": "h100" for n in range(5)}
     assert ps.deviations(s, groups) == {}

@@ -46,7 +46,7 @@ def test_warmup_is_skipped_and_iteration_time_within_1_percent():
 def test_phase_change_picks_up_the_new_period():
     tr = make_job(JobSpec(iterations=120, phase2_at=60, seed=4))
     st = step_times(tr.ops[0])
-    assert st.period.period == 9           # 6 TP ops + 3 DP buckets after the change
+    assert st.period.period == 9  # 6 TP ops + 3 DP buckets after the change
     truth = tr.iteration_s[61:].mean()
     assert abs(st.mean - truth) / truth < 0.01
 
@@ -55,7 +55,7 @@ def test_unordered_interleaving_falls_back_to_one_communicator():
     rng = np.random.default_rng(5)
     rows = []
     t = 0
-    for i in range(60):
+    for _ in range(60):
         # TP ops keep their order; the DP allreduces come from another thread
         # and land at varying positions between them
         ops = [(1, 7), (2, 7), (1, 7), (2, 7)]
@@ -74,8 +74,9 @@ def test_unordered_interleaving_falls_back_to_one_communicator():
 
 def test_no_period_in_random_ops():
     rng = np.random.default_rng(6)
-    ro = RankOps.from_rows(0, [(int(rng.integers(0, 5)), int(rng.integers(0, 3)), 1, i, i + 1)
-                               for i in range(400)])
+    ro = RankOps.from_rows(
+        0, [(int(rng.integers(0, 5)), int(rng.integers(0, 3)), 1, i, i + 1) for i in range(400)]
+    )
     assert rank_period(ro) is None
 
 
@@ -124,15 +125,15 @@ def test_a_kept_period_still_finds_the_micro_batches_it_is_made_of():
     from slurmguard.detect.period import find_iterations
 
     rng = np.random.default_rng(3)
-    per_micro = [(7, 0, 64), (8, 0, 64)]            # send, recv
+    per_micro = [(7, 0, 64), (8, 0, 64)]  # send, recv
     n_iter = 120
     ops, t = [], 0
-    for i in range(n_iter):
+    for _ in range(n_iter):
         for m in range(2):
             for op, comm, nb in per_micro:
                 gap = 0.004 + rng.normal(0, 0.0003)
                 if m == 0 and op == 7:
-                    gap += 0.03                       # forward + optimizer before the first
+                    gap += 0.03  # forward + optimizer before the first
                 t += int(gap * 1e9)
                 ops.append((op, comm, nb, t, t + 1000))
     a = np.array(ops, dtype=np.int64)

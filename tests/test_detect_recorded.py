@@ -68,7 +68,7 @@ def test_every_slowdown_reported_on_a_recording_is_in_the_data(recorded):
     bar = Policy().detection.bocd.verify_min_change
     for sc in suite:
         for e in detect_steps(sc.x, DetectorConfig.from_policy(Policy())).episodes:
-            after = float(np.nanmedian(sc.x[e.onset:e.onset + 30]))
+            after = float(np.nanmedian(sc.x[e.onset : e.onset + 30]))
             assert after >= (1.0 + bar) * e.baseline, (sc.notes["file"], e)
 
 
@@ -90,8 +90,17 @@ def test_a_saved_series_is_read_back_with_its_labels(tmp_path: Path):
 
     ends = [100.0 + 0.1 * i for i in range(60)]
     entries = [{"t": t, "restart": 0} for t in ends]
-    _save_series(tmp_path / "ddp-cpux2.5-1.csv", "ddp", [0.1] * 40 + [0.25] * 20, 40, 103.95, 12.0,
-                 "node2", entries, 106.0)
+    _save_series(
+        tmp_path / "ddp-cpux2.5-1.csv",
+        "ddp",
+        [0.1] * 40 + [0.25] * 20,
+        40,
+        103.95,
+        12.0,
+        "node2",
+        entries,
+        106.0,
+    )
     sc = load_recorded(tmp_path / "ddp-cpux2.5-1.csv")
     assert (sc.kind, sc.onsets, sc.positives) == ("shift", (40,), ())  # 20 slow steps: under 30
     assert sc.severity == pytest.approx(1.5)
@@ -100,8 +109,9 @@ def test_a_saved_series_is_read_back_with_its_labels(tmp_path: Path):
 
 
 def test_step_file_round_trip_and_onset_rule(tmp_path: Path):
-    p = write_step_file(tmp_path / "s.csv", [0.5, 0.25], {"kind": "transient", "onset": 1, "recovery": None,
-                                                          "source": "test"})
+    p = write_step_file(
+        tmp_path / "s.csv", [0.5, 0.25], {"kind": "transient", "onset": 1, "recovery": None, "source": "test"}
+    )
     x, labels, _ = read_step_file(p)
     assert x == [0.5, 0.25] and labels == {"kind": ["transient"], "onset": ["1"], "source": ["test"]}
     with pytest.raises(ValueError, match="unknown step-file label"):

@@ -17,7 +17,7 @@ def _pattern(n: int, period: int, long: float, base: float = 0.4) -> np.ndarray:
     """Every `period`-th step `long` x the others (gradient accumulation)."""
     x = np.full(n, base)
     if period > 1:
-        x[period - 1::period] *= long
+        x[period - 1 :: period] *= long
     return x
 
 
@@ -57,8 +57,8 @@ def test_checkpoints_outliers_and_heavy_tails_start_and_end_nothing():
     for trial in range(20):
         x = _noisy(rng, _pattern(400, 3, 1.5, base=rng.uniform(0.05, 5)), rng.uniform(0.005, 0.04))
         every = int(rng.integers(20, 201))
-        x[every::every] *= rng.uniform(2.5, 4.0)            # checkpoint pauses
-        hit = rng.random(400) < 0.05                         # isolated outliers
+        x[every::every] *= rng.uniform(2.5, 4.0)  # checkpoint pauses
+        hit = rng.random(400) < 0.05  # isolated outliers
         x[hit] *= rng.uniform(1.3, 3.0, hit.sum())
         x *= np.exp(0.01 * np.clip(rng.standard_t(3, 400), -8, 8))  # heavy tail
         eps = detect_steps(x).episodes
@@ -73,7 +73,7 @@ def test_short_excursion_is_nothing_or_an_episode_with_its_recovery_never_open()
     rng = np.random.default_rng(30)
     for length in (1, 2, 3, 5, 8):
         x = _noisy(rng, _pattern(200, 2, 1.4), 0.015)
-        x[120:120 + length] *= 1.8
+        x[120 : 120 + length] *= 1.8
         eps = detect_steps(x).episodes
         assert all(not e.open for e in eps), length
         if length <= 3:
@@ -172,13 +172,19 @@ def test_controller_reads_patterns_checkpoints_and_hiccups_like_the_detector():
         for v in x:
             t += v
             steps.append(StepSample(end=t, step_s=float(v), comm_s=0.1 * float(v)))
-        return RankReport(rank=rank, baseline_step_s=base, baseline_compute_s=0.9 * base,
-                          steps=steps, total_steps=len(x) + 500, last_progress=t)
+        return RankReport(
+            rank=rank,
+            baseline_step_s=base,
+            baseline_compute_s=0.9 * base,
+            steps=steps,
+            total_steps=len(x) + 500,
+            last_progress=t,
+        )
 
     rng = np.random.default_rng(80)
     x = _noisy(rng, _pattern(200, 3, 2.0, base=0.5), 0.01)
-    x[100::40] *= 3.5                    # checkpoints
-    x[190:193] *= 1.8                    # a hiccup in the last steps: not a slowdown yet
+    x[100::40] *= 3.5  # checkpoints
+    x[190:193] *= 1.8  # a hiccup in the last steps: not a slowdown yet
     base = _pattern(3, 3, 2.0, base=0.5).mean()
     now = rank(0, x, base).last_progress + 1.0
     a = assess_job(1, ("n1", "n2"), [("n1", rank(0, x, base)), ("n2", rank(1, x, base))], {}, pol, now=now)
@@ -199,7 +205,7 @@ def test_cli_prints_episodes_profile_and_detected_at(tmp_path):
 
     rng = np.random.default_rng(90)
     x = _noisy(rng, _pattern(200, 2, 1.6, base=0.3), 0.01)
-    x[120:123] *= 1.8                    # 3-step hiccup: not an open slowdown
+    x[120:123] *= 1.8  # 3-step hiccup: not an open slowdown
     x[150:] *= 1.2
     f = tmp_path / "steps.csv"
     f.write_text("step_s\n" + "\n".join(f"{v:.6f}" for v in x) + "\n")
@@ -223,7 +229,7 @@ def test_cli_bad_rows_name_the_line_or_become_gaps(tmp_path):
     assert res.exit_code != 0 and f"{f}:3" in str(res.exception) and "--skip-invalid" in str(res.exception)
     res = CliRunner().invoke(cli, ["detect", "steptimes", "--skip-invalid", str(f)])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output[res.output.index("{"):])
+    doc = json.loads(res.output[res.output.index("{") :])
     assert doc["skipped_invalid_rows"] == 3 and doc["episodes"] == [] and "needs" in doc["note"]
 
 
@@ -239,7 +245,8 @@ def test_recorded_series_load_with_their_labels_and_score(tmp_path):
     body = "\n".join(f"{v:.6f}" for v in x)
     (tmp_path / "cpu_cap.csv").write_text(
         "# source: synthetic stand-in for a recorded DDP job, node2 CPU cap at step 180\n"
-        "# kind: shift\n# onset: 180\nstep_s\n" + body + "\n")
+        "# kind: shift\n# onset: 180\nstep_s\n" + body + "\n"
+    )
     (tmp_path / "healthy.csv").write_text("# kind: healthy\n" + "\n".join(f"{v:.6f}" for v in x[:180]) + "\n")
     sc = load_recorded(tmp_path / "cpu_cap.csv")
     assert sc.onsets == (180,) and sc.positives == (180,) and sc.severity == pytest.approx(0.35, abs=0.05)

@@ -6,7 +6,6 @@ import io
 import json
 import multiprocessing
 import os
-import re
 import subprocess
 import sys
 import time
@@ -114,7 +113,9 @@ def test_fifo_and_many_entries_neither_block_nor_flood_the_epilog(dirs):
     write_ring(jd / "rank-0.step-0.torch.ring", node="node1", job_id=62)
     res = archive_job(62, "node1", ring_root=ring_root, policy=pol(store))
     assert [(s.name, s.reason) for s in res.skipped] == [
-        ("b.ring", "not a regular file"), ("deep", "a directory: removed unread")]
+        ("b.ring", "not a regular file"),
+        ("deep", "a directory: removed unread"),
+    ]
     assert [f.name for f in res.files] == ["rank-0.step-0.torch.ring"] and not jd.exists()
 
 
@@ -129,9 +130,13 @@ def test_lock_held_by_the_job_does_not_stall_or_keep_the_dir(dirs):
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         t0 = time.monotonic()
-        res = archive_job(63, "node1", ring_root=ring_root,
-                          policy=pol(store, ring_root_shared=True, epilog_lock_timeout_s=0.3),
-                          job_nodes=["node1"])
+        res = archive_job(
+            63,
+            "node1",
+            ring_root=ring_root,
+            policy=pol(store, ring_root_shared=True, epilog_lock_timeout_s=0.3),
+            job_nodes=["node1"],
+        )
         took = time.monotonic() - t0
     finally:
         os.close(fd)
@@ -172,26 +177,29 @@ def test_archive_moves_own_rings_writes_manifest_removes_dir(dirs, tmp_path):
     (jd / "partial.ring").write_bytes(b"\0" * 4096)  # created, magic not stored yet
     os.symlink(secret, jd / "evil.ring")  # the job's user points a "ring" at root's files
     clock = FakeClock(1_800_000_000.0)
-    res = archive_job(41, "node1", ring_root=ring_root, policy=pol(store), job_nodes=["node1"],
-                      clock=clock)
+    res = archive_job(41, "node1", ring_root=ring_root, policy=pol(store), job_nodes=["node1"], clock=clock)
     assert res.errors == [] and res.ring_dir_removed and not jd.exists()
     dest = store / "41" / "node1"
     assert res.archive_dir == str(dest)
     assert sorted(p.name for p in dest.iterdir()) == [
-        "manifest.json", "rank-0.step-0.torch.ring", "rank-1.step-0.torch.ring"]
+        "manifest.json",
+        "rank-0.step-0.torch.ring",
+        "rank-1.step-0.torch.ring",
+    ]
     assert (dest / "rank-1.step-0.torch.ring").read_bytes() == ring_bytes(node="node1", job_id=41, rank=1)
     m = json.loads((dest / "manifest.json").read_text())
     assert (m["job_id"], m["node"], m["restart_count"], m["format"]) == (41, "node1", 0, 1)
     assert m["archived_at"] == "2027-01-15T08:00:00Z" and m["archived_at_unix"] == 1_800_000_000.0
     assert [(f["name"], f["bytes"], f["global_rank"], f["node"]) for f in m["files"]] == [
         ("rank-0.step-0.torch.ring", RING_SIZE_16, 0, "node1"),
-        ("rank-1.step-0.torch.ring", RING_SIZE_16, 1, "node1")]
+        ("rank-1.step-0.torch.ring", RING_SIZE_16, 1, "node1"),
+    ]
     assert m["archived_bytes"] == 2 * RING_SIZE_16
     assert m["skipped"] == [
         {"name": "evil.ring", "reason": "symbolic link", "bytes": None},
         {"name": "notes.txt", "reason": "bad magic (not a ring, or not initialised yet)", "bytes": 10},
-        {"name": "partial.ring", "reason": "bad magic (not a ring, or not initialised yet)",
-         "bytes": 4096}]
+        {"name": "partial.ring", "reason": "bad magic (not a ring, or not initialised yet)", "bytes": 4096},
+    ]
     assert m["skipped_count"] == 3 and m["left_for_other_nodes"] == {}
     assert secret.read_bytes() == ring_bytes(node="node1", job_id=41, rank=9)  # never followed
     assert oct(os.stat(dest).st_mode & 0o777) == oct(archive.DIR_MODE)
@@ -213,14 +221,23 @@ def test_shared_ring_dir_each_node_takes_its_own(dirs):
     nodes = ["node1", "node2", "node3"]
     for i, n in enumerate(nodes):
         for lr in range(2):
-            write_ring(jd / f"rank-{2 * i + lr}.step-0.nccl.ring", node=n, job_id=9, rank=2 * i + lr,
-                       local_rank=lr, source=1)
+            write_ring(
+                jd / f"rank-{2 * i + lr}.step-0.nccl.ring",
+                node=n,
+                job_id=9,
+                rank=2 * i + lr,
+                local_rank=lr,
+                source=1,
+            )
     write_ring(jd / "rank-99.step-0.torch.ring", node="elsewhere", job_id=9, rank=99)
     shared = pol(store, ring_root_shared=True)
     r2 = archive_job(9, "node2", ring_root=ring_root, policy=shared, job_nodes=nodes)
     # a ring naming a node outside the job is on this host: the first taker archives it
-    assert [f.name for f in r2.files] == ["rank-2.step-0.nccl.ring", "rank-3.step-0.nccl.ring",
-                                          "rank-99.step-0.torch.ring"]
+    assert [f.name for f in r2.files] == [
+        "rank-2.step-0.nccl.ring",
+        "rank-3.step-0.nccl.ring",
+        "rank-99.step-0.torch.ring",
+    ]
     assert r2.left_for == {"node1": 2, "node3": 2} and not r2.ring_dir_removed and jd.exists()
     r1 = archive_job(9, "node1", ring_root=ring_root, policy=shared, job_nodes=nodes)
     assert [f.name for f in r1.files] == ["rank-0.step-0.nccl.ring", "rank-1.step-0.nccl.ring"]
@@ -231,7 +248,10 @@ def test_shared_ring_dir_each_node_takes_its_own(dirs):
     m = json.loads((store / "9" / "node2" / "manifest.json").read_text())
     assert m["left_for_other_nodes"] == {"node1": 2, "node3": 2}
     assert [(f["source"], f["node"]) for f in m["files"]] == [
-        ("nccl", "node2"), ("nccl", "node2"), ("torch", "elsewhere")]
+        ("nccl", "node2"),
+        ("nccl", "node2"),
+        ("torch", "elsewhere"),
+    ]
     # a late epilog (slurmd retry) finds nothing and does not fail
     again = archive_job(9, "node1", ring_root=ring_root, policy=shared, job_nodes=nodes)
     assert (again.files, again.errors, again.archive_dir) == ([], [], None)
@@ -239,8 +259,13 @@ def test_shared_ring_dir_each_node_takes_its_own(dirs):
 
 def _epilog_proc(args):
     ring_root, store, node, nodes = args
-    res = archive_job(12, node, ring_root=ring_root, policy=pol(store, ring_root_shared=True,
-                                                             epilog_lock_timeout_s=30), job_nodes=nodes)
+    res = archive_job(
+        12,
+        node,
+        ring_root=ring_root,
+        policy=pol(store, ring_root_shared=True, epilog_lock_timeout_s=30),
+        job_nodes=nodes,
+    )
     return [f.name for f in res.files], res.ring_dir_removed, res.errors
 
 
@@ -249,8 +274,9 @@ def test_concurrent_epilogs_archive_each_ring_once(dirs):
     nodes = [f"node{i}" for i in range(1, 5)]
     for i, n in enumerate(nodes):
         for lr in range(3):
-            write_ring(ring_root / "12" / f"rank-{3 * i + lr}.step-0.torch.ring", node=n, job_id=12,
-                       rank=3 * i + lr)
+            write_ring(
+                ring_root / "12" / f"rank-{3 * i + lr}.step-0.torch.ring", node=n, job_id=12, rank=3 * i + lr
+            )
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(4) as pool:
         out = pool.map(_epilog_proc, [(ring_root, store, n, nodes) for n in nodes])
@@ -272,7 +298,10 @@ def test_requeued_job_gets_its_own_archive(dirs):
     write_ring(ring_root / "30" / "rank-0.step-batch.torch.ring", node="node1", job_id=30)
     archive_job(30, "node1", ring_root=ring_root, policy=pol(store), restart_count=1)
     assert sorted(p.name for p in (store / "30").iterdir()) == [
-        "node1", "node1.restart-1", "node1.restart-1.2"]
+        "node1",
+        "node1.restart-1",
+        "node1.restart-1.2",
+    ]
     m = json.loads((store / "30" / "node1.restart-1" / "manifest.json").read_text())
     assert m["restart_count"] == 1
 
@@ -282,8 +311,9 @@ def test_archive_cap_and_free_space_drop_rings_but_still_clean(dirs):
     big = 4096 + 8192 * RECORD_SIZE  # 1 MiB + 4 KiB
     for r in range(3):
         write_ring(ring_root / "8" / f"rank-{r}.ring", node="node1", job_id=8, rank=r, capacity=8192)
-    res = archive_job(8, "node1", ring_root=ring_root, policy=pol(store, max_archive_mb=2),
-                      job_nodes=["node1"])
+    res = archive_job(
+        8, "node1", ring_root=ring_root, policy=pol(store, max_archive_mb=2), job_nodes=["node1"]
+    )
     assert [f.name for f in res.files] == ["rank-0.ring"]
     assert [(s.name, s.bytes) for s in res.skipped] == [("rank-1.ring", big), ("rank-2.ring", big)]
     assert "over prolog.max_archive_mb (2 MB)" in res.skipped[0].reason
@@ -338,16 +368,19 @@ def test_cleanup_failure_is_the_one_failing_case(dirs, monkeypatch):
         return real_unlink(path, *a, dir_fd=dir_fd, **kw)
 
     monkeypatch.setattr(archive.os, "unlink", unlink)
-    policy = parse_policy(f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n"
-                          "  min_free_mb: 0\n")
+    policy = parse_policy(
+        f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n  min_free_mb: 0\n"
+    )
     err = io.StringIO()
     monkeypatch.setattr(archive.shutil, "rmtree", _failing_rmtree(archive.shutil.rmtree))
     code, res = epilog.run_epilog(policy, 2, "node1", {}, out=io.StringIO(), err=err)
     assert res.cleanup_failed and code == 1
     assert "cannot remove" in err.getvalue()
     assert [f.name for f in res.files] == ["rank-0.ring"]  # archived all the same
-    lenient = parse_policy(f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n"
-                           "  min_free_mb: 0\n  epilog_fail_on_cleanup_error: false\n")
+    lenient = parse_policy(
+        f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n"
+        "  min_free_mb: 0\n  epilog_fail_on_cleanup_error: false\n"
+    )
     code, _ = epilog.run_epilog(lenient, 2, "node1", {}, out=io.StringIO(), err=io.StringIO())
     assert code == 0
 
@@ -357,6 +390,7 @@ def _failing_rmtree(real):
         if dir_fd is not None:
             raise PermissionError(1, "Operation not permitted")
         return real(path, *a, **kw)
+
     return rmtree
 
 
@@ -390,10 +424,17 @@ def test_epilog_main_uses_slurm_environment(dirs, tmp_path, capsys):
     write_ring(ring_root / "55" / "rank-0.step-0.torch.ring", node="node2", job_id=55)
     write_ring(ring_root / "55" / "rank-1.step-0.torch.ring", node="node3", job_id=55, rank=1)
     p = tmp_path / "p.yaml"
-    p.write_text(f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n  min_free_mb: 0\n"
-                 "  ring_root_shared: true\n")
-    env = {"SLURM_JOB_ID": "55", "SLURMD_NODENAME": "node2", "SLURM_NODELIST": "node[2-3]",
-           "SLURM_JOB_RESTART_COUNT": "0", "SLURMGUARD_POLICY": str(p)}
+    p.write_text(
+        f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n  min_free_mb: 0\n"
+        "  ring_root_shared: true\n"
+    )
+    env = {
+        "SLURM_JOB_ID": "55",
+        "SLURMD_NODENAME": "node2",
+        "SLURM_NODELIST": "node[2-3]",
+        "SLURM_JOB_RESTART_COUNT": "0",
+        "SLURMGUARD_POLICY": str(p),
+    }
     assert epilog.main([], env=env) == 0
     out = capsys.readouterr().out
     assert f"archived 1 ring(s), {RING_SIZE_16} bytes, to {store / '55' / 'node2'}" in out
@@ -418,10 +459,21 @@ def test_epilog_wrapper_end_to_end(dirs, tmp_path):
     write_ring(ring_root / "77" / "rank-0.step-0.torch.ring", node="node1", job_id=77)
     p = tmp_path / "p.yaml"
     p.write_text(f"agent:\n  ring_root: {ring_root}\nprolog:\n  trace_store: {store}\n  min_free_mb: 0\n")
-    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "node1", "SLURMGUARD_POLICY": str(p),
-           "SLURMGUARD_PYTHON": sys.executable, "SLURMGUARD_ENV_FILE": "/nonexistent"}
-    res = subprocess.run([str(ROOT / "prolog_epilog" / "slurmguard-epilog")], env=env,
-                         check=False, capture_output=True, text=True, timeout=60)
+    env = {
+        "SLURM_JOB_ID": "77",
+        "SLURMD_NODENAME": "node1",
+        "SLURMGUARD_POLICY": str(p),
+        "SLURMGUARD_PYTHON": sys.executable,
+        "SLURMGUARD_ENV_FILE": "/nonexistent",
+    }
+    res = subprocess.run(
+        [str(ROOT / "prolog_epilog" / "slurmguard-epilog")],
+        env=env,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert (store / "77" / "node1" / "manifest.json").is_file()
     assert not (ring_root / "77").exists()

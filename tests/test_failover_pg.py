@@ -67,8 +67,12 @@ def pg(fresh_postgres_url):
 
 def _start(script: Path, url: str, out: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.Popen([sys.executable, str(script), url, str(out), str(RETRY_S)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, str(script), url, str(out), str(RETRY_S)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_one_leader_and_the_standby_takes_over_when_the_leader_is_killed(pg, tmp_path):
@@ -121,10 +125,13 @@ def test_a_leader_that_lost_its_session_is_fenced(pg, fake_clock):
         assert row.evidence["lease_epoch"] == one.epoch
         # one's session is cut (a database restart or network loss): two takes the lease
         u = make_url(pg)
-        with psycopg.connect(host=u.host, port=u.port, user=u.username, dbname=u.database,
-                             autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE application_name = 'slurmguard lease one'")
+        with psycopg.connect(
+            host=u.host, port=u.port, user=u.username, dbname=u.database, autocommit=True
+        ) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'slurmguard lease one'"
+            )
         wait_for(two.hold, 10, "the standby to take the lease", 0.1)
         assert two.epoch == 2
         with pytest.raises(NotLeader):
@@ -173,15 +180,22 @@ def test_two_controller_daemons_one_active_the_other_takes_over(pg):
     daemons = []
     for _ in range(2):
         port, stop = _free_port(), threading.Event()
-        opts = DaemonOptions(host="127.0.0.1", port=port, secret=b"s" * 32, interval_s=0.2,
-                             sweeps=False)
-        t = threading.Thread(target=run, args=(policy, Store.open(pg), slurm, opts),
-                             kwargs={"clock": SystemClock(), "stop": stop}, daemon=True)
+        opts = DaemonOptions(host="127.0.0.1", port=port, secret=b"s" * 32, interval_s=0.2, sweeps=False)
+        t = threading.Thread(
+            target=run,
+            args=(policy, Store.open(pg), slurm, opts),
+            kwargs={"clock": SystemClock(), "stop": stop},
+            daemon=True,
+        )
         t.start()
         daemons.append((port, stop, t))
         if len(daemons) == 1:
-            wait_for(lambda: "active" in _healthz(port) or not t.is_alive(), 30,
-                     "the first daemon to lead", 0.1)
+            wait_for(
+                lambda port=port, t=t: "active" in _healthz(port) or not t.is_alive(),
+                30,
+                "the first daemon to lead",
+                0.1,
+            )
             assert t.is_alive(), "the first daemon ended"
     (pa, stop_a, ta), (pb, _, _) = daemons
     try:

@@ -19,14 +19,25 @@ import pytest
 
 from tests.fixtures.hook import SPANK_DIR
 
-C_TESTS = ("test_args", "test_ring", "test_clock", "test_hook", "test_hook_cuda", "test_old",
-           "test_nolib", "test_profiler (interface <= v6)", "test_profiler (interface <= v5)",
-           "test_profiler (interface <= v4)", "test_profiler (interface <= v3)")
+C_TESTS = (
+    "test_args",
+    "test_ring",
+    "test_clock",
+    "test_hook",
+    "test_hook_cuda",
+    "test_old",
+    "test_nolib",
+    "test_profiler (interface <= v6)",
+    "test_profiler (interface <= v5)",
+    "test_profiler (interface <= v4)",
+    "test_profiler (interface <= v3)",
+)
 
 
 def test_make_test_passes():
-    res = subprocess.run(["make", "-C", str(SPANK_DIR), "-s", "test"], capture_output=True,
-                         text=True, timeout=900)
+    res = subprocess.run(
+        ["make", "-C", str(SPANK_DIR), "-s", "test"], capture_output=True, text=True, timeout=900
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     for name in C_TESTS:
@@ -41,15 +52,19 @@ def test_missing_cuda_runtime_is_one_stderr_line():
     NCCL): host timing goes on (test_hook's own checks), and the hook says
     so once, not once per call."""
     build = SPANK_DIR / "build"
-    subprocess.run(["make", "-C", str(SPANK_DIR), "-s", "tests"], check=True, capture_output=True,
-                   timeout=600)
+    subprocess.run(
+        ["make", "-C", str(SPANK_DIR), "-s", "tests"], check=True, capture_output=True, timeout=600
+    )
     env = dict(os.environ, LD_PRELOAD=str(build / "libslurmguard_nccl.so"))
-    res = subprocess.run([str(build / "tests" / "test_hook")], capture_output=True, text=True,
-                         env=env, timeout=120)
+    res = subprocess.run(
+        [str(build / "tests" / "test_hook")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("slurmguard:")]
-    assert lines == ["slurmguard: GPU timing of NCCL calls off: no CUDA runtime loaded in this "
-                     "process; host times only from now on"]
+    assert lines == [
+        "slurmguard: GPU timing of NCCL calls off: no CUDA runtime loaded in this "
+        "process; host times only from now on"
+    ]
 
 
 @pytest.mark.slurm
@@ -62,14 +77,16 @@ def test_spank_sets_the_profiler_plugin_for_guarded_steps(devcluster, spank_buil
     os.chmod(root, 0o755)
     out = tmp_path / "o.out"
     os.chmod(tmp_path, 0o1777)
-    devcluster.set_plugstack(f"optional {spank_build.plugin} nccl_hook={spank_build.hook} "
-                             f"nccl_profiler={prof} ring_root={root}/rings\n")
-    script = textwrap.dedent('''\
+    devcluster.set_plugstack(
+        f"optional {spank_build.plugin} nccl_hook={spank_build.hook} "
+        f"nccl_profiler={prof} ring_root={root}/rings\n"
+    )
+    script = textwrap.dedent("""\
         #!/bin/bash
         srun bash -c 'echo "step=${NCCL_PROFILER_PLUGIN:-none},${LD_PRELOAD:-none}"'
         srun --straggler-guard=off bash -c 'echo "optout=${NCCL_PROFILER_PLUGIN:-none}"'
         NCCL_PROFILER_PLUGIN=inspector srun bash -c 'echo "own=${NCCL_PROFILER_PLUGIN:-none}"'
-        ''')
+        """)
     try:
         jid = devcluster.sbatch(script, "-o", str(out), "-N1", "--straggler-guard")
         state = devcluster.wait_job(jid, timeout=120)
@@ -90,15 +107,22 @@ def test_gpu_event_bench_report():
     100 collectives, judged against both targets."""
     from slurmguard_dev.bench.hook import GpuCallCost, report
 
-    g = GpuCallCost(calls_per_round=20000, rounds=3, runs=5, burst=100,
-                    cpu_ns={"base": 150.0, "host": 700.0, "events": 1100.0},
-                    wall_ns={"base": 170.0, "host": 1100.0, "events": 1700.0})
+    g = GpuCallCost(
+        calls_per_round=20000,
+        rounds=3,
+        runs=5,
+        burst=100,
+        cpu_ns={"base": 150.0, "host": 700.0, "events": 1100.0},
+        wall_ns={"base": 170.0, "host": 1100.0, "events": 1700.0},
+    )
     assert g.added_ns == pytest.approx(600.0) and g.added() == pytest.approx(400.0)
     assert g.step_pct == pytest.approx(100 * 600e-9 * 100 / 50e-3)
     text = report(None, None, None, g)
     assert "FAKE CUDA runtime" in text
-    assert ("added by event timing over host timing: 600 ns per call wall (400 ns thread CPU) "
-            "= 0.120% of a 50 ms step with 100 collectives (meets targets < 2 us per call, "
-            "< 1% of the step)") in text
+    assert (
+        "added by event timing over host timing: 600 ns per call wall (400 ns thread CPU) "
+        "= 0.120% of a 50 ms step with 100 collectives (meets targets < 2 us per call, "
+        "< 1% of the step)"
+    ) in text
     g.wall_ns["events"] = 4000.0
     assert "(MISSES targets" in report(None, None, None, g)

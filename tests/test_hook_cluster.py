@@ -22,7 +22,7 @@ from tests.fixtures.security import traversable
 
 pytestmark = pytest.mark.slurm
 
-TRAIN = textwrap.dedent('''
+TRAIN = textwrap.dedent("""
     import hashlib, os, sys
     from slurmguard.rendezvous import rdzv_id
     print("TASK", os.environ["SLURM_PROCID"], "LD_PRELOAD=" + os.environ.get("LD_PRELOAD", ""),
@@ -48,7 +48,7 @@ TRAIN = textwrap.dedent('''
     # upstream teardown race, pytorch issue 190489)
     from slurmguard.workloads.teardown import finish
     finish(0)
-''')
+""")
 
 STEPS = 8
 DDP_COUNT = 128 * 128 + 128
@@ -59,8 +59,10 @@ def guard(devcluster, spank_build):
     """The plugin installed with a ring root of our own; removed after."""
     root = Path(tempfile.mkdtemp(prefix="sg-hook-", dir="/dev/shm"))
     os.chmod(root, 0o755)
-    line = (f"optional {spank_build.plugin} nccl_hook={spank_build.hook} "
-            f"torch_hook={spank_build.torch_site} ring_root={root}/rings ring_records=4096\n")
+    line = (
+        f"optional {spank_build.plugin} nccl_hook={spank_build.hook} "
+        f"torch_hook={spank_build.torch_site} ring_root={root}/rings ring_records=4096\n"
+    )
     devcluster.set_plugstack(line)
     yield {"root": root / "rings", "line": line, "build": spank_build}
     devcluster.set_plugstack("")
@@ -88,12 +90,12 @@ def ddp_script(tmp: Path) -> str:
     train = tmp / "train.py"
     train.write_text(TRAIN.format(steps=STEPS))
     os.chmod(train, 0o644)
-    return textwrap.dedent(f'''\
+    return textwrap.dedent(f"""\
         #!/bin/bash
         export MASTER_ADDR=127.0.0.1
         srun --kill-on-bad-exit=1 bash -c \\
           'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec {sys.executable} {train}'
-        ''')
+        """)
 
 
 def tasks(output: str) -> dict[str, dict[str, str]]:
@@ -119,8 +121,9 @@ def test_option_in_help(devcluster, guard):
 def test_guarded_and_unguarded_ddp_over_two_nodes(devcluster, guard, tmp_path):
     script = ddp_script(tmp_path)
     wall0 = time.time_ns()
-    jid, state, out = run_batch(devcluster, script, tmp_path / "guarded.out", "-N2", "-n2",
-                                "--straggler-guard")
+    jid, state, out = run_batch(
+        devcluster, script, tmp_path / "guarded.out", "-N2", "-n2", "--straggler-guard"
+    )
     wall1 = time.time_ns()
     assert state == "COMPLETED", out
     hook, site = str(guard["build"].hook), str(guard["build"].torch_site)
@@ -132,8 +135,10 @@ def test_guarded_and_unguarded_ddp_over_two_nodes(devcluster, guard, tmp_path):
     assert re.fullmatch(rf"slurm-{jid}\.0\.0-\w+@[\w.-]+:\d+", t["0"]["RDZV"]), t["0"]["RDZV"]
     for env in t.values():
         assert env["LD_PRELOAD"] == hook and env["PYTHONPATH"] == site
-        assert env["SG"] == ("SLURMGUARD_JOB_ID,SLURMGUARD_NCCL_HOOK,SLURMGUARD_RING_DIR,"
-                             "SLURMGUARD_RING_RECORDS,SLURMGUARD_STEP_ID")
+        assert env["SG"] == (
+            "SLURMGUARD_JOB_ID,SLURMGUARD_NCCL_HOOK,SLURMGUARD_RING_DIR,"
+            "SLURMGUARD_RING_RECORDS,SLURMGUARD_STEP_ID"
+        )
 
     job_dir = guard["root"] / str(jid)
     assert sorted(os.listdir(job_dir)) == ["rank-0.step-0.torch.ring", "rank-1.step-0.torch.ring"]
@@ -197,15 +202,23 @@ def test_guarded_non_torch_job_as_other_user(devcluster, guard, outdir, traversa
     """A shell job as nobody runs normally; its ring dir is nobody's, 0700,
     and writable by the job; the user cannot redirect it."""
     nobody = pwd.getpwnam("nobody")
-    script = textwrap.dedent('''\
+    script = textwrap.dedent("""\
         #!/bin/bash
         echo "who=$(id -un) dir=$SLURMGUARD_RING_DIR"
         stat -c 'owner=%U mode=%a' "$SLURMGUARD_RING_DIR"
         touch "$SLURMGUARD_RING_DIR/probe" && echo writable=yes
-        ''')
-    jid, state, out = run_batch(devcluster, script, outdir / "n.out", "-N1", "--straggler-guard",
-                                "--uid=nobody", "--gid=nogroup", f"--chdir={outdir}",
-                                "--export=ALL,SLURMGUARD_RING_DIR=/tmp/evil")
+        """)
+    jid, state, out = run_batch(
+        devcluster,
+        script,
+        outdir / "n.out",
+        "-N1",
+        "--straggler-guard",
+        "--uid=nobody",
+        "--gid=nogroup",
+        f"--chdir={outdir}",
+        "--export=ALL,SLURMGUARD_RING_DIR=/tmp/evil",
+    )
     assert state == "COMPLETED", out
     job_dir = guard["root"] / str(jid)
     lines = out.splitlines()
@@ -217,12 +230,12 @@ def test_guarded_non_torch_job_as_other_user(devcluster, guard, outdir, traversa
 
 
 def test_step_can_opt_out_inside_a_guarded_job(devcluster, guard, outdir):
-    script = textwrap.dedent('''\
+    script = textwrap.dedent("""\
         #!/bin/bash
         echo "batch=${LD_PRELOAD:-none}"
         srun bash -c 'echo "step=${LD_PRELOAD:-none},${SLURMGUARD_RING_DIR:-none}"'
         srun --straggler-guard=off bash -c 'echo "optout=${LD_PRELOAD:-none},${SLURMGUARD_RING_DIR:-none}"'
-        ''')
+        """)
     jid, state, out = run_batch(devcluster, script, outdir / "o.out", "-N1", "--straggler-guard")
     assert state == "COMPLETED", out
     hook = str(guard["build"].hook)
@@ -236,8 +249,13 @@ def test_bad_plugstack_line_never_breaks_jobs(devcluster, guard, outdir):
     bad = guard["line"].replace("ring_records=4096", "ring_records=4096 colour=blue")
     devcluster.set_plugstack(bad)
     try:
-        _, state, out = run_batch(devcluster, "#!/bin/bash\necho ran-${SLURMGUARD_RING_DIR:-unguarded}\n",
-                                  outdir / "bad.out", "-N1", "--straggler-guard")
+        _, state, out = run_batch(
+            devcluster,
+            "#!/bin/bash\necho ran-${SLURMGUARD_RING_DIR:-unguarded}\n",
+            outdir / "bad.out",
+            "-N1",
+            "--straggler-guard",
+        )
     finally:
         devcluster.set_plugstack(guard["line"])
     assert state == "COMPLETED" and "ran-unguarded" in out
@@ -248,15 +266,16 @@ def test_bad_plugstack_line_never_breaks_jobs(devcluster, guard, outdir):
 def test_partition_default_on_without_opt_out(devcluster, guard, outdir):
     """default=on for the job's partition guards jobs that do not ask; with
     allow_opt_out=no, =off is refused at submission with a clear message."""
-    strict = guard["line"].replace("ring_records=4096",
-                                   f"ring_records=4096 default=on allow_opt_out=no "
-                                   f"partitions={devcluster.partition}")
+    strict = guard["line"].replace(
+        "ring_records=4096",
+        f"ring_records=4096 default=on allow_opt_out=no partitions={devcluster.partition}",
+    )
     devcluster.set_plugstack(strict)
     try:
-        jid, state, out = run_batch(devcluster, "#!/bin/bash\necho dir=${SLURMGUARD_RING_DIR:-none}\n",
-                                    outdir / "d.out", "-N1")
-        res = devcluster.run(["sbatch", "--parsable", "-N1", "--straggler-guard=off",
-                              "--wrap", "true"])
+        jid, state, out = run_batch(
+            devcluster, "#!/bin/bash\necho dir=${SLURMGUARD_RING_DIR:-none}\n", outdir / "d.out", "-N1"
+        )
+        res = devcluster.run(["sbatch", "--parsable", "-N1", "--straggler-guard=off", "--wrap", "true"])
     finally:
         devcluster.set_plugstack(guard["line"])
     assert state == "COMPLETED" and f"dir={guard['root'] / str(jid)}" in out

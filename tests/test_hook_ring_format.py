@@ -23,19 +23,39 @@ HEADER_H = (SPANK_DIR / "sg_ring.h").read_text()
 def c_fill(i: int) -> dict:
     """The record sg_ringtool writes as number i (tests/ringtool.c fill())."""
     d = {
-        "comm_id": 0x1000 + i % 3, "count": i, "bytes": i * 4,
-        "start_ns": 1_000_000_000 + i * 1000, "end_ns": 1_000_000_000 + i * 1000 + 500,
-        "peer": i % 5 - 1, "op": 1 + i % 8, "datatype": ring.DATATYPE["float32"],
-        "redop": ring.REDOP["sum"], "flags": ring.F_IN_GROUP if i % 2 else 0, "status": 0,
-        "gpu_start_ns": 0, "gpu_end_ns": 0, "coll_seq": 0, "xfer_net_ns": 0,
-        "xfer_peer_wait_ns": 0, "xfer_gpu_wait_ns": 0, "xfer_channels": 0, "xfer_ops": 0,
+        "comm_id": 0x1000 + i % 3,
+        "count": i,
+        "bytes": i * 4,
+        "start_ns": 1_000_000_000 + i * 1000,
+        "end_ns": 1_000_000_000 + i * 1000 + 500,
+        "peer": i % 5 - 1,
+        "op": 1 + i % 8,
+        "datatype": ring.DATATYPE["float32"],
+        "redop": ring.REDOP["sum"],
+        "flags": ring.F_IN_GROUP if i % 2 else 0,
+        "status": 0,
+        "gpu_start_ns": 0,
+        "gpu_end_ns": 0,
+        "coll_seq": 0,
+        "xfer_net_ns": 0,
+        "xfer_peer_wait_ns": 0,
+        "xfer_gpu_wait_ns": 0,
+        "xfer_channels": 0,
+        "xfer_ops": 0,
         "reserved": 0,
     }
     if i % 3 == 0:
-        d.update(flags=d["flags"] | ring.F_GPU_TIME, gpu_start_ns=d["start_ns"] + 200,
-                 gpu_end_ns=d["end_ns"] + 20000 + i, coll_seq=i + 1, xfer_net_ns=i * 7,
-                 xfer_peer_wait_ns=i * 5, xfer_gpu_wait_ns=i * 3, xfer_channels=1 << (i % 64),
-                 xfer_ops=i)
+        d.update(
+            flags=d["flags"] | ring.F_GPU_TIME,
+            gpu_start_ns=d["start_ns"] + 200,
+            gpu_end_ns=d["end_ns"] + 20000 + i,
+            coll_seq=i + 1,
+            xfer_net_ns=i * 7,
+            xfer_peer_wait_ns=i * 5,
+            xfer_gpu_wait_ns=i * 3,
+            xfer_channels=1 << (i % 64),
+            xfer_ops=i,
+        )
     return d
 
 
@@ -46,8 +66,9 @@ def as_dict(rec: ring.RingRecord) -> dict:
 
 
 def test_layout_matches_c_compiler(spank_build):
-    out = subprocess.run([str(spank_build.ringtool), "layout"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [str(spank_build.ringtool), "layout"], capture_output=True, text=True, check=True
+    ).stdout
     c = json.loads(out)
     assert c["header_size"] == ring.HEADER_SIZE and c["record_size"] == ring.RECORD_SIZE
     assert c["magic"] == ring.MAGIC and c["version"] == ring.VERSION
@@ -65,9 +86,8 @@ def test_layout_matches_c_compiler(spank_build):
 
 
 def _c_enum(name: str) -> dict[str, int]:
-    body = re.search(r"enum %s \{(.*?)\};" % name, HEADER_H, re.DOTALL).group(1)
-    return {m.group(2): int(m.group(1)) for m in
-            re.finditer(r"= (\d+),?\s*/\* ([a-z0-9_]+)", body)}
+    body = re.search(rf"enum {name} \{{(.*?)\}};", HEADER_H, re.DOTALL).group(1)
+    return {m.group(2): int(m.group(1)) for m in re.finditer(r"= (\d+),?\s*/\* ([a-z0-9_]+)", body)}
 
 
 def test_enum_names_match_header():
@@ -78,8 +98,10 @@ def test_enum_names_match_header():
     redops = _c_enum("sg_redop")
     assert list(redops.values()) == list(range(len(ring.REDOP_NAMES)))
     assert [k.split()[0] for k in redops] == list(ring.REDOP_NAMES)
-    flags = {m.group(1).lower(): int(m.group(2), 16)
-             for m in re.finditer(r"#define SG_F_([A-Z_]+)\s+0x([0-9a-f]+)u", HEADER_H)}
+    flags = {
+        m.group(1).lower(): int(m.group(2), 16)
+        for m in re.finditer(r"#define SG_F_([A-Z_]+)\s+0x([0-9a-f]+)u", HEADER_H)
+    }
     assert flags == {name: bit for bit, name in ring.FLAG_NAMES.items()}
     sizes = re.search(r"sizes\[SG_DT_COUNT\] = \{(.*?)\}", HEADER_H, re.DOTALL).group(1)
     assert tuple(int(x) for x in sizes.replace(",", " ").split()) == ring.DATATYPE_SIZES
@@ -90,12 +112,12 @@ def test_enum_names_match_header():
 
 def test_python_reads_a_ring_written_by_c(spank_build, tmp_path):
     path = tmp_path / "c.ring"
-    subprocess.run([str(spank_build.ringtool), "write", str(path), "100", "64"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(spank_build.ringtool), "write", str(path), "100", "64"], check=True, capture_output=True
+    )
     with ring.RingReader(str(path)) as r:
         h = r.header
-        assert (h.job_id, h.step, h.global_rank, h.local_rank, h.world_size) == (
-            31337, "batch", 5, 1, 16)
+        assert (h.job_id, h.step, h.global_rank, h.local_rank, h.world_size) == (31337, "batch", 5, 1, 16)
         assert h.node_name == "node-c" and h.source_name == "test" and h.capacity == 64
         assert h.write_counter == 100 and h.overwritten == 36
         # wall clock = monotonic + offset, within a second of now
@@ -111,19 +133,45 @@ def test_python_reads_a_ring_written_by_c(spank_build, tmp_path):
 
 def test_c_reads_a_ring_written_by_python(spank_build, tmp_path):
     path = tmp_path / "py.ring"
-    w = ring.RingWriter(str(path), capacity=16, job_id=7, step_id=3, global_rank=2,
-                        world_size=4, node_name="node9")
+    w = ring.RingWriter(
+        str(path), capacity=16, job_id=7, step_id=3, global_rank=2, world_size=4, node_name="node9"
+    )
     for i in range(20):
-        w.append(ring.OP["allgather"], comm_id=99, count=i, nbytes=2 * i, start_ns=10 * i,
-                 end_ns=10 * i + 3, peer=i % 4, datatype=ring.DATATYPE["float16"], flags=ring.F_ASYNC)
+        w.append(
+            ring.OP["allgather"],
+            comm_id=99,
+            count=i,
+            nbytes=2 * i,
+            start_ns=10 * i,
+            end_ns=10 * i + 3,
+            peer=i % 4,
+            datatype=ring.DATATYPE["float16"],
+            flags=ring.F_ASYNC,
+        )
     w.close()
-    out = subprocess.run([str(spank_build.ringtool), "read", str(path)], capture_output=True,
-                         text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [str(spank_build.ringtool), "read", str(path)], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     rows = [list(map(int, line.split())) for line in out if line]
     assert [row[0] for row in rows] == list(range(4, 20))  # capacity 16: 4 overwritten
     n = 7
-    assert rows[3] == [n, ring.OP["allgather"], 99, n, 2 * n, 10 * n, 10 * n + 3, n % 4,
-                       ring.DATATYPE["float16"], 0, ring.F_ASYNC, 0, 0, 0, 0]
+    assert rows[3] == [
+        n,
+        ring.OP["allgather"],
+        99,
+        n,
+        2 * n,
+        10 * n,
+        10 * n + 3,
+        n % 4,
+        ring.DATATYPE["float16"],
+        0,
+        ring.F_ASYNC,
+        0,
+        0,
+        0,
+        0,
+    ]
 
 
 def test_no_torn_record_while_c_writes(spank_build, tmp_path):
@@ -132,8 +180,11 @@ def test_no_torn_record_while_c_writes(spank_build, tmp_path):
     the one its number says, gaps are counted as lost, never misread."""
     path = tmp_path / "live.ring"
     n = 200_000
-    proc = subprocess.Popen([str(spank_build.ringtool), "write", str(path), str(n), "1024", "1"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(spank_build.ringtool), "write", str(path), str(n), "1024", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         r = ring.RingReader(str(path))
@@ -163,19 +214,19 @@ def test_no_torn_record_while_c_writes(spank_build, tmp_path):
 def test_truncated_and_corrupt_files_are_reported_not_fatal(spank_build, tmp_path):
     good = tmp_path / "job" / "rank-0.step-0.nccl.ring"
     good.parent.mkdir()
-    subprocess.run([str(spank_build.ringtool), "write", str(good), "10", "16"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(spank_build.ringtool), "write", str(good), "10", "16"], check=True, capture_output=True
+    )
     data = good.read_bytes()
     (tmp_path / "job" / "rank-1.step-0.nccl.ring").write_bytes(data[:100])
-    (tmp_path / "job" / "rank-2.step-0.nccl.ring").write_bytes(data[:ring.HEADER_SIZE + 64])
+    (tmp_path / "job" / "rank-2.step-0.nccl.ring").write_bytes(data[: ring.HEADER_SIZE + 64])
     (tmp_path / "job" / "rank-3.step-0.nccl.ring").write_bytes(b"\0" * 8 + data[8:])
     bad_cap = bytearray(data)
     struct.pack_into("<I", bad_cap, 20, 100)
     (tmp_path / "job" / "rank-4.step-0.nccl.ring").write_bytes(bytes(bad_cap))
 
     found = list(ring.scan(str(tmp_path)))
-    problems = {os.path.basename(p.path): p.problem for p in found
-                if isinstance(p, ring.RingProblem)}
+    problems = {os.path.basename(p.path): p.problem for p in found if isinstance(p, ring.RingProblem)}
     headers = [h for h in found if isinstance(h, ring.RingHeader)]
     assert [os.path.basename(h.path) for h in headers] == ["rank-0.step-0.nccl.ring"]
     assert "truncated" in problems["rank-1.step-0.nccl.ring"]
@@ -224,7 +275,7 @@ def test_abandoned_record_is_skipped_after_stall(tmp_path, fake_clock):
     # ... and record 4 gets committed by another writer, 3 never
     rec4 = struct.pack("<QQQQQQiHBBIi", 5, 0, 4, 0, 4, 4, -1, ring.OP["send"], 0, 0, 0, 0)
     rec4 += bytes(ring.RECORD_SIZE - len(rec4))
-    raw[ring.HEADER_SIZE + 4 * ring.RECORD_SIZE:ring.HEADER_SIZE + 5 * ring.RECORD_SIZE] = rec4
+    raw[ring.HEADER_SIZE + 4 * ring.RECORD_SIZE : ring.HEADER_SIZE + 5 * ring.RECORD_SIZE] = rec4
     path.write_bytes(bytes(raw))
     r = ring.RingReader(str(path), stall_s=5.0, clock=fake_clock.monotonic)
     assert r.read(3).cursor == 3
@@ -256,19 +307,29 @@ def test_ring_dump_cli(spank_build, tmp_path):
     from slurmguard.cli import cli
 
     path = tmp_path / "d.ring"
-    subprocess.run([str(spank_build.ringtool), "write", str(path), "5", "16"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(spank_build.ringtool), "write", str(path), "5", "16"], check=True, capture_output=True
+    )
     res = CliRunner().invoke(cli, ["ring", "dump", str(path)])
     assert res.exit_code == 0, res.output
     lines = [json.loads(line) for line in res.output.splitlines()]
     assert lines[0]["header"]["job_id"] == 31337 and lines[0]["header"]["step"] == "batch"
     recs = lines[1:-1]
-    assert [r["op"] for r in recs] == ["allreduce", "allgather", "reducescatter", "broadcast",
-                                       "reduce"]
-    assert recs[1] == {"seq": 2, "op": "allgather", "comm_id": 0x1001, "count": 1, "bytes": 4,
-                       "start_ns": 1_000_001_000, "end_ns": 1_000_001_500, "peer": 0,
-                       "datatype": "float32", "redop": "sum", "flags": ["in_group"],
-                       "status": 0}
+    assert [r["op"] for r in recs] == ["allreduce", "allgather", "reducescatter", "broadcast", "reduce"]
+    assert recs[1] == {
+        "seq": 2,
+        "op": "allgather",
+        "comm_id": 0x1001,
+        "count": 1,
+        "bytes": 4,
+        "start_ns": 1_000_001_000,
+        "end_ns": 1_000_001_500,
+        "peer": 0,
+        "datatype": "float32",
+        "redop": "sum",
+        "flags": ["in_group"],
+        "status": 0,
+    }
     assert lines[-1]["summary"]["records"] == 5
 
     bad = tmp_path / "bad.ring"
@@ -276,23 +337,24 @@ def test_ring_dump_cli(spank_build, tmp_path):
     res = subprocess.run(["slurmguard", "ring", "dump", str(bad)], capture_output=True, text=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines() == [
-        f"slurmguard: error: ring {bad}: truncated: 10 bytes, the header alone is 4096"]
+        f"slurmguard: error: ring {bad}: truncated: 10 bytes, the header alone is 4096"
+    ]
 
 
 def test_older_ring_version_is_rejected_with_a_clear_error(spank_build, tmp_path):
     """A v1 ring (64-byte records, no GPU times) left by an older hook is
     refused by name, by both readers, instead of being misread."""
     path = tmp_path / "rank-0.step-0.nccl.ring"
-    subprocess.run([str(spank_build.ringtool), "write", str(path), "3", "16"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(spank_build.ringtool), "write", str(path), "3", "16"], check=True, capture_output=True
+    )
     raw = bytearray(path.read_bytes())
     struct.pack_into("<II", raw, 8, 1, ring.HEADER_SIZE)
     struct.pack_into("<I", raw, 16, 64)
     path.write_bytes(bytes(raw))
     with pytest.raises(ring.RingError, match=r"version 1 was written by an older slurmguard"):
         ring.RingReader(str(path))
-    res = subprocess.run([str(spank_build.ringtool), "read", str(path)], capture_output=True,
-                         text=True)
+    res = subprocess.run([str(spank_build.ringtool), "read", str(path)], capture_output=True, text=True)
     assert res.returncode == 1 and "older ring format version" in res.stderr
 
 
@@ -300,8 +362,9 @@ def test_duration_rule_prefers_gpu_time(spank_build, tmp_path):
     """duration_ns is the GPU execution when the record has it (a collective
     that enqueued in 500 ns but ran 20 us on the stream), else host time."""
     path = tmp_path / "g.ring"
-    subprocess.run([str(spank_build.ringtool), "write", str(path), "4", "16"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(spank_build.ringtool), "write", str(path), "4", "16"], check=True, capture_output=True
+    )
     with ring.RingReader(str(path)) as r:
         recs = r.read().records
     gpu, host = recs[3], recs[1]
@@ -321,10 +384,15 @@ def test_python_reads_profiler_plugin_records(spank_build, tmp_path):
     with GPU times (duration = GPU time), NCCL sequence numbers, and
     per-link peer_xfer aggregates that are not calls."""
     build = spank_build.hook.parent
-    env = dict(os.environ, LD_PRELOAD=str(spank_build.hook), SG_TEST_RING_DIR=str(tmp_path),
-               NCCL_PROFILER_PLUGIN=str(build / "libslurmguard_nccl_profiler.so"))
-    res = subprocess.run([str(build / "tests" / "test_profiler")], env=env, capture_output=True,
-                         text=True, timeout=120)
+    env = dict(
+        os.environ,
+        LD_PRELOAD=str(spank_build.hook),
+        SG_TEST_RING_DIR=str(tmp_path),
+        NCCL_PROFILER_PLUGIN=str(build / "libslurmguard_nccl_profiler.so"),
+    )
+    res = subprocess.run(
+        [str(build / "tests" / "test_profiler")], env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     with ring.RingReader(str(tmp_path / "rank-0.step-0.ncclprof.ring")) as r:
         assert r.header.source_name == "ncclprof" and r.header.gpu_state_name == "on"

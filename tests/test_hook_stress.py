@@ -51,8 +51,16 @@ ENDINGS = [*exits.ENDINGS, *exits.SLURM_ENDINGS]
 #: (shape, ending) pairs: every ending for DDP; for the pipeline, those whose
 #: exit path differs most with what the job was doing (p2p work, written when
 #: the call returns, not from a future): 25 cases, 50 guarded jobs, 75 in all
-PIPE_ENDINGS = ("destroy", "no-destroy", "finish", "sys-exit", "sigkill", "os-exit",
-                "slurm-term", "slurm-kill")
+PIPE_ENDINGS = (
+    "destroy",
+    "no-destroy",
+    "finish",
+    "sys-exit",
+    "sigkill",
+    "os-exit",
+    "slurm-term",
+    "slurm-kill",
+)
 CASES = [("ddp", e) for e in ENDINGS] + [("pipe", e) for e in PIPE_ENDINGS]
 GUARDED_REPEATS = 2
 #: the test fails when guarded jobs fail in teardown more often than the
@@ -79,23 +87,29 @@ def batch_script(python: str, job: Path, shape: str, ending: str, out: Path) -> 
     is sent by this script once both ranks have printed STEP SIGNAL_AFTER.
     """
     want = [expected_exit(ending, r) for r in (0, 1)]
-    task = (f"trap : TERM USR1; {python} {job} {shape} {ending}; s=$?; "
-            "echo \"EXIT $SLURM_PROCID $s\"; "
-            f"case $SLURM_PROCID:$s in 0:{want[0]}|1:{want[1]}) exit 0;; esac; exit $s")
-    srun = (f"srun --kill-on-bad-exit=1 --wait={JOB_WAIT_S} --label "
-            f"bash -c {shlex.quote(task)}")
+    task = (
+        f"trap : TERM USR1; {python} {job} {shape} {ending}; s=$?; "
+        'echo "EXIT $SLURM_PROCID $s"; '
+        f"case $SLURM_PROCID:$s in 0:{want[0]}|1:{want[1]}) exit 0;; esac; exit $s"
+    )
+    srun = f"srun --kill-on-bad-exit=1 --wait={JOB_WAIT_S} --label bash -c {shlex.quote(task)}"
     head = "#!/bin/bash\nexport MASTER_ADDR=127.0.0.1\n"
     if ending not in exits.SLURM_ENDINGS:
         return head + srun + "\n"
     # slurm-kill: a job cancel (SIGTERM, SIGKILL after KillWait), not a bare SIGKILL
-    cancel = "scancel" if ending == "slurm-kill" else \
-        f"scancel --signal={exits.SLURM_SIGNALS[ending].name.removeprefix('SIG')}"
+    cancel = (
+        "scancel"
+        if ending == "slurm-kill"
+        else f"scancel --signal={exits.SLURM_SIGNALS[ending].name.removeprefix('SIG')}"
+    )
     ready = f"': STEP [01] {exits.SIGNAL_AFTER}$'"
-    return (head + f"{srun} &\nsrun_pid=$!\n"
-            f"until [ \"$(grep -cE {ready} {shlex.quote(str(out))})\" -ge 2 ] "
-            "|| ! kill -0 $srun_pid 2>/dev/null; do sleep 0.2; done\n"
-            f"{cancel} $SLURM_JOB_ID\n"
-            "wait $srun_pid\n")
+    return (
+        head + f"{srun} &\nsrun_pid=$!\n"
+        f'until [ "$(grep -cE {ready} {shlex.quote(str(out))})" -ge 2 ] '
+        "|| ! kill -0 $srun_pid 2>/dev/null; do sleep 0.2; done\n"
+        f"{cancel} $SLURM_JOB_ID\n"
+        "wait $srun_pid\n"
+    )
 
 
 def expected_exit(ending: str, rank: int) -> int:
@@ -106,8 +120,7 @@ def expected_exit(ending: str, rank: int) -> int:
 def parse(text: str) -> dict[int, dict]:
     """Per task: exit status, RESULT line, steps it reported, all its lines
     (srun --label)."""
-    tasks: dict[int, dict] = {r: {"exit": None, "result": None, "steps": 0, "lines": []}
-                              for r in (0, 1)}
+    tasks: dict[int, dict] = {r: {"exit": None, "result": None, "steps": 0, "lines": []} for r in (0, 1)}
     for line in text.splitlines():
         m = re.match(r"^\s*(\d+): (.*)$", line)
         if not m:
@@ -153,8 +166,17 @@ def harness_failure(text: str, state: str, tasks: dict, ending: str) -> str | No
     return None
 
 
-FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-         "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+FINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def wait_all(cluster, job_ids: list[int], timeout: float) -> dict[int, str]:
@@ -163,8 +185,9 @@ def wait_all(cluster, job_ids: list[int], timeout: float) -> dict[int, str]:
     deadline = time.monotonic() + timeout
     states: dict[int, str] = {}
     while time.monotonic() < deadline:
-        res = cluster.run(["squeue", "-h", "-t", "all", "-j", ",".join(map(str, job_ids)),
-                           "-o", "%i %T"], timeout=30)
+        res = cluster.run(
+            ["squeue", "-h", "-t", "all", "-j", ",".join(map(str, job_ids)), "-o", "%i %T"], timeout=30
+        )
         for line in res.stdout.splitlines() if res.returncode == 0 else ():
             jid, _, state = line.strip().partition(" ")
             if state in FINAL:
@@ -173,8 +196,7 @@ def wait_all(cluster, job_ids: list[int], timeout: float) -> dict[int, str]:
             return states
         time.sleep(2)
     cluster.run(["scancel", *map(str, job_ids)])
-    pytest.fail(f"stress jobs still running after {timeout:g} s: "
-                f"{sorted(set(job_ids) - set(states))[:10]}")
+    pytest.fail(f"stress jobs still running after {timeout:g} s: {sorted(set(job_ids) - set(states))[:10]}")
 
 
 # the jobs' bound (ALL_JOBS_S) plus the output checks
@@ -190,8 +212,7 @@ def test_guarded_jobs_end_as_unguarded_ones_with_every_record(devcluster, guard,
         guarded = rep > 0
         for shape, ending in CASES:
             out = work / f"{shape}-{ending}-{rep}.out"
-            args = ["-N2", "-n2", "-o", str(out), "-J", f"sg-stress-{ending}",
-                    f"--time={JOB_TIME_MIN}"]
+            args = ["-N2", "-n2", "-o", str(out), "-J", f"sg-stress-{ending}", f"--time={JOB_TIME_MIN}"]
             if guarded:
                 args.append("--straggler-guard")
             script = batch_script(sys.executable, job, shape, ending, out)
@@ -225,19 +246,23 @@ def test_guarded_jobs_end_as_unguarded_ones_with_every_record(devcluster, guard,
         for rank, t in tasks.items():
             if raced(t) or hung(t, ending):
                 if ending in exits.RACE_FREE:
-                    problems.append(f"{where}: rank {rank} failed in teardown in a race-free "
-                                    f"ending: {text[-800:]}")
+                    problems.append(
+                        f"{where}: rank {rank} failed in teardown in a race-free ending: {text[-800:]}"
+                    )
             elif upstream:
                 pass  # its peer's abort ended the step (--kill-on-bad-exit)
             elif ending == "slurm-kill":
                 if t["exit"] is not None:  # SIGKILL leaves no wrapper to report
                     problems.append(f"{where}: rank {rank} exit {t['exit']} after SIGKILL")
             elif t["exit"] != expected_exit(ending, rank):
-                problems.append(f"{where}: rank {rank} exit {t['exit']}, expected "
-                                f"{expected_exit(ending, rank)}: {text[-800:]}")
+                problems.append(
+                    f"{where}: rank {rank} exit {t['exit']}, expected "
+                    f"{expected_exit(ending, rank)}: {text[-800:]}"
+                )
             if ctasks is not None and t["result"] != ctasks[rank]["result"]:
-                problems.append(f"{where}: rank {rank} printed {t['result']!r}, the control "
-                                f"{ctasks[rank]['result']!r}")
+                problems.append(
+                    f"{where}: rank {rank} printed {t['result']!r}, the control {ctasks[rank]['result']!r}"
+                )
         if "slurmguard" in text:
             problems.append(f"{where}: the hook printed: {text[-800:]}")
         if state == "TIMEOUT":
@@ -253,23 +278,26 @@ def test_guarded_jobs_end_as_unguarded_ones_with_every_record(devcluster, guard,
             continue
         for rank in (0, 1):
             problems += ring_problems(where, job_dir, shape, ending, rank, tasks[rank])
-    p = exits.fisher_greater(failed["guarded"], jobs["guarded"], failed["unguarded"],
-                             jobs["unguarded"])
-    print(f"\nstress: {jobs['guarded']} guarded, {jobs['unguarded']} unguarded jobs in "
-          f"{elapsed:.0f} s; failed in teardown (upstream, aborted or hung): guarded "
-          f"{failed['guarded']} ({hangs['guarded']} hung), unguarded {failed['unguarded']} "
-          f"({hangs['unguarded']} hung); Fisher one-sided p = {p:.3f}; "
-          f"harness failures {len(harness)}")
-    assert not harness, ("harness failures (the jobs never ran their scenario; not a hook "
-                         "effect):\n" + "\n".join(harness[:10]))
+    p = exits.fisher_greater(failed["guarded"], jobs["guarded"], failed["unguarded"], jobs["unguarded"])
+    print(
+        f"\nstress: {jobs['guarded']} guarded, {jobs['unguarded']} unguarded jobs in "
+        f"{elapsed:.0f} s; failed in teardown (upstream, aborted or hung): guarded "
+        f"{failed['guarded']} ({hangs['guarded']} hung), unguarded {failed['unguarded']} "
+        f"({hangs['unguarded']} hung); Fisher one-sided p = {p:.3f}; "
+        f"harness failures {len(harness)}"
+    )
+    assert not harness, (
+        "harness failures (the jobs never ran their scenario; not a hook effect):\n" + "\n".join(harness[:10])
+    )
     assert jobs["guarded"] >= 50
     assert not problems, "\n".join(problems[:10])
-    assert p >= ALPHA, (f"guarded jobs failed in teardown {failed['guarded']}/{jobs['guarded']}, "
-                        f"unguarded {failed['unguarded']}/{jobs['unguarded']} (p = {p:.4f})")
+    assert p >= ALPHA, (
+        f"guarded jobs failed in teardown {failed['guarded']}/{jobs['guarded']}, "
+        f"unguarded {failed['unguarded']}/{jobs['unguarded']} (p = {p:.4f})"
+    )
 
 
-def ring_problems(where: str, job_dir: Path, shape: str, ending: str, rank: int,
-                  task: dict) -> list[str]:
+def ring_problems(where: str, job_dir: Path, shape: str, ending: str, rank: int, task: dict) -> list[str]:
     """A guarded rank's ring against what the rank completed: exactly the
     training records of its ending, none counted lost; for a Slurm-sent
     ending, every step it reported done (the one in flight when the signal
@@ -291,6 +319,10 @@ def ring_problems(where: str, job_dir: Path, shape: str, ending: str, rank: int,
     per, done = exits.ops_per_step(shape), task["steps"]
     total = sum(got.values())
     if not per * done <= total <= total + lost <= per * (done + 1):
-        return [(f"{where}: rank {rank} reported {done} steps done ({per} records each); its "
-                 f"ring holds {got}, {lost} counted lost")]
+        return [
+            (
+                f"{where}: rank {rank} reported {done} steps done ({per} records each); its "
+                f"ring holds {got}, {lost} counted lost"
+            )
+        ]
     return []

@@ -19,7 +19,7 @@ from slurmguard.hook import ring
 
 pytestmark = pytest.mark.slow
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -51,7 +51,7 @@ JOB = textwrap.dedent('''
     torch.save(out, os.environ["OUT"])
     print("hook-loaded:", "_slurmguard_torchhook" in sys.modules)
     dist.destroy_process_group()
-''')
+""")
 
 
 def free_port() -> int:
@@ -67,10 +67,23 @@ def run_job(tmp: Path, name: str, env_extra: dict, world: int = 2) -> list[subpr
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE=str(world), OUT=str(tmp / f"{name}-{rank}.pt"), **env_extra)
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            OUT=str(tmp / f"{name}-{rank}.pt"),
+            **env_extra,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     results = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -94,9 +107,17 @@ def runs(tmp_path_factory, spank_build):
     rings.mkdir()
     site = str(spank_build.torch_site)
     t0 = time.monotonic_ns()
-    guarded = run_job(tmp, "guarded", {
-        "PYTHONPATH": site, "SLURMGUARD_RING_DIR": str(rings), "SLURMGUARD_JOB_ID": "77",
-        "SLURMGUARD_STEP_ID": "0", "SLURMGUARD_RING_RECORDS": "4096"})
+    guarded = run_job(
+        tmp,
+        "guarded",
+        {
+            "PYTHONPATH": site,
+            "SLURMGUARD_RING_DIR": str(rings),
+            "SLURMGUARD_JOB_ID": "77",
+            "SLURMGUARD_STEP_ID": "0",
+            "SLURMGUARD_RING_RECORDS": "4096",
+        },
+    )
     t1 = time.monotonic_ns()
     plain = run_job(tmp, "plain", {"PYTHONPATH": site})
     return {"tmp": tmp, "rings": rings, "guarded": guarded, "plain": plain, "window": (t0, t1)}
@@ -127,8 +148,7 @@ def test_one_ring_per_rank_with_the_allreduce_pattern(runs):
         with ring.RingReader(str(runs["rings"] / files[rank])) as r:
             h = r.header
             recs = r.read().records
-        assert (h.global_rank, h.world_size, h.job_id, h.step, h.source_name) == (
-            rank, 2, 77, "0", "torch")
+        assert (h.global_rank, h.world_size, h.job_id, h.step, h.source_name) == (rank, 2, 77, "0", "torch")
         assert h.capacity == 4096
         ops = [x.op_name for x in recs]
         assert ops[0] == "comm_init" and recs[0].peer == rank and recs[0].count == 2
@@ -136,18 +156,29 @@ def test_one_ring_per_rank_with_the_allreduce_pattern(runs):
         # DDP: one bucket all-reduce per step, 64*64+64 float32 gradients, summed
         ddp = [x for x in recs if x.op_name == "allreduce" and x.count == 4160]
         assert len(ddp) == 6
-        assert all(x.datatype == ring.DATATYPE["float32"] and x.bytes == 4160 * 4
-                   and x.redop == ring.REDOP["sum"] and x.flags & ring.F_ASYNC for x in ddp)
+        assert all(
+            x.datatype == ring.DATATYPE["float32"]
+            and x.bytes == 4160 * 4
+            and x.redop == ring.REDOP["sum"]
+            and x.flags & ring.F_ASYNC
+            for x in ddp
+        )
         # the explicit calls, in program (start) order, with their sizes and
         # ops; records are in completion order
         last_ddp = max(x.start_ns for x in ddp)
-        tail = [(x.op_name, x.count, ring.DATATYPE_NAMES[x.datatype], ring.REDOP_NAMES[x.redop],
-                 x.peer) for x in sorted(recs, key=lambda x: x.start_ns)
-                if x.start_ns > last_ddp and x.op_name != "comm_init"]
+        tail = [
+            (x.op_name, x.count, ring.DATATYPE_NAMES[x.datatype], ring.REDOP_NAMES[x.redop], x.peer)
+            for x in sorted(recs, key=lambda x: x.start_ns)
+            if x.start_ns > last_ddp and x.op_name != "comm_init"
+        ]
         p2p = ("send", 7, "float32", "none", 1) if rank == 0 else ("recv", 7, "float32", "none", 0)
-        assert tail == [("allreduce", 10, "float64", "max", -1), ("allreduce", 5, "int32", "sum", -1),
-                        ("allgather", 2, "float32", "none", -1), p2p,
-                        ("barrier", 0, "unknown", "none", -1)]
+        assert tail == [
+            ("allreduce", 10, "float64", "max", -1),
+            ("allreduce", 5, "int32", "sum", -1),
+            ("allgather", 2, "float32", "none", -1),
+            p2p,
+            ("barrier", 0, "unknown", "none", -1),
+        ]
         # plausible times: inside the run, ordered, non-negative durations
         assert all(t0 <= x.start_ns <= x.end_ns <= t1 for x in recs)
         assert [x.seq for x in recs] == list(range(1, len(recs) + 1))
@@ -164,16 +195,23 @@ def test_non_torch_job_and_chained_sitecustomize(spank_build, tmp_path):
     other = tmp_path / "othersite"
     other.mkdir()
     marker = tmp_path / "marker"
-    (other / "sitecustomize.py").write_text(
-        f"open({str(marker)!r}, 'a').write('ran\\n')\n")
+    (other / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('ran\\n')\n")
     rings = tmp_path / "rings"
     rings.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
     env.update(PYTHONPATH=f"{spank_build.torch_site}:{other}", SLURMGUARD_RING_DIR=str(rings))
-    res = subprocess.run([sys.executable, "-c",
-                          "import sys, json; print(json.dumps(sorted(m for m in sys.modules "
-                          "if m.startswith(('torch', '_slurmguard')))))"],
-                         env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, json; print(json.dumps(sorted(m for m in sys.modules "
+            "if m.startswith(('torch', '_slurmguard')))))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and res.stderr == ""
     assert res.stdout.strip() == '["_slurmguard_ring", "_slurmguard_torchhook"]'
     assert marker.read_text() == "ran\n"
@@ -182,8 +220,11 @@ def test_non_torch_job_and_chained_sitecustomize(spank_build, tmp_path):
 
 def test_unusable_ring_dir_never_breaks_the_job(spank_build, tmp_path):
     """Recording that cannot start costs one warning line, not the job."""
-    res = run_job(tmp_path, "broken", {"PYTHONPATH": str(spank_build.torch_site),
-                                       "SLURMGUARD_RING_DIR": str(tmp_path / "does-not-exist")})
+    res = run_job(
+        tmp_path,
+        "broken",
+        {"PYTHONPATH": str(spank_build.torch_site), "SLURMGUARD_RING_DIR": str(tmp_path / "does-not-exist")},
+    )
     for r in res:
         warnings = [line for line in r.stderr.splitlines() if line.startswith("slurmguard:")]
         assert len(warnings) == 1 and "cannot create" in warnings[0], r.stderr
@@ -194,7 +235,7 @@ def test_unusable_ring_dir_never_breaks_the_job(spank_build, tmp_path):
     assert torch.equal(out[1]["recv"], torch.arange(7.0))
 
 
-MANY = textwrap.dedent('''
+MANY = textwrap.dedent("""
     import os, sys, tempfile, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
     hook = sys.modules["_slurmguard_torchhook"]
@@ -207,7 +248,7 @@ MANY = textwrap.dedent('''
     dist.all_reduce(torch.ones(100))
     hook._state["recorder"].settle()
     dist.destroy_process_group()
-''')
+""")
 
 
 def test_many_async_calls_all_recorded_and_unpatch_stops_recording(spank_build, tmp_path):
@@ -216,11 +257,9 @@ def test_many_async_calls_all_recorded_and_unpatch_stops_recording(spank_build, 
     script = tmp_path / "many.py"
     script.write_text(MANY)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-    env.update(PYTHONPATH=str(spank_build.torch_site), SLURMGUARD_RING_DIR=str(rings),
-               SLURMGUARD_STEP_ID="0")
+    env.update(PYTHONPATH=str(spank_build.torch_site), SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
     # a hang guard: importing torch alone takes over a minute on a busy 2-core box
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "slurmguard:" not in res.stderr, res.stderr[-2000:]
     with ring.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
         recs = [x for x in r.read().records if x.op_name == "allreduce"]
@@ -229,7 +268,7 @@ def test_many_async_calls_all_recorded_and_unpatch_stops_recording(spank_build, 
     assert all(x.flags & ring.F_ASYNC and x.start_ns <= x.end_ns for x in recs)
 
 
-RELEASE = textwrap.dedent('''
+RELEASE = textwrap.dedent("""
     import gc, os, sys, tempfile, weakref, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
     rec = sys.modules["_slurmguard_torchhook"]._state["recorder"]
@@ -243,7 +282,7 @@ RELEASE = textwrap.dedent('''
     # the record is written and the hook holds nothing of the call
     print("released", ref() is None, len(rec._pending), flush=True)
     dist.destroy_process_group()
-''')
+""")
 
 
 def test_hook_holds_nothing_of_a_completed_call(spank_build, tmp_path):
@@ -252,10 +291,8 @@ def test_hook_holds_nothing_of_a_completed_call(spank_build, tmp_path):
     script = tmp_path / "release.py"
     script.write_text(RELEASE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-    env.update(PYTHONPATH=str(spank_build.torch_site), SLURMGUARD_RING_DIR=str(rings),
-               SLURMGUARD_STEP_ID="0")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    env.update(PYTHONPATH=str(spank_build.torch_site), SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "released True 0" in res.stdout
     with ring.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
@@ -280,21 +317,25 @@ def test_job_ends_as_without_the_hook_with_every_record(spank_build, tmp_path, e
     job = exits.write_job(tmp_path)
     rings = tmp_path / "rings"
     rings.mkdir()
-    started = [exits.start_local(job, "ddp", ending, rings, spank_build.torch_site),
-               exits.start_local(job, "ddp", ending, None, spank_build.torch_site)]
-    guarded, plain = (exits.finish_local(p, "ddp", ending, d, timeout=240)
-                      for p, d in zip(started, (rings, None)))
+    started = [
+        exits.start_local(job, "ddp", ending, rings, spank_build.torch_site),
+        exits.start_local(job, "ddp", ending, None, spank_build.torch_site),
+    ]
+    guarded, plain = (
+        exits.finish_local(p, "ddp", ending, d, timeout=240) for p, d in zip(started, (rings, None))
+    )
     assert guarded.problems() == [] and plain.problems() == []
     for g, p in zip(guarded.ranks, plain.ranks):
         if not (guarded.aborted or plain.aborted):
             assert g.status == p.status == exits.expected_status(ending, g.rank)
-        assert [x for x in g.stdout.splitlines() if x.startswith(("RESULT", "TERM"))] == \
-            [x for x in p.stdout.splitlines() if x.startswith(("RESULT", "TERM"))]
+        assert [x for x in g.stdout.splitlines() if x.startswith(("RESULT", "TERM"))] == [
+            x for x in p.stdout.splitlines() if x.startswith(("RESULT", "TERM"))
+        ]
     assert guarded.counts == {0: {"allreduce": exits.STEPS}, 1: {"allreduce": exits.STEPS}}
     assert guarded.lost == {0: 0, 1: 0}
 
 
-INFLIGHT = textwrap.dedent('''
+INFLIGHT = textwrap.dedent("""
     import os, sys, time, torch, torch.distributed as dist
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -308,7 +349,7 @@ INFLIGHT = textwrap.dedent('''
         print("destroyed", work.is_completed(), flush=True)
     else:
         sys.exit(0)  # the work is still in flight at exit
-''')
+""")
 
 
 @pytest.mark.parametrize("end", ["destroy", "exit"])
@@ -326,14 +367,26 @@ def test_work_in_flight_at_the_end_is_recorded_or_counted_lost(spank_build, tmp_
         port = free_port()
         procs = []
         for rank in range(2):
-            extra = {"PYTHONPATH": str(spank_build.torch_site), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2"}
+            extra = {
+                "PYTHONPATH": str(spank_build.torch_site),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+            }
             if side == "guarded":
                 extra.update(SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
             env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
             env.update(extra)
-            procs.append(subprocess.Popen([sys.executable, str(script), end], env=env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script), end],
+                    env=env,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
         outcomes[side] = [(p.wait(timeout=180), p.stdout.read(), p.stderr.read()) for p in procs]
     g, p = outcomes["guarded"], outcomes["plain"]
     aborted = [s == -6 for s, _, _ in g + p]

@@ -42,7 +42,7 @@ DELAY_S = 0.25
 # small model. Rank 1 sleeps before block 1's down projection in the steps
 # listed in DELAY_STEPS, so rank 0 waits for it inside that block's forward
 # all-reduce.
-TP_JOB = textwrap.dedent('''
+TP_JOB = textwrap.dedent("""
     import json, os, sys, time, torch, torch.distributed as dist
     from slurmguard.workloads.runtime import Env, ModelSpec
     from slurmguard.workloads.shapes import ShapeOptions, build_tp
@@ -70,14 +70,14 @@ TP_JOB = textwrap.dedent('''
     with open(os.environ["OUT"] + ".json", "w") as f:
         json.dump({"marks": marks, "delays": delays}, f)
     dist.destroy_process_group()
-''')
+""")
 
 # Every functional collective the hook must see, called as DTensor and
 # torch.compile'd code call them (torch.ops._c10d_functional with a group
 # name, then wait_tensor), plus the Python API whose AsyncCollectiveTensor
 # waits on first use, and a plain all_reduce on inference-mode tensors
 # (no autograd keys). Rank 1 arrives DELAY late at each of them.
-FUNC_JOB = textwrap.dedent('''
+FUNC_JOB = textwrap.dedent("""
     import json, os, time, torch, torch.distributed as dist
     import torch.distributed._functional_collectives as fc
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -117,25 +117,43 @@ FUNC_JOB = textwrap.dedent('''
     with open(os.environ["OUT"] + ".json", "w") as f:
         json.dump({"calls": calls}, f)
     dist.destroy_process_group()
-''')
+""")
 
 
-def run(tmp: Path, name: str, job: str, env_extra: dict, rings: Path | None,
-        site: Path) -> list[subprocess.CompletedProcess]:
+def run(
+    tmp: Path, name: str, job: str, env_extra: dict, rings: Path | None, site: Path
+) -> list[subprocess.CompletedProcess]:
     script = tmp / f"{name}.py"
     script.write_text(job)
     port = free_port()
     procs = []
     for rank in range(2):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                   OUT=str(tmp / f"{name}-{rank}"), PYTHONPATH=f"{site}{os.pathsep}{REPO}",
-                   **env_extra)
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            OUT=str(tmp / f"{name}-{rank}"),
+            PYTHONPATH=f"{site}{os.pathsep}{REPO}",
+            **env_extra,
+        )
         if rings is not None:
-            env.update(SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_JOB_ID="7",
-                       SLURMGUARD_STEP_ID="0", SLURMGUARD_RING_RECORDS="4096")
-        procs.append(subprocess.Popen([sys.executable, str(script)], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            env.update(
+                SLURMGUARD_RING_DIR=str(rings),
+                SLURMGUARD_JOB_ID="7",
+                SLURMGUARD_STEP_ID="0",
+                SLURMGUARD_RING_RECORDS="4096",
+            )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     results = []
     for p in procs:
         out, err = p.communicate(timeout=300)
@@ -194,16 +212,22 @@ def test_tensor_parallel_job_collectives_recorded_with_their_waits(spank_build, 
         marks = np.array(job["marks"])
         ars = [x for x in recs if x.op_name == "allreduce"]
         assert len({x.comm_id for x in ars}) == 1
-        assert all((x.count, x.bytes, ring.DATATYPE_NAMES[x.datatype], ring.REDOP_NAMES[x.redop])
-                   == (count, count * 4, "float32", "sum") and x.flags & ring.F_ASYNC
-                   for x in ars), ars[:3]
+        assert all(
+            (x.count, x.bytes, ring.DATATYPE_NAMES[x.datatype], ring.REDOP_NAMES[x.redop])
+            == (count, count * 4, "float32", "sum")
+            and x.flags & ring.F_ASYNC
+            for x in ars
+        ), ars[:3]
         starts = np.array([x.start_ns for x in ars])
-        assert np.bincount(np.searchsorted(marks, starts, side="right") - 1,
-                           minlength=steps).tolist() == [per_step] * steps, rank
+        assert (
+            np.bincount(np.searchsorted(marks, starts, side="right") - 1, minlength=steps).tolist()
+            == [per_step] * steps
+        ), rank
         assert all(marks[0] <= x.start_ns <= x.end_ns <= marks[-1] for x in ars)
         # block 1's forward all-reduce: the second collective of each step
-        spans[rank] = {i: row for i, row in enumerate(
-            r for r in gaps_and_spans(recs) if r[0] in ars[1::per_step])}
+        spans[rank] = {
+            i: row for i, row in enumerate(r for r in gaps_and_spans(recs) if r[0] in ars[1::per_step])
+        }
     late = json.loads((tmp_path / "guarded-1.json").read_text())["delays"]
     assert len(late) == len(delayed)
     for i in delayed:
@@ -236,23 +260,34 @@ def test_functional_collectives_recorded_as_their_c10d_ops(spank_build, tmp_path
     assert torch.equal(g["all_reduce"], torch.arange(8.0) + 1)  # max over ranks
 
     # (op, count, datatype, redop, peer, coalesced) in call order
-    expected = [("allreduce", 8, "float32", "max", -1, False),
-                ("allreduce", 8, "float32", "sum", -1, False),
-                ("allgather", 8, "float32", "none", -1, False),
-                ("reducescatter", 4, "float32", "sum", -1, False),
-                ("alltoall", 4, "float32", "none", -1, False),
-                ("broadcast", 8, "float32", "none", 0, False),
-                ("allreduce", 11, "float32", "sum", -1, True),
-                ("allgather", 10, "float32", "none", -1, True),
-                ("reducescatter", 5, "float32", "sum", -1, True),
-                ("allreduce", 8, "float64", "sum", -1, False),
-                ("allreduce", 8, "float32", "sum", -1, False)]
+    expected = [
+        ("allreduce", 8, "float32", "max", -1, False),
+        ("allreduce", 8, "float32", "sum", -1, False),
+        ("allgather", 8, "float32", "none", -1, False),
+        ("reducescatter", 4, "float32", "sum", -1, False),
+        ("alltoall", 4, "float32", "none", -1, False),
+        ("broadcast", 8, "float32", "none", 0, False),
+        ("allreduce", 11, "float32", "sum", -1, True),
+        ("allgather", 10, "float32", "none", -1, True),
+        ("reducescatter", 5, "float32", "sum", -1, True),
+        ("allreduce", 8, "float64", "sum", -1, False),
+        ("allreduce", 8, "float32", "sum", -1, False),
+    ]
     for rank in range(2):
         header, recs = records(rings, rank)
         assert header.overwritten == 0
         recs = [x for x in recs if x.op_name != "comm_init"]
-        got = [(x.op_name, x.count, ring.DATATYPE_NAMES[x.datatype], ring.REDOP_NAMES[x.redop],
-                x.peer, bool(x.flags & ring.F_COALESCED)) for x in recs]
+        got = [
+            (
+                x.op_name,
+                x.count,
+                ring.DATATYPE_NAMES[x.datatype],
+                ring.REDOP_NAMES[x.redop],
+                x.peer,
+                bool(x.flags & ring.F_COALESCED),
+            )
+            for x in recs
+        ]
         assert got == expected, rank
         assert all(x.bytes == x.count * ring.DATATYPE_SIZES[x.datatype] for x in recs)
         calls = json.loads((tmp_path / f"guarded-{rank}.json").read_text())["calls"]
@@ -266,7 +301,7 @@ def test_functional_collectives_recorded_as_their_c10d_ops(spank_build, tmp_path
                 assert span < DELAY_S / 2, (name, span)
 
 
-UNWAITED_JOB = textwrap.dedent('''
+UNWAITED_JOB = textwrap.dedent("""
     import os, sys, tempfile, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
     hook = sys.modules["_slurmguard_torchhook"]
@@ -279,7 +314,7 @@ UNWAITED_JOB = textwrap.dedent('''
         F.wait_tensor(F.reduce_scatter_tensor(x, "sum", 1, g))
     print("held", len(rec._unwaited), hook.MAX_UNWAITED, flush=True)
     dist.destroy_process_group()
-''')
+""")
 
 
 def test_functional_outputs_never_waited_for_are_bounded_and_counted(spank_build, tmp_path):
@@ -293,10 +328,12 @@ def test_functional_outputs_never_waited_for_are_bounded_and_counted(spank_build
     script = tmp_path / "unwaited.py"
     script.write_text(UNWAITED_JOB)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-    env.update(PYTHONPATH=f"{spank_build.torch_site}{os.pathsep}{REPO}",
-               SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
-    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    env.update(
+        PYTHONPATH=f"{spank_build.torch_site}{os.pathsep}{REPO}",
+        SLURMGUARD_RING_DIR=str(rings),
+        SLURMGUARD_STEP_ID="0",
+    )
+    res = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "slurmguard:" not in res.stderr, res.stderr[-2000:]
     held, limit = map(int, res.stdout.split()[1:3])
     assert held == limit

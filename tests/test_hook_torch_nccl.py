@@ -19,10 +19,13 @@ import pytest
 from slurmguard.hook import ring
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not (torch.cuda.is_available()
-                                      and torch.distributed.is_nccl_available()),
-                                 reason="needs a GPU and NCCL")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and torch.distributed.is_nccl_available()),
+        reason="needs a GPU and NCCL",
+    ),
+]
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = Path(__file__).with_name("fixtures") / "hook_nccl_job.py"
@@ -30,12 +33,10 @@ JOB = Path(__file__).with_name("fixtures") / "hook_nccl_job.py"
 
 def run(rings: Path, c_hook: bool, site: Path) -> list[tuple]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-    env.update(PYTHONPATH=f"{site}{os.pathsep}{REPO}", SLURMGUARD_RING_DIR=str(rings),
-               SLURMGUARD_STEP_ID="0")
+    env.update(PYTHONPATH=f"{site}{os.pathsep}{REPO}", SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
     if c_hook:
         env["SLURMGUARD_NCCL_HOOK"] = "libnccl.so.2"
-    res = subprocess.run([sys.executable, str(JOB)], env=env, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, str(JOB)], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "slurmguard:" not in res.stderr, res.stderr[-3000:]
     assert f'"nccl_hook_loaded": {str(c_hook).lower()}' in res.stdout, res.stdout
     with ring.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:

@@ -34,17 +34,26 @@ def test_every_optional_module_is_in_its_extra_and_not_in_the_core():
 
 
 def _cli(blocked: tuple[str, ...], *argv: str, extra_code: str = "") -> subprocess.CompletedProcess:
-    code = (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n{extra_code}\n"
-            f"from slurmguard.cli import main\nmain({list(argv)!r})\n")
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, check=False)
+    code = (
+        f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n{extra_code}\n"
+        f"from slurmguard.cli import main\nmain({list(argv)!r})\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_node_install_runs_db_upgrade_and_imports_daemons_without_any_extra(tmp_path):
-    res = _cli(tuple(EXTRA_OF), "--db", f"sqlite:///{tmp_path}/sg.db", "db", "upgrade",
-               extra_code="import slurmguard.agent.cli, slurmguard.agent.analysis, "
-                          "slurmguard.controller.cli, slurmguard.controller.loop, "
-                          "slurmguard.nodecheck.prolog")
+    res = _cli(
+        tuple(EXTRA_OF),
+        "--db",
+        f"sqlite:///{tmp_path}/sg.db",
+        "db",
+        "upgrade",
+        extra_code="import slurmguard.agent.cli, slurmguard.agent.analysis, "
+        "slurmguard.controller.cli, slurmguard.controller.loop, "
+        "slurmguard.nodecheck.prolog",
+    )
     assert res.returncode == 0, res.stderr
     assert "revision: 0001 (head)" in res.stdout
 
@@ -52,12 +61,15 @@ def test_node_install_runs_db_upgrade_and_imports_daemons_without_any_extra(tmp_
 def test_command_importing_a_missing_extra_at_run_time_names_the_extra(tmp_path):
     # the what-if command reads traces with pyarrow alone (pandas stays unimported)
     (tmp_path / "t.parquet").write_bytes(b"PAR1")
-    (tmp_path / "m.yaml").write_text("dp_size: 2\ndsp_size: 1\npp_size: 4\ntp_size: 1\nvpp_size: 1\nworld_size: 8\n")
+    (tmp_path / "m.yaml").write_text(
+        "dp_size: 2\ndsp_size: 1\npp_size: 4\ntp_size: 1\nvpp_size: 1\nworld_size: 8\n"
+    )
     res = _cli(("pyarrow",), "whatif", str(tmp_path / "t.parquet"), "--meta", str(tmp_path / "m.yaml"))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "slurmguard: error: this command needs pyarrow, which is not installed: "
-        "pip install 'slurmguard[whatif]'"]
+        "pip install 'slurmguard[whatif]'"
+    ]
 
 
 def test_a_missing_module_no_extra_provides_is_a_bug_and_keeps_its_traceback(monkeypatch):

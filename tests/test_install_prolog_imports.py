@@ -27,8 +27,15 @@ def _heavy_loaded(code: str, tmp_path: Path) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
     env["PYTHONPATH"] = str(ROOT)
     # as the wrapper runs it: cwd /, no user site
-    res = subprocess.run([sys.executable, "-s", "-c", code + _REPORT], cwd="/", env=env,
-                         capture_output=True, text=True, timeout=120, check=False)
+    res = subprocess.run(
+        [sys.executable, "-s", "-c", code + _REPORT],
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 

@@ -17,16 +17,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-RUN = ("import sys\n"
-       "from importlinter.cli import lint_imports\n"
-       "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))\n")
+RUN = (
+    "import sys\n"
+    "from importlinter.cli import lint_imports\n"
+    "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))\n"
+)
 
 
 def test_import_contracts_are_kept():
     # this checkout's dev/ package, whether or not slurmguard-dev is installed
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "dev")])}
-    res = subprocess.run([sys.executable, "-c", RUN], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300, check=False, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", RUN],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
     out = res.stdout + res.stderr
     assert "the product never imports the development tools KEPT" in out, out
     assert "Contracts: 4 kept, 0 broken." in out, out

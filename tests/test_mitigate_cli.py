@@ -49,7 +49,9 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, needle):
 
 
 def test_consolidate_and_swap(capsys):
-    rc, out, _ = run(capsys, "plan", "consolidate", "--stages", "4", "--per-stage", "4", "--stragglers", "w1,w6")
+    rc, out, _ = run(
+        capsys, "plan", "consolidate", "--stages", "4", "--per-stage", "4", "--stragglers", "w1,w6"
+    )
     assert rc == 0
     res = json.loads(out)
     assert res["stages_needed"] == 1 and res["stages_after"] == [1] and res["swaps"] == [["w1", "w5"]]
@@ -68,18 +70,47 @@ def test_escalation_table_uses_policy_costs(capsys, tmp_path):
     assert rc == 0
     tiers = json.loads(out)["tiers"]
     assert [(t["action"], t["after_iterations"]) for t in tiers] == [
-        ("rebalance", 15), ("retopology", 150), ("drain_checkpoint", 450), ("requeue", 900)]
+        ("rebalance", 15),
+        ("retopology", 150),
+        ("drain_checkpoint", 450),
+        ("requeue", 900),
+    ]
     pol = tmp_path / "p.yaml"
     pol.write_text("response:\n  escalation:\n    rebalance_gpu_s: 8.0\n")
-    rc, out, _ = run(capsys, "--policy", str(pol), "plan", "escalation", "--slow", "1.5", "--healthy", "1",
-                     "--gpus", "8", "--cause", "compute")
+    rc, out, _ = run(
+        capsys,
+        "--policy",
+        str(pol),
+        "plan",
+        "escalation",
+        "--slow",
+        "1.5",
+        "--healthy",
+        "1",
+        "--gpus",
+        "8",
+        "--cause",
+        "compute",
+    )
     assert rc == 0 and json.loads(out)["tiers"][0]["after_iterations"] == 2
 
 
 def test_bench_plan_small_sizes_match(capsys):
     pytest.importorskip("cvxpy")
-    rc, out, _ = run(capsys, "bench", "plan", "--min-groups", "16", "--max-groups", "32",
-                     "--max-cvxpy-groups", "32", "--repeats", "2", "--json")
+    rc, out, _ = run(
+        capsys,
+        "bench",
+        "plan",
+        "--min-groups",
+        "16",
+        "--max-groups",
+        "32",
+        "--max-cvxpy-groups",
+        "32",
+        "--repeats",
+        "2",
+        "--json",
+    )
     assert rc == 0
     rows = json.loads(out)
     assert [r["groups"] for r in rows] == [16, 32]

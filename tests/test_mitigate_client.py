@@ -62,8 +62,15 @@ def controller():
     c.close()
 
 
-PLAN = {"job_id": "4242", "version": 3, "action": "rebalance", "microbatches": [6, 6, 2, 2], "pp": 2,
-        "makespan_s": 6.0, "future_field": "ignored"}
+PLAN = {
+    "job_id": "4242",
+    "version": 3,
+    "action": "rebalance",
+    "microbatches": [6, 6, 2, 2],
+    "pp": 2,
+    "makespan_s": 6.0,
+    "future_field": "ignored",
+}
 
 
 def test_fetches_a_typed_plan(controller):
@@ -119,8 +126,9 @@ def test_slow_controller_times_out(controller):
     assert client.errors == 1
 
 
-@pytest.mark.parametrize("url,job", [("ftp://x/", "1"), ("127.0.0.1:8642", "1"), ("http://h", "1;rm"),
-                                     ("http://h", "")])
+@pytest.mark.parametrize(
+    "url,job", [("ftp://x/", "1"), ("127.0.0.1:8642", "1"), ("http://h", "1;rm"), ("http://h", "")]
+)
 def test_bad_configuration_is_an_input_error(url, job):
     with pytest.raises(InputError):
         PlanClient(url, job)
@@ -128,8 +136,9 @@ def test_bad_configuration_is_an_input_error(url, job):
 
 def test_from_env():
     assert PlanClient.from_env({}) is None
-    c = PlanClient.from_env({"SLURMGUARD_CONTROLLER_URL": "http://h:1", "SLURM_JOB_ID": "12",
-                             "SLURMGUARD_PLAN_TIMEOUT_S": "0.5"})
+    c = PlanClient.from_env(
+        {"SLURMGUARD_CONTROLLER_URL": "http://h:1", "SLURM_JOB_ID": "12", "SLURMGUARD_PLAN_TIMEOUT_S": "0.5"}
+    )
     assert c is not None and c.url == "http://h:1/v1/jobs/12/plan" and c.timeout_s == 0.5
 
 

@@ -6,9 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from slurmguard.errors import InputError
-from slurmguard.mitigate.example_ddp import ExampleConfig, run_example
-from slurmguard.mitigate.plan import JobPlan, rank_share
+# after the skip: these import torch
+from slurmguard.errors import InputError  # noqa: E402
+from slurmguard.mitigate.example_ddp import ExampleConfig, run_example  # noqa: E402
+from slurmguard.mitigate.plan import JobPlan, rank_share  # noqa: E402
 
 
 def _grad_of_split(model, x, y, counts, b):
@@ -21,7 +22,7 @@ def _grad_of_split(model, x, y, counts, b):
         share = rank_share(plan, r, world, total)
         for j in range(share.count):
             lo = (share.offset + j) * b
-            loss = torch.nn.functional.cross_entropy(model(x[lo:lo + b]), y[lo:lo + b]) * share.loss_scale
+            loss = torch.nn.functional.cross_entropy(model(x[lo : lo + b]), y[lo : lo + b]) * share.loss_scale
             loss.backward()
         for a, p in zip(acc, model.parameters()):
             a += p.grad / world
@@ -54,8 +55,18 @@ def test_config_checks():
 
 @pytest.mark.slow
 def test_two_gloo_ranks_plan_shifts_work_off_the_slow_rank():
-    cfg = ExampleConfig(world_size=2, slow_rank=1, slow_factor=4.0, microbatches=8, batch=16, width=64,
-                        steps=2, warmup=1, profile_steps=2, timeout_s=60.0)
+    cfg = ExampleConfig(
+        world_size=2,
+        slow_rank=1,
+        slow_factor=4.0,
+        microbatches=8,
+        batch=16,
+        width=64,
+        steps=2,
+        warmup=1,
+        profile_steps=2,
+        timeout_s=60.0,
+    )
     res = run_example(cfg)
     assert sum(res.plan) == 8 and all(m >= 1 for m in res.plan)
     assert res.per_microbatch_s[1] > res.per_microbatch_s[0]
@@ -89,8 +100,17 @@ def test_example_takes_its_plan_from_a_controller():
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
     try:
-        cfg = ExampleConfig(world_size=2, microbatches=8, batch=16, width=64, steps=1, warmup=1, profile_steps=1,
-                            controller_url=f"http://127.0.0.1:{server.server_address[1]}", job_id="77")
+        cfg = ExampleConfig(
+            world_size=2,
+            microbatches=8,
+            batch=16,
+            width=64,
+            steps=1,
+            warmup=1,
+            profile_steps=1,
+            controller_url=f"http://127.0.0.1:{server.server_address[1]}",
+            job_id="77",
+        )
         res = run_example(cfg)
     finally:
         server.shutdown()

@@ -141,6 +141,7 @@ def test_role_swap_when_only_pp_relief_exists():
     plan = plan_role_swap(layout, links, dp_bytes=10.0, pp_bytes=1.0)
     # Brute force over all single swaps.
     workers = ["w0", "w1", "w2", "w3"]
+
     def cost(lay):
         r = lay.roles()
         tot = 0.0
@@ -148,7 +149,10 @@ def test_role_swap_when_only_pp_relief_exists():
             k = link_kind(r[a], r[b], 2, 2)
             tot += 10.0 if k == "dp" else 1.0 if k == "pp" else 0.0
         return tot
-    best = min([cost(layout)] + [cost(layout.swapped([Swap(a, b)])) for a, b in itertools.combinations(workers, 2)])
+
+    best = min(
+        [cost(layout)] + [cost(layout.swapped([Swap(a, b)])) for a, b in itertools.combinations(workers, 2)]
+    )
     assert plan.bytes_after == best < plan.bytes_before
 
 
@@ -165,7 +169,10 @@ def test_role_swap_greedy_equals_best_single_swap_on_random_grids():
             r = lay.roles()
             return sum({"dp": 50.0, "pp": 1.0, "none": 0.0}[link_kind(r[a], r[b], pp, dp)] for a, b in links)
 
-        best = min([cost(layout)] + [cost(layout.swapped([Swap(a, b)])) for a, b in itertools.combinations(workers, 2)])
+        best = min(
+            [cost(layout)]
+            + [cost(layout.swapped([Swap(a, b)])) for a, b in itertools.combinations(workers, 2)]
+        )
         assert plan.bytes_after == best
         assert plan.bytes_after == cost(plan.layout)
 
@@ -180,11 +187,13 @@ def test_role_swap_bad_links():
 
 
 def test_hybrid_comm_bytes_falcon_9_2():
-    dp_b, pp_b = hybrid_comm_bytes(layers=2, hidden=4, seq_len=8, micro_batch=1, microbatches=3, tp=1, pp=1,
-                                   allreduce_factor=1.0)
+    dp_b, pp_b = hybrid_comm_bytes(
+        layers=2, hidden=4, seq_len=8, micro_batch=1, microbatches=3, tp=1, pp=1, allreduce_factor=1.0
+    )
     assert dp_b == 12 * 2 * 16 * 2  # 12 L h^2 values x 2 bytes
     assert pp_b == 3 * 1 * 8 * 4 * 2  # m b n_ctx h values x 2 bytes
     # A GPT-scale shard: DP traffic dwarfs PP traffic (Greyhound 5.2).
-    dp_b, pp_b = hybrid_comm_bytes(layers=48, hidden=8192, seq_len=2048, micro_batch=1,
-                                   microbatches=16, tp=8, pp=2)
+    dp_b, pp_b = hybrid_comm_bytes(
+        layers=48, hidden=8192, seq_len=2048, micro_batch=1, microbatches=16, tp=8, pp=2
+    )
     assert dp_b > 10 * pp_b

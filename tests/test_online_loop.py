@@ -58,8 +58,12 @@ def test_severe_slowdown_drains_only_that_node_and_requeues(guarded):
 
 def test_moderate_slowdown_drains_without_requeue_job_keeps_running(guarded):
     run = guarded
-    run.configure(response={"tiers": {"sustained_s": 6.0},
-                            "escalation": {"drain_checkpoint_gpu_s": 0.5, "requeue_gpu_s": 1000.0}})
+    run.configure(
+        response={
+            "tiers": {"sustained_s": 6.0},
+            "escalation": {"drain_checkpoint_gpu_s": 0.5, "requeue_gpu_s": 1000.0},
+        }
+    )
     job, ok, slow = start(run, 450)
     run.guard.inject(slow, 1.13)
     wait_for(lambda: run.node(slow)["drained"], 90, f"{slow} drained")
@@ -78,8 +82,11 @@ def test_telemetry_fault_without_step_impact_only_comments(guarded):
     run = guarded
     job, ok, slow = start(run, 350)
     run.guard.set_sim_profiles({slow: "thermal_throttle"})
-    wait_for(lambda: (run.node(slow)["comment"] or "").startswith(
-        "slurmguard: pending verification"), 60, "pending-verification comment")
+    wait_for(
+        lambda: (run.node(slow)["comment"] or "").startswith("slurmguard: pending verification"),
+        60,
+        "pending-verification comment",
+    )
     assert not run.node(slow)["drained"]
     assert run.audit("drain") == [] and run.audit("requeue") == []
     assert run.cluster.wait_job(job, timeout=120) == "COMPLETED"

@@ -89,7 +89,7 @@ def _literals(tp) -> tuple:
     if typing.get_origin(tp) is typing.Literal:
         return typing.get_args(tp)
     for a in typing.get_args(tp):
-        if (got := _literals(a)):
+        if got := _literals(a):
             return got
     return ()
 
@@ -106,8 +106,9 @@ def _module_file(mod: str) -> Path | None:
 def _lazy_names(tree: ast.Module) -> dict[str, str]:
     """A package's PEP 562 map (detect/__init__.py's _WHERE): name -> submodule."""
     for node in tree.body:
-        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_WHERE"
-                                                  for t in node.targets)):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_WHERE" for t in node.targets
+        ):
             where = ast.literal_eval(node.value)
             return {n: m for m, names in where.items() for n in names}
     return {}
@@ -150,8 +151,9 @@ def reachable() -> dict[str, ast.Module]:
                 bf = _module_file(base)
                 lazy = _lazy_names(ast.parse(bf.read_text())) if bf and bf.name == "__init__.py" else {}
                 for a in node.names:
-                    todo.append(f"{base}.{lazy.get(a.name, a.name)}" if a.name in lazy
-                                else f"{base}.{a.name}")
+                    todo.append(
+                        f"{base}.{lazy.get(a.name, a.name)}" if a.name in lazy else f"{base}.{a.name}"
+                    )
     return seen
 
 
@@ -202,8 +204,13 @@ def test_the_scan_sees_what_it_must():
     """The reachability scan is not vacuous: the runtime modules are in, the
     test-only helpers are not, and a key read nowhere is found unread."""
     mods = reachable()
-    for must in ("slurmguard.controller.assess", "slurmguard.controller.decide",
-                 "slurmguard.detect.steps", "slurmguard.detect.findings", "slurmguard.nodecheck.prolog"):
+    for must in (
+        "slurmguard.controller.assess",
+        "slurmguard.controller.decide",
+        "slurmguard.detect.steps",
+        "slurmguard.detect.findings",
+        "slurmguard.nodecheck.prolog",
+    ):
         assert must in mods
     for lazy in ("slurmguard.whatif.simulate", "slurmguard.workloads.runtime", "slurmguard.hook.torchhook"):
         assert lazy in mods  # through `whatif`, `python -m slurmguard.workloads`, the site dir
@@ -212,16 +219,22 @@ def test_the_scan_sees_what_it_must():
     assert "slurmguard._data" not in mods
     assert not [m for m in mods if m.startswith("slurmguard_dev")]
     product = {m: _names_used(t) for m, t in mods.items() if m != "slurmguard.config"}
-    assert _readers("detection.peers.window_s", [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")],
-                    product)
-    assert not _readers("detection.peers.no_such_key_anywhere",
-                        [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")], product)
+    assert _readers(
+        "detection.peers.window_s", [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")], product
+    )
+    assert not _readers(
+        "detection.peers.no_such_key_anywhere",
+        [("detection", "DetectionPolicy"), ("peers", "PeerPolicy")],
+        product,
+    )
 
 
 def test_every_policy_key_is_read_by_the_product(product):
     unread = [key for key, sections, _ in leaves() if not _readers(key, sections, product)]
-    assert not unread, ("policy keys read by nothing the product runs (only tests, or nothing): "
-                        f"{unread}; use them or delete them from config.py and policies.yaml")
+    assert not unread, (
+        "policy keys read by nothing the product runs (only tests, or nothing): "
+        f"{unread}; use them or delete them from config.py and policies.yaml"
+    )
 
 
 # ------------------------------------------------------------------ refused at run time
@@ -294,11 +307,13 @@ CONSUMERS = {
 
 def test_every_choice_key_has_a_runtime_check():
     assert sorted(k for k, _ in choice_fields()) == sorted(CONSUMERS), (
-        "a choice key was added or removed: say here which runtime code consumes each value")
+        "a choice key was added or removed: say here which runtime code consumes each value"
+    )
 
 
-@pytest.mark.parametrize("key,value", [(k, v) for k, vs in choice_fields() for v in vs
-                                        if CONSUMERS.get(k) is not None])
+@pytest.mark.parametrize(
+    "key,value", [(k, v) for k, vs in choice_fields() for v in vs if CONSUMERS.get(k) is not None]
+)
 def test_each_choice_validates_and_runs(key, value):
     p = _with(key, [value] if key == "prolog.checks" else value)
     CONSUMERS[key](p)
@@ -308,8 +323,11 @@ def _raised_texts(tree: ast.Module) -> list[str]:
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:
-            out += [c.value for c in ast.walk(node.exc)
-                    if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            out += [
+                c.value
+                for c in ast.walk(node.exc)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            ]
     return out
 
 
@@ -317,8 +335,10 @@ def _raised_texts(tree: ast.Module) -> list[str]:
 def _product_strings() -> tuple[set[str], list[str]]:
     """(names and strings the product's modules use, texts of the errors they raise)."""
     mods = {m: t for m, t in reachable().items() if m != "slurmguard.config"}
-    return (set().union(*(_names_used(t) for t in mods.values())),
-            [s for t in mods.values() for s in _raised_texts(t)])
+    return (
+        set().union(*(_names_used(t) for t in mods.values())),
+        [s for t in mods.values() for s in _raised_texts(t)],
+    )
 
 
 @pytest.mark.parametrize("key", [k for k, v in CONSUMERS.items() if v is None])
@@ -329,9 +349,11 @@ def test_static_choices_are_handled_and_never_refused(key):
         if isinstance(v, str):
             assert v in strings, f"{key}: {v!r} validates but no product code dispatches on it"
         for text in raised:
-            assert not (isinstance(v, str) and f"{key.rsplit('.', 1)[-1]} {v}" in text
-                        and ("not supported" in text or "not implemented" in text)), (
-                f"{key}: {v!r} validates but is refused at run time: {text!r}")
+            assert not (
+                isinstance(v, str)
+                and f"{key.rsplit('.', 1)[-1]} {v}" in text
+                and ("not supported" in text or "not implemented" in text)
+            ), f"{key}: {v!r} validates but is refused at run time: {text!r}"
 
 
 def test_a_removed_choice_is_rejected_when_validated():

@@ -22,8 +22,9 @@ def h100(n: int = 8) -> list[dict]:
 
 
 def run(check, **kw):
-    return run_checks([check], budget_s=kw.get("budget_s", 5.0),
-                      check_timeout_s=kw.get("check_timeout_s", 5.0))[0]
+    return run_checks(
+        [check], budget_s=kw.get("budget_s", 5.0), check_timeout_s=kw.get("check_timeout_s", 5.0)
+    )[0]
 
 
 # ------------------------------------------------------------------ runner
@@ -46,8 +47,11 @@ class _Boom:
 
 def test_runner_runs_checks_concurrently_and_keeps_order():
     t0 = time.monotonic()
-    res = run_checks([_Sleeper("a", 0.3), _Sleeper("b", 0.3, ["b broke"]), _Sleeper("c", 0.3)],
-                     budget_s=5, check_timeout_s=5)
+    res = run_checks(
+        [_Sleeper("a", 0.3), _Sleeper("b", 0.3, ["b broke"]), _Sleeper("c", 0.3)],
+        budget_s=5,
+        check_timeout_s=5,
+    )
     wall = time.monotonic() - t0
     assert [r.name for r in res] == ["a", "b", "c"]
     assert [r.ok for r in res] == [True, False, True]
@@ -112,8 +116,13 @@ def test_gpu_count_hung_nvml_init_is_a_failure_within_the_budget():
 
 # ------------------------------------------------------------------ gpu_health
 def health(nv, **kw):
-    return GpuHealthCheck("node1", expected=kw.pop("expected", 8), loader=lambda: nv,
-                          call_timeout_s=kw.pop("call_timeout_s", 1.0), **kw)
+    return GpuHealthCheck(
+        "node1",
+        expected=kw.pop("expected", 8),
+        loader=lambda: nv,
+        call_timeout_s=kw.pop("call_timeout_s", 1.0),
+        **kw,
+    )
 
 
 def test_gpu_health_healthy_h100x8():
@@ -159,8 +168,10 @@ def test_gpu_health_row_remap_pending_and_failed():
     devs[4]["remapped_rows"] = {"uncorrectable": 8, "failure": True}
     devs[7]["remapped_rows"] = {"correctable": 2}
     r = run(health(NvmlWithRemap(devs)))
-    assert r.failures == ("gpu0: row remapping pending (GPU reset required)",
-                          "gpu4: row remapping failed (uncorrectable memory, replace the GPU)")
+    assert r.failures == (
+        "gpu0: row remapping pending (GPU reset required)",
+        "gpu4: row remapping failed (uncorrectable memory, replace the GPU)",
+    )
 
 
 def test_gpu_health_no_driver_only_ok_when_no_gpus_expected():
@@ -205,8 +216,14 @@ def test_nic_port_patterns_leave_out_unused_ports(tmp_path):
 
 
 def test_nic_degraded_rate_and_port_count(tmp_path):
-    fake_ib(tmp_path, {"mlx5_0:1": {}, "mlx5_1:1": {"rate": "200 Gb/sec (4X HDR)"},
-                       "mlx5_2:1": {"state": "2: INIT", "phys_state": "5: LinkUp"}})
+    fake_ib(
+        tmp_path,
+        {
+            "mlx5_0:1": {},
+            "mlx5_1:1": {"rate": "200 Gb/sec (4X HDR)"},
+            "mlx5_2:1": {"state": "2: INIT", "phys_state": "5: LinkUp"},
+        },
+    )
     r = run(nic(tmp_path, min_rate_gbps=400, min_ports=3))
     assert r.failures == (
         "mlx5_2:1: link down (port not ACTIVE, phys_state 5: LinkUp)",
@@ -229,17 +246,30 @@ def test_nic_unreadable_state_is_a_failure(tmp_path):
 
 def test_nic_recorded_fixture_tree():
     from tests.fixtures.prolog import ROOT
+
     root = ROOT / "tests/fixtures/telemetry/sysfs/class/infiniband"
     r = run(nic(root))
     assert r.failures == ("mlx5_1:1: link down (port not ACTIVE, phys_state 3: Disabled)",)
 
 
 # ------------------------------------------------------------------ slurm.conf Gres
-@pytest.mark.parametrize("gres,n", [
-    ("gpu:8", 8), ("gpu:h100:8", 8), ("gpu:a100:4,gpu:h100:4", 8), ("gpu:h100:8,nvme:1", 8),
-    ("nvme:1", 0), ("", 0), ("(null)", 0), ("gpu", 1), ("gpu:tesla", 1), ("gpu:no_consume:2", 2),
-    ("gpu:1K", 1024), ("gpu:h100:4(S:0-1)", 4),
-])
+@pytest.mark.parametrize(
+    "gres,n",
+    [
+        ("gpu:8", 8),
+        ("gpu:h100:8", 8),
+        ("gpu:a100:4,gpu:h100:4", 8),
+        ("gpu:h100:8,nvme:1", 8),
+        ("nvme:1", 0),
+        ("", 0),
+        ("(null)", 0),
+        ("gpu", 1),
+        ("gpu:tesla", 1),
+        ("gpu:no_consume:2", 2),
+        ("gpu:1K", 1024),
+        ("gpu:h100:4(S:0-1)", 4),
+    ],
+)
 def test_parse_gres(gres, n):
     assert parse_gres_gpus(gres) == n
 
@@ -250,7 +280,8 @@ def test_expected_gpus_from_slurm_conf(tmp_path):
         "NodeName=gpu[001-004] RealMemory=1000   # comment\n"
         "NodeName=cpu01 Gres=nvme:1\n"
         "NodeName=DEFAULT Gres=gpu:4\n"
-        "NodeName=gpu[005-006],small1\n")
+        "NodeName=gpu[005-006],small1\n"
+    )
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=x\n# NodeName=gpu001 Gres=gpu:1\nInclude nodes.conf\n")
     assert expected_gpus(conf, "gpu003") == 8
@@ -275,9 +306,16 @@ def test_expected_gpus_errors_name_the_file(tmp_path):
 
 def test_devcluster_conf_has_no_gres(tmp_path):
     from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
-    text = render_slurm_conf(cluster_name="c", control_host="h", ctld_port=1, node_ports={"node1": 2},
-                             partition="debug", cpus_per_node=2, memory_mb=100,
-                             paths=ConfPaths(tmp_path, tmp_path, tmp_path, None, None, None))
+
+    text = render_slurm_conf(
+        cluster_name="c",
+        control_host="h",
+        ctld_port=1,
+        node_ports={"node1": 2},
+        partition="debug",
+        cpus_per_node=2,
+        memory_mb=100,
+        paths=ConfPaths(tmp_path, tmp_path, tmp_path, None, None, None),
+    )
     (tmp_path / "slurm.conf").write_text(text)
     assert expected_gpus(tmp_path / "slurm.conf", "node1") == 0
-

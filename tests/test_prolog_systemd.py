@@ -72,8 +72,10 @@ def test_agent_sandbox_allows_rings_gpus_and_sysfs():
     u = parse_unit(AGENT)
     s = u["Service"]
     # rings: 0600 files of the job's user in 0700 dirs; the agent reads them and sets the hold bit
-    assert set(one(u, "Service", "CapabilityBoundingSet").split()) == {"CAP_DAC_OVERRIDE",
-                                                                       "CAP_DAC_READ_SEARCH"}
+    assert set(one(u, "Service", "CapabilityBoundingSet").split()) == {
+        "CAP_DAC_OVERRIDE",
+        "CAP_DAC_READ_SEARCH",
+    }
     assert _writable(u, Policy().agent.ring_root)
     assert "PrivateDevices" not in s  # NVML opens /dev/nvidia*
     for key in ("InaccessiblePaths", "TemporaryFileSystem", "ProtectProc"):
@@ -112,11 +114,18 @@ def test_prolog_wrapper_reads_the_env_example():
     wrapper = ROOT / "prolog_epilog" / "slurmguard-prolog"
     if Path("/opt/slurmguard/venv/bin/python").exists():
         pytest.skip("a real install is present on this machine")
-    res = subprocess.run([str(wrapper)], env={"SLURMGUARD_ENV_FILE": str(ENV_EXAMPLE)},
-                         check=False, capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [str(wrapper)],
+        env={"SLURMGUARD_ENV_FILE": str(ENV_EXAMPLE)},
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 0
-    assert res.stderr == (f"slurmguard-prolog: no Python interpreter (set SLURMGUARD_PYTHON in "
-                          f"{ENV_EXAMPLE}); skipped\n")
+    assert res.stderr == (
+        f"slurmguard-prolog: no Python interpreter (set SLURMGUARD_PYTHON in {ENV_EXAMPLE}); skipped\n"
+    )
 
 
 def _slurmguard_executable() -> str | None:
@@ -140,7 +149,8 @@ def test_systemd_analyze_verify(tmp_path):
         dest = tmp_path / unit.name
         dest.write_text(text)
         copies.append(str(dest))
-    res = subprocess.run([tool, "verify", *copies], check=False, capture_output=True, text=True, timeout=60,
-                         cwd=tmp_path)
+    res = subprocess.run(
+        [tool, "verify", *copies], check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     ours = [line for line in (res.stdout + res.stderr).splitlines() if "slurmguard-" in line]
     assert res.returncode == 0 and ours == [], res.stdout + res.stderr

@@ -18,7 +18,7 @@ import pytest
 
 from slurmguard import rendezvous
 
-RANK = textwrap.dedent('''
+RANK = textwrap.dedent("""
     import json, os, sys, time
     rank, world = int(sys.argv[1]), int(sys.argv[2])
     time.sleep(float(sys.argv[3]))
@@ -29,18 +29,23 @@ RANK = textwrap.dedent('''
     dist.all_reduce(t)
     print(json.dumps({"rank": rank, "sum": t.item()}), flush=True)
     dist.destroy_process_group()
-''')
+""")
 
 
 def run_ranks(tmp_path, env: dict[str, str], delays=(0.0, 0.0), timeout_s: float = 60):
     script = tmp_path / "rank.py"
     script.write_text(RANK)
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("SLURM", "MASTER_", "SLURMGUARD_"))}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(len(delays)),
-                               str(delays[r]), str(timeout_s)],
-                              env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(len(delays))]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_", "SLURMGUARD_"))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), str(len(delays)), str(delays[r]), str(timeout_s)],
+            env={**base, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(len(delays))
+    ]
     outs = []
     for p in procs:
         so, se = p.communicate(timeout=timeout_s + 60)
@@ -61,11 +66,17 @@ def test_candidates_follow_master_port_then_the_id_below_the_ephemeral_range():
     assert ports[0] == 45000 and len(set(ports)) == len(ports) == rendezvous.CANDIDATES
     assert all(rendezvous.PORT_LOW <= p < 32768 for p in ports[1:])
     assert rendezvous.candidates("slurm-7.0.0", {}) != rendezvous.candidates("slurm-7.0.1", {})
-    assert rendezvous.rdzv_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2",
-                               "SLURM_RESTART_COUNT": "1"}) == "slurm-7.2.1"
+    assert (
+        rendezvous.rdzv_id({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "2", "SLURM_RESTART_COUNT": "1"})
+        == "slurm-7.2.1"
+    )
     # the same job id on two clusters sharing a host (every dev cluster starts at 1)
-    step = {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_CLUSTER_NAME": "dev",
-            "SLURM_SRUN_COMM_HOST": "127.0.0.1"}
+    step = {
+        "SLURM_JOB_ID": "1",
+        "SLURM_STEP_ID": "0",
+        "SLURM_CLUSTER_NAME": "dev",
+        "SLURM_SRUN_COMM_HOST": "127.0.0.1",
+    }
     a, b = (rendezvous.rdzv_id({**step, "SLURM_SRUN_COMM_PORT": p}) for p in ("40001", "40002"))
     assert a == "slurm-1.0.0-dev@127.0.0.1:40001" and a != b
 
@@ -111,9 +122,14 @@ def test_a_peer_without_rank_0_fails_with_a_clear_error_in_time(tmp_path):
     script.write_text(RANK)
     t0 = time.monotonic()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "MASTER_"))}
-    p = subprocess.run([sys.executable, str(script), "1", "2", "0", "3"], check=False,
-                       env={**base, **env},
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, str(script), "1", "2", "0", "3"],
+        check=False,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode != 0
     assert "rank 1 found no beacon of rank 0" in p.stderr and "slurm-424243.0.0" in p.stderr
     assert time.monotonic() - t0 < 60

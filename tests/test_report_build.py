@@ -28,22 +28,31 @@ def _rows(rep):
 def test_every_state_is_summarised_and_listed(report_fleet):
     store, slurm, _, fleet = report_fleet
     rep = build_report(store, slurm, Policy(), ReportFilters())
-    assert rep.summary.states == {"healthy": 10, "suspect": 2, "draining": 2, "quarantined": 2,
-                                  "remediation": 2, "terminal": 2}
+    assert rep.summary.states == {
+        "healthy": 10,
+        "suspect": 2,
+        "draining": 2,
+        "quarantined": 2,
+        "remediation": 2,
+        "terminal": 2,
+    }
     assert rep.summary.total == 20 and rep.summary.not_healthy == 10
     # Live from Slurm: draining (2), remediation (2), terminal (2) carry our drain; the two
     # admin-drained nodes plus the unregistered spare are drained by others.
     assert rep.summary.drained_by_slurmguard == 6
     assert rep.summary.drained_by_others == 3 and rep.summary.unregistered == 1
     rows = _rows(rep)
-    not_healthy = {n for s in ("suspect", "draining", "quarantined", "remediation", "terminal")
-                   for n in fleet.stories[s]}
+    not_healthy = {
+        n for s in ("suspect", "draining", "quarantined", "remediation", "terminal") for n in fleet.stories[s]
+    }
     others = set(fleet.stories["others"]) | {fleet.unregistered}
     assert set(rows) == not_healthy | others
     # worst first, drained-by-others last
     order = [r.state for r in rep.rows if r.drained_by != "other"]
-    assert order == [S.TERMINAL] * 2 + [S.REMEDIATION] * 2 + [S.QUARANTINED] * 2 + \
-        [S.DRAINING] * 2 + [S.SUSPECT] * 2
+    assert (
+        order
+        == [S.TERMINAL] * 2 + [S.REMEDIATION] * 2 + [S.QUARANTINED] * 2 + [S.DRAINING] * 2 + [S.SUSPECT] * 2
+    )
     assert all(r.drained_by == "other" for r in rep.rows[-3:])
 
 
@@ -130,8 +139,7 @@ def test_filters(report_fleet):
     rep = build_report(store, slurm, pol, ReportFilters(nodes=names))
     assert [r.name for r in rep.rows] == ["gpu0004", "gpu0003", "gpu0002"]
     # since: only nodes whose current state began at/after it (terminal ones moved last)
-    newest = max(r.since for r in build_report(store, slurm, pol, ReportFilters()).rows
-                 if r.state)
+    newest = max(r.since for r in build_report(store, slurm, pol, ReportFilters()).rows if r.state)
     rep = build_report(store, slurm, pol, ReportFilters(since=newest))
     assert {r.state for r in rep.rows if r.drained_by != "other"} == {S.TERMINAL}
     assert rep.figures.incidents == 0  # figures count events since then only
@@ -149,8 +157,11 @@ def test_unknown_node_and_bad_filters_are_clear_errors(report_fleet):
         build_report(store, slurm, pol, ReportFilters(nodes=("gpu9999",)))
     with pytest.raises(InputError, match=r"--partition 'nope': no such partition \(gpu\)"):
         build_report(store, slurm, pol, ReportFilters(partition="nope"))
-    with pytest.raises(InputError, match=r"--state 'sick': unknown lifecycle state \(one of: "
-                                         r"healthy, suspect"):
+    with pytest.raises(
+        InputError,
+        match=r"--state 'sick': unknown lifecycle state \(one of: "
+        r"healthy, suspect",
+    ):
         parse_states(["draining,sick"])
     now = store.now()
     with pytest.raises(InputError, match="--since 'yesterday'"):

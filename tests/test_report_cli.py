@@ -49,12 +49,10 @@ def test_report_with_slurm_unreachable_still_renders(sg, tmp_path):
 
 def test_report_json_html_and_filters(sg, report_fleet, tmp_path):
     fleet = report_fleet[3]
-    code, out, _ = sg("triage", "report", "--offline", "--format", "json", "--state",
-                      "terminal,remediation")
+    code, out, _ = sg("triage", "report", "--offline", "--format", "json", "--state", "terminal,remediation")
     assert code == 0
     assert {n["state"] for n in json.loads(out)["nodes"]} == {"terminal", "remediation"}
-    code, out, _ = sg("triage", "report", "--offline", "--format", "json", "--node",
-                      fleet.first("draining"))
+    code, out, _ = sg("triage", "report", "--offline", "--format", "json", "--node", fleet.first("draining"))
     assert [n["name"] for n in json.loads(out)["nodes"]] == [fleet.first("draining")]
     html = tmp_path / "r.html"
     code, out, err = sg("triage", "report", "--offline", "--format", "html", "-o", str(html))
@@ -64,16 +62,21 @@ def test_report_json_html_and_filters(sg, report_fleet, tmp_path):
     assert json.loads(out)["properties"]["schema_version"]["const"] == "1"
 
 
-@pytest.mark.parametrize("args, message", [
-    (("triage", "report", "--offline", "--node", "gpu9999"),
-     "node gpu9999: not in the slurmguard database"),
-    (("triage", "report", "--offline", "--state", "sick"), "--state 'sick': unknown lifecycle"),
-    (("triage", "report", "--offline", "--since", "last tuesday"), "--since 'last tuesday'"),
-    (("triage", "report", "--offline", "--partition", "cpu"), "--partition 'cpu': no such"),
-    (("node", "show", "gpu9999", "--offline"), "node gpu9999: not in the slurmguard database"),
-    (("incidents", "--status", "bogus"), "--status 'bogus': unknown incident status"),
-    (("incidents", "--node", "gpu9999"), "node gpu9999: not in the slurmguard database"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("triage", "report", "--offline", "--node", "gpu9999"),
+            "node gpu9999: not in the slurmguard database",
+        ),
+        (("triage", "report", "--offline", "--state", "sick"), "--state 'sick': unknown lifecycle"),
+        (("triage", "report", "--offline", "--since", "last tuesday"), "--since 'last tuesday'"),
+        (("triage", "report", "--offline", "--partition", "cpu"), "--partition 'cpu': no such"),
+        (("node", "show", "gpu9999", "--offline"), "node gpu9999: not in the slurmguard database"),
+        (("incidents", "--status", "bogus"), "--status 'bogus': unknown incident status"),
+        (("incidents", "--node", "gpu9999"), "node gpu9999: not in the slurmguard database"),
+    ],
+)
 def test_bad_input_is_one_line(sg, args, message):
     code, _out, err = sg(*args)
     assert code == 2
@@ -112,12 +115,10 @@ def test_node_show(sg, report_fleet):
     actions = [a["action"] for a in h["actions"]]
     assert actions[:2] == ["drain", "requeue"] and actions.count("submit") == 3
     assert len(h["incidents"]) == 1 and len(h["sweeps"]) == 3
-    assert all(s["verdict"] == "fail" and s["metrics"]["gemm_bfloat16/gpu3"] < 600
-               for s in h["sweeps"])
+    assert all(s["verdict"] == "fail" and s["metrics"]["gemm_bfloat16/gpu3"] < 600 for s in h["sweeps"])
     assert [a["rung"] for a in h["triage"]] == ["resweep"] * 3 + ["terminal"]
     code, out, err = sg("node", "show", name, "--offline")
     assert code == 0, err
-    for title in ("Lifecycle (", "Actions (audit log) (", "Incidents (1)", "Sweeps (3)",
-                  "Triage (4)"):
+    for title in ("Lifecycle (", "Actions (audit log) (", "Incidents (1)", "Sweeps (3)", "Triage (4)"):
         assert title in out
     assert "gemm_bfloat16/gpu3=" in out

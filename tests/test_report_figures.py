@@ -42,8 +42,12 @@ def history(store, fake_clock):
     at(2.5)
     for n, v in zip("abc", ("pass", "fail", "fail")):
         sweeps[n] = store.add_sweep(n, "1node", slurm_job_id=f"s{n}")
-        store.update_sweep(sweeps[n].id, verdict=v, metrics={"gemm/gpu0": 1.0},
-                           failure_reason=None if v == "pass" else "gemm low")
+        store.update_sweep(
+            sweeps[n].id,
+            verdict=v,
+            metrics={"gemm/gpu0": 1.0},
+            failure_reason=None if v == "pass" else "gemm low",
+        )
     at(3)
     store.transition("a", S.HEALTHY, "sweeps passed")
     store.transition("c", S.REMEDIATION, "sweep failed")

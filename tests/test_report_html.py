@@ -16,16 +16,24 @@ from slurmguard.triage.report import build_report
 from slurmguard.triage.report_data import FleetSnapshot
 from slurmguard.triage.report_model import ReportFilters
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                  "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync")
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 def _chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        pytest.fail("headless Chromium is needed for the HTML report test: "
-                    "apt-get install -y chromium", pytrace=False)
+        pytest.fail(
+            "headless Chromium is needed for the HTML report test: apt-get install -y chromium", pytrace=False
+        )
     return path
 
 
@@ -62,20 +70,35 @@ def test_html_in_headless_chromium(report_fleet, tmp_path):
     dom = _browser(tmp_path, "--dump-dom", html.as_uri())
 
     # key elements, after Chromium parsed and laid out the page
-    for ident in ("summary", "figures", "heatmap", "fleet-heatmap", "nodes", "node-table",
-                  "slurm-status", "generated", "drained-by-slurmguard", "drained-by-others"):
+    for ident in (
+        "summary",
+        "figures",
+        "heatmap",
+        "fleet-heatmap",
+        "nodes",
+        "node-table",
+        "slurm-status",
+        "generated",
+        "drained-by-slurmguard",
+        "drained-by-others",
+    ):
         assert f'id="{ident}"' in dom, ident
     for state in ("healthy", "suspect", "draining", "quarantined", "remediation", "terminal"):
         assert re.search(rf'class="card state-count" data-state="{state}"><div class="n">2?\d', dom)
-    for key in ("detection_delay", "quarantine_time", "sweep_pass_rate", "returned_replaced",
-                "false_positive"):
+    for key in (
+        "detection_delay",
+        "quarantine_time",
+        "sweep_pass_rate",
+        "returned_replaced",
+        "false_positive",
+    ):
         assert f'data-key="{key}"' in dom
     assert len(re.findall(r'<rect class="hm-cell"', dom)) == 20
     rows = re.findall(r'<tr class="node-row" data-node="([^"]+)"', dom)
     assert len(rows) == 13 and fleet.unregistered in rows
     rem = fleet.first("remediation")
-    section = dom[dom.index(f'id="node-{rem}"'):]
-    section = section[:section.index("</section>")]
+    section = dom[dom.index(f'id="node-{rem}"') :]
+    section = section[: section.index("</section>")]
     assert "chart chart-steptime" in section and "change-point" in section
     assert 'class="event"' in section  # the drain/checkpoint moments on the step-time chart
     assert section.count("chart chart-telemetry") == 5 and 'class="band"' in section

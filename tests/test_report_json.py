@@ -36,8 +36,7 @@ def test_report_json_matches_schema(report_fleet, offline):
     nodes = {n["name"]: n for n in doc["nodes"]}
     term = nodes[fleet.first("terminal")]
     assert term["state"] == "terminal" and term["next_action"]["code"] == "replace"
-    assert {e["stage"] for e in term["evidence"]} == {"detection", "lifecycle", "response",
-                                                      "sweep", "triage"}
+    assert {e["stage"] for e in term["evidence"]} == {"detection", "lifecycle", "response", "sweep", "triage"}
     assert doc["summary"]["states"]["terminal"] == 2
     assert doc["figures"]["false_positive_estimate"] == pytest.approx(1 / 3)
 
@@ -75,6 +74,5 @@ def test_every_next_action_code_is_in_the_schema():
 
     src = inspect.getsource(report_next)
     codes = set(re.findall(r'NextAction\(\s*"([a-z_]+)"', src))
-    enum = set(load_schema()["$defs"]["node"]["properties"]["next_action"]["properties"]["code"]
-               ["enum"])
+    enum = set(load_schema()["$defs"]["node"]["properties"]["next_action"]["properties"]["code"]["enum"])
     assert codes and codes <= enum

@@ -26,8 +26,7 @@ N_NODES = 3000
 def test_thousands_of_nodes_render(sqlite_store, fake_clock, capsys):
     slurm = make_fake_slurm(N_NODES, fake_clock)
     # 10 nodes in 300 have a story: 50 out of service (1.7% of the fleet), 10 admin drains
-    fleet = populate_fleet(sqlite_store, slurm, fake_clock, N_NODES, stride=300,
-                           series_windows=10)
+    fleet = populate_fleet(sqlite_store, slurm, fake_clock, N_NODES, stride=300, series_windows=10)
     t0 = time.perf_counter()
     snap = FleetSnapshot.load(sqlite_store)
     rep = build_report(sqlite_store, slurm, Policy(), ReportFilters(), snapshot=snap)
@@ -40,9 +39,11 @@ def test_thousands_of_nodes_render(sqlite_store, fake_clock, capsys):
     render_terminal(rep, Console(file=out, width=160))
     t4 = time.perf_counter()
     with capsys.disabled():
-        print(f"\n{N_NODES} nodes, {len(rep.rows)} rows: snapshot+build {t1 - t0:.2f}s, "
-              f"html {t2 - t1:.2f}s ({len(page) // 1024} KiB), json {t3 - t2:.2f}s, "
-              f"table {t4 - t3:.2f}s")
+        print(
+            f"\n{N_NODES} nodes, {len(rep.rows)} rows: snapshot+build {t1 - t0:.2f}s, "
+            f"html {t2 - t1:.2f}s ({len(page) // 1024} KiB), json {t3 - t2:.2f}s, "
+            f"table {t4 - t3:.2f}s"
+        )
     assert rep.summary.total == N_NODES and rep.summary.not_healthy == 50
     assert len(doc["nodes"]) == 50 + 10 + 1  # ours, admin drains, the unregistered spare
     assert len(re.findall(r'class="hm-cell"', page)) == N_NODES

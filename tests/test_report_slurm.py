@@ -22,8 +22,7 @@ def test_live_reasons_from_the_cluster(clean_cluster, sqlite_store):
     ours, theirs, swept = clean_cluster.node_names[:3]
     ex.drain(ours, "step time +14% in job 77")
     sqlite_store.transition(ours, NodeState.DRAINING, "drain tier")
-    clean_cluster.run(["scontrol", "update", f"NodeName={theirs}", "State=DRAIN",
-                       "Reason=RMA ticket 99"])
+    clean_cluster.run(["scontrol", "update", f"NodeName={theirs}", "State=DRAIN", "Reason=RMA ticket 99"])
     resv = f"slurmguard_quarantine_{swept}"
     ex.create_reservation(resv, [swept], 60)
     sqlite_store.transition(swept, NodeState.QUARANTINED, "rolling sweep")

@@ -16,24 +16,42 @@ from slurmguard.respond.escalation import (
     escalate,
 )
 
-POLICY = EscalationPolicy(rebalance_gpu_s=60, retopology_gpu_s=600, drain_checkpoint_gpu_s=1800,
-                          requeue_gpu_s=3600)
+POLICY = EscalationPolicy(
+    rebalance_gpu_s=60, retopology_gpu_s=600, drain_checkpoint_gpu_s=1800, requeue_gpu_s=3600
+)
 
 
 def test_candidates_follow_table_2_and_are_sorted_by_cost():
-    names = lambda cs: [c.action for c in cs]
+    def names(cs):
+        return [c.action for c in cs]
+
     assert names(candidate_actions(POLICY, "compute")) == [
-        Action.REBALANCE, Action.RETOPOLOGY, Action.DRAIN_CHECKPOINT, Action.REQUEUE]
+        Action.REBALANCE,
+        Action.RETOPOLOGY,
+        Action.DRAIN_CHECKPOINT,
+        Action.REQUEUE,
+    ]
     # S2 has no effect on slow communication.
     assert names(candidate_actions(POLICY, "communication")) == [
-        Action.RETOPOLOGY, Action.DRAIN_CHECKPOINT, Action.REQUEUE]
+        Action.RETOPOLOGY,
+        Action.DRAIN_CHECKPOINT,
+        Action.REQUEUE,
+    ]
     assert names(candidate_actions(POLICY, "compute", opted_in=False)) == [
-        Action.DRAIN_CHECKPOINT, Action.REQUEUE]
+        Action.DRAIN_CHECKPOINT,
+        Action.REQUEUE,
+    ]
     assert names(candidate_actions(POLICY, "compute", dp_groups=1, pp_stages=1)) == [
-        Action.DRAIN_CHECKPOINT, Action.REQUEUE]
-    cheap_restart = EscalationPolicy(rebalance_gpu_s=60, retopology_gpu_s=600,
-                                     drain_checkpoint_gpu_s=100, requeue_gpu_s=3600)
-    assert names(candidate_actions(cheap_restart, "compute"))[:2] == [Action.REBALANCE, Action.DRAIN_CHECKPOINT]
+        Action.DRAIN_CHECKPOINT,
+        Action.REQUEUE,
+    ]
+    cheap_restart = EscalationPolicy(
+        rebalance_gpu_s=60, retopology_gpu_s=600, drain_checkpoint_gpu_s=100, requeue_gpu_s=3600
+    )
+    assert names(candidate_actions(cheap_restart, "compute"))[:2] == [
+        Action.REBALANCE,
+        Action.DRAIN_CHECKPOINT,
+    ]
     with pytest.raises(ValueError):
         candidate_actions(POLICY, "cosmic-rays")
 
@@ -51,8 +69,12 @@ def test_constant_slowdown_escalates_when_rent_equals_price():
         a = esc.observe(1.5, 1.0, 8)
         if a is not None:
             due[a] = i
-    assert due == {Action.REBALANCE: 15, Action.RETOPOLOGY: 150,
-                   Action.DRAIN_CHECKPOINT: 450, Action.REQUEUE: 900}
+    assert due == {
+        Action.REBALANCE: 15,
+        Action.RETOPOLOGY: 150,
+        Action.DRAIN_CHECKPOINT: 450,
+        Action.REQUEUE: 900,
+    }
     assert esc.exhausted and esc.current is Action.REQUEUE
     assert esc.state.slow_iters == 1000 and esc.state.impact_gpu_s == 4000.0
 
@@ -105,8 +127,9 @@ def test_unsorted_candidates_are_refused():
         SkiRentalEscalator([Candidate(Action.REQUEUE, 10.0), Candidate(Action.REBALANCE, 5.0)])
 
 
-@pytest.mark.parametrize("obs", [SlowIteration(float("nan"), 1.0, 8), SlowIteration(1.0, -1.0, 8),
-                                 SlowIteration(1.0, 1.0, 0)])
+@pytest.mark.parametrize(
+    "obs", [SlowIteration(float("nan"), 1.0, 8), SlowIteration(1.0, -1.0, 8), SlowIteration(1.0, 1.0, 0)]
+)
 def test_bad_observations_are_input_errors(obs):
     with pytest.raises(InputError):
         obs.impact_gpu_s()
@@ -116,8 +139,15 @@ def test_bad_observations_are_input_errors(obs):
 def _job(slowdown=0.5, onset=0.0, gpus=8, stalled=0.0):
     from slurmguard.respond.tiers import JobAssessment
 
-    return JobAssessment(job_id=1, nodes=("n1",), gpus=gpus, baseline_s=1.0, current_s=1.0 + slowdown,
-                         onset=onset, stalled_for_s=stalled)
+    return JobAssessment(
+        job_id=1,
+        nodes=("n1",),
+        gpus=gpus,
+        baseline_s=1.0,
+        current_s=1.0 + slowdown,
+        onset=onset,
+        stalled_for_s=stalled,
+    )
 
 
 def test_decide_gates_the_slurm_tier_by_price_and_never_exceeds_the_called_tier():

@@ -25,17 +25,40 @@ controller: {keep_steps_per_rank: 16, keep_samples_per_node: 64}
 """)
 
 
-def _report(node: str, seq: int, now: float, *, tel_from: float = 0.0, n_tel: int = 0,
-            job: int | None = None, steps: int = 40) -> AgentReport:
+def _report(
+    node: str,
+    seq: int,
+    now: float,
+    *,
+    tel_from: float = 0.0,
+    n_tel: int = 0,
+    job: int | None = None,
+    steps: int = 40,
+) -> AgentReport:
     jobs = []
     if job is not None:
         ss = [StepSample(end=now - steps + i + 1, step_s=1.0, comm_s=0.3) for i in range(steps)]
-        jobs = [JobReport(job_id=job, ranks=[RankReport(rank=0, gpu=0, baseline_step_s=1.0,
-                                                        baseline_compute_s=0.7, steps=ss,
-                                                        total_steps=400, last_progress=now)])]
+        jobs = [
+            JobReport(
+                job_id=job,
+                ranks=[
+                    RankReport(
+                        rank=0,
+                        gpu=0,
+                        baseline_step_s=1.0,
+                        baseline_compute_s=0.7,
+                        steps=ss,
+                        total_steps=400,
+                        last_progress=now,
+                    )
+                ],
+            )
+        ]
     # value = timestamp: a sample lost or counted twice moves the window's mean
-    tel = [TelemetryRecord(signal="sm_clock", value=tel_from + i, unit="MHz", timestamp=tel_from + i, gpu=0)
-           for i in range(n_tel)]
+    tel = [
+        TelemetryRecord(signal="sm_clock", value=tel_from + i, unit="MHz", timestamp=tel_from + i, gpu=0)
+        for i in range(n_tel)
+    ]
     return AgentReport(node=node, seq=seq, sent_at=now, jobs=jobs, telemetry=tel)
 
 
@@ -104,8 +127,9 @@ def test_every_sample_is_scored_once_also_when_reports_arrive_during_a_cycle(sql
     assert seen == [("node2", 0, "sm_clock", pytest.approx(2002.0))]
     assert ctl.fleet.samples_taken == 40
     # a replayed report (same epoch, seq) adds nothing
-    assert not ctl.fleet.ingest(_report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5),
-                                fake_clock.now())
+    assert not ctl.fleet.ingest(
+        _report("node2", 1, fake_clock.now(), tel_from=2000, n_tel=5), fake_clock.now()
+    )
     seen.clear()
     fake_clock.advance(10)
     ctl.cycle()
@@ -117,18 +141,20 @@ def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, f
     now = fake_clock.now()
     assert fleet.ingest(_report("node1", 1, now, job=7, steps=100, n_tel=50), now)
     assert fleet.ingest(_report("node1", 2, now, job=7, steps=100, tel_from=50, n_tel=50), now)
-    (_, rank), = fleet.job_ranks(7, now)[0]
+    ((_, rank),) = fleet.job_ranks(7, now)[0]
     assert len(rank.steps) == 16 and rank.steps[-1].end == now  # the newest iterations
     # a scored signal's samples are one sum per device, however many arrive
     assert fleet.queued_samples() == 100 and fleet.dropped_samples == 0
     # samples kept as sent (hard failures) are bounded: the oldest go
-    xids = [TelemetryRecord(signal="xid", value=13, unit="code", timestamp=200.0 + i, gpu=0)
-            for i in range(100)]
+    xids = [
+        TelemetryRecord(signal="xid", value=13, unit="code", timestamp=200.0 + i, gpu=0) for i in range(100)
+    ]
     assert fleet.ingest(_report("node1", 3, now).model_copy(update={"telemetry": xids}), now)
     assert fleet.dropped_samples == 36
     # and so are the sums: a flood of made-up devices cannot grow them past the limit
-    fake = [TelemetryRecord(signal="power", value=600.0, unit="W", timestamp=300.0, gpu=g)
-            for g in range(100)]
+    fake = [
+        TelemetryRecord(signal="power", value=600.0, unit="W", timestamp=300.0, gpu=g) for g in range(100)
+    ]
     assert fleet.ingest(_report("node1", 4, now).model_copy(update={"telemetry": fake}), now)
     assert fleet.dropped_samples == 36 + 37  # 64 sums: sm_clock gpu0 and 63 power devices
     taken = fleet.take_telemetry()
@@ -150,15 +176,18 @@ def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sql
             if name == "fleet":  # FakeSlurm.fleet reads through its own methods: not counted
                 return FakeSlurm.nodes(slurm), FakeSlurm.jobs(slurm)
             return getattr(FakeSlurm, name)(slurm, *a, **k)
+
         return call
 
     for name in calls:
         setattr(slurm, name, counted(name))
     commits = []
     # write transactions only: the cycle's reads take no write lock (db.reading)
-    event.listen(sqlite_store.engine, "commit",
-                 lambda conn: commits.append(1) if not conn.get_execution_options().get(READ_ONLY)
-                 else None)
+    event.listen(
+        sqlite_store.engine,
+        "commit",
+        lambda conn: commits.append(1) if not conn.get_execution_options().get(READ_ONLY) else None,
+    )
     ctl = Controller(POLICY, sqlite_store, slurm, fake_clock, metrics=ControllerMetrics())
     ctl.cycle()
     assert calls == {"fleet": 1, "nodes": 0, "jobs": 0}
@@ -175,7 +204,7 @@ def test_departed_nodes_are_evicted_with_their_metric_series(sqlite_store, fake_
     ctl = Controller(POLICY, sqlite_store, slurm, fake_clock, metrics=metrics)
     ctl.cycle()
     now = fake_clock.now()
-    for i, node in enumerate(("node1", "node2")):
+    for node in ("node1", "node2"):
         r = _report(node, 1, now, n_tel=3).model_copy(update={"ring_errors": {"corrupt_records": 2}})
         assert ctl.fleet.ingest(r, now)
     ctl.cycle()
@@ -204,15 +233,23 @@ def test_a_window_of_summed_means_scores_like_the_samples_it_stands_for():
             for k in range(6):  # six samples a device per window, as with 5 s sampling
                 for g in range(8):
                     hot = node == "n2" and g == 5
-                    samples += [sample(node, "gpu_temp", (78 if hot else 60) + rng.normal(0, 1), k, gpu=g),
-                                sample(node, "sm_clock", (1380 if hot else 1980) - abs(rng.normal(0, 5)), k, gpu=g),
-                                sample(node, "power", 650 + rng.normal(0, 6), k, gpu=g)]
+                    samples += [
+                        sample(node, "gpu_temp", (78 if hot else 60) + rng.normal(0, 1), k, gpu=g),
+                        sample(node, "sm_clock", (1380 if hot else 1980) - abs(rng.normal(0, 5)), k, gpu=g),
+                        sample(node, "power", 650 + rng.normal(0, 6), k, gpu=g),
+                    ]
         samples.append(sample("n1", "xid", 79, 3.0, gpu=2))  # a hard failure, kept as sent
-        recs = [TelemetryRecord(signal=s.signal, value=s.value, unit=s.unit, timestamp=s.timestamp, gpu=s.gpu)
-                for s in samples]
+        recs = [
+            TelemetryRecord(signal=s.signal, value=s.value, unit=s.unit, timestamp=s.timestamp, gpu=s.gpu)
+            for s in samples
+        ]
         for node in ("n1", "n2"):
-            r = AgentReport(node=node, seq=w + 1, sent_at=0.0, telemetry=[t for t, s in zip(recs, samples)
-                                                                           if s.node == node])
+            r = AgentReport(
+                node=node,
+                seq=w + 1,
+                sent_at=0.0,
+                telemetry=[t for t, s in zip(recs, samples) if s.node == node],
+            )
             assert fleet.ingest(r, 0.0)
         windows.append((samples, fleet.take_telemetry()))
     direct, summed = PeerScorer(), PeerScorer()
@@ -220,12 +257,15 @@ def test_a_window_of_summed_means_scores_like_the_samples_it_stands_for():
         assert taken.count == len(samples) and [s.signal for s in taken.samples] == ["xid"]
         want = direct.deviations(samples)
         got = summed.deviations(taken.samples, means=taken.means)
-        assert {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in got.items()} == \
-            {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in want.items()}
+        assert {k: [(d.signal, round(d.z, 9)) for d in v] for k, v in got.items()} == {
+            k: [(d.signal, round(d.z, 9)) for d in v] for k, v in want.items()
+        }
         # (the same up to the order of additions in the means)
         flags = [(f.node, f.device, f.hard, f.reasons, f.windows) for f in direct.window(samples)]
-        assert flags == [(f.node, f.device, f.hard, f.reasons, f.windows)
-                         for f in summed.window(taken.samples, means=taken.means)]
+        assert flags == [
+            (f.node, f.device, f.hard, f.reasons, f.windows)
+            for f in summed.window(taken.samples, means=taken.means)
+        ]
     assert ("n2", "gpu5", False) in [f[:3] for f in flags] and ("n1", "gpu2", True) in [f[:3] for f in flags]
 
 

@@ -19,8 +19,20 @@ from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
-from slurmguard.reports import (NODE_HEADER, SCHEMA_VERSION, SIG_HEADER, TIME_HEADER, AgentReport, JobReport,
-                                RankReport, StepSample, StepWindow, TelemetryRecord, node_key, sign)
+from slurmguard.reports import (
+    NODE_HEADER,
+    SCHEMA_VERSION,
+    SIG_HEADER,
+    TIME_HEADER,
+    AgentReport,
+    JobReport,
+    RankReport,
+    StepSample,
+    StepWindow,
+    TelemetryRecord,
+    node_key,
+    sign,
+)
 
 MASTER = b"wire-test-master-secret-0123456789abcdef"
 
@@ -33,11 +45,23 @@ def _report(node: str = "node1", seq: int = 1, steps: int = 256, ranks: int = 8)
         st = 1.0 + rng.normal(0, 0.01, steps)
         end = now - steps + np.cumsum(st)
         ss = [StepSample(end=float(e), step_s=float(s), comm_s=float(s) * 0.3) for e, s in zip(end, st)]
-        rks.append(RankReport(rank=r, gpu=r, baseline_step_s=1.0, baseline_compute_s=0.7, steps=ss,
-                              total_steps=1000, last_progress=float(end[-1])))
-    tel = [TelemetryRecord(signal="power", value=650.0 + g, unit="W", timestamp=now, gpu=g) for g in range(ranks)]
-    return AgentReport(node=node, seq=seq, epoch=1, sent_at=now, jobs=[JobReport(job_id=7, ranks=rks)],
-                       telemetry=tel)
+        rks.append(
+            RankReport(
+                rank=r,
+                gpu=r,
+                baseline_step_s=1.0,
+                baseline_compute_s=0.7,
+                steps=ss,
+                total_steps=1000,
+                last_progress=float(end[-1]),
+            )
+        )
+    tel = [
+        TelemetryRecord(signal="power", value=650.0 + g, unit="W", timestamp=now, gpu=g) for g in range(ranks)
+    ]
+    return AgentReport(
+        node=node, seq=seq, epoch=1, sent_at=now, jobs=[JobReport(job_id=7, ranks=rks)], telemetry=tel
+    )
 
 
 def test_a_report_goes_packed_and_comes_back_the_same():
@@ -58,9 +82,21 @@ def test_a_report_goes_packed_and_comes_back_the_same():
     # a window read back serialises to the same bytes (a controller could forward it)
     assert back.model_dump_json() == body
     # the default report (256 iterations of 8 ranks): 66 KB, version 1 185 KB
-    v1 = json.dumps({**wire, "schema_version": 1, "jobs": [
-        {**wire["jobs"][0], "ranks": [{**rk, "steps": [s.model_dump() for s in sent.steps]}
-                                      for rk, sent in zip(wire["jobs"][0]["ranks"], rep.jobs[0].ranks)]}]})
+    v1 = json.dumps(
+        {
+            **wire,
+            "schema_version": 1,
+            "jobs": [
+                {
+                    **wire["jobs"][0],
+                    "ranks": [
+                        {**rk, "steps": [s.model_dump() for s in sent.steps]}
+                        for rk, sent in zip(wire["jobs"][0]["ranks"], rep.jobs[0].ranks)
+                    ],
+                }
+            ],
+        }
+    )
     assert len(body) < 0.4 * len(v1), (len(body), len(v1))
     # version 1 (the previous release's agents) still reads, into the same values
     old = AgentReport.model_validate_json(v1)
@@ -73,17 +109,20 @@ def _cols(end, step, comm) -> str:
     return base64.b64encode(struct.pack(f"<{3 * n}d", *end, *step, *comm)).decode()
 
 
-@pytest.mark.parametrize("steps, why", [
-    ({"n": 3, "cols": _cols([1, 2, 3], [1, 1, 1], [0, 0, 0])[:-4]}, "bytes; n=3 needs 24 x n = 72"),
-    ({"n": 2, "cols": _cols([1, 2, 3], [1, 1, 1], [0, 0, 0])}, "cols holds 72 bytes; n=2 needs"),
-    ({"n": 2, "cols": _cols([1, 2], [1, float("nan")], [0, 0])}, "not a finite number"),
-    ({"n": 2, "cols": _cols([1, float("inf")], [1, 1], [0, 0])}, "not a finite number"),
-    ({"n": 2, "cols": _cols([1, 2], [1, 1], [0, -0.5])}, "step_s and comm_s must be >= 0"),
-    ({"n": 1, "cols": "not base64!"}, "cols is not base64"),
-    ({"n": -1, "cols": ""}, "greater than or equal to 0"),
-    ({"n": 1, "cols": _cols([1], [1], [0]), "extra": 1}, "extra"),
-    ([{"end": 1.0, "step_s": -1.0, "comm_s": 0.0}], "greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "steps, why",
+    [
+        ({"n": 3, "cols": _cols([1, 2, 3], [1, 1, 1], [0, 0, 0])[:-4]}, "bytes; n=3 needs 24 x n = 72"),
+        ({"n": 2, "cols": _cols([1, 2, 3], [1, 1, 1], [0, 0, 0])}, "cols holds 72 bytes; n=2 needs"),
+        ({"n": 2, "cols": _cols([1, 2], [1, float("nan")], [0, 0])}, "not a finite number"),
+        ({"n": 2, "cols": _cols([1, float("inf")], [1, 1], [0, 0])}, "not a finite number"),
+        ({"n": 2, "cols": _cols([1, 2], [1, 1], [0, -0.5])}, "step_s and comm_s must be >= 0"),
+        ({"n": 1, "cols": "not base64!"}, "cols is not base64"),
+        ({"n": -1, "cols": ""}, "greater than or equal to 0"),
+        ({"n": 1, "cols": _cols([1], [1], [0]), "extra": 1}, "extra"),
+        ([{"end": 1.0, "step_s": -1.0, "comm_s": 0.0}], "greater than or equal to 0"),
+    ],
+)
 def test_a_bad_window_is_refused_naming_node_and_field(steps, why):
     http, fleet, metrics = _start()
     try:
@@ -142,18 +181,34 @@ def _start(**policy) -> tuple[ControllerHTTP, FleetView, ControllerMetrics]:
     fleet = FleetView()
     fleet.set_known_nodes({"node1", "node2"})
     metrics = ControllerMetrics()
-    http = ControllerHTTP("127.0.0.1", 0, secret=MASTER, ingest=lambda r: fleet.ingest(r, time.time()),
-                          metrics=metrics, now=time.time, health=lambda: (True, "ok"),
-                          policy=ControllerPolicy(**policy), known=fleet.known)
+    http = ControllerHTTP(
+        "127.0.0.1",
+        0,
+        secret=MASTER,
+        ingest=lambda r: fleet.ingest(r, time.time()),
+        metrics=metrics,
+        now=time.time,
+        health=lambda: (True, "ok"),
+        policy=ControllerPolicy(**policy),
+        known=fleet.known,
+    )
     http.start()
     return http, fleet, metrics
 
 
 def _post(port: int, node: str, body: bytes) -> tuple[int, dict]:
     ts = f"{time.time():.3f}"
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/report", data=body, method="POST", headers={
-        "Content-Type": "application/json", TIME_HEADER: ts, NODE_HEADER: node,
-        SIG_HEADER: sign(node_key(MASTER, node), ts, node, body)})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/report",
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            TIME_HEADER: ts,
+            NODE_HEADER: node,
+            SIG_HEADER: sign(node_key(MASTER, node), ts, node, body),
+        },
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, json.loads(r.read() or b"{}")
@@ -170,8 +225,12 @@ def test_a_backlog_goes_in_few_requests_and_every_sample_once(batch_samples, req
     """After an outage the sender merges its queue: the newest windows, all samples in order."""
     http, fleet, metrics = _start()
     try:
-        sender = ReportSender(f"http://127.0.0.1:{http.port}", node_key(MASTER, "node1"), now=time.time,
-                              batch_samples=batch_samples)
+        sender = ReportSender(
+            f"http://127.0.0.1:{http.port}",
+            node_key(MASTER, "node1"),
+            now=time.time,
+            batch_samples=batch_samples,
+        )
         reps = [_report(seq=k, ranks=8, steps=8) for k in range(1, 6)]  # 8 samples each
         for r in reps:
             sender.enqueue(r)
@@ -187,14 +246,17 @@ def test_a_backlog_goes_in_few_requests_and_every_sample_once(batch_samples, req
         http.stop()
 
 
-@pytest.mark.parametrize("head, code", [
-    (b"GARBAGE\r\n\r\n", 400),
-    (b"POST /v1/report HTTP/2.0\r\nHost: x\r\n\r\n", 505),
-    (b"POST /v1/report HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(100)) + b"\r\n", 431),
-    (b"POST /v1/report HTTP/1.1\r\nX-Long: " + b"a" * 10000 + b"\r\n\r\n", 431),
-    (b"POST /v1/report HTTP/1.1\r\nno colon here\r\n\r\n", 400),
-    (b"POST /v1/report HTTP/1.1\r\n : empty name\r\n\r\n", 400),
-])
+@pytest.mark.parametrize(
+    "head, code",
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"POST /v1/report HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"POST /v1/report HTTP/1.1\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(100)) + b"\r\n", 431),
+        (b"POST /v1/report HTTP/1.1\r\nX-Long: " + b"a" * 10000 + b"\r\n\r\n", 431),
+        (b"POST /v1/report HTTP/1.1\r\nno colon here\r\n\r\n", 400),
+        (b"POST /v1/report HTTP/1.1\r\n : empty name\r\n\r\n", 400),
+    ],
+)
 def test_a_malformed_request_head_is_answered_and_counted(head, code):
     """The listener reads request heads itself (not http.server's email parser): bounded,
     answered with a reason, counted, and the next client is served."""

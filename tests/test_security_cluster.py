@@ -31,9 +31,20 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 def forge_rings(d: Path, victim: int, node: str, iters: int = 120) -> None:
     """Two ranks of `victim` on `node`, DDP-like; rank 1 computes 50% longer from the middle."""
     t = time.monotonic_ns() - int(iters * 0.2e9)
-    ws = [RingWriter(str(d / f"rank-{r}.step-batch.torch.ring"), capacity=4096, job_id=victim,
-                     step_id=0, global_rank=r, local_rank=r, world_size=2, source=SOURCE_TORCH,
-                     node_name=node) for r in (0, 1)]
+    ws = [
+        RingWriter(
+            str(d / f"rank-{r}.step-batch.torch.ring"),
+            capacity=4096,
+            job_id=victim,
+            step_id=0,
+            global_rank=r,
+            local_rank=r,
+            world_size=2,
+            source=SOURCE_TORCH,
+            node_name=node,
+        )
+        for r in (0, 1)
+    ]
     for i in range(iters):
         slow = 0.05 if i >= iters // 2 else 0.0
         arrive = [t + int(0.08e9), t + int((0.08 + slow) * 1e9)]
@@ -51,20 +62,43 @@ def test_rings_claiming_another_users_job_do_not_touch_it(guarded, attacker):
     work = Path(tempfile.mkdtemp(prefix="sg-attack-"))
     try:
         work.chmod(0o777)
-        victim = c.sbatch("#!/bin/sh\nsleep 300\n", "-N2", "-w", "node1,node2", "--exclusive",
-                          "-J", "victim", "-o", "/dev/null")
+        victim = c.sbatch(
+            "#!/bin/sh\nsleep 300\n",
+            "-N2",
+            "-w",
+            "node1,node2",
+            "--exclusive",
+            "-J",
+            "victim",
+            "-o",
+            "/dev/null",
+        )
         wait_for(lambda: c.job_state(victim) == "RUNNING", 60, "victim running")
         forged = work / "forged"
         forged.mkdir(mode=0o755)
         forge_rings(forged, victim, "node3")
         for p in forged.iterdir():
             p.chmod(0o644)
-        script = (f"#!/bin/sh\ncp {forged}/*.ring \"$SLURMGUARD_RING_DIR\"/ && "
-                  f"echo planted > {work}/planted\nsleep 120\n")
+        script = (
+            f'#!/bin/sh\ncp {forged}/*.ring "$SLURMGUARD_RING_DIR"/ && '
+            f"echo planted > {work}/planted\nsleep 120\n"
+        )
         with traversable(c.state_dir / "spool"):
-            mallory = c.sbatch(script, "-N1", "-w", "node3", "--straggler-guard", "--exclusive",
-                               f"--uid={attacker.pw_name}", f"--gid={attacker.pw_gid}",
-                               f"--chdir={work}", "-J", "mallory", "-o", str(work / "out-%j"))
+            mallory = c.sbatch(
+                script,
+                "-N1",
+                "-w",
+                "node3",
+                "--straggler-guard",
+                "--exclusive",
+                f"--uid={attacker.pw_name}",
+                f"--gid={attacker.pw_gid}",
+                f"--chdir={work}",
+                "-J",
+                "mallory",
+                "-o",
+                str(work / "out-%j"),
+            )
             wait_for(lambda: (work / "planted").exists(), 60, "the attacker's rings in place")
             ring_dir = Path(run.guard.ring_root) / str(mallory)
             assert os.stat(ring_dir).st_uid == attacker.pw_uid
@@ -79,8 +113,13 @@ def test_rings_claiming_another_users_job_do_not_touch_it(guarded, attacker):
         assert not any(e.job_id == str(victim) for e in run.audit())
         with run.store() as s:
             assert s.incidents(job_id=str(victim)) == []
-        out = subprocess.run(["scontrol", "show", "job", "-o", str(victim)], env=c.env,
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", str(victim)],
+            env=c.env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         assert "Restarts=0" in out
     finally:
         c.run(["scancel", "--partition", c.partition])

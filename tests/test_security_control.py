@@ -18,8 +18,13 @@ from tests.test_controller_loop import POLICY, feed_job, rank_report, report
 
 
 def _policy(**breaker):
-    return POLICY.model_copy(update={"safety": POLICY.safety.model_copy(update={
-        "breaker": POLICY.safety.breaker.model_copy(update=breaker)})})
+    return POLICY.model_copy(
+        update={
+            "safety": POLICY.safety.model_copy(
+                update={"breaker": POLICY.safety.breaker.model_copy(update=breaker)}
+            )
+        }
+    )
 
 
 def test_ranks_claimed_from_outside_the_jobs_allocation_are_dropped(sqlite_store, fake_clock):
@@ -86,9 +91,21 @@ def test_checkpoint_signal_only_for_jobs_that_asked(sqlite_store, fake_clock):
 def test_a_bad_comment_or_a_failing_job_does_not_stop_the_cycle(sqlite_store, fake_clock, monkeypatch):
     """Attack (18.4): `--comment=slurmguard:mitigate,microbatches=5,pp=2` raised in the
     planner inside the cycle; the controller died, and again on every restart."""
-    policy = POLICY.model_copy(update={"response": POLICY.response.model_copy(update={
-        "escalation": POLICY.response.escalation.model_copy(update={
-            "rebalance_gpu_s": 0.5, "drain_checkpoint_gpu_s": 1000.0, "requeue_gpu_s": 2000.0})})})
+    policy = POLICY.model_copy(
+        update={
+            "response": POLICY.response.model_copy(
+                update={
+                    "escalation": POLICY.response.escalation.model_copy(
+                        update={
+                            "rebalance_gpu_s": 0.5,
+                            "drain_checkpoint_gpu_s": 1000.0,
+                            "requeue_gpu_s": 2000.0,
+                        }
+                    )
+                }
+            )
+        }
+    )
     slurm = FakeSlurm(clock=fake_clock)
     ctl = Controller(policy, sqlite_store, slurm, fake_clock)
     bad = slurm.start_job(["node1", "node2"], comment="slurmguard:mitigate,microbatches=5,pp=2")
@@ -119,19 +136,22 @@ def test_a_bad_comment_or_a_failing_job_does_not_stop_the_cycle(sqlite_store, fa
     assert inc.evidence["error"] == "ZeroDivisionError: boom"
 
 
-@pytest.mark.parametrize("comment, mitigate, signal, problem", [
-    ("slurmguard:mitigate,microbatches=16,pp=2,signal", OptIn(16, 2), "USR1", None),
-    ("slurmguard:signal=SIGTERM", None, "TERM", None),
-    ("slurmguard:signal=KILL", None, None, "signal must be one of"),
-    ("slurmguard:mitigate,microbatches=99999999999999", None, None, "expected an integer 1..65536"),
-    (f"slurmguard:mitigate,microbatches={MAX_MICROBATCHES + 1}", None, None, "expected an integer"),
-    ("slurmguard:mitigate,microbatches=8,pp=0", None, None, "pp=0: expected an integer 1..1024"),
-    ("slurmguard:mitigate,microbatches=-8", None, None, "expected an integer"),
-    ("slurmguard:mitigate", None, None, "needs microbatches=M"),
-    ("slurmguard:rm -rf,x=1", None, None, "unknown item"),
-    ("my own note slurmguard:signal", None, "USR1", None),
-    ("nothing for us", None, None, None),
-])
+@pytest.mark.parametrize(
+    "comment, mitigate, signal, problem",
+    [
+        ("slurmguard:mitigate,microbatches=16,pp=2,signal", OptIn(16, 2), "USR1", None),
+        ("slurmguard:signal=SIGTERM", None, "TERM", None),
+        ("slurmguard:signal=KILL", None, None, "signal must be one of"),
+        ("slurmguard:mitigate,microbatches=99999999999999", None, None, "expected an integer 1..65536"),
+        (f"slurmguard:mitigate,microbatches={MAX_MICROBATCHES + 1}", None, None, "expected an integer"),
+        ("slurmguard:mitigate,microbatches=8,pp=0", None, None, "pp=0: expected an integer 1..1024"),
+        ("slurmguard:mitigate,microbatches=-8", None, None, "expected an integer"),
+        ("slurmguard:mitigate", None, None, "needs microbatches=M"),
+        ("slurmguard:rm -rf,x=1", None, None, "unknown item"),
+        ("my own note slurmguard:signal", None, "USR1", None),
+        ("nothing for us", None, None, None),
+    ],
+)
 def test_opt_in_values_are_bounded_and_checked(comment, mitigate, signal, problem):
     o = job_options(comment)
     assert (o.mitigate, o.signal) == (mitigate, signal)

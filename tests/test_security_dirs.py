@@ -85,9 +85,17 @@ def test_tmpfiles_takes_a_planted_ring_root_back(attacker, tmp_path):
     (tmp_path / "dev").chmod(0o755)
     planted = shm / "slurmguard"
     assert run_as(attacker, ["mkdir", "-m", "0777", str(planted)]).returncode == 0
-    res = subprocess.run(["systemd-tmpfiles", "--create", f"--root={tmp_path}",
-                          str(ROOT / "systemd" / "slurmguard-tmpfiles.conf")],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            "systemd-tmpfiles",
+            "--create",
+            f"--root={tmp_path}",
+            str(ROOT / "systemd" / "slurmguard-tmpfiles.conf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     st = os.lstat(planted)
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, 0, 0o755)

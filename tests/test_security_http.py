@@ -34,10 +34,18 @@ def start(**policy) -> tuple[ControllerHTTP, FleetView, ControllerMetrics]:
     fleet = FleetView()
     fleet.set_known_nodes(NODES)
     metrics = ControllerMetrics()
-    http = ControllerHTTP("127.0.0.1", 0, secret=MASTER, ingest=lambda r: fleet.ingest(r, time.time()),
-                          metrics=metrics, now=time.time, health=lambda: (True, "ok"),
-                          plan=lambda job: {"job_id": str(job)}, policy=ControllerPolicy(**policy),
-                          known=fleet.known)
+    http = ControllerHTTP(
+        "127.0.0.1",
+        0,
+        secret=MASTER,
+        ingest=lambda r: fleet.ingest(r, time.time()),
+        metrics=metrics,
+        now=time.time,
+        health=lambda: (True, "ok"),
+        plan=lambda job: {"job_id": str(job)},
+        policy=ControllerPolicy(**policy),
+        known=fleet.known,
+    )
     http.start()
     return http, fleet, metrics
 
@@ -50,8 +58,12 @@ def server():
 
 
 def post(port: int, body: bytes, headers: dict, scheme: str = "http", ctx=None) -> tuple[int, dict]:
-    req = urllib.request.Request(f"{scheme}://127.0.0.1:{port}/v1/report", data=body, method="POST",
-                                 headers={"Content-Type": "application/json", **headers})
+    req = urllib.request.Request(
+        f"{scheme}://127.0.0.1:{port}/v1/report",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", **headers},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
             return r.status, json.loads(r.read() or b"{}")
@@ -59,8 +71,9 @@ def post(port: int, body: bytes, headers: dict, scheme: str = "http", ctx=None) 
         return e.code, json.loads(e.read() or b"{}")
 
 
-def signed(report: AgentReport, *, as_node: str | None = None, key_of: str | None = None,
-           ts: str | None = None) -> tuple[bytes, dict]:
+def signed(
+    report: AgentReport, *, as_node: str | None = None, key_of: str | None = None, ts: str | None = None
+) -> tuple[bytes, dict]:
     body = report.model_dump_json().encode()
     node = as_node or report.node
     ts = f"{time.time():.3f}" if ts is None else ts
@@ -134,8 +147,10 @@ def test_half_sent_bodies_hold_neither_threads_nor_memory_and_others_get_through
         head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         for _ in range(40):
             s = socket.create_connection(("127.0.0.1", http.port), timeout=5)
-            s.sendall(f"POST /v1/report HTTP/1.1\r\nHost: x\r\n{head}"
-                      f"Content-Length: {1 << 20}\r\n\r\n".encode() + b"{" * 1000)
+            s.sendall(
+                f"POST /v1/report HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {1 << 20}\r\n\r\n".encode()
+                + b"{" * 1000
+            )
             socks.append(s)
         time.sleep(0.5)
         assert threading.active_count() <= threads_before + 1  # no thread per connection
@@ -207,7 +222,8 @@ def test_metrics_and_plans_only_for_read_clients_or_on_the_management_listener()
         mgmt = f"http://127.0.0.1:{http.management_port}"
         assert b"slurmguard_reports_total" in urllib.request.urlopen(mgmt + "/metrics", timeout=5).read()
         assert json.loads(urllib.request.urlopen(mgmt + "/v1/jobs/5/plan", timeout=5).read()) == {
-            "job_id": "5"}
+            "job_id": "5"
+        }
         assert post(http.port, *signed(rep()))[0] == 200  # reports only on the report listener
         code, _ = post(http.management_port, *signed(rep(seq=2)))
         assert code == 404
@@ -240,14 +256,34 @@ def test_restarted_agent_is_accepted_and_a_refusal_is_not_delivered(server):
 
 def test_tls_listener_and_sender(tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                    "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True,
-                   timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     http, fleet, metrics = start(tls_cert_file=str(cert), tls_key_file=str(key))
     try:
-        sender = ReportSender(f"https://127.0.0.1:{http.port}", node_key(MASTER, "node1"),
-                              now=time.time, ca_file=str(cert))
+        sender = ReportSender(
+            f"https://127.0.0.1:{http.port}", node_key(MASTER, "node1"), now=time.time, ca_file=str(cert)
+        )
         sender.enqueue(rep())
         assert sender.flush() == 1
         # plain HTTP to the TLS port gets nowhere; an agent not trusting the cert refuses it

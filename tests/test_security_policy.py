@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from click.testing import CliRunner
 
 from slurmguard.cli import cli
@@ -46,16 +45,27 @@ def _env(**extra) -> dict:
 def test_root_running_the_admin_cli_in_a_users_directory_runs_nothing_of_theirs(attacker, user_dir):
     """Attack (18.2): ./policies.yaml set slurm.bin_dir, so root ran the user's `sinfo`."""
     plant(attacker, user_dir / "policies.yaml", f"slurm:\n  bin_dir: {user_dir}\n")
-    plant(attacker, user_dir / "sinfo",
-          f"#!/bin/sh\n/usr/bin/touch {user_dir}/pwned-by-$(/usr/bin/id -u)\necho 'slurm 22.05.8'\n", 0o755)
+    plant(
+        attacker,
+        user_dir / "sinfo",
+        f"#!/bin/sh\n/usr/bin/touch {user_dir}/pwned-by-$(/usr/bin/id -u)\necho 'slurm 22.05.8'\n",
+        0o755,
+    )
     assert (user_dir / "policies.yaml").stat().st_uid == attacker.pw_uid
     # no Slurm on PATH: only a bin_dir from the user's policy could find a `sinfo`
-    out = subprocess.run(CLI + ["nodes"], cwd=user_dir, env=_env(PATH="/nonexistent"),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        CLI + ["nodes"],
+        cwd=user_dir,
+        env=_env(PATH="/nonexistent"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert not list(user_dir.glob("pwned-by-*")), "root ran the user's sinfo"
     assert "Traceback" not in out.stderr
-    shown = subprocess.run(CLI + ["policy", "show"], cwd=user_dir, env=_env(), capture_output=True,
-                           text=True, timeout=60)
+    shown = subprocess.run(
+        CLI + ["policy", "show"], cwd=user_dir, env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert shown.returncode == 0 and '"bin_dir": null' in shown.stdout
 
 
@@ -63,8 +73,13 @@ def test_policy_not_owned_by_root_or_writable_by_others_is_refused(attacker, use
     """Named explicitly ($SLURMGUARD_POLICY / --policy) it is still refused when root runs it."""
     theirs = user_dir / "p.yaml"
     plant(attacker, theirs, "slurm: {}\n")
-    out = subprocess.run(CLI + ["policy", "show"], env=_env(SLURMGUARD_POLICY=str(theirs)),
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        CLI + ["policy", "show"],
+        env=_env(SLURMGUARD_POLICY=str(theirs)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert f"{theirs}: policy file is owned by uid {attacker.pw_uid}, not root" in out.stderr
     shared = tmp_path / "p.yaml"
@@ -75,8 +90,9 @@ def test_policy_not_owned_by_root_or_writable_by_others_is_refused(attacker, use
     shared.chmod(0o644)
     assert load_policy(shared).slurm.bin_dir is None
     # validating a user's file acts on nothing: allowed
-    ok = subprocess.run(CLI + ["policy", "check", str(theirs)], env=_env(), capture_output=True,
-                        text=True, timeout=60)
+    ok = subprocess.run(
+        CLI + ["policy", "check", str(theirs)], env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert ok.returncode == 0, ok.stderr
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
@@ -118,5 +134,6 @@ def test_keys_derive_gives_the_key_the_controller_expects(tmp_path, monkeypatch)
     assert out.exit_code == 0 and oct(dest.stat().st_mode & 0o777) == "0o600"
     assert read_secret(dest, "node key") == node_key(b"m" * 64, "node7")
     with pytest.raises(ConfigError, match="invalid node name"):
-        CliRunner().invoke(cli, ["keys", "derive", "node7;rm", "--secret-file", str(master)],
-                           catch_exceptions=False)
+        CliRunner().invoke(
+            cli, ["keys", "derive", "node7;rm", "--secret-file", str(master)], catch_exceptions=False
+        )

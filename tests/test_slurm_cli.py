@@ -14,8 +14,13 @@ pytestmark = pytest.mark.slurm
 
 
 def sg(args, env, db_url):
-    return subprocess.run([sys.executable, "-m", "slurmguard.cli", "--db", db_url, *args],
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "slurmguard.cli", "--db", db_url, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
@@ -54,8 +59,10 @@ def test_resume_of_admin_drain_refused_cleanly(clean_cluster, db_file):
 
 
 def test_drain_without_database_does_not_touch_slurm(clean_cluster, tmp_path):
-    r = sg(["node", "drain", "node1", "--reason", "x"], clean_cluster.env,
-           f"sqlite:///{tmp_path / 'missing.db'}")
+    r = sg(
+        ["node", "drain", "node1", "--reason", "x"], clean_cluster.env, f"sqlite:///{tmp_path / 'missing.db'}"
+    )
     assert r.returncode != 0 and "db upgrade" in r.stderr
     assert "Reason=" not in clean_cluster.run(["scontrol", "show", "node", "node1"]).stdout.replace(
-        "Reason=(null)", "")
+        "Reason=(null)", ""
+    )

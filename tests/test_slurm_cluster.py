@@ -19,8 +19,6 @@ def client(clean_cluster):
     return CommandSlurmClient(env=clean_cluster.env, timeout_s=20)
 
 
-
-
 @pytest.mark.parametrize("use_json", [True, False], ids=["json", "scontrol"])
 def test_nodes_listed_with_partitions_and_jobs(clean_cluster, use_json):
     client = CommandSlurmClient(env=clean_cluster.env, use_json=use_json)
@@ -69,19 +67,26 @@ def test_comment_ownership(client, clean_cluster):
 
 def test_maintenance_reservation_keeps_ordinary_jobs_off(client, clean_cluster, tmp_path):
     client.create_reservation("slurmguard_quarantine_node4", ["node4"], duration_min=30)
-    assert any(r.name == "slurmguard_quarantine_node4" and r.nodes == ("node4",)
-               for r in client.reservations())
+    assert any(
+        r.name == "slurmguard_quarantine_node4" and r.nodes == ("node4",) for r in client.reservations()
+    )
     # an ordinary job asking for node4 cannot start; one inside the reservation can
     ordinary = client.submit("#!/bin/sh\nhostname\n", nodelist=["node4"], output="/dev/null")
-    inside = client.submit(f"#!/bin/sh\necho $SLURMD_NODENAME > {tmp_path}/where\n",
-                           nodelist=["node4"], reservation="slurmguard_quarantine_node4",
-                           output="/dev/null", time_limit_min=2)
+    inside = client.submit(
+        f"#!/bin/sh\necho $SLURMD_NODENAME > {tmp_path}/where\n",
+        nodelist=["node4"],
+        reservation="slurmguard_quarantine_node4",
+        output="/dev/null",
+        time_limit_min=2,
+    )
     assert clean_cluster.wait_job(inside, timeout=60) == "COMPLETED"
     assert (tmp_path / "where").read_text().strip() == "node4"
     assert client.job(ordinary).state == "PENDING"
     # fill the rest of the cluster's free capacity: ordinary jobs go elsewhere
-    free = [client.submit("#!/bin/sh\necho $SLURMD_NODENAME\nsleep 1\n", output=str(tmp_path / f"o{i}"))
-            for i in range(3)]
+    free = [
+        client.submit("#!/bin/sh\necho $SLURMD_NODENAME\nsleep 1\n", output=str(tmp_path / f"o{i}"))
+        for i in range(3)
+    ]
     for j in free:
         assert clean_cluster.wait_job(j, timeout=60) == "COMPLETED"
         assert client.job(j).nodes != ("node4",)
@@ -91,18 +96,22 @@ def test_maintenance_reservation_keeps_ordinary_jobs_off(client, clean_cluster, 
 
 def test_submit_signal_requeue(client, clean_cluster, tmp_path):
     marker = tmp_path / "sig"
-    script = (f"#!/bin/bash\ntrap 'echo got-usr1 >> {marker}' USR1\n"
-              f"echo start >> {marker}\nfor i in $(seq 300); do sleep 0.1; done\n")
-    jid = client.submit(script, job_name="sg-test", nodelist=["node1"], output="/dev/null",
-                        time_limit_min=5)
+    script = (
+        f"#!/bin/bash\ntrap 'echo got-usr1 >> {marker}' USR1\n"
+        f"echo start >> {marker}\nfor i in $(seq 300); do sleep 0.1; done\n"
+    )
+    jid = client.submit(script, job_name="sg-test", nodelist=["node1"], output="/dev/null", time_limit_min=5)
     _wait(lambda: client.job(jid).state == "RUNNING", what="job running")
     _wait(lambda: marker.exists(), what="job started")
     client.signal(jid, "USR1")
     _wait(lambda: "got-usr1" in marker.read_text(), what="USR1 delivered")
     client.requeue(jid)
     _wait(lambda: client.job(jid).restarts >= 1, what="requeue counted")
-    _wait(lambda: marker.read_text().count("start") >= 2, timeout=60,
-          what=f"job restarted ({client.job(jid)}, {marker.read_text()!r})")
+    _wait(
+        lambda: marker.read_text().count("start") >= 2,
+        timeout=60,
+        what=f"job restarted ({client.job(jid)}, {marker.read_text()!r})",
+    )
     client.cancel(jid)
     with pytest.raises(UnknownJob):
         client.job(99999999)

@@ -13,7 +13,8 @@ SCONTROL_NODE = (
     "OS=Linux 6.1.0 #1 SMP  RealMemory=2000 State=IDLE+DRAIN Partitions=gpu,debug  "
     "BootTime=2026-11-22T15:33:12 Comment=slurmguard: pending verification: gpu3 temp +12C "
     "Reason=slurmguard: step +23% since 14:02, gpu3 sm_clock 1.38GHz vs peers 1.93GHz "
-    "[root@2026-11-22T15:40:29]")
+    "[root@2026-11-22T15:40:29]"
+)
 
 
 def test_scontrol_node_line_keeps_spaces_in_comment_and_reason():
@@ -28,32 +29,66 @@ def test_scontrol_node_line_keeps_spaces_in_comment_and_reason():
 
 
 def test_json_shapes_of_old_and_new_slurm():
-    old = {"nodes": [{"name": "n1", "state": "idle", "state_flags": ["DRAIN"],
-                      "reason": "bad fan", "partitions": ["p"], "cpus": 4,
-                      "reason_changed_at": 1700000000}]}
-    new = {"nodes": [{"name": "n1", "state": ["IDLE", "DRAIN"], "reason": "bad fan",
-                      "partitions": ["p"], "cpus": 4,
-                      "reason_changed_at": {"set": True, "infinite": False, "number": 1700000000}}]}
+    old = {
+        "nodes": [
+            {
+                "name": "n1",
+                "state": "idle",
+                "state_flags": ["DRAIN"],
+                "reason": "bad fan",
+                "partitions": ["p"],
+                "cpus": 4,
+                "reason_changed_at": 1700000000,
+            }
+        ]
+    }
+    new = {
+        "nodes": [
+            {
+                "name": "n1",
+                "state": ["IDLE", "DRAIN"],
+                "reason": "bad fan",
+                "partitions": ["p"],
+                "cpus": 4,
+                "reason_changed_at": {"set": True, "infinite": False, "number": 1700000000},
+            }
+        ]
+    }
     a, b = parse.nodes_from_json(old)[0], parse.nodes_from_json(new)[0]
     assert a == b
     assert a.drained_by_others and a.reason_time == 1700000000
 
 
 def test_job_json_new_shape_and_time_limit():
-    doc = {"jobs": [{"job_id": 7, "name": "train", "user_name": "alice", "job_state": ["RUNNING"],
-                     "partition": "gpu", "nodes": "gpu-a[01-03]", "node_count": {"set": True, "number": 3},
-                     "time_limit": {"set": True, "infinite": False, "number": 60}}]}
+    doc = {
+        "jobs": [
+            {
+                "job_id": 7,
+                "name": "train",
+                "user_name": "alice",
+                "job_state": ["RUNNING"],
+                "partition": "gpu",
+                "nodes": "gpu-a[01-03]",
+                "node_count": {"set": True, "number": 3},
+                "time_limit": {"set": True, "infinite": False, "number": 60},
+            }
+        ]
+    }
     (j,) = parse.jobs_from_json(doc)
     assert j.nodes == ("gpu-a01", "gpu-a02", "gpu-a03") and j.state == "RUNNING"
     assert j.time_limit_min == 60 and j.num_nodes == 3
 
 
-@pytest.mark.parametrize("expr,expected", [
-    ("node[1-3]", ["node1", "node2", "node3"]),
-    ("gpu-a[01-02,10],login", ["gpu-a01", "gpu-a02", "gpu-a10", "login"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("", []), ("(null)", []),
-])
+@pytest.mark.parametrize(
+    "expr,expected",
+    [
+        ("node[1-3]", ["node1", "node2", "node3"]),
+        ("gpu-a[01-02,10],login", ["gpu-a01", "gpu-a02", "gpu-a10", "login"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("", []),
+        ("(null)", []),
+    ],
+)
 def test_hostlist_expand(expr, expected):
     assert hostlist.expand(expr) == expected
 
@@ -63,8 +98,15 @@ def test_hostlist_rejects_garbage():
         hostlist.expand("node[1-3")
 
 
-@pytest.mark.parametrize("expr,why", [("node[1-3", "unbalanced '\\['"), ("node1]", "unbalanced '\\]'"),
-                                      ("gpu[3-1]", "descending range '3-1'"), ("gpu[a-b]", "bad range 'a-b'")])
+@pytest.mark.parametrize(
+    "expr,why",
+    [
+        ("node[1-3", "unbalanced '\\['"),
+        ("node1]", "unbalanced '\\]'"),
+        ("gpu[3-1]", "descending range '3-1'"),
+        ("gpu[a-b]", "bad range 'a-b'"),
+    ],
+)
 def test_hostlist_errors_are_user_errors_naming_the_expression(expr, why):
     from slurmguard.errors import InputError
 

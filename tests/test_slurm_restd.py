@@ -80,8 +80,7 @@ def test_unreachable_restd_is_slurm_unavailable(tmp_path):
         port = s.getsockname()[1]
     key = tmp_path / "k"
     key.write_bytes(b"k" * 32)
-    c = RestdSlurmClient(f"http://127.0.0.1:{port}", TokenSource(user="root", key_file=str(key)),
-                         timeout_s=2)
+    c = RestdSlurmClient(f"http://127.0.0.1:{port}", TokenSource(user="root", key_file=str(key)), timeout_s=2)
     with pytest.raises(SlurmUnavailable, match="slurmrestd unreachable"):
         c.nodes()
 
@@ -102,9 +101,12 @@ def restd_cluster(tmp_path_factory):
 @pytest.fixture
 def both(restd_cluster):
     cmd = CommandSlurmClient(env=restd_cluster.env, timeout_s=20)
-    rest = RestdSlurmClient(restd_cluster.restd_url,
-                            TokenSource(user="root", key_file=str(restd_cluster.jwt_key_path)),
-                            timeout_s=20, fallback=cmd)
+    rest = RestdSlurmClient(
+        restd_cluster.restd_url,
+        TokenSource(user="root", key_file=str(restd_cluster.jwt_key_path)),
+        timeout_s=20,
+        fallback=cmd,
+    )
     yield cmd, rest
     restd_cluster.run(["scancel", "--partition", restd_cluster.partition])
     for node in restd_cluster.node_names:
@@ -131,16 +133,21 @@ def test_rest_submit_then_signal_and_cancel_through_commands(both, restd_cluster
     cmd, rest = both
     out = tmp_path / "sig.out"
     # the batch shell and its step each record USR1 (and the environment we passed)
-    script = ("#!/bin/sh\necho \"mark=$SG_MARK\" >> %s\n"
-              "trap 'echo batch got USR1 >> %s' USR1\n"
-              "srun sh -c \"trap 'echo step got USR1 >> %s' USR1; "
-              "i=0; while [ \\$i -lt 120 ]; do sleep 0.5; i=\\$((i+1)); done\"\n" % (out, out, out))
-    jid = rest.submit(script, job_name="sg-restd", output="/dev/null", time_limit_min=5,
-                      env={"SG_MARK": "42"})  # POST /job/submit
+    script = (
+        f'#!/bin/sh\necho "mark=$SG_MARK" >> {out}\n'
+        f"trap 'echo batch got USR1 >> {out}' USR1\n"
+        f"srun sh -c \"trap 'echo step got USR1 >> {out}' USR1; "
+        'i=0; while [ \\$i -lt 120 ]; do sleep 0.5; i=\\$((i+1)); done"\n'
+    )
+    jid = rest.submit(
+        script, job_name="sg-restd", output="/dev/null", time_limit_min=5, env={"SG_MARK": "42"}
+    )  # POST /job/submit
     job = wait_for(lambda: (j := cmd.job(jid)).running and j, what="REST-submitted job running")
     assert job.name == "sg-restd" and job.time_limit_min == 5
-    wait_for(lambda: f"{jid}.0" in restd_cluster.run(["squeue", "-h", "-s", "-j", str(jid)]).stdout,
-             what="the job's step started")
+    wait_for(
+        lambda: f"{jid}.0" in restd_cluster.run(["squeue", "-h", "-s", "-j", str(jid)]).stdout,
+        what="the job's step started",
+    )
     time.sleep(1)  # the step's shell has set its trap
     rest.signal(jid, "SIGUSR1", batch_only=False)  # scancel --signal: the steps, job goes on
     wait_for(lambda: "step got USR1" in out.read_text(), what="USR1 delivered to the step")
@@ -173,15 +180,16 @@ def test_scontrol_token_file_and_a_wrong_key(restd_cluster, tmp_path):
     f = tmp_path / "token"
     f.write_text(res.stdout)
     p = parse_policy(
-        f"slurm:\n  backend: restd\n  restd_url: {restd_cluster.restd_url}\n"
-        f"  restd_token_file: {f}\n")
+        f"slurm:\n  backend: restd\n  restd_url: {restd_cluster.restd_url}\n  restd_token_file: {f}\n"
+    )
     client = client_from_policy(p.slurm, env=restd_cluster.env)
     assert isinstance(client, RestdSlurmClient)
     assert [n.name for n in client.nodes()] == ["node1", "node2"]
     bad = tmp_path / "bad.key"
     bad.write_bytes(b"not the cluster key" * 2)
-    wrong = RestdSlurmClient(restd_cluster.restd_url, TokenSource(user="root", key_file=str(bad)),
-                             timeout_s=10)
+    wrong = RestdSlurmClient(
+        restd_cluster.restd_url, TokenSource(user="root", key_file=str(bad)), timeout_s=10
+    )
     t0 = time.monotonic()
     with pytest.raises(SlurmError, match="slurmctld refused the token"):
         wrong.nodes()

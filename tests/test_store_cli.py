@@ -39,9 +39,7 @@ def test_upgrade_with_db_option_creates_and_reports(runner, db_url):
 
 
 def test_upgrade_with_environment_variable(runner, db_url):
-    code, out = _invoke(
-        runner, ["db", "current", "--check"], env={"SLURMGUARD_DB": db_url}
-    )
+    code, out = _invoke(runner, ["db", "current", "--check"], env={"SLURMGUARD_DB": db_url})
     assert code == 1 and "revision: none (empty database)" in out
     code, out = _invoke(runner, ["db", "upgrade"], env={"SLURMGUARD_DB": db_url})
     assert code == 0 and "upgraded from empty" in out
@@ -98,9 +96,7 @@ def _closed_port() -> int:
         ),
     ],
 )
-def test_errors_are_one_line_without_traceback_or_password(
-    runner, capsys, url, message
-):
+def test_errors_are_one_line_without_traceback_or_password(runner, capsys, url, message):
     port = _closed_port()
     url = url or f"postgresql+psycopg://sg:hunter2@127.0.0.1:{port}/sg"
     with pytest.raises(SystemExit) as exc:

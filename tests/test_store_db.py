@@ -60,10 +60,7 @@ def test_check_constraints_guard_enum_columns(db_url):
 def test_url_parsing_and_masking():
     assert db.parse_url("postgresql://u:p@h/d").drivername == "postgresql+psycopg"
     assert db.parse_url("postgres://u@h/d").drivername == "postgresql+psycopg"
-    assert (
-        db.mask_url("postgresql+psycopg://u:s3cret@h:5432/d")
-        == "postgresql+psycopg://u:***@h:5432/d"
-    )
+    assert db.mask_url("postgresql+psycopg://u:s3cret@h:5432/d") == "postgresql+psycopg://u:***@h:5432/d"
     assert db.mask_url("sqlite:////var/lib/x.db") == "sqlite:////var/lib/x.db"
     for bad, msg in [
         ("", "empty database URL"),

@@ -121,9 +121,7 @@ def _model_constraints(dialect) -> dict[tuple[str, str], set[str]]:
     out = {}
     for table in Base.metadata.sorted_tables:
         ddl = str(CreateTable(table).compile(dialect=dialect))
-        for name, kind, rest in re.findall(
-            r"CONSTRAINT (\w+) (CHECK|FOREIGN KEY|UNIQUE)(.*)", ddl
-        ):
+        for name, kind, rest in re.findall(r"CONSTRAINT (\w+) (CHECK|FOREIGN KEY|UNIQUE)(.*)", ddl):
             values = set(re.findall(r"'([^']*)'", rest)) if kind == "CHECK" else set()
             out[(table.name, name)] = values
     return out

@@ -15,6 +15,7 @@ from slurmguard.store import (
     IncidentStatus,
     IncidentTier,
     InvalidValue,
+    NodeNotRegistered,
     NodeState,
     NotFound,
     StaleState,
@@ -22,7 +23,6 @@ from slurmguard.store import (
     SweepKind,
     TelemetrySummaryRecord,
     TriageRung,
-    NodeNotRegistered,
     Verdict,
     utc,
 )
@@ -33,9 +33,7 @@ T0_DT = datetime.fromtimestamp(T0, UTC)
 
 # ---------------------------------------------------------------- nodes and lifecycle
 def test_new_node_is_healthy_with_a_registration_row(store):
-    n = store.get_or_create_node(
-        "gpu001", hw_class="h100x8", partitions=["train", "debug"]
-    )
+    n = store.get_or_create_node("gpu001", hw_class="h100x8", partitions=["train", "debug"])
     assert (n.name, n.hw_class, n.state, n.partitions) == (
         "gpu001",
         "h100x8",
@@ -44,9 +42,7 @@ def test_new_node_is_healthy_with_a_registration_row(store):
     )
     assert n.state_since == T0_DT and n.state_since.tzinfo is not None
     hist = store.node_history("gpu001")
-    assert [(h.from_state, h.to_state, h.cause) for h in hist] == [
-        (None, NodeState.HEALTHY, "registered")
-    ]
+    assert [(h.from_state, h.to_state, h.cause) for h in hist] == [(None, NodeState.HEALTHY, "registered")]
 
 
 def test_get_or_create_is_idempotent_and_updates_slurm_facts(store, fake_clock):
@@ -83,9 +79,7 @@ def test_transitions_record_time_from_to_cause_evidence(store, fake_clock):
         "controller",
     )
     node = store.get_node("gpu007")
-    assert node.state == NodeState.DRAINING and node.state_since == T0_DT + timedelta(
-        seconds=120
-    )
+    assert node.state == NodeState.DRAINING and node.state_since == T0_DT + timedelta(seconds=120)
     hist = store.node_history("gpu007")
     assert [h.to_state for h in hist] == [
         NodeState.HEALTHY,
@@ -160,10 +154,7 @@ def test_expect_from_detects_a_node_moved_by_someone_else(store):
     store.transition("n1", "suspect", "first")
     with pytest.raises(StaleState, match="expected state healthy, found suspect"):
         store.transition("n1", "draining", "stale decision", expect_from="healthy")
-    assert (
-        store.transition("n1", "draining", "fresh", expect_from="suspect").to_state
-        == NodeState.DRAINING
-    )
+    assert store.transition("n1", "draining", "fresh", expect_from="suspect").to_state == NodeState.DRAINING
 
 
 def test_list_nodes_filters(store):
@@ -173,9 +164,7 @@ def test_list_nodes_filters(store):
     store.transition("a2", "draining", "x")
     store.transition("b1", "suspect", "x")
     assert [n.name for n in store.list_nodes(state="draining")] == ["a2"]
-    assert [
-        n.name for n in store.list_nodes(state=["draining", NodeState.SUSPECT])
-    ] == ["a2", "b1"]
+    assert [n.name for n in store.list_nodes(state=["draining", NodeState.SUSPECT])] == ["a2", "b1"]
     assert [n.name for n in store.list_nodes(hw_class="h100")] == ["a1", "a2"]
     assert [n.name for n in store.list_nodes(partition="train")] == ["a1", "b1"]
 
@@ -196,22 +185,15 @@ def test_bad_node_names_are_refused(store):
 def test_atomic_rolls_back_all_calls_together(store):
     store.get_or_create_node("n1")
     with pytest.raises(IllegalTransition), store.atomic() as tx:
-        tx.audit(
-            "drain", node="n1", reason="slurmguard: slow", argv=["scontrol", "update"]
-        )
+        tx.audit("drain", node="n1", reason="slurmguard: slow", argv=["scontrol", "update"])
         tx.transition("n1", "draining", "drain")
-        tx.transition(
-            "n1", "healthy", "illegal: rolls back the drain and the audit row"
-        )
+        tx.transition("n1", "healthy", "illegal: rolls back the drain and the audit row")
     assert store.get_node("n1").state == NodeState.HEALTHY
     assert store.audit_entries() == []
     with store.atomic() as tx:
         tx.audit("drain", node="n1")
         tx.transition("n1", "draining", "drain")
-    assert (
-        store.get_node("n1").state == NodeState.DRAINING
-        and len(store.audit_entries()) == 1
-    )
+    assert store.get_node("n1").state == NodeState.DRAINING and len(store.audit_entries()) == 1
 
 
 # ---------------------------------------------------------------- audit log and JSON
@@ -248,15 +230,11 @@ def test_audit_rows_round_trip(store, fake_clock):
     )
     rows = store.audit_entries()
     assert [r.action for r in rows] == ["drain", "requeue", "resume"]
-    assert (
-        rows[0] == a and a.argv == tuple(argv) and a.job_id == "4242" and a.at == T0_DT
-    )
+    assert rows[0] == a and a.argv == tuple(argv) and a.job_id == "4242" and a.at == T0_DT
     assert rows[1].outcome == AuditOutcome.DRY_RUN and rows[1].node is None
     assert rows[2].error.startswith("scontrol: timed out") and rows[2].argv is None
     assert [r.action for r in store.audit_entries(node="gpu001")] == ["drain", "resume"]
-    assert [
-        r.action for r in store.audit_entries(action=["drain", "requeue"], since=T0 + 5)
-    ] == ["requeue"]
+    assert [r.action for r in store.audit_entries(action=["drain", "requeue"], since=T0 + 5)] == ["requeue"]
     assert [r.action for r in store.audit_entries(outcome="ok")] == ["drain"]
     assert [r.action for r in store.audit_entries(limit=2)] == ["requeue", "resume"]
     assert [r.action for r in store.audit_entries(until=T0 + 10)] == ["drain"]
@@ -305,9 +283,7 @@ def test_json_evidence_round_trips_nested_and_numpy_values(store):
 
 def test_non_json_evidence_is_a_clear_error(store):
     store.get_or_create_node("n1")
-    with pytest.raises(
-        InvalidValue, match=r"evidence\.bad: object is not JSON-serialisable"
-    ):
+    with pytest.raises(InvalidValue, match=r"evidence\.bad: object is not JSON-serialisable"):
         store.transition("n1", "suspect", "x", {"bad": object()})
     with pytest.raises(InvalidValue, match="naive datetime"):
         store.transition("n1", "suspect", "x", {"t": datetime(2024, 1, 1)})
@@ -317,13 +293,9 @@ def test_non_json_evidence_is_a_clear_error(store):
 def test_timestamps_are_utc_whatever_zone_they_come_in(store):
     store.get_or_create_node("n1")
     cet = timezone(timedelta(hours=1))
-    t = store.transition(
-        "n1", "suspect", "x", at=datetime(2024, 6, 1, 12, 0, tzinfo=cet)
-    )
+    t = store.transition("n1", "suspect", "x", at=datetime(2024, 6, 1, 12, 0, tzinfo=cet))
     back = store.node_history("n1")[-1].at
-    assert back == datetime(
-        2024, 6, 1, 11, 0, tzinfo=UTC
-    ) == t.at and back.utcoffset() == timedelta(0)
+    assert back == datetime(2024, 6, 1, 11, 0, tzinfo=UTC) == t.at and back.utcoffset() == timedelta(0)
     with pytest.raises(InvalidValue, match="naive datetime"):
         store.transition("n1", "draining", "x", at=datetime(2024, 6, 1, 12, 0))
 
@@ -340,11 +312,7 @@ def test_incident_detection_delay_and_updates(store, fake_clock):
         evidence={"signal": "step_time"},
     )
     assert inc.detection_delay_s == 45.0 and inc.status == IncidentStatus.OPEN
-    assert (
-        inc.tier == IncidentTier.DRAIN
-        and inc.nodes == ("gpu003",)
-        and inc.action_delay_s is None
-    )
+    assert inc.tier == IncidentTier.DRAIN and inc.nodes == ("gpu003",) and inc.action_delay_s is None
     fake_clock.advance(5)
     up = store.update_incident(
         inc.id,
@@ -357,10 +325,7 @@ def test_incident_detection_delay_and_updates(store, fake_clock):
         "signal": "step_time",
         "audit_id": 3,
     }
-    assert (
-        up.updated_at == T0_DT + timedelta(seconds=50)
-        and up.created_at == inc.created_at
-    )
+    assert up.updated_at == T0_DT + timedelta(seconds=50) and up.created_at == inc.created_at
     assert store.get_incident(inc.id) == up
     store.add_incident("5555", nodes=["gpu009"], tier="verify", onset_at=T0 + 40)
     assert [i.job_id for i in store.incidents(node="gpu003")] == ["4242"]
@@ -390,9 +355,7 @@ def test_telemetry_and_step_time_summaries(store):
             deviating=abs(z) > 3.5,
             job_id="77",
         )
-        for k, (n, v, z) in enumerate(
-            [("g1", 1980.0, 0.0), ("g2", 1410.0, -9.1), ("g2", float("nan"), 0.0)]
-        )
+        for k, (n, v, z) in enumerate([("g1", 1980.0, 0.0), ("g2", 1410.0, -9.1), ("g2", float("nan"), 0.0)])
     ]
     assert store.add_telemetry_summaries(rows) == 3
     got = store.telemetry_summaries("g2")
@@ -469,27 +432,17 @@ def test_sweep_lifecycle_and_verdict_rules(store, fake_clock):
     assert s2.reference_node == "ref1" and store.sweep_by_job("901") == s2
     fake_clock.advance(600)
     metrics = {"gemm_tflops": {"bfloat16": [612.5, 610.1]}, "membw_gbs": 2900.0}
-    done = store.update_sweep(
-        s1.id, slurm_job_id="900", started_at=T0 + 10, metrics=metrics, verdict="pass"
-    )
+    done = store.update_sweep(s1.id, slurm_job_id="900", started_at=T0 + 10, metrics=metrics, verdict="pass")
     assert done.verdict == Verdict.PASS and done.metrics == metrics
     assert done.finished_at == T0_DT + timedelta(seconds=600)
-    assert (
-        store.update_sweep(s1.id, verdict="pass").verdict == Verdict.PASS
-    )  # restart-safe repeat
+    assert store.update_sweep(s1.id, verdict="pass").verdict == Verdict.PASS  # restart-safe repeat
     with pytest.raises(InvalidValue, match="already pass; cannot change it to fail"):
         store.update_sweep(s1.id, verdict="fail", failure_reason="x")
     with pytest.raises(InvalidValue, match="needs a failure_reason"):
         store.update_sweep(s2.id, verdict="fail")
-    store.update_sweep(
-        s2.id, verdict="error", failure_reason="sweep job timed out after 30 min"
-    )
-    assert [
-        s.id for s in store.sweeps(hw_class="h100x8", kind="1node", verdict="pass")
-    ] == [s1.id]
-    assert [s.id for s in store.sweeps(node="bad1", verdict=["fail", "error"])] == [
-        s2.id
-    ]
+    store.update_sweep(s2.id, verdict="error", failure_reason="sweep job timed out after 30 min")
+    assert [s.id for s in store.sweeps(hw_class="h100x8", kind="1node", verdict="pass")] == [s1.id]
+    assert [s.id for s in store.sweeps(node="bad1", verdict=["fail", "error"])] == [s2.id]
     assert store.get_sweep(s2.id).failure_reason.startswith("sweep job timed out")
     with pytest.raises(InvalidValue, match="reference node is required"):
         store.add_sweep("bad1", "2node")
@@ -502,13 +455,9 @@ def test_sweep_lifecycle_and_verdict_rules(store, fake_clock):
 def test_triage_actions_and_recent_entries(store, fake_clock):
     store.get_or_create_node("n1")
     day = 86400.0
-    first = store.add_triage_action(
-        "n1", "resweep", is_entry=True, evidence={"sweep": 1}
-    )
+    first = store.add_triage_action("n1", "resweep", is_entry=True, evidence={"sweep": 1})
     fake_clock.advance(3600)
-    store.add_triage_action(
-        "n1", TriageRung.REBOOT
-    )  # escalation inside the same episode
+    store.add_triage_action("n1", TriageRung.REBOOT)  # escalation inside the same episode
     fake_clock.advance(3 * day)
     store.add_triage_action("n1", "resweep", is_entry=True)
     fake_clock.advance(5 * day)
@@ -518,12 +467,8 @@ def test_triage_actions_and_recent_entries(store, fake_clock):
     assert len(entries) == 2  # the first entry is older than seven days
     assert len(store.recent_triage_entries("n1", T0)) == 3
     assert len(store.triage_actions("n1")) == 4
-    done = store.update_triage_action(
-        first.id, status="done", detail="passed", evidence={"exit": 0}
-    )
-    assert done.status == ActionStatus.DONE and done.finished_at == utc(
-        fake_clock.now()
-    )
+    done = store.update_triage_action(first.id, status="done", detail="passed", evidence={"exit": 0})
+    assert done.status == ActionStatus.DONE and done.finished_at == utc(fake_clock.now())
     assert done.evidence == {"sweep": 1, "exit": 0}
     assert [a.id for a in store.triage_actions(status="done")] == [first.id]
     with pytest.raises(InvalidValue, match="triage rung 'pray'"):
@@ -556,9 +501,7 @@ def test_concurrent_writers_cannot_both_move_a_node(store, migrated_db_url, fake
             b = threading.Thread(target=writer_b)
             b.start()
             time.sleep(0.3)
-            assert (
-                b.is_alive()
-            )  # B waits for A's lock (PostgreSQL row lock, SQLite write lock)
+            assert b.is_alive()  # B waits for A's lock (PostgreSQL row lock, SQLite write lock)
         b.join(20)
     finally:
         other.close()
@@ -575,14 +518,10 @@ def test_listings_filter_and_keep_the_newest_limit_oldest_first(store, fake_cloc
     store.register_nodes({"a1": ["train"], "a2": ["train", "debug"], "b1": ["debug"]})
     store.get_or_create_node("a1", hw_class="h100")
     store.get_or_create_node("a2", hw_class="h100")
-    for k, (node, to) in enumerate(
-        [("a1", "suspect"), ("a2", "draining"), ("a1", "draining")]
-    ):
+    for k, (node, to) in enumerate([("a1", "suspect"), ("a2", "draining"), ("a1", "draining")]):
         fake_clock.advance(10)
         store.transition(node, to, f"t{k}")
-    assert [
-        n.name for n in store.list_nodes(["healthy", "draining"], hw_class="h100")
-    ] == ["a1", "a2"]
+    assert [n.name for n in store.list_nodes(["healthy", "draining"], hw_class="h100")] == ["a1", "a2"]
     assert [n.name for n in store.list_nodes(partition="debug")] == ["a2", "b1"]
     assert [n.name for n in store.list_nodes("draining")] == [
         "a1",
@@ -603,9 +542,7 @@ def test_listings_filter_and_keep_the_newest_limit_oldest_first(store, fake_cloc
         sw[1].id,
         sw[2].id,
     ]
-    assert [(s.node, s.reference_node) for s in store.sweeps(node="a2")] == [
-        ("a2", "b1")
-    ]
+    assert [(s.node, s.reference_node) for s in store.sweeps(node="a2")] == [("a2", "b1")]
     assert store.sweeps(verdict="pass") == []
 
     first = store.add_triage_action("a1", "resweep", is_entry=True)

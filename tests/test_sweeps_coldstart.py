@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slurmguard.config import ModelFloor, SweepPolicy, parse_policy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.baseline import baseline_for, peers_for
-from slurmguard.sweeps.verdict import Outcome, floor_for, judge_result
 from slurmguard.sweeps.result import parse_result
+from slurmguard.sweeps.verdict import Outcome, floor_for, judge_result
 from tests.fixtures.sweeps import node_doc, node_result, pair_result
-
-import pytest
 
 POL = SweepPolicy()  # default floors: H100 SXM spec x 0.5
 DAY = 86400.0
@@ -35,8 +35,12 @@ def test_floor_is_only_the_last_resort():
     healthy = [node_result(f"node{i}", finished=10 * DAY - 60 * i) for i in (3, 4, 5)]
     # the whole class runs at 30% of spec (a site with power-capped GPUs): the class
     # baseline judges, not the floor, so a node like its peers passes
-    capped = [node_result(h.node_under_test, finished=h.finished,
-                          gemm_scale={(i, "bfloat16"): 0.3 for i in range(8)}) for h in healthy]
+    capped = [
+        node_result(
+            h.node_under_test, finished=h.finished, gemm_scale={(i, "bfloat16"): 0.3 for i in range(8)}
+        )
+        for h in healthy
+    ]
     r = node_result("node2", finished=10 * DAY, gemm_scale={(i, "bfloat16"): 0.3 for i in range(8)})
     v = judge_result(r, baseline_for(r, capped), POL)
     assert v.outcome is Outcome.PASS and v.basis == "class" and v.reason == "slurmguard: sweep1 pass"
@@ -61,8 +65,11 @@ def test_expired_class_baseline_falls_back_to_peers_then_floor():
 
 def test_slow_node_fails_against_peers_with_their_numbers():
     now = 5 * DAY
-    peers = peers_for(node_result("node2", finished=now),
-                      [node_result("node1", finished=now + 100), node_result("node4", finished=now + 200)], 3600)
+    peers = peers_for(
+        node_result("node2", finished=now),
+        [node_result("node1", finished=now + 100), node_result("node4", finished=now + 200)],
+        3600,
+    )
     r = node_result("node2", finished=now, gemm_scale={(i, "float32"): 0.5 for i in range(8)})
     v = judge_result(r, None, POL, peers=peers)
     assert v.outcome is Outcome.FAIL and v.reason.endswith("gemm_fp32 -50% vs peers +7 more")
@@ -92,8 +99,10 @@ def test_suspected_node_with_no_reference_is_held_and_says_what_is_missing():
 
 
 def test_floor_policy_is_validated_and_matched_by_pattern():
-    pol = parse_policy("sweeps:\n  floors:\n    - model: 'cpu *'\n      fraction: 1.0\n"
-                       "      gemm_tflops: {float32: 0.001}\n      membw_gbps: 0.5\n")
+    pol = parse_policy(
+        "sweeps:\n  floors:\n    - model: 'cpu *'\n      fraction: 1.0\n"
+        "      gemm_tflops: {float32: 0.001}\n      membw_gbps: 0.5\n"
+    )
     assert floor_for("cpu Intel(R) Xeon(R)", pol.sweeps).gemm_tflops == {"float32": 0.001}
     assert floor_for("NVIDIA H100 80GB HBM3", pol.sweeps) is None  # replaced the defaults
     with pytest.raises(ConfigError, match=r"sweeps\.floors\.0\.gemm_tflops.*unknown GEMM dtype 'fp8'"):
@@ -105,23 +114,36 @@ def test_floor_policy_is_validated_and_matched_by_pattern():
 
 def test_throttling_during_the_run_fails_and_the_reason_still_names_the_reference():
     now = 5 * DAY
-    peers = peers_for(node_result("node2", finished=now),
-                      [node_result("node1", finished=now + 100), node_result("node4", finished=now + 200)], 3600)
+    peers = peers_for(
+        node_result("node2", finished=now),
+        [node_result("node1", finished=now + 100), node_result("node4", finished=now + 200)],
+        3600,
+    )
 
     def with_throttle(share: dict, scale: float = 0.97):
         doc = node_doc("node2", finished=now, gemm_scale={(i, "float32"): scale for i in range(8)})
         for d in doc["devices"]:
-            d["telemetry"] = {"source": "nvml", "samples": 60, "throttle_reasons": list(share),
-                              "throttle_share": share}
+            d["telemetry"] = {
+                "source": "nvml",
+                "samples": 60,
+                "throttle_reasons": list(share),
+                "throttle_share": share,
+            }
         return parse_result(doc, "t")
 
     # power capping at full load is normal for a GPU: not a failure
     v = judge_result(with_throttle({"sw_power_cap": 1.0}, scale=1.0), None, POL, peers=peers)
     assert v.outcome is Outcome.PASS
-    v = judge_result(with_throttle({"sw_power_cap": 1.0, "hw_thermal_slowdown": 0.35}), None, POL, peers=peers)
+    v = judge_result(
+        with_throttle({"sw_power_cap": 1.0, "hw_thermal_slowdown": 0.35}), None, POL, peers=peers
+    )
     assert v.outcome is Outcome.FAIL
-    assert v.reason == ("slurmguard: sweep1 gpu0 throttled (hw_thermal_slowdown 35%) +7 more,"
-                        " gpu0 gemm_fp32 -3% vs peers")
+    assert v.reason == (
+        "slurmguard: sweep1 gpu0 throttled (hw_thermal_slowdown 35%) +7 more, gpu0 gemm_fp32 -3% vs peers"
+    )
     assert {c.basis for c in v.failures} == {"telemetry"}
     # below throttle_fail_share (10%): a brief excursion is kept as evidence only
-    assert judge_result(with_throttle({"hw_slowdown": 0.05}, 1.0), None, POL, peers=peers).outcome is Outcome.PASS
+    assert (
+        judge_result(with_throttle({"hw_slowdown": 0.05}, 1.0), None, POL, peers=peers).outcome
+        is Outcome.PASS
+    )

@@ -29,11 +29,18 @@ from tests.test_sweeps_scheduler_cluster import Env, sweep_policy
 
 pytestmark = pytest.mark.slurm
 
+
 def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devcluster, clean_cluster, tmp_path):
     devcluster.wait_nodes_idle(timeout=60)
     e = Env(devcluster, tmp_path)  # a fresh database
-    pol = sweep_policy(tmp_path, bootstrap_min_nodes=3, peer_min_nodes=1, pass_tolerance=0.75,
-                       floors=(DEV_CPU_FLOOR,), python=None)  # the product workload, no fault launcher
+    pol = sweep_policy(
+        tmp_path,
+        bootstrap_min_nodes=3,
+        peer_min_nodes=1,
+        pass_tolerance=0.75,
+        floors=(DEV_CPU_FLOOR,),
+        python=None,
+    )  # the product workload, no fault launcher
     e.open(sweeps=pol)
     assert e.store.sweeps() == []
     e.tick()  # the controller's first cycle registers the nodes Slurm knows
@@ -44,9 +51,15 @@ def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devclus
         apply_cpu_cap(devcluster, "node3", 10)
         for n in ("node2", "node3"):
             e.drain(n, "slurmguard: admin drain (cold start test)")
-        e.until(lambda: e.state("node2") is NodeState.HEALTHY
-                and any(s.verdict is Verdict.FAIL for s in e.store.sweeps(node="node3")),
-                timeout=600, every=1.0, what="node2 back, node3 judged")
+        e.until(
+            lambda: (
+                e.state("node2") is NodeState.HEALTHY
+                and any(s.verdict is Verdict.FAIL for s in e.store.sweeps(node="node3"))
+            ),
+            timeout=600,
+            every=1.0,
+            what="node2 back, node3 judged",
+        )
         e.tick()
     finally:
         clear_fault(devcluster, "node3")
@@ -66,7 +79,9 @@ def test_fresh_install_returns_the_healthy_node_and_holds_the_capped_one(devclus
     fail = [s for s in e.store.sweeps(node="node3") if s.verdict is Verdict.FAIL][0]
     assert fail.metrics["basis"] == "peers" and "vs peers" in fail.failure_reason, fail.failure_reason
     keys = {f["key"] for f in fail.metrics["failures"]}
-    assert "throttle/gpu0" in keys or fail.metrics["failures"][0]["deviation"] < -0.75, fail.metrics["failures"]
+    assert "throttle/gpu0" in keys or fail.metrics["failures"][0]["deviation"] < -0.75, fail.metrics[
+        "failures"
+    ]
     tel = fail.metrics["result"]["devices"][0]["telemetry"]
     assert tel["source"] == "cgroup" and tel["throttle_share"]["cpu_quota"] > 0.5, tel  # the cap, seen
     drains = [a.reason for a in e.store.audit_entries(node="node3") if a.action == "drain"]

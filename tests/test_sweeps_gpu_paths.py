@@ -19,7 +19,9 @@ from slurmguard.telemetry.fake_nvml import FakeNvml  # noqa: E402
 FIX = Path(__file__).parent / "fixtures" / "telemetry" / "nvml_h100x8.json"
 
 
-@pytest.mark.parametrize("dtype,n", [("float32", 256), ("bfloat16", 256), ("float16", 128), ("float32", 1024)])
+@pytest.mark.parametrize(
+    "dtype,n", [("float32", 256), ("bfloat16", 256), ("float16", 128), ("float32", 1024)]
+)
 def test_verify_gemm_accepts_correct_products_and_catches_one_wrong_element(dtype, n):
     g = torch.Generator().manual_seed(7)
     t = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
@@ -61,6 +63,7 @@ def test_run_telemetry_without_nvml_is_recorded_not_fatal(monkeypatch):
 
     def broken():
         raise ImportError("No module named 'pynvml'")
+
     monkeypatch.setattr(nvml_mod, "load_pynvml", broken)
     out = sl.RunTelemetry("cuda", "node1", 2, 0.05).start().stop()
     assert out[0]["source"] == "none" and "NVML unavailable" in out[0]["error"]

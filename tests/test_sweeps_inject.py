@@ -16,15 +16,18 @@ def test_inline_env_beats_file_and_is_keyed_by_node(tmp_path):
     assert load_faults({}) == {}
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('{"node2": {"gemm_slowdown": 1.0}}', "node2.gemm_slowdown: expected a fraction in [0, 1)"),
-    ('{"node2": {"gemm_slow": 0.1}}', "node2.gemm_slow: unknown fault"),
-    ('{"bad name": {}}', "invalid node name"),
-    ('{"node2": {"link_direction": "up"}}', "expected tx, rx or both"),
-    ('{"node2": {"crash": 1}}', "expected true or false"),
-    ('[1]', "expected a JSON object"),
-    ('{"node2": ', "invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('{"node2": {"gemm_slowdown": 1.0}}', "node2.gemm_slowdown: expected a fraction in [0, 1)"),
+        ('{"node2": {"gemm_slow": 0.1}}', "node2.gemm_slow: unknown fault"),
+        ('{"bad name": {}}', "invalid node name"),
+        ('{"node2": {"link_direction": "up"}}', "expected tx, rx or both"),
+        ('{"node2": {"crash": 1}}', "expected true or false"),
+        ("[1]", "expected a JSON object"),
+        ('{"node2": ', "invalid JSON"),
+    ],
+)
 def test_bad_knobs_are_one_line_errors(text, needle):
     with pytest.raises(InputError) as exc:
         load_faults({"SLURMGUARD_SWEEP_INJECT": text})

@@ -1,7 +1,13 @@
 import pytest
 
 from slurmguard.sweeps.schedule import (
-    check_passes, reverse_passes, ring_links, ring_passes, tree_level, tree_links, tree_passes,
+    check_passes,
+    reverse_passes,
+    ring_links,
+    ring_passes,
+    tree_level,
+    tree_links,
+    tree_passes,
 )
 
 

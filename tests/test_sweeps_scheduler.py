@@ -26,8 +26,16 @@ POL = SweepPolicy(bootstrap_min_nodes=2, time_limit_min=5, start_timeout_min=3)
 
 
 class Rig:
-    def __init__(self, store, clock, tmp_path, *, sweeps: SweepPolicy = POL,
-                 triage: TriagePolicy | None = None, runner=None) -> None:
+    def __init__(
+        self,
+        store,
+        clock,
+        tmp_path,
+        *,
+        sweeps: SweepPolicy = POL,
+        triage: TriagePolicy | None = None,
+        runner=None,
+    ) -> None:
         self.store, self.clock = store, clock
         self.fake = FakeSlurm(clock=clock, features=(f"hwclass={CLASS}",))
         self.executor = ActionExecutor(self.fake, store)
@@ -39,8 +47,16 @@ class Rig:
 
     def new_scheduler(self) -> SweepScheduler:
         """A fresh scheduler on the same database and Slurm: a controller restart."""
-        return SweepScheduler(self.sweeps, self.triage, self.store, self.fake, self.clock, self.executor,
-                              files=self.files, runner=self.runner)
+        return SweepScheduler(
+            self.sweeps,
+            self.triage,
+            self.store,
+            self.fake,
+            self.clock,
+            self.executor,
+            files=self.files,
+            runner=self.runner,
+        )
 
     def tick(self, seconds: float = 1.0):
         self.clock.advance(seconds)
@@ -60,21 +76,42 @@ class Rig:
             finished = self.clock.now() - 86400.0
         if kind in ("node", "both"):
             s = self.store.add_sweep(node, SweepKind.ONE_NODE, hw_class=CLASS)
-            self.store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
-                "outcome": "pass", "runtime_s": 60.0, "node_count": 1,
-                "result": node_doc(node, hw_class=CLASS, finished=finished)})
+            self.store.update_sweep(
+                s.id,
+                verdict=Verdict.PASS,
+                metrics={
+                    "outcome": "pass",
+                    "runtime_s": 60.0,
+                    "node_count": 1,
+                    "result": node_doc(node, hw_class=CLASS, finished=finished),
+                },
+            )
         if kind in ("pair", "both"):
             ref = "node4" if node != "node4" else "node3"
             s = self.store.add_sweep(node, SweepKind.TWO_NODE, reference_node=ref, hw_class=CLASS)
-            self.store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
-                "outcome": "pass", "runtime_s": 60.0, "node_count": 2,
-                "result": pair_doc(node, ref, hw_class=CLASS, finished=finished)})
+            self.store.update_sweep(
+                s.id,
+                verdict=Verdict.PASS,
+                metrics={
+                    "outcome": "pass",
+                    "runtime_s": 60.0,
+                    "node_count": 2,
+                    "result": pair_doc(node, ref, hw_class=CLASS, finished=finished),
+                },
+            )
 
     def pending(self, node: str):
         return load_episode(self.store, node).pending()
 
-    def run_job(self, node: str, *, state: str = "COMPLETED", doc: dict | None = None,
-                text: str | None = None, write: bool = True):
+    def run_job(
+        self,
+        node: str,
+        *,
+        state: str = "COMPLETED",
+        doc: dict | None = None,
+        text: str | None = None,
+        write: bool = True,
+    ):
         """Start the node's pending sweep job, write its result, end it in `state`."""
         s = self.pending(node)
         assert s is not None and s.slurm_job_id is not None
@@ -85,8 +122,11 @@ class Rig:
         kind = "node" if s.kind is SweepKind.ONE_NODE else "pair"
         out, _ = self.files.paths(node, s.id, kind)
         if doc is None and text is None and state == "COMPLETED" and write:
-            doc = (node_doc(node, hw_class=CLASS, finished=self.clock.now() + 30) if kind == "node"
-                   else pair_doc(node, s.reference_node, hw_class=CLASS, finished=self.clock.now() + 30))
+            doc = (
+                node_doc(node, hw_class=CLASS, finished=self.clock.now() + 30)
+                if kind == "node"
+                else pair_doc(node, s.reference_node, hw_class=CLASS, finished=self.clock.now() + 30)
+            )
         if doc is not None:
             doc = {**doc, "job_id": str(jid)}
             text = json.dumps(doc)
@@ -194,12 +234,19 @@ def test_compute_slowdown_fails_the_node_sweep_and_enters_triage(rig):
     assert rig.pending("node2").kind is SweepKind.ONE_NODE and len(rig.calls("submit")) == 2
 
 
-@pytest.mark.parametrize("state,text,expect", [
-    ("NODE_FAIL", None, "slurmguard: sweep1 crashed (NODE_FAIL)"),
-    ("TIMEOUT", None, "slurmguard: sweep1 timed out"),
-    ("COMPLETED", '{"schema": "slurmguard.sweep", "version": 1, "kind": "no', "slurmguard: sweep1 bad result"),
-    ("COMPLETED", None, "slurmguard: sweep1 no result"),
-])
+@pytest.mark.parametrize(
+    "state,text,expect",
+    [
+        ("NODE_FAIL", None, "slurmguard: sweep1 crashed (NODE_FAIL)"),
+        ("TIMEOUT", None, "slurmguard: sweep1 timed out"),
+        (
+            "COMPLETED",
+            '{"schema": "slurmguard.sweep", "version": 1, "kind": "no',
+            "slurmguard: sweep1 bad result",
+        ),
+        ("COMPLETED", None, "slurmguard: sweep1 no result"),
+    ],
+)
 def test_crash_timeout_or_bad_result_is_a_fail(rig, state, text, expect):
     rig.drain("node2")
     rig.tick()
@@ -255,7 +302,6 @@ def test_vanished_job_with_its_own_valid_result_is_judged(rig, monkeypatch):
     assert rig.store.get_sweep(s2.id).verdict is Verdict.PASS  # valid result written by this job
 
 
-
 def test_vanished_job_without_a_result_is_a_fail(rig, monkeypatch):
     from slurmguard.slurm.errors import UnknownJob
 
@@ -287,15 +333,20 @@ def test_link_slowdown_blames_the_node_under_test_not_the_trusted_reference(rig)
     assert rig.fake.node("node2").drained_by_us and _state(rig, "node2") is NodeState.REMEDIATION
     n3 = rig.fake.node("node3")
     assert not n3.drained and _state(rig, "node3") is NodeState.HEALTHY
-    assert rig.fake.reservations() == [r for r in rig.fake.reservations()
-                                       if r.name == "slurmguard_quarantine_node2"]
+    assert rig.fake.reservations() == [
+        r for r in rig.fake.reservations() if r.name == "slurmguard_quarantine_node2"
+    ]
 
 
 def test_untrusted_reference_gives_inconclusive_and_another_reference_is_asked(rig):
     # node1 failed its own last sweep: untrusted; node3 busy, node4 busy -> node1 is the only one
     s = rig.store.add_sweep("node1", SweepKind.ONE_NODE, hw_class=CLASS)
-    rig.store.update_sweep(s.id, verdict=Verdict.FAIL, failure_reason="slurmguard: sweep1 x", metrics={
-        "outcome": "fail", "result": node_doc("node1", hw_class=CLASS, finished=900.0)})
+    rig.store.update_sweep(
+        s.id,
+        verdict=Verdict.FAIL,
+        failure_reason="slurmguard: sweep1 x",
+        metrics={"outcome": "fail", "result": node_doc("node1", hw_class=CLASS, finished=900.0)},
+    )
     _to_pair_phase(rig)
     j3 = rig.fake.start_job(["node3"])
     j4 = rig.fake.start_job(["node4"])
@@ -352,8 +403,9 @@ def test_ordinary_jobs_cannot_use_the_quarantine_reservation(rig):
 def test_third_triage_entry_within_seven_days_goes_straight_to_terminal(rig):
     now = rig.clock.now()
     for days_ago in (6.0, 2.0):
-        rig.store.add_triage_action("node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE,
-                                    at=now - days_ago * 86400)
+        rig.store.add_triage_action(
+            "node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE, at=now - days_ago * 86400
+        )
     rig.drain("node2")
     rig.tick()
     rig.tick()
@@ -374,8 +426,9 @@ def test_third_triage_entry_within_seven_days_goes_straight_to_terminal(rig):
 def test_entries_older_than_the_window_do_not_count(rig):
     now = rig.clock.now()
     for days_ago in (9.0, 8.0):
-        rig.store.add_triage_action("node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE,
-                                    at=now - days_ago * 86400)
+        rig.store.add_triage_action(
+            "node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE, at=now - days_ago * 86400
+        )
     rig.drain("node2")
     rig.tick()
     rig.tick()
@@ -410,8 +463,13 @@ def _fail_round(rig: Rig, node: str = "node2") -> None:
 
 def test_ladder_resweep_reboot_reimage_terminal(sqlite_store, fake_clock, tmp_path):
     runner = FakeRunner()
-    rig = Rig(sqlite_store, fake_clock, tmp_path, runner=runner,
-              triage=TriagePolicy(reimage_command=("/usr/local/sbin/reimage", "--wipe")))
+    rig = Rig(
+        sqlite_store,
+        fake_clock,
+        tmp_path,
+        runner=runner,
+        triage=TriagePolicy(reimage_command=("/usr/local/sbin/reimage", "--wipe")),
+    )
     rig.drain("node2")
     rig.tick()
     _fail_round(rig)
@@ -425,7 +483,9 @@ def test_ladder_resweep_reboot_reimage_terminal(sqlite_store, fake_clock, tmp_pa
     rig.tick()
     assert len(rig.fake.reboots) == 1
     node, reason, nxt = rig.fake.reboots[0]
-    assert node == "node2" and reason.startswith("slurmguard: triage reboot: sweep1 crashed") and nxt == "resume"
+    assert (
+        node == "node2" and reason.startswith("slurmguard: triage reboot: sweep1 crashed") and nxt == "resume"
+    )
     # a restarted controller does not reboot again while the reboot is in flight
     rig.sched = rig.new_scheduler()
     for _ in range(2):
@@ -433,8 +493,9 @@ def test_ladder_resweep_reboot_reimage_terminal(sqlite_store, fake_clock, tmp_pa
     assert len(rig.fake.reboots) == 1 and _state(rig, "node2") is NodeState.REMEDIATION
     # Slurm: rebooted (new boot time, flags cleared, next state resume)
     n2 = rig.fake.node("node2")
-    rig.fake._nodes["node2"] = replace(n2, boot_time=boot0 + 500, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},
-                                       reason=None)
+    rig.fake._nodes["node2"] = replace(
+        n2, boot_time=boot0 + 500, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"}, reason=None
+    )
     rig.tick()
     assert _state(rig, "node2") is NodeState.QUARANTINED
     assert rig.store.triage_actions("node2")[-1].status is ActionStatus.DONE
@@ -451,12 +512,18 @@ def test_ladder_resweep_reboot_reimage_terminal(sqlite_store, fake_clock, tmp_pa
     assert rungs == [("resweep", "done"), ("reboot", "done"), ("reimage", "done"), ("terminal", "done")]
     states = [t.to_state.value for t in rig.store.node_history("node2")]
     assert states == ["healthy", "draining", "quarantined"] + ["remediation", "quarantined"] * 3 + [
-        "remediation", "terminal"]
+        "remediation",
+        "terminal",
+    ]
 
 
 def test_reboot_that_never_completes_fails_its_rung(sqlite_store, fake_clock, tmp_path):
-    rig = Rig(sqlite_store, fake_clock, tmp_path,
-              triage=TriagePolicy(ladder=("reboot", "reimage", "terminal"), reboot_timeout_s=600))
+    rig = Rig(
+        sqlite_store,
+        fake_clock,
+        tmp_path,
+        triage=TriagePolicy(ladder=("reboot", "reimage", "terminal"), reboot_timeout_s=600),
+    )
     rig.drain("node2")
     rig.tick()
     _fail_round(rig)
@@ -608,7 +675,9 @@ def test_results_and_verdicts_survive_a_restart(rig):
     assert sweeps[1].metrics["result"]["reference"] == "node3"
 
 
-def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqlite_store, fake_clock, tmp_path):
+def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(
+    sqlite_store, fake_clock, tmp_path
+):
     """Fresh database: two drained nodes are judged against a healthy idle peer the
     scheduler sweeps itself in the same window (not by the loose H100 floor while a peer
     can still be swept); the busy node is never taken; the slow one fails 'vs peers', the
@@ -626,11 +695,16 @@ def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqli
     rig.tick()  # 1-node sweeps of node1 (peer), node2, node3
     now = fake_clock.now()
     rig.run_job("node2")
-    rig.run_job("node3", doc=node_doc("node3", hw_class=CLASS, finished=now + 30,
-                                      gemm_scale={(i, "float32"): 0.3 for i in range(8)}))
+    rig.run_job(
+        "node3",
+        doc=node_doc(
+            "node3", hw_class=CLASS, finished=now + 30, gemm_scale={(i, "float32"): 0.3 for i in range(8)}
+        ),
+    )
     rig.tick()  # both judged: no reference yet -> held
-    assert [rig.store.sweeps(node=n)[-1].metrics["outcome"] for n in ("node2", "node3")] == \
-        ["insufficient_baseline"] * 2
+    assert [rig.store.sweeps(node=n)[-1].metrics["outcome"] for n in ("node2", "node3")] == [
+        "insufficient_baseline"
+    ] * 2
     assert all("peer sweep started" not in d for d in rig.tick().done)  # one peer at a time
     rig.run_job("node1")
     rig.tick()  # peer judged (against the H100 floor); node2/node3 judged again vs the peer
@@ -647,8 +721,21 @@ def test_cold_start_sweeps_an_idle_peer_and_judges_drained_nodes_against_it(sqli
     from click.testing import CliRunner
 
     from slurmguard.cli import cli
-    out = CliRunner().invoke(cli, ["--db", str(rig.store.engine.url), "triage", "report", "--node", "node3",
-                                   "--offline", "--format", "json"])
+
+    out = CliRunner().invoke(
+        cli,
+        [
+            "--db",
+            str(rig.store.engine.url),
+            "triage",
+            "report",
+            "--node",
+            "node3",
+            "--offline",
+            "--format",
+            "json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert "[judged vs same-window peers (node1), judged again from sweep 3]" in out.output
     assert "gemm_fp32 -70% vs peers" in out.output

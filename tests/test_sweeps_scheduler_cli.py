@@ -42,8 +42,11 @@ def _run(node, returned, ret, jobs, node_s, held=None, pair=None) -> NodeRun:
 
 
 def test_summary_counts_node_hours_of_all_sweeps_per_returned_node():
-    runs = [_run("node2", True, 20.0, 12.0, 30.0, 8.0, 6.0), _run("node3", True, 30.0, 14.0, 36.0, 9.0, 7.0),
-            _run("node4", False, 300.0, 10.0, 18.0)]
+    runs = [
+        _run("node2", True, 20.0, 12.0, 30.0, 8.0, 6.0),
+        _run("node3", True, 30.0, 14.0, 36.0, 9.0, 7.0),
+        _run("node4", False, 300.0, 10.0, 18.0),
+    ]
     s = summarise(runs)
     assert (s["returned"], s["measured"]) == (2, 3)
     assert s["median_return_s"] == 25.0 and s["median_jobs_s"] == 13.0
@@ -71,8 +74,10 @@ def test_episode_figures_from_the_database(sqlite_store, fake_clock, tmp_path):
     assert rig.store.get_node("node2").state is NodeState.HEALTHY
     jobs_s, node_s, held, pair_job, n, queue_s = _episode_figures(rig.store, "node2", t0)
     sweeps = rig.store.sweeps(node="node2", since=t0)
-    assert [(s.kind, s.verdict) for s in sweeps] == [(SweepKind.ONE_NODE, Verdict.PASS),
-                                                    (SweepKind.TWO_NODE, Verdict.PASS)]
+    assert [(s.kind, s.verdict) for s in sweeps] == [
+        (SweepKind.ONE_NODE, Verdict.PASS),
+        (SweepKind.TWO_NODE, Verdict.PASS),
+    ]
     r1, r2 = (s.metrics["runtime_s"] for s in sweeps)
     assert n == 2 and jobs_s == pytest.approx(r1 + r2) and node_s == pytest.approx(r1 + 2 * r2)
     assert pair_job == pytest.approx(r2)
@@ -80,8 +85,9 @@ def test_episode_figures_from_the_database(sqlite_store, fake_clock, tmp_path):
     assert queue_s >= 0
 
 
-def test_baseline_shows_expiry_and_refresh_sweeps_idle_healthy_nodes(sqlite_store, fake_clock, tmp_path,
-                                                                     monkeypatch):
+def test_baseline_shows_expiry_and_refresh_sweeps_idle_healthy_nodes(
+    sqlite_store, fake_clock, tmp_path, monkeypatch
+):
     import time
 
     from slurmguard.sweeps import cli as sweep_cli

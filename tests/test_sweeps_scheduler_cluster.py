@@ -36,12 +36,24 @@ pytestmark = pytest.mark.slurm
 
 
 def sweep_policy(tmp: Path, **kw) -> SweepPolicy:
-    base = {"device": "cpu", "gemm_duration_s": 0.5, "gemm_dtypes": ("float32",), "gemm_size": 96,
-            "membw_bytes": 2 << 20, "message_sizes_mb": (4,), "repeats": 5, "comm_timeout_s": 60.0,
-            "time_limit_min": 3, "start_timeout_min": 2, "pass_tolerance": 0.85,
-            "bootstrap_min_nodes": 1, "master_addr": "127.0.0.1", "workload_args": ("--threads", "1"),
-            "python": str(launcher(tmp / "python-faults", tmp / "inject.json")),
-            "result_dir": str(tmp / "results")}
+    base = {
+        "device": "cpu",
+        "gemm_duration_s": 0.5,
+        "gemm_dtypes": ("float32",),
+        "gemm_size": 96,
+        "membw_bytes": 2 << 20,
+        "message_sizes_mb": (4,),
+        "repeats": 5,
+        "comm_timeout_s": 60.0,
+        "time_limit_min": 3,
+        "start_timeout_min": 2,
+        "pass_tolerance": 0.85,
+        "bootstrap_min_nodes": 1,
+        "master_addr": "127.0.0.1",
+        "workload_args": ("--threads", "1"),
+        "python": str(launcher(tmp / "python-faults", tmp / "inject.json")),
+        "result_dir": str(tmp / "results"),
+    }
     return SweepPolicy(**(base | kw))
 
 
@@ -59,8 +71,14 @@ class Env:
         """(Re)start the 'controller': a new Store and scheduler on the same database."""
         self.store = Store.open(self.url, self.clock)
         self.executor = ActionExecutor(self.slurm, self.store)
-        self.sched = SweepScheduler(sweeps or sweep_policy(self.tmp), triage or TriagePolicy(), self.store,
-                                    self.slurm, self.clock, self.executor)
+        self.sched = SweepScheduler(
+            sweeps or sweep_policy(self.tmp),
+            triage or TriagePolicy(),
+            self.store,
+            self.slurm,
+            self.clock,
+            self.executor,
+        )
 
     def inject(self, faults: dict) -> None:
         (self.tmp / "inject.json").write_text(json.dumps(faults))
@@ -180,8 +198,10 @@ def test_healthy_node_passes_both_sweeps_and_returns_to_its_partition(e, clean_c
     # results and verdicts are in the database, readable after a restart
     e.store.close()
     e.open()
-    got = [(s.kind.value, s.verdict.value, s.metrics["result"]["node_under_test"])
-           for s in e.store.sweeps(node="node2")]
+    got = [
+        (s.kind.value, s.verdict.value, s.metrics["result"]["node_under_test"])
+        for s in e.store.sweeps(node="node2")
+    ]
     assert got == [("1node", "pass", "node2"), ("2node", "pass", "node2")], details
 
 
@@ -206,7 +226,9 @@ def test_link_slowdown_names_the_node_under_test_not_the_reference(e, clean_clus
     s1, s2 = e.store.sweeps(node="node3")[-2:]
     assert s1.verdict is Verdict.PASS, s1.metrics.get("detail")  # the link fault is invisible in 1 node
     assert s2.kind is SweepKind.TWO_NODE and s2.reference_node == "node1"
-    assert s2.verdict is Verdict.FAIL and s2.failure_reason.startswith("slurmguard: sweep2 "), s2.failure_reason
+    assert s2.verdict is Verdict.FAIL and s2.failure_reason.startswith("slurmguard: sweep2 "), (
+        s2.failure_reason
+    )
     assert s2.metrics["result"]["node_under_test"] == "node3"
     assert e.node("node3").drained_by_us and e.node("node3").reason.startswith("slurmguard: sweep2")
     assert not e.node("node1").drained and e.state("node1") is NodeState.HEALTHY
@@ -234,8 +256,9 @@ def test_third_triage_entry_in_seven_days_goes_to_terminal(e, clean_cluster):
     now = e.clock.now()
     have = len(e.store.recent_triage_entries("node4", now - 7 * 86400))  # earlier tests count too
     for days_ago in (5.0, 1.0)[have:]:
-        e.store.add_triage_action("node4", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE,
-                                  at=now - days_ago * 86400)
+        e.store.add_triage_action(
+            "node4", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE, at=now - days_ago * 86400
+        )
     e.inject({"node4": {"crash": True}})
     e.drain("node4")
     e.until(lambda: e.state("node4") is NodeState.TERMINAL, what="terminal")
@@ -255,8 +278,13 @@ def test_reboot_rung_restarts_the_nodes_slurmd_and_sweeps_again(e, clean_cluster
         e.drain("node3")
         e.store.transition("node3", NodeState.QUARANTINED, "test: quarantined")
         last = max((s.id for s in e.store.sweeps()), default=0)
-        e.store.add_triage_action("node3", TriageRung.REBOOT, is_entry=True, status=ActionStatus.PLANNED,
-                                  evidence={AFTER_SWEEP: last})
+        e.store.add_triage_action(
+            "node3",
+            TriageRung.REBOOT,
+            is_entry=True,
+            status=ActionStatus.PLANNED,
+            evidence={AFTER_SWEEP: last},
+        )
         e.store.transition("node3", NodeState.REMEDIATION, "test: reboot planned")
         boot0 = e.node("node3").boot_time
         e.until(lambda: e.state("node3") is NodeState.QUARANTINED, timeout=60, what="reboot done")

@@ -23,8 +23,17 @@ from slurmguard.sweeps.scheduler import SweepScheduler
 from tests.fixtures.sweeps import node_doc, pair_doc
 
 CLASS = "h100"
-SLURM_WRITES = ("drain", "resume", "set_comment", "clear_comment", "create_reservation",
-                "delete_reservation", "submit", "cancel", "reboot")
+SLURM_WRITES = (
+    "drain",
+    "resume",
+    "set_comment",
+    "clear_comment",
+    "create_reservation",
+    "delete_reservation",
+    "submit",
+    "cancel",
+    "reboot",
+)
 STORE_WRITES = ("transition", "add_sweep", "update_sweep", "add_triage_action", "update_triage_action")
 
 
@@ -58,6 +67,7 @@ class CrashAfter:
             out = attr(*a, **kw)
             self._counter.hit()
             return out
+
         return wrapped
 
 
@@ -80,17 +90,30 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
         s = store.add_sweep(node, SweepKind.ONE_NODE, hw_class=CLASS)
         # a day old: inside the baseline's age (policy baseline_max_age_h)
         day_old = clock.now() - 86400.0
-        store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
-            "outcome": "pass", "result": node_doc(node, hw_class=CLASS, finished=day_old)})
+        store.update_sweep(
+            s.id,
+            verdict=Verdict.PASS,
+            metrics={"outcome": "pass", "result": node_doc(node, hw_class=CLASS, finished=day_old)},
+        )
         s = store.add_sweep(node, SweepKind.TWO_NODE, reference_node="node1", hw_class=CLASS)
-        store.update_sweep(s.id, verdict=Verdict.PASS, metrics={
-            "outcome": "pass", "result": pair_doc(node, "node1", hw_class=CLASS, finished=day_old)})
+        store.update_sweep(
+            s.id,
+            verdict=Verdict.PASS,
+            metrics={"outcome": "pass", "result": pair_doc(node, "node1", hw_class=CLASS, finished=day_old)},
+        )
     ActionExecutor(fake, store).drain("node2", "slurmguard: step time +15% vs peers")
     store.transition("node2", NodeState.DRAINING, "drained by the controller")
 
     def new_sched():
-        return SweepScheduler(SweepPolicy(bootstrap_min_nodes=2), TriagePolicy(ladder=("reboot", "terminal")),
-                              cstore, cslurm, clock, ActionExecutor(cslurm, cstore), files=files)
+        return SweepScheduler(
+            SweepPolicy(bootstrap_min_nodes=2),
+            TriagePolicy(ladder=("reboot", "terminal")),
+            cstore,
+            cslurm,
+            clock,
+            ActionExecutor(cslurm, cstore),
+            files=files,
+        )
 
     sched = new_sched()
     ran: dict[int, str] = {}
@@ -111,8 +134,11 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
             if j.state != "PENDING" or j.job_id in ran:
                 continue
             ep = load_episode(store, "node2")
-            s = next(x for x in ep.sweeps if x.slurm_job_id == str(j.job_id)) if any(
-                x.slurm_job_id == str(j.job_id) for x in ep.sweeps) else None
+            s = (
+                next(x for x in ep.sweeps if x.slurm_job_id == str(j.job_id))
+                if any(x.slurm_job_id == str(j.job_id) for x in ep.sweeps)
+                else None
+            )
             if s is None:
                 continue  # submitted, id not recorded yet: the adoption path finds it
             kind = "node" if s.kind is SweepKind.ONE_NODE else "pair"
@@ -121,8 +147,11 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
             if kind == "node" and not failed_once:
                 state, failed_once = "FAILED", True
             else:
-                doc = node_doc("node2", hw_class=CLASS) if kind == "node" else pair_doc(
-                    "node2", s.reference_node, hw_class=CLASS)
+                doc = (
+                    node_doc("node2", hw_class=CLASS)
+                    if kind == "node"
+                    else pair_doc("node2", s.reference_node, hw_class=CLASS)
+                )
                 with open(out, "w") as fh:
                     json.dump({**doc, "job_id": str(j.job_id)}, fh)
             fake._jobs[j.job_id] = replace(j, state="RUNNING", start_time=clock.now())
@@ -130,8 +159,12 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
             ran[j.job_id] = state
         n2 = fake.node("node2")
         if "REBOOT_REQUESTED" in n2.flags:
-            fake._nodes["node2"] = replace(n2, flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},
-                                           reason=None, boot_time=(n2.boot_time or 0) + 100)
+            fake._nodes["node2"] = replace(
+                n2,
+                flags=n2.flags - {"REBOOT_REQUESTED", "DRAIN"},
+                reason=None,
+                boot_time=(n2.boot_time or 0) + 100,
+            )
     final = {
         "state": store.get_node("node2").state,
         "errors": errors,

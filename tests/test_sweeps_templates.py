@@ -5,7 +5,11 @@ import pytest
 from slurmguard.config import SweepPolicy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.templates import (
-    SweepJobSpec, default_workload_dir, fill_template, placeholders, render_sweep_script,
+    SweepJobSpec,
+    default_workload_dir,
+    fill_template,
+    placeholders,
+    render_sweep_script,
 )
 
 POL = SweepPolicy(python="/usr/bin/python3")
@@ -17,8 +21,14 @@ def _bash_ok(text: str) -> None:
 
 
 def test_node_template_renders_validated_values():
-    spec = SweepJobSpec("node", ("node2",), "/var/lib/slurmguard/sweeps/42.json", "/var/log/sg/42.log",
-                        reservation="slurmguard_quarantine_node2", extra_args=("--duration", "1"))
+    spec = SweepJobSpec(
+        "node",
+        ("node2",),
+        "/var/lib/slurmguard/sweeps/42.json",
+        "/var/log/sg/42.log",
+        reservation="slurmguard_quarantine_node2",
+        extra_args=("--duration", "1"),
+    )
     text = render_sweep_script(spec, POL)
     _bash_ok(text)
     assert "{{" not in text
@@ -33,9 +43,17 @@ def test_node_template_renders_validated_values():
 
 
 def test_pair_template_names_node_under_test_and_reference():
-    spec = SweepJobSpec("pair", ("node2", "node1"), "/tmp/r.json", "/tmp/r.log", time_limit_min=12,
-                        master_addr="127.0.0.1", master_port=29555, partition="debug",
-                        hw_class="NVIDIA H100 80GB HBM3 x8")
+    spec = SweepJobSpec(
+        "pair",
+        ("node2", "node1"),
+        "/tmp/r.json",
+        "/tmp/r.log",
+        time_limit_min=12,
+        master_addr="127.0.0.1",
+        master_port=29555,
+        partition="debug",
+        hw_class="NVIDIA H100 80GB HBM3 x8",
+    )
     text = render_sweep_script(spec, POL)
     _bash_ok(text)
     assert "#SBATCH --nodes=2" in text and "#SBATCH --nodelist=node2,node1" in text
@@ -46,18 +64,21 @@ def test_pair_template_names_node_under_test_and_reference():
     assert 'MASTER_PORT="$((20000 + SLURM_JOB_ID % 20000))"' in default
 
 
-@pytest.mark.parametrize("kw, field", [
-    (dict(nodes=("node2;reboot",)), "nodes"),
-    (dict(nodes=("node2", "node2"), kind="pair"), "nodes"),
-    (dict(nodes=("node2", "node1")), "nodes"),  # a node sweep takes one node
-    (dict(out_path="relative.json"), "out_path"),
-    (dict(out_path="/tmp/a b.json"), "out_path"),
-    (dict(log_path="/tmp/../etc/x"), "log_path"),
-    (dict(reservation="r\n#SBATCH --uid=0"), "reservation"),
-    (dict(time_limit_min=0), "time_limit_min"),
-    (dict(extra_args=("--duration", "1; rm -rf /")), "extra_args"),
-    (dict(master_port=80), "master_port"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(nodes=("node2;reboot",)), "nodes"),
+        (dict(nodes=("node2", "node2"), kind="pair"), "nodes"),
+        (dict(nodes=("node2", "node1")), "nodes"),  # a node sweep takes one node
+        (dict(out_path="relative.json"), "out_path"),
+        (dict(out_path="/tmp/a b.json"), "out_path"),
+        (dict(log_path="/tmp/../etc/x"), "log_path"),
+        (dict(reservation="r\n#SBATCH --uid=0"), "reservation"),
+        (dict(time_limit_min=0), "time_limit_min"),
+        (dict(extra_args=("--duration", "1; rm -rf /")), "extra_args"),
+        (dict(master_port=80), "master_port"),
+    ],
+)
 def test_bad_values_are_rejected_naming_the_field(kw, field):
     base = dict(kind="node", nodes=("node2",), out_path="/tmp/r.json", log_path="/tmp/r.log")
     base.update(kw)
@@ -71,9 +92,22 @@ def test_fill_template_rejects_unknown_placeholders():
 
 
 def test_shipped_templates_use_only_known_placeholders():
-    known = {"job_name", "nodelist", "node_count", "time_limit_min", "log_path", "opt_reservation",
-             "opt_partition", "opt_gres", "python", "workload_dir", "out_path", "args",
-             "master_addr", "master_port"}
+    known = {
+        "job_name",
+        "nodelist",
+        "node_count",
+        "time_limit_min",
+        "log_path",
+        "opt_reservation",
+        "opt_partition",
+        "opt_gres",
+        "python",
+        "workload_dir",
+        "out_path",
+        "args",
+        "master_addr",
+        "master_port",
+    }
     for name in ("node_sweep.sbatch", "pair_sweep.sbatch"):
         text = (default_workload_dir() / "templates" / name).read_text()
         assert placeholders(text) <= known

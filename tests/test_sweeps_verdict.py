@@ -6,8 +6,16 @@ from slurmguard.config import SweepPolicy
 from slurmguard.sweeps.baseline import baseline_for, compute_baseline, extract_metrics, settings_fingerprint
 from slurmguard.sweeps.result import SweepResult, Transfer, parse_result
 from slurmguard.sweeps.verdict import (
-    JobOutcome, Outcome, PastSweep, ReferenceStatus, judge_job, judge_multi, judge_result,
-    localize_links, make_reason, reference_status,
+    JobOutcome,
+    Outcome,
+    PastSweep,
+    ReferenceStatus,
+    judge_job,
+    judge_multi,
+    judge_result,
+    localize_links,
+    make_reason,
+    reference_status,
 )
 from tests.fixtures.sweeps import node_doc, node_result, pair_doc, pair_result
 
@@ -64,7 +72,9 @@ def test_missing_gpu_fails(healthy_node_results):
 
 
 def test_errors_in_result_fail_even_with_good_numbers(healthy_node_results):
-    r = node_result("node2", errors=[{"where": "gemm float16", "message": "CUDA error: an illegal memory access"}])
+    r = node_result(
+        "node2", errors=[{"where": "gemm float16", "message": "CUDA error: an illegal memory access"}]
+    )
     v = _judge(r, healthy_node_results)
     assert v.outcome is Outcome.FAIL
     assert v.reason == "slurmguard: sweep1 error in gemm float16: CUDA error: an illegal memory access"
@@ -83,7 +93,10 @@ def test_bootstrap_unsuspected_seeds_suspected_waits(healthy_node_results):
     assert v.reason == "slurmguard: sweep1 bootstrap sample (3/3 nodes)"
     v = judge(r, two, suspected=True)
     assert v.outcome is Outcome.INSUFFICIENT_BASELINE and not v.outcome.returns_node
-    assert v.reason == "slurmguard: sweep1 no reference: class 2/3, peers 0/2, no floor for NVIDIA H100 80GB HBM3"
+    assert (
+        v.reason
+        == "slurmguard: sweep1 no reference: class 2/3, peers 0/2, no floor for NVIDIA H100 80GB HBM3"
+    )
     assert v.basis == "none"
     # a bad GPU fails even during bootstrap: the node's own GPUs are the reference
     v = judge(node_result("node2", gemm_scale={(1, "float32"): 0.7}), [], suspected=False)
@@ -100,8 +113,13 @@ def test_baseline_math():
     broken = node_result("node5", errors=[{"where": "x", "message": "y"}])
     odd = parse_result({**node_doc("node6"), "settings": {**node_doc()["settings"], "gemm_size": 4096}})
     judged = node_result("node2")
-    b = compute_baseline([old, new, other, broken, odd, judged], hw_class=judged.hw_class, kind="node",
-                         fingerprint=settings_fingerprint(judged), exclude_nodes=["node2"])
+    b = compute_baseline(
+        [old, new, other, broken, odd, judged],
+        hw_class=judged.hw_class,
+        kind="node",
+        fingerprint=settings_fingerprint(judged),
+        exclude_nodes=["node2"],
+    )
     assert b.nodes == ("node3", "node4")  # latest per node; errors, other settings, self excluded
     assert b.metrics["gemm_float32/gpu0"].median == pytest.approx((50.0 + 25.0) / 2)
     assert b.metrics["gemm_float32/gpu0"].count == 2
@@ -123,10 +141,15 @@ def test_job_crash_timeout_and_bad_output_fail_never_pass(healthy_node_results):
         JobOutcome("CANCELLED by 0", None, None): "slurmguard: sweep1 crashed (CANCELLED)",
         JobOutcome("COMPLETED", 1, good): "slurmguard: sweep1 crashed (exit 1)",
         JobOutcome("COMPLETED", 0, None): "slurmguard: sweep1 no result",
-        JobOutcome("COMPLETED", 0, good[: len(good) // 2]): f"slurmguard: sweep1 bad result: invalid JSON at line 1 column {len(good) // 2 + 1}",
-        JobOutcome("COMPLETED", 0, good.replace('"membw_gbps": 2800.0', '"membw_gbps": "2800"', 1)):
-            "slurmguard: sweep1 bad result: devices[0].membw_gbps",
-        JobOutcome("COMPLETED", 0, json.dumps(node_doc("node3"))): "slurmguard: sweep1 bad result: node of node3",
+        JobOutcome(
+            "COMPLETED", 0, good[: len(good) // 2]
+        ): f"slurmguard: sweep1 bad result: invalid JSON at line 1 column {len(good) // 2 + 1}",
+        JobOutcome(
+            "COMPLETED", 0, good.replace('"membw_gbps": 2800.0', '"membw_gbps": "2800"', 1)
+        ): "slurmguard: sweep1 bad result: devices[0].membw_gbps",
+        JobOutcome(
+            "COMPLETED", 0, json.dumps(node_doc("node3"))
+        ): "slurmguard: sweep1 bad result: node of node3",
     }
     for job, reason in cases.items():
         v = j(job)
@@ -134,7 +157,9 @@ def test_job_crash_timeout_and_bad_output_fail_never_pass(healthy_node_results):
         assert v.reason == reason
     # a failed job that still wrote its errors gives the error as the reason
     errs = json.dumps(node_doc("node2", errors=[{"where": "membw gpu2", "message": "RuntimeError: ECC"}]))
-    assert j(JobOutcome("FAILED", 1, errs)).reason == "slurmguard: sweep1 error in membw gpu2: RuntimeError: ECC"
+    assert (
+        j(JobOutcome("FAILED", 1, errs)).reason == "slurmguard: sweep1 error in membw gpu2: RuntimeError: ECC"
+    )
 
 
 def _pair_history():
@@ -186,8 +211,10 @@ def test_reference_trust_from_history():
 def _ring_transfers(n, slow_node=None, slow_link=None, gbps=40.0):
     names = [f"n{i}" for i in range(n)]
     out = []
-    for sched, links in (("ring", [(i, (i + 1) % n) for i in range(n)]),
-                         ("tree", [(c, (c - 1) // 2) for c in range(1, n)])):
+    for sched, links in (
+        ("ring", [(i, (i + 1) % n) for i in range(n)]),
+        ("tree", [(c, (c - 1) // 2) for c in range(1, n)]),
+    ):
         for s, d in links:
             bw = gbps
             if slow_node in (s, d) or slow_link == (s, d):
@@ -207,10 +234,16 @@ def test_localize_links_names_the_slow_node_not_its_neighbours():
 
 def test_judge_multi_fails_only_the_suspect():
     doc = pair_doc("n0", "n1")
-    doc.update(kind="multi", nodes=[f"n{i}" for i in range(6)], reference=None,
-               transfers=[t.__dict__ for t in _ring_transfers(6, slow_node=2)])
+    doc.update(
+        kind="multi",
+        nodes=[f"n{i}" for i in range(6)],
+        reference=None,
+        transfers=[t.__dict__ for t in _ring_transfers(6, slow_node=2)],
+    )
     verdicts = {v.node: v for v in judge_multi(parse_result(doc), POL)}
-    assert verdicts["n2"].outcome is Outcome.FAIL and verdicts["n2"].reason.startswith("slurmguard: sweep6 gpu0 link n2-")
+    assert verdicts["n2"].outcome is Outcome.FAIL and verdicts["n2"].reason.startswith(
+        "slurmguard: sweep6 gpu0 link n2-"
+    )
     assert all(v.outcome is Outcome.PASS for n, v in verdicts.items() if n != "n2")
 
 

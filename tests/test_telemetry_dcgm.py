@@ -40,8 +40,10 @@ class FakeDcgmReader:
             self.m_dcgmHandle = None  # SetDisconnected(); the error is only logged
             return {}
         self.m_dcgmHandle = self.m_dcgmHandle or object()  # Reconnect()
-        return {g: {f: v for f, v in d.items() if not (isinstance(v, (int, float)) and v >= DCGM_INT64_BLANK)}
-                for g, d in copy.deepcopy(self.values).items()}
+        return {
+            g: {f: v for f, v in d.items() if not (isinstance(v, (int, float)) and v >= DCGM_INT64_BLANK)}
+            for g, d in copy.deepcopy(self.values).items()
+        }
 
 
 def source(values=None, unknown=(1523,), clock=None):
@@ -59,10 +61,16 @@ def test_recorded_values_units_and_profiling_fields():
     src, _ = source()
     r = src.sample()
     v = _by(r)
-    assert v[(2, Signal.SM_CLOCK)] == 1095 and v[(2, Signal.GPU_TEMP)] == 84 and v[(2, Signal.THERMAL_THROTTLE)] == 1
+    assert (
+        v[(2, Signal.SM_CLOCK)] == 1095
+        and v[(2, Signal.GPU_TEMP)] == 84
+        and v[(2, Signal.THERMAL_THROTTLE)] == 1
+    )
     assert v[(0, Signal.POWER)] == pytest.approx(312.4)
-    assert v[(2, Signal.TENSOR_ACTIVE)] == pytest.approx(0.318442)       # a ratio, not a percentage
-    assert v[(0, Signal.SM_ACTIVE)] == pytest.approx(0.931204) and v[(0, Signal.DRAM_ACTIVE)] == pytest.approx(0.381652)
+    assert v[(2, Signal.TENSOR_ACTIVE)] == pytest.approx(0.318442)  # a ratio, not a percentage
+    assert v[(0, Signal.SM_ACTIVE)] == pytest.approx(0.931204) and v[
+        (0, Signal.DRAM_ACTIVE)
+    ] == pytest.approx(0.381652)
     assert v[(3, Signal.REMAPPED_ROWS_COR)] == 2 and v[(3, Signal.ROW_REMAP_PENDING)] == 0
     # the field this DCGM does not know: unavailable once, for the node, naming it
     un = [e for e in r.events if e.kind == "unavailable"]
@@ -79,7 +87,7 @@ def test_last_xid_field_flags_a_new_xid_once_not_every_sample():
     assert not [s for s in r.samples if s.signal == Signal.XID]
     assert [(e.kind, e.gpu) for e in r.events if "last XID 79" in e.detail] == [("info", 1)]
     reader.values[1][230] = 79
-    reader.values[2][230] = 79                                     # a new XID on GPU 2
+    reader.values[2][230] = 79  # a new XID on GPU 2
     clock.advance(10)
     assert [(s.gpu, s.value) for s in src.sample().samples if s.signal == Signal.XID] == [(2, 79)]
     for _ in range(3):
@@ -87,7 +95,7 @@ def test_last_xid_field_flags_a_new_xid_once_not_every_sample():
         r = src.sample()
         assert not [s for s in r.samples if s.signal == Signal.XID]  # still 79: no new XID
         assert not hard_failures(r.samples)
-    reader.values[1][230] = 48                                     # a different XID arrives
+    reader.values[1][230] = 48  # a different XID arrives
     clock.advance(10)
     assert [(s.gpu, s.value) for s in src.sample().samples if s.signal == Signal.XID] == [(1, 48)]
 
@@ -103,8 +111,8 @@ def test_dead_hostengine_is_an_error_not_no_data():
     assert [e.kind for e in r.events] == ["error", "unavailable"]
     assert "nv-hostengine unreachable" in r.events[0].detail and r.events[1].signal == "source"
     clock.advance(10)
-    assert [e.kind for e in src.sample().events] == ["error"]       # unavailable reported once
-    reader.hostengine_up = True                                     # back: DcgmReader reconnects
+    assert [e.kind for e in src.sample().events] == ["error"]  # unavailable reported once
+    reader.hostengine_up = True  # back: DcgmReader reconnects
     clock.advance(10)
     r = src.sample()
     assert r.samples and [(e.kind, e.signal) for e in r.events] == [("available", "source")]
@@ -123,13 +131,13 @@ def test_hostengine_down_at_start_then_up():
     src = DcgmSource("a100-3", clock=FakeClock(), reader_factory=factory)
     r = src.sample()
     assert r.samples == [] and "cannot connect to nv-hostengine" in r.events[0].detail
-    assert src.sample().samples                                      # retried, connected
+    assert src.sample().samples  # retried, connected
 
 
 def test_blank_field_is_unavailable_for_that_gpu_once_and_returns():
     vals = recorded()
-    vals[3][204] = 9223372036854775794          # DCGM_INT64_NOT_SUPPORTED: DcgmReader drops it
-    vals[2][1004] = 140737488355328.0           # DCGM_FP64_BLANK
+    vals[3][204] = 9223372036854775794  # DCGM_INT64_NOT_SUPPORTED: DcgmReader drops it
+    vals[2][1004] = 140737488355328.0  # DCGM_FP64_BLANK
     src, reader = source(vals)
     r = src.sample()
     v = _by(r)
@@ -145,16 +153,18 @@ def test_blank_field_is_unavailable_for_that_gpu_once_and_returns():
 
 def test_row_remap_and_recovery_action_fields_are_hard_failures():
     vals = recorded()
-    vals[0][396] = 1                            # DCGM_FI_DEV_ROW_REMAP_PENDING
-    vals[1][395] = 1                            # DCGM_FI_DEV_ROW_REMAP_FAILURE
+    vals[0][396] = 1  # DCGM_FI_DEV_ROW_REMAP_PENDING
+    vals[1][395] = 1  # DCGM_FI_DEV_ROW_REMAP_FAILURE
     for g in vals:
         vals[g][1523] = 0
-    vals[2][1523] = 1                           # GPU reset required (DCGM 4 knows field 1523)
+    vals[2][1523] = 1  # GPU reset required (DCGM 4 knows field 1523)
     src, _ = source(vals, unknown=())
     reasons = {(f.device, f.reasons[0]) for f in hard_failures(src.sample().samples)}
-    assert reasons == {("gpu0", "row remapping pending (GPU reset required)"),
-                       ("gpu1", "row remapping failed (uncorrectable memory, replace the GPU)"),
-                       ("gpu2", "recovery action required: GPU reset")}
+    assert reasons == {
+        ("gpu0", "row remapping pending (GPU reset required)"),
+        ("gpu1", "row remapping failed (uncorrectable memory, replace the GPU)"),
+        ("gpu2", "recovery action required: GPU reset"),
+    }
 
 
 def test_without_bindings_is_reported_unavailable():

@@ -46,37 +46,40 @@ def test_not_supported_is_reported_unavailable_once():
     # driver 550 has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: that field answers
     # NOT_SUPPORTED on every GPU, each reported once
     assert ev == {(7, Signal.PCIE_REPLAY)} | {(g, Signal.RECOVERY_ACTION) for g in range(8)}
-    assert all(e.source == "nvml" and "Not Supported" in e.detail for e in r.events if e.kind == "unavailable")
+    assert all(
+        e.source == "nvml" and "Not Supported" in e.detail for e in r.events if e.kind == "unavailable"
+    )
     assert not [e for e in src.sample().events if e.kind == "unavailable"]  # reported once
 
 
 def test_one_unsupported_nvlink_counter_switches_off_only_that_counter():
     devs = _devices()
-    devs[1]["nvlink"][4]["unsupported"] = ["crc_data"]   # the link that carries 2 CRC flit errors
-    for link in devs[2]["nvlink"]:                       # Hopper: no DL CRC counters at all
+    devs[1]["nvlink"][4]["unsupported"] = ["crc_data"]  # the link that carries 2 CRC flit errors
+    for link in devs[2]["nvlink"]:  # Hopper: no DL CRC counters at all
         link["unsupported"] = ["crc_flit", "crc_data"]
     devs[2]["nvlink"][7]["replay"] = 5
     fake = FakeNvml(devs)
     src = NvmlSource("gpu07", fake, clock=FakeClock())
     r = src.sample()
     v = {(s.gpu, s.signal): s.value for s in r.samples}
-    assert v[(1, Signal.NVLINK_ERRORS)] == 2          # link 4's CRC flit count still read
-    assert v[(2, Signal.NVLINK_ERRORS)] == 5          # replay/recovery of every link still read
+    assert v[(1, Signal.NVLINK_ERRORS)] == 2  # link 4's CRC flit count still read
+    assert v[(2, Signal.NVLINK_ERRORS)] == 5  # replay/recovery of every link still read
     ev = {(e.gpu, e.signal): e.detail for e in r.events if e.kind == "unavailable" and "nvlink" in e.signal}
     assert sorted(ev) == [(1, "nvlink_crc_data"), (2, "nvlink_crc_data"), (2, "nvlink_crc_flit")]
-    assert ev[(1, "nvlink_crc_data")] == ("GPU 1: NVLink crc_data not supported on link(s) 4; "
-                                          "the other counters still count")
-    assert "link(s) 0-17;" in ev[(2, "nvlink_crc_flit")]          # one entry per counter, not per link
+    assert ev[(1, "nvlink_crc_data")] == (
+        "GPU 1: NVLink crc_data not supported on link(s) 4; the other counters still count"
+    )
+    assert "link(s) 0-17;" in ev[(2, "nvlink_crc_flit")]  # one entry per counter, not per link
     fake.devices[1]["nvlink"][0]["crc_flit"] = 7
     v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
-    assert v[(1, Signal.NVLINK_ERRORS)] == 9          # other links of GPU 1 keep counting
+    assert v[(1, Signal.NVLINK_ERRORS)] == 9  # other links of GPU 1 keep counting
 
 
 def test_row_remapping_pending_failed_and_pre_ampere():
     devs = _devices()
     devs[2]["remapped_rows"] = {"correctable": 0, "uncorrectable": 1, "pending": True, "failure": False}
     devs[3]["remapped_rows"] = {"correctable": 3, "uncorrectable": 512, "pending": False, "failure": True}
-    del devs[6]["remapped_rows"]                     # a GPU without a row remapper
+    del devs[6]["remapped_rows"]  # a GPU without a row remapper
     src = NvmlSource("gpu07", FakeNvml(devs), clock=FakeClock())
     r = src.sample()
     v = {(s.gpu, s.signal): s.value for s in r.samples}
@@ -105,8 +108,9 @@ def test_xid_154_reads_the_recovery_action():
     r = src.sample()
     assert [(s.gpu, s.value) for s in r.samples if s.signal == Signal.XID] == [(5, 154)]
     assert {s.value for s in r.samples if s.signal == Signal.RECOVERY_ACTION and s.gpu == 5} == {2}
-    assert [(f.device, f.reasons) for f in hard_failures(r.samples)] == \
-        [("gpu5", ("recovery action required: node reboot",))]
+    assert [(f.device, f.reasons) for f in hard_failures(r.samples)] == [
+        ("gpu5", ("recovery action required: node reboot",))
+    ]
     # the action back to none (XID 154 again): nothing to do
     fake.devices[5]["gpu_recovery_action"] = pynvml.NVML_GPU_RECOVERY_ACTION_NONE
     fake.inject_xid(5, 154)
@@ -190,22 +194,31 @@ def test_deadline_fails_fast_while_an_earlier_call_is_stuck():
 
 def test_gpm_gives_the_profiling_ratios_from_the_second_sample():
     devs = _devices()
-    devs[4]["gpm"] = {"sm_util_pct": 96.1, "any_tensor_util_pct": 33.9, "dram_bw_util_pct": 29.5}  # the slow one
-    del devs[7]["gpm"]                                               # a GPU without GPM (pre-Hopper)
+    devs[4]["gpm"] = {
+        "sm_util_pct": 96.1,
+        "any_tensor_util_pct": 33.9,
+        "dram_bw_util_pct": 29.5,
+    }  # the slow one
+    del devs[7]["gpm"]  # a GPU without GPM (pre-Hopper)
     fake = FakeNvml(devs)
     clock = FakeClock()
     src = NvmlSource("gpu07", fake, clock=clock)
     r = src.sample()
     assert not [s for s in r.samples if s.signal == Signal.SM_ACTIVE]  # a metric needs two samples
     assert {(e.gpu, e.signal) for e in r.events if e.kind == "unavailable" and e.gpu == 7} >= {
-        (7, Signal.SM_ACTIVE), (7, Signal.TENSOR_ACTIVE), (7, Signal.DRAM_ACTIVE)}
+        (7, Signal.SM_ACTIVE),
+        (7, Signal.TENSOR_ACTIVE),
+        (7, Signal.DRAM_ACTIVE),
+    }
     clock.advance(10)
     v = {(s.gpu, s.signal): s for s in src.sample().samples}
-    assert v[(0, Signal.SM_ACTIVE)].value == pytest.approx(0.8745) and v[(0, Signal.SM_ACTIVE)].unit == "ratio"
+    assert (
+        v[(0, Signal.SM_ACTIVE)].value == pytest.approx(0.8745) and v[(0, Signal.SM_ACTIVE)].unit == "ratio"
+    )
     assert v[(4, Signal.TENSOR_ACTIVE)].value == pytest.approx(0.339)
     assert v[(4, Signal.DRAM_ACTIVE)].value == pytest.approx(0.295)
     assert (7, Signal.SM_ACTIVE) not in v
     fake.devices[4]["gpm"]["any_tensor_util_pct"] = 50.0
     clock.advance(10)
     v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
-    assert v[(4, Signal.TENSOR_ACTIVE)] == pytest.approx(0.5)   # the samples alternate, in order
+    assert v[(4, Signal.TENSOR_ACTIVE)] == pytest.approx(0.5)  # the samples alternate, in order

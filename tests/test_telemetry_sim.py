@@ -47,7 +47,7 @@ def test_thermal_throttle_matches_guard_table_2_and_is_flagged():
     assert _vals(r, "node2", Signal.SM_CLOCK).mean() == pytest.approx(1380, abs=30)
     assert _vals(r, "node3", Signal.SM_CLOCK).mean() > 1950
     assert _vals(r, "node2", Signal.POWER).mean() < 0.9 * _vals(r, "node3", Signal.POWER).mean()
-    assert _vals(r, "node2", Signal.GPU_UTIL).min() >= 98                 # utilisation unchanged
+    assert _vals(r, "node2", Signal.GPU_UTIL).min() >= 98  # utilisation unchanged
     assert set(_vals(r, "node2", Signal.THERMAL_THROTTLE)) == {1.0}
     flagged = {f.node for f in flags[2]}
     assert flagged == {"node2"} and flags[0] == [] and flags[1] == []
@@ -62,8 +62,12 @@ def test_nic_down_reroutes_traffic_to_nic0():
 
 
 def test_link_flap_error_burst_low_power_and_cpu_contention_are_caught():
-    for prof, expect in (("link_flap", "hard"), ("error_burst", "node"), ("low_power", "gpu"),
-                         ("cpu_contention", "gpu")):
+    for prof, expect in (
+        ("link_flap", "hard"),
+        ("error_burst", "node"),
+        ("low_power", "gpu"),
+        ("cpu_contention", "gpu"),
+    ):
         _, flags = _run({"node4": prof}, windows=5)
         hits = [f for fl in flags for f in fl if f.node == "node4"]
         assert hits, prof
@@ -79,7 +83,7 @@ def test_healthy_fleet_is_quiet_and_faults_start_on_time():
     assert all(f == [] for f in flags)
     _, flags = _run({"node7": {"profile": "thermal_throttle", "start_s": 100}}, windows=6)
     first = next(i for i, f in enumerate(flags) if f)
-    assert first == 5                      # active from t=120 (4th window), flagged 3 windows later
+    assert first == 5  # active from t=120 (4th window), flagged 3 windows later
 
 
 def test_profile_config_errors_name_the_node():

@@ -39,8 +39,14 @@ def world(sqlite_store, fake_clock):
 def ladder(world, runner=None, **policy) -> TriageLadder:
     fake, store, clock = world
     deleted: list[str] = []
-    lad = TriageLadder(TriagePolicy(**policy), store, ActionExecutor(fake, store), clock,
-                       runner=runner or Runner(), delete_quarantine=deleted.append)
+    lad = TriageLadder(
+        TriagePolicy(**policy),
+        store,
+        ActionExecutor(fake, store),
+        clock,
+        runner=runner or Runner(),
+        delete_quarantine=deleted.append,
+    )
     lad.deleted = deleted  # type: ignore[attr-defined]
     return lad
 
@@ -57,8 +63,12 @@ def fail_sweep(world, lad: TriageLadder, node: str = "node2", sweep: int | None 
     _, store, clock = world
     clock.advance(60)
     ep = load_episode(store, node)
-    return lad.enter(node, ep, failed_sweep=sweep if sweep is not None else len(ep.actions) + 1,
-                     reason="slurmguard: sweep1 gpu0 membw -30% vs class")
+    return lad.enter(
+        node,
+        ep,
+        failed_sweep=sweep if sweep is not None else len(ep.actions) + 1,
+        reason="slurmguard: sweep1 gpu0 membw -30% vs class",
+    )
 
 
 def step(world, lad: TriageLadder, node: str = "node2") -> str:
@@ -92,17 +102,25 @@ def test_rungs_follow_the_policy_order(world):
     assert entries == [True, False, False]
 
 
-@pytest.mark.parametrize("earlier_days,limit,expect", [
-    ((6.9, 3.0), 3, TriageRung.TERMINAL),   # third entry inside 7 days
-    ((7.1, 3.0), 3, TriageRung.RESWEEP),    # one of them just outside the window
-    ((), 3, TriageRung.RESWEEP),
-    ((1.0,), 2, TriageRung.TERMINAL),       # repeat_limit from the policy
-])
+@pytest.mark.parametrize(
+    "earlier_days,limit,expect",
+    [
+        ((6.9, 3.0), 3, TriageRung.TERMINAL),  # third entry inside 7 days
+        ((7.1, 3.0), 3, TriageRung.RESWEEP),  # one of them just outside the window
+        ((), 3, TriageRung.RESWEEP),
+        ((1.0,), 2, TriageRung.TERMINAL),  # repeat_limit from the policy
+    ],
+)
 def test_repeat_rule(world, earlier_days, limit, expect):
     _, store, clock = world
     for d in earlier_days:
-        store.add_triage_action("node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE,
-                                at=clock.now() + 60 - d * DAY)
+        store.add_triage_action(
+            "node2",
+            TriageRung.RESWEEP,
+            is_entry=True,
+            status=ActionStatus.DONE,
+            at=clock.now() + 60 - d * DAY,
+        )
     lad = ladder(world, repeat_limit=limit)
     quarantined(world)
     a = fail_sweep(world, lad)
@@ -111,9 +129,17 @@ def test_repeat_rule(world, earlier_days, limit, expect):
     from slurmguard.store import utc
     from slurmguard.triage.report_next import recommend
 
-    nxt = recommend("node2", NodeState.REMEDIATION, live=None, slurm_reachable=True, episode_sweeps=(),
-                    episode_triage=(a,), all_triage=store.triage_actions("node2"),
-                    now=utc(clock.now()), policy=lad.policy)
+    nxt = recommend(
+        "node2",
+        NodeState.REMEDIATION,
+        live=None,
+        slurm_reachable=True,
+        episode_sweeps=(),
+        episode_triage=(a,),
+        all_triage=store.triage_actions("node2"),
+        now=utc(clock.now()),
+        policy=lad.policy,
+    )
     assert nxt.code == ("replace" if expect is TriageRung.TERMINAL else "rung_running")
     if expect is TriageRung.TERMINAL:
         assert f"triage entry {len(earlier_days) + 1} within 7 days" in a.detail
@@ -145,15 +171,27 @@ def test_reimage_runs_the_site_command_with_the_node_name(world):
     assert [e.action for e in store.audit_entries(node="node2")][-1] == "reimage"
 
 
-@pytest.mark.parametrize("exc,expect", [
-    (CommandError(["/opt/site/reimage"], "/opt/site/reimage: exit 4", returncode=4, stderr="no IPMI"),
-     "reimage command failed: /opt/site/reimage: exit 4"),
-    (CommandTimeout(["/opt/site/reimage"], "/opt/site/reimage: timed out after 30s", timed_out=True),
-     "timed out after 30s"),
-])
+@pytest.mark.parametrize(
+    "exc,expect",
+    [
+        (
+            CommandError(["/opt/site/reimage"], "/opt/site/reimage: exit 4", returncode=4, stderr="no IPMI"),
+            "reimage command failed: /opt/site/reimage: exit 4",
+        ),
+        (
+            CommandTimeout(["/opt/site/reimage"], "/opt/site/reimage: timed out after 30s", timed_out=True),
+            "timed out after 30s",
+        ),
+    ],
+)
 def test_a_failing_reimage_command_fails_the_rung_and_the_ladder_moves_on(world, exc, expect):
-    lad = ladder(world, Runner(exc), ladder=("reimage", "terminal"), reimage_command=("/opt/site/reimage",),
-                 reimage_timeout_s=30)
+    lad = ladder(
+        world,
+        Runner(exc),
+        ladder=("reimage", "terminal"),
+        reimage_command=("/opt/site/reimage",),
+        reimage_timeout_s=30,
+    )
     _, store, _ = world
     quarantined(world)
     fail_sweep(world, lad)
@@ -192,8 +230,9 @@ def test_planned_rung_on_a_node_someone_else_took_out_waits(world):
 def test_terminal_leaves_someone_elses_drain_alone(world):
     fake, store, clock = world
     for d in (1.0, 2.0):
-        store.add_triage_action("node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE,
-                                at=clock.now() - d * DAY)
+        store.add_triage_action(
+            "node2", TriageRung.RESWEEP, is_entry=True, status=ActionStatus.DONE, at=clock.now() - d * DAY
+        )
     lad = ladder(world)
     quarantined(world)
     fail_sweep(world, lad)

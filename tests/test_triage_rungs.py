@@ -12,8 +12,16 @@ NOW = datetime(2026, 1, 10, tzinfo=UTC)
 
 
 def entry(days_ago: float, is_entry: bool = True) -> TriageActionRecord:
-    return TriageActionRecord(id=1, node="n1", rung=TriageRung.RESWEEP, at=NOW - timedelta(days=days_ago),
-                              is_entry=is_entry, status=ActionStatus.DONE, finished_at=None, detail="")
+    return TriageActionRecord(
+        id=1,
+        node="n1",
+        rung=TriageRung.RESWEEP,
+        at=NOW - timedelta(days=days_ago),
+        is_entry=is_entry,
+        status=ActionStatus.DONE,
+        finished_at=None,
+        detail="",
+    )
 
 
 def test_rung_after_walks_the_policy_ladder_and_repeats_the_last():

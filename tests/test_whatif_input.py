@@ -26,36 +26,25 @@ def _meta_file(tmp_path, data, name="meta-x.yaml"):
 
 def test_missing_columns_are_named(tmp_path, small):
     df, meta = small
-    trace, metap = write_case(
-        tmp_path, df.drop(columns=["duration", "seq_id"]), meta, "bad"
-    )
-    with pytest.raises(
-        InputError, match=r"trace-bad.parquet: missing column\(s\): duration, seq_id"
-    ):
+    trace, metap = write_case(tmp_path, df.drop(columns=["duration", "seq_id"]), meta, "bad")
+    with pytest.raises(InputError, match=r"trace-bad.parquet: missing column\(s\): duration, seq_id"):
         load_trace(trace, metap)
 
 
 def test_wrong_parallelism_names_meta_and_counts(tmp_path, small):
     df, meta = small
     trace, _ = write_case(tmp_path, df, meta, "AR")
-    metap = _meta_file(
-        tmp_path, {**meta, "dp_size": 8, "world_size": 32}, "meta-AR.yaml"
-    )
+    metap = _meta_file(tmp_path, {**meta, "dp_size": 8, "world_size": 32}, "meta-AR.yaml")
     with pytest.raises(InputError) as exc:
         load_trace(trace, metap)
-    assert (
-        str(exc.value)
-        == "meta-AR.yaml: dp=8 x pp=4 = 32 workers but trace-AR.parquet has 8 ranks"
-    )
+    assert str(exc.value) == "meta-AR.yaml: dp=8 x pp=4 = 32 workers but trace-AR.parquet has 8 ranks"
 
 
 def test_stage_outside_pp_size(tmp_path, small):
     df, meta = small
     trace, _ = write_case(tmp_path, df, meta, "x")
     metap = _meta_file(tmp_path, {**meta, "dp_size": 4, "pp_size": 2, "world_size": 8})
-    with pytest.raises(
-        InputError, match="meta-x.yaml: pp_size=2 but trace-x.parquet has stage 3"
-    ):
+    with pytest.raises(InputError, match="meta-x.yaml: pp_size=2 but trace-x.parquet has stage 3"):
         load_trace(trace, metap)
 
 
@@ -110,16 +99,12 @@ def test_bad_values(small):
     nan = df.copy()
     nan["start_ts"] = nan["start_ts"].astype(float)
     nan.loc[3, "start_ts"] = float("nan")
-    with pytest.raises(
-        InputError, match="column 'start_ts' row 3: not a finite number"
-    ):
+    with pytest.raises(InputError, match="column 'start_ts' row 3: not a finite number"):
         check_trace(nan, jm, "t.parquet")
     bad_type = df.copy()
     bad_type["optype"] = bad_type["optype"].astype(str)
     bad_type.loc[0, "optype"] = "all-to-all"
-    with pytest.raises(
-        InputError, match="column 'optype' has unknown op type\\(s\\): all-to-all"
-    ):
+    with pytest.raises(InputError, match="column 'optype' has unknown op type\\(s\\): all-to-all"):
         check_trace(bad_type, jm, "t.parquet")
     frac = df.copy()
     frac["seq_id"] = frac["seq_id"].astype(float)
@@ -131,24 +116,18 @@ def test_bad_values(small):
 def test_missing_and_duplicate_ops_are_located(small):
     df, meta = small
     jm = parse_meta(meta, "m.yaml")
-    row = df.index[
-        (df.optype == "forward-compute") & (df.stage == 2) & (df.dp_rank == 1)
-    ][1]
+    row = df.index[(df.optype == "forward-compute") & (df.stage == 2) & (df.dp_rank == 1)][1]
     with pytest.raises(
         InputError,
         match=r"t: step 10 dp_rank 1 stage 2: forward-compute seq_id 1 is missing",
     ):
-        tensorize(
-            check_trace(df.drop(index=row).reset_index(drop=True), jm, "t"), jm, "t"
-        )
+        tensorize(check_trace(df.drop(index=row).reset_index(drop=True), jm, "t"), jm, "t")
     dup = df.loc[[row]]
     with pytest.raises(
         InputError,
         match=r"step 10 dp_rank 1 stage 2: forward-compute seq_id 1 is recorded twice",
     ):
-        tensorize(
-            check_trace(pd.concat([df, dup], ignore_index=True), jm, "t"), jm, "t"
-        )
+        tensorize(check_trace(pd.concat([df, dup], ignore_index=True), jm, "t"), jm, "t")
 
 
 def test_unpaired_pp_ops_are_reported(small):
@@ -156,13 +135,9 @@ def test_unpaired_pp_ops_are_reported(small):
 
     df, meta = small
     jm = parse_meta(meta, "m.yaml")
-    no_recv = df[~((df.optype == "forward-recv") & (df.stage == 1))].reset_index(
-        drop=True
-    )
+    no_recv = df[~((df.optype == "forward-recv") & (df.stage == 1))].reset_index(drop=True)
     t = tensorize(check_trace(no_recv, jm, "t"), jm, "t")
-    with pytest.raises(
-        InputError, match="stage 0 has 2 forward-send but stage 1 has 0 forward-recv"
-    ):
+    with pytest.raises(InputError, match="stage 0 has 2 forward-send but stage 1 has 0 forward-recv"):
         build_model(t)
 
 
@@ -186,14 +161,10 @@ def test_two_ranks_in_one_cell_is_reported(small):
     df, meta = small
     jm = parse_meta(meta, "m.yaml")
     bad = df.copy()
-    bad.loc[(bad.stage == 0) & (bad.dp_rank == 1), "rank"] = (
-        0  # cell (1, 0) reuses rank 0
-    )
+    bad.loc[(bad.stage == 0) & (bad.dp_rank == 1), "rank"] = 0  # cell (1, 0) reuses rank 0
     split = (bad.stage == 1) & (bad.dp_rank == 1) & (bad.optype == "backward-compute")
     bad.loc[split, "rank"] = 1  # and cell (1, 1) shows up with a second rank
-    with pytest.raises(
-        InputError, match="t.parquet: row .* expected one rank per DP x PP cell"
-    ):
+    with pytest.raises(InputError, match="t.parquet: row .* expected one rank per DP x PP cell"):
         check_trace(bad, jm, "t.parquet")
 
 
@@ -210,9 +181,7 @@ def test_only_the_trace_columns_are_read_and_nulls_are_named(tmp_path, small):
         "dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration",
         "seq_id", "mc", "mb_id", "gmc",
     }  # fmt: skip
-    with pytest.raises(
-        InputError, match="trace-n.parquet: column 'mb_id' row 4: not an integer: nan"
-    ):
+    with pytest.raises(InputError, match="trace-n.parquet: column 'mb_id' row 4: not an integer: nan"):
         load_trace(trace, metap)
 
 

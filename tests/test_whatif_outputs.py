@@ -25,9 +25,7 @@ from tests.fixtures.whatif import (
     write_case,
 )
 
-SLOW = Durations(
-    compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0)
-)
+SLOW = Durations(compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0))
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +61,7 @@ def test_cli_json_has_the_required_keys(tmp_path, slow_case):
         "3",
     }
     assert out["by_dp_rank"]["1"] > out["by_dp_rank"]["0"]
-    assert (
-        "forward-pp-comm" in out["by_optype"] and "forward-send" not in out["by_optype"]
-    )
+    assert "forward-pp-comm" in out["by_optype"] and "forward-send" not in out["by_optype"]
     assert out["mw_detail"]["top_workers"][0]["rank"] == 3
     assert out["by_worker"]["3"] == pytest.approx(out["slowdown"])
     assert out["diagnosis"]["pattern"] == "worker"
@@ -78,15 +74,11 @@ def test_cli_json_has_the_required_keys(tmp_path, slow_case):
 
 def test_cli_table_and_steps_filter(tmp_path, slow_case):
     trace, metap = write_case(tmp_path, *slow_case)
-    res = CliRunner().invoke(
-        cli, ["whatif", str(trace), "--meta", str(metap), "--steps", "11"]
-    )
+    res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--steps", "11"])
     assert res.exit_code == 0, res.output
     assert "slowdown S (Eq. 1)" in res.output and "over 1 steps" in res.output
     assert "worker:" in res.output
-    res = CliRunner().invoke(
-        cli, ["whatif", str(trace), "--meta", str(metap), "--steps", "99-100"]
-    )
+    res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--steps", "99-100"])
     assert res.exit_code != 0
     assert "none of the steps given with --steps is in the trace" in str(res.exception)
 
@@ -112,18 +104,10 @@ def test_timeline_events_cover_both_timelines(slow_case):
     assert "original dp1 pp1 (rank 3)" in names and "ideal dp0 pp0 (rank 0)" in names
     assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in spans)
     # the simulated original equals the recorded trace here: first step's compute times match
-    fc = [
-        e
-        for e in spans
-        if e["pid"] == 3 and e["name"] == "forward-compute" and e["args"]["step"] == 10
-    ]
+    fc = [e for e in spans if e["pid"] == 3 and e["name"] == "forward-compute" and e["args"]["step"] == 10]
     rec = slow_case[0]
-    rec = rec[
-        (rec.step == 10) & (rec["rank"] == 3) & (rec.optype == "forward-compute")
-    ].sort_values("seq_id")
-    np.testing.assert_allclose(
-        sorted(e["ts"] for e in fc), rec.start_ts.to_numpy() * 1e6, atol=1e-3
-    )
+    rec = rec[(rec.step == 10) & (rec["rank"] == 3) & (rec.optype == "forward-compute")].sort_values("seq_id")
+    np.testing.assert_allclose(sorted(e["ts"] for e in fc), rec.start_ts.to_numpy() * 1e6, atol=1e-3)
 
 
 def test_timeline_write_error_names_the_path(tmp_path, slow_case):
@@ -142,10 +126,8 @@ def _to_rank_ops(df: pd.DataFrame, tp: int) -> pd.DataFrame:
                 "rank": ((df.stage * dp + df.dp_rank) * tp + k).astype(int),
                 "step": df.step,
                 "op": df.optype.astype(str),
-                "start_ns": np.round(df.start_ts * 1e9).astype(np.int64)
-                + 5_000_000_000,
-                "end_ns": np.round((df.start_ts + df.duration) * 1e9).astype(np.int64)
-                + 5_000_000_000,
+                "start_ns": np.round(df.start_ts * 1e9).astype(np.int64) + 5_000_000_000,
+                "end_ns": np.round((df.start_ts + df.duration) * 1e9).astype(np.int64) + 5_000_000_000,
             }
         )
         rows.append(r)
@@ -158,9 +140,7 @@ def test_rank_ops_adapter_reproduces_the_trace_analysis(tmp_path, slow_case):
     meta2 = {**meta, "tp_size": 2, "world_size": meta["world_size"] * 2}
     jm = parse_meta(meta2, "m.yaml")
     ops = _to_rank_ops(df, tp=2)
-    with pytest.raises(
-        InputError, match="op name\\(s\\) tp-all-reduce have no op type"
-    ):
+    with pytest.raises(InputError, match="op name\\(s\\) tp-all-reduce have no op type"):
         trace_from_rank_ops(ops, jm, "rings")
     conv = trace_from_rank_ops(ops, jm, "rings", op_map={"tp-all-reduce": None})
     assert set(conv["rank"]) == {0, 2, 4, 6, 8, 10, 12, 14}
@@ -178,9 +158,7 @@ def test_rank_ops_adapter_reproduces_the_trace_analysis(tmp_path, slow_case):
     ops[ops.op != "tp-all-reduce"].to_parquet(path)
     metap = tmp_path / "m.yaml"
     metap.write_text(json.dumps(meta2))
-    res = CliRunner().invoke(
-        cli, ["whatif", str(path), "--meta", str(metap), "--rank-ops", "--json"]
-    )
+    res = CliRunner().invoke(cli, ["whatif", str(path), "--meta", str(metap), "--rank-ops", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["slowdown"] == pytest.approx(base.slowdown, rel=1e-6)
 
@@ -228,6 +206,4 @@ def test_cli_per_step_heatmap_and_exact_workers(tmp_path, slow_case):
             "5",
         ],
     )
-    assert res.exit_code != 0 and "--heatmap-step 5 is not a step of the trace" in str(
-        res.exception
-    )
+    assert res.exit_code != 0 and "--heatmap-step 5 is not a step of the trace" in str(res.exception)

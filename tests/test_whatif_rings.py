@@ -49,9 +49,17 @@ class Job:
     """(iteration,) wall-clock ns at which the all-reduce ended."""
 
 
-def write_job(root: Path, *, slow: dict[int, float] | None = None, iters: int = 40,
-              buckets: int = 1, job: int = JOB, ranks=range(WORLD), seed: int = 0,
-              archive: bool = True) -> Job:
+def write_job(
+    root: Path,
+    *,
+    slow: dict[int, float] | None = None,
+    iters: int = 40,
+    buckets: int = 1,
+    job: int = JOB,
+    ranks=range(WORLD),
+    seed: int = 0,
+    archive: bool = True,
+) -> Job:
     """A DDP job: broadcast at start-up, `iters` iterations of compute + `buckets`
     gradient all-reduces (+ one small loss all-reduce when buckets > 1), a final
     barrier. Rank r computes slow.get(r, 1) times longer."""
@@ -76,8 +84,7 @@ def write_job(root: Path, *, slow: dict[int, float] | None = None, iters: int = 
             # buckets launched during backward, 2 ms apart; the last one at the end of it
             for b in range(buckets):
                 start = int(arrive[r]) - (buckets - 1 - b) * 2_000_000
-                rows[r].append((OP["allreduce"], GRAD_BYTES // buckets, start,
-                                end + int(lag[k, r, b])))
+                rows[r].append((OP["allreduce"], GRAD_BYTES // buckets, start, end + int(lag[k, r, b])))
             rows[r].append((OP["allreduce"], 8, end + 100_000, end + 300_000 + int(lag[k, r, -1])))
         ends.append(end)
         t = end + (300_000 if buckets > 1 else 0)
@@ -88,15 +95,25 @@ def write_job(root: Path, *, slow: dict[int, float] | None = None, iters: int = 
         d = root / str(job) / node if archive else root / str(job)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"rank-{r}.step-0.torch.ring"
-        w = RingWriter(str(path), capacity=1024, job_id=job, step_id=0, global_rank=r,
-                       local_rank=r % 2, world_size=WORLD, source=SOURCE_TORCH, node_name=node)
+        w = RingWriter(
+            str(path),
+            capacity=1024,
+            job_id=job,
+            step_id=0,
+            global_rank=r,
+            local_rank=r % 2,
+            world_size=WORLD,
+            source=SOURCE_TORCH,
+            node_name=node,
+        )
         with RingReader(str(path)) as rd:
             # the ring's monotonic ns = wall-clock - its offset, plus this node's clock error
             shift = rd.header.clock_offset_ns - NODE_CLOCK_ERROR_NS[node]
         w.append(OP["comm_init"], comm_id=WORLD_COMM, count=WORLD, peer=r)
         for op, nbytes, s, e in rows[r]:
-            w.append(op, comm_id=WORLD_COMM, nbytes=nbytes, count=nbytes // 4,
-                     start_ns=s - shift, end_ns=e - shift)
+            w.append(
+                op, comm_id=WORLD_COMM, nbytes=nbytes, count=nbytes // 4, start_ns=s - shift, end_ns=e - shift
+            )
         w.close()
     return Job(compute, transfer, np.array(ends, dtype=np.int64))
 
@@ -229,8 +246,9 @@ def test_tensor_parallel_meta_uses_the_dp_communicator(tmp_path):
     writers = {}
     for r in range(4):
         path = str(d / f"rank-{r}.step-0.torch.ring")
-        writers[r] = RingWriter(path, capacity=1024, job_id=55, step_id=0, global_rank=r,
-                                world_size=4, node_name="n")
+        writers[r] = RingWriter(
+            path, capacity=1024, job_id=55, step_id=0, global_rank=r, world_size=4, node_name="n"
+        )
         with RingReader(path) as rd:
             writers[r].shift = rd.header.clock_offset_ns
     t = t0
@@ -240,10 +258,20 @@ def test_tensor_parallel_meta_uses_the_dp_communicator(tmp_path):
         for r, w in writers.items():
             for q in range(4):  # TP all-reduces inside the compute, 1 ms each
                 s0 = t + (q + 1) * compute[r] // 5
-                w.append(OP["allreduce"], comm_id=tp[r], nbytes=4096, start_ns=s0 - w.shift,
-                         end_ns=s0 + ms - w.shift)
-            w.append(OP["allreduce"], comm_id=dp[r], nbytes=GRAD_BYTES,
-                     start_ns=t + compute[r] - w.shift, end_ns=end - w.shift)
+                w.append(
+                    OP["allreduce"],
+                    comm_id=tp[r],
+                    nbytes=4096,
+                    start_ns=s0 - w.shift,
+                    end_ns=s0 + ms - w.shift,
+                )
+            w.append(
+                OP["allreduce"],
+                comm_id=dp[r],
+                nbytes=GRAD_BYTES,
+                start_ns=t + compute[r] - w.shift,
+                end_ns=end - w.shift,
+            )
         t = end
     meta = tmp_path / "meta.yaml"
     meta.write_text("dp_size: 2\npp_size: 1\ntp_size: 2\n")
@@ -319,8 +347,15 @@ def test_no_iterations_in_a_rank(tmp_path, one_line_error):
     d = tmp_path / "9" / "n"
     d.mkdir(parents=True)
     for r in range(2):
-        w = RingWriter(str(d / f"rank-{r}.step-0.torch.ring"), capacity=16, job_id=9,
-                       step_id=0, global_rank=r, world_size=2, node_name="n")
+        w = RingWriter(
+            str(d / f"rank-{r}.step-0.torch.ring"),
+            capacity=16,
+            job_id=9,
+            step_id=0,
+            global_rank=r,
+            world_size=2,
+            node_name="n",
+        )
         w.append(OP["broadcast"], comm_id=1, nbytes=8, start_ns=1000, end_ns=2000)
         w.close()
     msg = one_line_error("--rings", str(tmp_path / "9"))
@@ -358,8 +393,11 @@ def test_archived_trace_of_a_guarded_job_names_the_slowed_rank(guarded, capsys):
     job = guarded.submit(iters=50, nodes=f"{first},{second}")
     assert guarded.cluster.wait_job(job, timeout=120) == "COMPLETED"
     archive = guarded.guard.state / "traces" / str(job)
-    wait_for(lambda: all((archive / n / "manifest.json").exists() for n in (first, second)),
-             30, f"the epilogs to archive job {job}")
+    wait_for(
+        lambda: all((archive / n / "manifest.json").exists() for n in (first, second)),
+        30,
+        f"the epilogs to archive job {job}",
+    )
     with pytest.raises(SystemExit) as exc:
         main(["whatif", "--rings", str(archive), "--json"])
     assert exc.value.code in (0, None)
@@ -375,7 +413,10 @@ def test_archived_trace_of_a_guarded_job_names_the_slowed_rank(guarded, capsys):
     logged = float(np.median([x["step_s"] for x in guarded.train_log(job)]))
     assert out["step_time_s"]["actual"] == pytest.approx(logged, rel=0.1)
     assert abs(out["discrepancy"]) < 0.05
-    print(json.dumps({k: out[k] for k in ("slowdown", "by_dp_rank", "mw", "discrepancy",
-                                          "step_time_s")} | {"logged_step_s": logged,
-                                                             "input": out["input"]}),
-          file=sys.stderr)
+    print(
+        json.dumps(
+            {k: out[k] for k in ("slowdown", "by_dp_rank", "mw", "discrepancy", "step_time_s")}
+            | {"logged_step_s": logged, "input": out["input"]}
+        ),
+        file=sys.stderr,
+    )

@@ -45,9 +45,7 @@ def test_uniform_trace_has_no_slowdown_and_matches_1f1b_closed_form():
 
 def test_single_slow_worker_is_named_and_explains_the_slowdown():
     # worker (dp 1, stage 1) runs every compute op twice as long
-    d = Durations(
-        compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0)
-    )
+    d = Durations(compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0))
     t = load_case(*make_trace(DP, PP, MB, STEPS, d))
     r = analyse(t)
     # ideal compute = mean over the 8 workers: 9/8 of the base durations
@@ -63,16 +61,12 @@ def test_single_slow_worker_is_named_and_explains_the_slowdown():
     # fixing that worker to the (higher than base) mean recovers more than the gap
     assert r.mw >= 1.0
     assert r.diagnosis.pattern == "worker"
-    assert (
-        r.by_optype["forward-compute"] > 1.03 and r.by_optype["backward-compute"] > 1.03
-    )
+    assert r.by_optype["forward-compute"] > 1.03 and r.by_optype["backward-compute"] > 1.03
     assert r.by_optype["params-all-gather"] == pytest.approx(1.0)
 
 
 def test_slow_last_stage_is_attributed_to_the_last_stage():
-    d = Durations(
-        compute=scaled_compute(lambda st, q, s, mb: 1.5 if s == PP - 1 else 1.0)
-    )
+    d = Durations(compute=scaled_compute(lambda st, q, s, mb: 1.5 if s == PP - 1 else 1.0))
     t = load_case(*make_trace(DP, PP, MB, STEPS, d))
     r = analyse(t)
     assert r.discrepancy == pytest.approx(0.0, abs=1e-12)
@@ -148,9 +142,7 @@ def test_unrecorded_launch_delay_shows_as_discrepancy():
 
 def test_transfer_duration_excludes_blocking_and_ideal_uses_median():
     # a slow stage-3 makes stage 2's backward-recv wait; its transfer-duration stays p2p
-    d = Durations(
-        compute=scaled_compute(lambda st, q, s, mb: 3.0 if s == 3 else 1.0), p2p=0.05
-    )
+    d = Durations(compute=scaled_compute(lambda st, q, s, mb: 3.0 if s == 3 else 1.0), p2p=0.05)
     t = load_case(*make_trace(1, 4, 4, 1, d))
     model = build_model(t)
     dur = simulation_durations(t, model)
@@ -164,9 +156,7 @@ def test_transfer_duration_excludes_blocking_and_ideal_uses_median():
 
 
 def test_exact_worker_slowdown():
-    d = Durations(
-        compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0)
-    )
+    d = Durations(compute=scaled_compute(lambda st, q, s, mb: 2.0 if (q, s) == (1, 1) else 1.0))
     t = load_case(*make_trace(DP, PP, MB, STEPS, d))
     r = analyse(t, exact_workers=True)
     ex = r.worker_slowdown_exact
@@ -179,9 +169,7 @@ def test_exact_worker_slowdown():
     # one DP rank: a worker is its stage, so the exact S_w equals S_w of the stage
     t1 = load_case(*make_trace(1, PP, MB, STEPS, d))
     r1 = analyse(t1, exact_workers=True)
-    np.testing.assert_allclose(
-        r1.worker_slowdown_exact[:, 0], r1.by_stage, rtol=0, atol=1e-12
-    )
+    np.testing.assert_allclose(r1.worker_slowdown_exact[:, 0], r1.by_stage, rtol=0, atol=1e-12)
 
 
 def test_two_lane_single_worker_scenarios_equal_full_lanes():
@@ -191,9 +179,7 @@ def test_two_lane_single_worker_scenarios_equal_full_lanes():
     orig = simulation_durations(t, model)
     runner = ScenarioRunner(t, model, orig, idealised_durations(t, orig), memory_mb=64)
     cells = [(s, q) for s in range(3) for q in range(3)]
-    lanes = runner.run_dp_ranks(
-        [q for _, q in cells], [t.slot_stage == s for s, _ in cells]
-    )
+    lanes = runner.run_dp_ranks([q for _, q in cells], [t.slot_stage == s for s, _ in cells])
     full = []
     for s, q in cells:
         wm = np.zeros((3, 3), dtype=bool)

@@ -23,9 +23,7 @@ _cache: dict = {}
 
 def _result(traces, name):
     if name not in _cache:
-        df, meta = load_trace(
-            traces / f"trace-{name}.parquet", traces / f"meta-{name}.yaml"
-        )
+        df, meta = load_trace(traces / f"trace-{name}.parquet", traces / f"meta-{name}.yaml")
         t = tensorize(df, meta, name)
         _cache[name] = (t, analyse(t))
     return _cache[name]

@@ -41,7 +41,8 @@ def test_find_cpu_cgroup_prefers_v1_cpu_and_falls_back_to_v2(tmp_path):
     mounts = tmp_path / "mounts"
     mounts.write_text(
         "cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0\n"
-        f"cgroup2 {v2} cgroup2 rw,relatime 0 0\n")
+        f"cgroup2 {v2} cgroup2 rw,relatime 0 0\n"
+    )
     assert find_cpu_cgroup(mounts) == CgroupCpu(v2, 2)
     mounts.write_text(mounts.read_text() + "cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0\n")
     assert find_cpu_cgroup(mounts) == CgroupCpu(Path("/sys/fs/cgroup/cpu"), 1)
@@ -86,8 +87,9 @@ def test_cpu_cap_slows_a_running_step_and_clear_restores_it(clean_cluster, tmp_p
     burn = tmp_path / "burn.py"
     burn.write_text(BURN)
     out = tmp_path / "burn.out"
-    job = c.sbatch(f"#!/bin/bash\nsrun -l {sys.executable} {burn} 30\n",
-                   "-N2", "--ntasks-per-node=1", "-o", str(out))
+    job = c.sbatch(
+        f"#!/bin/bash\nsrun -l {sys.executable} {burn} 30\n", "-N2", "--ntasks-per-node=1", "-o", str(out)
+    )
     wait_for(lambda: out.exists() and len(out.read_text().splitlines()) > 40, 60, "the step to run")
     nodes = c.run(["squeue", "-h", "-j", str(job), "-o", "%N"]).stdout.strip()
     from slurmguard.slurm.hostlist import expand
@@ -113,8 +115,10 @@ def test_cpu_cap_slows_a_running_step_and_clear_restores_it(clean_cluster, tmp_p
     during = _per_chunk(rows, t_on + 1, t_off)
     after = _per_chunk(rows, t_off + 1, t_end)
     other = _per_chunk(_chunk_times(out, 0), t_on + 1, t_off)
-    print(f"\nwall per chunk on {slow}: {before * 1e3:.1f} ms -> capped 20% {during * 1e3:.1f} ms "
-          f"-> cleared {after * 1e3:.1f} ms; uncapped peer {other * 1e3:.1f} ms")
+    print(
+        f"\nwall per chunk on {slow}: {before * 1e3:.1f} ms -> capped 20% {during * 1e3:.1f} ms "
+        f"-> cleared {after * 1e3:.1f} ms; uncapped peer {other * 1e3:.1f} ms"
+    )
     assert during >= 2.0 * before
     assert after <= 1.5 * before
     assert other <= 1.5 * before  # the other node is not touched
@@ -142,8 +146,9 @@ def test_new_steps_inherit_the_cap_and_down_removes_it(tmp_path):
         res = c.run(["srun", "-N1", "cat", "/proc/self/cgroup"], timeout=60)
         assert res.returncode == 0, res.stderr
         # v1: the "N:cpu:/..." line; v2: "0::/..."
-        assert any(line.endswith(f"/{PARENT}/{Path(cap.cgroup).name}")
-                   for line in res.stdout.splitlines()), res.stdout
+        assert any(line.endswith(f"/{PARENT}/{Path(cap.cgroup).name}") for line in res.stdout.splitlines()), (
+            res.stdout
+        )
         with pytest.raises(FaultError, match="no node 'node9'"):
             apply_cpu_cap(c, "node9", 50)
         with pytest.raises(FaultError, match="percentage of one CPU"):

@@ -27,7 +27,7 @@ from tests.fixtures.guard import wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 BASELINE = 40  # steps: the agents' warm-up (5) and baseline (20) with margin
-HEALTHY = 30   # further healthy steps judged before the fault
+HEALTHY = 30  # further healthy steps judged before the fault
 DRAIN_S = 120  # a severe fault is drained well within this (bench loop: 5-20 s)
 MODERATE_S = 150  # issue 12.7: moderate faults within 60 s (bench loop); margin for load
 
@@ -53,8 +53,10 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float 
     except AssertionError as exc:
         # what the controller made of it: its incidents say why no node was named
         with run.store() as s:
-            why = [(str(i.tier.value), i.evidence.get("localisation") or i.evidence.get("note"))
-                   for i in s.incidents()]
+            why = [
+                (str(i.tier.value), i.evidence.get("localisation") or i.evidence.get("note"))
+                for i in s.incidents()
+            ]
         raise AssertionError(f"{exc}; incidents: {why}") from None
     t_drain = sc.epoch(drain.at)
     assert t_drain >= t_inject - 1.0, "drained before the fault was on"
@@ -98,9 +100,11 @@ def _capped_node_drained(run, workload: str, ckpt_every: int = 25) -> None:
     after = [e["step_s"] for e in sc.log(job)[n_before:] if e["t"] <= t_drain]
     ms = sorted(e["step_s"] for e in healthy[10:])[len(healthy[10:]) // 2] * 1e3
     slowed = sorted(after)[len(after) // 2] * 1e3 if after else float("nan")
-    print(f"\n{workload}: healthy step {ms:.0f} ms; {slow} capped at {cap:.0f}% "
-          f"(used {use:.2f} CPUs) -> {slowed:.0f} ms; drained {t_drain - t_inject:.1f}s / "
-          f"{len(after)} steps after injection")
+    print(
+        f"\n{workload}: healthy step {ms:.0f} ms; {slow} capped at {cap:.0f}% "
+        f"(used {use:.2f} CPUs) -> {slowed:.0f} ms; drained {t_drain - t_inject:.1f}s / "
+        f"{len(after)} steps after injection"
+    )
 
 
 def test_tensor_parallel_capped_node_drained_and_job_moved(guarded):
@@ -157,8 +161,12 @@ def test_node_under_two_guarded_jobs_is_drained_once(guarded):
 @pytest.mark.parametrize("workload", ["ddp", "pp"])
 def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
     run = guarded
-    run.configure(response={"tiers": {"sustained_s": 6.0},
-                            "escalation": {"drain_checkpoint_gpu_s": 0.5, "requeue_gpu_s": 1000.0}})
+    run.configure(
+        response={
+            "tiers": {"sustained_s": 6.0},
+            "escalation": {"drain_checkpoint_gpu_s": 0.5, "requeue_gpu_s": 1000.0},
+        }
+    )
     sc = Scenario(run.guard, say=print, workload=workload)
     job = sc.submit(steps=100000, signal=True, ckpt_every=0)
     sc.wait_steps(job, BASELINE)

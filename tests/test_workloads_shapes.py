@@ -21,9 +21,11 @@ from tests.fixtures.common import wait_for
 
 def _script(shape: str, steps: int, ckpt: Path, *extra: str) -> str:
     # no MASTER_PORT: the ranks meet through slurmguard.rendezvous
-    return ("#!/bin/bash\n"
-            f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.workloads {shape} "
-            f"--steps {steps} --ckpt-dir {ckpt} {' '.join(extra)}\n")
+    return (
+        "#!/bin/bash\n"
+        f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.workloads {shape} "
+        f"--steps {steps} --ckpt-dir {ckpt} {' '.join(extra)}\n"
+    )
 
 
 def _log(ckpt: Path, rank: int) -> list[dict]:
@@ -49,9 +51,14 @@ def test_every_shape_trains_and_logs_its_own_step_times(clean_cluster, tmp_path)
     jobs = {}
     for shape in SHAPES:
         tasks = 2 if shape == "2d" else 1
-        jobs[shape] = c.sbatch(_script(shape, 30, tmp_path / shape, "--ckpt-every", "10"),
-                               "-N2", f"--ntasks-per-node={tasks}", "--exclusive",
-                               "-o", str(tmp_path / f"{shape}.out"))
+        jobs[shape] = c.sbatch(
+            _script(shape, 30, tmp_path / shape, "--ckpt-every", "10"),
+            "-N2",
+            f"--ntasks-per-node={tasks}",
+            "--exclusive",
+            "-o",
+            str(tmp_path / f"{shape}.out"),
+        )
     for shape, job in jobs.items():
         assert c.wait_job(job, timeout=300) == "COMPLETED", (tmp_path / f"{shape}.out").read_text()[-2000:]
     for shape in SHAPES:
@@ -79,8 +86,14 @@ def test_pipeline_checkpoints_on_sigusr1_and_resumes_after_requeue(clean_cluster
     """~60 s: no periodic checkpoints; SIGUSR1 makes one; a requeue resumes from it."""
     c = clean_cluster
     ckpt = tmp_path / "pp"
-    job = c.sbatch(_script("pp", 100000, ckpt, "--ckpt-every", "0"), "-N2", "--ntasks-per-node=1",
-                   "--exclusive", "-o", str(tmp_path / "pp.out"))
+    job = c.sbatch(
+        _script("pp", 100000, ckpt, "--ckpt-every", "0"),
+        "-N2",
+        "--ntasks-per-node=1",
+        "--exclusive",
+        "-o",
+        str(tmp_path / "pp.out"),
+    )
     wait_for(lambda: len(_log(ckpt, 1)) >= 15, 180, "15 pipeline steps")
     assert not (ckpt / "latest").exists()
     assert c.run(["scancel", "--signal=USR1", str(job)]).returncode == 0
@@ -97,6 +110,7 @@ def test_pipeline_checkpoints_on_sigusr1_and_resumes_after_requeue(clean_cluster
         # does on its later cycles
         slurm.release_requeue_hold(job)
         return [e for e in _log(ckpt, 1) if e["restart"] == 1]
+
     wait_for(restarted, 240, "the restarted run", interval=2.0)
     resumed = [e for e in _log(ckpt, 1) if e["restart"] == 1]
     assert resumed[0]["iter"] == saved

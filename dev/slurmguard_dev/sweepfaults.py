@@ -30,10 +30,11 @@ import os
 import runpy
 import shlex
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, cast
 
 from slurmguard import datafiles
 from slurmguard.errors import InputError, SlurmguardError
@@ -69,7 +70,7 @@ def parse_faults(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{source}: expected a JSON object of node name -> faults")
     known = {f.name for f in fields(NodeFault)}
-    out: dict[str, NodeFault] = {}
+    out: dict[str, Any] = {}  # NodeFault of the workloads' sweeplib
     for node, spec in data.items():
         if not is_node_name(node):
             raise InputError(f"{source}: invalid node name {node!r}")
@@ -97,8 +98,10 @@ def parse_faults(data: Any, source: str) -> dict[str, Any]:
                     raise InputError(f"{where}: expected tx, rx or both, got {value!r}")
                 kw[key] = value
             elif key == "gpus":
-                if value is not None and (not isinstance(value, list) or not all(
-                        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)):
+                if value is not None and (
+                    not isinstance(value, list)
+                    or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+                ):
                     raise InputError(f"{where}: expected a list of GPU indexes or null")
                 kw[key] = None if value is None else tuple(value)
         out[node] = NodeFault(**kw)
@@ -123,7 +126,9 @@ def load_faults(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise InputError(
+            f"{source}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     return parse_faults(data, source)
 
 
@@ -133,8 +138,10 @@ def launcher(path: Path, fault_file: Path | None = None, python: str | None = No
     environment); returns its absolute path."""
     path = Path(path).absolute()
     env = f"export {ENV_FILE}={shlex.quote(str(fault_file))}\n" if fault_file is not None else ""
-    path.write_text("#!/bin/sh\n# slurmguard-dev: sweep workloads with injected faults (never in production)\n"
-                    f"{env}exec {shlex.quote(python or sys.executable)} -m slurmguard_dev.sweepfaults \"$@\"\n")
+    path.write_text(
+        "#!/bin/sh\n# slurmguard-dev: sweep workloads with injected faults (never in production)\n"
+        f'{env}exec {shlex.quote(python or sys.executable)} -m slurmguard_dev.sweepfaults "$@"\n'
+    )
     path.chmod(0o755)
     return path
 
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         f = faults.get(node)
         return (f or sl.NO_FAULT), ({node: f.to_dict()} if f is not None else None)
 
-    sl.fault_for = fault_for
+    cast(Any, sl).fault_for = fault_for  # replaces the workloads' lookup
     sys.argv = [script, *args[1:]]
     runpy.run_path(script, run_name="__main__")
 

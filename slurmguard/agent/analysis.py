@@ -63,8 +63,12 @@ def role_of(tr: TrackedRing, it: Iterations) -> str:
     parallel positions share a role; pipeline stages do not."""
     sig = sorted((op, tr.comm_sizes.get(comm, 0), nbytes) for op, comm, nbytes in it.signature)
     p2p = np.isin(tr.op, _P2P) & (tr.peer >= 0)
-    offsets = sorted({int(peer) - tr.comm_ranks.get(int(c), tr.header.global_rank)
-                      for peer, c in zip(tr.peer[p2p], tr.comm[p2p])})
+    offsets = sorted(
+        {
+            int(peer) - tr.comm_ranks.get(int(c), tr.header.global_rank)
+            for peer, c in zip(tr.peer[p2p], tr.comm[p2p])
+        }
+    )
     return hashlib.sha1(repr((sig, offsets)).encode()).hexdigest()[:12]
 
 
@@ -114,10 +118,20 @@ def comm_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> n
 def link_reports(tr: TrackedRing) -> list[LinkReport]:
     """The rank's links with transfers (profiler plugin), busiest first."""
     rows = sorted(tr.links.items(), key=lambda kv: -kv[1].steps)[:MAX_LINKS]
-    return [LinkReport(comm=comm, peer=peer, sent=sent, steps=lt.steps, bytes=lt.bytes,
-                       net_s=lt.net_ns / 1e9, peer_wait_s=lt.peer_wait_ns / 1e9,
-                       gpu_wait_s=lt.gpu_wait_ns / 1e9)
-            for (comm, peer, sent), lt in rows if lt.steps > 0 and peer >= 0]
+    return [
+        LinkReport(
+            comm=comm,
+            peer=peer,
+            sent=sent,
+            steps=lt.steps,
+            bytes=lt.bytes,
+            net_s=lt.net_ns / 1e9,
+            peer_wait_s=lt.peer_wait_ns / 1e9,
+            gpu_wait_s=lt.gpu_wait_ns / 1e9,
+        )
+        for (comm, peer, sent), lt in rows
+        if lt.steps > 0 and peer >= 0
+    ]
 
 
 def iteration_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
@@ -141,17 +155,26 @@ MAX_STEP_S = 86400.0
 FUTURE_SLACK_S = 300.0
 
 
-def sane_steps(step_s: np.ndarray, comm_s: np.ndarray, end: np.ndarray,
-               now: float | None = None) -> np.ndarray:
+def sane_steps(
+    step_s: np.ndarray, comm_s: np.ndarray, end: np.ndarray, now: float | None = None
+) -> np.ndarray:
     """Mask of iteration samples that make sense: finite, 0 < step <=
     MAX_STEP_S, 0 <= comm <= step, end (Unix s) not after now + FUTURE_SLACK_S.
     Ring records come from the job, so anything else is dropped (and
     counted by the caller), never raised."""
     now = time.time() if now is None else now
     with np.errstate(invalid="ignore"):
-        return (np.isfinite(step_s) & np.isfinite(comm_s) & np.isfinite(end)
-                & (step_s > 0) & (step_s <= MAX_STEP_S) & (comm_s >= 0) & (comm_s <= step_s)
-                & (end > 0) & (end <= now + FUTURE_SLACK_S))
+        return (
+            np.isfinite(step_s)
+            & np.isfinite(comm_s)
+            & np.isfinite(end)
+            & (step_s > 0)
+            & (step_s <= MAX_STEP_S)
+            & (comm_s >= 0)
+            & (comm_s <= step_s)
+            & (end > 0)
+            & (end <= now + FUTURE_SLACK_S)
+        )
 
 
 @dataclass
@@ -171,7 +194,7 @@ class RankAnalyzer:
     _det: StepDetector | None = None
     _fed_until_ns: int = 0
     _fed_ends: list[float] = field(default_factory=list)
-    _fed_base: int = 0               # detector index of _fed_ends[0]
+    _fed_base: int = 0  # detector index of _fed_ends[0]
     _fed_compute: list[float] = field(default_factory=list)
     changes: list[ChangeReport] = field(default_factory=list)
 
@@ -181,17 +204,25 @@ class RankAnalyzer:
         h = tr.header
         last_end = int(tr.finish_ns.max()) if tr.finish_ns.size else None
         return RankReport(
-            rank=h.global_rank, local_rank=h.local_rank if h.local_rank >= 0 else None,
-            gpu=h.local_rank if h.local_rank >= 0 else None, source=h.source_name,
+            rank=h.global_rank,
+            local_rank=h.local_rank if h.local_rank >= 0 else None,
+            gpu=h.local_rank if h.local_rank >= 0 else None,
+            source=h.source_name,
             period_ops=self.structure[0] if self.structure else None,
             role=self.structure[1] if self.structure else None,
-            baseline_step_s=self.baseline_s, baseline_compute_s=self.baseline_compute_s,
-            steps=steps[-self.agent.report_steps:], total_steps=self.total_steps,
+            baseline_step_s=self.baseline_s,
+            baseline_compute_s=self.baseline_compute_s,
+            steps=steps[-self.agent.report_steps :],
+            total_steps=self.total_steps,
             last_progress=tr.to_unix_s(last_end) if last_end else None,
-            in_flight_since=(tr.to_unix_s(tr.in_flight_since_ns)
-                             if tr.in_flight_since_ns is not None else None),
-            lost_records=tr.lost, changes=self.changes[-8:], exited=tr.writer_exited,
-            links=link_reports(tr))
+            in_flight_since=(
+                tr.to_unix_s(tr.in_flight_since_ns) if tr.in_flight_since_ns is not None else None
+            ),
+            lost_records=tr.lost,
+            changes=self.changes[-8:],
+            exited=tr.writer_exited,
+            links=link_reports(tr),
+        )
 
     def _steps(self, tr: TrackedRing) -> list[StepSample]:
         # once a baseline is learned, its period holds while the ops still fit it
@@ -229,8 +260,10 @@ class RankAnalyzer:
             guard = self._last_anchor_ns + 0.5 * float(np.median(step))
             self.total_steps += int(np.count_nonzero(bounds > guard))
         self._last_anchor_ns = max(self._last_anchor_ns, int(bounds[-1]))
-        return [StepSample(end=float(e), step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
-                for e, s, c in zip(ends[good], step[good], comm[good])]
+        return [
+            StepSample(end=float(e), step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
+            for e, s, c in zip(ends[good], step[good], comm[good])
+        ]
 
     def _reset_baseline(self) -> None:
         self.baseline_s = self.baseline_compute_s = None
@@ -252,8 +285,9 @@ class RankAnalyzer:
         `detected_at` the end of the iteration at which the detector knew.
         """
         if self._det is None:
-            cfg = DetectorConfig.from_parts(self.detection.bocd, self.agent.warmup_steps,
-                                            self.agent.baseline_steps)
+            cfg = DetectorConfig.from_parts(
+                self.detection.bocd, self.agent.warmup_steps, self.agent.baseline_steps
+            )
             self._det = StepDetector(1, cfg)
         det = self._det
         off_s = tr.header.clock_offset_ns / 1e9
@@ -267,15 +301,21 @@ class RankAnalyzer:
             if len(self._fed_compute) < keep:
                 self._fed_compute.append(s.step_s - s.comm_s)
             for cp in det.update(np.array([s.step_s])):
-                self.changes.append(ChangeReport(
-                    at=self._fed_end(cp.index - 1), direction=cp.direction, before_s=cp.level_before,
-                    after_s=cp.level_after, detected_at=self._fed_end(cp.detected_at)))
+                self.changes.append(
+                    ChangeReport(
+                        at=self._fed_end(cp.index - 1),
+                        direction=cp.direction,
+                        before_s=cp.level_before,
+                        after_s=cp.level_after,
+                        detected_at=self._fed_end(cp.detected_at),
+                    )
+                )
             if det.learned(0):
                 # follows the detector: learned again after a long warm-up, or
                 # moved when the job got faster
                 self.baseline_s = det.baseline_s(0)
-                if self.baseline_compute_s is None and self._fed_compute[det.cfg.warmup:]:
-                    self.baseline_compute_s = float(np.median(self._fed_compute[det.cfg.warmup:]))
+                if self.baseline_compute_s is None and self._fed_compute[det.cfg.warmup :]:
+                    self.baseline_compute_s = float(np.median(self._fed_compute[det.cfg.warmup :]))
         # the detector's indices are positions in this list: keep it, but only
         # as far back as a change can be located (the detector's history)
         drop = len(self._fed_ends) - 2 * det.hcap

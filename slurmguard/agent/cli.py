@@ -5,29 +5,53 @@ from __future__ import annotations
 import json
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.service import setup_logging
 
+if TYPE_CHECKING:
+    from slurmguard.telemetry import TelemetrySource
+
 
 @click.command("agent")
-@click.option("--node", default=None,
-              help="Slurm node name this agent serves (default $SLURMD_NODENAME or the short hostname).")
-@click.option("--controller", "controller_url", default=None, help="Controller URL (default agent.controller_url).")
+@click.option(
+    "--node",
+    default=None,
+    help="Slurm node name this agent serves (default $SLURMD_NODENAME or the short hostname).",
+)
+@click.option(
+    "--controller", "controller_url", default=None, help="Controller URL (default agent.controller_url)."
+)
 @click.option("--secret-file", default=None, type=click.Path(dir_okay=False))
 @click.option("--ring-root", default=None, help="Ring directory root (default agent.ring_root).")
-@click.option("--telemetry", "source_kind", default=None,
-              type=click.Choice(["sim", "nvml", "dcgm", "prometheus", "none"]))
-@click.option("--sim-profiles", default=None,
-              help='Sim fault profiles as JSON, e.g. \'{"node2": "thermal_throttle"}\' '
-                   "(or @FILE); $SLURMGUARD_SIM_PROFILES otherwise.")
+@click.option(
+    "--telemetry",
+    "source_kind",
+    default=None,
+    type=click.Choice(["sim", "nvml", "dcgm", "prometheus", "none"]),
+)
+@click.option(
+    "--sim-profiles",
+    default=None,
+    help='Sim fault profiles as JSON, e.g. \'{"node2": "thermal_throttle"}\' '
+    "(or @FILE); $SLURMGUARD_SIM_PROFILES otherwise.",
+)
 @click.option("--once", is_flag=True, help="Send one report and exit.")
 @click.option("-v", "--verbose", count=True)
 @click.pass_context
-def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, secret_file: str | None,
-              ring_root: str | None, source_kind: str | None, sim_profiles: str | None, once: bool,
-              verbose: int) -> None:
+def agent_cmd(
+    ctx: click.Context,
+    node: str | None,
+    controller_url: str | None,
+    secret_file: str | None,
+    ring_root: str | None,
+    source_kind: str | None,
+    sim_profiles: str | None,
+    once: bool,
+    verbose: int,
+) -> None:
     """Run the node agent: rings -> step times and changes, telemetry -> reports."""
     from slurmguard.agent.daemon import Agent, run
     from slurmguard.agent.sender import ReportSender
@@ -43,7 +67,7 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     kind = source_kind or p.telemetry_source
     kw: dict = {"clock": app.clock}
     spec = sim_profiles or os.environ.get("SLURMGUARD_SIM_PROFILES")
-    source = None
+    source: TelemetrySource | None = None
     if kind == "sim" and spec and spec.startswith("@"):
         from slurmguard.agent.simfile import SimFromFile
 
@@ -62,13 +86,29 @@ def agent_cmd(ctx: click.Context, node: str | None, controller_url: str | None, 
     if source is None:
         if kind != "sim":
             t = p.telemetry
-            kw.update(infiniband=t.infiniband, ib_root=t.ib_sysfs_root, expected_ports=t.ib_expected_ports,
-                      targets=t.prometheus_targets, timeout_s=t.call_timeout_s)
+            kw.update(
+                infiniband=t.infiniband,
+                ib_root=t.ib_sysfs_root,
+                expected_ports=t.ib_expected_ports,
+                targets=t.prometheus_targets,
+                timeout_s=t.call_timeout_s,
+            )
         source = open_source(kind, node, **kw)
-    sender = ReportSender(controller_url or p.controller_url,
-                          read_secret((secret_file or p.secret_file).replace("{node}", node), "node key"),
-                          timeout_s=p.request_timeout_s, max_reports=p.buffer_max_reports,
-                          now=app.clock.now, ca_file=p.tls_ca_file)
-    agent = Agent(node=node, policy=app.policy, sender=sender, source=source, clock=app.clock,
-                  ring_root=ring_root, slurm=app.slurm)
+    sender = ReportSender(
+        controller_url or p.controller_url,
+        read_secret((secret_file or p.secret_file).replace("{node}", node), "node key"),
+        timeout_s=p.request_timeout_s,
+        max_reports=p.buffer_max_reports,
+        now=app.clock.now,
+        ca_file=p.tls_ca_file,
+    )
+    agent = Agent(
+        node=node,
+        policy=app.policy,
+        sender=sender,
+        source=source,
+        clock=app.clock,
+        ring_root=ring_root,
+        slurm=app.slurm,
+    )
     raise SystemExit(run(agent, once=once))

@@ -17,9 +17,10 @@ from slurmguard.agent.rings import RingTracker, SlurmJobs
 from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
-from slurmguard.service import stop_on_signals
 from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
-from slurmguard.telemetry.base import UnavailableSet
+from slurmguard.service import stop_on_signals
+from slurmguard.slurm.client import SlurmClient
+from slurmguard.telemetry.base import TelemetrySource, UnavailableSet
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +30,10 @@ class Agent:
     node: str
     policy: Policy
     sender: ReportSender
-    source: object | None = None
+    source: TelemetrySource | None = None
     clock: Clock = field(default_factory=SystemClock)
     ring_root: str | None = None
-    slurm: object | None = None
+    slurm: SlurmClient | None = None
     """The Slurm client that says which jobs run on this node (required to read any ring)."""
 
     def __post_init__(self) -> None:
@@ -52,8 +53,11 @@ class Agent:
         for s in reading.samples:
             if s.node != self.node:
                 continue
-            self._telemetry.append(TelemetryRecord(signal=s.signal, value=s.value, unit=s.unit,
-                                                   timestamp=s.timestamp, gpu=s.gpu, nic=s.nic))
+            self._telemetry.append(
+                TelemetryRecord(
+                    signal=s.signal, value=s.value, unit=s.unit, timestamp=s.timestamp, gpu=s.gpu, nic=s.nic
+                )
+            )
         self._unavailable.update(reading.events, self.node)
         for e in reading.events:
             self._events.append(f"{e.source} {e.kind}: {e.detail}")
@@ -77,8 +81,12 @@ class Agent:
                 self.tracker.problem(path, "analysis", f"analysis failed: {exc!r}")
                 continue
             if an.dropped > dropped:
-                self.tracker.problem(path, "dropped_samples", "iteration samples that make no sense "
-                                     "(negative, NaN, absurd) dropped", an.dropped - dropped)
+                self.tracker.problem(
+                    path,
+                    "dropped_samples",
+                    "iteration samples that make no sense (negative, NaN, absurd) dropped",
+                    an.dropped - dropped,
+                )
             if tr.start_ns.size == 0:
                 continue  # no collective yet (or never: a job that opts in and only computes)
             jobs.setdefault(tr.job_id, []).append((tr, rep))
@@ -92,17 +100,31 @@ class Agent:
             # the one that progressed last is the rank's current ring
             for tr, r in sorted(rows, key=lambda row: row[1].last_progress or 0.0, reverse=True):
                 if r.rank in ranks:
-                    self.tracker.problem(tr.reader.path, "invalid", f"rank {r.rank} of job {j} "
-                                         "has a newer ring on this node; this one is not reported")
+                    self.tracker.problem(
+                        tr.reader.path,
+                        "invalid",
+                        f"rank {r.rank} of job {j} has a newer ring on this node; this one is not reported",
+                    )
                     continue
                 ranks[r.rank] = r
-            job_reports.append(JobReport(job_id=j, world_size=rows[0][0].header.world_size or None,
-                                         ranks=[ranks[k] for k in sorted(ranks)]))
+            job_reports.append(
+                JobReport(
+                    job_id=j,
+                    world_size=rows[0][0].header.world_size or None,
+                    ranks=[ranks[k] for k in sorted(ranks)],
+                )
+            )
         self.seq += 1
-        report = AgentReport(node=self.node, seq=self.seq, sent_at=self.clock.now(), jobs=job_reports,
-                             telemetry=self._telemetry, events=self._events,
-                             unavailable=self._unavailable.records(),
-                             ring_errors={k: v for k, v in self.tracker.errors.items() if v})
+        report = AgentReport(
+            node=self.node,
+            seq=self.seq,
+            sent_at=self.clock.now(),
+            jobs=job_reports,
+            telemetry=self._telemetry,
+            events=self._events,
+            unavailable=self._unavailable.records(),
+            ring_errors={k: v for k, v in self.tracker.errors.items() if v},
+        )
         self._telemetry, self._events = [], []
         return report
 
@@ -132,8 +154,13 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
                 except Exception:  # noqa: BLE001 - the next cycle may well succeed
                     log.exception("report cycle failed")
                 else:
-                    log.debug("report %d: %d job(s), %d telemetry sample(s), %d queued", rep.seq,
-                              len(rep.jobs), len(rep.telemetry), len(agent.sender.queue))
+                    log.debug(
+                        "report %d: %d job(s), %d telemetry sample(s), %d queued",
+                        rep.seq,
+                        len(rep.jobs),
+                        len(rep.telemetry),
+                        len(agent.sender.queue),
+                    )
             if once:
                 break
             stop.wait(min(p.sample_interval_s, p.report_interval_s))

@@ -40,7 +40,7 @@ import os
 import pwd
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,6 +56,7 @@ from slurmguard.hook.ring import (
     RingHeader,
     RingReader,
 )
+from slurmguard.slurm.client import SlurmClient
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +85,12 @@ RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED"})
 
 #: counted problem kinds (the keys of RingTracker.errors and of the report's ring_errors)
 ERROR_KINDS = (
-    "invalid",          # not a usable ring: FIFO, symlink, truncated, sparse, bad geometry/header
-    "untrusted",        # job directory not a real directory owned by the job's user
-    "unreadable",       # a ring that failed while being read (shrank, I/O error)
+    "invalid",  # not a usable ring: FIFO, symlink, truncated, sparse, bad geometry/header
+    "untrusted",  # job directory not a real directory owned by the job's user
+    "unreadable",  # a ring that failed while being read (shrank, I/O error)
     "corrupt_records",  # committed records with impossible contents
     "dropped_samples",  # derived iteration samples that made no sense (negative, NaN, absurd)
-    "analysis",         # a ring whose analysis raised (skipped, the others go on)
+    "analysis",  # a ring whose analysis raised (skipped, the others go on)
 )
 
 
@@ -173,8 +174,14 @@ class SlurmJobs:
     last answer stands (None until the first one: nothing is trusted before).
     """
 
-    def __init__(self, slurm, node: str, *, refresh_s: float = JOBS_REFRESH_S,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        slurm: SlurmClient,
+        node: str,
+        *,
+        refresh_s: float = JOBS_REFRESH_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.slurm = slurm
         self.node = node
         self.refresh_s = refresh_s
@@ -193,13 +200,15 @@ class SlurmJobs:
             jobs = self.slurm.jobs()
         except Exception as exc:  # noqa: BLE001 - Slurm down is a state, not a crash
             if not self._failed:
-                log.warning("cannot ask Slurm for the jobs on %s (keeping the last answer): %s",
-                            self.node, exc)
+                log.warning(
+                    "cannot ask Slurm for the jobs on %s (keeping the last answer): %s", self.node, exc
+                )
             self._failed = True
             return self._jobs
         self._failed = False
-        self._jobs = {j.job_id: _uid(j.user) for j in jobs
-                      if j.state in RUNNING_STATES and self.node in j.nodes}
+        self._jobs = {
+            j.job_id: _uid(j.user) for j in jobs if j.state in RUNNING_STATES and self.node in j.nodes
+        }
         return self._jobs
 
 
@@ -225,8 +234,15 @@ class RingTracker:
     node (see :class:`SlurmJobs`), or None when that is not known yet.
     """
 
-    def __init__(self, ring_root: str, node: str, jobs: Callable[[], dict[int, int | None] | None],
-                 max_ops: int = 16384, *, young_s: float = YOUNG_S) -> None:
+    def __init__(
+        self,
+        ring_root: str,
+        node: str,
+        jobs: Callable[[], dict[int, int | None] | None],
+        max_ops: int = 16384,
+        *,
+        young_s: float = YOUNG_S,
+    ) -> None:
         self.root = os.fspath(ring_root)
         self.node = node
         self.jobs = jobs
@@ -278,7 +294,7 @@ class RingTracker:
             self._logged.clear()
         return list(self.rings.values())
 
-    def _job_dirs(self, running: dict[int, int | None]):
+    def _job_dirs(self, running: dict[int, int | None]) -> Iterator[tuple[int, int, list[str]]]:
         """(job id, directory fd, ring file names) of the running jobs' trusted directories."""
         try:
             rootfd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -301,8 +317,9 @@ class RingTracker:
                 path = os.path.join(self.root, name)
                 self._dirs_seen.add(path)
                 try:
-                    dfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                  dir_fd=rootfd)
+                    dfd = os.open(
+                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rootfd
+                    )
                 except OSError as exc:
                     self.problem(path, "untrusted", f"not a usable job directory: {exc.strerror}")
                     continue
@@ -310,10 +327,16 @@ class RingTracker:
                     st = os.fstat(dfd)
                     uid = running[job_id]
                     if uid is None or st.st_uid != uid:
-                        raise RingError(path, f"owned by uid {st.st_uid}, job {job_id} runs as "
-                                              f"{'an unknown user' if uid is None else f'uid {uid}'}")
-                    names = [e.name for e in os.scandir(dfd)
-                             if e.name.endswith(".ring") and RING_NAME.match(e.name)]
+                        raise RingError(
+                            path,
+                            f"owned by uid {st.st_uid}, job {job_id} runs as "
+                            f"{'an unknown user' if uid is None else f'uid {uid}'}",
+                        )
+                    names = [
+                        e.name
+                        for e in os.scandir(dfd)
+                        if e.name.endswith(".ring") and RING_NAME.match(e.name)
+                    ]
                 except (OSError, RingError) as exc:
                     os.close(dfd)
                     why = exc.problem if isinstance(exc, RingError) else f"cannot list: {exc.strerror}"
@@ -395,16 +418,16 @@ class RingTracker:
         tr.lost += batch.lost
         if batch.corrupt:
             tr.corrupt += batch.corrupt
-            self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped",
-                         batch.corrupt)
+            self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped", batch.corrupt)
         groups = []
         for r in batch.records:
             if r.op == 11 and r.comm_id:  # comm_init: count = communicator size, peer = rank in it
                 tr.comm_sizes[_fold(r.comm_id)] = int(r.count)
                 tr.comm_ranks[_fold(r.comm_id)] = int(r.peer)
             elif r.op == _PEER_XFER:
-                lt = tr.links.setdefault((_fold(r.comm_id), int(r.peer), bool(r.flags & F_XFER_SEND)),
-                                         LinkTime())
+                lt = tr.links.setdefault(
+                    (_fold(r.comm_id), int(r.peer), bool(r.flags & F_XFER_SEND)), LinkTime()
+                )
                 lt.steps += r.count
                 lt.bytes += r.bytes
                 lt.net_ns += r.xfer_net_ns
@@ -412,8 +435,7 @@ class RingTracker:
                 lt.gpu_wait_ns += r.xfer_gpu_wait_ns
             elif r.op == _GROUP_END and not r.flags & F_IN_GROUP:
                 timed = r.has_gpu_time and r.gpu_end_ns >= r.gpu_start_ns
-                groups.append((_fold(r.start_ns), _fold(r.gpu_start_ns), _fold(r.gpu_end_ns),
-                               int(timed)))
+                groups.append((_fold(r.start_ns), _fold(r.gpu_start_ns), _fold(r.gpu_end_ns), int(timed)))
         if groups:
             g = np.concatenate([tr.groups, np.array(groups, dtype=np.int64)])
             tr.groups = g[np.argsort(g[:, 0], kind="stable")][-MAX_GROUPS:]
@@ -434,13 +456,17 @@ class RingTracker:
             limit = np.uint64(time.monotonic_ns() + FUTURE_SLACK_NS)
             longest = np.uint64(MAX_OP_NS)
             with np.errstate(over="ignore"):
-                bad = (end > limit) | (end - start > longest) | (
-                    gpu & ((gend > limit) | (gend < gstart) | (gend - gstart > longest)))
+                bad = (
+                    (end > limit)
+                    | (end - start > longest)
+                    | (gpu & ((gend > limit) | (gend < gstart) | (gend - gstart > longest)))
+                )
             nbad = int(np.count_nonzero(bad))
             if nbad:
                 tr.corrupt += nbad
-                self.problem(tr.reader.path, "corrupt_records",
-                             f"{nbad} record(s) with impossible times skipped", nbad)
+                self.problem(
+                    tr.reader.path, "corrupt_records", f"{nbad} record(s) with impossible times skipped", nbad
+                )
             pending = ~bad & ((flags & np.uint64(_PENDING)) != 0)
             keep = ~bad & ~pending
             tr.in_flight_since_ns = int(start[pending].min()) if pending.any() else None
@@ -450,16 +476,48 @@ class RingTracker:
         if done:
             v = u[keep].view(np.int64)  # _fold of every field
             g = gpu[keep]
-            new = (v[:, 0], v[:, 1], v[:, 2], v[:, 3], v[:, 4], peer[keep], v[:, 5],
-                   np.where(g, v[:, 6], v[:, 3]), np.where(g, v[:, 7], v[:, 4]))  # begin, finish
-            cols = [np.concatenate([old, a]) for old, a in
-                    zip((tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags,
-                         tr.begin_ns, tr.finish_ns), new)]
+            new = (
+                v[:, 0],
+                v[:, 1],
+                v[:, 2],
+                v[:, 3],
+                v[:, 4],
+                peer[keep],
+                v[:, 5],
+                np.where(g, v[:, 6], v[:, 3]),
+                np.where(g, v[:, 7], v[:, 4]),
+            )  # begin, finish
+            cols = [
+                np.concatenate([old, a])
+                for old, a in zip(
+                    (
+                        tr.op,
+                        tr.comm,
+                        tr.nbytes,
+                        tr.start_ns,
+                        tr.end_ns,
+                        tr.peer,
+                        tr.flags,
+                        tr.begin_ns,
+                        tr.finish_ns,
+                    ),
+                    new,
+                )
+            ]
             # issue order: a ring holds completion order, and a record completed
             # late may start before records read in an earlier poll
-            order = np.argsort(cols[3], kind="stable")[-self.max_ops:]
-            (tr.op, tr.comm, tr.nbytes, tr.start_ns, tr.end_ns, tr.peer, tr.flags, tr.begin_ns,
-             tr.finish_ns) = (c[order] for c in cols)
+            order = np.argsort(cols[3], kind="stable")[-self.max_ops :]
+            (
+                tr.op,
+                tr.comm,
+                tr.nbytes,
+                tr.start_ns,
+                tr.end_ns,
+                tr.peer,
+                tr.flags,
+                tr.begin_ns,
+                tr.finish_ns,
+            ) = (c[order] for c in cols)
         if (done or groups) and tr.groups.size:
             _group_spans(tr)
 
@@ -468,8 +526,9 @@ class RingTracker:
             self._drop(path)
 
 
-_UFIELDS = operator.attrgetter("op", "comm_id", "bytes", "start_ns", "end_ns", "flags",
-                               "gpu_start_ns", "gpu_end_ns")
+_UFIELDS = operator.attrgetter(
+    "op", "comm_id", "bytes", "start_ns", "end_ns", "flags", "gpu_start_ns", "gpu_end_ns"
+)
 
 
 def _group_spans(tr: TrackedRing) -> None:

@@ -25,7 +25,7 @@ import ssl
 import urllib.error
 import urllib.request
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
 
@@ -37,9 +37,17 @@ BATCH_SAMPLES = 4096
 
 
 class ReportSender:
-    def __init__(self, url: str, key: bytes, *, timeout_s: float = 5.0, max_reports: int = 1000,
-                 now: Callable[[], float], ca_file: str | None = None,
-                 batch_samples: int = BATCH_SAMPLES) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: bytes,
+        *,
+        timeout_s: float = 5.0,
+        max_reports: int = 1000,
+        now: Callable[[], float],
+        ca_file: str | None = None,
+        batch_samples: int = BATCH_SAMPLES,
+    ) -> None:
         """key: this node's report key (reports.node_key); ca_file: CA of an https
         controller; batch_samples: most telemetry samples merged into one request."""
         self.batch_samples = batch_samples
@@ -107,16 +115,27 @@ class ReportSender:
         if k == 1:
             return 1, q[0]
         parts = [q[i] for i in range(k)]
-        return k, parts[-1].model_copy(update={
-            "telemetry": [t for r in parts for t in r.telemetry],
-            "events": [e for r in parts for e in r.events]})
+        return k, parts[-1].model_copy(
+            update={
+                "telemetry": [t for r in parts for t in r.telemetry],
+                "events": [e for r in parts for e in r.events],
+            }
+        )
 
     def _post(self, report: AgentReport) -> str:
         body = report.model_dump_json().encode()
         ts = f"{self.now():.3f}"
-        req = urllib.request.Request(self.url, data=body, method="POST", headers={
-            "Content-Type": "application/json", TIME_HEADER: ts, NODE_HEADER: report.node,
-            SIG_HEADER: sign(self.key, ts, report.node, body)})
+        req = urllib.request.Request(
+            self.url,
+            data=body,
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                TIME_HEADER: ts,
+                NODE_HEADER: report.node,
+                SIG_HEADER: sign(self.key, ts, report.node, body),
+            },
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
                 answer = resp.read(4096)
@@ -125,8 +144,11 @@ class ReportSender:
             except (ValueError, AttributeError):
                 accepted = False
             if not accepted:
-                log.error("controller did not accept report %d: %s", report.seq,
-                          answer[:200].decode(errors="replace"))
+                log.error(
+                    "controller did not accept report %d: %s",
+                    report.seq,
+                    answer[:200].decode(errors="replace"),
+                )
                 return "rejected"
             return "ok"
         except urllib.error.HTTPError as exc:
@@ -135,8 +157,12 @@ class ReportSender:
                 return "retry"
             if 400 <= exc.code < 500:
                 # the controller will never take this report: do not block the queue on it
-                log.error("controller rejected report %d: HTTP %d %s", report.seq, exc.code,
-                          exc.read(200).decode(errors="replace"))
+                log.error(
+                    "controller rejected report %d: HTTP %d %s",
+                    report.seq,
+                    exc.code,
+                    exc.read(200).decode(errors="replace"),
+                )
                 return "rejected"
             log.warning("controller answered HTTP %d; will retry", exc.code)
             return "retry"

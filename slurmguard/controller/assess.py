@@ -80,10 +80,10 @@ def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
     comm = np.full((len(windows), width), np.nan)
     for i, w in enumerate(windows):
         if hasattr(w, "step_s"):
-            step[i, width - len(w):], comm[i, width - len(w):] = w.step_s, w.comm_s
+            step[i, width - len(w) :], comm[i, width - len(w) :] = w.step_s, w.comm_s
         else:
-            step[i, width - len(w):] = [s.step_s for s in w]
-            comm[i, width - len(w):] = [s.comm_s for s in w]
+            step[i, width - len(w) :] = [s.step_s for s in w]
+            comm[i, width - len(w) :] = [s.comm_s for s in w]
     return step, comm
 
 
@@ -102,8 +102,9 @@ def _median_without_self(v: np.ndarray) -> np.ndarray:
     return (sv[i1] + sv[i2]) / 2.0
 
 
-def _judge_steps(ranks: list[RankReport], policy: Policy,
-                 since: float | None) -> tuple[float | None, float | None, int]:
+def _judge_steps(
+    ranks: list[RankReport], policy: Policy, since: float | None
+) -> tuple[float | None, float | None, int]:
     """(current step time s, onset Unix s or None, ranks judged) from the step
     detector (slurmguard.detect.steps: the code and thresholds of the agent,
     the CLI and the bench) run over the ranks' report windows, each against the
@@ -122,14 +123,17 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     def window(r: RankReport):
         steps = _since(r.steps, since)
         if since is None and len(r.steps) == r.total_steps:
-            steps = steps[cfg.warmup:]  # the window starts at the job's start: skip its warm-up
+            steps = steps[cfg.warmup :]  # the window starts at the job's start: skip its warm-up
         return steps
 
     if since is None:
         # the window's length without building it (it is built for the chosen ranks only):
         # at thousands of ranks a job, slicing every window costs more than judging
-        sized = [(r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if len(r.steps) == r.total_steps
-                                     else 0)) for r in ranks if r.baseline_step_s]
+        sized = [
+            (r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if len(r.steps) == r.total_steps else 0))
+            for r in ranks
+            if r.baseline_step_s
+        ]
         chosen = heapq.nsmallest(MAX_JUDGED, [x for x in sized if x[1] >= 3], key=lambda x: -x[1])
         rows = [(r, window(r)) for r, _ in chosen]
     else:
@@ -142,8 +146,13 @@ def _judge_steps(ranks: list[RankReport], policy: Policy,
     quick = _within_baseline(x, [r.baseline_step_s for r, _ in rows], policy)
     if quick is not None:
         return quick, None, len(rows)
-    det = StepDetector(len(rows), cfg, baseline_s=np.array([r.baseline_step_s for r, _ in rows]),
-                       warmup=0, learn=min(cfg.learn, len(rows[-1][1])))
+    det = StepDetector(
+        len(rows),
+        cfg,
+        baseline_s=np.array([r.baseline_step_s for r, _ in rows]),
+        warmup=0,
+        learn=min(cfg.learn, len(rows[-1][1])),
+    )
     det.run(x)
     levels, onsets = [], []
     for i, (_, steps) in enumerate(rows):
@@ -209,8 +218,9 @@ def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.where(m >= 3, se, np.inf)
 
 
-def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list],
-             policy: Policy) -> tuple[dict, dict, dict[str, list], str | None]:
+def localise(
+    ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list], policy: Policy
+) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
     with)], why no node is named (None when one is, or nothing is slow)).
@@ -267,11 +277,19 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
     k_se = policy.detection.bocd.significance
     grown_s = float(np.median(growth)) if growth else 0.0
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
-    unseen = (f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
-              f"under {OBSERVABLE_COMPUTE:.0%} of their step as the hooks see it" if hidden else "")
+    unseen = (
+        f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
+        f"under {OBSERVABLE_COMPUTE:.0%} of their step as the hooks see it"
+        if hidden
+        else ""
+    )
     if not ratios:
-        return ratios, computes, slow, ("no rank has a compute baseline yet (warm-up)" if not hidden
-                                        else unseen[2:])
+        return (
+            ratios,
+            computes,
+            slow,
+            ("no rank has a compute baseline yet (warm-up)" if not hidden else unseen[2:]),
+        )
     # every rank's same-role peers' medians (ratio, compute, s.e.) and the other
     # ranks' medians, for all ranks at once: one sort per role, O(n log n)
     n = len(judged)
@@ -320,8 +338,7 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
             else:
                 expected = base * grown
                 noise = float(np.hypot(e, base * all_q[i]))
-                against = (f"its baseline {base:.3g}s (no same-role peer; the other "
-                           f"ranks grew {grown:.2f}x)")
+                against = f"its baseline {base:.3g}s (no same-role peer; the other ranks grew {grown:.2f}x)"
         elif len(ranks) == 1:
             if ratio <= 1.0 + 2 * excess:
                 continue
@@ -330,14 +347,18 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
             expected, noise = base, e
             against = f"its baseline {base:.3g}s (the job's only rank)"
         else:
-            unexplained.append(f"rank {key[1]} computes {ratio:.2f}x its baseline, but no other "
-                               f"rank's compute is observable yet to tell a slow node from a "
-                               f"slower job")
+            unexplained.append(
+                f"rank {key[1]} computes {ratio:.2f}x its baseline, but no other "
+                f"rank's compute is observable yet to tell a slow node from a "
+                f"slower job"
+            )
             continue
         extra = c - expected
         if extra <= k_se * noise:
-            unexplained.append(f"rank {key[1]} computes {extra * 1e3:.3g} ms more than expected, "
-                               f"within the noise ({k_se:g} s.e. = {k_se * noise * 1e3:.3g} ms)")
+            unexplained.append(
+                f"rank {key[1]} computes {extra * 1e3:.3g} ms more than expected, "
+                f"within the noise ({k_se:g} s.e. = {k_se * noise * 1e3:.3g} ms)"
+            )
             continue
         # what the hooks see of a rank's compute is a share of its work (DDP
         # runs the backward pass under its in-flight all-reduces): the rank's
@@ -345,31 +366,43 @@ def localise(ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int],
         seen = min(1.0, base / rep.baseline_step_s) if rep.baseline_step_s else 1.0
         explained = extra / seen
         if explained < ATTRIBUTION * grown_s:
-            unexplained.append(f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms ({explained * 1e3:.3g} "
-                               f"ms of step at its observed compute share {seen:.0%}) explains "
-                               f"{explained / grown_s:.0%} of the job's step growth "
-                               f"{grown_s * 1e3:.3g} ms (needs {ATTRIBUTION:.0%}): job-wide")
+            unexplained.append(
+                f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms ({explained * 1e3:.3g} "
+                f"ms of step at its observed compute share {seen:.0%}) explains "
+                f"{explained / grown_s:.0%} of the job's step growth "
+                f"{grown_s * 1e3:.3g} ms (needs {ATTRIBUTION:.0%}): job-wide"
+            )
             continue
         slow[key[0]].append((key[1], c, against))
     if not slow:
         grown = max(ratios.values())
-        why = (f"no rank's compute grew more than {excess:.0%} beyond its own baseline and its "
-               f"peers' (largest growth {grown:.2f}x): the slowdown is in the collectives or "
-               f"job-wide, not one node's compute{unseen}")
+        why = (
+            f"no rank's compute grew more than {excess:.0%} beyond its own baseline and its "
+            f"peers' (largest growth {grown:.2f}x): the slowdown is in the collectives or "
+            f"job-wide, not one node's compute{unseen}"
+        )
         if unexplained:
             why = "no node named: " + "; ".join(unexplained[:3]) + unseen
         return ratios, computes, slow, why
     nodes = {n for n, _ in ratios}
     if len(nodes) > 2 and len(slow) > len(nodes) / 2:
-        why = (f"compute grew on {len(slow)} of {len(nodes)} nodes ({', '.join(sorted(slow))}): "
-               f"a job-wide slowdown, not one node's")
+        why = (
+            f"compute grew on {len(slow)} of {len(nodes)} nodes ({', '.join(sorted(slow))}): "
+            f"a job-wide slowdown, not one node's"
+        )
         return ratios, computes, {}, why
     return ratios, computes, slow, None
 
 
-def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, RankReport]],
-               flags_by_node: dict[str, list[PeerFlag]], policy: Policy, now: float,
-               since: float | None = None) -> JobAssessment | None:
+def assess_job(
+    job_id: int,
+    job_nodes: tuple[str, ...],
+    ranks: list[tuple[str, RankReport]],
+    flags_by_node: dict[str, list[PeerFlag]],
+    policy: Policy,
+    now: float,
+    since: float | None = None,
+) -> JobAssessment | None:
     """None while no rank has a baseline yet (warm-up), nothing was reported,
     or a rank's process has exited (a failing job is not a slow node).
 
@@ -402,66 +435,110 @@ def assess_job(job_id: int, job_nodes: tuple[str, ...], ranks: list[tuple[str, R
         return None
 
     ratios, computes, slow_ranks, why_not = localise(
-        ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy)
+        ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy
+    )
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
         # scheduler can starve one rank for a few seconds, a fault stays
         _, _, before, _ = localise(
-            ranks, {(n, r.rank): _recent(r, since, 2 * LOCALISE_RECENT)[:-LOCALISE_RECENT]
-                    for n, r in ranks}, policy)
+            ranks,
+            {(n, r.rank): _recent(r, since, 2 * LOCALISE_RECENT)[:-LOCALISE_RECENT] for n, r in ranks},
+            policy,
+        )
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
         if not held:
-            why_not = (f"{', '.join(sorted(slow_ranks))}: slow over the last {LOCALISE_RECENT} "
-                       f"iterations but not the {LOCALISE_RECENT} before (not yet sustained)")
+            why_not = (
+                f"{', '.join(sorted(slow_ranks))}: slow over the last {LOCALISE_RECENT} "
+                f"iterations but not the {LOCALISE_RECENT} before (not yet sustained)"
+            )
         slow_ranks = held
     # the detectors' output: typed findings; controller.decide turns them into the assessment
     found: list[Finding] = []
     if current is not None:
         slower = current / baseline - 1.0
-        found.append(Finding(
-            Kind.STEP_TIME, Subject(job_id=job_id), "steps", now,
-            Severity.WARNING if onset is not None and slower > 0 else Severity.INFO,
-            (Measure("baseline_s", baseline, "s/step"), Measure("current_s", current, "s/step", baseline),
-             Measure("slowdown", slower, "fraction")),
-            onset=onset, text=f"step {current:.3g}s vs baseline {baseline:.3g}s ({slower:+.0%})"))
+        found.append(
+            Finding(
+                Kind.STEP_TIME,
+                Subject(job_id=job_id),
+                "steps",
+                now,
+                Severity.WARNING if onset is not None and slower > 0 else Severity.INFO,
+                (
+                    Measure("baseline_s", baseline, "s/step"),
+                    Measure("current_s", current, "s/step", baseline),
+                    Measure("slowdown", slower, "fraction"),
+                ),
+                onset=onset,
+                text=f"step {current:.3g}s vs baseline {baseline:.3g}s ({slower:+.0%})",
+            )
+        )
     if stalled > 0:
         # Mycroft: a stall names the rank with the least progress
-        n, r = min(((n, r) for n, r in ranks if r.last_progress is not None),
-                   key=lambda nr: nr[1].last_progress)
-        found.append(Finding(
-            Kind.STALL, Subject(job_id=job_id, node=n, rank=r.rank, gpu=r.gpu), "stall", now,
-            Severity.CRITICAL,
-            (Measure("quiet_s", stalled, "s", tiers.stall_s), Measure("baseline_s", baseline, "s/step"),
-             Measure("least_progress_age_s", now - r.last_progress, "s")),
-            onset=max(progress),
-            text=f"rank {r.rank} made the least progress (last collective {now - r.last_progress:.0f}s ago)"))
+        n, r = min(
+            ((n, r) for n, r in ranks if r.last_progress is not None), key=lambda nr: nr[1].last_progress
+        )
+        found.append(
+            Finding(
+                Kind.STALL,
+                Subject(job_id=job_id, node=n, rank=r.rank, gpu=r.gpu),
+                "stall",
+                now,
+                Severity.CRITICAL,
+                (
+                    Measure("quiet_s", stalled, "s", tiers.stall_s),
+                    Measure("baseline_s", baseline, "s/step"),
+                    Measure("least_progress_age_s", now - r.last_progress, "s"),
+                ),
+                onset=max(progress),
+                text=f"rank {r.rank} made the least progress (last collective {now - r.last_progress:.0f}s ago)",
+            )
+        )
     by_key = {(n, r.rank): r for n, r in ranks}
     for node, rows in slow_ranks.items():
         for rank, c, against in rows:
             gpu = by_key[(node, rank)].gpu if (node, rank) in by_key else None
-            found.append(Finding(
-                Kind.SLOW_RANK, Subject(job_id=job_id, node=node, rank=rank, gpu=gpu), "localise", now,
-                Severity.WARNING,
-                (Measure("compute_s", c, "s/step"), Measure("compute_ratio", ratios[(node, rank)], "x")),
-                text=f"rank {rank} compute {c:.3g}s vs {against}"))
+            found.append(
+                Finding(
+                    Kind.SLOW_RANK,
+                    Subject(job_id=job_id, node=node, rank=rank, gpu=gpu),
+                    "localise",
+                    now,
+                    Severity.WARNING,
+                    (Measure("compute_s", c, "s/step"), Measure("compute_ratio", ratios[(node, rank)], "x")),
+                    text=f"rank {rank} compute {c:.3g}s vs {against}",
+                )
+            )
     links = link_verdict(ranks, policy)
     if links is not None:
         # per-link network times (NCCL profiler plugin; Mycroft, Table 4): the
         # node common to the slow links, or none (said, never blamed)
         for rank in links.ranks or (None,):
-            found.append(Finding(
-                Kind.SLOW_LINK, Subject(job_id=job_id, node=links.node, rank=rank), "links", now,
-                Severity.WARNING if links.node is not None else Severity.INFO, text=links.why))
+            found.append(
+                Finding(
+                    Kind.SLOW_LINK,
+                    Subject(job_id=job_id, node=links.node, rank=rank),
+                    "links",
+                    now,
+                    Severity.WARNING if links.node is not None else Severity.INFO,
+                    text=links.why,
+                )
+            )
     if why_not and not slow_ranks:
         found.append(Finding(Kind.UNLOCALISED, Subject(job_id=job_id), "localise", now, text=why_not))
     for node in job_nodes:
         found.extend(f.finding(now) for f in flags_by_node.get(node, ()))
-    return decide.decide(decide.JobFindings(
-        job_id, job_nodes, len(ranks), tuple(found),
-        rank_compute_s={f"{n}/{r}": v for (n, r), v in computes.items()},
-        rank_compute_ratio={f"{n}/{r}": v for (n, r), v in ratios.items()},
-        slow_links=links.links if links is not None else ()))
+    return decide.decide(
+        decide.JobFindings(
+            job_id,
+            job_nodes,
+            len(ranks),
+            tuple(found),
+            rank_compute_s={f"{n}/{r}": v for (n, r), v in computes.items()},
+            rank_compute_ratio={f"{n}/{r}": v for (n, r), v in ratios.items()},
+            slow_links=links.links if links is not None else (),
+        )
+    )
 
 
 def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) -> str:
@@ -469,7 +546,10 @@ def reason_text(a: JobAssessment, culprit: Culprit, tz: timezone | None = None) 
     since = ""
     if a.onset is not None:
         since = " since " + datetime.fromtimestamp(a.onset, tz).strftime("%H:%M")
-    head = (f"stall {a.stalled_for_s:.0f}s" if a.stalled_for_s > 0 and a.slowdown <= 0
-            else f"step {a.slowdown * 100:+.0f}%{since}")
+    head = (
+        f"stall {a.stalled_for_s:.0f}s"
+        if a.stalled_for_s > 0 and a.slowdown <= 0
+        else f"step {a.slowdown * 100:+.0f}%{since}"
+    )
     detail = culprit.telemetry[0] if culprit.telemetry else culprit.why
     return f"{head}, job {a.job_id}, {detail}"

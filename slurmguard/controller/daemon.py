@@ -12,15 +12,21 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
-from slurmguard.service import stop_on_signals
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
+from slurmguard.service import stop_on_signals
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.store import Store
+
+if TYPE_CHECKING:
+    from slurmguard.reports import AgentReport
+    from slurmguard.respond.actions import ActionExecutor
+    from slurmguard.sweeps.scheduler import SweepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -35,18 +41,26 @@ class DaemonOptions:
     sweeps: bool = True
 
 
-def _sweeper(policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor):
+def _sweeper(
+    policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor: ActionExecutor
+) -> SweepScheduler | None:
     """The sweep scheduler when that part is installed; None otherwise."""
     try:
-        from slurmguard.sweeps.scheduler import build_scheduler  # type: ignore[attr-defined]
+        from slurmguard.sweeps.scheduler import build_scheduler
     except ImportError:
         log.warning("sweep scheduler not available: drained nodes wait for an admin")
         return None
     return build_scheduler(policy=policy, store=store, slurm=slurm, clock=clock, executor=executor)
 
 
-def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
-        clock: Clock | None = None, stop: threading.Event | None = None) -> int:
+def run(
+    policy: Policy,
+    store: Store,
+    slurm: SlurmClient,
+    opts: DaemonOptions,
+    clock: Clock | None = None,
+    stop: threading.Event | None = None,
+) -> int:
     clock = clock or SystemClock()
     stop = stop or threading.Event()
     metrics = ControllerMetrics()
@@ -71,18 +85,31 @@ def run(policy: Policy, store: Store, slurm: SlurmClient, opts: DaemonOptions,
         ok = age <= max(3 * opts.interval_s, 30.0)
         return ok, f"{role}last cycle {age:.0f}s ago"
 
-    def ingest(report) -> bool:
+    def ingest(report: AgentReport) -> bool:
         return ctl.fleet.ingest(report, clock.now())
 
-    http = ControllerHTTP(opts.host, opts.port, secret=opts.secret, ingest=ingest, metrics=metrics,
-                          now=clock.now, health=health, plan=ctl.plans.served,
-                          policy=policy.controller, known=ctl.fleet.known)
+    http = ControllerHTTP(
+        opts.host,
+        opts.port,
+        secret=opts.secret,
+        ingest=ingest,
+        metrics=metrics,
+        now=clock.now,
+        health=health,
+        plan=ctl.plans.served,
+        policy=policy.controller,
+        known=ctl.fleet.known,
+    )
     http.start()
     c = policy.controller
-    log.info("controller listening on %s://%s:%d%s (dry_run=%s)", "https" if c.tls_cert_file else "http",
-             opts.host, http.port,
-             f", management on {c.management_host}:{http.management_port}" if c.management_host else "",
-             policy.safety.dry_run)
+    log.info(
+        "controller listening on %s://%s:%d%s (dry_run=%s)",
+        "https" if c.tls_cert_file else "http",
+        opts.host,
+        http.port,
+        f", management on {c.management_host}:{http.management_port}" if c.management_host else "",
+        policy.safety.dry_run,
+    )
 
     stop_on_signals(stop, log, "finishing the current cycle and shutting down")
     try:

@@ -64,30 +64,56 @@ def decide(jf: JobFindings) -> JobAssessment | None:
     for node, found in sorted(by_node.items()):
         found.sort(key=lambda f: f.subject.rank or 0)
         first = found[0]
-        culprits.append(Culprit(node=node, ranks=tuple(f.subject.rank for f in found
-                                                       if f.subject.rank is not None),
-                                gpu=first.subject.gpu, why=first.text,
-                                telemetry=tuple(telemetry.get(node, ()))))
+        culprits.append(
+            Culprit(
+                node=node,
+                ranks=tuple(f.subject.rank for f in found if f.subject.rank is not None),
+                gpu=first.subject.gpu,
+                why=first.text,
+                telemetry=tuple(telemetry.get(node, ())),
+            )
+        )
     link = jf.of(Kind.SLOW_LINK)
     if not culprits and not stalled and link and link[0].subject.node is not None:
         # compute names nobody: the slow links' common node (Mycroft, Table 4: network time)
         node = link[0].subject.node
-        culprits.append(Culprit(node=node, ranks=tuple(f.subject.rank for f in link
-                                                       if f.subject.rank is not None),
-                                why=link[0].text, telemetry=tuple(telemetry.get(node, ()))))
+        culprits.append(
+            Culprit(
+                node=node,
+                ranks=tuple(f.subject.rank for f in link if f.subject.rank is not None),
+                why=link[0].text,
+                telemetry=tuple(telemetry.get(node, ())),
+            )
+        )
     if not culprits and stall is not None and stall.subject.node is not None:
         # Mycroft: a stall names the rank with the least progress
         s = stall.subject
-        culprits.append(Culprit(node=s.node, ranks=() if s.rank is None else (s.rank,), gpu=s.gpu,
-                                why=stall.text, telemetry=tuple(telemetry.get(s.node, ()))))
+        culprits.append(
+            Culprit(
+                node=stall.subject.node,
+                ranks=() if s.rank is None else (s.rank,),
+                gpu=s.gpu,
+                why=stall.text,
+                telemetry=tuple(telemetry.get(stall.subject.node, ())),
+            )
+        )
     why_not = next((f.text for f in jf.of(Kind.UNLOCALISED)), None)
     return JobAssessment(
-        job_id=jf.job_id, nodes=jf.nodes, gpus=jf.ranks, baseline_s=baseline, current_s=current,
-        onset=onset, stalled_for_s=stalled, culprits=tuple(culprits),
-        evidence={"ranks": jf.ranks, "baseline_s": round(baseline, 6),
-                  "current_s": None if current is None else round(current, 6),
-                  "rank_compute_ratio": {k: round(v, 4) for k, v in jf.rank_compute_ratio.items()},
-                  "rank_compute_s": {k: round(v, 6) for k, v in jf.rank_compute_s.items()},
-                  **({"localisation": why_not} if why_not and not culprits else {}),
-                  **({"slow_links": list(jf.slow_links), "link_localisation": link[0].text}
-                     if link else {})})
+        job_id=jf.job_id,
+        nodes=jf.nodes,
+        gpus=jf.ranks,
+        baseline_s=baseline,
+        current_s=current,
+        onset=onset,
+        stalled_for_s=stalled,
+        culprits=tuple(culprits),
+        evidence={
+            "ranks": jf.ranks,
+            "baseline_s": round(baseline, 6),
+            "current_s": None if current is None else round(current, 6),
+            "rank_compute_ratio": {k: round(v, 4) for k, v in jf.rank_compute_ratio.items()},
+            "rank_compute_s": {k: round(v, 6) for k, v in jf.rank_compute_s.items()},
+            **({"localisation": why_not} if why_not and not culprits else {}),
+            **({"slow_links": list(jf.slow_links), "link_localisation": link[0].text} if link else {}),
+        },
+    )

@@ -34,11 +34,19 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepWindow, UnavailableSignal
 from slurmguard.detect.peers import BAD_DIRECTION
+from slurmguard.reports import (
+    AgentReport,
+    JobReport,
+    RankReport,
+    StepWindow,
+    TelemetryRecord,
+    UnavailableSignal,
+)
 from slurmguard.telemetry.base import TelemetrySample
 
 #: signals the peer scorer averages per device over a window (summed at ingest)
@@ -62,7 +70,8 @@ class TelemetryWindow(NamedTuple):
     """(node, signal, gpu, nic) -> mean of that device signal's samples (PeerScorer.window)."""
     samples: list[TelemetrySample]
     """Samples kept as sent (hard-failure signals)."""
-    count: int
+    # a field named count shadows tuple.count, which nothing calls on a window
+    count: int  # type: ignore[assignment]
     """Samples the window stands for."""
 
     def __bool__(self) -> bool:
@@ -89,8 +98,13 @@ class FleetView:
     keep_samples: telemetry samples queued per node until scored
     (controller.keep_samples_per_node)."""
 
-    def __init__(self, stale_s: float = 120.0, *, keep_steps: int = DEFAULT_KEEP_STEPS,
-                 keep_samples: int = DEFAULT_KEEP_SAMPLES) -> None:
+    def __init__(
+        self,
+        stale_s: float = 120.0,
+        *,
+        keep_steps: int = DEFAULT_KEEP_STEPS,
+        keep_samples: int = DEFAULT_KEEP_SAMPLES,
+    ) -> None:
         self.stale_s = stale_s
         self.keep_steps = keep_steps
         self.keep_samples = keep_samples
@@ -110,7 +124,7 @@ class FleetView:
         self.foreign_ranks = 0
         """Ranks dropped because their node is not in the job's allocation (cumulative)."""
 
-    def set_known_nodes(self, nodes) -> list[str]:
+    def set_known_nodes(self, nodes: Iterable[str] | None) -> list[str]:
         """The nodes Slurm knows (from the last cycle); None = accept any node.
         Returns the nodes evicted (reported before, unknown to Slurm now)."""
         with self._lock:
@@ -118,8 +132,9 @@ class FleetView:
             if self._known is None:
                 return []
             gone = [n for n in self._latest if n not in self._known]
-            gone += [n for n in {*self._samples, *self._sums}
-                     if n not in self._known and n not in self._latest]
+            gone += [
+                n for n in {*self._samples, *self._sums} if n not in self._known and n not in self._latest
+            ]
             for n in gone:
                 self._latest.pop(n, None)
                 self._seq.pop(n, None)
@@ -151,8 +166,15 @@ class FleetView:
         tel = report.telemetry
         # split here, in the ingesting thread, so the cycle does not do it for the fleet
         summed = [t for t in tel if t.signal in _AVERAGED]
-        kept_raw = [TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
-                    for t in tel if t.signal not in _AVERAGED] if len(summed) < len(tel) else []
+        kept_raw = (
+            [
+                TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
+                for t in tel
+                if t.signal not in _AVERAGED
+            ]
+            if len(summed) < len(tel)
+            else []
+        )
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
@@ -176,7 +198,7 @@ class FleetView:
                 q.extend(kept_raw)
             return True
 
-    def _add_sums(self, node: str, records) -> None:
+    def _add_sums(self, node: str, records: Iterable[TelemetryRecord]) -> None:
         """Add samples to the node's per-device sums (the lock is held)."""
         sums = self._sums.get(node)
         if sums is None:
@@ -223,9 +245,13 @@ class FleetView:
     def job_ids(self, now: float) -> set[int]:
         return set(self.job_index(now))
 
-    def job_ranks(self, job_id: int, now: float, allocation: tuple[str, ...] | None = None,
-                  index: dict[int, list[tuple[str, JobReport]]] | None = None,
-                  ) -> tuple[list[tuple[str, RankReport]], int]:
+    def job_ranks(
+        self,
+        job_id: int,
+        now: float,
+        allocation: tuple[str, ...] | None = None,
+        index: dict[int, list[tuple[str, JobReport]]] | None = None,
+    ) -> tuple[list[tuple[str, RankReport]], int]:
         """(node, rank report) for every rank of the job reported by a live agent on a
         node of `allocation` (Slurm's node list of the job; None = any), and how many
         ranks other nodes claimed for the job (dropped, added to foreign_ranks).
@@ -233,7 +259,8 @@ class FleetView:
         if index is None:
             index = self.job_index(now)
         allowed = None if allocation is None else frozenset(allocation)
-        out, dropped = [], 0
+        out: list[tuple[str, RankReport]] = []
+        dropped = 0
         for node, j in index.get(job_id, ()):
             if allowed is not None and node not in allowed:
                 dropped += len(j.ranks)
@@ -248,7 +275,7 @@ class FleetView:
         """node -> the signals its agent cannot read now (latest live report)."""
         return {r.report.node: list(r.report.unavailable) for r in self._live(now)}
 
-    def take_telemetry(self) -> "TelemetryWindow":
+    def take_telemetry(self) -> TelemetryWindow:
         """Everything kept since the last call, once: the mean of each node's device
         signal that is summed here, and the samples kept as sent. Reports arriving
         meanwhile wait for the next call; samples_taken grows by the number of
@@ -256,8 +283,11 @@ class FleetView:
         with self._lock:
             taken, self._samples = self._samples, {}
             sums, self._sums = self._sums, {}
-        means = {(node, sig, gpu, nic): e[0] / e[1]
-                 for node, per in sums.items() for (sig, gpu, nic), e in per.items()}
+        means = {
+            (node, sig, gpu, nic): e[0] / e[1]
+            for node, per in sums.items()
+            for (sig, gpu, nic), e in per.items()
+        }
         samples = [t for q in taken.values() for t in q]
         n = len(samples) + sum(e[1] for per in sums.values() for e in per.values())
         self.samples_taken += n
@@ -266,5 +296,6 @@ class FleetView:
     def queued_samples(self) -> int:
         """Samples waiting for scoring (a sum of k samples counts k)."""
         with self._lock:
-            return (sum(len(q) for q in self._samples.values())
-                    + sum(e[1] for per in self._sums.values() for e in per.values()))
+            return sum(len(q) for q in self._samples.values()) + sum(
+                e[1] for per in self._sums.values() for e in per.values()
+            )

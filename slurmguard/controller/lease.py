@@ -26,9 +26,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from typing import TYPE_CHECKING
 
 from slurmguard.slurm.errors import SlurmError
 from slurmguard.store import AuditOutcome, Store
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("slurmguard.controller.lease")
 
@@ -58,23 +62,32 @@ class Lease:
         self.timeout_s = timeout_s
         self.holder = holder or holder_name()
         self.epoch: int | None = None
-        self._conn = None
+        self._conn: psycopg.Connection | None = None
 
     @property
     def held(self) -> bool:
         return self.epoch is not None
 
     # ------------------------------------------------------------ session
-    def _connect(self):
+    def _connect(self) -> psycopg.Connection:
         import psycopg
 
         u = self.store.engine.url
         idle = max(1, int(self.timeout_s / 3))
-        conn = psycopg.connect(host=u.host, port=u.port, user=u.username, password=u.password,
-                               dbname=u.database, autocommit=True,
-                               connect_timeout=max(2, int(self.timeout_s)),
-                               keepalives=1, keepalives_idle=idle, keepalives_interval=idle,
-                               keepalives_count=2, application_name=f"slurmguard lease {self.holder}"[:63])
+        conn = psycopg.connect(
+            host=u.host,
+            port=u.port,
+            user=u.username,
+            password=u.password,
+            dbname=u.database,
+            autocommit=True,
+            connect_timeout=max(2, int(self.timeout_s)),
+            keepalives=1,
+            keepalives_idle=idle,
+            keepalives_interval=idle,
+            keepalives_count=2,
+            application_name=f"slurmguard lease {self.holder}"[:63],
+        )
         # the server's side of the same bound: it drops a silent leader's session
         # (and with it the lock) after about timeout_s
         conn.execute(f"SET tcp_keepalives_idle = {idle}")
@@ -95,10 +108,12 @@ class Lease:
         self._conn = None
 
     def _lock_is_ours(self) -> bool:
+        assert self._conn is not None, "called with a session open"
         row = self._conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
             "AND pid = pg_backend_pid() AND ((classid::bigint << 32) | objid::bigint) = %s",
-            (LOCK_KEY,)).fetchone()
+            (LOCK_KEY,),
+        ).fetchone()
         return bool(row and row[0])
 
     # ------------------------------------------------------------ API
@@ -117,13 +132,17 @@ class Lease:
                     self._drop("a newer epoch was written")
                     return False
                 return True
-            got = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0]
-            if not got:
+            row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()
+            if not (row and row[0]):
                 return False
             self.epoch = self._last_epoch() + 1
-            self.store.audit(LEASE_ACTION, actor="slurmguard", reason=f"active controller {self.holder}",
-                             outcome=AuditOutcome.OK, evidence={"lease_epoch": self.epoch,
-                                                                "holder": self.holder})
+            self.store.audit(
+                LEASE_ACTION,
+                actor="slurmguard",
+                reason=f"active controller {self.holder}",
+                outcome=AuditOutcome.OK,
+                evidence={"lease_epoch": self.epoch, "holder": self.holder},
+            )
             log.warning("this controller is now active (lease epoch %d)", self.epoch)
             return True
         except Exception as exc:  # noqa: BLE001 - database trouble: stand by, try again later

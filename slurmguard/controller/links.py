@@ -54,16 +54,22 @@ def _slow_ends(ranks: list[tuple[str, RankReport]], policy: Policy) -> list[tupl
     cg = policy.detection.cross_group
     out: list[tuple] = []
     for sent in (True, False):
-        rows = [(n, r.rank, lk.peer, lk.net_s / lk.steps) for n, r in ranks for lk in r.links
-                if lk.sent == sent and lk.steps > 0]
+        rows = [
+            (n, r.rank, lk.peer, lk.net_s / lk.steps)
+            for n, r in ranks
+            for lk in r.links
+            if lk.sent == sent and lk.steps > 0
+        ]
         if len(rows) < cg.min_groups:
             continue
         med = float(np.median([x for *_, x in rows]))
         arrow = "->" if sent else "<-"
         for node, rank, peer, per_step in rows:
             if per_step > med * (1.0 + cg.median_excess):
-                text = (f"{node}/{rank} {arrow} peer {peer}: {per_step * 1e3:.3g} ms/step on the "
-                        f"network vs median {med * 1e3:.3g}")
+                text = (
+                    f"{node}/{rank} {arrow} peer {peer}: {per_step * 1e3:.3g} ms/step on the "
+                    f"network vs median {med * 1e3:.3g}"
+                )
                 out.append((per_step, text, node, rank, sent))
     return sorted(out, key=lambda pt: (-pt[0], pt[1]))
 
@@ -86,12 +92,23 @@ def link_verdict(ranks: list[tuple[str, RankReport]], policy: Policy) -> LinkVer
     nodes = sorted(set(sends) | set(recvs))
     if len(both) == 1:
         x = both[0]
-        if (sum(recvs.values()) - recvs[x] <= sends[x]
-                and sum(sends.values()) - sends[x] <= recvs[x]):
+        if sum(recvs.values()) - recvs[x] <= sends[x] and sum(sends.values()) - sends[x] <= recvs[x]:
             rks = tuple(sorted({rank for _, _, node, rank, _ in ends if node == x}))
-            return LinkVerdict(links, x, rks, (
-                f"slow links point at {x}: it sends ({sends[x]}) and receives ({recvs[x]}) slowly "
-                f"on the network, its neighbours only on their links with it; {links[0]}"))
-    return LinkVerdict(links, None, (), (
-        f"slow links on {', '.join(nodes)} point at no single node (no node common to them: a "
-        f"cable, switch or congestion between nodes); no node is blamed for them"))
+            return LinkVerdict(
+                links,
+                x,
+                rks,
+                (
+                    f"slow links point at {x}: it sends ({sends[x]}) and receives ({recvs[x]}) slowly "
+                    f"on the network, its neighbours only on their links with it; {links[0]}"
+                ),
+            )
+    return LinkVerdict(
+        links,
+        None,
+        (),
+        (
+            f"slow links on {', '.join(nodes)} point at no single node (no node common to them: a "
+            f"cable, switch or congestion between nodes); no node is blamed for them"
+        ),
+    )

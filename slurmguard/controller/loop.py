@@ -21,7 +21,7 @@ from __future__ import annotations
 import gc
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmguard.clock import Clock
 from slurmguard.config import Policy
@@ -29,14 +29,25 @@ from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
+from slurmguard.reports import JobReport
 from slurmguard.respond.actions import ActionExecutor
-from slurmguard.respond.safety import SafetyGate
 from slurmguard.respond.escalation import Action, Decision, InJob, decide
+from slurmguard.respond.safety import SafetyGate
 from slurmguard.respond.tiers import JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
-from slurmguard.store import AuditOutcome, IllegalTransition, IncidentStatus, NodeState, Store
+from slurmguard.store import (
+    AuditOutcome,
+    IllegalTransition,
+    IncidentRecord,
+    IncidentStatus,
+    NodeState,
+    Store,
+)
+
+if TYPE_CHECKING:  # metrics imports this module (for its annotations)
+    from slurmguard.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +75,30 @@ class CycleResult:
 
 
 class Controller:
-    def __init__(self, policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, *,
-                 fleet: FleetView | None = None, executor: ActionExecutor | None = None,
-                 sweeper: Ticker | None = None, actor: str = "slurmguard", metrics=None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        store: Store,
+        slurm: SlurmClient,
+        clock: Clock,
+        *,
+        fleet: FleetView | None = None,
+        executor: ActionExecutor | None = None,
+        sweeper: Ticker | None = None,
+        actor: str = "slurmguard",
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
         self.policy = policy
         self.store = store
         self.slurm = slurm
         self.clock = clock
         self.actor = actor
-        self.fleet = fleet or FleetView(policy.controller.report_stale_s,
-                                        keep_steps=policy.controller.keep_steps_per_rank,
-                                        keep_samples=policy.controller.keep_samples_per_node)
-        self.executor = executor or ActionExecutor(slurm, store, actor=actor,
-                                                   dry_run=policy.safety.dry_run)
+        self.fleet = fleet or FleetView(
+            policy.controller.report_stale_s,
+            keep_steps=policy.controller.keep_steps_per_rank,
+            keep_samples=policy.controller.keep_samples_per_node,
+        )
+        self.executor = executor or ActionExecutor(slurm, store, actor=actor, dry_run=policy.safety.dry_run)
         self.safety = SafetyGate(store, policy.safety, actor)
         self.scorer = PeerScorer(policy.detection.peers)
         self.sweeper = sweeper
@@ -154,14 +176,27 @@ class Controller:
         self._observe(res)
         return res
 
-    def _job(self, job: JobInfo, nodes: dict[str, NodeInfo], partitions: dict[str, list[str]],
-             slow_nodes: set[str], now: float, res: CycleResult, index=None, incident=None) -> None:
+    def _job(
+        self,
+        job: JobInfo,
+        nodes: dict[str, NodeInfo],
+        partitions: dict[str, list[str]],
+        slow_nodes: set[str],
+        now: float,
+        res: CycleResult,
+        index: dict[int, list[tuple[str, JobReport]]] | None = None,
+        incident: IncidentRecord | None = None,
+    ) -> None:
         since = _restart_cut(incident)
         ranks, foreign = self.fleet.job_ranks(job.job_id, now, allocation=job.nodes, index=index)
         if foreign:
             res.foreign_ranks += foreign
-            log.warning("job %d: dropped %d rank(s) reported by nodes outside its allocation %s",
-                        job.job_id, foreign, ",".join(job.nodes))
+            log.warning(
+                "job %d: dropped %d rank(s) reported by nodes outside its allocation %s",
+                job.job_id,
+                foreign,
+                ",".join(job.nodes),
+            )
         a = assess_job(job.job_id, job.nodes, ranks, self._flags, self.policy, now, since=since)
         if a is None:
             return
@@ -179,13 +214,22 @@ class Controller:
         try:
             incident = self._live_incident(job_id)
             if incident is None:
-                open_errors = [r for r in self.store.incidents(job_id=str(job_id))
-                               if r.kind == "error" and r.status == IncidentStatus.OPEN]
+                open_errors = [
+                    r
+                    for r in self.store.incidents(job_id=str(job_id))
+                    if r.kind == "error" and r.status == IncidentStatus.OPEN
+                ]
                 incident = open_errors[-1] if open_errors else None
             if incident is None:
-                self.store.add_incident(str(job_id), nodes=[], tier=_TIER_NAME[Tier.NONE], onset_at=now,
-                                        detected_at=now, kind="error",
-                                        evidence={"error": why, "error_at": now})
+                self.store.add_incident(
+                    str(job_id),
+                    nodes=[],
+                    tier=_TIER_NAME[Tier.NONE],
+                    onset_at=now,
+                    detected_at=now,
+                    kind="error",
+                    evidence={"error": why, "error_at": now},
+                )
             elif incident.evidence.get("error") != why:
                 self.store.update_incident(incident.id, evidence={"error": why, "error_at": now})
         except Exception as exc2:  # noqa: BLE001 - the database itself may be what failed
@@ -236,14 +280,27 @@ class Controller:
                 continue
         return out
 
-    def _live_incident(self, job_id: int):
+    def _live_incident(self, job_id: int) -> IncidentRecord | None:
         """The job's latest incident that is not closed (open, mitigated or suppressed)."""
-        rows = [r for r in self.store.incidents(job_id=str(job_id)) if r.kind != "error"
-                and r.status in (IncidentStatus.OPEN, IncidentStatus.MITIGATED, IncidentStatus.SUPPRESSED)]
+        rows = [
+            r
+            for r in self.store.incidents(job_id=str(job_id))
+            if r.kind != "error"
+            and r.status in (IncidentStatus.OPEN, IncidentStatus.MITIGATED, IncidentStatus.SUPPRESSED)
+        ]
         return rows[-1] if rows else None
 
-    def _respond(self, a: JobAssessment, tier: Tier, job: JobInfo, nodes: dict[str, NodeInfo],
-                 partitions: dict[str, list[str]], incident, now: float, res: CycleResult) -> None:
+    def _respond(
+        self,
+        a: JobAssessment,
+        tier: Tier,
+        job: JobInfo,
+        nodes: dict[str, NodeInfo],
+        partitions: dict[str, list[str]],
+        incident: IncidentRecord | None,
+        now: float,
+        res: CycleResult,
+    ) -> None:
         if tier < Tier.DRAIN:
             return
         if incident is not None and incident.evidence.get("requeued_at") is not None:
@@ -255,14 +312,22 @@ class Controller:
             # detection delay is onset -> now, and the onset survives the
             # agents' rolling windows for the cost gate below
             incident = self.store.add_incident(
-                str(a.job_id), nodes=[c.node for c in a.culprits] or list(a.nodes),
-                tier=_TIER_NAME[Tier.NONE], onset_at=min(a.onset or now, now), detected_at=now,
+                str(a.job_id),
+                nodes=[c.node for c in a.culprits] or list(a.nodes),
+                tier=_TIER_NAME[Tier.NONE],
+                onset_at=min(a.onset or now, now),
+                detected_at=now,
                 slowdown=a.slowdown,
-                evidence={**a.evidence, "restarts_at_detection": job.restarts,
-                          "culprits": [{"node": c.node, "ranks": list(c.ranks), "why": c.why,
-                                        "telemetry": list(c.telemetry)} for c in a.culprits],
-                          **({} if a.culprits else
-                             {"note": "slowdown not localised to a node; no action"})})
+                evidence={
+                    **a.evidence,
+                    "restarts_at_detection": job.restarts,
+                    "culprits": [
+                        {"node": c.node, "ranks": list(c.ranks), "why": c.why, "telemetry": list(c.telemetry)}
+                        for c in a.culprits
+                    ],
+                    **({} if a.culprits else {"note": "slowdown not localised to a node; no action"}),
+                },
+            )
             if self.metrics is not None:
                 self.metrics.detection_delay.observe(incident.detection_delay_s or 0.0)
         problems = list(job_options(job.comment).problems)
@@ -275,19 +340,29 @@ class Controller:
         if a.onset is None or onset < a.onset:
             a = replace(a, onset=onset)
         want = job_options(job.comment).mitigate
-        decision = decide(a, tier, self.policy.response.escalation, now,
-                          in_job=InJob(want.pp) if want is not None else None,
-                          taken=incident.evidence.get("mitigations", []))
+        decision = decide(
+            a,
+            tier,
+            self.policy.response.escalation,
+            now,
+            in_job=InJob(want.pp) if want is not None else None,
+            taken=incident.evidence.get("mitigations", []),
+        )
         gated = decision.tier
         if gated < Tier.DRAIN:
             # cheaper than a drain, for jobs that opted in: rebalance micro-batches
             self._mitigate(a, job, incident, decision, res)
             return  # the slowdown has not yet cost the price of the next action
         if gated > _tier_of(incident.tier):
-            incident = self.store.update_incident(incident.id, tier=_TIER_NAME[gated],
-                                                  nodes=[c.node for c in a.culprits])
-        evidence = {"incident": incident.id, "job": a.job_id, "slowdown": round(a.slowdown, 4),
-                    "tier": _TIER_NAME[gated]}
+            incident = self.store.update_incident(
+                incident.id, tier=_TIER_NAME[gated], nodes=[c.node for c in a.culprits]
+            )
+        evidence = {
+            "incident": incident.id,
+            "job": a.job_id,
+            "slowdown": round(a.slowdown, 4),
+            "tier": _TIER_NAME[gated],
+        }
         drained_any = False
         for c in a.culprits:
             node = nodes.get(c.node)
@@ -302,12 +377,14 @@ class Controller:
             verdict = self.safety.may_drain(c.node, partitions, now)
             if not verdict.allowed:
                 self._alert(verdict.why, c.node, incident.id, res)
-                self.store.update_incident(incident.id, status=IncidentStatus.SUPPRESSED,
-                                           outcome=verdict.why)
+                self.store.update_incident(incident.id, status=IncidentStatus.SUPPRESSED, outcome=verdict.why)
                 return
             try:
-                self.executor.drain(c.node, reason_text(a, c), evidence={**evidence, "why": c.why,
-                                                                        "telemetry": list(c.telemetry)})
+                self.executor.drain(
+                    c.node,
+                    reason_text(a, c),
+                    evidence={**evidence, "why": c.why, "telemetry": list(c.telemetry)},
+                )
             except NotOurs as exc:
                 res.suppressed.append(str(exc))
                 continue
@@ -324,8 +401,9 @@ class Controller:
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
 
-    def _mitigate(self, a: JobAssessment, job: JobInfo, incident, decision: Decision,
-                  res: CycleResult) -> None:
+    def _mitigate(
+        self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, decision: Decision, res: CycleResult
+    ) -> None:
         """Carry out the in-job action the rule made due (each taken once per incident)."""
         from slurmguard.mitigate.plan import JobPlan
 
@@ -348,48 +426,77 @@ class Controller:
         if plan is None:
             self.store.update_incident(incident.id, evidence={"mitigations": sorted(taken)})
             return
-        what = (f"micro-batches {list(plan.microbatches)}" if action is Action.REBALANCE
-                else f"swaps {[list(s) for s in plan.swaps]}")
-        self.store.audit(action.value, actor=self.actor, job_id=str(a.job_id),
-                         reason=f"{what} (plan v{plan.version})",
-                         evidence={"incident": incident.id, "plan": plan.model_dump(mode="json"),
-                                   "rank_compute_s": compute, "paid_gpu_s": round(decision.paid_gpu_s, 3)})
-        self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json"),
-                                                          "mitigations": sorted(taken)},
-                                   outcome=f"{action.value}: {what}")
+        what = (
+            f"micro-batches {list(plan.microbatches or ())}"
+            if action is Action.REBALANCE
+            else f"swaps {[list(s) for s in plan.swaps]}"
+        )
+        self.store.audit(
+            action.value,
+            actor=self.actor,
+            job_id=str(a.job_id),
+            reason=f"{what} (plan v{plan.version})",
+            evidence={
+                "incident": incident.id,
+                "plan": plan.model_dump(mode="json"),
+                "rank_compute_s": compute,
+                "paid_gpu_s": round(decision.paid_gpu_s, 3),
+            },
+        )
+        self.store.update_incident(
+            incident.id,
+            evidence={"plan": plan.model_dump(mode="json"), "mitigations": sorted(taken)},
+            outcome=f"{action.value}: {what}",
+        )
         res.actions.append((action.value, str(a.job_id)))
 
-    def _checkpoint(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
-                    res: CycleResult) -> None:
-        done = [e for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
-                if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id]
+    def _checkpoint(
+        self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, evidence: dict, res: CycleResult
+    ) -> None:
+        done = [
+            e
+            for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
+            if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id
+        ]
         if done or self.policy.safety.dry_run and incident.status != IncidentStatus.OPEN:
             return
         sig = job_options(job.comment, self.policy.response.tiers.checkpoint_signal).signal
         if sig is None:
             if incident.status == IncidentStatus.OPEN:
                 self.store.update_incident(
-                    incident.id, status=IncidentStatus.MITIGATED, action_at=self.clock.now(),
+                    incident.id,
+                    status=IncidentStatus.MITIGATED,
+                    action_at=self.clock.now(),
                     outcome="drained; job left running (it did not ask for a checkpoint signal: "
-                            "--comment=slurmguard:signal)")
+                    "--comment=slurmguard:signal)",
+                )
             return
         verdict = self.safety.may_act_on_job(self.clock.now())
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
             return
         try:
-            self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job",
-                                 evidence=evidence)
+            self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job", evidence=evidence)
         except SlurmError as exc:
             res.errors.append(str(exc))
             return
         res.actions.append(("signal", str(a.job_id)))
-        self.store.update_incident(incident.id, status=IncidentStatus.MITIGATED,
-                                   action_at=self.clock.now(),
-                                   outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})")
+        self.store.update_incident(
+            incident.id,
+            status=IncidentStatus.MITIGATED,
+            action_at=self.clock.now(),
+            outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})",
+        )
 
-    def _requeue(self, a: JobAssessment, job: JobInfo, incident, evidence: dict,
-                 res: CycleResult, now: float) -> None:
+    def _requeue(
+        self,
+        a: JobAssessment,
+        job: JobInfo,
+        incident: IncidentRecord,
+        evidence: dict,
+        res: CycleResult,
+        now: float,
+    ) -> None:
         before = int(incident.evidence.get("restarts_at_detection", job.restarts))
         if job.restarts > before:
             return  # already requeued (possibly by a controller that was killed right after)
@@ -403,13 +510,22 @@ class Controller:
             res.errors.append(str(exc))
             return
         res.actions.append(("requeue", str(a.job_id)))
-        self.store.update_incident(incident.id, status=IncidentStatus.MITIGATED,
-                                   action_at=self.clock.now(),
-                                   outcome="drained and requeued on healthy nodes",
-                                   evidence={"requeued_at": self.clock.now()})
+        self.store.update_incident(
+            incident.id,
+            status=IncidentStatus.MITIGATED,
+            action_at=self.clock.now(),
+            outcome="drained and requeued on healthy nodes",
+            evidence={"requeued_at": self.clock.now()},
+        )
 
-    def _verify_flags(self, nodes: dict[str, NodeInfo], jobs: dict[int, JobInfo],
-                      slow_nodes: set[str], res: CycleResult, now: float) -> None:
+    def _verify_flags(
+        self,
+        nodes: dict[str, NodeInfo],
+        jobs: dict[int, JobInfo],
+        slow_nodes: set[str],
+        res: CycleResult,
+        now: float,
+    ) -> None:
         """Telemetry deviates but no job is measurably slower: pending verification."""
         for node, flags in self._flags.items():
             n = nodes.get(node)
@@ -449,8 +565,14 @@ class Controller:
         log.error("ALERT: %s (node %s, incident %s): not acting", why, node, incident_id)
         recent = self.store.audit_entries(action="alert", since=self.clock.now() - 600)
         if not any(e.reason == why and e.node == node for e in recent):
-            self.store.audit("alert", actor=self.actor, node=node, reason=why,
-                             outcome=AuditOutcome.OK, evidence={"incident": incident_id})
+            self.store.audit(
+                "alert",
+                actor=self.actor,
+                node=node,
+                reason=why,
+                outcome=AuditOutcome.OK,
+                evidence={"incident": incident_id},
+            )
 
     def _observe(self, res: CycleResult) -> None:
         if self.metrics is not None:
@@ -461,7 +583,7 @@ def _tier_of(name: str) -> Tier:
     return {v: k for k, v in _TIER_NAME.items()}.get(str(name), Tier.NONE)
 
 
-def _restart_cut(incident) -> float | None:
+def _restart_cut(incident: IncidentRecord | None) -> float | None:
     """After a requeue, only iterations of the new run count."""
     if incident is None:
         return None

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from slurmguard.mitigate.microbatch import plan_microbatches
 from slurmguard.mitigate.plan import JobPlan
@@ -84,14 +85,15 @@ def job_options(comment: str | None, default_signal: str = "USR1") -> JobOptions
         elif key == "pp" and eq:
             pp = _bounded_int(item, value, 1, MAX_PP, problems)
         elif key == "signal":
-            name = (value.upper().removeprefix("SIG") if eq else default_signal.removeprefix("SIG"))
+            name = value.upper().removeprefix("SIG") if eq else default_signal.removeprefix("SIG")
             if name in CHECKPOINT_SIGNALS:
                 signal = name
             else:
                 problems.append(f"{item}: signal must be one of {', '.join(sorted(CHECKPOINT_SIGNALS))}")
         else:
-            problems.append(f"{item[:40]}: unknown item (known: mitigate, microbatches=M, pp=P, "
-                            "signal[=NAME])")
+            problems.append(
+                f"{item[:40]}: unknown item (known: mitigate, microbatches=M, pp=P, signal[=NAME])"
+            )
     opt = None
     if mitigate:
         if mb is None or pp is None:
@@ -148,8 +150,9 @@ class PlanBook:
         plan = plan_microbatches(per_mb, total, pp)
         if list(plan.m) == counts:
             return None  # the current split is already the best one: nothing to serve
-        return self._next(job_id, current, action="rebalance", microbatches=tuple(plan.m), pp=pp,
-                          makespan_s=plan.makespan)
+        return self._next(
+            job_id, current, action="rebalance", microbatches=tuple(plan.m), pp=pp, makespan_s=plan.makespan
+        )
 
     def retopology(self, job_id: int, slow_ranks: list[int], world: int, pp: int) -> JobPlan | None:
         """S3 plan: swaps that put the slow ranks into the fewest interior stages."""
@@ -160,12 +163,17 @@ class PlanBook:
         if not plan.improves:
             return None
         current = self.get(job_id)
-        return self._next(job_id, current, action="retopology",
-                          microbatches=current.microbatches if current else None,
-                          pp=pp, swaps=tuple((s.a, s.b) for s in plan.swaps),
-                          makespan_s=current.makespan_s if current else None)
+        return self._next(
+            job_id,
+            current,
+            action="retopology",
+            microbatches=current.microbatches if current else None,
+            pp=pp,
+            swaps=tuple((s.a, s.b) for s in plan.swaps),
+            makespan_s=current.makespan_s if current else None,
+        )
 
-    def _next(self, job_id: int, current: JobPlan | None, **fields) -> JobPlan:
+    def _next(self, job_id: int, current: JobPlan | None, **fields: Any) -> JobPlan:
         new = JobPlan(job_id=str(job_id), version=(current.version + 1) if current else 1, **fields)
         self.put(new)
         return new

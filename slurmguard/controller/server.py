@@ -37,37 +37,62 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from slurmguard.config import ControllerPolicy
-from slurmguard.reports import (NODE_HEADER, NODE_NAME, SIG_HEADER, TIME_HEADER, AgentReport,
-                                check_time, verify)
+
+if TYPE_CHECKING:
+    from slurmguard.controller.metrics import ControllerMetrics
+from slurmguard.reports import (
+    NODE_HEADER,
+    NODE_NAME,
+    SIG_HEADER,
+    TIME_HEADER,
+    AgentReport,
+    check_time,
+    verify,
+)
 
 log = logging.getLogger(__name__)
 
 _ACCEPTED = b'{"accepted": true}'
 _BUSY = b'{"error": "controller busy (all workers and queue slots taken): try again later"}'
-_OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY), _BUSY))
+_OVERLOADED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_BUSY), _BUSY)
+)
 
 
 #: most header lines a request may have, and the longest line (bytes)
 MAX_HEADERS = 64
 MAX_LINE = 8192
-_REASONS = {200: "OK", 204: "No Content", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-            404: "Not Found", 409: "Conflict", 411: "Length Required", 413: "Content Too Large",
-            422: "Unprocessable Content", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
-            503: "Service Unavailable", 505: "HTTP Version Not Supported"}
+_REASONS = {
+    200: "OK",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    409: "Conflict",
+    411: "Length Required",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+    505: "HTTP Version Not Supported",
+}
 
 
 class Headers(dict):
     """Request headers by lower-cased name (the last of repeated ones)."""
 
-    def get(self, name: str, default=None):  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         return super().get(name.lower(), default)
 
 
@@ -75,8 +100,9 @@ class TokenBuckets:
     """Per-key token buckets (rate per second, burst); at most `max_keys` keys are
     remembered (the least recently used is forgotten, i.e. starts full again)."""
 
-    def __init__(self, rate: float, burst: int, now: Callable[[], float] = time.monotonic,
-                 max_keys: int = 10000) -> None:
+    def __init__(
+        self, rate: float, burst: int, now: Callable[[], float] = time.monotonic, max_keys: int = 10000
+    ) -> None:
         self.rate, self.burst, self.now, self.max_keys = rate, float(burst), now, max_keys
         self._b: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._lock = threading.Lock()
@@ -98,8 +124,17 @@ class _PoolServer(socketserver.TCPServer):
 
     allow_reuse_address = True
 
-    def __init__(self, addr, handler, *, workers: int, max_pending: int, timeout_s: float,
-                 tls: ssl.SSLContext | None, on_overload: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        *,
+        workers: int,
+        max_pending: int,
+        timeout_s: float,
+        tls: ssl.SSLContext | None,
+        on_overload: Callable[[], None],
+    ) -> None:
         self.timeout_s = timeout_s
         self.tls = tls
         self.on_overload = on_overload
@@ -110,14 +145,17 @@ class _PoolServer(socketserver.TCPServer):
         family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.address_family = family
         super().__init__(addr, handler)
-        self._threads = [threading.Thread(target=self._work, name=f"controller-http-{i}", daemon=True)
-                         for i in range(workers)]
-        self._threads.append(threading.Thread(target=self._watchdog, name="controller-http-watchdog",
-                                              daemon=True))
+        self._threads = [
+            threading.Thread(target=self._work, name=f"controller-http-{i}", daemon=True)
+            for i in range(workers)
+        ]
+        self._threads.append(
+            threading.Thread(target=self._watchdog, name="controller-http-watchdog", daemon=True)
+        )
         for t in self._threads:
             t.start()
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: Any, client_address: Any) -> None:
         try:
             self._q.put_nowait((request, client_address, time.monotonic() + self.timeout_s))
         except queue.Full:
@@ -180,11 +218,20 @@ class ControllerHTTP:
     management listener. `secret` is the master secret; `known(node)` says whether
     Slurm knows a node (reports of other nodes are refused before their body is read)."""
 
-    def __init__(self, host: str, port: int, *, secret: bytes, ingest: Callable[[AgentReport], bool],
-                 metrics, now: Callable[[], float], health: Callable[[], tuple[bool, str]],
-                 plan: Callable[[int], dict | None] = lambda job: None,
-                 policy: ControllerPolicy | None = None,
-                 known: Callable[[str], bool] = lambda node: True) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        secret: bytes,
+        ingest: Callable[[AgentReport], bool],
+        metrics: ControllerMetrics,
+        now: Callable[[], float],
+        health: Callable[[], tuple[bool, str]],
+        plan: Callable[[int], dict | None] = lambda job: None,
+        policy: ControllerPolicy | None = None,
+        known: Callable[[str], bool] = lambda node: True,
+    ) -> None:
         p = policy or ControllerPolicy()
         self.policy = p
         self.secret = secret
@@ -194,23 +241,35 @@ class ControllerHTTP:
             tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             tls.minimum_version = ssl.TLSVersion.TLSv1_2
             tls.load_cert_chain(p.tls_cert_file, p.tls_key_file)
-        ctx = _Ctx(self, ingest=ingest, now=now, health=health, plan=plan, known=known,
-                   readers=[ipaddress.ip_network(n, strict=False) for n in p.read_clients],
-                   ip_limit=TokenBuckets(p.ip_rate_per_s, p.ip_burst),
-                   node_limit=TokenBuckets(p.node_rate_per_s, p.node_burst))
+        ctx = _Ctx(
+            self,
+            ingest=ingest,
+            now=now,
+            health=health,
+            plan=plan,
+            known=known,
+            readers=[ipaddress.ip_network(n, strict=False) for n in p.read_clients],
+            ip_limit=TokenBuckets(p.ip_rate_per_s, p.ip_burst),
+            node_limit=TokenBuckets(p.node_rate_per_s, p.node_burst),
+        )
         split = p.management_host is not None
         self.servers = [self._server((host, port), ctx, "report" if split else "all", tls)]
-        if split:
-            self.servers.append(self._server((p.management_host, p.management_port), ctx,
-                                             "management", tls))
+        if p.management_host is not None:
+            self.servers.append(self._server((p.management_host, p.management_port), ctx, "management", tls))
         self._threads: list[threading.Thread] = []
 
-    def _server(self, addr, ctx: "_Ctx", role: str, tls) -> _PoolServer:
+    def _server(self, addr: tuple[str, int], ctx: _Ctx, role: str, tls: ssl.SSLContext | None) -> _PoolServer:
         p = self.policy
         handler = _make_handler(ctx, role)
-        return _PoolServer(addr, handler, workers=p.workers, max_pending=p.max_pending,
-                           timeout_s=p.request_timeout_s, tls=tls,
-                           on_overload=lambda: ctx.refused("overloaded"))
+        return _PoolServer(
+            addr,
+            handler,
+            workers=p.workers,
+            max_pending=p.max_pending,
+            timeout_s=p.request_timeout_s,
+            tls=tls,
+            on_overload=lambda: ctx.refused("overloaded"),
+        )
 
     @property
     def port(self) -> int:
@@ -222,8 +281,7 @@ class ControllerHTTP:
 
     def start(self) -> None:
         for i, srv in enumerate(self.servers):
-            t = threading.Thread(target=srv.serve_forever, name=f"controller-http-accept-{i}",
-                                 daemon=True)
+            t = threading.Thread(target=srv.serve_forever, name=f"controller-http-accept-{i}", daemon=True)
             t.start()
             self._threads.append(t)
 
@@ -251,22 +309,23 @@ class _Ctx:
         self.server.metrics.http_refused.labels(reason).inc()
 
 
-def _make_handler(ctx: _Ctx, role: str):
+def _make_handler(ctx: _Ctx, role: str) -> type[BaseHTTPRequestHandler]:
     p = ctx.server.policy
     metrics = ctx.server.metrics
     reports_ok = metrics.reports.labels("ok")
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        raw_requestline: bytes  # set by handle_one_request; typeshed does not declare it
 
-        def log_message(self, fmt: str, *args) -> None:  # route to logging, not stderr
+        def log_message(self, fmt: str, *args: Any) -> None:  # route to logging, not stderr
             log.debug("%s " + fmt, self.client_address[0], *args)
 
         def parse_request(self) -> bool:
             """The request line and headers, read here rather than by http.server's
             email-parser route (a fifth of a report's cost): HTTP/1.0 or 1.1, at most
             MAX_HEADERS lines of MAX_LINE bytes; anything else is answered 400/431/505."""
-            self.command = None
+            self.command = None  # type: ignore[assignment]  # http.server's own reset (typeshed: str)
             self.request_version = "HTTP/0.9"
             self.close_connection = True  # one request per connection: workers are few
             line = self.raw_requestline.decode("iso-8859-1").rstrip("\r\n")
@@ -291,7 +350,8 @@ def _make_handler(ctx: _Ctx, role: str):
                 headers[name.lower()] = value.strip()
             else:
                 return self._bad(431, f"more than {MAX_HEADERS} header lines")
-            self.headers = headers
+            # the handlers read headers with .get only; typeshed wants an email Message
+            self.headers = headers  # type: ignore[assignment]
             if headers.get("Expect", "").lower() == "100-continue" and version == "HTTP/1.1":
                 self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return True
@@ -305,11 +365,13 @@ def _make_handler(ctx: _Ctx, role: str):
             self.close_connection = True
             if log.isEnabledFor(logging.DEBUG):
                 log.debug("%s %s %s %d", self.client_address[0], self.command, self.path, code)
-            self.wfile.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                             b"Connection: close\r\n\r\n%s"
-                             % (code, _REASONS.get(code, "").encode(), ctype.encode(), len(body), body))
+            self.wfile.write(
+                b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                b"Connection: close\r\n\r\n%s"
+                % (code, _REASONS.get(code, "").encode(), ctype.encode(), len(body), body)
+            )
 
-        def _json(self, code: int, obj) -> None:
+        def _json(self, code: int, obj: Any) -> None:
             self._send(code, json.dumps(obj).encode())
 
         def _refuse(self, code: int, why: str, label: str, *, report: bool = False) -> None:
@@ -322,8 +384,12 @@ def _make_handler(ctx: _Ctx, role: str):
         def _rate_ok(self) -> bool:
             if ctx.ip_limit.allow(self.client_address[0]):
                 return True
-            self._refuse(429, f"too many requests from {self.client_address[0]} "
-                              f"(controller.ip_rate_per_s={p.ip_rate_per_s:g})", "rate_limited_ip")
+            self._refuse(
+                429,
+                f"too many requests from {self.client_address[0]} "
+                f"(controller.ip_rate_per_s={p.ip_rate_per_s:g})",
+                "rate_limited_ip",
+            )
             return False
 
         def _reader_ok(self, what: str) -> bool:
@@ -344,8 +410,9 @@ def _make_handler(ctx: _Ctx, role: str):
                 ok, why = ctx.health()
                 self._json(200 if ok else 503, {"ok": ok, "detail": why})
             elif role == "report" and (path == "/metrics" or path.startswith("/v1/jobs/")):
-                self._refuse(404, "served on the management listener (controller.management_host)",
-                             "not_found")
+                self._refuse(
+                    404, "served on the management listener (controller.management_host)", "not_found"
+                )
             elif path == "/metrics":
                 if self._reader_ok("/metrics"):
                     self._send(200, metrics.render(), "text/plain; version=0.0.4")
@@ -377,13 +444,16 @@ def _make_handler(ctx: _Ctx, role: str):
                 self._refuse(400, "empty report", "bad_request", report=True)
                 return
             if length > p.max_body_bytes:
-                self._refuse(413, f"report of {length} bytes is over controller.max_body_bytes "
-                                  f"({p.max_body_bytes})", "too_large", report=True)
+                self._refuse(
+                    413,
+                    f"report of {length} bytes is over controller.max_body_bytes ({p.max_body_bytes})",
+                    "too_large",
+                    report=True,
+                )
                 return
             node = self.headers.get(NODE_HEADER, "")
             if not NODE_NAME.match(node):
-                self._refuse(401, f"missing or invalid {NODE_HEADER} header", "unauthorized",
-                             report=True)
+                self._refuse(401, f"missing or invalid {NODE_HEADER} header", "unauthorized", report=True)
                 return
             why = check_time(self.headers.get(TIME_HEADER, ""), ctx.now())
             if why is not None:
@@ -391,21 +461,30 @@ def _make_handler(ctx: _Ctx, role: str):
                 self._refuse(401, why, "unauthorized", report=True)
                 return
             if not ctx.known(node):
-                self._refuse(403, f"node {node} is not a node of this cluster", "unknown_node",
-                             report=True)
+                self._refuse(403, f"node {node} is not a node of this cluster", "unknown_node", report=True)
                 return
             if not ctx.node_limit.allow(node):
-                self._refuse(429, f"too many reports for node {node} "
-                                  f"(controller.node_rate_per_s={p.node_rate_per_s:g})",
-                             "rate_limited_node", report=True)
+                self._refuse(
+                    429,
+                    f"too many reports for node {node} (controller.node_rate_per_s={p.node_rate_per_s:g})",
+                    "rate_limited_node",
+                    report=True,
+                )
                 return
             body = self.rfile.read(length)
             if len(body) != length:
-                self._refuse(400, f"body ended after {len(body)} of {length} bytes", "bad_request",
-                             report=True)
+                self._refuse(
+                    400, f"body ended after {len(body)} of {length} bytes", "bad_request", report=True
+                )
                 return
-            why = verify(ctx.server.secret, node, self.headers.get(TIME_HEADER, ""), body,
-                         self.headers.get(SIG_HEADER, ""), ctx.now())
+            why = verify(
+                ctx.server.secret,
+                node,
+                self.headers.get(TIME_HEADER, ""),
+                body,
+                self.headers.get(SIG_HEADER, ""),
+                ctx.now(),
+            )
             if why is not None:
                 log.warning("rejected report from %s: %s", self.client_address[0], why)
                 self._refuse(401, "bad signature", "unauthorized", report=True)
@@ -415,18 +494,29 @@ def _make_handler(ctx: _Ctx, role: str):
             except ValidationError as exc:
                 first = exc.errors()[0]
                 where = ".".join(str(x) for x in first["loc"])
-                self._refuse(422, f"invalid report from node {node}: {where}: {first['msg']}",
-                             "invalid", report=True)
+                self._refuse(
+                    422, f"invalid report from node {node}: {where}: {first['msg']}", "invalid", report=True
+                )
                 return
             if report.node != node:
-                log.warning("node %s signed a report for node %s (from %s)", node, report.node,
-                            self.client_address[0])
-                self._refuse(403, f"report names node {report.node} but is signed by node {node}",
-                             "forbidden", report=True)
+                log.warning(
+                    "node %s signed a report for node %s (from %s)", node, report.node, self.client_address[0]
+                )
+                self._refuse(
+                    403,
+                    f"report names node {report.node} but is signed by node {node}",
+                    "forbidden",
+                    report=True,
+                )
                 return
             if not ctx.ingest(report):
-                self._refuse(409, f"report (epoch {report.epoch}, seq {report.seq}) is not newer "
-                                  f"than the last one of node {node}", "stale", report=True)
+                self._refuse(
+                    409,
+                    f"report (epoch {report.epoch}, seq {report.seq}) is not newer "
+                    f"than the last one of node {node}",
+                    "stale",
+                    report=True,
+                )
                 return
             reports_ok.inc()
             self._send(200, _ACCEPTED)

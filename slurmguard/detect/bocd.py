@@ -36,6 +36,7 @@ from math import lgamma, log, pi
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from slurmguard.config import BocdPolicy
 
@@ -110,9 +111,15 @@ class BatchBocd:
     P(r_t = 0) > change_probability rule, kept to show that it never fires).
     """
 
-    def __init__(self, n_series: int, policy: BocdPolicy | None = None, *,
-                 verify: bool = True, rule: Rule | None = None,
-                 dtype: type = np.float32) -> None:
+    def __init__(
+        self,
+        n_series: int,
+        policy: BocdPolicy | None = None,
+        *,
+        verify: bool = True,
+        rule: Rule | None = None,
+        dtype: type = np.float32,
+    ) -> None:
         p = policy or BocdPolicy()
         if n_series < 1:
             raise ValueError("n_series must be >= 1")
@@ -128,7 +135,7 @@ class BatchBocd:
         self.min_after = p.verify_min_after if verify else 1
         # a level needs this many samples before a change against it is believed
         self.min_before = max(3, (self.W + 1) // 2)
-        self.beta0 = ALPHA0 * p.prior_cv ** 2
+        self.beta0 = ALPHA0 * p.prior_cv**2
 
         # Per-slot constants. Slot j holds a run of j+1 samples; the last slot
         # stands for "R or more" with fixed kappa/alpha (exponential forgetting).
@@ -138,8 +145,13 @@ class BatchBocd:
         # per-slot constants as (R, 1) columns: the state is run-length major
         self._a = (kappa / (2.0 * (kappa + 1.0))).astype(dt)[:, None]
         self._b = (1.0 / (kappa + 1.0)).astype(dt)[:, None]
-        self._C = np.array([lgamma(al + 0.5) - lgamma(al) - 0.5 * log(2 * pi * (ka + 1) / ka)
-                            for al, ka in zip(alpha, kappa)], dtype=dt)
+        self._C = np.array(
+            [
+                lgamma(al + 0.5) - lgamma(al) - 0.5 * log(2 * pi * (ka + 1) / ka)
+                for al, ka in zip(alpha, kappa)
+            ],
+            dtype=dt,
+        )
         # alpha of the slot a sample moves *into*: j -> j+1 (last slot stays).
         alpha_next = np.append(alpha[1:], alpha[-1])
         self._alpha_next = alpha_next.astype(dt)[:, None]
@@ -161,13 +173,12 @@ class BatchBocd:
         # every operation runs on contiguous blocks (reductions over run
         # lengths become adds of whole rows); row R is scratch.
         shape = (R + 1, n_series)
-        self._bufs = [{name: np.zeros(shape, dt) for name in ("P", "mu", "beta", "hh")}
-                      for _ in range(2)]
+        self._bufs = [{name: np.zeros(shape, dt) for name in ("P", "mu", "beta", "hh")} for _ in range(2)]
         self._cur = 0
         self._d = np.empty((R, n_series), dt)
         self._t = np.empty((R, n_series), dt)
         self.mu0 = np.zeros(n_series, dt)
-        self.count = np.zeros(n_series, np.int64)       # samples seen per series
+        self.count = np.zeros(n_series, np.int64)  # samples seen per series
         self.regime_start = np.zeros(n_series, np.int64)  # index of first sample of the current level
         self.pending = np.full(n_series, -1, np.int64)  # candidate change index, -1 = none
         self.rejected = np.full(n_series, -1, np.int64)  # last candidate found to be jitter
@@ -283,7 +294,7 @@ class BatchBocd:
                 jstar[fr] = np.argmax(np.where(mask[:, fr], head[:, fr], -1), axis=0)
             return fire, jstar
         # "r0": the literal rule, P(r_t = 0) = H never reaches the threshold
-        return np.zeros(self.n, bool) | (self.H > self.policy.change_probability), jstar
+        return np.zeros(self.n, bool) | (self.policy.change_probability < self.H), jstar
 
     def map_candidates(self, age: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The MAP run-length drop rule for levels `age` samples old: (fired, run
@@ -337,9 +348,9 @@ class BatchBocd:
         np.subtract(lp, ref.astype(self.dtype)[None, :], out=lp)
         np.exp(lp, out=lp)
         Pn = new["P"][1:]
-        np.multiply(lp, P, out=Pn)       # (1-H) * P * pi / ref
+        np.multiply(lp, P, out=Pn)  # (1-H) * P * pi / ref
         growth = np.add.reduce(Pn, axis=0).astype(np.float64)
-        cp = self.H * np.exp(lp0)        # H * sum(P) * pi0 / ref
+        cp = self.H * np.exp(lp0)  # H * sum(P) * pi0 / ref
         z = growth + cp
         if self.rule == "r0":
             # Adams-MacKay's r_t = 0 joint is H * sum_r P pi_r; normalised it is H.
@@ -397,7 +408,7 @@ class BatchBocd:
             # but the m//4 largest of the m samples after it (all of them when
             # m < 4), a speed-up for all but the m//4 smallest.
             thr = self.policy.verify_min_change
-            srt = np.sort(after, axis=1)             # NaN padding sorts last
+            srt = np.sort(after, axis=1)  # NaN padding sorts last
             m = np.sum(np.isfinite(after), axis=1)
             q = m // 4
             lo = srt[np.arange(rows.size), q]
@@ -415,11 +426,18 @@ class BatchBocd:
             ma = np.nanmean(after[acc], axis=1)
             for i, a in enumerate(acc):
                 r = int(rows[a])
-                out.append(ChangePoint(
-                    series=r, index=int(cpi[a]), detected_at=int(n[r] - 1),
-                    direction="slower" if rel[a] > 0 else "faster",
-                    mean_before=float(mb[i]), mean_after=float(ma[i]),
-                    level_before=float(lb[a]), level_after=float(la[a])))
+                out.append(
+                    ChangePoint(
+                        series=r,
+                        index=int(cpi[a]),
+                        detected_at=int(n[r] - 1),
+                        direction="slower" if rel[a] > 0 else "faster",
+                        mean_before=float(mb[i]),
+                        mean_after=float(ma[i]),
+                        level_before=float(lb[a]),
+                        level_after=float(la[a]),
+                    )
+                )
             arows = rows[acc]
             self.regime_start[arows] = cpi[acc]
             # restart from the samples of the new level (all since the change)
@@ -448,8 +466,9 @@ def _median_rows(a: np.ndarray) -> np.ndarray:
     return np.where(m > 0, 0.5 * (lo + hi), np.nan)
 
 
-def detect_changepoints(step_times, policy: BocdPolicy | None = None, *,
-                        verify: bool = True, rule: Rule | None = None) -> list[ChangePoint]:
+def detect_changepoints(
+    step_times: ArrayLike, policy: BocdPolicy | None = None, *, verify: bool = True, rule: Rule | None = None
+) -> list[ChangePoint]:
     """Change points of one step-time series (seconds per iteration).
 
     verify=True (the default) runs the step detector (slurmguard.detect.steps,

@@ -6,11 +6,11 @@ import json
 
 import click
 
-from slurmguard.config import load_policy
+from slurmguard.config import Policy, load_policy
 from slurmguard.detect.stepfile import read_step_file
 
 
-def _policy(ctx: click.Context):
+def _policy(ctx: click.Context) -> Policy:
     obj = ctx.find_root().obj or {}
     return load_policy(obj.get("policy_path"))
 
@@ -22,9 +22,16 @@ def detect() -> None:
 
 @detect.command("steptimes")
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--plain", is_flag=True, help="Plain BOCD baseline: every MAP run-length drop, no profile, no verification.")
-@click.option("--skip-invalid", is_flag=True,
-              help="Treat rows that are not a positive number of seconds (NaN, 0, negative) as missing steps.")
+@click.option(
+    "--plain",
+    is_flag=True,
+    help="Plain BOCD baseline: every MAP run-length drop, no profile, no verification.",
+)
+@click.option(
+    "--skip-invalid",
+    is_flag=True,
+    help="Treat rows that are not a positive number of seconds (NaN, 0, negative) as missing steps.",
+)
 @click.pass_context
 def steptimes(ctx: click.Context, file: str, plain: bool, skip_invalid: bool) -> None:
     """Slowdown episodes and change points of a step-time CSV (one column, seconds), as JSON.
@@ -46,8 +53,12 @@ def steptimes(ctx: click.Context, file: str, plain: bool, skip_invalid: bool) ->
     x, _, skipped = read_step_file(file, skip_invalid=skip_invalid)
     if plain:
         cps = detect_changepoints(x, pol.detection.bocd, verify=False)
-        doc = {"file": file, "iterations": len(x), "detector": "plain BOCD (MAP drop, no verification)",
-               "change_points": [c.to_dict() for c in cps]}
+        doc = {
+            "file": file,
+            "iterations": len(x),
+            "detector": "plain BOCD (MAP drop, no verification)",
+            "change_points": [c.to_dict() for c in cps],
+        }
     else:
         det = detect_steps(x, DetectorConfig.from_policy(pol))
         doc = {"file": file, "iterations": len(x), **det.to_dict()}

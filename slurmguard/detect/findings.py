@@ -108,9 +108,21 @@ class Finding:
         return None if m is None else m.value
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind.value, "subject": self.subject.label(), "detector": self.detector,
-                "severity": self.severity.value, "detected_at": self.detected_at, "onset": self.onset,
-                "evidence": [{"name": m.name, "value": m.value, "unit": m.unit,
-                              **({} if m.reference is None else {"reference": m.reference})}
-                             for m in self.evidence],
-                "text": self.text}
+        return {
+            "kind": self.kind.value,
+            "subject": self.subject.label(),
+            "detector": self.detector,
+            "severity": self.severity.value,
+            "detected_at": self.detected_at,
+            "onset": self.onset,
+            "evidence": [
+                {
+                    "name": m.name,
+                    "value": m.value,
+                    "unit": m.unit,
+                    **({} if m.reference is None else {"reference": m.reference}),
+                }
+                for m in self.evidence
+            ],
+            "text": self.text,
+        }

@@ -48,7 +48,7 @@ BAD_DIRECTION: dict[str, int] = {
     Signal.PCIE_REPLAY_RATE: +1,
     Signal.NVLINK_ERROR_RATE: +1,
     Signal.NIC_RATE: -1,
-    Signal.NIC_TX_GBPS: 0,          # misrouted traffic doubles one NIC's load
+    Signal.NIC_TX_GBPS: 0,  # misrouted traffic doubles one NIC's load
     Signal.NIC_ERROR_RATE: +1,
     Signal.NIC_CONGESTION_RATE: +1,
     Signal.CPU_BUSY: +1,
@@ -96,12 +96,21 @@ class PeerFlag:
         deviation's value against the peer median in the signal's unit, and its z."""
         ev: list[Measure] = []
         for d in self.deviations:
-            ev.append(Measure(d.signal, d.value, _UNIT.get(d.signal) or UNITS.get(d.signal) or "value", d.median))
+            ev.append(
+                Measure(d.signal, d.value, _UNIT.get(d.signal) or UNITS.get(d.signal) or "value", d.median)
+            )
             ev.append(Measure(f"{d.signal}_z", d.z, "z"))
         if self.windows:
             ev.append(Measure("windows", float(self.windows), "windows"))
-        return Finding(Kind.TELEMETRY, Subject(node=self.node, device=self.device), "peers", detected_at,
-                       Severity.CRITICAL if self.hard else Severity.WARNING, tuple(ev), text=self.text())
+        return Finding(
+            Kind.TELEMETRY,
+            Subject(node=self.node, device=self.device),
+            "peers",
+            detected_at,
+            Severity.CRITICAL if self.hard else Severity.WARNING,
+            tuple(ev),
+            text=self.text(),
+        )
 
 
 def _device(s: TelemetrySample) -> str:
@@ -122,9 +131,18 @@ def _kind(gpu: int | None, nic: str | None) -> str:
 
 
 #: the signals hard_failures looks at
-_HARD_SIGNALS = frozenset({Signal.XID, Signal.RECOVERY_ACTION, Signal.ROW_REMAP_FAILURE,
-                           Signal.ROW_REMAP_PENDING, Signal.GPU_LOST, Signal.ECC_DBE_DELTA,
-                           Signal.NIC_STATE, Signal.NVLINK_DOWN})
+_HARD_SIGNALS = frozenset(
+    {
+        Signal.XID,
+        Signal.RECOVERY_ACTION,
+        Signal.ROW_REMAP_FAILURE,
+        Signal.ROW_REMAP_PENDING,
+        Signal.GPU_LOST,
+        Signal.ECC_DBE_DELTA,
+        Signal.NIC_STATE,
+        Signal.NVLINK_DOWN,
+    }
+)
 
 
 def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
@@ -143,7 +161,9 @@ def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
         why = None
         if s.signal == Signal.XID and int(s.value) in HARD_XIDS:
             why = f"XID {int(s.value)}"
-        elif s.signal == Signal.XID and int(s.value) == XID_RECOVERY_ACTION and (s.node, s.gpu) not in actions:
+        elif (
+            s.signal == Signal.XID and int(s.value) == XID_RECOVERY_ACTION and (s.node, s.gpu) not in actions
+        ):
             why = f"XID {XID_RECOVERY_ACTION}: recovery action changed, action not readable"
         elif s.signal == Signal.RECOVERY_ACTION and s.value > 0:
             why = f"recovery action required: {RECOVERY_ACTIONS.get(int(s.value), f'code {int(s.value)}')}"
@@ -167,6 +187,7 @@ def hard_failures(samples: list[TelemetrySample]) -> list[PeerFlag]:
 
 def robust_z(values: np.ndarray, floor: float) -> tuple[np.ndarray, float]:
     import numpy as np  # here, not at the top: the prolog imports hard_failures
+
     med = float(np.median(values))
     mad = float(np.median(np.abs(values - med)))
     scale = max(1.4826 * mad, floor * abs(med), 1e-12)
@@ -180,10 +201,12 @@ class PeerScorer:
         self.policy = policy or PeerPolicy()
         self._streak: dict[tuple[str, str], int] = defaultdict(int)
 
-    def deviations(self, samples: list[TelemetrySample],
-                   peer_group: dict[str, str] | None = None,
-                   means: dict[tuple[str, str, int | None, str | None], float] | None = None,
-                   ) -> dict[tuple[str, str], list[Deviation]]:
+    def deviations(
+        self,
+        samples: list[TelemetrySample],
+        peer_group: dict[str, str] | None = None,
+        means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+    ) -> dict[tuple[str, str], list[Deviation]]:
         """Per (node, device): the signals deviating from their peers this window.
 
         peer_group maps node -> group name (job id or hardware class); nodes
@@ -221,23 +244,25 @@ class PeerScorer:
                 table[(grp, kind, "power_per_util")] = derived
         out: dict[tuple[str, str], list[Deviation]] = defaultdict(list)
         floor = p.mad_floor
-        for (grp, kind, sig), devs in table.items():
+        for (_group, _which, sig), devs in table.items():
             if len(devs) < p.min_peers:
                 continue
             names = list(devs)
-            vals = np.array([devs[n] for n in names])
-            z, med = robust_z(vals, floor)
+            values = np.array([devs[n] for n in names])
+            z, med = robust_z(values, floor)
             direction = BAD_DIRECTION[sig]
             bad = (z * direction > p.robust_z) if direction else (np.abs(z) > p.robust_z)
             for i in np.nonzero(bad)[0]:
                 node, dev = names[i].split("\0")
-                out[(node, dev)].append(Deviation(sig, float(vals[i]), med, float(z[i])))
+                out[(node, dev)].append(Deviation(sig, float(values[i]), med, float(z[i])))
         return out
 
-    def window(self, samples: list[TelemetrySample],
-               peer_group: dict[str, str] | None = None,
-               means: dict[tuple[str, str, int | None, str | None], float] | None = None,
-               ) -> list[PeerFlag]:
+    def window(
+        self,
+        samples: list[TelemetrySample],
+        peer_group: dict[str, str] | None = None,
+        means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+    ) -> list[PeerFlag]:
         """Score one window (means: see deviations); returns hard failures and devices
         whose multi-signal deviation has lasted consecutive_windows windows."""
         p = self.policy
@@ -259,7 +284,8 @@ class PeerScorer:
             self._streak[k] += 1
             if self._streak[k] >= p.consecutive_windows:
                 reasons = tuple(
-                    f"{d.signal} {d.value:.4g} vs peer median {d.median:.4g} (z={d.z:+.1f})" for d in v)
+                    f"{d.signal} {d.value:.4g} vs peer median {d.median:.4g} (z={d.z:+.1f})" for d in v
+                )
                 flags.append(PeerFlag(k[0], k[1], False, reasons, tuple(v), self._streak[k]))
         return flags
 

@@ -39,13 +39,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 # the distribution functions themselves, not scipy.stats: that import alone
 # costs the node agent about 50 MB of RSS (issue 17.5)
 from scipy.special import bdtrc, chdtrc
 
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.records import RankOps
-
 
 #: an op more than this many median gaps after the previous one of its
 #: communicator starts a new iteration (per-communicator fallback only)
@@ -87,8 +87,8 @@ def acf(symbols: np.ndarray, max_lag: int) -> np.ndarray:
     sq = (z * z).sum(axis=0)
     cs = np.concatenate([[0.0], np.cumsum(sq)])
     lags = np.arange(max_lag + 1)
-    head = cs[n - lags]               # sum over t < n-k
-    tail = cs[n] - cs[lags]           # sum over t >= k
+    head = cs[n - lags]  # sum over t < n-k
+    tail = cs[n] - cs[lags]  # sum over t >= k
     denom = np.sqrt(np.maximum(head * tail, 1e-300))
     out = cov / denom
     out[0] = 1.0
@@ -101,7 +101,7 @@ def _first_period(symbols: np.ndarray, policy: PeriodPolicy) -> tuple[int, float
     if max_lag < policy.min_period:
         return None
     a = acf(symbols, max_lag)
-    cand = a[policy.min_period:]
+    cand = a[policy.min_period :]
     best = float(cand.max()) if cand.size else 0.0
     bar = max(policy.acf_threshold, best - policy.acf_tolerance)
     hits = np.nonzero(cand >= bar)[0]
@@ -134,7 +134,7 @@ def _phase_start(symbols: np.ndarray, period: int, tolerance: int) -> int:
 def find_period(symbols: np.ndarray, policy: PeriodPolicy | None = None) -> tuple[int, int, float] | None:
     """(period, phase start, acf) of a symbol sequence, or None if not periodic."""
     p = policy or PeriodPolicy()
-    s = np.asarray(symbols)[-p.window_ops:]
+    s = np.asarray(symbols)[-p.window_ops :]
     offset = np.asarray(symbols).size - s.size
     window = s
     while window.size >= max(2 * p.min_period, p.min_repeats * p.min_period):
@@ -149,7 +149,7 @@ def find_period(symbols: np.ndarray, policy: PeriodPolicy | None = None) -> tupl
                     k, val = again
                     start = max(start, _phase_start(s, k, tolerance=max(1, s.size // (50 * k))))
             return k, offset + start, val
-        window = window[window.size // 2:]
+        window = window[window.size // 2 :]
     return None
 
 
@@ -191,8 +191,9 @@ class StepTimes:
         return float(np.mean(self.seconds)) if self.seconds.size else float("nan")
 
 
-def step_times(ops: RankOps, policy: PeriodPolicy | None = None,
-               period: PeriodResult | None = None) -> StepTimes | None:
+def step_times(
+    ops: RankOps, policy: PeriodPolicy | None = None, period: PeriodResult | None = None
+) -> StepTimes | None:
     """Iteration times of a rank (Greyhound: the time between an op and its
     occurrence one period earlier), from find_iterations: the one place that
     places iteration boundaries. `period` (e.g. from rank_period) is only
@@ -251,7 +252,7 @@ def _gap_rows(gaps: np.ndarray, k: int) -> np.ndarray | None:
     rows = gaps.size // k
     if rows < 5:
         return None
-    return gaps[: rows * k].reshape(rows, k)[max(1, rows - MAX_ROWS):]
+    return gaps[: rows * k].reshape(rows, k)[max(1, rows - MAX_ROWS) :]
 
 
 def _consistent(g: np.ndarray) -> bool:
@@ -279,8 +280,8 @@ def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     g = _gap_rows(gaps, j * k)
     if g is None:
         return False
-    med = np.median(g, axis=0).reshape(j, k)           # [which of the j, position]
-    pos = int(np.argmax(med.max(axis=0)))              # where the longest typical gap is
+    med = np.median(g, axis=0).reshape(j, k)  # [which of the j, position]
+    pos = int(np.argmax(med.max(axis=0)))  # where the longest typical gap is
     if med[:, pos].max() < SPLIT_RATIO * max(float(med[:, pos].min()), 1.0):
         return False
     cols = g[:, pos::k][:, :j]
@@ -323,16 +324,18 @@ def _per_communicator(ops: RankOps, p: PeriodPolicy, keep_period: int | None) ->
         return None
     for c in comms[np.argsort(-counts, kind="stable")]:
         idx = np.flatnonzero(ops.comm == c)
-        sub = RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
-                      ops.end_ns[idx])
+        sub = RankOps(
+            ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx], ops.end_ns[idx]
+        )
         it = find_iterations(sub, p, comm=int(c), keep_period=keep_period)
         if it is not None:
             return Iterations(idx[it.anchors], it.period, it.signature)
     return None
 
 
-def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
-                    comm: int | None = None, keep_period: int | None = None) -> Iterations | None:
+def find_iterations(
+    ops: RankOps, policy: PeriodPolicy | None = None, comm: int | None = None, keep_period: int | None = None
+) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
 
     comm: set when `ops` are one communicator's (the fallback when the
@@ -368,7 +371,7 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
     code = _op_codes(ops)
     counts = np.bincount(code)
     keep = np.flatnonzero(counts[code] + RARE_SLACK >= max(p.min_repeats, counts.max() / RARE_RATIO))
-    keep = keep[-p.window_ops:]
+    keep = keep[-p.window_ops :]
     s, t = code[keep], ops.start_ns[keep]
     m = s.size
     kmax = min(p.max_period, m // p.min_repeats)
@@ -376,7 +379,7 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
 
     # the recent half decides which lags repeat: an older phase (warm-up, a
     # period before a phase change) would only let a common multiple pass
-    recent = s[m // 2:] if m // 2 >= 2 * p.min_repeats else s
+    recent = s[m // 2 :] if m // 2 >= 2 * p.min_repeats else s
 
     def is_candidate(k: int) -> bool:
         if k not in repeats:
@@ -440,6 +443,6 @@ def find_iterations(ops: RankOps, policy: PeriodPolicy | None = None,
         return _per_communicator(ops, p, keep_period) if comm is None else None
     k, first = chosen
     anchors = keep[first::k]
-    one = keep[first:first + k]
+    one = keep[first : first + k]
     sig = tuple((int(ops.op[i]), int(ops.comm[i]), int(ops.nbytes[i])) for i in one)
     return Iterations(anchors, k, sig)

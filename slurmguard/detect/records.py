@@ -36,8 +36,13 @@ class RankOps:
     end_ns: np.ndarray
 
     def __post_init__(self) -> None:
-        cols = {"op": self.op, "comm": self.comm, "nbytes": self.nbytes,
-                "start_ns": self.start_ns, "end_ns": self.end_ns}
+        cols = {
+            "op": self.op,
+            "comm": self.comm,
+            "nbytes": self.nbytes,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+        }
         n = None
         for name, arr in cols.items():
             a = np.asarray(arr)
@@ -57,7 +62,7 @@ class RankOps:
         return self.end_ns != IN_FLIGHT
 
     @classmethod
-    def from_rows(cls, rank: int, rows: list[tuple[int, int, int, int, int]]) -> "RankOps":
+    def from_rows(cls, rank: int, rows: list[tuple[int, int, int, int, int]]) -> RankOps:
         """Build from (op, comm, nbytes, start_ns, end_ns) tuples."""
         a = np.asarray(rows, dtype=np.int64).reshape(-1, 5)
         return cls(rank, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
@@ -111,13 +116,19 @@ class JobLayout:
         return [r for r in self.ranks if self._by_rank[r].node == node]
 
     @classmethod
-    def from_headers(cls, job_id: str, headers: list[tuple[int, str, int | None]]) -> "JobLayout":
+    def from_headers(cls, job_id: str, headers: list[tuple[int, str, int | None]]) -> JobLayout:
         """From ring headers: (rank, hostname, cuda device index) per ring."""
         return cls(job_id, [RankPlace(r, h, g) for r, h, g in headers])
 
     @classmethod
-    def from_slurm(cls, job_id: str, nodelist: str, tasks_per_node: str,
-                   distribution: str = "block", gpus_per_node: int | None = None) -> "JobLayout":
+    def from_slurm(
+        cls,
+        job_id: str,
+        nodelist: str,
+        tasks_per_node: str,
+        distribution: str = "block",
+        gpus_per_node: int | None = None,
+    ) -> JobLayout:
         """From SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE (e.g. "2(x3),1").
 
         Block distribution fills each node in turn (Slurm's default); cyclic
@@ -128,14 +139,16 @@ class JobLayout:
         nodes = hostlist.expand(nodelist)
         counts = parse_tasks_per_node(tasks_per_node)
         if len(counts) != len(nodes):
-            raise InputError(f"job {job_id}: SLURM_TASKS_PER_NODE '{tasks_per_node}' describes "
-                             f"{len(counts)} nodes, nodelist '{nodelist}' has {len(nodes)}")
+            raise InputError(
+                f"job {job_id}: SLURM_TASKS_PER_NODE '{tasks_per_node}' describes "
+                f"{len(counts)} nodes, nodelist '{nodelist}' has {len(nodes)}"
+            )
         places: list[RankPlace] = []
         if distribution == "block":
             rank = 0
             for node, c in zip(nodes, counts):
-                for local in range(c):
-                    gpu = local if gpus_per_node is None or local < gpus_per_node else None
+                for lr in range(c):
+                    gpu = lr if gpus_per_node is None or lr < gpus_per_node else None
                     places.append(RankPlace(rank, node, gpu))
                     rank += 1
         elif distribution == "cyclic":

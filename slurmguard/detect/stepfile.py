@@ -32,7 +32,9 @@ MAX_STEP_S = 1e6
 LABEL_KEYS = ("kind", "onset", "recovery", "severity", "textures", "source", "excursion")
 
 
-def read_step_file(path: str | Path, *, skip_invalid: bool = False) -> tuple[list[float], dict[str, list[str]], int]:
+def read_step_file(
+    path: str | Path, *, skip_invalid: bool = False
+) -> tuple[list[float], dict[str, list[str]], int]:
     """(step times, labels, invalid rows skipped). Errors name the file and line.
 
     A value that is not a step time (NaN, inf, zero, negative, > MAX_STEP_S) is
@@ -78,10 +80,15 @@ def read_step_file(path: str | Path, *, skip_invalid: bool = False) -> tuple[lis
                 skipped += 1
                 out.append(float("nan"))
                 continue
-            what = ("is implausible (more than 11 days)" if math.isfinite(v) and v > 0
-                    else "must be a positive number of seconds")
-            raise InputError(f"{path}:{lineno}: step time {what}, got {cell}"
-                             " (--skip-invalid treats such rows as missing steps)")
+            what = (
+                "is implausible (more than 11 days)"
+                if math.isfinite(v) and v > 0
+                else "must be a positive number of seconds"
+            )
+            raise InputError(
+                f"{path}:{lineno}: step time {what}, got {cell}"
+                " (--skip-invalid treats such rows as missing steps)"
+            )
         out.append(v)
     if not out:
         raise InputError(f"{path}: no step times")
@@ -96,7 +103,7 @@ def write_step_file(path: str | Path, steps: list[float], labels: dict[str, obje
     for key, val in (labels or {}).items():
         if key not in LABEL_KEYS:
             raise ValueError(f"unknown step-file label {key!r} (known: {', '.join(LABEL_KEYS)})")
-        for v in (val if isinstance(val, (list, tuple)) else [val]):
+        for v in val if isinstance(val, (list, tuple)) else [val]:
             if v is not None:
                 lines.append(f"# {key}: {v}")
     lines.append("step_s")

@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from slurmguard.config import BocdPolicy, Policy
 from slurmguard.detect.bocd import BatchBocd, ChangePoint
@@ -76,15 +77,20 @@ class DetectorConfig:
     significance: float = 2.0
 
     @classmethod
-    def from_policy(cls, policy: Policy | None = None) -> "DetectorConfig":
+    def from_policy(cls, policy: Policy | None = None) -> DetectorConfig:
         p = policy or Policy()
         return cls.from_parts(p.detection.bocd, p.agent.warmup_steps, p.agent.baseline_steps)
 
     @classmethod
-    def from_parts(cls, bocd: BocdPolicy, warmup_steps: int, baseline_steps: int) -> "DetectorConfig":
+    def from_parts(cls, bocd: BocdPolicy, warmup_steps: int, baseline_steps: int) -> DetectorConfig:
         """The same config from the policy sections the agent holds."""
-        return cls(bocd=bocd, warmup=warmup_steps, learn=baseline_steps,
-                   max_period=bocd.max_period, significance=bocd.significance)
+        return cls(
+            bocd=bocd,
+            warmup=warmup_steps,
+            learn=baseline_steps,
+            max_period=bocd.max_period,
+            significance=bocd.significance,
+        )
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ def _loo_medians(v: np.ndarray) -> np.ndarray:
     srt = v[order]
     m = v.size
     j = np.empty(m, np.int64)
-    j[order] = np.arange(m)          # sorted position of each element
+    j[order] = np.arange(m)  # sorted position of each element
     L = m - 1
 
     def pick(k: int) -> np.ndarray:  # k-th of the others, sorted
@@ -227,10 +233,15 @@ class Episode:
         return self.level_s / self.baseline - 1.0 if self.open else 0.0
 
     def to_dict(self) -> dict:
-        return {"onset": self.onset, "detected_at": self.detected_at,
-                "slowdown": round(self.slowdown, 4), "baseline_s": round(self.baseline, 6),
-                "level_s": round(self.level_s, 6), "recovery": self.recovery,
-                "recovered_at": self.recovered_at}
+        return {
+            "onset": self.onset,
+            "detected_at": self.detected_at,
+            "slowdown": round(self.slowdown, 4),
+            "baseline_s": round(self.baseline, 6),
+            "level_s": round(self.level_s, 6),
+            "recovery": self.recovery,
+            "recovered_at": self.recovered_at,
+        }
 
 
 @dataclass
@@ -239,7 +250,7 @@ class _Series:
 
     learn_y: list = field(default_factory=list)
     profile: Profile | None = None
-    episodes: list = field(default_factory=list)   # closed and open Episode objects
+    episodes: list = field(default_factory=list)  # closed and open Episode objects
     open: Episode | None = None
 
 
@@ -270,9 +281,15 @@ class StepDetector:
     (a report window that does not start at the job's start has no warm-up).
     """
 
-    def __init__(self, n_series: int = 1, config: DetectorConfig | None = None, *,
-                 baseline_s: np.ndarray | None = None, warmup: int | None = None,
-                 learn: int | None = None) -> None:
+    def __init__(
+        self,
+        n_series: int = 1,
+        config: DetectorConfig | None = None,
+        *,
+        baseline_s: np.ndarray | None = None,
+        warmup: int | None = None,
+        learn: int | None = None,
+    ) -> None:
         if n_series < 1:
             raise ValueError("n_series must be >= 1")
         cfg = config or DetectorConfig.from_policy()
@@ -285,34 +302,37 @@ class StepDetector:
         self.W = b.verify_window
         self.max_wait = 4 * b.verify_window
         self.min_after = b.verify_min_after
-        self.acc = math.log1p(0.75 * b.verify_min_change)   # a change must reach 3/4 of the bar
+        self.acc = math.log1p(0.75 * b.verify_min_change)  # a change must reach 3/4 of the bar
         self.half = 0.5 * self.acc
-        self.rec = math.log1p(0.5 * b.verify_min_change)    # back within half the bar = recovered
+        self.rec = math.log1p(0.5 * b.verify_min_change)  # back within half the bar = recovered
         self.k = cfg.significance
-        self.given = (np.full(n_series, np.nan) if baseline_s is None
-                      else np.asarray(baseline_s, dtype=np.float64).reshape(n_series))
+        self.given = (
+            np.full(n_series, np.nan)
+            if baseline_s is None
+            else np.asarray(baseline_s, dtype=np.float64).reshape(n_series)
+        )
         P = cfg.max_period
-        self.seen = np.zeros(n_series, np.int64)        # valid samples (incl. warm-up)
+        self.seen = np.zeros(n_series, np.int64)  # valid samples (incl. warm-up)
         self.state = np.zeros(n_series, np.int8)
         self.period = np.ones(n_series, np.int64)
-        self.hshape = np.zeros((n_series, P))           # healthy per-phase log offsets
-        self.shape = np.zeros((n_series, P))            # offsets of the current level
-        self.base = np.zeros(n_series)                  # healthy level (log, healthy shape)
-        self.base_s = np.full(n_series, np.nan)         # healthy step time, seconds
-        self.ref = np.zeros(n_series)                   # current verified level (log, current shape)
-        self.vlevel = np.zeros(n_series)                # level a slow episode was verified at
-        self.peak = np.zeros(n_series)                  # deepest slowdown of the episode's earlier levels
+        self.hshape = np.zeros((n_series, P))  # healthy per-phase log offsets
+        self.shape = np.zeros((n_series, P))  # offsets of the current level
+        self.base = np.zeros(n_series)  # healthy level (log, healthy shape)
+        self.base_s = np.full(n_series, np.nan)  # healthy step time, seconds
+        self.ref = np.zeros(n_series)  # current verified level (log, current shape)
+        self.vlevel = np.zeros(n_series)  # level a slow episode was verified at
+        self.peak = np.zeros(n_series)  # deepest slowdown of the episode's earlier levels
         self.sigma = np.full(n_series, SIGMA_FLOOR)
-        self.regime = np.zeros(n_series, np.int64)      # first sample of the current level
+        self.regime = np.zeros(n_series, np.int64)  # first sample of the current level
         self.pending = np.full(n_series, -1, np.int64)  # candidate change, -1 = none
         self.rejected = np.full(n_series, -1, np.int64)
-        self.refine = np.ones(n_series, bool)           # False: the level is a given baseline
-        self.relearned = np.zeros(n_series, bool)       # the profile was learned a second time
-        self.changed = np.zeros(n_series, bool)         # a change was verified
+        self.refine = np.ones(n_series, bool)  # False: the level is a given baseline
+        self.relearned = np.zeros(n_series, bool)  # the profile was learned a second time
+        self.changed = np.zeros(n_series, bool)  # a change was verified
         self.hcap = max(4 * self.W, 8 * P, self.learn + 2)
-        self.z = np.full((n_series, self.hcap), np.nan)   # log step - current shape
+        self.z = np.full((n_series, self.hcap), np.nan)  # log step - current shape
         self.zh = np.full((n_series, self.hcap), np.nan)  # log step - healthy shape
-        self.x = np.full((n_series, self.hcap), np.nan)   # the step times, seconds
+        self.x = np.full((n_series, self.hcap), np.nan)  # the step times, seconds
         self._s = [_Series() for _ in range(n_series)]
 
     # ------------------------------------------------------------------ views
@@ -499,16 +519,27 @@ class StepDetector:
         # a new level is first known from a few samples; its estimate (and its
         # step pattern) keeps improving until it is 3 windows / 4 periods old
         age = self.seen - self.regime
-        young = np.nonzero(live & (self.pending < 0) & self.refine & (age > self.min_after)
-                           & (age <= np.maximum(3 * self.W, 4 * self.period)))[0]
+        young = np.nonzero(
+            live
+            & (self.pending < 0)
+            & self.refine
+            & (age > self.min_after)
+            & (age <= np.maximum(3 * self.W, 4 * self.period))
+        )[0]
         for i in young:
             self._refine(int(i))
         # once more healthy samples are in, learn the pattern again from the
         # latest ones: a warm-up longer than `warmup` (compilation, caches)
         # would otherwise stay in the profile and its noise scale
-        again = np.nonzero(live & ~self.relearned & (self.seen >= self.warmup + 2 * self.learn)
-                           & (self.state == HEALTHY) & (self.pending < 0)
-                           & ~self.changed & self.refine)[0]
+        again = np.nonzero(
+            live
+            & ~self.relearned
+            & (self.seen >= self.warmup + 2 * self.learn)
+            & (self.state == HEALTHY)
+            & (self.pending < 0)
+            & ~self.changed
+            & self.refine
+        )[0]
         for i in again:
             self._relearn(int(i))
         out: list[ChangePoint] = []
@@ -570,9 +601,11 @@ class StepDetector:
             self.base_s[i] = self._sec(i, lvl)
             return
         e = self._s[i].open
+        assert e is not None, "a series not HEALTHY has an open episode"
         la = self._sec(i, lvl)
-        self._s[i].open = Episode(e.onset, e.detected_at, max(self.peak[i], la / e.baseline - 1.0),
-                                  e.baseline, la, series=i)
+        self._s[i].open = Episode(
+            e.onset, e.detected_at, max(self.peak[i], la / e.baseline - 1.0), e.baseline, la, series=i
+        )
 
     def _return_start(self, i: int) -> int | None:
         """First sample of the trailing run back within `rec` of the baseline, if
@@ -619,7 +652,7 @@ class StepDetector:
         before = np.concatenate([[0], np.cumsum(hi)])
         after = np.concatenate([np.cumsum((~hi)[::-1])[::-1], [0]])
         cost = before + after
-        last = z.size - self.min_after      # keep min_after samples after the split
+        last = z.size - self.min_after  # keep min_after samples after the split
         if last < 0:
             return c
         j = int(np.argmin(cost[: last + 1]))
@@ -649,7 +682,7 @@ class StepDetector:
             return None
         se = MEDIAN_SE * max(sig, 0.5 * _mad(after) if m >= 6 else 0.0) / math.sqrt(m)
         k = self.k
-        tail = after[-min(2, m):]
+        tail = after[-min(2, m) :]
         # most of the samples moved (all of the first four), not a few outliers
         need = m if m <= 4 else math.ceil((0.75 if m < 8 else 0.6) * m)
         # per sample, "moved" means beyond half the bar and beyond the noise
@@ -663,8 +696,12 @@ class StepDetector:
         decided = m >= self.max_wait
         if a > ref:
             up = a - ref
-            if (up >= self.acc and up - k * se >= half and np.all(tail >= ref + mv)
-                    and np.sum(after >= ref + mv) >= need):
+            if (
+                up >= self.acc
+                and up - k * se >= half
+                and np.all(tail >= ref + mv)
+                and np.sum(after >= ref + mv) >= need
+            ):
                 kind = "slower"
             elif up + k * se < self.acc:
                 decided = True
@@ -677,11 +714,19 @@ class StepDetector:
             lim = float(self.base[i]) + self.rec
             top = max(ref, float(self.vlevel[i]))
             back = slow and float(_med(ah)) <= lim
-            if (back and top - a - k * se >= half and np.all(ah[-min(2, m):] <= lim)
-                    and np.sum(ah <= lim) >= need):
+            if (
+                back
+                and top - a - k * se >= half
+                and np.all(ah[-min(2, m) :] <= lim)
+                and np.sum(ah <= lim) >= need
+            ):
                 kind = "recovery"
-            elif (down >= self.acc and down - k * se >= half and np.all(tail <= ref - mv)
-                    and np.sum(after <= ref - mv) >= need):
+            elif (
+                down >= self.acc
+                and down - k * se >= half
+                and np.all(tail <= ref - mv)
+                and np.sum(after <= ref - mv) >= need
+            ):
                 kind = "faster"
             elif down + k * se < self.acc and not back:
                 decided = True
@@ -715,14 +760,18 @@ class StepDetector:
                 self.peak[i] = 0.0
             else:
                 e = s.open
+                assert e is not None, "a series not HEALTHY has an open episode"
                 self.peak[i] = max(self.peak[i], e.level_s / base_s - 1.0)
-                s.open = Episode(e.onset, e.detected_at, max(self.peak[i], la / base_s - 1.0),
-                                 e.baseline, la, series=i)
+                s.open = Episode(
+                    e.onset, e.detected_at, max(self.peak[i], la / base_s - 1.0), e.baseline, la, series=i
+                )
             self.vlevel[i] = a
         elif kind == "recovery" or (self.state[i] == SLOW and la / base_s - 1.0 < math.expm1(self.rec)):
             e = s.open
-            s.episodes.append(Episode(e.onset, e.detected_at, e.slowdown, e.baseline,
-                                      e.level_s, c, n - 1, series=i))
+            assert e is not None, "a series not HEALTHY has an open episode"
+            s.episodes.append(
+                Episode(e.onset, e.detected_at, e.slowdown, e.baseline, e.level_s, c, n - 1, series=i)
+            )
             s.open = None
             self.state[i] = HEALTHY
             # back at the baseline it left, in the healthy step pattern
@@ -733,6 +782,7 @@ class StepDetector:
             la = base_s
         elif self.state[i] == SLOW:  # faster, still above the bar
             e = s.open
+            assert e is not None, "a series not HEALTHY has an open episode"
             self.peak[i] = max(self.peak[i], e.level_s / base_s - 1.0)
             s.open = Episode(e.onset, e.detected_at, e.slowdown, e.baseline, la, series=i)
         else:  # faster while healthy: the job got faster, a new baseline
@@ -741,11 +791,16 @@ class StepDetector:
         self.ref[i] = a
         z = self._window(i, c, n)
         self.bocd.restart(np.array([i]), self._winsor(i, z)[None, :])
-        return ChangePoint(series=i, index=c, detected_at=n - 1,
-                           direction="slower" if kind == "slower" else "faster",
-                           mean_before=float(np.mean(before_x)) if before_x.size else lb,
-                           mean_after=float(np.mean(after_x)) if after_x.size else la,
-                           level_before=lb, level_after=la)
+        return ChangePoint(
+            series=i,
+            index=c,
+            detected_at=n - 1,
+            direction="slower" if kind == "slower" else "faster",
+            mean_before=float(np.mean(before_x)) if before_x.size else lb,
+            mean_after=float(np.mean(after_x)) if after_x.size else la,
+            level_before=lb,
+            level_after=la,
+        )
 
 
 @dataclass(frozen=True)
@@ -765,15 +820,19 @@ class Detection:
             "samples": self.samples,
             "ignored_samples": self.ignored,
             "note": self.note,
-            "profile": None if pr is None else {
-                "period": pr.period, "baseline_s": round(pr.seconds(pr.level), 6),
-                "noise": round(pr.scale, 4)},
+            "profile": None
+            if pr is None
+            else {
+                "period": pr.period,
+                "baseline_s": round(pr.seconds(pr.level), 6),
+                "noise": round(pr.scale, 4),
+            },
             "change_points": [c.to_dict() for c in self.change_points],
             "episodes": [e.to_dict() for e in self.episodes],
         }
 
 
-def detect_steps(step_times, config: DetectorConfig | None = None) -> Detection:
+def detect_steps(step_times: ArrayLike, config: DetectorConfig | None = None) -> Detection:
     """Run the detector over one series (seconds per step) and say what it found.
 
     Samples that are not a positive finite number of seconds are ignored (and
@@ -787,6 +846,8 @@ def detect_steps(step_times, config: DetectorConfig | None = None) -> Detection:
     bad = int(np.sum(~valid_steps(x)))
     note = None
     if det.profile(0) is None:
-        note = (f"{x.size - bad} usable samples: the detector needs {cfg.warmup} warm-up + "
-                f"{cfg.learn} to learn the step pattern before it can judge a change")
+        note = (
+            f"{x.size - bad} usable samples: the detector needs {cfg.warmup} warm-up + "
+            f"{cfg.learn} to learn the step pattern before it can judge a change"
+        )
     return Detection(cps, det.episodes(0), det.profile(0), int(x.size), bad, note)

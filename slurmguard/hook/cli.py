@@ -41,9 +41,19 @@ def dump(path: str, header_only: bool) -> None:
         batch = r.read()
         for rec in batch.records:
             click.echo(json.dumps(rec.to_json()))
-        click.echo(json.dumps({"summary": {
-            "records": len(batch.records), "overwritten": r.header.overwritten,
-            "lost": batch.lost, "corrupt": batch.corrupt, "abandoned": batch.abandoned}}))
+        click.echo(
+            json.dumps(
+                {
+                    "summary": {
+                        "records": len(batch.records),
+                        "overwritten": r.header.overwritten,
+                        "lost": batch.lost,
+                        "corrupt": batch.corrupt,
+                        "abandoned": batch.abandoned,
+                    }
+                }
+            )
+        )
 
 
 @ring.command("ls")
@@ -66,15 +76,22 @@ def ls(ctx: click.Context, directory: str | None) -> None:
             click.echo(f"BAD  {item.path}: {item.problem}")
             continue
         h = item
-        click.echo(f"job {h.job_id} step {h.step} rank {h.global_rank}/{h.world_size} "
-                   f"node {h.node_name} {h.source_name} written {h.write_counter} "
-                   f"lost {h.overwritten} {h.path}")
+        click.echo(
+            f"job {h.job_id} step {h.step} rank {h.global_rank}/{h.world_size} "
+            f"node {h.node_name} {h.source_name} written {h.write_counter} "
+            f"lost {h.overwritten} {h.path}"
+        )
 
 
 @ring.command("hold")
 @click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--timeout-ms", type=click.IntRange(0, 3_600_000), default=0, show_default=True,
-              help="The rank resumes by itself after this long (0: the hook's default, 60000).")
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(0, 3_600_000),
+    default=0,
+    show_default=True,
+    help="The rank resumes by itself after this long (0: the hook's default, 60000).",
+)
 def hold(path: str, timeout_ms: int) -> None:
     """Hold PATH's rank at its next collective (Greyhound 4.3 validation)."""
     c = _control(path)

@@ -71,11 +71,10 @@ SLURM_ENDINGS: dict[str, str] = {
     "slurm-term": "scancel --signal=TERM mid-training (all ranks), default disposition",
     "slurm-usr1": "scancel --signal=USR1 mid-training (all ranks), default disposition",
     "slurm-kill": "job cancel (scancel) mid-training: SIGTERM, which the job's own handler "
-                  "notes and trains on (a checkpoint outlasting KillWait), then SIGKILL",
+    "notes and trains on (a checkpoint outlasting KillWait), then SIGKILL",
 }
 #: the signal that ends each Slurm-sent ending's ranks
-SLURM_SIGNALS = {"slurm-term": signal.SIGTERM, "slurm-usr1": signal.SIGUSR1,
-                 "slurm-kill": signal.SIGKILL}
+SLURM_SIGNALS = {"slurm-term": signal.SIGTERM, "slurm-usr1": signal.SIGUSR1, "slurm-kill": signal.SIGKILL}
 #: the Slurm-sent endings' signal comes once both ranks printed this step
 SIGNAL_AFTER = 3
 #: a Slurm-sent ending's job stops training here when no signal came
@@ -83,8 +82,15 @@ LONG_STEPS = 1500
 
 # exit status of rank 1 per ending (rank 0: 0, except where the ending
 # concerns all ranks); negative: killed by that signal
-_RANK1_STATUS = {"sys-exit": 3, "raise": 1, "sigterm": -signal.SIGTERM, "sigterm-handler": 7,
-                 "sigusr1": -signal.SIGUSR1, "sigkill": -signal.SIGKILL, "os-exit": 5}
+_RANK1_STATUS = {
+    "sys-exit": 3,
+    "raise": 1,
+    "sigterm": -signal.SIGTERM,
+    "sigterm-handler": 7,
+    "sigusr1": -signal.SIGUSR1,
+    "sigkill": -signal.SIGKILL,
+    "os-exit": 5,
+}
 _ALL_STATUS = {"startup": 4}
 #: endings where no rank reaches interpreter finalisation with gloo started,
 #: so the upstream race cannot strike (in all others rank 0 at least exits
@@ -92,7 +98,7 @@ _ALL_STATUS = {"startup": 4}
 RACE_FREE = frozenset({"finish", "startup", *SLURM_ENDINGS})
 ABORT_MESSAGE = "terminate called without an active exception"
 
-JOB = textwrap.dedent('''
+JOB = textwrap.dedent("""
     # slurmguard exit scenario: python JOB SHAPE ENDING
     import hashlib, os, signal, sys, time
 
@@ -190,7 +196,7 @@ JOB = textwrap.dedent('''
 
     if __name__ == "__main__":  # spawned DataLoader workers import this file
         main(sys.argv[1], sys.argv[2])
-''').format(steps=STEPS, long_steps=LONG_STEPS)
+""").format(steps=STEPS, long_steps=LONG_STEPS)
 
 
 def write_job(directory: Path) -> Path:
@@ -278,17 +284,16 @@ class RunOutcome:
         for r in self.ranks:
             want = expected_status(self.ending, r.rank)
             if r.status != want and not aborted(r.status, r.stderr):
-                out.append(f"rank {r.rank}: exit status {r.status}, expected {want}: "
-                           f"{r.stderr[-600:]}")
+                out.append(f"rank {r.rank}: exit status {r.status}, expected {want}: {r.stderr[-600:]}")
             if "slurmguard" in r.stderr:
                 out.append(f"rank {r.rank}: the hook wrote to stderr: {r.stderr[-600:]}")
             if self.ending != "startup" and f"RESULT {r.rank} " not in r.stdout:
                 out.append(f"rank {r.rank}: no RESULT line: {r.stdout[-300:]} {r.stderr[-600:]}")
         if self.guarded:
             for rank in range(len(self.ranks)):
-                want = expected_counts(self.shape, self.ending, rank)
-                if want and self.counts.get(rank) != want:
-                    out.append(f"rank {rank}: ring holds {self.counts.get(rank)}, expected {want}")
+                counts = expected_counts(self.shape, self.ending, rank)
+                if counts and self.counts.get(rank) != counts:
+                    out.append(f"rank {rank}: ring holds {self.counts.get(rank)}, expected {counts}")
                 if self.lost.get(rank, 0):
                     out.append(f"rank {rank}: ring header counts {self.lost[rank]} lost")
         return out
@@ -306,27 +311,45 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def start_local(job: Path, shape: str, ending: str, ring_dir: Path | None, site: Path,
-                world: int = 2) -> list[subprocess.Popen]:
+def start_local(
+    job: Path, shape: str, ending: str, ring_dir: Path | None, site: Path, world: int = 2
+) -> list[subprocess.Popen]:
     """Start the ranks of one run on 127.0.0.1; guarded when ring_dir is
     given (the SPANK plugin's environment: site dir on PYTHONPATH, ring
     dir, job and step id)."""
     port = free_port()
     procs = []
     for rank in range(world):
-        extra = {"PYTHONPATH": str(site), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                 "RANK": str(rank), "WORLD_SIZE": str(world)}
+        extra = {
+            "PYTHONPATH": str(site),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+        }
         if ring_dir is not None:
-            extra.update(SLURMGUARD_RING_DIR=str(ring_dir), SLURMGUARD_JOB_ID="1",
-                         SLURMGUARD_STEP_ID="0", SLURMGUARD_RING_RECORDS="1024")
-        procs.append(subprocess.Popen([sys.executable, str(job), shape, ending],
-                                      env=clean_env(extra), text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, cwd=str(job.parent)))
+            extra.update(
+                SLURMGUARD_RING_DIR=str(ring_dir),
+                SLURMGUARD_JOB_ID="1",
+                SLURMGUARD_STEP_ID="0",
+                SLURMGUARD_RING_RECORDS="1024",
+            )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(job), shape, ending],
+                env=clean_env(extra),
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=str(job.parent),
+            )
+        )
     return procs
 
 
-def finish_local(procs: list[subprocess.Popen], shape: str, ending: str, ring_dir: Path | None,
-                 timeout: float = 180) -> RunOutcome:
+def finish_local(
+    procs: list[subprocess.Popen], shape: str, ending: str, ring_dir: Path | None, timeout: float = 180
+) -> RunOutcome:
     from slurmguard.hook import ring
 
     out = RunOutcome(shape=shape, ending=ending, guarded=ring_dir is not None)
@@ -350,22 +373,19 @@ def finish_local(procs: list[subprocess.Popen], shape: str, ending: str, ring_di
     return out
 
 
-def run_local(job: Path, shape: str, ending: str, ring_dir: Path | None, site: Path,
-              timeout: float = 180) -> RunOutcome:
-    return finish_local(start_local(job, shape, ending, ring_dir, site), shape, ending, ring_dir,
-                        timeout)
+def run_local(
+    job: Path, shape: str, ending: str, ring_dir: Path | None, site: Path, timeout: float = 180
+) -> RunOutcome:
+    return finish_local(start_local(job, shape, ending, ring_dir, site), shape, ending, ring_dir, timeout)
 
 
-def fisher_greater(guarded_aborts: int, guarded_runs: int, plain_aborts: int,
-                   plain_runs: int) -> float:
+def fisher_greater(guarded_aborts: int, guarded_runs: int, plain_aborts: int, plain_runs: int) -> float:
     """One-sided p-value of Fisher's exact test that guarded runs abort
     MORE often than unguarded ones (small: the hook raises the rate)."""
     from scipy.stats import fisher_exact
 
-    table = [[guarded_aborts, guarded_runs - guarded_aborts],
-             [plain_aborts, plain_runs - plain_aborts]]
+    table = [[guarded_aborts, guarded_runs - guarded_aborts], [plain_aborts, plain_runs - plain_aborts]]
     return float(fisher_exact(table, alternative="greater")[1])
-
 
 
 # Runs of one ending, each rank a child forked from a parent that imported
@@ -373,7 +393,7 @@ def fisher_greater(guarded_aborts: int, guarded_runs: int, plain_aborts: int,
 # torch imports, so a few hundred runs fit in minutes on a small machine.
 # Each child leaves through sys.exit and interpreter finalisation, as a
 # job script does; the parent moves a guarded run's rings aside.
-FORKED_RUNS = textwrap.dedent('''
+FORKED_RUNS = textwrap.dedent("""
     import json, os, runpy, signal, socket, sys, time
     job, shape, ending, runs, out = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     hang_s = float(sys.argv[6])
@@ -422,11 +442,18 @@ FORKED_RUNS = textwrap.dedent('''
             for f in os.listdir(ring_dir):
                 os.rename(os.path.join(ring_dir, f), os.path.join(keep, f))
         print(json.dumps({"run": i, "status": status}), flush=True)
-''')
+""")
 
 
-def forked_runs(directory: Path, shape: str, ending: str, runs: int, site: Path,
-                timeout: float = 3600, hang_s: float = 300) -> dict[str, list[RunOutcome]]:
+def forked_runs(
+    directory: Path,
+    shape: str,
+    ending: str,
+    runs: int,
+    site: Path,
+    timeout: float = 3600,
+    hang_s: float = 300,
+) -> dict[str, list[RunOutcome]]:
     """`runs` guarded and `runs` unguarded runs of (shape, ending), the two
     sides in two parent processes running at the same time; a rank still
     running hang_s seconds after its run began is killed (and reported)."""
@@ -443,13 +470,20 @@ def forked_runs(directory: Path, shape: str, ending: str, runs: int, site: Path,
         extra = {"PYTHONPATH": str(site)}
         if side == "guarded":
             (out / "rings").mkdir()
-            extra.update(SLURMGUARD_RING_DIR=str(out / "rings"), SLURMGUARD_JOB_ID="1",
-                         SLURMGUARD_STEP_ID="0", SLURMGUARD_RING_RECORDS="1024")
+            extra.update(
+                SLURMGUARD_RING_DIR=str(out / "rings"),
+                SLURMGUARD_JOB_ID="1",
+                SLURMGUARD_STEP_ID="0",
+                SLURMGUARD_RING_RECORDS="1024",
+            )
         procs[side] = subprocess.Popen(
-            [sys.executable, str(driver), str(job), shape, ending, str(runs), str(out),
-             str(hang_s)],
-            env=clean_env(extra), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=str(directory))
+            [sys.executable, str(driver), str(job), shape, ending, str(runs), str(out), str(hang_s)],
+            env=clean_env(extra),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(directory),
+        )
     results: dict[str, list[RunOutcome]] = {}
     for side, p in procs.items():
         try:

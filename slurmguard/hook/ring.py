@@ -46,8 +46,12 @@ SOURCE_NCCL = 1
 SOURCE_TORCH = 2
 SOURCE_TEST = 3
 SOURCE_NCCL_PROFILER = 4
-SOURCE_NAMES = {SOURCE_NCCL: "nccl", SOURCE_TORCH: "torch", SOURCE_TEST: "test",
-                SOURCE_NCCL_PROFILER: "ncclprof"}
+SOURCE_NAMES = {
+    SOURCE_NCCL: "nccl",
+    SOURCE_TORCH: "torch",
+    SOURCE_TEST: "test",
+    SOURCE_NCCL_PROFILER: "ncclprof",
+}
 
 CTL_HOLD = 0x1
 HOLD_DEFAULT_TIMEOUT_MS = 60000
@@ -59,9 +63,25 @@ STEP_PENDING = 0xFFFFFFFD
 
 # enum sg_op, by value
 OP_NAMES: tuple[str, ...] = (
-    "none", "allreduce", "allgather", "reducescatter", "broadcast", "reduce",
-    "alltoall", "send", "recv", "group_start", "group_end", "comm_init",
-    "comm_destroy", "comm_abort", "barrier", "gather", "scatter", "hold", "comm_split",
+    "none",
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "broadcast",
+    "reduce",
+    "alltoall",
+    "send",
+    "recv",
+    "group_start",
+    "group_end",
+    "comm_init",
+    "comm_destroy",
+    "comm_abort",
+    "barrier",
+    "gather",
+    "scatter",
+    "hold",
+    "comm_split",
     "peer_xfer",
 )
 OP = {name: value for value, name in enumerate(OP_NAMES)}
@@ -69,14 +89,40 @@ OP = {name: value for value, name in enumerate(OP_NAMES)}
 #: padding) and the profiler plugin's per-link aggregates (peer_xfer); what
 #: readers leave out of op sequences and iteration timing
 NOT_COLLECTIVE = frozenset(
-    OP[n] for n in ("none", "group_start", "group_end", "comm_init", "comm_destroy",
-                    "comm_abort", "hold", "comm_split", "peer_xfer"))
+    OP[n]
+    for n in (
+        "none",
+        "group_start",
+        "group_end",
+        "comm_init",
+        "comm_destroy",
+        "comm_abort",
+        "hold",
+        "comm_split",
+        "peer_xfer",
+    )
+)
 
 # enum sg_datatype, by value, and element sizes in bytes
 DATATYPE_NAMES: tuple[str, ...] = (
-    "unknown", "int8", "uint8", "int32", "uint32", "int64", "uint64", "float16",
-    "float32", "float64", "bfloat16", "float8_e4m3", "float8_e5m2", "bool", "int16",
-    "uint16", "complex64", "complex128",
+    "unknown",
+    "int8",
+    "uint8",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "bfloat16",
+    "float8_e4m3",
+    "float8_e5m2",
+    "bool",
+    "int16",
+    "uint16",
+    "complex64",
+    "complex128",
 )
 DATATYPE = {name: value for value, name in enumerate(DATATYPE_NAMES)}
 DATATYPE_SIZES: tuple[int, ...] = (0, 1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 1, 2, 2, 8, 16)
@@ -91,44 +137,80 @@ F_COMM_UNKNOWN = 0x08
 F_ERROR = 0x10
 F_COALESCED = 0x20
 F_TIMEOUT = 0x40
-F_GPU_TIME = 0x80      # gpu_start_ns/gpu_end_ns hold the GPU execution of the call
-F_CAPTURED = 0x100     # issued into a CUDA graph capture: no events, runs later
-F_NO_EVENT = 0x200     # GPU timing wanted but not available for this call
-F_XFER_SEND = 0x400    # peer_xfer: data sent to the peer (else received)
+F_GPU_TIME = 0x80  # gpu_start_ns/gpu_end_ns hold the GPU execution of the call
+F_CAPTURED = 0x100  # issued into a CUDA graph capture: no events, runs later
+F_NO_EVENT = 0x200  # GPU timing wanted but not available for this call
+F_XFER_SEND = 0x400  # peer_xfer: data sent to the peer (else received)
 FLAG_NAMES = {
-    F_IN_GROUP: "in_group", F_ASYNC: "async", F_COMM_UNKNOWN: "comm_unknown",
-    F_ERROR: "error", F_COALESCED: "coalesced", F_TIMEOUT: "timeout",
-    F_GPU_TIME: "gpu_time", F_CAPTURED: "captured", F_NO_EVENT: "no_event",
+    F_IN_GROUP: "in_group",
+    F_ASYNC: "async",
+    F_COMM_UNKNOWN: "comm_unknown",
+    F_ERROR: "error",
+    F_COALESCED: "coalesced",
+    F_TIMEOUT: "timeout",
+    F_GPU_TIME: "gpu_time",
+    F_CAPTURED: "captured",
+    F_NO_EVENT: "no_event",
     F_XFER_SEND: "xfer_send",
 }
 
 # header.gpu_state: the writer's GPU timing (CUDA events or profiler plugin)
-GPU_STATE_NAMES: tuple[str, ...] = (
-    "untried", "on", "no_runtime", "pool_exhausted", "cuda_error", "disabled")
+GPU_STATE_NAMES: tuple[str, ...] = ("untried", "on", "no_runtime", "pool_exhausted", "cuda_error", "disabled")
 
 # struct sg_ring_header: (field, offset, struct code); node_name is char[64]
 HEADER_FIELDS: tuple[tuple[str, int, str], ...] = (
-    ("magic", 0, "Q"), ("version", 8, "I"), ("header_size", 12, "I"),
-    ("record_size", 16, "I"), ("capacity", 20, "I"), ("job_id", 24, "I"),
-    ("step_id", 28, "I"), ("global_rank", 32, "i"), ("local_rank", 36, "i"),
-    ("world_size", 40, "i"), ("pid", 44, "I"), ("clock_offset_ns", 48, "q"),
-    ("created_ns", 56, "Q"), ("source", 64, "I"), ("header_flags", 68, "I"),
+    ("magic", 0, "Q"),
+    ("version", 8, "I"),
+    ("header_size", 12, "I"),
+    ("record_size", 16, "I"),
+    ("capacity", 20, "I"),
+    ("job_id", 24, "I"),
+    ("step_id", 28, "I"),
+    ("global_rank", 32, "i"),
+    ("local_rank", 36, "i"),
+    ("world_size", 40, "i"),
+    ("pid", 44, "I"),
+    ("clock_offset_ns", 48, "q"),
+    ("created_ns", 56, "Q"),
+    ("source", 64, "I"),
+    ("header_flags", 68, "I"),
     ("node_name", 72, f"{NODE_NAME_LEN}s"),
-    ("write_counter", 192, "Q"), ("overwritten", 200, "Q"),
-    ("gpu_lost", 208, "Q"), ("gpu_state", 216, "I"), ("gpu_error", 220, "i"),
-    ("control", 256, "I"), ("hold_timeout_ms", 260, "I"), ("hold_since_ns", 264, "Q"),
-    ("holds", 272, "Q"), ("hold_timeouts", 280, "Q"),
+    ("write_counter", 192, "Q"),
+    ("overwritten", 200, "Q"),
+    ("gpu_lost", 208, "Q"),
+    ("gpu_state", 216, "I"),
+    ("gpu_error", 220, "i"),
+    ("control", 256, "I"),
+    ("hold_timeout_ms", 260, "I"),
+    ("hold_since_ns", 264, "Q"),
+    ("holds", 272, "Q"),
+    ("hold_timeouts", 280, "Q"),
 )
 _HDR = {name: (off, struct.Struct("<" + code)) for name, off, code in HEADER_FIELDS}
 
 # struct sg_record, in order; offsets follow from the packing below
 RECORD_FIELDS: tuple[tuple[str, int, str], ...] = (
-    ("seq", 0, "Q"), ("comm_id", 8, "Q"), ("count", 16, "Q"), ("bytes", 24, "Q"),
-    ("start_ns", 32, "Q"), ("end_ns", 40, "Q"), ("peer", 48, "i"), ("op", 52, "H"),
-    ("datatype", 54, "B"), ("redop", 55, "B"), ("flags", 56, "I"), ("status", 60, "i"),
-    ("gpu_start_ns", 64, "Q"), ("gpu_end_ns", 72, "Q"), ("coll_seq", 80, "Q"),
-    ("xfer_net_ns", 88, "Q"), ("xfer_peer_wait_ns", 96, "Q"), ("xfer_gpu_wait_ns", 104, "Q"),
-    ("xfer_channels", 112, "Q"), ("xfer_ops", 120, "I"), ("reserved", 124, "I"),
+    ("seq", 0, "Q"),
+    ("comm_id", 8, "Q"),
+    ("count", 16, "Q"),
+    ("bytes", 24, "Q"),
+    ("start_ns", 32, "Q"),
+    ("end_ns", 40, "Q"),
+    ("peer", 48, "i"),
+    ("op", 52, "H"),
+    ("datatype", 54, "B"),
+    ("redop", 55, "B"),
+    ("flags", 56, "I"),
+    ("status", 60, "i"),
+    ("gpu_start_ns", 64, "Q"),
+    ("gpu_end_ns", 72, "Q"),
+    ("coll_seq", 80, "Q"),
+    ("xfer_net_ns", 88, "Q"),
+    ("xfer_peer_wait_ns", 96, "Q"),
+    ("xfer_gpu_wait_ns", 104, "Q"),
+    ("xfer_channels", 112, "Q"),
+    ("xfer_ops", 120, "I"),
+    ("reserved", 124, "I"),
 )
 # _REC: the first 64 bytes (what a host-only writer fills; the rest stays 0),
 # _REC_EXT: GPU times and transfer aggregates after it
@@ -142,7 +224,8 @@ assert _REC.size + _REC_EXT.size == RECORD_SIZE
 
 #: how ring files are named: rank-<global>.step-<step>.<source>[.pid-<pid>].ring
 RING_NAME = re.compile(
-    r"^rank-(?P<rank>-?\d+)\.step-(?P<step>[a-z0-9]+)\.(?P<source>[a-z]+)(?:\.pid-(?P<pid>\d+))?\.ring$")
+    r"^rank-(?P<rank>-?\d+)\.step-(?P<step>[a-z0-9]+)\.(?P<source>[a-z]+)(?:\.pid-(?P<pid>\d+))?\.ring$"
+)
 
 
 class RingError(InputError):
@@ -156,8 +239,9 @@ class RingError(InputError):
 
 def step_name(step_id: int) -> str:
     """Slurm's name for a step id: a number, or batch/extern/interactive."""
-    return {STEP_BATCH: "batch", STEP_EXTERN: "extern",
-            STEP_INTERACTIVE: "interactive"}.get(step_id, str(step_id))
+    return {STEP_BATCH: "batch", STEP_EXTERN: "extern", STEP_INTERACTIVE: "interactive"}.get(
+        step_id, str(step_id)
+    )
 
 
 def ring_file_name(global_rank: int, step_id: int, source: str) -> str:
@@ -209,8 +293,9 @@ class RingHeader:
     @property
     def gpu_state_name(self) -> str:
         """How the writer timed GPU work: GPU_STATE_NAMES (sg_ring.h SG_GPU_*)."""
-        return GPU_STATE_NAMES[self.gpu_state] if self.gpu_state < len(GPU_STATE_NAMES) \
-            else str(self.gpu_state)
+        return (
+            GPU_STATE_NAMES[self.gpu_state] if self.gpu_state < len(GPU_STATE_NAMES) else str(self.gpu_state)
+        )
 
     @property
     def step(self) -> str:
@@ -326,17 +411,29 @@ class RingRecord:
             "start_ns": self.start_ns,
             "end_ns": self.end_ns,
             "peer": self.peer,
-            "datatype": DATATYPE_NAMES[self.datatype] if self.datatype < len(DATATYPE_NAMES)
+            "datatype": DATATYPE_NAMES[self.datatype]
+            if self.datatype < len(DATATYPE_NAMES)
             else self.datatype,
             "redop": REDOP_NAMES[self.redop] if self.redop < len(REDOP_NAMES) else self.redop,
             "flags": [name for bit, name in FLAG_NAMES.items() if self.flags & bit],
             "status": self.status,
-            **({"gpu_start_ns": self.gpu_start_ns, "gpu_end_ns": self.gpu_end_ns}
-               if self.has_gpu_time else {}),
+            **(
+                {"gpu_start_ns": self.gpu_start_ns, "gpu_end_ns": self.gpu_end_ns}
+                if self.has_gpu_time
+                else {}
+            ),
             **({"coll_seq": self.coll_seq} if self.coll_seq else {}),
-            **({"xfer_net_ns": self.xfer_net_ns, "xfer_peer_wait_ns": self.xfer_peer_wait_ns,
-                "xfer_gpu_wait_ns": self.xfer_gpu_wait_ns, "xfer_channels": self.xfer_channels,
-                "xfer_ops": self.xfer_ops} if self.op == OP["peer_xfer"] else {}),
+            **(
+                {
+                    "xfer_net_ns": self.xfer_net_ns,
+                    "xfer_peer_wait_ns": self.xfer_peer_wait_ns,
+                    "xfer_gpu_wait_ns": self.xfer_gpu_wait_ns,
+                    "xfer_channels": self.xfer_channels,
+                    "xfer_ops": self.xfer_ops,
+                }
+                if self.op == OP["peer_xfer"]
+                else {}
+            ),
         }
 
 
@@ -354,12 +451,14 @@ class ReadBatch:
     abandoned: int = 0
 
 
-
-
 def _plausible(r: RingRecord) -> bool:
-    return (0 < r.op < len(OP_NAMES) and r.datatype < len(DATATYPE_NAMES)
-            and r.redop < len(REDOP_NAMES) and r.end_ns >= r.start_ns
-            and (not r.flags & F_GPU_TIME or r.gpu_end_ns >= r.gpu_start_ns))
+    return (
+        0 < r.op < len(OP_NAMES)
+        and r.datatype < len(DATATYPE_NAMES)
+        and r.redop < len(REDOP_NAMES)
+        and r.end_ns >= r.start_ns
+        and (not r.flags & F_GPU_TIME or r.gpu_end_ns >= r.gpu_start_ns)
+    )
 
 
 def _header_from(buf: bytes, path: str) -> RingHeader:
@@ -376,9 +475,12 @@ def _validate(h: RingHeader, size: int) -> None:
     if h.magic != MAGIC:
         raise RingError(h.path, "bad magic (not a ring, or not initialised yet)")
     if h.version < VERSION:
-        raise RingError(h.path, f"ring format version {h.version} was written by an older slurmguard "
-                                f"(this reader knows version {VERSION}); upgrade the job's hook "
-                                f"or read it with the slurmguard that wrote it")
+        raise RingError(
+            h.path,
+            f"ring format version {h.version} was written by an older slurmguard "
+            f"(this reader knows version {VERSION}); upgrade the job's hook "
+            f"or read it with the slurmguard that wrote it",
+        )
     if h.version != VERSION:
         raise RingError(h.path, f"unsupported ring version {h.version} (this reader knows {VERSION})")
     if h.header_size != HEADER_SIZE or h.record_size != RECORD_SIZE:
@@ -440,8 +542,14 @@ class RingReader:
     descriptor (the caller has checked the directory itself).
     """
 
-    def __init__(self, path: str, *, stall_s: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic, dir_fd: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        stall_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        dir_fd: int | None = None,
+    ) -> None:
         self.path = os.fspath(path)
         self._stall_s = stall_s
         self._clock = clock
@@ -449,8 +557,7 @@ class RingReader:
         self._fd = -1
         name = os.path.basename(self.path) if dir_fd is not None else self.path
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
-                         dir_fd=dir_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
         except OSError as exc:
             raise RingError(self.path, f"cannot open: {exc.strerror}") from None
         try:
@@ -589,9 +696,19 @@ class RingWriter:
     held for a few microseconds; one ring file has one writing process.
     """
 
-    def __init__(self, path: str, *, capacity: int = DEFAULT_CAPACITY, job_id: int = 0,
-                 step_id: int = STEP_PENDING, global_rank: int = -1, local_rank: int = -1,
-                 world_size: int = 0, source: int = SOURCE_TORCH, node_name: str = "") -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        capacity: int = DEFAULT_CAPACITY,
+        job_id: int = 0,
+        step_id: int = STEP_PENDING,
+        global_rank: int = -1,
+        local_rank: int = -1,
+        world_size: int = 0,
+        source: int = SOURCE_TORCH,
+        node_name: str = "",
+    ) -> None:
         self.path = os.fspath(path)
         cap = MIN_CAPACITY
         while cap < capacity and cap < MAX_CAPACITY:
@@ -599,8 +716,7 @@ class RingWriter:
         self.capacity = cap
         self._mask = cap - 1
         size = HEADER_SIZE + cap * RECORD_SIZE
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
-                     0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             try:
                 # reserve the memory now: a full /dev/shm is an error here,
@@ -633,19 +749,32 @@ class RingWriter:
         put("clock_offset_ns", real - (mono + mono2) // 2)
         put("created_ns", mono2)
         put("source", source)
-        put("node_name", node_name.encode()[:NODE_NAME_LEN - 1])
+        put("node_name", node_name.encode()[: NODE_NAME_LEN - 1])
         put("magic", MAGIC)  # last: a reader that sees it sees the rest
 
-    def _put(self, name: str, value) -> None:
+    def _put(self, name: str, value: int | bytes) -> None:
         off, st = _HDR[name]
         st.pack_into(self._mm, off, value)
 
     def close(self) -> None:
         self._mm.close()
 
-    def append(self, op: int, *, comm_id: int = 0, count: int = 0, nbytes: int = 0,
-               start_ns: int = 0, end_ns: int = 0, peer: int = -1, datatype: int = 0,
-               redop: int = 0, flags: int = 0, status: int = 0, **ext: int) -> int:
+    def append(
+        self,
+        op: int,
+        *,
+        comm_id: int = 0,
+        count: int = 0,
+        nbytes: int = 0,
+        start_ns: int = 0,
+        end_ns: int = 0,
+        peer: int = -1,
+        datatype: int = 0,
+        redop: int = 0,
+        flags: int = 0,
+        status: int = 0,
+        **ext: int,
+    ) -> int:
         """Append one record; returns its number. Times are CLOCK_MONOTONIC
         ns (time.monotonic_ns()). ext: the fields after the first 64 bytes
         by name (gpu_start_ns, gpu_end_ns, coll_seq, xfer_*), 0 when left
@@ -660,14 +789,16 @@ class RingWriter:
             mm = self._mm
             _U64.pack_into(mm, _HDR["write_counter"][0], n + 1)  # reserve
             _U64.pack_into(mm, off, 0)  # being written
-            _REC.pack_into(mm, off, 0, comm_id, count, nbytes, start_ns, end_ns, peer, op,
-                           datatype, redop, flags, status)
+            _REC.pack_into(
+                mm, off, 0, comm_id, count, nbytes, start_ns, end_ns, peer, op, datatype, redop, flags, status
+            )
             if ext or self._ext:
                 # once written, every later record writes them (a lapped slot
                 # must not keep an older record's values)
                 self._ext = True
-                _REC_EXT.pack_into(mm, off + _REC.size,
-                                   *(ext.get(name, 0) for name, _, _ in RECORD_FIELDS[_N_HEAD:]))
+                _REC_EXT.pack_into(
+                    mm, off + _REC.size, *(ext.get(name, 0) for name, _, _ in RECORD_FIELDS[_N_HEAD:])
+                )
             _U64.pack_into(mm, off, n + 1)  # committed
             if n >= self.capacity:
                 _U64.pack_into(mm, _HDR["overwritten"][0], n + 1 - self.capacity + self._given_up)
@@ -679,8 +810,7 @@ class RingWriter:
         the header's lost-record counter, beside those lost to overwrite."""
         with self._lock:
             self._given_up += n
-            _U64.pack_into(self._mm, _HDR["overwritten"][0],
-                           max(0, self._n - self.capacity) + self._given_up)
+            _U64.pack_into(self._mm, _HDR["overwritten"][0], max(0, self._n - self.capacity) + self._given_up)
 
     def hold_requested(self) -> bool:
         return bool(_U32.unpack_from(self._mm, _HDR["control"][0])[0] & CTL_HOLD)
@@ -698,16 +828,14 @@ class RingWriter:
                 with self._lock:
                     ctl = _U32.unpack_from(self._mm, _HDR["control"][0])[0]
                     self._put("control", ctl & ~CTL_HOLD)
-                    self._put("hold_timeouts",
-                              _U64.unpack_from(self._mm, _HDR["hold_timeouts"][0])[0] + 1)
+                    self._put("hold_timeouts", _U64.unpack_from(self._mm, _HDR["hold_timeouts"][0])[0] + 1)
                 timed_out = True
                 break
             sleep(0.001)
         self._put("hold_since_ns", 0)
         with self._lock:
             self._put("holds", _U64.unpack_from(self._mm, _HDR["holds"][0])[0] + 1)
-        self.append(OP["hold"], start_ns=t0, end_ns=time.monotonic_ns(),
-                    flags=F_TIMEOUT if timed_out else 0)
+        self.append(OP["hold"], start_ns=t0, end_ns=time.monotonic_ns(), flags=F_TIMEOUT if timed_out else 0)
         return timed_out
 
 
@@ -763,9 +891,14 @@ class RingControl:
     def state(self) -> dict:
         """control bits, hold_since_ns (0: not waiting), holds, hold_timeouts."""
         get = self._get
-        return {"held": bool(get("control") & CTL_HOLD), "control": get("control"),
-                "hold_timeout_ms": get("hold_timeout_ms"), "hold_since_ns": get("hold_since_ns"),
-                "holds": get("holds"), "hold_timeouts": get("hold_timeouts")}
+        return {
+            "held": bool(get("control") & CTL_HOLD),
+            "control": get("control"),
+            "hold_timeout_ms": get("hold_timeout_ms"),
+            "hold_since_ns": get("hold_since_ns"),
+            "holds": get("holds"),
+            "hold_timeouts": get("hold_timeouts"),
+        }
 
 
 @dataclass(frozen=True)
@@ -776,7 +909,7 @@ class RingProblem:
     problem: str
 
 
-def scan(directory: str) -> Iterator[object]:
+def scan(directory: str) -> Iterator[RingHeader | RingProblem]:
     """Every ``*.ring`` file below `directory` (one level of job dirs or
     the job dir itself): a RingHeader for each readable ring, a
     RingProblem for each damaged one. Never raises for a bad file."""

@@ -86,13 +86,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 if __package__:
     from . import ring as _ring
 else:  # loaded by sitecustomize.py under a private name, ring.py likewise
-    import _slurmguard_ring as _ring  # type: ignore[no-redef]
+    import _slurmguard_ring as _ring  # type: ignore[no-redef, import-not-found]
 
 _monotonic_ns = time.monotonic_ns
 
@@ -141,12 +141,23 @@ _OPS: dict[str, tuple] = {
 }
 
 _DTYPES = {
-    "torch.int8": "int8", "torch.uint8": "uint8", "torch.int32": "int32",
-    "torch.uint32": "uint32", "torch.int64": "int64", "torch.uint64": "uint64",
-    "torch.float16": "float16", "torch.float32": "float32", "torch.float64": "float64",
-    "torch.bfloat16": "bfloat16", "torch.float8_e4m3fn": "float8_e4m3",
-    "torch.float8_e5m2": "float8_e5m2", "torch.bool": "bool", "torch.int16": "int16",
-    "torch.uint16": "uint16", "torch.complex64": "complex64", "torch.complex128": "complex128",
+    "torch.int8": "int8",
+    "torch.uint8": "uint8",
+    "torch.int32": "int32",
+    "torch.uint32": "uint32",
+    "torch.int64": "int64",
+    "torch.uint64": "uint64",
+    "torch.float16": "float16",
+    "torch.float32": "float32",
+    "torch.float64": "float64",
+    "torch.bfloat16": "bfloat16",
+    "torch.float8_e4m3fn": "float8_e4m3",
+    "torch.float8_e5m2": "float8_e5m2",
+    "torch.bool": "bool",
+    "torch.int16": "int16",
+    "torch.uint16": "uint16",
+    "torch.complex64": "complex64",
+    "torch.complex128": "complex128",
 }
 
 # c10d ReduceOp.RedOpType values (torch/csrc/distributed/c10d/Types.hpp)
@@ -163,7 +174,7 @@ def _warn(msg: str) -> None:
 class Recorder:
     """Turns dispatcher calls into ring records. One per process."""
 
-    def __init__(self, env: dict[str, str], nccl_hook_loaded: bool) -> None:
+    def __init__(self, env: Mapping[str, str], nccl_hook_loaded: bool) -> None:
         self.env = env
         self.nccl_hook_loaded = nccl_hook_loaded
         self.enabled = True
@@ -192,28 +203,37 @@ class Recorder:
 
         env = self.env
         rank = dist.get_rank() if dist.is_initialized() else _env_int(env, ("RANK", "SLURM_PROCID"), -1)
-        world = (dist.get_world_size() if dist.is_initialized()
-                 else _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 0))
+        world = (
+            dist.get_world_size()
+            if dist.is_initialized()
+            else _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 0)
+        )
         step = _env_int(env, ("SLURMGUARD_STEP_ID",), _ring.STEP_PENDING)
         directory = env["SLURMGUARD_RING_DIR"]
-        meta = dict(
+        meta: dict[str, Any] = dict(
             capacity=_env_int(env, ("SLURMGUARD_RING_RECORDS",), _ring.DEFAULT_CAPACITY),
-            job_id=_env_int(env, ("SLURMGUARD_JOB_ID",), 0), step_id=step,
-            global_rank=rank, local_rank=_env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), -1),
-            world_size=world, source=_ring.SOURCE_TORCH,
-            node_name=env.get("SLURMD_NODENAME") or os.uname().nodename)
+            job_id=_env_int(env, ("SLURMGUARD_JOB_ID",), 0),
+            step_id=step,
+            global_rank=rank,
+            local_rank=_env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), -1),
+            world_size=world,
+            source=_ring.SOURCE_TORCH,
+            node_name=env.get("SLURMD_NODENAME") or os.uname().nodename,
+        )
         name = _ring.ring_file_name(rank, step, "torch")
         path = os.path.join(directory, name)
         try:
             writer = _ring.RingWriter(path, **meta)
         except FileExistsError:
-            path = os.path.join(directory, name[:-len(".ring")] + f".pid-{os.getpid()}.ring")
+            path = os.path.join(directory, name[: -len(".ring")] + f".pid-{os.getpid()}.ring")
             try:
                 writer = _ring.RingWriter(path, **meta)
             except OSError as exc:
-                return self._fail(f"cannot create {path}: {exc.strerror}")
+                self._fail(f"cannot create {path}: {exc.strerror}")
+                return None
         except OSError as exc:
-            return self._fail(f"cannot create {path}: {exc.strerror}")
+            self._fail(f"cannot create {path}: {exc.strerror}")
+            return None
         atexit.register(self.at_exit)
         self._term = _TermGuard.install(self)
         return writer
@@ -265,8 +285,9 @@ class Recorder:
                 # the group's rank and size, once, like the NCCL hook's comm_init
                 self._announced.add(pg.group_name)
                 t = first_use_ns or time.monotonic_ns()
-                w.append(_ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(),
-                         start_ns=t, end_ns=t)
+                w.append(
+                    _ring.OP["comm_init"], comm_id=cid, count=pg.size(), peer=pg.rank(), start_ns=t, end_ns=t
+                )
         self._groups[key] = (cid, skip)
         return cid, skip
 
@@ -454,12 +475,19 @@ class Recorder:
             flags |= _ring.F_ERROR
         if is_async:
             flags |= _ring.F_ASYNC
-        w.append(_ring.OP[op], comm_id=cid, count=count,
-                 nbytes=count * _ring.DATATYPE_SIZES[dt], start_ns=start, end_ns=end,
-                 peer=int(args[peer_i]) if peer_i is not None and peer_i < len(args) else -1,
-                 datatype=dt,
-                 redop=_redop(args[red_i]) if red_i is not None and red_i < len(args) else 0,
-                 flags=flags, status=1 if error else 0)
+        w.append(
+            _ring.OP[op],
+            comm_id=cid,
+            count=count,
+            nbytes=count * _ring.DATATYPE_SIZES[dt],
+            start_ns=start,
+            end_ns=end,
+            peer=int(args[peer_i]) if peer_i is not None and peer_i < len(args) else -1,
+            datatype=dt,
+            redop=_redop(args[red_i]) if red_i is not None and red_i < len(args) else 0,
+            flags=flags,
+            status=1 if error else 0,
+        )
 
 
 class _Pending:
@@ -470,7 +498,7 @@ class _Pending:
 
     def __init__(self, rec: Recorder, ctx: tuple, fut: Any) -> None:
         self.rec = rec
-        self.ctx = ctx
+        self.ctx: tuple | None = ctx
         self.fut = fut
 
     def __call__(self, fut: Any) -> None:
@@ -545,8 +573,11 @@ class _TermGuard:
         try:
             if threading.current_thread() is not threading.main_thread():
                 return None
-            signums = tuple(n for n in (getattr(signal, x, None) for x in TERM_SIGNALS)
-                            if n is not None and signal.getsignal(n) is signal.SIG_DFL)
+            signums = tuple(
+                n
+                for n in (getattr(signal, x, None) for x in TERM_SIGNALS)
+                if n is not None and signal.getsignal(n) is signal.SIG_DFL
+            )
             if not signums:
                 return None
             import ctypes
@@ -573,8 +604,7 @@ class _TermGuard:
                 os.close(wfd)
             else:
                 guard.rfd, guard.wfd = rfd, wfd
-                threading.Thread(target=guard._watch, name="slurmguard-signals",
-                                 daemon=True).start()
+                threading.Thread(target=guard._watch, name="slurmguard-signals", daemon=True).start()
             return guard
         except Exception as exc:  # pragma: no cover - defensive
             _warn(f"no record settle on signals: {exc!r}")
@@ -648,7 +678,7 @@ def _group_name(pg_obj: Any) -> str:
     return _c10d().pg(pg_obj).group_name
 
 
-def _env_int(env: dict[str, str], names: tuple, default: int) -> int:
+def _env_int(env: Mapping[str, str], names: tuple, default: int) -> int:
     for n in names:
         v = env.get(n)
         if v:
@@ -726,7 +756,7 @@ def _timed_work_class(Work: type) -> type:
     forwards everything to the real work and tells the recorder when the
     job's wait() on it returns."""
 
-    class TimedWork(Work):  # type: ignore[misc, valid-type]
+    class TimedWork(Work):
         def __init__(self, rec: Recorder, ctx: tuple, inner: Any) -> None:
             super().__init__()
             self._sg: tuple | None = (rec, ctx)
@@ -817,8 +847,9 @@ def patch(env: dict[str, str] | None = None) -> bool:
             packet = getattr(torch.ops.c10d, name, None)
             if packet is None:
                 continue  # not in this torch version
-            lib.impl(name, _kernel(rec, name, packet.default, below, devices), "BackendSelect",
-                     with_keyset=True)
+            lib.impl(
+                name, _kernel(rec, name, packet.default, below, devices), "BackendSelect", with_keyset=True
+            )
     except Exception as exc:
         _warn(f"cannot hook torch.distributed: {exc!r}")
         return False
@@ -840,7 +871,7 @@ def _wrap_os_exit(rec: Recorder) -> None:
         return
 
     @functools.wraps(real)
-    def _exit(status: int) -> None:  # type: ignore[misc]
+    def _exit(status: int) -> None:
         try:
             if rec.enabled and rec._pending:
                 rec.settle()
@@ -867,7 +898,7 @@ def _wrap_destroy(rec: Recorder) -> None:
 
         for module in (c10d, dist):
             if getattr(module, "destroy_process_group", None) is original:
-                module.destroy_process_group = destroy_process_group
+                cast(Any, module).destroy_process_group = destroy_process_group
     except Exception as exc:  # recording goes on; only the final settle is missing
         _warn(f"cannot wrap destroy_process_group: {exc!r}")
 
@@ -961,7 +992,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(env: dict[str, str] | None = None) -> bool:
+def install(env: Mapping[str, str] | None = None) -> bool:
     """Arrange for patch() once torch.distributed is imported. Returns
     False (and does nothing) outside guarded jobs."""
     env = os.environ if env is None else env

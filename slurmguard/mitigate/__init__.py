@@ -23,7 +23,19 @@ from slurmguard.mitigate.topology import (
 )
 
 __all__ = [
-    "ConsolidationPlan", "JobPlan", "Layout", "MicrobatchPlan", "PlanClient", "PlanPoller", "RankShare",
-    "RoleSwapPlan", "Swap", "hybrid_comm_bytes", "makespan", "plan_consolidation", "plan_microbatches",
-    "plan_role_swap", "rank_share",
+    "ConsolidationPlan",
+    "JobPlan",
+    "Layout",
+    "MicrobatchPlan",
+    "PlanClient",
+    "PlanPoller",
+    "RankShare",
+    "RoleSwapPlan",
+    "Swap",
+    "hybrid_comm_bytes",
+    "makespan",
+    "plan_consolidation",
+    "plan_microbatches",
+    "plan_role_swap",
+    "rank_share",
 ]

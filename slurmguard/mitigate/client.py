@@ -61,7 +61,10 @@ class PlanClient:
     """
 
     def __init__(
-        self, controller_url: str, job_id: str | int, timeout_s: float = DEFAULT_TIMEOUT_S,
+        self,
+        controller_url: str,
+        job_id: str | int,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         http: HttpGet | None = None,
     ) -> None:
         parts = urllib.parse.urlsplit(controller_url)

@@ -37,12 +37,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard.errors import InputError
 from slurmguard.mitigate.microbatch import plan_microbatches
 from slurmguard.mitigate.plan import JobPlan, rank_share
+
+if TYPE_CHECKING:
+    import torch  # imported by the worker only: the CLI stays light
 
 
 @dataclass(frozen=True)
@@ -76,8 +80,9 @@ class ExampleConfig:
         if self.microbatches < 2 * self.world_size:
             raise InputError("example: --microbatches must give every rank at least two micro-batches")
         if self.steps < 1 or self.warmup < 0 or self.profile_steps < 1 or self.batch < 1 or self.width < 8:
-            raise InputError("example: needs --steps >= 1, --warmup >= 0, --profile-steps >= 1, "
-                             "--batch >= 1, --width >= 8")
+            raise InputError(
+                "example: needs --steps >= 1, --warmup >= 0, --profile-steps >= 1, --batch >= 1, --width >= 8"
+            )
 
 
 @dataclass
@@ -96,9 +101,11 @@ class ExampleResult:
     config: dict[str, object] = field(default_factory=dict)
 
     def summary(self) -> str:
-        return (f"healthy {self.healthy_step_s * 1e3:.1f} ms, slowed {self.slowed_step_s * 1e3:.1f} ms, "
-                f"mitigated {self.mitigated_step_s * 1e3:.1f} ms per step; plan {self.plan} "
-                f"({self.plan_source}); max |grad diff| {self.grad_max_abs_diff:.2e}")
+        return (
+            f"healthy {self.healthy_step_s * 1e3:.1f} ms, slowed {self.slowed_step_s * 1e3:.1f} ms, "
+            f"mitigated {self.mitigated_step_s * 1e3:.1f} ms per step; plan {self.plan} "
+            f"({self.plan_source}); max |grad diff| {self.grad_max_abs_diff:.2e}"
+        )
 
 
 def _free_port() -> int:
@@ -107,32 +114,51 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """A parameter's gradient, which backward has just filled in."""
+    if p.grad is None:
+        raise RuntimeError("a DDP parameter has no gradient after backward")
+    return p.grad
+
+
 def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | None) -> ExampleResult | None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)  # one core per rank; the ranks share the machine
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=cfg.world_size,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group(
+        "gloo",
+        init_method=init_method,
+        rank=rank,
+        world_size=cfg.world_size,
+        timeout=datetime.timedelta(seconds=cfg.timeout_s),
+    )
     try:
         torch.manual_seed(cfg.seed)
         w = cfg.width
-        model = torch.nn.Sequential(torch.nn.Linear(w, 2 * w), torch.nn.ReLU(), torch.nn.Linear(2 * w, 2 * w),
-                                    torch.nn.ReLU(), torch.nn.Linear(2 * w, 10))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(w, 2 * w),
+            torch.nn.ReLU(),
+            torch.nn.Linear(2 * w, 2 * w),
+            torch.nn.ReLU(),
+            torch.nn.Linear(2 * w, 10),
+        )
         ddp = DDP(model)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         loss_fn = torch.nn.CrossEntropyLoss()
         world, total, b = cfg.world_size, cfg.microbatches, cfg.batch
         compute_est = [0.0]  # this rank's seconds of real compute per micro-batch (EMA)
 
-        def global_batch(step: int):
+        def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
             g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
             x = torch.randn(total * b, w, generator=g)
             y = torch.randint(0, 10, (total * b,), generator=g)
             return x, y
 
-        def run_step(step: int, plan: JobPlan | None, slowed: bool, optimize: bool = True) -> tuple[float, float]:
+        def run_step(
+            step: int, plan: JobPlan | None, slowed: bool, optimize: bool = True
+        ) -> tuple[float, float]:
             """One training step; returns (step seconds, slowest rank; this rank's s per micro-batch)."""
             share = rank_share(plan, rank, world, total)
             x, y = global_batch(step)
@@ -148,7 +174,7 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
                 ctx = contextlib.nullcontext() if last else ddp.no_sync()
                 with ctx:
                     t_c = time.perf_counter()
-                    loss = loss_fn(ddp(x[lo:lo + b]), y[lo:lo + b]) * share.loss_scale
+                    loss = loss_fn(ddp(x[lo : lo + b]), y[lo : lo + b]) * share.loss_scale
                     loss.backward()
                     done = time.perf_counter()
                 if not last:  # the last backward also waits for the all-reduce
@@ -192,7 +218,9 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
                 source = "controller"
             if plan is None:
                 p = plan_microbatches(times, total)
-                plan = JobPlan(job_id=cfg.job_id or "local", version=1, microbatches=p.m, makespan_s=p.makespan)
+                plan = JobPlan(
+                    job_id=cfg.job_id or "local", version=1, microbatches=p.m, makespan_s=p.makespan
+                )
                 source = "planner"
             box = [plan.model_dump_json(), source]
         dist.broadcast_object_list(box, src=0)
@@ -204,7 +232,7 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         grads = []
         for p_ in (None, plan):
             run_step(step, p_, slowed=False, optimize=False)
-            grads.append(torch.cat([q.grad.reshape(-1) for q in ddp.parameters()]).clone())
+            grads.append(torch.cat([_grad(q).reshape(-1) for q in ddp.parameters()]).clone())
             opt.zero_grad(set_to_none=True)
         diff = float((grads[0] - grads[1]).abs().max().item())
         gmax = float(grads[0].abs().max().item())
@@ -222,10 +250,16 @@ def _worker(rank: int, cfg: ExampleConfig, init_method: str, out_path: str | Non
         healthy, slowed, mitigated = series["healthy"], series["slowed"], series["mitigated"]
 
         result = ExampleResult(
-            healthy_step_s=statistics.median(healthy), slowed_step_s=statistics.median(slowed),
-            mitigated_step_s=statistics.median(mitigated), per_microbatch_s=times,
-            plan=list(plan.microbatches or ()), planned_makespan_s=float(plan.makespan_s or 0.0),
-            plan_source=source, grad_max_abs_diff=diff, grad_max_abs=gmax, config=asdict(cfg),
+            healthy_step_s=statistics.median(healthy),
+            slowed_step_s=statistics.median(slowed),
+            mitigated_step_s=statistics.median(mitigated),
+            per_microbatch_s=times,
+            plan=list(plan.microbatches or ()),
+            planned_makespan_s=float(plan.makespan_s or 0.0),
+            plan_source=source,
+            grad_max_abs_diff=diff,
+            grad_max_abs=gmax,
+            config=asdict(cfg),
         )
         if rank == 0 and out_path:
             Path(out_path).write_text(json.dumps(asdict(result)))
@@ -270,27 +304,56 @@ def _under_torchrun() -> bool:
 
 
 @click.command("example-ddp")
-@click.option("--world-size", default=2, show_default=True, type=int, help="Ranks to spawn (ignored under torchrun).")
+@click.option(
+    "--world-size", default=2, show_default=True, type=int, help="Ranks to spawn (ignored under torchrun)."
+)
 @click.option("--slow-rank", default=1, show_default=True, type=int)
 @click.option("--slow-factor", default=3.0, show_default=True, type=float)
-@click.option("--microbatches", default=16, show_default=True, type=int, help="Micro-batches per global batch.")
+@click.option(
+    "--microbatches", default=16, show_default=True, type=int, help="Micro-batches per global batch."
+)
 @click.option("--batch", default=64, show_default=True, type=int, help="Samples per micro-batch.")
 @click.option("--width", default=512, show_default=True, type=int, help="Model width (MLP).")
 @click.option("--steps", default=10, show_default=True, type=int, help="Measured steps per regime.")
 @click.option("--warmup", default=3, show_default=True, type=int)
-@click.option("--profile-steps", default=5, show_default=True, type=int,
-              help="Slowed steps profiled for the planner.")
-@click.option("--controller-url", default=None, help="Fetch the plan from this controller instead of planning locally.")
+@click.option(
+    "--profile-steps", default=5, show_default=True, type=int, help="Slowed steps profiled for the planner."
+)
+@click.option(
+    "--controller-url", default=None, help="Fetch the plan from this controller instead of planning locally."
+)
 @click.option("--job-id", default=None, help="Job id for the controller (default $SLURM_JOB_ID).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def example_ddp(world_size: int, slow_rank: int, slow_factor: float, microbatches: int, batch: int, width: int,
-                steps: int, warmup: int, profile_steps: int, controller_url: str | None, job_id: str | None, as_json: bool) -> None:
+def example_ddp(
+    world_size: int,
+    slow_rank: int,
+    slow_factor: float,
+    microbatches: int,
+    batch: int,
+    width: int,
+    steps: int,
+    warmup: int,
+    profile_steps: int,
+    controller_url: str | None,
+    job_id: str | None,
+    as_json: bool,
+) -> None:
     """Healthy, slowed and mitigated step times of a small gloo DDP job."""
     if _under_torchrun():
         world_size = int(os.environ["WORLD_SIZE"])
-    cfg = ExampleConfig(world_size=world_size, slow_rank=slow_rank, slow_factor=slow_factor,
-                        microbatches=microbatches, batch=batch, width=width, steps=steps, warmup=warmup,
-                        profile_steps=profile_steps, controller_url=controller_url, job_id=job_id or os.environ.get("SLURM_JOB_ID"))
+    cfg = ExampleConfig(
+        world_size=world_size,
+        slow_rank=slow_rank,
+        slow_factor=slow_factor,
+        microbatches=microbatches,
+        batch=batch,
+        width=width,
+        steps=steps,
+        warmup=warmup,
+        profile_steps=profile_steps,
+        controller_url=controller_url,
+        job_id=job_id or os.environ.get("SLURM_JOB_ID"),
+    )
     cfg.check()
     if _under_torchrun():
         res = _worker(int(os.environ["RANK"]), cfg, "env://", None)

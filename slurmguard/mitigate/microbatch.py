@@ -85,14 +85,14 @@ def validate_problem(times: Sequence[float], total: int, pp: int = 1) -> np.ndar
     return ts
 
 
-def makespan(m: Sequence[int], times: Sequence[float]) -> float:
+def makespan(m: Sequence[int], times: Sequence[float] | np.ndarray) -> float:
     """Time of the slowest group, ``max_i m_i * t_i``."""
     if len(m) != len(times):
         raise ValueError("makespan: counts and times differ in length")
     return float(max(int(mi) * float(ti) for mi, ti in zip(m, times)))
 
 
-def continuous_bound(times: Sequence[float], total: int) -> float:
+def continuous_bound(times: Sequence[float] | np.ndarray, total: int) -> float:
     """Smallest T with ``sum_i max(1, T / t_i) >= total``: a lower bound on the
     optimal makespan (every group takes at least one micro-batch, so its time
     is at least ``t_i``, and otherwise at most ``T / t_i`` micro-batches fit)."""

@@ -256,8 +256,15 @@ def hybrid_comm_bytes(
     PP: the activations of the micro-batches crossing a stage boundary,
     ``m*b*n_ctx*h`` values (Eq. 10). ``bytes_per_value``: 2 for fp16/bf16.
     """
-    for name, v in (("layers", layers), ("hidden", hidden), ("seq_len", seq_len),
-                    ("micro_batch", micro_batch), ("microbatches", microbatches), ("tp", tp), ("pp", pp)):
+    for name, v in (
+        ("layers", layers),
+        ("hidden", hidden),
+        ("seq_len", seq_len),
+        ("micro_batch", micro_batch),
+        ("microbatches", microbatches),
+        ("tp", tp),
+        ("pp", pp),
+    ):
         if v < 1:
             raise InputError(f"comm volume: {name}={v} must be >= 1")
     dp_bytes = allreduce_factor * 12.0 * layers * hidden**2 / (pp * tp) * bytes_per_value
@@ -269,7 +276,9 @@ def _traffic(kind: str, dp_bytes: float, pp_bytes: float) -> float:
     return dp_bytes if kind == "dp" else pp_bytes if kind == "pp" else 0.0
 
 
-def _uses(layout: Layout, links: Sequence[tuple[str, str]], dp_bytes: float, pp_bytes: float) -> tuple[LinkUse, ...]:
+def _uses(
+    layout: Layout, links: Sequence[tuple[str, str]], dp_bytes: float, pp_bytes: float
+) -> tuple[LinkUse, ...]:
     roles = layout.roles()
     out = []
     for a, b in links:

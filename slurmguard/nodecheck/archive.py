@@ -130,7 +130,8 @@ def _open_ring_root(ring_root: Path) -> int | None:
         os.close(fd)
         raise ArchiveError(
             f"ring root {ring_root} must be owned by uid {os.geteuid()} and writable only by it "
-            f"(found uid {st.st_uid} mode {stat.S_IMODE(st.st_mode):04o}); not touching it")
+            f"(found uid {st.st_uid} mode {stat.S_IMODE(st.st_mode):04o}); not touching it"
+        )
     return fd
 
 
@@ -196,9 +197,16 @@ class _Staging:
             shutil.rmtree(self.path, ignore_errors=True)
 
 
-def archive_job(job_id: int, node: str, *, ring_root: str | Path, policy: PrologPolicy,
-                job_nodes: list[str] | None = None, restart_count: int = 0,
-                clock: Clock | None = None) -> ArchiveResult:
+def archive_job(
+    job_id: int,
+    node: str,
+    *,
+    ring_root: str | Path,
+    policy: PrologPolicy,
+    job_nodes: list[str] | None = None,
+    restart_count: int = 0,
+    clock: Clock | None = None,
+) -> ArchiveResult:
     """Archive this node's rings of `job_id` and clean the ring directory.
 
     job_nodes: the job's nodes ($SLURM_NODELIST expanded); with a shared ring
@@ -224,12 +232,12 @@ def archive_job(job_id: int, node: str, *, ring_root: str | Path, policy: Prolog
     return res
 
 
-def _archive_dir(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
-                 job_nodes: list[str] | None, clock: Clock) -> None:
+def _archive_dir(
+    res: ArchiveResult, rootfd: int, policy: PrologPolicy, job_nodes: list[str] | None, clock: Clock
+) -> None:
     name = str(res.job_id)
     try:
-        dirfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        dir_fd=rootfd)
+        dirfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=rootfd)
     except FileNotFoundError:
         return  # not a guarded job here, or another epilog already cleaned up
     except OSError as exc:
@@ -238,8 +246,10 @@ def _archive_dir(res: ArchiveResult, rootfd: int, policy: PrologPolicy,
     try:
         if policy.ring_root_shared:
             if not _lock(dirfd, policy.epilog_lock_timeout_s, clock):
-                res.errors.append(f"ring dir {res.ring_dir} stayed locked for "
-                                  f"{policy.epilog_lock_timeout_s:g} s; went on without the lock")
+                res.errors.append(
+                    f"ring dir {res.ring_dir} stayed locked for "
+                    f"{policy.epilog_lock_timeout_s:g} s; went on without the lock"
+                )
             st = os.fstat(dirfd)
             try:
                 now_st = os.stat(name, dir_fd=rootfd, follow_symlinks=False)
@@ -307,19 +317,21 @@ def _entries(res: ArchiveResult, dirfd: int, cap: int) -> list[str]:
     return sorted(names)
 
 
-def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: PrologPolicy,
-                job_nodes: list[str] | None) -> None:
+def _take_rings(
+    res: ArchiveResult, dirfd: int, staging: _Staging, policy: PrologPolicy, job_nodes: list[str] | None
+) -> None:
     cap = policy.max_archive_mb * 1024 * 1024
     min_free = policy.min_free_mb * 1024 * 1024
     store_broken: str | None = None
     names = _entries(res, dirfd, policy.max_ring_entries)
     if res.unread:
-        res.errors.append(f"ring dir {res.ring_dir} holds more than prolog.max_ring_entries="
-                          f"{policy.max_ring_entries} entries; {res.unread} removed unread")
+        res.errors.append(
+            f"ring dir {res.ring_dir} holds more than prolog.max_ring_entries="
+            f"{policy.max_ring_entries} entries; {res.unread} removed unread"
+        )
     for entry in names:
         try:
-            fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=dirfd)
+            fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
         except OSError as exc:
             # symlinks (ELOOP), vanished files: not rings
             reason = "symbolic link" if exc.errno == errno.ELOOP else exc.strerror or str(exc)
@@ -335,8 +347,9 @@ def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: Prolo
             try:
                 hdr = read_header(fd, entry)
             except RingError as exc:
-                res.skipped.append(SkippedFile(entry, exc.problem,
-                                               st.st_size if stat.S_ISREG(st.st_mode) else None))
+                res.skipped.append(
+                    SkippedFile(entry, exc.problem, st.st_size if stat.S_ISREG(st.st_mode) else None)
+                )
                 continue
             size = st.st_size
             owner = hdr.node_name
@@ -344,9 +357,13 @@ def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: Prolo
                 res.left_for[owner] = res.left_for.get(owner, 0) + 1
                 continue
             if store_broken is None and res.archived_bytes + size > cap:
-                res.skipped.append(SkippedFile(entry, f"over prolog.max_archive_mb "
-                                               f"({policy.max_archive_mb} MB): removed, not archived",
-                                               size))
+                res.skipped.append(
+                    SkippedFile(
+                        entry,
+                        f"over prolog.max_archive_mb ({policy.max_archive_mb} MB): removed, not archived",
+                        size,
+                    )
+                )
             elif store_broken is not None:
                 res.skipped.append(SkippedFile(entry, f"not archived: {store_broken}", size))
             else:
@@ -354,15 +371,29 @@ def _take_rings(res: ArchiveResult, dirfd: int, staging: _Staging, policy: Prolo
                     dest = staging.ensure()
                     free = shutil.disk_usage(dest).free
                     if free - size < min_free:
-                        res.skipped.append(SkippedFile(
-                            entry, f"trace store has {free >> 20} MB free, keeping "
-                            f"prolog.min_free_mb={policy.min_free_mb}: removed, not archived",
-                            size))
+                        res.skipped.append(
+                            SkippedFile(
+                                entry,
+                                f"trace store has {free >> 20} MB free, keeping "
+                                f"prolog.min_free_mb={policy.min_free_mb}: removed, not archived",
+                                size,
+                            )
+                        )
                     else:
                         _copy_into(fd, dest / entry, size)
-                        res.files.append(ArchivedFile(entry, size, hdr.job_id, hdr.step_id,
-                                                      hdr.global_rank, hdr.local_rank,
-                                                      hdr.world_size, hdr.source_name, owner))
+                        res.files.append(
+                            ArchivedFile(
+                                entry,
+                                size,
+                                hdr.job_id,
+                                hdr.step_id,
+                                hdr.global_rank,
+                                hdr.local_rank,
+                                hdr.world_size,
+                                hdr.source_name,
+                                owner,
+                            )
+                        )
                 except OSError as exc:
                     store_broken = f"trace store error: {exc.strerror or exc}"
                     res.errors.append(f"archive {entry}: {exc}")
@@ -419,8 +450,9 @@ def _publish(res: ArchiveResult, staging: _Staging, clock: Clock) -> None:
     staging.ready = False
 
 
-def prune(trace_store: str | Path, retention_days: float, *, clock: Clock | None = None,
-          force: bool = False) -> list[str]:
+def prune(
+    trace_store: str | Path, retention_days: float, *, clock: Clock | None = None, force: bool = False
+) -> list[str]:
     """Remove job archives (<trace_store>/<digits>/) not modified for retention_days.
 
     At most once per PRUNE_INTERVAL_S (a stamp file), unless force. Returns

@@ -53,8 +53,9 @@ class CheckResult:
         return not self.failures and self.internal_error is None
 
 
-def run_checks(checks: Sequence[Check], *, budget_s: float, check_timeout_s: float,
-               clock: Clock | None = None) -> list[CheckResult]:
+def run_checks(
+    checks: Sequence[Check], *, budget_s: float, check_timeout_s: float, clock: Clock | None = None
+) -> list[CheckResult]:
     """Run `checks` concurrently; return their results in the given order.
 
     budget_s: total wall-time budget (s); check_timeout_s: each check's own
@@ -69,8 +70,9 @@ def run_checks(checks: Sequence[Check], *, budget_s: float, check_timeout_s: flo
         progress = Progress()
         done = threading.Event()
 
-        def body(check: Check = check, box: dict = box, progress: Progress = progress,
-                 done: threading.Event = done) -> None:
+        def body(
+            check: Check = check, box: dict = box, progress: Progress = progress, done: threading.Event = done
+        ) -> None:
             t0 = clock.monotonic()
             try:
                 box["failures"] = tuple(check.run(progress))
@@ -90,10 +92,14 @@ def run_checks(checks: Sequence[Check], *, budget_s: float, check_timeout_s: flo
         # Event.wait measures real time; the clock only labels durations
         remaining = max(0.0, start + limit - clock.monotonic())
         if not done.wait(remaining):
-            results.append(CheckResult(
-                check.name,
-                (f"no answer within {limit:g} s (stuck in {progress.step})",),
-                clock.monotonic() - start, timed_out=True))
+            results.append(
+                CheckResult(
+                    check.name,
+                    (f"no answer within {limit:g} s (stuck in {progress.step})",),
+                    clock.monotonic() - start,
+                    timed_out=True,
+                )
+            )
             continue
         if "error" in box:
             results.append(CheckResult(check.name, (), box["duration"], internal_error=box["error"]))

@@ -49,30 +49,49 @@ def _job_nodes(env: Mapping[str, str]) -> list[str] | None:
         return None
 
 
-def run_epilog(policy: Policy, job_id: int, node: str, env: Mapping[str, str], *,
-               out: TextIO, err: TextIO, clock: Clock | None = None) -> tuple[int, ArchiveResult]:
+def run_epilog(
+    policy: Policy,
+    job_id: int,
+    node: str,
+    env: Mapping[str, str],
+    *,
+    out: TextIO,
+    err: TextIO,
+    clock: Clock | None = None,
+) -> tuple[int, ArchiveResult]:
     clock = clock or SystemClock()
     p = policy.prolog
     try:
         restart = int(env.get("SLURM_JOB_RESTART_COUNT", "0") or 0)
     except ValueError:
         restart = 0
-    res = archive_job(job_id, node, ring_root=policy.agent.ring_root, policy=p,
-                      job_nodes=_job_nodes(env), restart_count=restart, clock=clock)
+    res = archive_job(
+        job_id,
+        node,
+        ring_root=policy.agent.ring_root,
+        policy=p,
+        job_nodes=_job_nodes(env),
+        restart_count=restart,
+        clock=clock,
+    )
     err.writelines(f"{PROG}: job {job_id} on {node}: {e}\n" for e in res.errors)
     if res.files or res.skipped or res.unread or res.ring_dir_removed:
         left = ", ".join(f"{n}: {c}" for n, c in sorted(res.left_for.items()))
-        out.write(f"{PROG}: job {job_id} on {node}: archived {len(res.files)} ring(s), "
-                  f"{res.archived_bytes} bytes, to {res.archive_dir or '(nothing)'}; "
-                  f"skipped {len(res.skipped)}; "
-                  + (f"{res.unread} removed unread (over prolog.max_ring_entries); " if res.unread else "")
-                  + f"ring dir {'removed' if res.ring_dir_removed else 'kept'}"
-                  + (f" (rings left for {left})" if left else "") + "\n")
+        out.write(
+            f"{PROG}: job {job_id} on {node}: archived {len(res.files)} ring(s), "
+            f"{res.archived_bytes} bytes, to {res.archive_dir or '(nothing)'}; "
+            f"skipped {len(res.skipped)}; "
+            + (f"{res.unread} removed unread (over prolog.max_ring_entries); " if res.unread else "")
+            + f"ring dir {'removed' if res.ring_dir_removed else 'kept'}"
+            + (f" (rings left for {left})" if left else "")
+            + "\n"
+        )
     try:
         gone = prune(p.trace_store, p.trace_retention_days, clock=clock)
         if gone:
-            out.write(f"{PROG}: pruned {len(gone)} job archive(s) older than "
-                      f"{p.trace_retention_days:g} days\n")
+            out.write(
+                f"{PROG}: pruned {len(gone)} job archive(s) older than {p.trace_retention_days:g} days\n"
+            )
     except OSError as exc:
         err.write(f"{PROG}: prune {p.trace_store}: {exc}\n")
     code = 1 if res.cleanup_failed and p.epilog_fail_on_cleanup_error else 0

@@ -32,8 +32,7 @@ NvmlLoader = Callable[[], Any]
 
 
 def _no_driver(nv: Any, exc: Exception) -> bool:
-    return getattr(exc, "value", None) in (nv.NVML_ERROR_LIBRARY_NOT_FOUND,
-                                           nv.NVML_ERROR_DRIVER_NOT_LOADED)
+    return getattr(exc, "value", None) in (nv.NVML_ERROR_LIBRARY_NOT_FOUND, nv.NVML_ERROR_DRIVER_NOT_LOADED)
 
 
 def _shutdown(nv: Any, progress: Progress) -> None:
@@ -89,8 +88,15 @@ class GpuHealthCheck:
 
     name = "gpu_health"
 
-    def __init__(self, node: str, *, expected: int, max_ecc_dbe: int = 0,
-                 call_timeout_s: float = 2.0, loader: NvmlLoader = load_pynvml) -> None:
+    def __init__(
+        self,
+        node: str,
+        *,
+        expected: int,
+        max_ecc_dbe: int = 0,
+        call_timeout_s: float = 2.0,
+        loader: NvmlLoader = load_pynvml,
+    ) -> None:
         self.node = node
         self.expected = expected
         self.max_ecc_dbe = max_ecc_dbe
@@ -123,21 +129,27 @@ class GpuHealthCheck:
                 src.close()
         finally:
             _shutdown(nv, progress)
-        seen: set[str] = set()
-        return [p for p in problems if not (p in seen or seen.add(p))]
+        return list(dict.fromkeys(problems))  # each once, in order
 
     def _judge(self, reading: Any) -> list[str]:
         out = []
         for ev in reading.events:
-            if ev.kind in ("timeout", "hard_failure") or ev.kind == "error" and ev.gpu is None and "init" in ev.detail:
+            if (
+                ev.kind in ("timeout", "hard_failure")
+                or ev.kind == "error"
+                and ev.gpu is None
+                and "init" in ev.detail
+            ):
                 out.append(ev.detail)
         for flag in hard_failures(reading.samples):
             if flag.device.startswith("gpu"):
                 out.extend(f"{flag.device}: {why}" for why in flag.reasons)
         for s in reading.samples:
             if s.signal == Signal.ECC_DBE and s.value > self.max_ecc_dbe:
-                out.append(f"gpu{s.gpu}: {int(s.value)} uncorrectable ECC error(s) since driver "
-                           f"load (tolerated: {self.max_ecc_dbe})")
+                out.append(
+                    f"gpu{s.gpu}: {int(s.value)} uncorrectable ECC error(s) since driver "
+                    f"load (tolerated: {self.max_ecc_dbe})"
+                )
         return out
 
     def _remapped_rows(self, nv: Any, progress: Progress) -> list[str]:

@@ -19,8 +19,15 @@ from slurmguard.telemetry.base import Signal
 from slurmguard.telemetry.infiniband import InfinibandSource
 
 #: IBA PortPhysicalState names (sysfs phys_state "5: LinkUp")
-PHYS_STATES = {1: "Sleep", 2: "Polling", 3: "Disabled", 4: "PortConfigurationTraining",
-               5: "LinkUp", 6: "LinkErrorRecovery", 7: "PhyTest"}
+PHYS_STATES = {
+    1: "Sleep",
+    2: "Polling",
+    3: "Disabled",
+    4: "PortConfigurationTraining",
+    5: "LinkUp",
+    6: "LinkErrorRecovery",
+    7: "PhyTest",
+}
 
 
 class NicLinkCheck:
@@ -28,9 +35,16 @@ class NicLinkCheck:
 
     name = "nic_link"
 
-    def __init__(self, node: str, root: str | Path = "/sys/class/infiniband", *,
-                 ports: tuple[str, ...] = (), min_ports: int = 0,
-                 min_rate_gbps: float | None = None, call_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        node: str,
+        root: str | Path = "/sys/class/infiniband",
+        *,
+        ports: tuple[str, ...] = (),
+        min_ports: int = 0,
+        min_rate_gbps: float | None = None,
+        call_timeout_s: float = 2.0,
+    ) -> None:
         self.node = node
         self.root = Path(root)
         self.ports = tuple(ports)
@@ -53,21 +67,31 @@ class NicLinkCheck:
                 out.append(ev.detail)
         phys = {s.nic: int(s.value) for s in reading.samples if s.signal == Signal.NIC_PHYS_STATE}
         rate = {s.nic: s.value for s in reading.samples if s.signal == Signal.NIC_RATE}
-        state = {s.nic: s.value for s in reading.samples
-                 if s.signal == Signal.NIC_STATE and self._selected(s.nic)}
-        for flag in hard_failures([s for s in reading.samples
-                                   if s.signal == Signal.NIC_STATE and self._selected(s.nic)]):
+        state = {
+            s.nic: s.value
+            for s in reading.samples
+            if s.signal == Signal.NIC_STATE and s.nic is not None and self._selected(s.nic)
+        }
+        for flag in hard_failures(
+            [s for s in reading.samples if s.signal == Signal.NIC_STATE and self._selected(s.nic)]
+        ):
             p = phys.get(flag.device, 0)
-            out.append(f"{flag.device}: {', '.join(flag.reasons)} (port not ACTIVE, "
-                       f"phys_state {p}: {PHYS_STATES.get(p, 'unknown')})")
+            out.append(
+                f"{flag.device}: {', '.join(flag.reasons)} (port not ACTIVE, "
+                f"phys_state {p}: {PHYS_STATES.get(p, 'unknown')})"
+            )
         active = sorted(n for n, v in state.items() if v >= 1)
         if self.min_rate_gbps is not None:
             for nic in active:
                 if rate.get(nic, 0.0) < self.min_rate_gbps:
-                    out.append(f"{nic}: link at {rate.get(nic, 0.0):g} Gb/s, below "
-                               f"{self.min_rate_gbps:g} Gb/s")
+                    out.append(
+                        f"{nic}: link at {rate.get(nic, 0.0):g} Gb/s, below {self.min_rate_gbps:g} Gb/s"
+                    )
         if len(active) < self.min_ports:
-            where = f"{len(state)} selected port(s) under {self.root}" if state else \
-                f"no selected port under {self.root}"
+            where = (
+                f"{len(state)} selected port(s) under {self.root}"
+                if state
+                else f"no selected port under {self.root}"
+            )
             out.append(f"{len(active)} ACTIVE port(s), {self.min_ports} required ({where})")
         return out

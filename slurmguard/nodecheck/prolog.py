@@ -54,8 +54,9 @@ class _Skipped:
         raise ConfigError(self.why)
 
 
-def build_checks(p: PrologPolicy, node: str, env: Mapping[str, str],
-                 loader: NvmlLoader = load_pynvml) -> list[Check]:
+def build_checks(
+    p: PrologPolicy, node: str, env: Mapping[str, str], loader: NvmlLoader = load_pynvml
+) -> list[Check]:
     """The enabled checks, configured from the prolog policy."""
     # NvmlSource's per-call limit sits below the check's, so a hung GPU is named
     call_timeout = max(0.1, min(p.check_timeout_s, p.timeout_s) / 2)
@@ -71,20 +72,36 @@ def build_checks(p: PrologPolicy, node: str, env: Mapping[str, str],
     for name in p.checks:
         if name in gpu_wanted and (not p.nvml or expected is None):
             continue  # nvml off: nothing to ask; unknown count: reported by _Skipped above
-        if name == "gpu_count":
+        # (both GPU checks are in gpu_wanted: expected is known past the line above)
+        if name == "gpu_count" and expected is not None:
             checks.append(GpuCountCheck(expected, loader))
-        elif name == "gpu_health":
-            checks.append(GpuHealthCheck(node, expected=expected, max_ecc_dbe=p.max_ecc_dbe,
-                                         call_timeout_s=call_timeout, loader=loader))
+        elif name == "gpu_health" and expected is not None:
+            checks.append(
+                GpuHealthCheck(
+                    node,
+                    expected=expected,
+                    max_ecc_dbe=p.max_ecc_dbe,
+                    call_timeout_s=call_timeout,
+                    loader=loader,
+                )
+            )
         elif name == "nic_link":
-            checks.append(NicLinkCheck(node, p.ib_sysfs_root, ports=p.ib_ports,
-                                       min_ports=p.min_ib_ports, min_rate_gbps=p.min_ib_rate_gbps,
-                                       call_timeout_s=call_timeout))
+            checks.append(
+                NicLinkCheck(
+                    node,
+                    p.ib_sysfs_root,
+                    ports=p.ib_ports,
+                    min_ports=p.min_ib_ports,
+                    min_rate_gbps=p.min_ib_rate_gbps,
+                    call_timeout_s=call_timeout,
+                )
+            )
     return checks
 
 
-def report(results: list[CheckResult], node: str, p: PrologPolicy, err: TextIO,
-           out: TextIO | None = None) -> int:
+def report(
+    results: list[CheckResult], node: str, p: PrologPolicy, err: TextIO, out: TextIO | None = None
+) -> int:
     """Print failures (stderr) and, with `out`, every result; return the exit code."""
     failed = internal = False
     for r in results:
@@ -97,9 +114,11 @@ def report(results: list[CheckResult], node: str, p: PrologPolicy, err: TextIO,
         if r.internal_error is not None:
             internal = True
             what = "failing" if p.fail_on_internal_error else "ignored"
-            err.write(f"{PROG}: {node}: {r.name}: internal error ({what}, "
-                      f"prolog.fail_on_internal_error={str(p.fail_on_internal_error).lower()}): "
-                      f"{r.internal_error}\n")
+            err.write(
+                f"{PROG}: {node}: {r.name}: internal error ({what}, "
+                f"prolog.fail_on_internal_error={str(p.fail_on_internal_error).lower()}): "
+                f"{r.internal_error}\n"
+            )
     if failed:
         return 1
     if internal and p.fail_on_internal_error:
@@ -107,25 +126,34 @@ def report(results: list[CheckResult], node: str, p: PrologPolicy, err: TextIO,
     return 0
 
 
-def run_prolog(policy: Policy, node: str, env: Mapping[str, str], *, err: TextIO,
-               out: TextIO | None = None, loader: NvmlLoader = load_pynvml,
-               clock: Clock | None = None) -> int:
+def run_prolog(
+    policy: Policy,
+    node: str,
+    env: Mapping[str, str],
+    *,
+    err: TextIO,
+    out: TextIO | None = None,
+    loader: NvmlLoader = load_pynvml,
+    clock: Clock | None = None,
+) -> int:
     p = policy.prolog
     checks = build_checks(p, node, env, loader)
-    results = run_checks(checks, budget_s=p.timeout_s, check_timeout_s=p.check_timeout_s,
-                         clock=clock or SystemClock())
+    results = run_checks(
+        checks, budget_s=p.timeout_s, check_timeout_s=p.check_timeout_s, clock=clock or SystemClock()
+    )
     return report(results, node, p, err, out)
 
 
-def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
-         loader: NvmlLoader = load_pynvml) -> int:
+def main(
+    argv: list[str] | None = None, env: Mapping[str, str] | None = None, loader: NvmlLoader = load_pynvml
+) -> int:
     env = os.environ if env is None else env
     ap = argparse.ArgumentParser(prog=PROG, description="slurmguard node checks (Slurm Prolog).")
-    ap.add_argument("--policy", help="policy file (default: $SLURMGUARD_POLICY, "
-                    f"{SYSTEM_POLICY}, built-in)")
+    ap.add_argument("--policy", help=f"policy file (default: $SLURMGUARD_POLICY, {SYSTEM_POLICY}, built-in)")
     ap.add_argument("--node", help="node name (default: $SLURMD_NODENAME, the host name)")
-    ap.add_argument("--verbose", "-v", action="store_true",
-                    help="also print every check's result and duration to stdout")
+    ap.add_argument(
+        "--verbose", "-v", action="store_true", help="also print every check's result and duration to stdout"
+    )
     args = ap.parse_args(argv)
     node = node_name(args.node, env)
     try:
@@ -134,8 +162,9 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None,
         # fail_on_internal_error cannot be read from a broken file: its default (pass) holds
         sys.stderr.write(f"{PROG}: {node}: internal error (ignored, checks skipped): {exc}\n")
         return 0
-    return run_prolog(policy, node, env, err=sys.stderr,
-                      out=sys.stdout if args.verbose else None, loader=loader)
+    return run_prolog(
+        policy, node, env, err=sys.stderr, out=sys.stdout if args.verbose else None, loader=loader
+    )
 
 
 def entry() -> None:

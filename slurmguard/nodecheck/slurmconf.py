@@ -14,12 +14,13 @@ from __future__ import annotations
 import glob
 import re
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
 
 from slurmguard.errors import ConfigError
 from slurmguard.slurm.hostlist import expand
 
-_SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+_SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _COUNT = re.compile(r"^(\d+)([KMG]?)$", re.IGNORECASE)
 _MAX_INCLUDE_DEPTH = 8
 
@@ -48,7 +49,7 @@ def parse_gres_gpus(gres: str, where: str = "Gres") -> int:
     return total
 
 
-def _logical_lines(path: Path, depth: int = 0):
+def _logical_lines(path: Path, depth: int = 0) -> Iterator[tuple[Path, int, list[str]]]:
     """(file, line number, tokens) for every non-empty line, following Include."""
     if depth > _MAX_INCLUDE_DEPTH:
         raise ConfigError(f"{path}: Include nested more than {_MAX_INCLUDE_DEPTH} deep")
@@ -96,5 +97,6 @@ def expected_gpus(conf_path: str | Path, node: str) -> int:
         if node in hosts:
             gres = pairs.get("gres", defaults.get("gres", ""))
             return parse_gres_gpus(gres, f"{path}:{no}: Gres")
-    raise ConfigError(f"{conf_path}: node '{node}' has no NodeName line; "
-                      "set prolog.expected_gpus in the policy")
+    raise ConfigError(
+        f"{conf_path}: node '{node}' has no NodeName line; set prolog.expected_gpus in the policy"
+    )

@@ -43,8 +43,9 @@ def row_dict(r: NodeRow) -> dict[str, Any]:
         "slowdown": r.slowdown,
         "triage_entries": r.triage_entries,
         "next_action": {"code": r.next_action.code, "text": r.next_action.text},
-        "evidence": [{"at": _t(e.at), "stage": e.stage, "text": e.text, "ref": e.ref, "ok": e.ok}
-                     for e in r.evidence],
+        "evidence": [
+            {"at": _t(e.at), "stage": e.stage, "text": e.text, "ref": e.ref, "ok": e.ok} for e in r.evidence
+        ],
     }
 
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from slurmguard.context import app_context
+from slurmguard.context import AppContext, app_context
 from slurmguard.slurm.models import NodeInfo, is_ours
 from slurmguard.store import NodeState, SchemaNotCurrent, StoreError
+
+if TYPE_CHECKING:
+    from slurmguard.respond.actions import ActionExecutor
 
 
 def _owner(n: NodeInfo) -> str:
@@ -19,7 +23,7 @@ def _owner(n: NodeInfo) -> str:
     return "-"
 
 
-def _lifecycle(app) -> dict[str, str]:
+def _lifecycle(app: AppContext) -> dict[str, str]:
     try:
         return {r.name: str(r.state) for r in app.store.list_nodes()}
     except StoreError:
@@ -35,18 +39,39 @@ def nodes(ctx: click.Context, fmt: str) -> None:
     fleet = app.slurm.nodes()
     lifecycle = _lifecycle(app)
     if fmt == "json":
-        click.echo(json.dumps([{
-            "name": n.name, "state": n.state_text, "partitions": list(n.partitions),
-            "jobs": list(n.jobs), "reason": n.reason, "comment": n.comment,
-            "drained_by": _owner(n), "lifecycle": lifecycle.get(n.name)} for n in fleet], indent=2))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": n.name,
+                        "state": n.state_text,
+                        "partitions": list(n.partitions),
+                        "jobs": list(n.jobs),
+                        "reason": n.reason,
+                        "comment": n.comment,
+                        "drained_by": _owner(n),
+                        "lifecycle": lifecycle.get(n.name),
+                    }
+                    for n in fleet
+                ],
+                indent=2,
+            )
+        )
         return
     table = Table(title=f"{len(fleet)} nodes", title_justify="left")
     for col in ("NODE", "SLURM STATE", "LIFECYCLE", "PARTITIONS", "JOBS", "DRAINED BY", "REASON / COMMENT"):
         table.add_column(col, overflow="fold")
     for n in fleet:
         note = n.reason or n.comment or ""
-        table.add_row(n.name, n.state_text, lifecycle.get(n.name, "-"), ",".join(n.partitions),
-                      ",".join(map(str, n.jobs)) or "-", _owner(n), note)
+        table.add_row(
+            n.name,
+            n.state_text,
+            lifecycle.get(n.name, "-"),
+            ",".join(n.partitions),
+            ",".join(map(str, n.jobs)) or "-",
+            _owner(n),
+            note,
+        )
     Console(width=max(120, Console().width)).print(table)
     if not lifecycle:
         click.echo("(no lifecycle data: database not initialised; run `slurmguard db upgrade`)")
@@ -57,7 +82,7 @@ def node() -> None:
     """Drain, resume or inspect one node."""
 
 
-def _executor(ctx: click.Context):
+def _executor(ctx: click.Context) -> tuple[AppContext, ActionExecutor]:
     from slurmguard.respond.actions import ActionExecutor
 
     app = app_context(ctx)
@@ -65,8 +90,7 @@ def _executor(ctx: click.Context):
         store = app.store  # open first: no Slurm change without an audit trail
     except SchemaNotCurrent as exc:
         raise click.ClickException(f"{exc}; the audit log must exist before slurmguard acts") from None
-    return app, ActionExecutor(app.slurm, store, actor=app.admin_actor(),
-                               dry_run=app.policy.safety.dry_run)
+    return app, ActionExecutor(app.slurm, store, actor=app.admin_actor(), dry_run=app.policy.safety.dry_run)
 
 
 @node.command()
@@ -80,8 +104,9 @@ def drain(ctx: click.Context, name: str, reason: str) -> None:
     app.store.get_or_create_node(name)
     rec = app.store.get_node(name)
     if rec is not None and rec.state not in (NodeState.DRAINING, NodeState.TERMINAL):
-        app.store.transition(name, NodeState.DRAINING, f"admin drain: {reason}",
-                             {"source": "cli"}, actor=ex.actor, force=True)
+        app.store.transition(
+            name, NodeState.DRAINING, f"admin drain: {reason}", {"source": "cli"}, actor=ex.actor, force=True
+        )
     click.echo(f"{name}: drained ({full})" if full else f"{name}: dry-run, not drained")
 
 
@@ -94,8 +119,9 @@ def resume(ctx: click.Context, name: str) -> None:
     ex.resume(name, evidence={"source": "cli"})
     rec = app.store.get_node(name)
     if rec is not None and rec.state != NodeState.HEALTHY and not ex.dry_run:
-        app.store.transition(name, NodeState.HEALTHY, "admin resume", {"source": "cli"},
-                             actor=ex.actor, force=True)
+        app.store.transition(
+            name, NodeState.HEALTHY, "admin resume", {"source": "cli"}, actor=ex.actor, force=True
+        )
     click.echo(f"{name}: {'dry-run, not resumed' if ex.dry_run else 'resumed'}")
 
 

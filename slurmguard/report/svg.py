@@ -15,8 +15,12 @@ from html import escape
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 STATE_COLORS = {
-    "healthy": "#2e7d32", "suspect": "#f9a825", "draining": "#ef6c00",
-    "quarantined": "#00838f", "remediation": "#8e24aa", "terminal": "#c62828",
+    "healthy": "#2e7d32",
+    "suspect": "#f9a825",
+    "draining": "#ef6c00",
+    "quarantined": "#00838f",
+    "remediation": "#8e24aa",
+    "terminal": "#c62828",
 }
 
 
@@ -97,8 +101,7 @@ class _Frame:
 
     def py(self, y: float) -> float:
         span = (self.y1 - self.y0) or 1.0
-        return self.height - self.bottom - (y - self.y0) / span * (
-            self.height - self.top - self.bottom)
+        return self.height - self.bottom - (y - self.y0) / span * (self.height - self.top - self.bottom)
 
 
 def _num(v: float) -> str:
@@ -137,22 +140,32 @@ def _fmt_t(t: float, span: float) -> str:
 
 def _axes(f: _Frame, y_label: str) -> None:
     p = f.parts
-    p.append(f'<rect x="{_num(f.left)}" y="{_num(f.top)}" width="{_num(f.width - f.left - f.right)}" '
-             f'height="{_num(f.height - f.top - f.bottom)}" fill="#fff" stroke="#ccc"/>')
+    p.append(
+        f'<rect x="{_num(f.left)}" y="{_num(f.top)}" width="{_num(f.width - f.left - f.right)}" '
+        f'height="{_num(f.height - f.top - f.bottom)}" fill="#fff" stroke="#ccc"/>'
+    )
     for v in _nice_ticks(f.y0, f.y1):
         y = f.py(v)
-        p.append(f'<line x1="{_num(f.left)}" x2="{_num(f.width - f.right)}" y1="{_num(y)}" '
-                 f'y2="{_num(y)}" stroke="#eee"/>')
-        p.append(f'<text x="{_num(f.left - 4)}" y="{_num(y + 4)}" text-anchor="end" '
-                 f'class="tick">{escape(_fmt_y(v))}</text>')
+        p.append(
+            f'<line x1="{_num(f.left)}" x2="{_num(f.width - f.right)}" y1="{_num(y)}" '
+            f'y2="{_num(y)}" stroke="#eee"/>'
+        )
+        p.append(
+            f'<text x="{_num(f.left - 4)}" y="{_num(y + 4)}" text-anchor="end" '
+            f'class="tick">{escape(_fmt_y(v))}</text>'
+        )
     span = f.x1 - f.x0
     for i in range(5):
         x = f.x0 + span * i / 4
-        p.append(f'<text x="{_num(f.px(x))}" y="{_num(f.height - f.bottom + 14)}" '
-                 f'text-anchor="middle" class="tick">{escape(_fmt_t(x, span))}</text>')
-    p.append(f'<text x="12" y="{_num((f.top + f.height - f.bottom) / 2)}" class="axis" '
-             f'transform="rotate(-90 12 {_num((f.top + f.height - f.bottom) / 2)})" '
-             f'text-anchor="middle">{escape(y_label)}</text>')
+        p.append(
+            f'<text x="{_num(f.px(x))}" y="{_num(f.height - f.bottom + 14)}" '
+            f'text-anchor="middle" class="tick">{escape(_fmt_t(x, span))}</text>'
+        )
+    p.append(
+        f'<text x="12" y="{_num((f.top + f.height - f.bottom) / 2)}" class="axis" '
+        f'transform="rotate(-90 12 {_num((f.top + f.height - f.bottom) / 2)})" '
+        f'text-anchor="middle">{escape(y_label)}</text>'
+    )
 
 
 def _path(f: _Frame, xs: Sequence[float], ys: Sequence[float | None]) -> str:
@@ -166,10 +179,19 @@ def _path(f: _Frame, xs: Sequence[float], ys: Sequence[float | None]) -> str:
     return " ".join(segs)
 
 
-def line_chart(*, ident: str, css_class: str, title: str, y_label: str,
-               lines: Sequence[Line], band: Band | None = None,
-               events: Sequence[Event] = (), markers: Sequence[Marker] = (),
-               width: int = 640, height: int = 220) -> str:
+def line_chart(
+    *,
+    ident: str,
+    css_class: str,
+    title: str,
+    y_label: str,
+    lines: Sequence[Line],
+    band: Band | None = None,
+    events: Sequence[Event] = (),
+    markers: Sequence[Marker] = (),
+    width: int = 640,
+    height: int = 220,
+) -> str:
     """Time series with an optional peer band, vertical event lines and point markers."""
     xs = [x for ln in lines for x in ln.xs] + [e.x for e in events]
     if band:
@@ -178,9 +200,11 @@ def line_chart(*, ident: str, css_class: str, title: str, y_label: str,
     if band:
         ys += [v for v in (*band.lo, *band.hi) if math.isfinite(v)]
     if not xs or not ys:
-        return (f'<svg id="{escape(ident)}" class="{escape(css_class)} empty" width="{width}" '
-                f'height="40" role="img"><text x="8" y="24" class="note">{escape(title)}: '
-                'no data</text></svg>')
+        return (
+            f'<svg id="{escape(ident)}" class="{escape(css_class)} empty" width="{width}" '
+            f'height="40" role="img"><text x="8" y="24" class="note">{escape(title)}: '
+            "no data</text></svg>"
+        )
     lo, hi = min(ys), max(ys)
     pad = (hi - lo) * 0.08 or abs(hi) * 0.05 or 1.0
     f = _Frame(min(xs), max(xs), lo - pad, hi + pad, width=width, height=height)
@@ -188,38 +212,46 @@ def line_chart(*, ident: str, css_class: str, title: str, y_label: str,
     p = f.parts
     if band and band.xs:
         top = [f"{_num(f.px(x))},{_num(f.py(v))}" for x, v in zip(band.xs, band.hi)]
-        bot = [f"{_num(f.px(x))},{_num(f.py(v))}" for x, v in zip(reversed(band.xs),
-                                                                    reversed(band.lo))]
-        p.append(f'<polygon class="band" points="{" ".join(top + bot)}" fill="{band.color}" '
-                 f'fill-opacity="0.25" stroke="none"><title>{escape(band.label)}</title></polygon>')
+        bot = [f"{_num(f.px(x))},{_num(f.py(v))}" for x, v in zip(reversed(band.xs), reversed(band.lo))]
+        p.append(
+            f'<polygon class="band" points="{" ".join(top + bot)}" fill="{band.color}" '
+            f'fill-opacity="0.25" stroke="none"><title>{escape(band.label)}</title></polygon>'
+        )
     labelled: list[float] = []
     for e in events:
         x = f.px(e.x)
         dash = f' stroke-dasharray="{e.dash}"' if e.dash else ""
-        p.append(f'<line class="event" x1="{_num(x)}" x2="{_num(x)}" y1="{_num(f.top)}" '
-                 f'y2="{_num(f.height - f.bottom)}" stroke="{e.color}"{dash}>'
-                 f'<title>{escape(e.label)}</title></line>')
+        p.append(
+            f'<line class="event" x1="{_num(x)}" x2="{_num(x)}" y1="{_num(f.top)}" '
+            f'y2="{_num(f.height - f.bottom)}" stroke="{e.color}"{dash}>'
+            f"<title>{escape(e.label)}</title></line>"
+        )
         # A short visible tag per event; events closer than 10 px share the first tag.
         if all(abs(x - o) >= 10 for o in labelled):
             labelled.append(x)
             tag = e.label.split(":")[0][:14]
-            p.append(f'<text class="event-label" x="{_num(x - 3)}" y="{_num(f.top + 4)}" '
-                     f'transform="rotate(-90 {_num(x - 3)} {_num(f.top + 4)})" '
-                     f'text-anchor="end" fill="{e.color}">{escape(tag)}</text>')
+            p.append(
+                f'<text class="event-label" x="{_num(x - 3)}" y="{_num(f.top + 4)}" '
+                f'transform="rotate(-90 {_num(x - 3)} {_num(f.top + 4)})" '
+                f'text-anchor="end" fill="{e.color}">{escape(tag)}</text>'
+            )
     for ln in lines:
         d = _path(f, ln.xs, ln.ys)
         if d:
             dash = f' stroke-dasharray="{ln.dash}"' if ln.dash else ""
-            p.append(f'<path d="{d}" fill="none" stroke="{ln.color}" stroke-width="{ln.width}"'
-                     f'{dash}><title>{escape(ln.label)}</title></path>')
+            p.append(
+                f'<path d="{d}" fill="none" stroke="{ln.color}" stroke-width="{ln.width}"'
+                f"{dash}><title>{escape(ln.label)}</title></path>"
+            )
     for m in markers:
         x, y = f.px(m.x), f.py(m.y)
         if m.shape == "triangle":
-            shape = (f'<polygon class="marker change-point" points="{_num(x)},{_num(y - 7)} '
-                     f'{_num(x - 6)},{_num(y + 4)} {_num(x + 6)},{_num(y + 4)}" fill="{m.color}">')
+            shape = (
+                f'<polygon class="marker change-point" points="{_num(x)},{_num(y - 7)} '
+                f'{_num(x - 6)},{_num(y + 4)} {_num(x + 6)},{_num(y + 4)}" fill="{m.color}">'
+            )
         else:
-            shape = (f'<circle class="marker" cx="{_num(x)}" cy="{_num(y)}" r="3" '
-                     f'fill="{m.color}">')
+            shape = f'<circle class="marker" cx="{_num(x)}" cy="{_num(y)}" r="3" fill="{m.color}">'
         p.append(f"{shape}<title>{escape(m.label)}</title></{shape.split()[0][1:]}>")
     # legend
     items = [(ln.label, ln.color, "line") for ln in lines]
@@ -227,15 +259,19 @@ def line_chart(*, ident: str, css_class: str, title: str, y_label: str,
         items.append((band.label, band.color, "band"))
     lx = f.left
     for label, color, kind in items:
-        sw = (f'<rect x="{_num(lx)}" y="6" width="14" height="8" fill="{color}" fill-opacity="0.35"/>'
-              if kind == "band" else
-              f'<line x1="{_num(lx)}" x2="{_num(lx + 14)}" y1="10" y2="10" stroke="{color}" '
-              'stroke-width="2"/>')
+        sw = (
+            f'<rect x="{_num(lx)}" y="6" width="14" height="8" fill="{color}" fill-opacity="0.35"/>'
+            if kind == "band"
+            else f'<line x1="{_num(lx)}" x2="{_num(lx + 14)}" y1="10" y2="10" stroke="{color}" '
+            'stroke-width="2"/>'
+        )
         p.append(sw + f'<text x="{_num(lx + 18)}" y="14" class="legend">{escape(label)}</text>')
         lx += 26 + 6.2 * len(label)
-    return (f'<svg id="{escape(ident)}" class="{escape(css_class)}" viewBox="0 0 {width} {height}" '
-            f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">'
-            f'<title>{escape(title)}</title>{"".join(p)}</svg>')
+    return (
+        f'<svg id="{escape(ident)}" class="{escape(css_class)}" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">'
+        f"<title>{escape(title)}</title>{''.join(p)}</svg>"
+    )
 
 
 def slowdown_color(v: float | None, vmax: float) -> str:
@@ -244,8 +280,7 @@ def slowdown_color(v: float | None, vmax: float) -> str:
         return "#e0e0e0"
     t = max(0.0, min(1.0, v / vmax)) if vmax > 0 else 0.0
     # white -> yellow -> orange -> dark red
-    stops = ((0.0, (255, 255, 255)), (0.35, (255, 224, 130)), (0.7, (244, 124, 32)),
-             (1.0, (150, 20, 20)))
+    stops = ((0.0, (255, 255, 255)), (0.35, (255, 224, 130)), (0.7, (244, 124, 32)), (1.0, (150, 20, 20)))
     for (a, ca), (b, cb) in itertools.pairwise(stops):
         if t <= b:
             u = (t - a) / (b - a)
@@ -254,13 +289,22 @@ def slowdown_color(v: float | None, vmax: float) -> str:
     return "#961414"
 
 
-def heatmap_grid(*, ident: str, cells: Sequence[Cell], vmax: float, thresholds: Sequence[
-        tuple[float, str]] = (), cols: int | None = None, cell: int = 0) -> str:
+def heatmap_grid(
+    *,
+    ident: str,
+    cells: Sequence[Cell],
+    vmax: float,
+    thresholds: Sequence[tuple[float, str]] = (),
+    cols: int | None = None,
+    cell: int = 0,
+) -> str:
     """A grid of nodes coloured by slowdown (SMon-style), outlined by lifecycle state."""
     n = len(cells)
     if n == 0:
-        return (f'<svg id="{escape(ident)}" class="heatmap empty" width="300" height="30">'
-                '<text x="4" y="20" class="note">no nodes</text></svg>')
+        return (
+            f'<svg id="{escape(ident)}" class="heatmap empty" width="300" height="30">'
+            '<text x="4" y="20" class="note">no nodes</text></svg>'
+        )
     cols = cols or max(8, min(80, math.ceil(math.sqrt(n * 3))))
     if cell <= 0:  # auto: big cells for a small fleet, small ones for thousands
         cell = 28 if n <= 100 else (18 if n <= 1000 else 10)
@@ -275,44 +319,55 @@ def heatmap_grid(*, ident: str, cells: Sequence[Cell], vmax: float, thresholds: 
         y = 5 + (i // cols) * (cell + gap)
         stroke = STATE_COLORS.get(c.state or "", "#bdbdbd")
         sw = 2.5 if c.state and c.state != "healthy" else 0.5
-        rect = (f'<rect class="hm-cell" data-node="{escape(c.name)}" '
-                f'data-state="{escape(c.state or "")}" x="{x}" y="{y}" width="{cell}" '
-                f'height="{cell}" fill="{slowdown_color(c.value, vmax)}" stroke="{stroke}" '
-                f'stroke-width="{sw}"><title>{escape(c.title or c.name)}</title></rect>')
+        rect = (
+            f'<rect class="hm-cell" data-node="{escape(c.name)}" '
+            f'data-state="{escape(c.state or "")}" x="{x}" y="{y}" width="{cell}" '
+            f'height="{cell}" fill="{slowdown_color(c.value, vmax)}" stroke="{stroke}" '
+            f'stroke-width="{sw}"><title>{escape(c.title or c.name)}</title></rect>'
+        )
         p.append(f'<a href="{escape(c.href)}">{rect}</a>' if c.href else rect)
     # colour scale legend
     ly = rows * (cell + gap) + 16
     steps = 24
     for i in range(steps):
         v = vmax * i / (steps - 1)
-        p.append(f'<rect x="{5 + i * 10}" y="{ly}" width="10" height="10" '
-                 f'fill="{slowdown_color(v, vmax)}"/>')
+        p.append(f'<rect x="{5 + i * 10}" y="{ly}" width="10" height="10" fill="{slowdown_color(v, vmax)}"/>')
     p.append(f'<text x="5" y="{ly + 24}" class="tick">0%</text>')
-    p.append(f'<text x="{5 + steps * 10}" y="{ly + 24}" class="tick" text-anchor="end">'
-             f'&#8805;{vmax:.0%}</text>')
+    p.append(
+        f'<text x="{5 + steps * 10}" y="{ly + 24}" class="tick" text-anchor="end">&#8805;{vmax:.0%}</text>'
+    )
     for v, label in thresholds:
-        x = 5 + min(v / vmax, 1.0) * steps * 10 if vmax else 5
-        p.append(f'<line x1="{_num(x)}" x2="{_num(x)}" y1="{ly - 2}" y2="{ly + 12}" stroke="#000"/>'
-                 f'<text x="{_num(x)}" y="{ly - 4}" class="tick" text-anchor="middle">'
-                 f'{escape(label)}</text>')
+        tx = 5 + min(v / vmax, 1.0) * steps * 10 if vmax else 5
+        p.append(
+            f'<line x1="{_num(tx)}" x2="{_num(tx)}" y1="{ly - 2}" y2="{ly + 12}" stroke="#000"/>'
+            f'<text x="{_num(tx)}" y="{ly - 4}" class="tick" text-anchor="middle">'
+            f"{escape(label)}</text>"
+        )
     lx = 5 + steps * 10 + 30
     for state, color in STATE_COLORS.items():
-        p.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="#fff" stroke="{color}" '
-                 f'stroke-width="2.5"/><text x="{lx + 14}" y="{ly + 9}" class="legend">'
-                 f'{state}</text>')
+        p.append(
+            f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="#fff" stroke="{color}" '
+            f'stroke-width="2.5"/><text x="{lx + 14}" y="{ly + 9}" class="legend">'
+            f"{state}</text>"
+        )
         lx += 20 + 7 * len(state)
     w = max(w, lx + 10)
-    return (f'<svg id="{escape(ident)}" class="heatmap" viewBox="0 0 {w} {h}" width="{w}" '
-            f'height="{h}" role="img" aria-label="fleet slowdown heatmap">{"".join(p)}</svg>')
+    return (
+        f'<svg id="{escape(ident)}" class="heatmap" viewBox="0 0 {w} {h}" width="{w}" '
+        f'height="{h}" role="img" aria-label="fleet slowdown heatmap">{"".join(p)}</svg>'
+    )
 
 
-def deviation_bars(*, ident: str, css_class: str, title: str, bars: Sequence[Bar],
-                   tolerance: float, width: int = 640) -> str:
+def deviation_bars(
+    *, ident: str, css_class: str, title: str, bars: Sequence[Bar], tolerance: float, width: int = 640
+) -> str:
     """One horizontal bar per metric: deviation from the class baseline, tolerance shaded."""
     if not bars:
-        return (f'<svg id="{escape(ident)}" class="{escape(css_class)} empty" width="{width}" '
-                f'height="40"><text x="8" y="24" class="note">{escape(title)}: no metrics'
-                '</text></svg>')
+        return (
+            f'<svg id="{escape(ident)}" class="{escape(css_class)} empty" width="{width}" '
+            f'height="40"><text x="8" y="24" class="note">{escape(title)}: no metrics'
+            "</text></svg>"
+        )
     row = 16
     label_w = 170
     top = 24
@@ -323,25 +378,33 @@ def deviation_bars(*, ident: str, css_class: str, title: str, bars: Sequence[Bar
     def px(v: float) -> float:
         return label_w + (v + lim) / (2 * lim) * plot_w
 
-    p = [(f'<rect x="{_num(px(-tolerance))}" y="{top - 4}" width="{_num(px(tolerance) - px(-tolerance))}" '
-         f'height="{row * len(bars) + 4}" fill="#c8e6c9" fill-opacity="0.6">'
-         f'<title>pass band: within {tolerance:.0%} of the class median</title></rect>'),
-         (f'<line x1="{_num(px(0))}" x2="{_num(px(0))}" y1="{top - 6}" '
-         f'y2="{top + row * len(bars)}" stroke="#333"/>'),
-         (f'<text x="{_num(px(0))}" y="{top - 10}" class="tick" text-anchor="middle">'
-         'class median</text>')]
+    p = [
+        (
+            f'<rect x="{_num(px(-tolerance))}" y="{top - 4}" width="{_num(px(tolerance) - px(-tolerance))}" '
+            f'height="{row * len(bars) + 4}" fill="#c8e6c9" fill-opacity="0.6">'
+            f"<title>pass band: within {tolerance:.0%} of the class median</title></rect>"
+        ),
+        (
+            f'<line x1="{_num(px(0))}" x2="{_num(px(0))}" y1="{top - 6}" '
+            f'y2="{top + row * len(bars)}" stroke="#333"/>'
+        ),
+        (f'<text x="{_num(px(0))}" y="{top - 10}" class="tick" text-anchor="middle">class median</text>'),
+    ]
     for i, b in enumerate(bars):
         y = top + i * row
         x0, x1 = sorted((px(0), px(b.value)))
         color = "#c62828" if b.failing else "#1976d2"
-        p.append(f'<text x="{label_w - 6}" y="{y + 11}" class="tick" text-anchor="end">'
-                 f'{escape(b.label)}</text>'
-                 f'<rect class="bar{" failing" if b.failing else ""}" x="{_num(x0)}" y="{y + 2}" '
-                 f'width="{_num(max(x1 - x0, 1))}" height="{row - 5}" fill="{color}">'
-                 f'<title>{escape(b.label)}: {b.value:+.1%} vs class median</title></rect>')
+        p.append(
+            f'<text x="{label_w - 6}" y="{y + 11}" class="tick" text-anchor="end">'
+            f"{escape(b.label)}</text>"
+            f'<rect class="bar{" failing" if b.failing else ""}" x="{_num(x0)}" y="{y + 2}" '
+            f'width="{_num(max(x1 - x0, 1))}" height="{row - 5}" fill="{color}">'
+            f"<title>{escape(b.label)}: {b.value:+.1%} vs class median</title></rect>"
+        )
     for v in (-lim, -tolerance, tolerance, lim):
-        p.append(f'<text x="{_num(px(v))}" y="{h - 8}" class="tick" text-anchor="middle">'
-                 f'{v:+.0%}</text>')
-    return (f'<svg id="{escape(ident)}" class="{escape(css_class)}" viewBox="0 0 {width} {h}" '
-            f'width="{width}" height="{h}" role="img" aria-label="{escape(title)}">'
-            f'<title>{escape(title)}</title>{"".join(p)}</svg>')
+        p.append(f'<text x="{_num(px(v))}" y="{h - 8}" class="tick" text-anchor="middle">{v:+.0%}</text>')
+    return (
+        f'<svg id="{escape(ident)}" class="{escape(css_class)}" viewBox="0 0 {width} {h}" '
+        f'width="{width}" height="{h}" role="img" aria-label="{escape(title)}">'
+        f"<title>{escape(title)}</title>{''.join(p)}</svg>"
+    )

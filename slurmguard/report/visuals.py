@@ -18,19 +18,24 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from slurmguard.store import AuditOutcome, SweepRecord, Verdict
+from slurmguard.store import AuditOutcome, StepTimeRecord, SweepRecord, Verdict
 from slurmguard.triage.report_data import FleetSnapshot, SeriesSnapshot, flat_metrics
 
 # Signals shown first, in this order (Guard 4.1); others follow by name.
-SIGNAL_ORDER = ("gpu_temp_c", "sm_clock_mhz", "power_w", "gpu_util", "nic_rate_gbps",
-                "nic_errors")
+SIGNAL_ORDER = ("gpu_temp_c", "sm_clock_mhz", "power_w", "gpu_util", "nic_rate_gbps", "nic_errors")
 MAX_SIGNALS = 6
 MAX_JOBS = 2
 JOB_ACTIONS = frozenset({"comment", "drain", "signal", "requeue"})
 ACTION_COLORS = {
-    "drain": "#ef6c00", "requeue": "#c62828", "signal": "#6d4c41", "comment": "#f9a825",
-    "reservation_create": "#00838f", "resume": "#2e7d32", "reboot": "#8e24aa",
-    "submit": "#546e7a", "detected": "#d62728",
+    "drain": "#ef6c00",
+    "requeue": "#c62828",
+    "signal": "#6d4c41",
+    "comment": "#f9a825",
+    "reservation_create": "#00838f",
+    "resume": "#2e7d32",
+    "reboot": "#8e24aa",
+    "submit": "#546e7a",
+    "detected": "#d62728",
 }
 
 
@@ -97,8 +102,7 @@ class ClassBaselines:
 
     def compare(self, s: SweepRecord) -> tuple[int, list[tuple[str, float]]]:
         """(nodes in the baseline, [(metric, deviation)]) excluding the node's own results."""
-        others = {n: m for n, m in self._per.get((s.hw_class, s.kind.value), {}).items()
-                  if n != s.node}
+        others = {n: m for n, m in self._per.get((s.hw_class, s.kind.value), {}).items() if n != s.node}
         mine = flat_metrics(s.metrics)
         devs = []
         for k, v in mine.items():
@@ -132,8 +136,9 @@ def step_charts(node: str, snap: FleetSnapshot, series: SeriesSnapshot) -> list[
         med = XY(pxs, tuple(statistics.median(peers[x]) for x in pxs))
         if not pxs:
             # Peers not loaded (a job too large for a band): the job's baseline instead.
-            base = {_ts(r.window_end): r.baseline_step_s for r in all_rows
-                    if r.node == node and r.baseline_step_s}
+            base = {
+                _ts(r.window_end): r.baseline_step_s for r in all_rows if r.node == node and r.baseline_step_s
+            }
             med = XY(tuple(sorted(base)), tuple(base[x] for x in sorted(base)))
         lo = tuple(min(peers[x]) for x in pxs)
         hi = tuple(max(peers[x]) for x in pxs)
@@ -161,8 +166,7 @@ def step_charts(node: str, snap: FleetSnapshot, series: SeriesSnapshot) -> list[
                     points.append(t)
             for t in sorted(set(points)):
                 cps.append((t, y_near(t), f"change point (incident {i.id})"))
-            events.append((_ts(i.detected_at), f"detected: incident {i.id}, tier {i.tier.value}",
-                           "detected"))
+            events.append((_ts(i.detected_at), f"detected: incident {i.id}, tier {i.tier.value}", "detected"))
         acts = [a for a in snap.audit.get(node, ()) if a.outcome is not AuditOutcome.ERROR]
         acts += [a for a in snap.audit_by_job.get(job, ()) if a.node is None]
         for a in acts:
@@ -193,13 +197,13 @@ def telemetry_charts(node: str, series: SeriesSnapshot) -> list[TelemetryChart]:
         cur = newest_job.get(r.signal)
         if cur is None or r.window_end >= cur[0]:
             newest_job[r.signal] = (r.window_end, r.job_id)
-    signals = sorted(newest_job, key=lambda s: (SIGNAL_ORDER.index(s) if s in SIGNAL_ORDER
-                                                else len(SIGNAL_ORDER), s))[:MAX_SIGNALS]
+    signals = sorted(
+        newest_job, key=lambda s: (SIGNAL_ORDER.index(s) if s in SIGNAL_ORDER else len(SIGNAL_ORDER), s)
+    )[:MAX_SIGNALS]
     out = []
     for sig in signals:
         job = newest_job[sig][1]
-        mine = sorted((r for r in rows if r.signal == sig and r.job_id == job),
-                      key=lambda r: r.window_end)
+        mine = sorted((r for r in rows if r.signal == sig and r.job_id == job), key=lambda r: r.window_end)
         peer_vals: dict[float, list[float]] = defaultdict(list)
         if job is not None:
             for r in series.telemetry_by_job.get(job, ()):
@@ -207,25 +211,42 @@ def telemetry_charts(node: str, series: SeriesSnapshot) -> list[TelemetryChart]:
                     peer_vals[_ts(r.window_end)].append(r.value)
         xs = tuple(_ts(r.window_end) for r in mine)
         bxs = tuple(sorted(peer_vals))
-        out.append(TelemetryChart(
-            signal=sig, unit=next((r.unit for r in mine if r.unit), None),
-            node=XY(xs, tuple(r.value for r in mine)),
-            peer_median=XY(xs, tuple(r.peer_median for r in mine)),
-            band_xs=bxs, band_lo=tuple(min(peer_vals[x]) for x in bxs),
-            band_hi=tuple(max(peer_vals[x]) for x in bxs),
-            deviating=tuple((_ts(r.window_end), r.value) for r in mine
-                            if r.deviating and r.value is not None)))
+        out.append(
+            TelemetryChart(
+                signal=sig,
+                unit=next((r.unit for r in mine if r.unit), None),
+                node=XY(xs, tuple(r.value for r in mine)),
+                peer_median=XY(xs, tuple(r.peer_median for r in mine)),
+                band_xs=bxs,
+                band_lo=tuple(min(peer_vals[x]) for x in bxs),
+                band_hi=tuple(max(peer_vals[x]) for x in bxs),
+                deviating=tuple(
+                    (_ts(r.window_end), r.value) for r in mine if r.deviating and r.value is not None
+                ),
+            )
+        )
     return out
 
 
-def sweep_charts(node: str, snap: FleetSnapshot, baselines: ClassBaselines,
-                 limit: int = 3) -> list[SweepChart]:
+def sweep_charts(
+    node: str, snap: FleetSnapshot, baselines: ClassBaselines, limit: int = 3
+) -> list[SweepChart]:
     finals = [s for s in snap.sweeps_by_node.get(node, ()) if s.verdict is not Verdict.PENDING]
     out = []
     for s in finals[-limit:][::-1]:
         n, devs = baselines.compare(s)
-        out.append(SweepChart(s.id, s.kind.value, s.verdict.value, s.finished_at or s.created_at,
-                              s.hw_class, n, tuple(devs), s.failure_reason))
+        out.append(
+            SweepChart(
+                s.id,
+                s.kind.value,
+                s.verdict.value,
+                s.finished_at or s.created_at,
+                s.hw_class,
+                n,
+                tuple(devs),
+                s.failure_reason,
+            )
+        )
     return out
 
 
@@ -236,14 +257,13 @@ def fleet_slowdowns(series: SeriesSnapshot) -> dict[str, float]:
     out: dict[str, float] = {}
     for node, rows in series.step_times.items():
         newest = max(r.window_end for r in rows)
-        vals = [_slow(r) for r in rows if r.window_end == newest]
-        vals = [v for v in vals if v is not None]
+        vals = [v for v in (_slow(r) for r in rows if r.window_end == newest) if v is not None]
         if vals:
             out[node] = max(vals)
     return out
 
 
-def _slow(r) -> float | None:
+def _slow(r: StepTimeRecord) -> float | None:
     if r.slowdown is not None:
         return r.slowdown
     if r.baseline_step_s:

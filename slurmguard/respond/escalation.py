@@ -97,8 +97,9 @@ def candidate_actions(
 
 
 # ------------------------------------------------------------------ the rule
-def due(paid_gpu_s: float, candidates: Sequence[Candidate],
-        taken: Collection[Action] = ()) -> tuple[Action, ...]:
+def due(
+    paid_gpu_s: float, candidates: Sequence[Candidate], taken: Collection[Action] = ()
+) -> tuple[Action, ...]:
     """The actions not yet taken whose price ``paid_gpu_s`` has reached, in candidate order.
 
     The single statement of the rule: everything that asks "is it time?" asks here.
@@ -165,8 +166,15 @@ class Decision:
     skipped: tuple[Action, ...] = ()
 
 
-def decide(a: JobAssessment, tier: Tier, policy: EscalationPolicy, now: float, *,
-           in_job: InJob | None = None, taken: Collection[Action | str] = ()) -> Decision:
+def decide(
+    a: JobAssessment,
+    tier: Tier,
+    policy: EscalationPolicy,
+    now: float,
+    *,
+    in_job: InJob | None = None,
+    taken: Collection[Action | str] = (),
+) -> Decision:
     """Apply the rule to a job whose impact calls for ``tier`` (from classify).
 
     ``a.onset`` must be the event's onset (the incident's, which survives the
@@ -182,8 +190,7 @@ def decide(a: JobAssessment, tier: Tier, policy: EscalationPolicy, now: float, *
     world = max(1, a.gpus)
     opted = in_job is not None and world % in_job.pp == 0
     pp = in_job.pp if in_job is not None else 1
-    cands = candidate_actions(policy, RootCause.COMPUTE, opted_in=opted,
-                              dp_groups=world // pp, pp_stages=pp)
+    cands = candidate_actions(policy, RootCause.COMPUTE, opted_in=opted, dp_groups=world // pp, pp_stages=pp)
     slurm_side = [c for c in cands if c.action in _TIER_OF and _TIER_OF[c.action] <= tier]
     gated = max((_TIER_OF[x] for x in due(paid, slurm_side)), default=Tier.NONE)
     if gated >= Tier.DRAIN or not opted:
@@ -241,9 +248,7 @@ class EscalationStep:
     skipped: tuple[Action, ...] = ()
 
 
-def escalate(
-    state: EscalationState, candidates: Sequence[Candidate], obs: SlowIteration
-) -> EscalationStep:
+def escalate(state: EscalationState, candidates: Sequence[Candidate], obs: SlowIteration) -> EscalationStep:
     """Add one iteration's slowdown to ``state``; say which action is due (:func:`due`)."""
     impact = state.impact_gpu_s + obs.impact_gpu_s()
     slow = obs.t_slow_s > obs.t_healthy_s

@@ -17,9 +17,9 @@ from slurmguard.config import TierPolicy
 
 class Tier(IntEnum):
     NONE = 0
-    VERIFY = 1      # no observable impact: pending verification comment
-    DRAIN = 2       # moderate sustained: drain, checkpoint signal, free at exit
-    REQUEUE = 3     # severe or stall: drain and requeue now
+    VERIFY = 1  # no observable impact: pending verification comment
+    DRAIN = 2  # moderate sustained: drain, checkpoint signal, free at exit
+    REQUEUE = 3  # severe or stall: drain and requeue now
 
     @property
     def label(self) -> str:

@@ -18,8 +18,13 @@ def client_from_policy(p: Any, env: dict[str, str] | None = None) -> SlurmClient
     if p.backend == "restd":
         from slurmguard.slurm.restd import RestdSlurmClient, TokenSource
 
-        tokens = TokenSource(user=p.restd_user, key_file=p.restd_jwt_key_file,
-                             token_file=p.restd_token_file, lifespan_s=p.restd_token_lifespan_s)
-        return RestdSlurmClient(p.restd_url, tokens, api=p.restd_api,
-                                timeout_s=p.command_timeout_s, fallback=commands)
+        tokens = TokenSource(
+            user=p.restd_user,
+            key_file=p.restd_jwt_key_file,
+            token_file=p.restd_token_file,
+            lifespan_s=p.restd_token_lifespan_s,
+        )
+        return RestdSlurmClient(
+            p.restd_url, tokens, api=p.restd_api, timeout_s=p.command_timeout_s, fallback=commands
+        )
     raise ConfigError(f"slurm.backend {p.backend!r}: expected commands or restd")

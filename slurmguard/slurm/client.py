@@ -7,8 +7,9 @@ comment written starts with `slurmguard:`, and operations on a node drained
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo
 
@@ -56,18 +57,27 @@ class SlurmClient(Protocol):
 
     def reservations(self) -> list[ReservationInfo]: ...
 
-    def create_reservation(self, name: str, nodes: Sequence[str], *, duration_min: int,
-                           users: Sequence[str] = ("root",)) -> None:
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], *, duration_min: int, users: Sequence[str] = ("root",)
+    ) -> None:
         """A maintenance reservation starting now (MAINT, IGNORE_JOBS)."""
         ...
 
     def delete_reservation(self, name: str) -> None: ...
 
-    def submit(self, script: str | Path, *, job_name: str | None = None,
-               nodelist: Sequence[str] = (), reservation: str | None = None,
-               time_limit_min: int | None = None, partition: str | None = None,
-               output: str | None = None, extra_args: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> int:
+    def submit(
+        self,
+        script: str | Path,
+        *,
+        job_name: str | None = None,
+        nodelist: Sequence[str] = (),
+        reservation: str | None = None,
+        time_limit_min: int | None = None,
+        partition: str | None = None,
+        output: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> int:
         """sbatch a script (path, or text starting with #!); returns the job id."""
         ...
 
@@ -83,7 +93,6 @@ class SlurmClient(Protocol):
 
     def cancel(self, job_id: int) -> None: ...
 
-    def reboot(self, node: str, reason: str, *, next_state: str = "resume",
-               asap: bool = True) -> str:
+    def reboot(self, node: str, reason: str, *, next_state: str = "resume", asap: bool = True) -> str:
         """`scontrol reboot`; NotOurs if drained by someone else. Returns the reason."""
         ...

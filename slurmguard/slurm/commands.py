@@ -12,20 +12,28 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
 from slurmguard.runner import CommandError, CommandNotFound, CommandRunner, SubprocessRunner
 from slurmguard.slurm import parse, validate
-from slurmguard.slurm.errors import (NotOurs, SlurmCommandError, SlurmError, SlurmUnavailable,
-                                     UnknownJob, UnknownNode)
+from slurmguard.slurm.errors import (
+    NotOurs,
+    SlurmCommandError,
+    SlurmError,
+    SlurmUnavailable,
+    UnknownJob,
+    UnknownNode,
+)
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo, is_ours
 
 # Messages Slurm prints when slurmctld cannot be reached (22.05 - 25.x).
 _UNREACHABLE = re.compile(
     r"Unable to contact slurm controller|Connection refused|Zero Bytes were transmitted|"
     r"Socket timed out|Communication connection failure|Could not establish a configuration source",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _UNKNOWN_NODE = re.compile(r"Invalid node name|Node name .* not found|Invalid hostlist", re.I)
 _UNKNOWN_JOB = re.compile(r"Invalid job id|Job has already finished|Invalid job id specified", re.I)
 
@@ -38,9 +46,15 @@ class CommandSlurmClient:
     Slurm version supports it (>= 21.08), True/False to force.
     """
 
-    def __init__(self, runner: CommandRunner | None = None, *, timeout_s: float = 15.0,
-                 bin_dir: str | None = None, use_json: bool | None = None,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        runner: CommandRunner | None = None,
+        *,
+        timeout_s: float = 15.0,
+        bin_dir: str | None = None,
+        use_json: bool | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.runner = runner or SubprocessRunner()
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
@@ -52,8 +66,14 @@ class CommandSlurmClient:
     def _cmd(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
-    def _run(self, argv: Sequence[str], *, node: str | None = None,
-             job: int | None = None, input: str | None = None) -> str:
+    def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        node: str | None = None,
+        job: int | None = None,
+        input: str | None = None,
+    ) -> str:
         argv = [self._cmd(argv[0]), *argv[1:]]
         try:
             res = self.runner.run(argv, timeout=self.timeout_s, env=self._env, input=input)
@@ -64,10 +84,14 @@ class CommandSlurmClient:
             if exc.timed_out:
                 raise SlurmUnavailable(
                     f"{os.path.basename(argv[0])} timed out after {self.timeout_s:g}s "
-                    f"(slurmctld not answering?): {' '.join(argv)}", argv, err) from None
+                    f"(slurmctld not answering?): {' '.join(argv)}",
+                    argv,
+                    err,
+                ) from None
             if _UNREACHABLE.search(err):
                 raise SlurmUnavailable(
-                    f"slurmctld unreachable: {' '.join(argv)}: {_last_line(err)}", argv, err) from None
+                    f"slurmctld unreachable: {' '.join(argv)}: {_last_line(err)}", argv, err
+                ) from None
             if node is not None and _UNKNOWN_NODE.search(err):
                 raise UnknownNode(f"unknown node '{node}': {_last_line(err)}", argv, err) from None
             if job is not None and _UNKNOWN_JOB.search(err):
@@ -86,7 +110,7 @@ class CommandSlurmClient:
             self._use_json = self.version() >= (21, 8, 0)
         return self._use_json
 
-    def _load_json(self, argv: Sequence[str]) -> dict | None:
+    def _load_json(self, argv: Sequence[str]) -> dict[str, Any] | None:
         """Run a --json query; None if this Slurm lacks the JSON plugin."""
         try:
             out = self._run(argv)
@@ -96,7 +120,8 @@ class CommandSlurmClient:
                 return None
             raise
         try:
-            return json.loads(out)
+            doc: dict[str, Any] = json.loads(out)
+            return doc
         except json.JSONDecodeError:
             self._use_json = False
             return None
@@ -160,8 +185,9 @@ class CommandSlurmClient:
         comment = validate.reason(text)
         current = self.node(node)
         if current.comment and not is_ours(current.comment):
-            raise NotOurs(f"node {node} has a comment slurmguard did not write "
-                          f"({current.comment!r}); leaving it alone")
+            raise NotOurs(
+                f"node {node} has a comment slurmguard did not write ({current.comment!r}); leaving it alone"
+            )
         self._update_node(node, f"Comment={comment}")
         return comment
 
@@ -171,8 +197,9 @@ class CommandSlurmClient:
         if not current.comment:
             return
         if not is_ours(current.comment):
-            raise NotOurs(f"node {node} has a comment slurmguard did not write "
-                          f"({current.comment!r}); not clearing it")
+            raise NotOurs(
+                f"node {node} has a comment slurmguard did not write ({current.comment!r}); not clearing it"
+            )
         self._update_node(node, "Comment=")
 
     def drain(self, node: str, reason: str) -> str:
@@ -180,8 +207,10 @@ class CommandSlurmClient:
         full = validate.reason(reason)
         current = self.node(node)
         if current.drained_by_others:
-            raise NotOurs(f"node {node} is already {current.state_text} by someone else "
-                          f"(reason {current.reason!r}); slurmguard does not re-reason it")
+            raise NotOurs(
+                f"node {node} is already {current.state_text} by someone else "
+                f"(reason {current.reason!r}); slurmguard does not re-reason it"
+            )
         self._update_node(node, "State=DRAIN", f"Reason={full}")
         return full
 
@@ -191,12 +220,15 @@ class CommandSlurmClient:
         if not (current.drained or current.down):
             return
         if not is_ours(current.reason):
-            raise NotOurs(f"node {node} was taken out by someone else "
-                          f"(reason {current.reason!r}); slurmguard will not resume it")
+            raise NotOurs(
+                f"node {node} was taken out by someone else "
+                f"(reason {current.reason!r}); slurmguard will not resume it"
+            )
         self._update_node(node, "State=RESUME")
 
-    def create_reservation(self, name: str, nodes: Sequence[str], *, duration_min: int,
-                           users: Sequence[str] = ("root",)) -> None:
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], *, duration_min: int, users: Sequence[str] = ("root",)
+    ) -> None:
         validate.reservation_name(name)
         if not nodes:
             raise SlurmError("a reservation needs at least one node")
@@ -207,19 +239,38 @@ class CommandSlurmClient:
                 raise SlurmError(f"invalid user name {u!r}")
         if duration_min <= 0:
             raise SlurmError("reservation duration must be positive (minutes)")
-        self._run(["scontrol", "create", "reservation", f"ReservationName={name}",
-                   f"Nodes={','.join(nodes)}", "StartTime=now", f"Duration={int(duration_min)}",
-                   f"Users={','.join(users)}", "Flags=MAINT,IGNORE_JOBS"], node=nodes[0])
+        self._run(
+            [
+                "scontrol",
+                "create",
+                "reservation",
+                f"ReservationName={name}",
+                f"Nodes={','.join(nodes)}",
+                "StartTime=now",
+                f"Duration={int(duration_min)}",
+                f"Users={','.join(users)}",
+                "Flags=MAINT,IGNORE_JOBS",
+            ],
+            node=nodes[0],
+        )
 
     def delete_reservation(self, name: str) -> None:
         validate.reservation_name(name)
         self._run(["scontrol", "delete", f"ReservationName={name}"])
 
-    def submit(self, script: str | Path, *, job_name: str | None = None,
-               nodelist: Sequence[str] = (), reservation: str | None = None,
-               time_limit_min: int | None = None, partition: str | None = None,
-               output: str | None = None, extra_args: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> int:
+    def submit(
+        self,
+        script: str | Path,
+        *,
+        job_name: str | None = None,
+        nodelist: Sequence[str] = (),
+        reservation: str | None = None,
+        time_limit_min: int | None = None,
+        partition: str | None = None,
+        output: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> int:
         argv = ["sbatch", "--parsable"]
         if job_name:
             if not re.match(r"^[A-Za-z0-9_.:-]{1,64}$", job_name):
@@ -277,8 +328,12 @@ class CommandSlurmClient:
         """
         jid = validate.job_id(job_id)
         j = self.job(jid)
-        if (j.state == "PENDING" and j.restarts > 0 and j.eligible_time is not None
-                and j.eligible_time > time.time() + 1):
+        if (
+            j.state == "PENDING"
+            and j.restarts > 0
+            and j.eligible_time is not None
+            and j.eligible_time > time.time() + 1
+        ):
             self._run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], job=jid)
         return j.state
 
@@ -294,16 +349,17 @@ class CommandSlurmClient:
         jid = validate.job_id(job_id)
         self._run(["scancel", str(jid)], job=jid)
 
-    def reboot(self, node: str, reason: str, *, next_state: str = "resume",
-               asap: bool = True) -> str:
+    def reboot(self, node: str, reason: str, *, next_state: str = "resume", asap: bool = True) -> str:
         validate.node_name(node)
         full = validate.reason(reason)
         if next_state not in ("resume", "drain", "down"):
             raise SlurmError(f"invalid next state {next_state!r}: resume, drain or down")
         current = self.node(node)
         if current.drained_by_others:
-            raise NotOurs(f"node {node} was taken out by someone else "
-                          f"(reason {current.reason!r}); slurmguard will not reboot it")
+            raise NotOurs(
+                f"node {node} was taken out by someone else "
+                f"(reason {current.reason!r}); slurmguard will not reboot it"
+            )
         argv = ["scontrol", "reboot"]
         if asap:
             argv.append("ASAP")
@@ -312,8 +368,7 @@ class CommandSlurmClient:
         return full
 
 
-def fleet_view(nodes: list[NodeInfo], jobs: list[JobInfo],
-               wanted: list[str] | None) -> list[NodeInfo]:
+def fleet_view(nodes: list[NodeInfo], jobs: list[JobInfo], wanted: list[str] | None) -> list[NodeInfo]:
     """Nodes (all, or the `wanted` ones: UnknownNode if any is missing) with the
     ids of the jobs running on each, in natural name order. Shared by the backends."""
     # sinfo --json lists a node once per partition on some versions
@@ -343,7 +398,7 @@ def _with_jobs(n: NodeInfo, jobs: tuple[int, ...]) -> NodeInfo:
     return replace(n, jobs=jobs)
 
 
-def _natural(name: str) -> tuple:
+def _natural(name: str) -> tuple[int | str, ...]:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 

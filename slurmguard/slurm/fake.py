@@ -9,9 +9,10 @@ PENDING with a restart counted, reservations are MAINT/IGNORE_JOBS.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.slurm import validate
@@ -20,18 +21,24 @@ from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo, is_ours
 
 
 class FakeSlurm:
-    def __init__(self, nodes: Iterable[str] = ("node1", "node2", "node3", "node4"), *,
-                 partition: str = "debug", clock: Clock | None = None,
-                 features: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[str] = ("node1", "node2", "node3", "node4"),
+        *,
+        partition: str = "debug",
+        clock: Clock | None = None,
+        features: Sequence[str] = (),
+    ) -> None:
         self.clock = clock or SystemClock()
         self._nodes: dict[str, NodeInfo] = {
-            n: NodeInfo(name=n, state="IDLE", partitions=(partition,), features=tuple(features),
-                        cpus=8) for n in nodes}
+            n: NodeInfo(name=n, state="IDLE", partitions=(partition,), features=tuple(features), cpus=8)
+            for n in nodes
+        }
         self._jobs: dict[int, JobInfo] = {}
         self._resv: dict[str, ReservationInfo] = {}
         self._next_job = 1000
         self.available = True
-        self.calls: list[tuple] = []
+        self.calls: list[tuple[Any, ...]] = []
         self.reboots: list[tuple[str, str, str]] = []
         self.signals: list[tuple[int, str]] = []
         self.scripts: dict[int, str] = {}
@@ -49,16 +56,31 @@ class FakeSlurm:
     def set_admin_comment(self, node: str, text: str) -> None:
         self._nodes[node] = replace(self._get(node), comment=text)
 
-    def start_job(self, nodes: Sequence[str], *, name: str = "train", user: str = "alice",
-                  job_id: int | None = None, comment: str | None = None) -> int:
+    def start_job(
+        self,
+        nodes: Sequence[str],
+        *,
+        name: str = "train",
+        user: str = "alice",
+        job_id: int | None = None,
+        comment: str | None = None,
+    ) -> int:
         """Place a RUNNING job on nodes (what the scheduler would do)."""
         self._check()
         jid = job_id or self._new_id()
         restarts = self._jobs[jid].restarts if jid in self._jobs else 0  # a requeued job restarting
-        self._jobs[jid] = JobInfo(job_id=jid, name=name, user=user, state="RUNNING",
-                                  partition=self._get(nodes[0]).partitions[0], nodes=tuple(nodes),
-                                  num_nodes=len(nodes), start_time=self.clock.now(),
-                                  restarts=restarts, comment=comment)
+        self._jobs[jid] = JobInfo(
+            job_id=jid,
+            name=name,
+            user=user,
+            state="RUNNING",
+            partition=self._get(nodes[0]).partitions[0],
+            nodes=tuple(nodes),
+            num_nodes=len(nodes),
+            start_time=self.clock.now(),
+            restarts=restarts,
+            comment=comment,
+        )
         self._refresh_alloc()
         return jid
 
@@ -87,10 +109,10 @@ class FakeSlurm:
             if j.state == "RUNNING":
                 for n in j.nodes:
                     busy.setdefault(n, []).append(j.job_id)
-        for name, n in self._nodes.items():
+        for name, node in self._nodes.items():
             jobs = tuple(sorted(busy.get(name, ())))
-            base = "ALLOCATED" if jobs else ("DOWN" if n.state == "DOWN" else "IDLE")
-            self._nodes[name] = replace(n, jobs=jobs, state=base)
+            base = "ALLOCATED" if jobs else ("DOWN" if node.state == "DOWN" else "IDLE")
+            self._nodes[name] = replace(node, jobs=jobs, state=base)
 
     # ------------------------------------------------------------ SlurmClient
     def version(self) -> tuple[int, int, int]:
@@ -145,8 +167,9 @@ class FakeSlurm:
         full = validate.reason(reason)
         if n.drained_by_others:
             raise NotOurs(f"node {node} is drained by someone else; slurmguard does not re-reason it")
-        self._nodes[node] = replace(n, flags=n.flags | {"DRAIN"}, reason=full, reason_user="root",
-                                    reason_time=self.clock.now())
+        self._nodes[node] = replace(
+            n, flags=n.flags | {"DRAIN"}, reason=full, reason_user="root", reason_time=self.clock.now()
+        )
         self.calls.append(("drain", node, full))
         return full
 
@@ -157,8 +180,13 @@ class FakeSlurm:
             return
         if not is_ours(n.reason):
             raise NotOurs(f"node {node} was taken out by someone else; slurmguard will not resume it")
-        self._nodes[node] = replace(n, flags=n.flags - {"DRAIN"}, reason=None, reason_user=None,
-                                    state="IDLE" if n.state == "DOWN" else n.state)
+        self._nodes[node] = replace(
+            n,
+            flags=n.flags - {"DRAIN"},
+            reason=None,
+            reason_user=None,
+            state="IDLE" if n.state == "DOWN" else n.state,
+        )
         self._refresh_alloc()
         self.calls.append(("resume", node))
 
@@ -166,8 +194,9 @@ class FakeSlurm:
         self._check()
         return list(self._resv.values())
 
-    def create_reservation(self, name: str, nodes: Sequence[str], *, duration_min: int,
-                           users: Sequence[str] = ("root",)) -> None:
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], *, duration_min: int, users: Sequence[str] = ("root",)
+    ) -> None:
         self._check()
         validate.reservation_name(name)
         for n in nodes:
@@ -175,10 +204,14 @@ class FakeSlurm:
         if name in self._resv:
             raise SlurmError(f"reservation {name} already exists")
         now = self.clock.now()
-        self._resv[name] = ReservationInfo(name=name, nodes=tuple(nodes),
-                                           flags=frozenset({"MAINT", "IGNORE_JOBS"}),
-                                           users=tuple(users), start_time=now,
-                                           end_time=now + 60 * duration_min)
+        self._resv[name] = ReservationInfo(
+            name=name,
+            nodes=tuple(nodes),
+            flags=frozenset({"MAINT", "IGNORE_JOBS"}),
+            users=tuple(users),
+            start_time=now,
+            end_time=now + 60 * duration_min,
+        )
         self.calls.append(("reservation_create", name, tuple(nodes)))
 
     def delete_reservation(self, name: str) -> None:
@@ -187,21 +220,36 @@ class FakeSlurm:
             raise SlurmError(f"reservation {name} not found")
         self.calls.append(("reservation_delete", name))
 
-    def submit(self, script: str | Path, *, job_name: str | None = None,
-               nodelist: Sequence[str] = (), reservation: str | None = None,
-               time_limit_min: int | None = None, partition: str | None = None,
-               output: str | None = None, extra_args: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> int:
+    def submit(
+        self,
+        script: str | Path,
+        *,
+        job_name: str | None = None,
+        nodelist: Sequence[str] = (),
+        reservation: str | None = None,
+        time_limit_min: int | None = None,
+        partition: str | None = None,
+        output: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> int:
         self._check()
         for n in nodelist:
             self._get(n)
         if reservation is not None and reservation not in self._resv:
             raise SlurmError(f"reservation {reservation} not found")
         jid = self._new_id()
-        self._jobs[jid] = JobInfo(job_id=jid, name=job_name or "sbatch", user="root",
-                                  state="PENDING", partition=partition or "debug",
-                                  nodes=tuple(nodelist), num_nodes=len(nodelist),
-                                  time_limit_min=time_limit_min, reservation=reservation)
+        self._jobs[jid] = JobInfo(
+            job_id=jid,
+            name=job_name or "sbatch",
+            user="root",
+            state="PENDING",
+            partition=partition or "debug",
+            nodes=tuple(nodelist),
+            num_nodes=len(nodelist),
+            time_limit_min=time_limit_min,
+            reservation=reservation,
+        )
         self.scripts[jid] = str(script)
         self.calls.append(("submit", jid, tuple(nodelist), reservation))
         return jid
@@ -227,8 +275,7 @@ class FakeSlurm:
         self._check()
         self.finish_job(job_id, "CANCELLED")
 
-    def reboot(self, node: str, reason: str, *, next_state: str = "resume",
-               asap: bool = True) -> str:
+    def reboot(self, node: str, reason: str, *, next_state: str = "resume", asap: bool = True) -> str:
         self._check()
         n = self._get(node)
         full = validate.reason(reason)

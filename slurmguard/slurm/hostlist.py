@@ -21,7 +21,9 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 def _split_top(expr: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in expr:
         if ch == "[":
             depth += 1
@@ -45,7 +47,7 @@ def _expand_one(item: str, expr: str) -> list[str]:
     m = re.search(r"\[([^\[\]]*)\]", item)
     if m is None:
         return [item]
-    head, tail = item[: m.start()], item[m.end():]
+    head, tail = item[: m.start()], item[m.end() :]
     out: list[str] = []
     for rng in m.group(1).split(","):
         r = _RANGE.match(rng.strip())

@@ -9,7 +9,7 @@ from slurmguard import REASON_PREFIX
 
 def is_ours(text: str | None) -> bool:
     """True if a reason/comment was written by slurmguard (stable prefix)."""
-    return bool(text) and text.lstrip().startswith(REASON_PREFIX)
+    return text is not None and text.lstrip().startswith(REASON_PREFIX)
 
 
 @dataclass(frozen=True)

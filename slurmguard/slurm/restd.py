@@ -33,18 +33,32 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from slurmguard.slurm import parse, validate
 from slurmguard.slurm.commands import CommandSlurmClient, fleet_view
 from slurmguard.slurm.errors import SlurmCommandError, SlurmError, SlurmUnavailable, UnknownJob
 from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo
 
-FALLBACKS = frozenset({
-    "set_comment", "clear_comment", "drain", "resume", "reboot", "create_reservation",
-    "delete_reservation", "requeue", "release_requeue_hold", "cancel", "signal"})
+FALLBACKS = frozenset(
+    {
+        "set_comment",
+        "clear_comment",
+        "drain",
+        "resume",
+        "reboot",
+        "create_reservation",
+        "delete_reservation",
+        "requeue",
+        "release_requeue_hold",
+        "cancel",
+        "signal",
+    }
+)
 """Operations the REST backend always runs through the command backend (v0.0.38)."""
+
 
 def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
@@ -66,8 +80,15 @@ class TokenSource:
     less than a third is left. clock: Unix seconds.
     """
 
-    def __init__(self, *, user: str, key_file: str | None = None, token_file: str | None = None,
-                 lifespan_s: int = 1800, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        *,
+        user: str,
+        key_file: str | None = None,
+        token_file: str | None = None,
+        lifespan_s: int = 1800,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.user = user
         self.key_file = key_file
         self.token_file = token_file
@@ -77,8 +98,10 @@ class TokenSource:
         self._expires = 0.0
         self._file_stamp: tuple[float, int] | None = None
         if key_file is None and token_file is None and not os.environ.get("SLURM_JWT"):
-            raise SlurmError("slurm.backend restd needs a token: set slurm.restd_jwt_key_file "
-                             "or slurm.restd_token_file, or export SLURM_JWT")
+            raise SlurmError(
+                "slurm.backend restd needs a token: set slurm.restd_jwt_key_file "
+                "or slurm.restd_token_file, or export SLURM_JWT"
+            )
 
     def token(self) -> str:
         now = self.clock()
@@ -119,8 +142,15 @@ class RestdSlurmClient:
     paths (v0.0.38 on Slurm 22.05). timeout_s: per request, seconds.
     """
 
-    def __init__(self, url: str, tokens: TokenSource, *, api: str = "v0.0.38",
-                 timeout_s: float = 15.0, fallback: CommandSlurmClient | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        tokens: TokenSource,
+        *,
+        api: str = "v0.0.38",
+        timeout_s: float = 15.0,
+        fallback: CommandSlurmClient | None = None,
+    ) -> None:
         self.base = url.rstrip("/") + f"/slurm/{api}"
         self.tokens = tokens
         self.timeout_s = timeout_s
@@ -128,13 +158,28 @@ class RestdSlurmClient:
         self._version: tuple[int, int, int] | None = None
 
     # ------------------------------------------------------------------ plumbing
-    def _request(self, method: str, path: str, *, query: dict[str, str] | None = None,
-                 body: dict | None = None, job: int | None = None) -> dict:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+        job: int | None = None,
+    ) -> dict[str, Any]:
         url = self.base + path + (f"?{urllib.parse.urlencode(query)}" if query else "")
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method=method, headers={
-            "X-SLURM-USER-NAME": self.tokens.user, "X-SLURM-USER-TOKEN": self.tokens.token(),
-            "Accept": "application/json", **({"Content-Type": "application/json"} if data else {})})
+        req = urllib.request.Request(
+            url,
+            data=data,
+            method=method,
+            headers={
+                "X-SLURM-USER-NAME": self.tokens.user,
+                "X-SLURM-USER-TOKEN": self.tokens.token(),
+                "Accept": "application/json",
+                **({"Content-Type": "application/json"} if data else {}),
+            },
+        )
         what = f"{method} {url}"
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310 (http(s) URL from policy)
@@ -142,17 +187,22 @@ class RestdSlurmClient:
         except urllib.error.HTTPError as exc:
             text = exc.read().decode("utf-8", errors="replace")
             if exc.code in (401, 403):
-                raise SlurmError(f"{what}: slurmrestd refused the token for user "
-                                 f"{self.tokens.user!r} (HTTP {exc.code}: {text.strip()[:120]})",
-                                 [what], text) from None
+                raise SlurmError(
+                    f"{what}: slurmrestd refused the token for user "
+                    f"{self.tokens.user!r} (HTTP {exc.code}: {text.strip()[:120]})",
+                    [what],
+                    text,
+                ) from None
             doc = _json_or_none(text)
             msg = _errors_text(doc) or text.strip()[:200] or exc.reason
             if job is not None and "invalid job id" in msg.lower():
                 raise UnknownJob(f"unknown job {job}: {msg}", [what], text) from None
             if "(error -1)" in msg:
                 # what 22.05 answers when slurmctld rejects the forwarded token
-                msg += (" (slurmctld refused the token? check slurm.restd_jwt_key_file /"
-                        " restd_token_file and the token's expiry)")
+                msg += (
+                    " (slurmctld refused the token? check slurm.restd_jwt_key_file /"
+                    " restd_token_file and the token's expiry)"
+                )
             raise SlurmCommandError(f"{what}: HTTP {exc.code}: {msg}", [what], text) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -171,8 +221,7 @@ class RestdSlurmClient:
     def version(self) -> tuple[int, int, int]:
         if self._version is None:
             v = self._request("GET", "/ping").get("meta", {}).get("Slurm", {}).get("version", {})
-            self._version = (int(v.get("major", 0)), int(v.get("minor", 0)),
-                             int(v.get("micro", 0)))
+            self._version = (int(v.get("major", 0)), int(v.get("minor", 0)), int(v.get("micro", 0)))
         return self._version
 
     def fleet(self) -> tuple[list[NodeInfo], list[JobInfo]]:
@@ -205,16 +254,31 @@ class RestdSlurmClient:
         return parse.reservations_from_json(self._request("GET", "/reservations"))
 
     # ------------------------------------------------------------------ writes over REST
-    def submit(self, script: str | Path, *, job_name: str | None = None,
-               nodelist: Sequence[str] = (), reservation: str | None = None,
-               time_limit_min: int | None = None, partition: str | None = None,
-               output: str | None = None, extra_args: Sequence[str] = (),
-               env: dict[str, str] | None = None) -> int:
+    def submit(
+        self,
+        script: str | Path,
+        *,
+        job_name: str | None = None,
+        nodelist: Sequence[str] = (),
+        reservation: str | None = None,
+        time_limit_min: int | None = None,
+        partition: str | None = None,
+        output: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> int:
         if nodelist or extra_args:
-            return self.fallback.submit(script, job_name=job_name, nodelist=nodelist,
-                                        reservation=reservation, time_limit_min=time_limit_min,
-                                        partition=partition, output=output,
-                                        extra_args=extra_args, env=env)
+            return self.fallback.submit(
+                script,
+                job_name=job_name,
+                nodelist=nodelist,
+                reservation=reservation,
+                time_limit_min=time_limit_min,
+                partition=partition,
+                output=output,
+                extra_args=extra_args,
+                env=env,
+            )
         if isinstance(script, Path) or not str(script).startswith("#!"):
             path = Path(script)
             if not path.is_file():
@@ -223,8 +287,10 @@ class RestdSlurmClient:
         else:
             text = str(script)
         # sbatch's default --export=ALL: the submitter's environment, plus env
-        job: dict[str, Any] = {"environment": {**os.environ, **(env or {})},
-                               "current_working_directory": os.getcwd()}
+        job: dict[str, Any] = {
+            "environment": {**os.environ, **(env or {})},
+            "current_working_directory": os.getcwd(),
+        }
         if job_name:
             job["name"] = job_name
         if reservation:
@@ -256,12 +322,12 @@ class RestdSlurmClient:
     def resume(self, node: str) -> None:
         self.fallback.resume(node)
 
-    def reboot(self, node: str, reason: str, *, next_state: str = "resume",
-               asap: bool = True) -> str:
+    def reboot(self, node: str, reason: str, *, next_state: str = "resume", asap: bool = True) -> str:
         return self.fallback.reboot(node, reason, next_state=next_state, asap=asap)
 
-    def create_reservation(self, name: str, nodes: Sequence[str], *, duration_min: int,
-                           users: Sequence[str] = ("root",)) -> None:
+    def create_reservation(
+        self, name: str, nodes: Sequence[str], *, duration_min: int, users: Sequence[str] = ("root",)
+    ) -> None:
         self.fallback.create_reservation(name, nodes, duration_min=duration_min, users=users)
 
     def delete_reservation(self, name: str) -> None:
@@ -280,7 +346,7 @@ class RestdSlurmClient:
         self.fallback.signal(job_id, signal, batch_only=batch_only)
 
 
-def _json_or_none(text: str) -> dict | None:
+def _json_or_none(text: str) -> dict[str, Any] | None:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError:
@@ -288,7 +354,7 @@ def _json_or_none(text: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _errors_text(doc: dict | None) -> str:
+def _errors_text(doc: dict[str, Any] | None) -> str:
     """The `errors` of a slurmrestd reply as one line ('' when none)."""
     errs = (doc or {}).get("errors") or []
     parts = []

@@ -52,7 +52,7 @@ def reason(text: str) -> str:
         raise InvalidArgument("a reason must be text")
     body = text.strip()
     if body.startswith(REASON_PREFIX):
-        body = body[len(REASON_PREFIX):].strip()
+        body = body[len(REASON_PREFIX) :].strip()
     if not body:
         raise InvalidArgument("a reason must say why")
     if any(ord(c) < 32 or ord(c) == 127 for c in body):

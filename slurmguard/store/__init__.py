@@ -5,11 +5,11 @@ from slurmguard.store.errors import (
     IllegalTransition,
     InvalidValue,
     MigrationsMissing,
+    NodeNotRegistered,
     NotFound,
     SchemaNotCurrent,
     StaleState,
     StoreError,
-    NodeNotRegistered,
 )
 from slurmguard.store.lifecycle import ALLOWED, NodeState
 from slurmguard.store.models import (

@@ -46,9 +46,7 @@ class AuditLog(StoreCore):
     ) -> AuditRecord:
         """Append one row to the audit log: a Slurm action taken, failed, or only logged (dry_run)."""
         if not ACTION_RE.match(action or ""):
-            raise InvalidValue(
-                f"audit action '{action}': use lower_snake_case, at most 32 characters"
-            )
+            raise InvalidValue(f"audit action '{action}': use lower_snake_case, at most 32 characters")
         out = member(AuditOutcome, outcome, "audit outcome")
         if out is AuditOutcome.ERROR and not error:
             raise InvalidValue(f"audit {action}: outcome 'error' needs the error text")

@@ -88,10 +88,9 @@ def json_object(ev: dict[str, Any] | None, what: str) -> dict[str, Any]:
     if ev is None:
         return {}
     if not isinstance(ev, dict):
-        raise InvalidValue(
-            f"{what} must be a JSON object (dict), got {type(ev).__name__}"
-        )
-    return jsonable(ev, what)
+        raise InvalidValue(f"{what} must be a JSON object (dict), got {type(ev).__name__}")
+    out: dict[str, Any] = jsonable(ev, what)
+    return out
 
 
 def member(cls: type[E], value: Any, what: str) -> E:
@@ -113,9 +112,7 @@ def window(start: Timestamp, end: Timestamp, what: str) -> tuple[datetime, datet
     """(start, end) as UTC datetimes; the end may not come before the start."""
     a, b = to_utc(start, f"{what} window_start"), to_utc(end, f"{what} window_end")
     if b < a:
-        raise InvalidValue(
-            f"{what}: window ends ({b.isoformat()}) before it starts ({a.isoformat()})"
-        )
+        raise InvalidValue(f"{what}: window ends ({b.isoformat()}) before it starts ({a.isoformat()})")
     return a, b
 
 

@@ -39,9 +39,7 @@ def upgrade_cmd(ctx: click.Context, revision: str) -> None:
     if before == after:
         click.echo(f"revision: {_describe(after, head)}, already up to date")
     else:
-        click.echo(
-            f"revision: {_describe(after, head)}, upgraded from {before or 'empty'}"
-        )
+        click.echo(f"revision: {_describe(after, head)}, upgraded from {before or 'empty'}")
 
 
 @db.command("current")
@@ -64,17 +62,13 @@ def current_cmd(ctx: click.Context, check: bool) -> None:
 
 @db.command("downgrade")
 @click.argument("revision")
-@click.option(
-    "--yes", is_flag=True, help="Confirm: downgrading drops tables and their data."
-)
+@click.option("--yes", is_flag=True, help="Confirm: downgrading drops tables and their data.")
 @click.pass_context
 def downgrade_cmd(ctx: click.Context, revision: str, yes: bool) -> None:
     """Migrate down to REVISION ('base' removes every slurmguard table)."""
     url = _url(ctx)
     if not yes:
-        raise click.UsageError(
-            "downgrade drops tables and their data; pass --yes to confirm"
-        )
+        raise click.UsageError("downgrade drops tables and their data; pass --yes to confirm")
     after = dbmod.downgrade(url, revision)
     click.echo(f"database: {dbmod.mask_url(url)}")
     click.echo(f"revision: {_describe(after, dbmod.head_revision())}")

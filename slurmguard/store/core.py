@@ -42,9 +42,7 @@ class StoreCore:
         self._bound: Session | None = None
 
     @classmethod
-    def open(
-        cls, url: str, clock: Clock | None = None, *, check_schema: bool = True
-    ) -> Self:
+    def open(cls, url: str, clock: Clock | None = None, *, check_schema: bool = True) -> Self:
         """Connect to `url`; SchemaNotCurrent unless it is at the newest migration."""
         engine = db.make_engine(url)
         if check_schema:
@@ -103,9 +101,7 @@ class StoreCore:
     def _at(self, at: Timestamp | None, what: str = "at") -> datetime:
         return self.now() if at is None else to_utc(at, what)
 
-    def _records(
-        self, q: Query, cls: type[R], limit: int | None = None, *, read: bool = False
-    ) -> list[R]:
+    def _records(self, q: Query, cls: type[R], limit: int | None = None, *, read: bool = False) -> list[R]:
         """The records `cls` of q's rows (Query.records), read in one transaction
         (read=True: a read-only one)."""
         with self._tx(read=read) as s:
@@ -127,9 +123,7 @@ class NodeIds:
 
     def _get(self, name: str) -> tuple[int, str | None]:
         if name not in self._cache:
-            row = self._s.execute(
-                select(Node.id, Node.hw_class).where(Node.name == name)
-            ).first()
+            row = self._s.execute(select(Node.id, Node.hw_class).where(Node.name == name)).first()
             if row is None:
                 raise _not_registered(name)
             self._cache[name] = (row[0], row[1])

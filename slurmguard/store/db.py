@@ -61,9 +61,7 @@ def parse_url(url: str | URL) -> URL:
         u = url
     else:
         if not url or not str(url).strip():
-            raise StoreError(
-                "empty database URL (set database.url, $SLURMGUARD_DB or --db)"
-            )
+            raise StoreError("empty database URL (set database.url, $SLURMGUARD_DB or --db)")
         try:
             u = make_url(str(url).strip())
         except ArgumentError:
@@ -74,9 +72,7 @@ def parse_url(url: str | URL) -> URL:
     backend, _, driver = u.drivername.partition("+")
     if backend == "sqlite":
         if driver not in ("", "pysqlite"):
-            raise StoreError(
-                f"unsupported SQLite driver '{driver}' in database URL (use sqlite:///PATH)"
-            )
+            raise StoreError(f"unsupported SQLite driver '{driver}' in database URL (use sqlite:///PATH)")
         return u
     if backend in ("postgresql", "postgres"):
         if driver not in ("", "psycopg"):
@@ -130,13 +126,10 @@ def make_engine(url: str | URL, **kwargs: Any) -> Engine:
                 path.expanduser().parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(
-                    f"cannot create the directory of SQLite database {path}: "
-                    f"{exc.strerror or exc}"
+                    f"cannot create the directory of SQLite database {path}: {exc.strerror or exc}"
                 ) from None
         connect_args = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-        engine = create_engine(
-            u, json_serializer=dumps, connect_args=connect_args, **kwargs
-        )
+        engine = create_engine(u, json_serializer=dumps, connect_args=connect_args, **kwargs)
         event.listen(engine, "connect", _sqlite_on_connect)
         event.listen(engine, "begin", _sqlite_begin)
         return engine
@@ -206,9 +199,7 @@ def translate_errors(url: str | URL) -> Iterator[None]:
         yield
     except (OperationalError, DBAPIError) as exc:
         if isinstance(exc, OperationalError) or exc.connection_invalidated:
-            raise DatabaseUnavailable(
-                f"cannot use database {mask_url(url)}: {_first_line(exc)}"
-            ) from None
+            raise DatabaseUnavailable(f"cannot use database {mask_url(url)}: {_first_line(exc)}") from None
         raise
 
 
@@ -248,9 +239,7 @@ def head_revision() -> str:
 
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:
-        raise MigrationsMissing(
-            f"no migration scripts in {migrations_dir() / 'versions'}"
-        )
+        raise MigrationsMissing(f"no migration scripts in {migrations_dir() / 'versions'}")
     return head
 
 
@@ -309,9 +298,7 @@ def _run_alembic(url: str | URL, verb: str, revision: str) -> str | None:
             try:
                 getattr(command, verb)(cfg, revision)
             except CommandError as exc:
-                raise StoreError(
-                    f"{verb} of {mask_url(url)} to '{revision}' failed: {exc}"
-                ) from None
+                raise StoreError(f"{verb} of {mask_url(url)} to '{revision}' failed: {exc}") from None
             return _current(conn)
     finally:
         engine.dispose()

@@ -109,9 +109,7 @@ class IncidentStore(StoreCore):
 
     def get_incident(self, incident_id: int) -> IncidentRecord:
         with self._tx() as s:
-            return from_row(
-                IncidentRecord, get_row(s, Incident, incident_id, "incident")
-            )
+            return from_row(IncidentRecord, get_row(s, Incident, incident_id, "incident"))
 
     def incidents(
         self,

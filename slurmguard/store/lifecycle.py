@@ -57,14 +57,10 @@ def parse_state(value: str | NodeState) -> NodeState:
         return NodeState(value)
     except ValueError:
         names = ", ".join(s.value for s in NodeState)
-        raise IllegalTransition(
-            f"unknown node state '{value}' (one of: {names})"
-        ) from None
+        raise IllegalTransition(f"unknown node state '{value}' (one of: {names})") from None
 
 
-def check_transition(
-    node: str, from_state: NodeState, to_state: NodeState, *, force: bool = False
-) -> None:
+def check_transition(node: str, from_state: NodeState, to_state: NodeState, *, force: bool = False) -> None:
     """Raise IllegalTransition unless from_state -> to_state is allowed.
 
     `force` (admin override) allows any change of state, never a no-op one.
@@ -73,10 +69,7 @@ def check_transition(
         raise IllegalTransition(f"node {node}: already {to_state.value}")
     if force or to_state in ALLOWED[from_state]:
         return
-    allowed = (
-        ", ".join(sorted(s.value for s in ALLOWED[from_state]))
-        or "none without an admin override"
-    )
+    allowed = ", ".join(sorted(s.value for s in ALLOWED[from_state])) or "none without an admin override"
     raise IllegalTransition(
         f"node {node}: illegal transition {from_state.value} -> {to_state.value} "
         f"(allowed from {from_state.value}: {allowed}; use an admin override to force it)"

@@ -202,9 +202,7 @@ class Incident(Base):
 class TelemetrySummary(Base):
     __tablename__ = "telemetry_summaries"
     __table_args__ = (
-        Index(
-            "ix_telemetry_summaries_node_signal_end", "node_id", "signal", "window_end"
-        ),
+        Index("ix_telemetry_summaries_node_signal_end", "node_id", "signal", "window_end"),
         Index("ix_telemetry_summaries_window_end", "window_end"),
     )
 
@@ -262,9 +260,7 @@ class Sweep(Base):
     kind: Mapped[str] = mapped_column(String(8))
     node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
     """The node under test."""
-    reference_node_id: Mapped[int | None] = mapped_column(
-        ForeignKey("nodes.id", ondelete="SET NULL")
-    )
+    reference_node_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id", ondelete="SET NULL"))
     """Known-good partner of a 2-node sweep."""
     hw_class: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime]

@@ -3,11 +3,11 @@ transition row, in one transaction) and the transition history."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from slurmguard.store.checks import (
@@ -77,9 +77,7 @@ class NodeStore(StoreCore):
             s.flush()
             return from_row(NodeRecord, row)
 
-    def register_nodes(
-        self, nodes: dict[str, Sequence[str]], at: Timestamp | None = None
-    ) -> int:
+    def register_nodes(self, nodes: Mapping[str, Sequence[str]], at: Timestamp | None = None) -> int:
         """Register every node of `nodes` (name -> partitions) the database does not
         know yet, and set the partitions of those it knows (Slurm's view wins), in
         one transaction, however many nodes; returns how many were new."""
@@ -88,10 +86,7 @@ class NodeStore(StoreCore):
         when = self._at(at)
         with self._tx() as s:
             have = (
-                {
-                    r.name: r
-                    for r in s.scalars(select(Node).where(Node.name.in_(list(nodes))))
-                }
+                {r.name: r for r in s.scalars(select(Node).where(Node.name.in_(list(nodes))))}
                 if len(nodes) <= 500
                 else {r.name: r for r in s.scalars(select(Node))}
             )
@@ -113,10 +108,7 @@ class NodeStore(StoreCore):
         """Nodes per lifecycle state (one aggregate query)."""
         with self._tx(read=True) as s:
             return {
-                str(st): int(n)
-                for st, n in s.execute(
-                    select(Node.state, func.count()).group_by(Node.state)
-                )
+                str(st): int(n) for st, n in s.execute(select(Node.state, func.count()).group_by(Node.state))
             }
 
     def get_node(self, name: str) -> NodeRecord | None:
@@ -132,18 +124,10 @@ class NodeStore(StoreCore):
         partition: str | None = None,
     ) -> list[NodeRecord]:
         """Nodes by name, optionally only those in `state` (one or several), class or partition."""
-        q = (
-            Query(Node, order=(Node.name,))
-            .among(Node.state, state, _state_value)
-            .eq(Node.hw_class, hw_class)
-        )
+        q = Query(Node, order=(Node.name,)).among(Node.state, state, _state_value).eq(Node.hw_class, hw_class)
         rows = self._records(q, NodeRecord, read=True)
         # JSON containment differs per backend; the fleet is small enough to filter here.
-        return (
-            rows
-            if partition is None
-            else [r for r in rows if partition in r.partitions]
-        )
+        return rows if partition is None else [r for r in rows if partition in r.partitions]
 
     def mark_seen(self, names: Iterable[str], at: Timestamp | None = None) -> int:
         """Set last_seen of existing nodes; returns how many rows changed."""
@@ -151,8 +135,10 @@ class NodeStore(StoreCore):
         if not names:
             return 0
         with self._tx() as s:
-            res = s.execute(
-                update(Node).where(Node.name.in_(names)).values(last_seen=self._at(at))
+            # DML returns a CursorResult (with rowcount); Session.execute is typed for SELECT
+            res = cast(
+                CursorResult[Any],
+                s.execute(update(Node).where(Node.name.in_(names)).values(last_seen=self._at(at))),
             )
             return int(res.rowcount or 0)
 
@@ -183,23 +169,23 @@ class NodeStore(StoreCore):
             frm = NodeState(row.state)
             if expect_from is not None and frm != parse_state(expect_from):
                 raise StaleState(
-                    f"node {node}: expected state {parse_state(expect_from).value}, "
-                    f"found {frm.value}"
+                    f"node {node}: expected state {parse_state(expect_from).value}, found {frm.value}"
                 )
             check_transition(node, frm, to, force=force)
             when = self._at(at)
             # Compare-and-set: a concurrent writer that moved the node first wins,
             # and this call fails instead of overwriting its transition.
-            res = s.execute(
-                update(Node)
-                .where(Node.id == row.id, Node.state == frm.value)
-                .values(state=to.value, state_since=when)
-                .execution_options(synchronize_session=False)
+            res = cast(
+                CursorResult[Any],
+                s.execute(
+                    update(Node)
+                    .where(Node.id == row.id, Node.state == frm.value)
+                    .values(state=to.value, state_since=when)
+                    .execution_options(synchronize_session=False)
+                ),
             )
             if res.rowcount != 1:
-                raise StaleState(
-                    f"node {node}: state changed concurrently (was {frm.value})"
-                )
+                raise StaleState(f"node {node}: state changed concurrently (was {frm.value})")
             tr = NodeTransition(
                 node_id=row.id,
                 at=when,
@@ -215,9 +201,7 @@ class NodeStore(StoreCore):
             s.expire(row)
             return from_row(TransitionRecord, tr, node=node)
 
-    def node_history(
-        self, name: str, *, since: Timestamp | None = None
-    ) -> list[TransitionRecord]:
+    def node_history(self, name: str, *, since: Timestamp | None = None) -> list[TransitionRecord]:
         """Transitions of a node, oldest first (the first is its registration)."""
         with self._tx() as s:
             row = self._node_row(s, name)
@@ -244,9 +228,7 @@ class NodeStore(StoreCore):
         return self._records(q, TransitionRecord, limit)
 
 
-def _new_node(
-    name: str, hw_class: str | None, parts: Sequence[str], when: datetime
-) -> Node:
+def _new_node(name: str, hw_class: str | None, parts: Sequence[str], when: datetime) -> Node:
     return Node(
         name=name,
         hw_class=hw_class,
@@ -281,7 +263,5 @@ def _check_cause(cause: str) -> str:
     if not cause:
         raise InvalidValue("a transition needs a cause (short text)")
     if len(cause) > CAUSE_MAX:
-        raise InvalidValue(
-            f"transition cause longer than {CAUSE_MAX} characters; put details in evidence"
-        )
+        raise InvalidValue(f"transition cause longer than {CAUSE_MAX} characters; put details in evidence")
     return cause

@@ -38,7 +38,7 @@ class Query:
     a unique one last so equal times keep one order on every backend)."""
 
     def __init__(self, model: Any, *, order: Sequence[Any]) -> None:
-        self.stmt: Select = select(model)
+        self.stmt: Select[Any] = select(model)
         self.order = tuple(order)
         self._fields: list[str] = []
         """Record fields of the columns joined in, in select order after the model."""
@@ -47,9 +47,7 @@ class Query:
     def named(cls, model: Any, *, order: Sequence[Any]) -> Query:
         """Rows of `model` with the name of their node (model.node_id joined to the
         nodes table) as the record's `node`; filter by node with eq(Node.name, ...)."""
-        return cls(model, order=order).join(
-            Node, Node.id == model.node_id, columns={"node": Node.name}
-        )
+        return cls(model, order=order).join(Node, Node.id == model.node_id, columns={"node": Node.name})
 
     def join(
         self,
@@ -67,14 +65,10 @@ class Query:
         self.stmt = self.stmt.join(target, on, isouter=outer)
         return self
 
-    def eq(
-        self, column: Any, value: Any, parse: Callable[[Any], Any] | None = None
-    ) -> Query:
+    def eq(self, column: Any, value: Any, parse: Callable[[Any], Any] | None = None) -> Query:
         """column == parse(value); nothing when value is None."""
         if value is not None:
-            self.stmt = self.stmt.where(
-                column == (value if parse is None else parse(value))
-            )
+            self.stmt = self.stmt.where(column == (value if parse is None else parse(value)))
         return self
 
     def among(
@@ -87,9 +81,7 @@ class Query:
         nothing when values is None."""
         if values is not None:
             vs = [values] if isinstance(values, str) else list(values)
-            self.stmt = self.stmt.where(
-                column.in_(vs if parse is None else [parse(v) for v in vs])
-            )
+            self.stmt = self.stmt.where(column.in_(vs if parse is None else [parse(v) for v in vs]))
         return self
 
     def since(self, column: Any, ts: Timestamp | None) -> Query:
@@ -112,15 +104,11 @@ class Query:
             return self._read(s, self.stmt.order_by(*self.order))
         if limit < 0:
             raise InvalidValue(f"limit must be >= 0, got {limit}")
-        rows = self._read(
-            s, self.stmt.order_by(*(c.desc() for c in self.order)).limit(limit)
-        )
+        rows = self._read(s, self.stmt.order_by(*(c.desc() for c in self.order)).limit(limit))
         rows.reverse()
         return rows
 
-    def records(
-        self, s: Session, cls: type[R], limit: int | None = None, **given: Any
-    ) -> list[R]:
+    def records(self, s: Session, cls: type[R], limit: int | None = None, **given: Any) -> list[R]:
         """rows() as records `cls` (records.from_row), the joined columns and
         `given` filling the fields the table lacks."""
         if not self._fields:
@@ -130,7 +118,7 @@ class Query:
             for r in self.rows(s, limit)
         ]
 
-    def _read(self, s: Session, stmt: Select) -> list[Any]:
+    def _read(self, s: Session, stmt: Select[Any]) -> list[Any]:
         if self._fields:
             return list(s.execute(stmt).all())
         return list(s.scalars(stmt))

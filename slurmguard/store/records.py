@@ -74,11 +74,7 @@ class IncidentRecord:
     @property
     def action_delay_s(self) -> float | None:
         """Seconds from detection to the action, None before any action."""
-        return (
-            None
-            if self.action_at is None
-            else (self.action_at - self.detected_at).total_seconds()
-        )
+        return None if self.action_at is None else (self.action_at - self.detected_at).total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,18 +183,13 @@ def _converters(cls: type) -> tuple[tuple[str, Callable[[Any], Any]], ...]:
     """(field name, converter) of each field of record class `cls`, worked out once."""
     if cls not in _CONVERTERS:
         hints = typing.get_type_hints(cls)
-        _CONVERTERS[cls] = tuple(
-            (f.name, _converter(hints[f.name])) for f in fields(cls)
-        )
+        _CONVERTERS[cls] = tuple((f.name, _converter(hints[f.name])) for f in fields(cls))
     return _CONVERTERS[cls]
 
 
 def _converter(hint: Any) -> Callable[[Any], Any]:
     args = typing.get_args(hint)
-    optional = (
-        typing.get_origin(hint) in (typing.Union, types.UnionType)
-        and type(None) in args
-    )
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args
     base = next(a for a in args if a is not type(None)) if optional else hint
     origin = typing.get_origin(base) or base
     if isinstance(origin, type) and issubclass(origin, enum.Enum):

@@ -5,9 +5,9 @@ pruned by age (prune_summaries)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import delete
+from sqlalchemy import CursorResult, delete
 
 from slurmguard.store.checks import job, number, opt_job, short, window
 from slurmguard.store.core import NodeIds, StoreCore
@@ -67,9 +67,7 @@ class SummaryStore(StoreCore):
         """Windows by end time, oldest first (the newest `limit` when given); `since`
         compares window_end."""
         q = (
-            Query.named(
-                StepTimeSummary, order=(StepTimeSummary.window_end, StepTimeSummary.id)
-            )
+            Query.named(StepTimeSummary, order=(StepTimeSummary.window_end, StepTimeSummary.id))
             .eq(StepTimeSummary.job_id, job_id, str)
             .eq(Node.name, node)
             .since(StepTimeSummary.window_end, since)
@@ -80,17 +78,18 @@ class SummaryStore(StoreCore):
         """Delete telemetry and step-time windows that ended before `before`; returns rows deleted."""
         cutoff = to_utc(before, "before")
         with self._tx() as s:
-            n = s.execute(
-                delete(TelemetrySummary).where(TelemetrySummary.window_end < cutoff)
+            # DML returns a CursorResult (with rowcount); Session.execute is typed for SELECT
+            n = cast(
+                CursorResult[Any],
+                s.execute(delete(TelemetrySummary).where(TelemetrySummary.window_end < cutoff)),
             ).rowcount
-            n += s.execute(
-                delete(StepTimeSummary).where(StepTimeSummary.window_end < cutoff)
+            n += cast(
+                CursorResult[Any],
+                s.execute(delete(StepTimeSummary).where(StepTimeSummary.window_end < cutoff)),
             ).rowcount
             return int(n or 0)
 
-    def _add_windows(
-        self, rows: Iterable[W], build: Callable[[W, NodeIds], Base]
-    ) -> int:
+    def _add_windows(self, rows: Iterable[W], build: Callable[[W, NodeIds], Base]) -> int:
         """Insert build(record, node ids) for every record, in one transaction."""
         with self._tx() as s:
             ids = NodeIds(s)
@@ -121,9 +120,7 @@ def _step_time_row(r: StepTimeRecord, ids: NodeIds) -> StepTimeSummary:
     start, end = window(r.window_start, r.window_end, what)
     mean = number(r.mean_step_s)
     if mean is None or mean <= 0:
-        raise InvalidValue(
-            f"{what}: mean_step_s must be a positive number, got {r.mean_step_s!r}"
-        )
+        raise InvalidValue(f"{what}: mean_step_s must be a positive number, got {r.mean_step_s!r}")
     if r.iterations < 0:
         raise InvalidValue(f"{what}: iterations must be >= 0, got {r.iterations}")
     base = number(r.baseline_step_s)

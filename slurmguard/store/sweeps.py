@@ -40,13 +40,9 @@ class SweepStore(StoreCore):
         if k is SweepKind.TWO_NODE and not reference_node:
             raise InvalidValue(f"2node sweep of {node}: a reference node is required")
         if k is SweepKind.ONE_NODE and reference_node:
-            raise InvalidValue(
-                f"1node sweep of {node}: takes no reference node (got {reference_node})"
-            )
+            raise InvalidValue(f"1node sweep of {node}: takes no reference node (got {reference_node})")
         if reference_node == node:
-            raise InvalidValue(
-                f"2node sweep of {node}: the reference node must be another node"
-            )
+            raise InvalidValue(f"2node sweep of {node}: the reference node must be another node")
         with self._tx() as s:
             ids = NodeIds(s)
             node_id = ids[node]
@@ -58,9 +54,7 @@ class SweepStore(StoreCore):
                 reference_node_id=ref_id,
                 hw_class=hw_class or ids.hw_class(node),
                 created_at=self.now(),
-                submitted_at=None
-                if submitted_at is None
-                else to_utc(submitted_at, "submitted_at"),
+                submitted_at=None if submitted_at is None else to_utc(submitted_at, "submitted_at"),
                 started_at=None,
                 finished_at=None,
                 metrics={},
@@ -100,19 +94,11 @@ class SweepStore(StoreCore):
                         f"sweep {sweep_id}: verdict is already {old.value}; "
                         f"cannot change it to {new.value} (start a new sweep)"
                     )
-                reason = (
-                    failure_reason if failure_reason is not None else row.failure_reason
-                )
+                reason = failure_reason if failure_reason is not None else row.failure_reason
                 if new in (Verdict.FAIL, Verdict.ERROR) and not reason:
-                    raise InvalidValue(
-                        f"sweep {sweep_id}: verdict {new.value} needs a failure_reason"
-                    )
+                    raise InvalidValue(f"sweep {sweep_id}: verdict {new.value} needs a failure_reason")
                 row.verdict = new.value
-                if (
-                    new in _FINAL_VERDICTS
-                    and row.finished_at is None
-                    and finished_at is None
-                ):
+                if new in _FINAL_VERDICTS and row.finished_at is None and finished_at is None:
                     row.finished_at = self.now()
             if slurm_job_id is not None:
                 row.slurm_job_id = opt_job(slurm_job_id)

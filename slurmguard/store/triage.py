@@ -12,9 +12,7 @@ from slurmguard.store.query import Query
 from slurmguard.store.records import TriageActionRecord, from_row
 from slurmguard.store.types import Timestamp
 
-_FINISHED_ACTIONS = frozenset(
-    {ActionStatus.DONE, ActionStatus.FAILED, ActionStatus.SKIPPED}
-)
+_FINISHED_ACTIONS = frozenset({ActionStatus.DONE, ActionStatus.FAILED, ActionStatus.SKIPPED})
 
 
 class TriageStore(StoreCore):
@@ -77,9 +75,7 @@ class TriageStore(StoreCore):
             if evidence is not None:
                 row.evidence = {**row.evidence, **json_object(evidence, "evidence")}
             s.flush()
-            return from_row(
-                TriageActionRecord, row, node=s.get_one(Node, row.node_id).name
-            )
+            return from_row(TriageActionRecord, row, node=s.get_one(Node, row.node_id).name)
 
     def triage_actions(
         self,
@@ -97,8 +93,6 @@ class TriageStore(StoreCore):
         )
         return self._records(q, TriageActionRecord)
 
-    def recent_triage_entries(
-        self, node: str, since: Timestamp
-    ) -> list[TriageActionRecord]:
+    def recent_triage_entries(self, node: str, since: Timestamp) -> list[TriageActionRecord]:
         """Actions that opened a triage episode for `node` at or after `since`, oldest first."""
         return [a for a in self.triage_actions(node, since=since) if a.is_entry]

@@ -28,9 +28,7 @@ def to_utc(value: Timestamp, what: str = "time") -> datetime:
     silently shifts detection delays by hours.
     """
     if isinstance(value, bool):
-        raise InvalidValue(
-            f"{what}: expected a datetime or epoch seconds, got {value!r}"
-        )
+        raise InvalidValue(f"{what}: expected a datetime or epoch seconds, got {value!r}")
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise InvalidValue(f"{what}: epoch seconds must be finite, got {value!r}")
@@ -41,9 +39,7 @@ def to_utc(value: Timestamp, what: str = "time") -> datetime:
                 f"{what}: naive datetime {value.isoformat()} (give a timezone or epoch seconds)"
             )
         return value.astimezone(UTC)
-    raise InvalidValue(
-        f"{what}: expected a datetime or epoch seconds, got {type(value).__name__}"
-    )
+    raise InvalidValue(f"{what}: expected a datetime or epoch seconds, got {type(value).__name__}")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -56,9 +52,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(
-        self, value: datetime | None, dialect: Dialect
-    ) -> datetime | None:
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         aware = to_utc(value)
@@ -66,9 +60,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return aware.replace(tzinfo=None)
         return aware
 
-    def process_result_value(
-        self, value: datetime | None, dialect: Dialect
-    ) -> datetime | None:
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
@@ -105,9 +97,7 @@ def jsonable(value: Any, what: str = "value") -> Any:
             if isinstance(k, enum.Enum):
                 k = k.value
             if not isinstance(k, (str, int)) or isinstance(k, bool):
-                raise InvalidValue(
-                    f"{what}: JSON object keys must be strings, got {k!r}"
-                )
+                raise InvalidValue(f"{what}: JSON object keys must be strings, got {k!r}")
             out[str(k)] = jsonable(v, f"{what}.{k}")
         return out
     if isinstance(value, (list, tuple)):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from slurmguard.sweeps.result import SweepResult
 
@@ -67,8 +67,7 @@ def settings_fingerprint(result: SweepResult) -> str:
     GEMM duration is, because a short run reads higher than a thermally steady one.
     """
     s = result.settings
-    return (f"{result.kind}|{result.device}|gemm{s.gemm_size}|dur{s.gemm_duration_s:g}"
-            f"|mem{s.membw_bytes}")
+    return f"{result.kind}|{result.device}|gemm{s.gemm_size}|dur{s.gemm_duration_s:g}|mem{s.membw_bytes}"
 
 
 def extract_metrics(result: SweepResult) -> dict[str, Metric]:
@@ -90,8 +89,11 @@ def extract_metrics(result: SweepResult) -> dict[str, Metric]:
             if d.node != node:
                 continue
             for g in d.gemm:
-                add(f"gemm_{g.dtype}/gpu{d.index}",
-                    f"gpu{d.index} gemm_{DTYPE_SHORT.get(g.dtype, g.dtype)}", g.tflops)
+                add(
+                    f"gemm_{g.dtype}/gpu{d.index}",
+                    f"gpu{d.index} gemm_{DTYPE_SHORT.get(g.dtype, g.dtype)}",
+                    g.tflops,
+                )
             if d.membw_gbps is not None:
                 add(f"membw/gpu{d.index}", f"gpu{d.index} membw", d.membw_gbps)
         for c in result.p2p:
@@ -141,9 +143,17 @@ def expected_keys(result: SweepResult) -> dict[str, str]:
     return out
 
 
-def compute_baseline(healthy: Iterable[SweepResult], *, hw_class: str, kind: str, fingerprint: str,
-                     exclude_nodes: Iterable[str] = (), finished_from: float | None = None,
-                     finished_to: float | None = None, basis: str = "class") -> ClassBaseline:
+def compute_baseline(
+    healthy: Iterable[SweepResult],
+    *,
+    hw_class: str,
+    kind: str,
+    fingerprint: str,
+    exclude_nodes: Iterable[str] = (),
+    finished_from: float | None = None,
+    finished_to: float | None = None,
+    basis: str = "class",
+) -> ClassBaseline:
     """Class baseline from results of nodes believed healthy.
 
     Only results of this hardware class, kind and settings fingerprint count; results with
@@ -155,11 +165,17 @@ def compute_baseline(healthy: Iterable[SweepResult], *, hw_class: str, kind: str
     excluded = set(exclude_nodes)
     latest: dict[str, SweepResult] = {}
     for r in healthy:
-        if (r.hw_class != hw_class or r.kind != kind or settings_fingerprint(r) != fingerprint
-                or r.errors or r.node_under_test in excluded):
+        if (
+            r.hw_class != hw_class
+            or r.kind != kind
+            or settings_fingerprint(r) != fingerprint
+            or r.errors
+            or r.node_under_test in excluded
+        ):
             continue
-        if (finished_from is not None and r.finished < finished_from) or \
-                (finished_to is not None and r.finished > finished_to):
+        if (finished_from is not None and r.finished < finished_from) or (
+            finished_to is not None and r.finished > finished_to
+        ):
             continue
         prev = latest.get(r.node_under_test)
         if prev is None or r.finished > prev.finished:
@@ -170,27 +186,46 @@ def compute_baseline(healthy: Iterable[SweepResult], *, hw_class: str, kind: str
             per_key[k].append(m.value)
     dpn = [r.devices_per_node for r in latest.values()]
     return ClassBaseline(
-        hw_class=hw_class, kind=kind, fingerprint=fingerprint, nodes=tuple(sorted(latest)),
+        hw_class=hw_class,
+        kind=kind,
+        fingerprint=fingerprint,
+        nodes=tuple(sorted(latest)),
         devices_per_node=int(statistics.median_low(dpn)) if dpn else None,
         metrics={k: MetricBaseline(k, statistics.median(v), len(v)) for k, v in per_key.items()},
-        basis=basis)
+        basis=basis,
+    )
 
 
-def baseline_for(result: SweepResult, healthy: Iterable[SweepResult], *,
-                 max_age_s: float | None = None, now: float | None = None) -> ClassBaseline:
+def baseline_for(
+    result: SweepResult,
+    healthy: Iterable[SweepResult],
+    *,
+    max_age_s: float | None = None,
+    now: float | None = None,
+) -> ClassBaseline:
     """The class baseline that judges `result`: same class, kind, settings; its node
     excluded; results finished more than `max_age_s` before `now` have expired."""
     since = None if max_age_s is None or now is None else now - max_age_s
-    return compute_baseline(healthy, hw_class=result.hw_class, kind=result.kind,
-                            fingerprint=settings_fingerprint(result),
-                            exclude_nodes=(result.node_under_test,), finished_from=since)
+    return compute_baseline(
+        healthy,
+        hw_class=result.hw_class,
+        kind=result.kind,
+        fingerprint=settings_fingerprint(result),
+        exclude_nodes=(result.node_under_test,),
+        finished_from=since,
+    )
 
 
 def peers_for(result: SweepResult, healthy: Iterable[SweepResult], window_s: float) -> ClassBaseline:
     """Same-window peers of `result`: healthy nodes of its class and settings whose result
     finished within `window_s` seconds of it (before or after), its own node excluded."""
-    return compute_baseline(healthy, hw_class=result.hw_class, kind=result.kind,
-                            fingerprint=settings_fingerprint(result),
-                            exclude_nodes=(result.node_under_test,),
-                            finished_from=result.finished - window_s,
-                            finished_to=result.finished + window_s, basis="peers")
+    return compute_baseline(
+        healthy,
+        hw_class=result.hw_class,
+        kind=result.kind,
+        fingerprint=settings_fingerprint(result),
+        exclude_nodes=(result.node_under_test,),
+        finished_from=result.finished - window_s,
+        finished_to=result.finished + window_s,
+        basis="peers",
+    )

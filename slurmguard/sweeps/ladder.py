@@ -47,8 +47,8 @@ from slurmguard.store import (
 )
 from slurmguard.sweeps.episode import AFTER_SWEEP, NodeEpisode
 from slurmguard.sweeps.quarantine import REBOOT_FLAGS
-from slurmguard.sweeps.verdict import make_reason
 from slurmguard.sweeps.rungs import entries_in_window, entry_rung, rung_after, window_start
+from slurmguard.sweeps.verdict import make_reason
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +74,17 @@ class TriageLadder:
     delete_quarantine: callback removing the node's quarantine reservation (terminal).
     """
 
-    def __init__(self, policy: TriagePolicy, store: Store, executor: ActionExecutor, clock: Clock, *,
-                 runner: CommandRunner | None = None, actor: str = "slurmguard",
-                 delete_quarantine: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        policy: TriagePolicy,
+        store: Store,
+        executor: ActionExecutor,
+        clock: Clock,
+        *,
+        runner: CommandRunner | None = None,
+        actor: str = "slurmguard",
+        delete_quarantine: Callable[[str], None] | None = None,
+    ) -> None:
         self.policy = policy
         self.store = store
         self.executor = executor
@@ -92,31 +100,58 @@ class TriageLadder:
             last = episode.actions[-1].rung
             return rung_after(last, self.policy), False, f"next rung after {last.value}", 0
         since = window_start(self.clock.now(), self.policy)
-        earlier = entries_in_window(self.store.recent_triage_entries(episode.node, since),
-                                    self.clock.now(), self.policy)
+        earlier = entries_in_window(
+            self.store.recent_triage_entries(episode.node, since), self.clock.now(), self.policy
+        )
         rung, why, count = entry_rung(earlier, self.policy)
         return rung, True, why, count
 
-    def enter(self, node: str, episode: NodeEpisode, *, failed_sweep: int | None, reason: str,
-              evidence: dict[str, Any] | None = None) -> TriageActionRecord:
+    def enter(
+        self,
+        node: str,
+        episode: NodeEpisode,
+        *,
+        failed_sweep: int | None,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+    ) -> TriageActionRecord:
         """A sweep round failed (or a hard error): plan the next rung and move the node to
         remediation. Idempotent per failed sweep."""
         last = episode.last_action
-        if (last is not None and failed_sweep is not None
-                and last.evidence.get(FAILED_SWEEP) == failed_sweep):
+        if last is not None and failed_sweep is not None and last.evidence.get(FAILED_SWEEP) == failed_sweep:
             action = last
         else:
             rung, entry, why, count = self.next_rung(episode)
-            ev = {AFTER_SWEEP: episode.last_sweep_id, FAILED_SWEEP: failed_sweep, "reason": reason,
-                  "why": why, **({"entry_count": count} if entry else {}), **(evidence or {})}
-            action = self.store.add_triage_action(node, rung, is_entry=entry, status=ActionStatus.PLANNED,
-                                                  detail=f"{why}; after: {reason}"[:500], evidence=ev)
+            ev = {
+                AFTER_SWEEP: episode.last_sweep_id,
+                FAILED_SWEEP: failed_sweep,
+                "reason": reason,
+                "why": why,
+                **({"entry_count": count} if entry else {}),
+                **(evidence or {}),
+            }
+            action = self.store.add_triage_action(
+                node,
+                rung,
+                is_entry=entry,
+                status=ActionStatus.PLANNED,
+                detail=f"{why}; after: {reason}"[:500],
+                evidence=ev,
+            )
             log.info("triage %s: %s planned (%s)", node, rung.value, why)
         if episode.state is not NodeState.REMEDIATION:
-            self.store.transition(node, NodeState.REMEDIATION,
-                                  f"triage: {action.rung.value} after {reason}"[:250],
-                                  {"triage_action": action.id, "rung": action.rung.value,
-                                   FAILED_SWEEP: failed_sweep, **(evidence or {})}, actor=self.actor)
+            self.store.transition(
+                node,
+                NodeState.REMEDIATION,
+                f"triage: {action.rung.value} after {reason}"[:250],
+                {
+                    "triage_action": action.id,
+                    "rung": action.rung.value,
+                    FAILED_SWEEP: failed_sweep,
+                    **(evidence or {}),
+                },
+                actor=self.actor,
+            )
         return action
 
     # ------------------------------------------------------------------ remediation
@@ -127,8 +162,13 @@ class TriageLadder:
             return LadderStep(node, "enter", f"in remediation without a rung: {why}", rung)
         if a.status is ActionStatus.PLANNED:
             if live is not None and live.drained_by_others and a.rung is not TriageRung.TERMINAL:
-                return LadderStep(node, "blocked", f"{a.rung.value} planned, but the node is taken out"
-                                  f" by someone else ({live.reason!r}): not ours", a.rung)
+                return LadderStep(
+                    node,
+                    "blocked",
+                    f"{a.rung.value} planned, but the node is taken out"
+                    f" by someone else ({live.reason!r}): not ours",
+                    a.rung,
+                )
             return LadderStep(node, "start", f"{a.rung.value} planned", a.rung)
         if a.status is ActionStatus.RUNNING:
             return LadderStep(node, "poll", f"{a.rung.value} running", a.rung)
@@ -146,8 +186,12 @@ class TriageLadder:
         if step.action == "next_rung":
             rung, _, why, _ = self.next_rung(episode)
             act = self.store.add_triage_action(
-                node, rung, status=ActionStatus.PLANNED, detail=f"{why} ({a.status.value})",
-                evidence={AFTER_SWEEP: episode.last_sweep_id, "after_action": a.id, "why": why})
+                node,
+                rung,
+                status=ActionStatus.PLANNED,
+                detail=f"{why} ({a.status.value})",
+                evidence={AFTER_SWEEP: episode.last_sweep_id, "after_action": a.id, "why": why},
+            )
             return f"triage: {rung.value} planned after {a.rung.value} {a.status.value} (action {act.id})"
         if step.action == "finish":
             return self._finish(node, a)
@@ -162,11 +206,21 @@ class TriageLadder:
 
     def _finish(self, node: str, a: TriageActionRecord) -> str:
         if a.rung is TriageRung.TERMINAL:
-            self.store.transition(node, NodeState.TERMINAL, f"triage: terminal: {a.detail or 'replace'}"[:250],
-                                  {"triage_action": a.id, **a.evidence}, actor=self.actor)
+            self.store.transition(
+                node,
+                NodeState.TERMINAL,
+                f"triage: terminal: {a.detail or 'replace'}"[:250],
+                {"triage_action": a.id, **a.evidence},
+                actor=self.actor,
+            )
             return "terminal"
-        self.store.transition(node, NodeState.QUARANTINED, f"triage: {a.rung.value} done; sweep again",
-                              {"triage_action": a.id, "rung": a.rung.value}, actor=self.actor)
+        self.store.transition(
+            node,
+            NodeState.QUARANTINED,
+            f"triage: {a.rung.value} done; sweep again",
+            {"triage_action": a.id, "rung": a.rung.value},
+            actor=self.actor,
+        )
         return f"{a.rung.value} done; sweeping again"
 
     # ------------------------------------------------------------------ rungs
@@ -183,46 +237,68 @@ class TriageLadder:
         if a.status is ActionStatus.PLANNED:
             if live.drained_by_others:
                 return self._fail(a, f"taken out by someone else ({live.reason!r}); not rebooting it")
-            a = self.store.update_triage_action(a.id, status=ActionStatus.RUNNING, evidence={
-                "boot_time_before": live.boot_time, "issued": False, "requested_at": now})
+            a = self.store.update_triage_action(
+                a.id,
+                status=ActionStatus.RUNNING,
+                evidence={"boot_time_before": live.boot_time, "issued": False, "requested_at": now},
+            )
             ev = a.evidence
         before = ev.get("boot_time_before")
-        rebooted = (before is not None and live.boot_time is not None and live.boot_time > before)
+        rebooted = before is not None and live.boot_time is not None and live.boot_time > before
         if not ev.get("issued"):
             if rebooted or live.flags & REBOOT_FLAGS:
                 # issued by a controller that stopped before it could record so
-                self.store.update_triage_action(a.id, status=ActionStatus.RUNNING,
-                                                evidence={"issued": True, "issued_at": now})
+                self.store.update_triage_action(
+                    a.id, status=ActionStatus.RUNNING, evidence={"issued": True, "issued_at": now}
+                )
             else:
-                reason = make_reason(f"triage reboot: {ev.get('reason') or 'sweep failed'!s}"
-                                     .replace("slurmguard: ", ""))
+                reason = make_reason(
+                    f"triage reboot: {ev.get('reason') or 'sweep failed'!s}".replace("slurmguard: ", "")
+                )
                 try:
-                    self.executor.reboot(node, reason, next_state=self.policy.reboot_next_state,
-                                         evidence={"triage_action": a.id})
+                    self.executor.reboot(
+                        node,
+                        reason,
+                        next_state=self.policy.reboot_next_state,
+                        evidence={"triage_action": a.id},
+                    )
                 except NotOurs as exc:
                     return self._fail(a, str(exc))
                 except SlurmError as exc:
                     return self._fail(a, f"scontrol reboot failed: {exc}")
-                self.store.update_triage_action(a.id, status=ActionStatus.RUNNING,
-                                                evidence={"issued": True, "issued_at": now})
+                self.store.update_triage_action(
+                    a.id, status=ActionStatus.RUNNING, evidence={"issued": True, "issued_at": now}
+                )
                 return f"reboot issued (next state {self.policy.reboot_next_state})"
         if rebooted and not (live.flags & REBOOT_FLAGS):
-            self.store.update_triage_action(a.id, status=ActionStatus.DONE, detail="rebooted",
-                                            evidence={"boot_time_after": live.boot_time})
+            self.store.update_triage_action(
+                a.id,
+                status=ActionStatus.DONE,
+                detail="rebooted",
+                evidence={"boot_time_after": live.boot_time},
+            )
             return self._finish(node, a)
         if not (live.flags & REBOOT_FLAGS) and a.status is ActionStatus.RUNNING and ev.get("issued"):
             # Slurm dropped the request (22.05 returns a node that keeps answering to service
             # after ResumeTimeout) without a new boot time: the node was not rebooted
-            return self._fail(a, f"Slurm cleared the reboot request but the boot time did not change"
-                                 f" (Slurm: {live.state_text}); not rebooted",
-                              {"state_at_fail": live.state_text, "boot_time": live.boot_time})
+            return self._fail(
+                a,
+                f"Slurm cleared the reboot request but the boot time did not change"
+                f" (Slurm: {live.state_text}); not rebooted",
+                {"state_at_fail": live.state_text, "boot_time": live.boot_time},
+            )
         issued_at = ev.get("issued_at") or ev.get("requested_at") or now
         if now - float(issued_at) > self.policy.reboot_timeout_s:
-            return self._fail(a, f"reboot not completed within {self.policy.reboot_timeout_s:g}s"
-                                 f" (Slurm: {live.state_text}, reason {live.reason!r})",
-                              {"state_at_timeout": live.state_text, "reason_at_timeout": live.reason})
+            return self._fail(
+                a,
+                f"reboot not completed within {self.policy.reboot_timeout_s:g}s"
+                f" (Slurm: {live.state_text}, reason {live.reason!r})",
+                {"state_at_timeout": live.state_text, "reason_at_timeout": live.reason},
+            )
         if live.drained_by_others:
-            return self._fail(a, f"Slurm took the node out during the reboot ({live.reason!r}); needs an admin")
+            return self._fail(
+                a, f"Slurm took the node out during the reboot ({live.reason!r}); needs an admin"
+            )
         return f"waiting for reboot ({live.state_text})"
 
     def _reimage(self, node: str, a: TriageActionRecord) -> str:
@@ -230,20 +306,27 @@ class TriageLadder:
         if a.status is ActionStatus.RUNNING:
             return self._fail(a, "controller restarted while the reimage command ran; outcome unknown")
         if not argv:
-            self.store.update_triage_action(a.id, status=ActionStatus.SKIPPED,
-                                            detail="skipped: triage.reimage_command is empty")
+            self.store.update_triage_action(
+                a.id, status=ActionStatus.SKIPPED, detail="skipped: triage.reimage_command is empty"
+            )
             return "reimage skipped (no reimage_command)"
         argv.append(node)
-        self.store.update_triage_action(a.id, status=ActionStatus.RUNNING,
-                                        evidence={"argv": argv, "started_at": self.clock.now()})
+        self.store.update_triage_action(
+            a.id, status=ActionStatus.RUNNING, evidence={"argv": argv, "started_at": self.clock.now()}
+        )
         self.store.audit("reimage", actor=self.actor, node=node, reason="triage reimage", argv=argv)
         try:
             res = self.runner.run(argv, timeout=self.policy.reimage_timeout_s, check=True)
         except CommandError as exc:
-            return self._fail(a, f"reimage command failed: {exc}"[:400],
-                              {"stderr": (exc.stderr or "")[-1000:]})
-        self.store.update_triage_action(a.id, status=ActionStatus.DONE, detail="reimage command succeeded",
-                                        evidence={"stdout": res.stdout[-1000:]})
+            return self._fail(
+                a, f"reimage command failed: {exc}"[:400], {"stderr": (exc.stderr or "")[-1000:]}
+            )
+        self.store.update_triage_action(
+            a.id,
+            status=ActionStatus.DONE,
+            detail="reimage command succeeded",
+            evidence={"stdout": res.stdout[-1000:]},
+        )
         return self._finish(node, a)
 
     def _terminal(self, node: str, live: NodeInfo | None, a: TriageActionRecord) -> str:
@@ -259,7 +342,7 @@ class TriageLadder:
         elif live is not None:
             note = f"; left as drained by someone else ({live.reason!r})"
         self.delete_quarantine(node)
-        self.store.update_triage_action(a.id, status=ActionStatus.DONE, detail=f"{why}{note}"[:500],
-                                        evidence={"drain_reason": reason})
+        self.store.update_triage_action(
+            a.id, status=ActionStatus.DONE, detail=f"{why}{note}"[:500], evidence={"drain_reason": reason}
+        )
         return self._finish(node, a)
-

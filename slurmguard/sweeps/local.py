@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Mapping, Sequence
 
 from slurmguard.config import SweepPolicy
 from slurmguard.runner import CommandResult, CommandRunner, SubprocessRunner
@@ -29,19 +29,32 @@ def _python(policy: SweepPolicy) -> str:
     return policy.python or sys.executable
 
 
-def run_node_local(out: str, node: str, args: Sequence[str], policy: SweepPolicy, *,
-                   timeout_s: float, runner: CommandRunner | None = None,
-                   env: Mapping[str, str] | None = None) -> CommandResult:
+def run_node_local(
+    out: str,
+    node: str,
+    args: Sequence[str],
+    policy: SweepPolicy,
+    *,
+    timeout_s: float,
+    runner: CommandRunner | None = None,
+    env: Mapping[str, str] | None = None,
+) -> CommandResult:
     """Run sweeps/node_sweep.py as node `node`; the result lands in `out`."""
     runner = runner or SubprocessRunner()
-    argv = [_python(policy), str(workload_dir(policy) / "node_sweep.py"), "--out", out,
-            "--node", node, *args]
+    argv = [_python(policy), str(workload_dir(policy) / "node_sweep.py"), "--out", out, "--node", node, *args]
     return runner.run(argv, timeout=timeout_s, check=False, env={**(env or {}), "SLURMD_NODENAME": node})
 
 
-def run_pair_local(out: str, nodes: Sequence[str], args: Sequence[str], policy: SweepPolicy, *,
-                   timeout_s: float, runner: CommandRunner | None = None,
-                   env: Mapping[str, str] | None = None) -> list[CommandResult]:
+def run_pair_local(
+    out: str,
+    nodes: Sequence[str],
+    args: Sequence[str],
+    policy: SweepPolicy,
+    *,
+    timeout_s: float,
+    runner: CommandRunner | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[CommandResult]:
     """Run sweeps/pair_sweep.py as len(nodes) local tasks; node rank 0 writes `out`.
 
     nodes[0] is the node under test, nodes[1] the reference (2-node sweeps).
@@ -54,9 +67,15 @@ def run_pair_local(out: str, nodes: Sequence[str], args: Sequence[str], policy: 
     extra = ["--node-under-test", nodes[0]] + (["--reference", nodes[1]] if len(nodes) == 2 else [])
 
     def one(rank: int) -> CommandResult:
-        task_env = {**(env or {}), "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(len(nodes)),
-                    "SLURMD_NODENAME": nodes[rank], "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(port), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        task_env = {
+            **(env or {}),
+            "SLURM_PROCID": str(rank),
+            "SLURM_NTASKS": str(len(nodes)),
+            "SLURMD_NODENAME": nodes[rank],
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        }
         argv = [_python(policy), script, "--out", out, "--node", nodes[rank], *extra, *args]
         return runner.run(argv, timeout=timeout_s, check=False, env=task_env)
 

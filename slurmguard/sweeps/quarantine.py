@@ -18,11 +18,27 @@ QUARANTINE_PREFIX = "slurmguard_quarantine_"
 PAIR_PREFIX = "slurmguard_sweep2_"
 
 #: Node flags that make a node unusable as a reference or as a rolling-sweep candidate.
-BUSY_FLAGS = frozenset({
-    "DRAIN", "MAINT", "RESERVED", "REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED", "COMPLETING",
-    "POWERING_DOWN", "POWERED_DOWN", "POWER_DOWN", "POWERING_UP", "POWER_UP", "NOT_RESPONDING",
-    "FAIL", "PLANNED", "INVALID_REG", "UNKNOWN",
-})
+BUSY_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "MAINT",
+        "RESERVED",
+        "REBOOT",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "COMPLETING",
+        "POWERING_DOWN",
+        "POWERED_DOWN",
+        "POWER_DOWN",
+        "POWERING_UP",
+        "POWER_UP",
+        "NOT_RESPONDING",
+        "FAIL",
+        "PLANNED",
+        "INVALID_REG",
+        "UNKNOWN",
+    }
+)
 REBOOT_FLAGS = frozenset({"REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
 
 
@@ -38,7 +54,7 @@ def node_of(reservation: str) -> str | None:
     """The node a slurmguard reservation is for; None for anyone else's reservation."""
     for prefix in (QUARANTINE_PREFIX, PAIR_PREFIX):
         if reservation.startswith(prefix) and len(reservation) > len(prefix):
-            return reservation[len(prefix):]
+            return reservation[len(prefix) :]
     return None
 
 
@@ -56,11 +72,15 @@ def reserved_nodes(reservations: Iterable[ReservationInfo], now: float) -> set[s
 
 def is_idle_in_service(n: NodeInfo) -> bool:
     """Idle and in service, whatever reservation it is in (the re-check after reserving it)."""
-    return (n.state == "IDLE" and not n.jobs and not n.drained and not n.down
-            and not (n.flags & (REBOOT_FLAGS | {"COMPLETING", "NOT_RESPONDING", "FAIL"})))
+    return (
+        n.state == "IDLE"
+        and not n.jobs
+        and not n.drained
+        and not n.down
+        and not (n.flags & (REBOOT_FLAGS | {"COMPLETING", "NOT_RESPONDING", "FAIL"}))
+    )
 
 
 def is_free(n: NodeInfo) -> bool:
     """Idle, in service, running nothing, no pending reboot or power transition."""
-    return (n.state == "IDLE" and not n.jobs and not n.drained and not n.down
-            and not (n.flags & BUSY_FLAGS))
+    return n.state == "IDLE" and not n.jobs and not n.drained and not n.down and not (n.flags & BUSY_FLAGS)

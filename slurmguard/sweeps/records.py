@@ -49,12 +49,20 @@ def store_verdict(v: SweepJudgment) -> StoreVerdict:
 
 
 def _check_doc(c: MetricCheck) -> dict[str, Any]:
-    return {"key": c.key, "label": c.label, "value": c.value, "reference": c.reference,
-            "count": c.count, "basis": c.basis, "deviation": c.deviation}
+    return {
+        "key": c.key,
+        "label": c.label,
+        "value": c.value,
+        "reference": c.reference,
+        "count": c.count,
+        "basis": c.basis,
+        "deviation": c.deviation,
+    }
 
 
-def outcome_metrics(v: SweepJudgment, *, job_state: str, runtime_s: float | None, node_count: int,
-                    result_path: str) -> dict[str, Any]:
+def outcome_metrics(
+    v: SweepJudgment, *, job_state: str, runtime_s: float | None, node_count: int, result_path: str
+) -> dict[str, Any]:
     """The `metrics` document of a judged sweep (see module docstring)."""
     return {
         "outcome": v.outcome.value,
@@ -72,10 +80,25 @@ def outcome_metrics(v: SweepJudgment, *, job_state: str, runtime_s: float | None
     }
 
 
-def not_run_metrics(reason: str, detail: str, *, node_count: int, outcome: str = NOT_RUN,
-                    job_state: str | None = None, runtime_s: float = 0.0) -> dict[str, Any]:
-    return {"outcome": outcome, "reason": reason, "detail": detail[:2000], "job_state": job_state,
-            "runtime_s": runtime_s, "node_count": node_count, "failures": [], "result": None}
+def not_run_metrics(
+    reason: str,
+    detail: str,
+    *,
+    node_count: int,
+    outcome: str = NOT_RUN,
+    job_state: str | None = None,
+    runtime_s: float = 0.0,
+) -> dict[str, Any]:
+    return {
+        "outcome": outcome,
+        "reason": reason,
+        "detail": detail[:2000],
+        "job_state": job_state,
+        "runtime_s": runtime_s,
+        "node_count": node_count,
+        "failures": [],
+        "result": None,
+    }
 
 
 def outcome_of(rec: SweepRecord) -> str | None:
@@ -87,7 +110,8 @@ def outcome_of(rec: SweepRecord) -> str | None:
         return out
     # rows written by something else than the scheduler: only the coarse verdict is known
     return {StoreVerdict.PASS: Outcome.PASS.value, StoreVerdict.FAIL: Outcome.FAIL.value}.get(
-        rec.verdict, Outcome.FAIL.value)
+        rec.verdict, Outcome.FAIL.value
+    )
 
 
 def passed(rec: SweepRecord) -> bool:
@@ -128,8 +152,9 @@ def result_of(rec: SweepRecord, cache: ResultCache | None = None) -> SweepResult
     return cache.get(rec) if cache is not None else _parse_stored(rec)
 
 
-def healthy_results(records: Iterable[SweepRecord], *, exclude_nodes: Iterable[str] = (),
-                    cache: ResultCache | None = None) -> list[SweepResult]:
+def healthy_results(
+    records: Iterable[SweepRecord], *, exclude_nodes: Iterable[str] = (), cache: ResultCache | None = None
+) -> list[SweepResult]:
     """Results that may form a class baseline.
 
     Per node and kind only the latest judged sweep counts, and only when it passed: a node

@@ -31,7 +31,7 @@ def hw_class(live: NodeInfo | None, record: NodeRecord | None, policy: SweepPoli
     if live is not None and prefix:
         for f in live.features:
             if f.startswith(prefix) and len(f) > len(prefix):
-                return f[len(prefix):]
+                return f[len(prefix) :]
     if record is not None and record.hw_class:
         return record.hw_class
     return DEFAULT_CLASS
@@ -43,10 +43,18 @@ class ReferenceChoice:
     status: ReferenceStatus
 
 
-def choose_reference(node: str, klass: str, *, live: Mapping[str, NodeInfo],
-                     records: Mapping[str, NodeRecord], reserved: set[str], taken: set[str],
-                     exclude: Iterable[str], history: Iterable[PastSweep],
-                     policy: SweepPolicy) -> ReferenceChoice | None:
+def choose_reference(
+    node: str,
+    klass: str,
+    *,
+    live: Mapping[str, NodeInfo],
+    records: Mapping[str, NodeRecord],
+    reserved: set[str],
+    taken: set[str],
+    exclude: Iterable[str],
+    history: Iterable[PastSweep],
+    policy: SweepPolicy,
+) -> ReferenceChoice | None:
     """The best free, healthy, same-class reference for `node`, or None (wait)."""
     skip = set(exclude) | taken | reserved | {node}
     hist = list(history)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 from slurmguard.errors import InputError
 from slurmguard.names import NODE_NAME_RULE, is_node_name
@@ -165,9 +166,14 @@ class SweepSettings:
 
     def to_schema(self) -> dict[str, Any]:
         """The ``settings`` object of the result JSON (read back by parse_result)."""
-        return {"gemm_duration_s": self.gemm_duration_s, "gemm_dtypes": list(self.gemm_dtypes),
-                "gemm_size": self.gemm_size, "membw_bytes": self.membw_bytes,
-                "message_sizes_mb": list(self.message_sizes_mb), "repeats": self.repeats}
+        return {
+            "gemm_duration_s": self.gemm_duration_s,
+            "gemm_dtypes": list(self.gemm_dtypes),
+            "gemm_size": self.gemm_size,
+            "membw_bytes": self.membw_bytes,
+            "message_sizes_mb": list(self.message_sizes_mb),
+            "repeats": self.repeats,
+        }
 
 
 @dataclass(frozen=True)
@@ -251,15 +257,15 @@ class _V:
             raise self.fail(path, f"expected an integer >= {minimum}, got {value}")
         return value
 
-    def str_(self, value: Any, path: str, *, choices: tuple[str, ...] | None = None,
-             max_len: int = 256) -> str:
+    def str_(
+        self, value: Any, path: str, *, choices: tuple[str, ...] | None = None, max_len: int = 256
+    ) -> str:
         if not isinstance(value, str):
             raise self.fail(path, f"expected a string, got {_tname(value)}")
         if choices is not None and value not in choices:
             raise self.fail(path, f"expected one of {', '.join(choices)}, got {value!r}")
         if len(value) > max_len or not _PRINTABLE_RE.match(value):
-            raise self.fail(path, "expected printable ASCII text"
-                            f" of at most {max_len} characters")
+            raise self.fail(path, f"expected printable ASCII text of at most {max_len} characters")
         return value
 
     def node(self, value: Any, path: str) -> str:
@@ -277,8 +283,14 @@ class _V:
 def _tname(v: Any) -> str:
     if v is None:
         return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "list",
-            dict: "object"}.get(type(v), type(v).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "object",
+    }.get(type(v), type(v).__name__)
 
 
 def parse_result_text(text: str | bytes | None, source: str = "<result>") -> SweepResult:
@@ -295,7 +307,9 @@ def parse_result_text(text: str | bytes | None, source: str = "<result>") -> Swe
     try:
         data = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        raise ResultError(source, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise ResultError(
+            source, "$", f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
     except ValueError as exc:
         raise ResultError(source, "$", str(exc)) from None
     return parse_result(data, source)
@@ -308,21 +322,47 @@ def _reject_constant(name: str) -> Any:
 def parse_result(data: Any, source: str = "<result>") -> SweepResult:
     """Validate an already-decoded result document (see module docstring for units)."""
     v = _V(source)
-    top = v.obj(data, "$", required=(
-        "schema", "version", "kind", "nodes", "node_under_test", "reference", "hw_class",
-        "device", "device_name", "devices_per_node", "started", "finished", "settings",
-        "devices", "p2p", "allreduce", "transfers", "errors"), optional=("job_id", "injected", "stages"))
+    top = v.obj(
+        data,
+        "$",
+        required=(
+            "schema",
+            "version",
+            "kind",
+            "nodes",
+            "node_under_test",
+            "reference",
+            "hw_class",
+            "device",
+            "device_name",
+            "devices_per_node",
+            "started",
+            "finished",
+            "settings",
+            "devices",
+            "p2p",
+            "allreduce",
+            "transfers",
+            "errors",
+        ),
+        optional=("job_id", "injected", "stages"),
+    )
     if top["schema"] != SCHEMA_NAME:
         raise v.fail("$.schema", f"expected {SCHEMA_NAME!r}, got {top['schema']!r}")
     version = v.int_(top["version"], "$.version")
     if version != SCHEMA_VERSION:
-        raise v.fail("$.version", f"unsupported schema version {version} (this slurmguard reads {SCHEMA_VERSION})")
+        raise v.fail(
+            "$.version", f"unsupported schema version {version} (this slurmguard reads {SCHEMA_VERSION})"
+        )
     kind = v.str_(top["kind"], "$.kind", choices=KINDS)
     nodes = tuple(v.node(n, f"$.nodes[{i}]") for i, n in enumerate(v.list_(top["nodes"], "$.nodes")))
     want = {"node": (1, 1), "pair": (2, 2), "multi": (3, 4096)}[kind]
     if not want[0] <= len(nodes) <= want[1]:
-        raise v.fail("$.nodes", f"a {kind} sweep has {want[0] if want[0] == want[1] else f'{want[0]}+'}"
-                     f" node(s), got {len(nodes)}")
+        raise v.fail(
+            "$.nodes",
+            f"a {kind} sweep has {want[0] if want[0] == want[1] else f'{want[0]}+'}"
+            f" node(s), got {len(nodes)}",
+        )
     if len(set(nodes)) != len(nodes):
         raise v.fail("$.nodes", "duplicate node names")
     nut = v.node(top["node_under_test"], "$.node_under_test")
@@ -373,25 +413,40 @@ def parse_result(data: Any, source: str = "<result>") -> SweepResult:
         seen_dt: set[str] = set()
         for j, g in enumerate(v.list_(d["gemm"], f"{p}.gemm")):
             q = f"{p}.gemm[{j}]"
-            g = v.obj(g, q, required=("dtype", "tflops", "tflops_initial", "iterations", "seconds"),
-                      optional=("checks", "max_error"))
+            g = v.obj(
+                g,
+                q,
+                required=("dtype", "tflops", "tflops_initial", "iterations", "seconds"),
+                optional=("checks", "max_error"),
+            )
             dt = v.str_(g["dtype"], f"{q}.dtype", choices=GEMM_DTYPES)
             if dt in seen_dt:
                 raise v.fail(f"{q}.dtype", f"duplicate dtype {dt}")
             seen_dt.add(dt)
             me = g.get("max_error")
-            gemm.append(GemmMeasurement(dt, v.num(g["tflops"], f"{q}.tflops"),
-                                        v.num(g["tflops_initial"], f"{q}.tflops_initial"),
-                                        v.int_(g["iterations"], f"{q}.iterations"),
-                                        v.num(g["seconds"], f"{q}.seconds"),
-                                        v.int_(g.get("checks", 0), f"{q}.checks"),
-                                        None if me is None else v.num(me, f"{q}.max_error")))
+            gemm.append(
+                GemmMeasurement(
+                    dt,
+                    v.num(g["tflops"], f"{q}.tflops"),
+                    v.num(g["tflops_initial"], f"{q}.tflops_initial"),
+                    v.int_(g["iterations"], f"{q}.iterations"),
+                    v.num(g["seconds"], f"{q}.seconds"),
+                    v.int_(g.get("checks", 0), f"{q}.checks"),
+                    None if me is None else v.num(me, f"{q}.max_error"),
+                )
+            )
         mb = d["membw_gbps"]
         tel = d.get("telemetry")
-        devices.append(DeviceMetrics(member(d["node"], f"{p}.node"), gpu(d["index"], f"{p}.index"),
-                                     v.str_(d["name"], f"{p}.name", max_len=128), tuple(gemm),
-                                     None if mb is None else v.num(mb, f"{p}.membw_gbps"),
-                                     None if tel is None else _telemetry(v, tel, f"{p}.telemetry")))
+        devices.append(
+            DeviceMetrics(
+                member(d["node"], f"{p}.node"),
+                gpu(d["index"], f"{p}.index"),
+                v.str_(d["name"], f"{p}.name", max_len=128),
+                tuple(gemm),
+                None if mb is None else v.num(mb, f"{p}.membw_gbps"),
+                None if tel is None else _telemetry(v, tel, f"{p}.telemetry"),
+            )
+        )
     keys = [(d.node, d.index) for d in devices]
     if len(set(keys)) != len(keys):
         raise v.fail("$.devices", "the same GPU is listed twice")
@@ -403,92 +458,168 @@ def parse_result(data: Any, source: str = "<result>") -> SweepResult:
         src, dst = gpu(c["src"], f"{p}.src"), gpu(c["dst"], f"{p}.dst")
         if src == dst:
             raise v.fail(f"{p}.dst", "a copy needs two different GPUs")
-        p2p.append(PeerCopy(member(c["node"], f"{p}.node"), src, dst, v.num(c["gbps"], f"{p}.gbps"),
-                            v.num(c["asymmetry"], f"{p}.asymmetry"),
-                            v.num(c["vs_node_median"], f"{p}.vs_node_median", minimum=-1.0)))
+        p2p.append(
+            PeerCopy(
+                member(c["node"], f"{p}.node"),
+                src,
+                dst,
+                v.num(c["gbps"], f"{p}.gbps"),
+                v.num(c["asymmetry"], f"{p}.asymmetry"),
+                v.num(c["vs_node_median"], f"{p}.vs_node_median", minimum=-1.0),
+            )
+        )
 
     allreduce = []
     for i, a in enumerate(v.list_(top["allreduce"], "$.allreduce")):
         p = f"$.allreduce[{i}]"
         a = v.obj(a, p, required=("scope", "size_mb", "ranks", "time_s", "algbw_gbps", "busbw_gbps"))
-        allreduce.append(AllReduceMeasurement(
-            v.str_(a["scope"], f"{p}.scope", choices=SCOPES), v.int_(a["size_mb"], f"{p}.size_mb", minimum=1),
-            v.int_(a["ranks"], f"{p}.ranks", minimum=2), v.num(a["time_s"], f"{p}.time_s", positive=True),
-            v.num(a["algbw_gbps"], f"{p}.algbw_gbps"), v.num(a["busbw_gbps"], f"{p}.busbw_gbps")))
+        allreduce.append(
+            AllReduceMeasurement(
+                v.str_(a["scope"], f"{p}.scope", choices=SCOPES),
+                v.int_(a["size_mb"], f"{p}.size_mb", minimum=1),
+                v.int_(a["ranks"], f"{p}.ranks", minimum=2),
+                v.num(a["time_s"], f"{p}.time_s", positive=True),
+                v.num(a["algbw_gbps"], f"{p}.algbw_gbps"),
+                v.num(a["busbw_gbps"], f"{p}.busbw_gbps"),
+            )
+        )
 
     transfers = []
     for i, t in enumerate(v.list_(top["transfers"], "$.transfers")):
         p = f"$.transfers[{i}]"
-        t = v.obj(t, p, required=("schedule", "pass_index", "src_node", "src_gpu", "dst_node",
-                                  "dst_gpu", "size_mb", "time_s", "gbps"))
+        t = v.obj(
+            t,
+            p,
+            required=(
+                "schedule",
+                "pass_index",
+                "src_node",
+                "src_gpu",
+                "dst_node",
+                "dst_gpu",
+                "size_mb",
+                "time_s",
+                "gbps",
+            ),
+        )
         sn, dn = member(t["src_node"], f"{p}.src_node"), member(t["dst_node"], f"{p}.dst_node")
         if sn == dn:
             raise v.fail(f"{p}.dst_node", "a cross-node transfer needs two different nodes")
-        transfers.append(Transfer(
-            v.str_(t["schedule"], f"{p}.schedule", choices=SCHEDULES), v.int_(t["pass_index"], f"{p}.pass_index"),
-            sn, gpu(t["src_gpu"], f"{p}.src_gpu"), dn, gpu(t["dst_gpu"], f"{p}.dst_gpu"),
-            v.int_(t["size_mb"], f"{p}.size_mb", minimum=1), v.num(t["time_s"], f"{p}.time_s", positive=True),
-            v.num(t["gbps"], f"{p}.gbps")))
+        transfers.append(
+            Transfer(
+                v.str_(t["schedule"], f"{p}.schedule", choices=SCHEDULES),
+                v.int_(t["pass_index"], f"{p}.pass_index"),
+                sn,
+                gpu(t["src_gpu"], f"{p}.src_gpu"),
+                dn,
+                gpu(t["dst_gpu"], f"{p}.dst_gpu"),
+                v.int_(t["size_mb"], f"{p}.size_mb", minimum=1),
+                v.num(t["time_s"], f"{p}.time_s", positive=True),
+                v.num(t["gbps"], f"{p}.gbps"),
+            )
+        )
 
     errors = []
     for i, e in enumerate(v.list_(top["errors"], "$.errors")):
         p = f"$.errors[{i}]"
         e = v.obj(e, p, required=("where", "message"))
-        errors.append(SweepErrorRecord(v.str_(e["where"], f"{p}.where", max_len=128),
-                                       _clean(e["message"], v, f"{p}.message")))
+        errors.append(
+            SweepErrorRecord(
+                v.str_(e["where"], f"{p}.where", max_len=128), _clean(e["message"], v, f"{p}.message")
+            )
+        )
     stages = []
     for i, st in enumerate(v.list_(top.get("stages", []), "$.stages")):
         p = f"$.stages[{i}]"
         st = v.obj(st, p, required=("name", "status", "reason", "seconds", "figures", "evidence"))
-        figs = v.obj(st["figures"], f"{p}.figures", required=(), optional=tuple(
-            k for k in st["figures"] if isinstance(k, str) and len(k) <= 128)) \
-            if isinstance(st["figures"], dict) else v.obj(st["figures"], f"{p}.figures", ())
-        stages.append(StageResult(
-            v.str_(st["name"], f"{p}.name", choices=STAGE_NAMES),
-            v.str_(st["status"], f"{p}.status", choices=STAGE_STATUSES),
-            _clean(st["reason"], v, f"{p}.reason"), v.num(st["seconds"], f"{p}.seconds"),
-            {k: v.num(x, f"{p}.figures.{k}", minimum=-1e300) for k, x in figs.items()},
-            _clean(st["evidence"], v, f"{p}.evidence", limit=4000)))
+        figs = (
+            v.obj(
+                st["figures"],
+                f"{p}.figures",
+                required=(),
+                optional=tuple(k for k in st["figures"] if isinstance(k, str) and len(k) <= 128),
+            )
+            if isinstance(st["figures"], dict)
+            else v.obj(st["figures"], f"{p}.figures", ())
+        )
+        stages.append(
+            StageResult(
+                v.str_(st["name"], f"{p}.name", choices=STAGE_NAMES),
+                v.str_(st["status"], f"{p}.status", choices=STAGE_STATUSES),
+                _clean(st["reason"], v, f"{p}.reason"),
+                v.num(st["seconds"], f"{p}.seconds"),
+                {k: v.num(x, f"{p}.figures.{k}", minimum=-1e300) for k, x in figs.items()},
+                _clean(st["evidence"], v, f"{p}.evidence", limit=4000),
+            )
+        )
     injected = top.get("injected")
     if injected is not None and not isinstance(injected, dict):
         raise v.fail("$.injected", f"expected an object or null, got {_tname(injected)}")
-    return SweepResult(kind=kind, nodes=nodes, node_under_test=nut, reference=reference,
-                       hw_class=hw_class, device=device, device_name=device_name,
-                       devices_per_node=dpn, started=started, finished=finished, settings=settings,
-                       job_id=job_id, devices=tuple(devices), p2p=tuple(p2p),
-                       allreduce=tuple(allreduce), transfers=tuple(transfers), errors=tuple(errors),
-                       stages=tuple(stages), injected=injected)
+    return SweepResult(
+        kind=kind,
+        nodes=nodes,
+        node_under_test=nut,
+        reference=reference,
+        hw_class=hw_class,
+        device=device,
+        device_name=device_name,
+        devices_per_node=dpn,
+        started=started,
+        finished=finished,
+        settings=settings,
+        job_id=job_id,
+        devices=tuple(devices),
+        p2p=tuple(p2p),
+        allreduce=tuple(allreduce),
+        transfers=tuple(transfers),
+        errors=tuple(errors),
+        stages=tuple(stages),
+        injected=injected,
+    )
 
 
 def _clean(value: Any, v: _V, path: str, limit: int = 1000) -> str:
     """Error messages come from exceptions; keep them but make them one printable line."""
     if not isinstance(value, str):
         raise v.fail(path, f"expected a string, got {_tname(value)}")
-    return re.sub(r"[^\x20-\x7e]+", " ", value)[-limit:] if limit > 1000 else \
-        re.sub(r"[^\x20-\x7e]+", " ", value)[:limit]
+    return (
+        re.sub(r"[^\x20-\x7e]+", " ", value)[-limit:]
+        if limit > 1000
+        else re.sub(r"[^\x20-\x7e]+", " ", value)[:limit]
+    )
 
 
 _TELEMETRY_STATS = ("sm_clock_mhz", "mem_clock_mhz", "power_w", "temperature_c")
 
 
 def _telemetry(v: _V, value: Any, path: str) -> dict[str, Any]:
-    t = v.obj(value, path, required=("source", "samples"),
-              optional=(*_TELEMETRY_STATS, "throttle_reasons", "throttle_share", "throttled_s", "error"))
-    out: dict[str, Any] = {"source": v.str_(t["source"], f"{path}.source", choices=("nvml", "cgroup", "none")),
-                           "samples": v.int_(t["samples"], f"{path}.samples")}
+    t = v.obj(
+        value,
+        path,
+        required=("source", "samples"),
+        optional=(*_TELEMETRY_STATS, "throttle_reasons", "throttle_share", "throttled_s", "error"),
+    )
+    out: dict[str, Any] = {
+        "source": v.str_(t["source"], f"{path}.source", choices=("nvml", "cgroup", "none")),
+        "samples": v.int_(t["samples"], f"{path}.samples"),
+    }
     for k in _TELEMETRY_STATS:
         if t.get(k) is not None:
             st = v.obj(t[k], f"{path}.{k}", required=("min", "median", "max"))
             out[k] = {q: v.num(st[q], f"{path}.{k}.{q}") for q in ("min", "median", "max")}
     if t.get("throttle_reasons") is not None:
-        out["throttle_reasons"] = [v.str_(x, f"{path}.throttle_reasons[{i}]", max_len=64) for i, x in
-                                   enumerate(v.list_(t["throttle_reasons"], f"{path}.throttle_reasons"))]
+        out["throttle_reasons"] = [
+            v.str_(x, f"{path}.throttle_reasons[{i}]", max_len=64)
+            for i, x in enumerate(v.list_(t["throttle_reasons"], f"{path}.throttle_reasons"))
+        ]
     if t.get("throttle_share") is not None:
         sh = t["throttle_share"]
         if not isinstance(sh, dict):
             raise v.fail(f"{path}.throttle_share", f"expected an object, got {_tname(sh)}")
-        out["throttle_share"] = {v.str_(k, f"{path}.throttle_share", max_len=64):
-                                 v.num(x, f"{path}.throttle_share.{k}") for k, x in sh.items()}
+        out["throttle_share"] = {
+            v.str_(k, f"{path}.throttle_share", max_len=64): v.num(x, f"{path}.throttle_share.{k}")
+            for k, x in sh.items()
+        }
     if t.get("throttled_s") is not None:
         out["throttled_s"] = v.num(t["throttled_s"], f"{path}.throttled_s")
     if t.get("error") is not None:
@@ -497,16 +628,34 @@ def _telemetry(v: _V, value: Any, path: str) -> dict[str, Any]:
 
 
 def _settings(v: _V, value: Any) -> SweepSettings:
-    s = v.obj(value, "$.settings", required=("gemm_duration_s", "gemm_dtypes", "gemm_size",
-                                             "membw_bytes", "message_sizes_mb", "repeats"))
-    dts = tuple(v.str_(d, f"$.settings.gemm_dtypes[{i}]", choices=GEMM_DTYPES)
-                for i, d in enumerate(v.list_(s["gemm_dtypes"], "$.settings.gemm_dtypes")))
-    sizes = tuple(v.int_(m, f"$.settings.message_sizes_mb[{i}]", minimum=1)
-                  for i, m in enumerate(v.list_(s["message_sizes_mb"], "$.settings.message_sizes_mb")))
-    return SweepSettings(v.num(s["gemm_duration_s"], "$.settings.gemm_duration_s", positive=True), dts,
-                         v.int_(s["gemm_size"], "$.settings.gemm_size", minimum=1),
-                         v.int_(s["membw_bytes"], "$.settings.membw_bytes", minimum=1), sizes,
-                         v.int_(s["repeats"], "$.settings.repeats", minimum=1))
+    s = v.obj(
+        value,
+        "$.settings",
+        required=(
+            "gemm_duration_s",
+            "gemm_dtypes",
+            "gemm_size",
+            "membw_bytes",
+            "message_sizes_mb",
+            "repeats",
+        ),
+    )
+    dts = tuple(
+        v.str_(d, f"$.settings.gemm_dtypes[{i}]", choices=GEMM_DTYPES)
+        for i, d in enumerate(v.list_(s["gemm_dtypes"], "$.settings.gemm_dtypes"))
+    )
+    sizes = tuple(
+        v.int_(m, f"$.settings.message_sizes_mb[{i}]", minimum=1)
+        for i, m in enumerate(v.list_(s["message_sizes_mb"], "$.settings.message_sizes_mb"))
+    )
+    return SweepSettings(
+        v.num(s["gemm_duration_s"], "$.settings.gemm_duration_s", positive=True),
+        dts,
+        v.int_(s["gemm_size"], "$.settings.gemm_size", minimum=1),
+        v.int_(s["membw_bytes"], "$.settings.membw_bytes", minimum=1),
+        sizes,
+        v.int_(s["repeats"], "$.settings.repeats", minimum=1),
+    )
 
 
 def load_result(path: str, read_text: Any = None) -> SweepResult:

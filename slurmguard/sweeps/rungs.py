@@ -25,8 +25,9 @@ def window_start(now: float | datetime, policy: TriagePolicy) -> datetime:
     return utc(now) - timedelta(days=policy.repeat_window_days)
 
 
-def entries_in_window(actions: Iterable[TriageActionRecord], now: float | datetime,
-                      policy: TriagePolicy) -> int:
+def entries_in_window(
+    actions: Iterable[TriageActionRecord], now: float | datetime, policy: TriagePolicy
+) -> int:
     """How many of `actions` opened a triage episode inside the repeat window."""
     start = window_start(now, policy)
     return sum(1 for a in actions if a.is_entry and a.at >= start)
@@ -51,7 +52,10 @@ def entry_rung(earlier_entries: int, policy: TriagePolicy) -> tuple[TriageRung, 
     entries inside the window."""
     count = earlier_entries + 1
     if repeat_limit_reached(count, policy):
-        return (TriageRung.TERMINAL,
-                f"triage entry {count} within {policy.repeat_window_days:g} days"
-                f" (limit {policy.repeat_limit}): replace", count)
+        return (
+            TriageRung.TERMINAL,
+            f"triage entry {count} within {policy.repeat_window_days:g} days"
+            f" (limit {policy.repeat_limit}): replace",
+            count,
+        )
     return rung_after(None, policy), f"triage entry {count}", count

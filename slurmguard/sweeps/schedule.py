@@ -18,7 +18,8 @@ Ranks here are positions in the sweep's node order; the workload maps rank r on 
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 Link = tuple[int, int]
 """(src rank, dst rank): a directed transfer src -> dst."""

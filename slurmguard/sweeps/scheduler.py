@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from slurmguard.clock import Clock
 from slurmguard.config import Policy, SweepPolicy, TriagePolicy
@@ -61,6 +61,7 @@ from slurmguard.store import Verdict as StoreVerdict
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.baseline import ClassBaseline, baseline_for, peers_for
 from slurmguard.sweeps.episode import LAST_SWEEP, PEER, ROLLING, NodeEpisode, load_episode
+from slurmguard.sweeps.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 from slurmguard.sweeps.local import free_port
 from slurmguard.sweeps.quarantine import (
     PAIR_PREFIX,
@@ -85,14 +86,25 @@ from slurmguard.sweeps.verdict import (
     make_reason,
     reference_status,
 )
-from slurmguard.sweeps.ladder import FAILED_SWEEP, OPEN, LadderStep, TriageLadder
 
 log = logging.getLogger(__name__)
 
 ACTIVE = (NodeState.DRAINING, NodeState.QUARANTINED, NodeState.REMEDIATION)
-FINAL_JOB_STATES = frozenset({
-    "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"})
+FINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "TIMEOUT",
+        "CANCELLED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
 KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
 """Ended from outside (admin, preemption, Slurm): retried, not held against the node."""
 NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
@@ -140,13 +152,29 @@ class _View:
 def workload_args(policy: SweepPolicy) -> tuple[str, ...]:
     """Workload options that pin every setting to this policy (the node-side policy file,
     if any, cannot change what the controller judges)."""
-    return ("--device", policy.device, "--duration", f"{policy.gemm_duration_s:g}",
-            "--gemm-size", str(policy.gemm_size), "--dtypes", ",".join(policy.gemm_dtypes),
-            "--membw-bytes", str(policy.membw_bytes),
-            "--message-sizes-mb", ",".join(str(m) for m in policy.message_sizes_mb),
-            "--repeats", str(policy.repeats), "--comm-timeout", f"{policy.comm_timeout_s:g}",
-            "--comm-iters", str(policy.comm_iters), "--comm-warmup", str(policy.comm_warmup),
-            *policy.workload_args)
+    return (
+        "--device",
+        policy.device,
+        "--duration",
+        f"{policy.gemm_duration_s:g}",
+        "--gemm-size",
+        str(policy.gemm_size),
+        "--dtypes",
+        ",".join(policy.gemm_dtypes),
+        "--membw-bytes",
+        str(policy.membw_bytes),
+        "--message-sizes-mb",
+        ",".join(str(m) for m in policy.message_sizes_mb),
+        "--repeats",
+        str(policy.repeats),
+        "--comm-timeout",
+        f"{policy.comm_timeout_s:g}",
+        "--comm-iters",
+        str(policy.comm_iters),
+        "--comm-warmup",
+        str(policy.comm_warmup),
+        *policy.workload_args,
+    )
 
 
 def job_name(sweep_id: int, node: str) -> str:
@@ -156,9 +184,19 @@ def job_name(sweep_id: int, node: str) -> str:
 class SweepScheduler:
     """See the module docstring. Construct with `build_scheduler` from a Policy."""
 
-    def __init__(self, sweeps: SweepPolicy, triage: TriagePolicy, store: Store, slurm: SlurmClient,
-                 clock: Clock, executor: ActionExecutor, *, files: ResultFiles | None = None,
-                 runner: CommandRunner | None = None, actor: str = "slurmguard") -> None:
+    def __init__(
+        self,
+        sweeps: SweepPolicy,
+        triage: TriagePolicy,
+        store: Store,
+        slurm: SlurmClient,
+        clock: Clock,
+        executor: ActionExecutor,
+        *,
+        files: ResultFiles | None = None,
+        runner: CommandRunner | None = None,
+        actor: str = "slurmguard",
+    ) -> None:
         self.policy = sweeps
         self.triage = triage
         self.store = store
@@ -167,8 +205,15 @@ class SweepScheduler:
         self.executor = executor
         self.files = files or LocalResultFiles(sweeps.result_dir)
         self.actor = actor
-        self.ladder = TriageLadder(triage, store, executor, clock, runner=runner, actor=actor,
-                                   delete_quarantine=self._delete_quarantine)
+        self.ladder = TriageLadder(
+            triage,
+            store,
+            executor,
+            clock,
+            runner=runner,
+            actor=actor,
+            delete_quarantine=self._delete_quarantine,
+        )
         self._view_cache: _View | None = None
         self._results = rec.ResultCache()
 
@@ -182,10 +227,10 @@ class SweepScheduler:
         cycle at scale); None = read them here."""
         now = self.clock.now()
         res = TickResult(at=now)
-        view = self._read_view(now, view)
-        self._view_cache = view
-        records = self._sync_nodes(view)
-        self._cleanup(view, records, res)
+        slurm_view = self._read_view(now, view)
+        self._view_cache = slurm_view
+        records = self._sync_nodes(slurm_view)
+        self._cleanup(slurm_view, records, res)
         taken: set[str] = set()
         rolling_active = 0
         for name, r in records.items():
@@ -194,13 +239,13 @@ class SweepScheduler:
             try:
                 ep = load_episode(self.store, name)
                 rolling_active += int(ep.rolling)
-                step = self._decide(r, ep, view, records, taken)
+                step = self._decide(r, ep, slurm_view, records, taken)
                 res.steps.append(step)
                 if step.action in ("wait", "blocked") or self.dry_run:
                     if self.dry_run and step.action not in ("wait", "blocked"):
                         log.warning("dry-run: would %s %s: %s", step.action, name, step.why)
                     continue
-                done = self._apply(step, r, ep, view, records)
+                done = self._apply(step, r, ep, slurm_view, records)
                 if done:
                     res.done.append(f"{name}: {done}")
                     log.info("%s: %s", name, done)
@@ -209,12 +254,12 @@ class SweepScheduler:
                 res.errors.append(f"{name}: {exc}")
                 log.error("sweep scheduler: %s: %s", name, exc)
         try:
-            self._peer_sweeps(view, records, taken, res)
+            self._peer_sweeps(slurm_view, records, taken, res)
         except (SlurmError, StoreError) as exc:
             res.errors.append(f"peer sweeps: {exc}")
         if rolling_active == 0:
             try:
-                self._rolling(view, records, taken, res)
+                self._rolling(slurm_view, records, taken, res)
             except (SlurmError, StoreError) as exc:
                 res.errors.append(f"rolling: {exc}")
         return res
@@ -235,12 +280,14 @@ class SweepScheduler:
             feature_class = klass if klass != "default" else None
             if r is None or (feature_class and r.hw_class != feature_class):
                 records[name] = self.store.get_or_create_node(
-                    name, hw_class=feature_class, partitions=list(n.partitions))
+                    name, hw_class=feature_class, partitions=list(n.partitions)
+                )
         return records
 
     # ================================================================== decisions
-    def _decide(self, r: NodeRecord, ep: NodeEpisode, view: _View, records: dict[str, NodeRecord],
-                taken: set[str]) -> Step:
+    def _decide(
+        self, r: NodeRecord, ep: NodeEpisode, view: _View, records: dict[str, NodeRecord], taken: set[str]
+    ) -> Step:
         name = r.name
         live = view.nodes.get(name)
         if live is None:
@@ -264,8 +311,15 @@ class SweepScheduler:
             return Step(name, "wait", f"waiting for running work to end ({jobs})")
         return Step(name, "quarantine", "idle: reserve and quarantine")
 
-    def _decide_quarantined(self, r: NodeRecord, ep: NodeEpisode, live: NodeInfo, view: _View,
-                            records: dict[str, NodeRecord], taken: set[str]) -> Step:
+    def _decide_quarantined(
+        self,
+        r: NodeRecord,
+        ep: NodeEpisode,
+        live: NodeInfo,
+        view: _View,
+        records: dict[str, NodeRecord],
+        taken: set[str],
+    ) -> Step:
         name = r.name
         pending = ep.pending()
         if pending is not None:
@@ -277,16 +331,21 @@ class SweepScheduler:
         la = ep.last_action
         if la is not None and la.status in OPEN and la.evidence.get(FAILED_SWEEP) is not None:
             # the rung was planned for a failed sweep, the move to remediation not recorded
-            return Step(name, "fail", str(la.evidence.get("reason") or "sweep failed"),
-                        {"sweep": la.evidence[FAILED_SWEEP]})
+            return Step(
+                name,
+                "fail",
+                str(la.evidence.get("reason") or "sweep failed"),
+                {"sweep": la.evidence[FAILED_SWEEP]},
+            )
         rs = ep.round_sweeps
         last = rs[-1] if rs else None
         out = rec.outcome_of(last) if last is not None else None
         if last is not None and rec.passed(last) and last.kind is SweepKind.TWO_NODE:
             return Step(name, "return", "1-node and 2-node sweeps passed", {"sweep": last.id})
-        if out == Outcome.FAIL.value:
-            return Step(name, "fail", str(last.metrics.get("reason") or last.failure_reason),
-                        {"sweep": last.id})
+        if last is not None and out == Outcome.FAIL.value:
+            return Step(
+                name, "fail", str(last.metrics.get("reason") or last.failure_reason), {"sweep": last.id}
+            )
         in_resv = quarantine_name(name) in view.reservations
         if not in_resv:
             if ep.rolling and not ep.sweeps and not is_free(live):
@@ -301,11 +360,18 @@ class SweepScheduler:
             return Step(name, "submit_node", "1-node sweep", {"hw_class": klass})
         if last.kind is SweepKind.ONE_NODE and out == Outcome.INCONCLUSIVE.value:
             # a tool stage could not run properly: sweep again, then hold with its reason
-            tries = sum(1 for x in ep.round_kind(SweepKind.ONE_NODE)
-                        if rec.outcome_of(x) == Outcome.INCONCLUSIVE.value)
+            tries = sum(
+                1
+                for x in ep.round_kind(SweepKind.ONE_NODE)
+                if rec.outcome_of(x) == Outcome.INCONCLUSIVE.value
+            )
             if tries > self.policy.killed_retries:
-                return Step(name, "hold", f"{tries} inconclusive 1-node sweeps",
-                            {"reason": last.metrics.get("reason") or last.failure_reason})
+                return Step(
+                    name,
+                    "hold",
+                    f"{tries} inconclusive 1-node sweeps",
+                    {"reason": last.metrics.get("reason") or last.failure_reason},
+                )
             if self._too_soon(last):
                 return Step(name, "wait", "repeating the inconclusive 1-node sweep shortly")
             return Step(name, "submit_node", "1-node sweep again (inconclusive)", {"hw_class": klass})
@@ -313,41 +379,84 @@ class SweepScheduler:
             res = rec.result_of(last, self._results)
             if res is not None:
                 cls_b, peers = self._references(res, last.kind, records, exclude=(name,))
-                if (cls_b.node_count >= self.policy.bootstrap_min_nodes
-                        or peers.node_count >= self.policy.peer_min_nodes):
-                    return Step(name, "rejudge", f"sweep {last.id}: a reference exists now",
-                                {"sweep": last.id})
-                if floor_for(res.device_name, self.policy) is not None and \
-                        not self._peers_possible(klass, view, records):
-                    return Step(name, "rejudge", f"sweep {last.id}: no peer can be swept, the policy"
-                                " floor judges", {"sweep": last.id})
+                if (
+                    cls_b.node_count >= self.policy.bootstrap_min_nodes
+                    or peers.node_count >= self.policy.peer_min_nodes
+                ):
+                    return Step(
+                        name, "rejudge", f"sweep {last.id}: a reference exists now", {"sweep": last.id}
+                    )
+                if floor_for(res.device_name, self.policy) is not None and not self._peers_possible(
+                    klass, view, records
+                ):
+                    return Step(
+                        name,
+                        "rejudge",
+                        f"sweep {last.id}: no peer can be swept, the policy floor judges",
+                        {"sweep": last.id},
+                    )
                 if view.now - res.finished > self.policy.peer_window_min * 60:
                     # its result is too old for any peer swept from now on: measure again
                     if last.kind is SweepKind.ONE_NODE:
-                        return Step(name, "submit_node", "1-node sweep again (peers' window passed)",
-                                    {"hw_class": klass})
+                        return Step(
+                            name,
+                            "submit_node",
+                            "1-node sweep again (peers' window passed)",
+                            {"hw_class": klass},
+                        )
                     return self._pair_step(name, klass, ep, view, records, taken)
-            return Step(name, "hold", f"no reference for class {klass} yet"
-                        + (" (sweeping idle peers)" if self.policy.peer_sweeps else ""),
-                        {"reason": last.metrics.get("reason") or last.failure_reason})
+            return Step(
+                name,
+                "hold",
+                f"no reference for class {klass} yet"
+                + (" (sweeping idle peers)" if self.policy.peer_sweeps else ""),
+                {"reason": last.metrics.get("reason") or last.failure_reason},
+            )
         if last.kind is SweepKind.TWO_NODE and out in rec.NO_EVIDENCE and self._too_soon(last):
             return Step(name, "wait", "retrying the 2-node sweep shortly")
         # next: the 2-node sweep (after a 1-node pass, an inconclusive or unrun pair sweep)
         return self._pair_step(name, klass, ep, view, records, taken)
 
-    def _pair_step(self, name: str, klass: str, ep: NodeEpisode, view: _View,
-                   records: dict[str, NodeRecord], taken: set[str]) -> Step:
-        exclude = {s.reference_node for s in ep.round_kind(SweepKind.TWO_NODE)
-                   if s.reference_node and rec.outcome_of(s) in (Outcome.INCONCLUSIVE.value, rec.NOT_RUN)}
+    def _pair_step(
+        self,
+        name: str,
+        klass: str,
+        ep: NodeEpisode,
+        view: _View,
+        records: dict[str, NodeRecord],
+        taken: set[str],
+    ) -> Step:
+        exclude = {
+            s.reference_node
+            for s in ep.round_kind(SweepKind.TWO_NODE)
+            if s.reference_node and rec.outcome_of(s) in (Outcome.INCONCLUSIVE.value, rec.NOT_RUN)
+        }
         hist = rec.past_sweeps(self.store.sweeps(limit=2000), self._results)
-        choice = choose_reference(name, klass, live=view.nodes, records=records, reserved=view.reserved,
-                                  taken=taken, exclude=exclude, history=hist, policy=self.policy)
+        choice = choose_reference(
+            name,
+            klass,
+            live=view.nodes,
+            records=records,
+            reserved=view.reserved,
+            taken=taken,
+            exclude=exclude,
+            history=hist,
+            policy=self.policy,
+        )
         if choice is None:
-            return Step(name, "wait", f"no free healthy reference of class {klass}"
-                        + (f" (excluded: {', '.join(sorted(exclude))})" if exclude else ""))
+            return Step(
+                name,
+                "wait",
+                f"no free healthy reference of class {klass}"
+                + (f" (excluded: {', '.join(sorted(exclude))})" if exclude else ""),
+            )
         taken.add(choice.node)
-        return Step(name, "submit_pair", f"2-node sweep with {choice.node} ({choice.status.why})",
-                    {"hw_class": klass, "reference": choice.node})
+        return Step(
+            name,
+            "submit_pair",
+            f"2-node sweep with {choice.node} ({choice.status.why})",
+            {"hw_class": klass, "reference": choice.node},
+        )
 
     def _decide_pending(self, s: SweepRecord, view: _View) -> Step:
         name = s.node
@@ -355,10 +464,18 @@ class SweepScheduler:
             want = job_name(s.id, name)
             found = [j for j in view.jobs.values() if j.name == want]
             if found:
-                return Step(name, "adopt", f"sweep {s.id} found in the queue as job {found[0].job_id}",
-                            {"sweep": s.id, "job": found[0].job_id})
-            return Step(name, "not_run", f"sweep {s.id} was recorded but never submitted",
-                        {"sweep": s.id, "reason": f"{self._label(s)} not submitted"})
+                return Step(
+                    name,
+                    "adopt",
+                    f"sweep {s.id} found in the queue as job {found[0].job_id}",
+                    {"sweep": s.id, "job": found[0].job_id},
+                )
+            return Step(
+                name,
+                "not_run",
+                f"sweep {s.id} was recorded but never submitted",
+                {"sweep": s.id, "reason": f"{self._label(s)} not submitted"},
+            )
         jid = int(s.slurm_job_id)
         job = view.jobs.get(jid)
         if job is None:
@@ -370,17 +487,29 @@ class SweepScheduler:
             return Step(name, "judge", f"job {jid} left the queue", {"sweep": s.id, "state": VANISHED})
         state = job.state.split()[0].upper() if job.state else "UNKNOWN"
         if state in FINAL_JOB_STATES:
-            return Step(name, "judge", f"job {jid} ended {state}",
-                        {"sweep": s.id, "state": state, "start": job.start_time})
+            return Step(
+                name,
+                "judge",
+                f"job {jid} ended {state}",
+                {"sweep": s.id, "state": state, "start": job.start_time},
+            )
         if state in NOT_STARTED:
             since = (s.submitted_at or s.created_at).timestamp()
             if view.now - since > self.policy.start_timeout_min * 60:
-                return Step(name, "cancel_unstarted", f"job {jid} still {state} after"
-                            f" {self.policy.start_timeout_min} min", {"sweep": s.id, "job": jid})
+                return Step(
+                    name,
+                    "cancel_unstarted",
+                    f"job {jid} still {state} after {self.policy.start_timeout_min} min",
+                    {"sweep": s.id, "job": jid},
+                )
             return Step(name, "wait", f"sweep {s.id} job {jid} {state}")
         if state == "RUNNING" and s.started_at is None:
-            return Step(name, "mark_started", f"job {jid} running",
-                        {"sweep": s.id, "start": job.start_time or view.now})
+            return Step(
+                name,
+                "mark_started",
+                f"job {jid} running",
+                {"sweep": s.id, "start": job.start_time or view.now},
+            )
         return Step(name, "wait", f"sweep {s.id} job {jid} {state}")
 
     def _decide_remediation(self, ep: NodeEpisode, live: NodeInfo, view: _View) -> Step:
@@ -402,31 +531,43 @@ class SweepScheduler:
         return self.clock.now() - t.timestamp() < 30.0
 
     # ================================================================== actions
-    def _apply(self, step: Step, r: NodeRecord, ep: NodeEpisode, view: _View,
-               records: dict[str, NodeRecord]) -> str | None:
+    def _apply(
+        self, step: Step, r: NodeRecord, ep: NodeEpisode, view: _View, records: dict[str, NodeRecord]
+    ) -> str | None:
         live = view.nodes[step.node]
         a = step.action
         if a == "quarantine":
             self._ensure_quarantine(live, view)
-            self.store.transition(step.node, NodeState.QUARANTINED,
-                                  f"quarantined: idle, reservation {quarantine_name(step.node)}",
-                                  {"reservation": quarantine_name(step.node)}, actor=self.actor)
+            self.store.transition(
+                step.node,
+                NodeState.QUARANTINED,
+                f"quarantined: idle, reservation {quarantine_name(step.node)}",
+                {"reservation": quarantine_name(step.node)},
+                actor=self.actor,
+            )
             return "quarantined"
         if a == "requarantine":
             return self._ensure_quarantine(live, view, redrain=not ep.rolling or bool(ep.sweeps))
         if a == "abandon_rolling":
             self._delete_reservation(quarantine_name(step.node), step.node, view)
-            self.store.transition(step.node, NodeState.HEALTHY, f"rolling sweep skipped: {step.why}",
-                                  {LAST_SWEEP: ep.last_sweep_id}, actor=self.actor)
+            self.store.transition(
+                step.node,
+                NodeState.HEALTHY,
+                f"rolling sweep skipped: {step.why}",
+                {LAST_SWEEP: ep.last_sweep_id},
+                actor=self.actor,
+            )
             return "rolling sweep skipped (node busy)"
         if a == "submit_node":
             return self._submit(live, ep, "node", str(step.data["hw_class"]), None, view)
         if a == "submit_pair":
-            return self._submit(live, ep, "pair", str(step.data["hw_class"]),
-                                str(step.data["reference"]), view)
+            return self._submit(
+                live, ep, "pair", str(step.data["hw_class"]), str(step.data["reference"]), view
+            )
         if a == "adopt":
-            self.store.update_sweep(int(step.data["sweep"]), slurm_job_id=str(step.data["job"]),
-                                    submitted_at=self.clock.now())
+            self.store.update_sweep(
+                int(step.data["sweep"]), slurm_job_id=str(step.data["job"]), submitted_at=self.clock.now()
+            )
             return f"sweep {step.data['sweep']} is job {step.data['job']}"
         if a == "not_run":
             return self._mark_not_run(int(step.data["sweep"]), step.why, view)
@@ -470,8 +611,9 @@ class SweepScheduler:
         if redrain and not live.drained:
             self.executor.drain(live.name, make_reason("quarantine reservation lost; re-quarantining"))
             done.append("drained")
-        self.executor.create_reservation(name, [live.name], self.policy.quarantine_reservation_min,
-                                         evidence={"why": "quarantine"})
+        self.executor.create_reservation(
+            name, [live.name], self.policy.quarantine_reservation_min, evidence={"why": "quarantine"}
+        )
         view.reservations[name] = ReservationInfo(name, (live.name,), frozenset({"MAINT"}))
         done.append(f"reservation {name} created")
         return ", ".join(done)
@@ -519,8 +661,15 @@ class SweepScheduler:
                 res.errors.append(f"{node}: {exc}")
 
     # ------------------------------------------------------------------ submitting
-    def _submit(self, live: NodeInfo, ep: NodeEpisode, kind: str, klass: str, ref: str | None,
-                view: _View) -> str:
+    def _submit(
+        self,
+        live: NodeInfo,
+        ep: NodeEpisode,
+        kind: Literal["node", "pair"],
+        klass: str,
+        ref: str | None,
+        view: _View,
+    ) -> str:
         node = live.name
         nodes = (node,) if ref is None else (node, ref)
         resv = quarantine_name(node)
@@ -529,8 +678,9 @@ class SweepScheduler:
             resv = pair_name(node)
             minutes = self.policy.time_limit_min + self.policy.start_timeout_min + 5
             if resv not in view.reservations:
-                self.executor.create_reservation(resv, list(nodes), minutes,
-                                                 evidence={"why": "2-node sweep", "reference": ref})
+                self.executor.create_reservation(
+                    resv, list(nodes), minutes, evidence={"why": "2-node sweep", "reference": ref}
+                )
                 view.reservations[resv] = ReservationInfo(resv, nodes, frozenset({"MAINT"}))
             # IGNORE_JOBS lets the reservation be made over a job that started after we
             # looked: check again and never sweep against a busy reference
@@ -551,18 +701,36 @@ class SweepScheduler:
                 # every "node" shares this host (development cluster): a port free here now,
                 # not the job-id formula, which collides between clusters on one host
                 port = free_port()
-            spec = SweepJobSpec(kind=kind, nodes=nodes, out_path=out, log_path=logp,  # type: ignore[arg-type]
-                                time_limit_min=self.policy.time_limit_min, reservation=resv,
-                                partition=parts, job_name=job_name(s.id, node),
-                                master_addr=self.policy.master_addr, master_port=port, hw_class=klass,
-                                extra_args=workload_args(self.policy))
+            spec = SweepJobSpec(
+                kind=kind,
+                nodes=nodes,
+                out_path=out,
+                log_path=logp,
+                time_limit_min=self.policy.time_limit_min,
+                reservation=resv,
+                partition=parts,
+                job_name=job_name(s.id, node),
+                master_addr=self.policy.master_addr,
+                master_port=port,
+                hw_class=klass,
+                extra_args=workload_args(self.policy),
+            )
             script = render_sweep_script(spec, self.policy)
-            jid = self.executor.submit(script, node=node, reason=f"{self._label(s)} of {node}",
-                                       evidence={"sweep": s.id, "kind": kind, "reference": ref},
-                                       job_name=spec.job_name, nodelist=list(nodes), reservation=resv,
-                                       time_limit_min=spec.time_limit_min, partition=parts)
+            jid = self.executor.submit(
+                script,
+                node=node,
+                reason=f"{self._label(s)} of {node}",
+                evidence={"sweep": s.id, "kind": kind, "reference": ref},
+                job_name=spec.job_name,
+                nodelist=list(nodes),
+                reservation=resv,
+                time_limit_min=spec.time_limit_min,
+                partition=parts,
+            )
         except Exception as exc:
-            self._mark_not_run(s.id, f"submission failed: {exc}", view, reason=f"{self._label(s)} not submitted")
+            self._mark_not_run(
+                s.id, f"submission failed: {exc}", view, reason=f"{self._label(s)} not submitted"
+            )
             if ref is not None:
                 self._delete_reservation(resv, node, view)
             raise
@@ -582,8 +750,12 @@ class SweepScheduler:
     def _mark_not_run(self, sweep_id: int, detail: str, view: _View, reason: str | None = None) -> str:
         s = self.store.get_sweep(sweep_id)
         why = make_reason(reason or f"{self._label(s)} not run")
-        self.store.update_sweep(sweep_id, verdict=StoreVerdict.ERROR, failure_reason=why,
-                                metrics=rec.not_run_metrics(why, detail, node_count=self._count(s)))
+        self.store.update_sweep(
+            sweep_id,
+            verdict=StoreVerdict.ERROR,
+            failure_reason=why,
+            metrics=rec.not_run_metrics(why, detail, node_count=self._count(s)),
+        )
         if s.kind is SweepKind.TWO_NODE:
             self._delete_reservation(pair_name(s.node), s.node, view)
         return f"sweep {sweep_id} not run: {detail}"
@@ -614,8 +786,7 @@ class SweepScheduler:
                 parsed = None
         # the job left the queue before we saw how it ended; only a complete, valid result
         # written by this very job may stand in for COMPLETED
-        if (state == VANISHED and parsed is not None and parsed.job_id == s.slurm_job_id
-                and not parsed.errors):
+        if state == VANISHED and parsed is not None and parsed.job_id == s.slurm_job_id and not parsed.errors:
             state = "COMPLETED"
         baseline = peers = None
         ref_status = None
@@ -626,13 +797,21 @@ class SweepScheduler:
             if killed < self.policy.killed_retries:
                 # cancelled or preempted from outside: no evidence about the node either way
                 why = make_reason(f"{self._label(s)} killed by Slurm ({state}), retrying")
-                self.store.update_sweep(s.id, verdict=StoreVerdict.ERROR, failure_reason=why,
-                                        finished_at=now, metrics=rec.not_run_metrics(
-                                            why, f"job {s.slurm_job_id} ended {state} without a result;"
-                                            f" retry {killed + 1} of {self.policy.killed_retries}",
-                                            node_count=self._count(s), outcome=rec.KILLED,
-                                            job_state=state,
-                                            runtime_s=max(0.0, now - float(start)) if start else 0.0))
+                self.store.update_sweep(
+                    s.id,
+                    verdict=StoreVerdict.ERROR,
+                    failure_reason=why,
+                    finished_at=now,
+                    metrics=rec.not_run_metrics(
+                        why,
+                        f"job {s.slurm_job_id} ended {state} without a result;"
+                        f" retry {killed + 1} of {self.policy.killed_retries}",
+                        node_count=self._count(s),
+                        outcome=rec.KILLED,
+                        job_state=state,
+                        runtime_s=max(0.0, now - float(start)) if start else 0.0,
+                    ),
+                )
                 if s.kind is SweepKind.TWO_NODE:
                     self._delete_reservation(pair_name(s.node), s.node, view)
                 return f"{self._label(s)} sweep {s.id} ({state}): killed by Slurm, will retry"
@@ -640,11 +819,22 @@ class SweepScheduler:
             baseline, peers = self._references(parsed, s.kind, records, exclude=(s.node,))
             if s.reference_node:
                 ref_status = reference_status(
-                    s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
-        v = judge_job(JobOutcome(state, None, text, out_path), kind=kind, node=s.node, baseline=baseline,
-                      policy=self.policy, suspected=ep.suspected, reference=s.reference_node,
-                      ref_status=ref_status, peers=peers,
-                      use_floor=not ep.suspected or not self._peers_possible(s.hw_class, view, records))
+                    s.reference_node,
+                    rec.past_sweeps(self.store.sweeps(limit=2000), self._results),
+                    self.policy,
+                )
+        v = judge_job(
+            JobOutcome(state, None, text, out_path),
+            kind=kind,
+            node=s.node,
+            baseline=baseline,
+            policy=self.policy,
+            suspected=ep.suspected,
+            reference=s.reference_node,
+            ref_status=ref_status,
+            peers=peers,
+            use_floor=not ep.suspected or not self._peers_possible(s.hw_class, view, records),
+        )
         if start is None:
             runtime = parsed.finished - parsed.started if parsed is not None else 0.0
         else:
@@ -654,27 +844,39 @@ class SweepScheduler:
             if parsed is not None and float(start) <= parsed.finished <= now:
                 end = parsed.finished
             runtime = max(0.0, end - float(start))
-        metrics = rec.outcome_metrics(v, job_state=state, runtime_s=runtime,
-                                      node_count=self._count(s), result_path=out_path)
+        metrics = rec.outcome_metrics(
+            v, job_state=state, runtime_s=runtime, node_count=self._count(s), result_path=out_path
+        )
         sv = rec.store_verdict(v)
-        self.store.update_sweep(s.id, verdict=sv, metrics=metrics,
-                                failure_reason=None if sv is StoreVerdict.PASS else v.reason,
-                                started_at=float(start) if start is not None and s.started_at is None else None,
-                                finished_at=now)
+        self.store.update_sweep(
+            s.id,
+            verdict=sv,
+            metrics=metrics,
+            failure_reason=None if sv is StoreVerdict.PASS else v.reason,
+            started_at=float(start) if start is not None and s.started_at is None else None,
+            finished_at=now,
+        )
         if s.kind is SweepKind.TWO_NODE:
             self._delete_reservation(pair_name(s.node), s.node, view)
         return f"{self._label(s)} sweep {s.id} ({state}): {v.outcome.value}: {v.reason} [{v.basis_text}]"
 
-    def _references(self, result: SweepResult, kind: SweepKind, records: Mapping[str, NodeRecord],
-                    exclude: tuple[str, ...]) -> tuple[ClassBaseline, ClassBaseline]:
+    def _references(
+        self,
+        result: SweepResult,
+        kind: SweepKind,
+        records: Mapping[str, NodeRecord],
+        exclude: tuple[str, ...],
+    ) -> tuple[ClassBaseline, ClassBaseline]:
         """(class baseline, same-window peers) for a result, from the healthy nodes' sweeps
         in the database. Results older than baseline_max_age_h have left the class baseline."""
         healthy_nodes = self._vouching_nodes(records)
         pool = self.store.sweeps(hw_class=result.hw_class, kind=kind, limit=2000)
-        healthy = rec.healthy_results((x for x in pool if x.node in healthy_nodes),
-                                      exclude_nodes=exclude, cache=self._results)
-        cls_b = baseline_for(result, healthy, max_age_s=self.policy.baseline_max_age_h * 3600.0,
-                             now=self.clock.now())
+        healthy = rec.healthy_results(
+            (x for x in pool if x.node in healthy_nodes), exclude_nodes=exclude, cache=self._results
+        )
+        cls_b = baseline_for(
+            result, healthy, max_age_s=self.policy.baseline_max_age_h * 3600.0, now=self.clock.now()
+        )
         return cls_b, peers_for(result, healthy, self.policy.peer_window_min * 60.0)
 
     def _rejudge(self, ep: NodeEpisode, step: Step, records: dict[str, NodeRecord]) -> str:
@@ -690,23 +892,43 @@ class SweepScheduler:
         ref_status = None
         if s.reference_node:
             ref_status = reference_status(
-                s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy)
-        v = judge_result(res, baseline, self.policy, suspected=ep.suspected, ref_status=ref_status,
-                         peers=peers, use_floor=True)
+                s.reference_node, rec.past_sweeps(self.store.sweeps(limit=2000), self._results), self.policy
+            )
+        v = judge_result(
+            res,
+            baseline,
+            self.policy,
+            suspected=ep.suspected,
+            ref_status=ref_status,
+            peers=peers,
+            use_floor=True,
+        )
         old = s.metrics if isinstance(s.metrics, dict) else {}
-        metrics = rec.outcome_metrics(v, job_state=str(old.get("job_state") or "COMPLETED"),
-                                      runtime_s=old.get("runtime_s"), node_count=self._count(s),
-                                      result_path=str(old.get("result_path") or ""))
+        metrics = rec.outcome_metrics(
+            v,
+            job_state=str(old.get("job_state") or "COMPLETED"),
+            runtime_s=old.get("runtime_s"),
+            node_count=self._count(s),
+            result_path=str(old.get("result_path") or ""),
+        )
         metrics["rejudge_of"] = s.id
         metrics["runtime_s"] = 0.0  # the held row already counts the job's node time
         sv = rec.store_verdict(v)
-        new = self.store.add_sweep(s.node, s.kind, reference_node=s.reference_node, hw_class=s.hw_class,
-                                   slurm_job_id=s.slurm_job_id)
-        self.store.update_sweep(new.id, verdict=sv, metrics=metrics,
-                                failure_reason=None if sv is StoreVerdict.PASS else v.reason,
-                                started_at=s.started_at, finished_at=self.clock.now())
-        return (f"{self._label(s)} sweep {s.id} judged again as sweep {new.id}: {v.outcome.value}:"
-                f" {v.reason} [{v.basis_text}]")
+        new = self.store.add_sweep(
+            s.node, s.kind, reference_node=s.reference_node, hw_class=s.hw_class, slurm_job_id=s.slurm_job_id
+        )
+        self.store.update_sweep(
+            new.id,
+            verdict=sv,
+            metrics=metrics,
+            failure_reason=None if sv is StoreVerdict.PASS else v.reason,
+            started_at=s.started_at,
+            finished_at=self.clock.now(),
+        )
+        return (
+            f"{self._label(s)} sweep {s.id} judged again as sweep {new.id}: {v.outcome.value}:"
+            f" {v.reason} [{v.basis_text}]"
+        )
 
     # ------------------------------------------------------------------ gate
     def _fail(self, live: NodeInfo, ep: NodeEpisode, step: Step) -> str:
@@ -715,8 +937,13 @@ class SweepScheduler:
         if not (live.drained_by_us and (live.reason or "").startswith(reason)):
             self.executor.drain(live.name, reason, evidence={"sweep": step.data["sweep"]})
             done.append(f"drained: {reason}")
-        act = self.ladder.enter(live.name, ep, failed_sweep=int(step.data["sweep"]), reason=reason,
-                                evidence={"sweep": step.data["sweep"]})
+        act = self.ladder.enter(
+            live.name,
+            ep,
+            failed_sweep=int(step.data["sweep"]),
+            reason=reason,
+            evidence={"sweep": step.data["sweep"]},
+        )
         done.append(f"triage: {act.rung.value} planned")
         return "; ".join(done)
 
@@ -736,15 +963,18 @@ class SweepScheduler:
             if self._delete_reservation(name, node, view):
                 done.append(f"deleted {name}")
         passed = [s.id for s in ep.round_sweeps if rec.passed(s)]
-        self.store.transition(node, NodeState.HEALTHY, "sweeps passed: returned to service",
-                              {LAST_SWEEP: ep.last_sweep_id, "sweeps": passed,
-                               "rolling": ep.rolling}, actor=self.actor)
+        self.store.transition(
+            node,
+            NodeState.HEALTHY,
+            "sweeps passed: returned to service",
+            {LAST_SWEEP: ep.last_sweep_id, "sweeps": passed, "rolling": ep.rolling},
+            actor=self.actor,
+        )
         done.append("healthy")
         return ", ".join(done)
 
     # ------------------------------------------------------------------ rolling sweeps
-    def _rolling(self, view: _View, records: dict[str, NodeRecord], taken: set[str],
-                 res: TickResult) -> None:
+    def _rolling(self, view: _View, records: dict[str, NodeRecord], taken: set[str], res: TickResult) -> None:
         p = self.policy
         if not p.rolling_enabled or p.rolling_nodes_per_hour <= 0:
             return
@@ -766,27 +996,36 @@ class SweepScheduler:
         if not cands:
             return
         cands.sort()
-        self._start_unsuspected(cands[0][1], "rolling sweep", "rolling sweep of an idle healthy node",
-                                {}, taken, res)
+        self._start_unsuspected(
+            cands[0][1], "rolling sweep", "rolling sweep of an idle healthy node", {}, taken, res
+        )
 
-    def _start_unsuspected(self, node: str, what: str, why: str, evidence: dict[str, Any],
-                           taken: set[str], res: TickResult) -> bool:
+    def _start_unsuspected(
+        self, node: str, what: str, why: str, evidence: dict[str, Any], taken: set[str], res: TickResult
+    ) -> bool:
         """Take an idle healthy node into quarantine for sweeps that seed references (rolling,
         same-window peer, `sweep baseline`): unsuspected, returned when they pass."""
         res.steps.append(Step(node, "start_" + what.split()[0], why))
         if self.dry_run:
             return False
-        self.store.transition(node, NodeState.QUARANTINED, f"{what}: idle healthy node",
-                              {ROLLING: True, **evidence}, actor=self.actor)
-        self.executor.create_reservation(quarantine_name(node), [node], self.policy.quarantine_reservation_min,
-                                         evidence={"why": what})
+        self.store.transition(
+            node,
+            NodeState.QUARANTINED,
+            f"{what}: idle healthy node",
+            {ROLLING: True, **evidence},
+            actor=self.actor,
+        )
+        self.executor.create_reservation(
+            quarantine_name(node), [node], self.policy.quarantine_reservation_min, evidence={"why": what}
+        )
         taken.add(node)
         res.done.append(f"{node}: {what} started")
         return True
 
     # ------------------------------------------------------------------ cold start: peers
-    def _peer_sweeps(self, view: _View, records: dict[str, NodeRecord], taken: set[str],
-                     res: TickResult) -> None:
+    def _peer_sweeps(
+        self, view: _View, records: dict[str, NodeRecord], taken: set[str], res: TickResult
+    ) -> None:
         """Sweep idle healthy peers of a class whose suspected node has no reference yet.
 
         Demand: a suspected node of the class is quarantined (being swept) and its
@@ -813,13 +1052,22 @@ class SweepScheduler:
             ep = load_episode(self.store, name)
             klass = hw_class(view.nodes.get(name), r, p)
             if ep.rolling and not ep.suspected:
-                if ep.started_at is not None and ep.actions == () and \
-                        any(isinstance(t.evidence, dict) and t.evidence.get(PEER)
-                            for t in self.store.node_history(name, since=ep.started_at)[:1]):
+                if (
+                    ep.started_at is not None
+                    and ep.actions == ()
+                    and any(
+                        isinstance(t.evidence, dict) and t.evidence.get(PEER)
+                        for t in self.store.node_history(name, since=ep.started_at)[:1]
+                    )
+                ):
                     in_progress[klass] = in_progress.get(klass, 0) + 1
                 continue
             held = any(rec.outcome_of(x) == Outcome.INSUFFICIENT_BASELINE.value for x in ep.round_sweeps[-1:])
-            if held or self._fresh_nodes(klass, records, now - p.baseline_max_age_h * 3600.0) < p.bootstrap_min_nodes:
+            if (
+                held
+                or self._fresh_nodes(klass, records, now - p.baseline_max_age_h * 3600.0)
+                < p.bootstrap_min_nodes
+            ):
                 demand.add(klass)
         for klass in sorted(demand):
             if in_progress.get(klass):
@@ -829,8 +1077,14 @@ class SweepScheduler:
             cands = []
             for name, r in records.items():
                 n = view.nodes.get(name)
-                if (r.state is not NodeState.HEALTHY or n is None or name in taken
-                        or name in view.reserved or not is_free(n) or hw_class(n, r, p) != klass):
+                if (
+                    r.state is not NodeState.HEALTHY
+                    or n is None
+                    or name in taken
+                    or name in view.reserved
+                    or not is_free(n)
+                    or hw_class(n, r, p) != klass
+                ):
                     continue
                 last = self.store.sweeps(node=name, limit=1)
                 cands.append((last[-1].created_at.timestamp() if last else 0.0, name))
@@ -838,9 +1092,14 @@ class SweepScheduler:
                 res.steps.append(Step(f"class:{klass}", "wait", "no idle healthy peer to sweep"))
                 continue
             cands.sort()
-            self._start_unsuspected(cands[0][1], "peer sweep",
-                                    f"same-window peer for class {klass} (no baseline yet)",
-                                    {PEER: klass}, taken, res)
+            self._start_unsuspected(
+                cands[0][1],
+                "peer sweep",
+                f"same-window peer for class {klass} (no baseline yet)",
+                {PEER: klass},
+                taken,
+                res,
+            )
 
     def _peers_possible(self, klass: str | None, view: _View, records: Mapping[str, NodeRecord]) -> bool:
         """Can same-window peers of the class still come: peer sweeps on, and a peer sweep of
@@ -877,8 +1136,11 @@ class SweepScheduler:
     def _fresh_nodes(self, klass: str, records: Mapping[str, NodeRecord], since: float) -> int:
         """Vouching nodes of the class whose latest judged 1-node sweep passed after `since`."""
         healthy = self._vouching_nodes(records)
-        pool = [x for x in self.store.sweeps(hw_class=klass, kind=SweepKind.ONE_NODE, limit=2000)
-                if x.node in healthy]
+        pool = [
+            x
+            for x in self.store.sweeps(hw_class=klass, kind=SweepKind.ONE_NODE, limit=2000)
+            if x.node in healthy
+        ]
         return sum(1 for r in rec.healthy_results(pool, cache=self._results) if r.finished >= since)
 
     def start_baseline_sweeps(self, klass: str | None = None, count: int | None = None) -> TickResult:
@@ -901,18 +1163,37 @@ class SweepScheduler:
                 continue
             want = min(count or self.policy.bootstrap_min_nodes, len(names) - 1)
             if want < 1:
-                res.errors.append(f"class {k}: {len(names)} free healthy node(s); a baseline sweep"
-                                  " needs one more free node as its 2-node reference")
+                res.errors.append(
+                    f"class {k}: {len(names)} free healthy node(s); a baseline sweep"
+                    " needs one more free node as its 2-node reference"
+                )
                 continue
             for name in names[:want]:
-                self._start_unsuspected(name, "baseline sweep", f"baseline of class {k} on demand",
-                                        {"baseline": k}, taken, res)
+                self._start_unsuspected(
+                    name, "baseline sweep", f"baseline of class {k} on demand", {"baseline": k}, taken, res
+                )
         return res
 
 
-def build_scheduler(*, policy: Policy, store: Store, slurm: SlurmClient, clock: Clock,
-                    executor: ActionExecutor, files: ResultFiles | None = None,
-                    runner: CommandRunner | None = None) -> SweepScheduler:
+def build_scheduler(
+    *,
+    policy: Policy,
+    store: Store,
+    slurm: SlurmClient,
+    clock: Clock,
+    executor: ActionExecutor,
+    files: ResultFiles | None = None,
+    runner: CommandRunner | None = None,
+) -> SweepScheduler:
     """The scheduler the controller ticks every cycle."""
-    return SweepScheduler(policy.sweeps, policy.triage, store, slurm, clock, executor,
-                          files=files, runner=runner, actor=executor.actor)
+    return SweepScheduler(
+        policy.sweeps,
+        policy.triage,
+        store,
+        slurm,
+        clock,
+        executor,
+        files=files,
+        runner=runner,
+        actor=executor.actor,
+    )

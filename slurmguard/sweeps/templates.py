@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from slurmguard import datafiles
 from slurmguard.config import SweepPolicy
@@ -73,33 +74,59 @@ def render_sweep_script(spec: SweepJobSpec, policy: SweepPolicy, template_dir: P
     """The sbatch script text for `spec`; raises ConfigError on any invalid value."""
     _check(spec.kind in ("node", "pair"), "kind", spec.kind, "expected node or pair")
     want = (1, 1) if spec.kind == "node" else (2, 64)
-    _check(want[0] <= len(spec.nodes) <= want[1], "nodes", spec.nodes,
-           f"a {spec.kind} sweep takes {want[0]}{'' if want[0] == want[1] else '+'} node(s)")
+    _check(
+        want[0] <= len(spec.nodes) <= want[1],
+        "nodes",
+        spec.nodes,
+        f"a {spec.kind} sweep takes {want[0]}{'' if want[0] == want[1] else '+'} node(s)",
+    )
     for n in spec.nodes:
         _check(is_node_name(n), "nodes", n, "invalid node name")
     _check(len(set(spec.nodes)) == len(spec.nodes), "nodes", spec.nodes, "duplicate node")
     for field, p in (("out_path", spec.out_path), ("log_path", spec.log_path)):
-        _check(isinstance(p, str) and bool(_PATH_RE.match(p)) and "/../" not in p + "/", field, p,
-               "expected an absolute path of letters, digits and ._/+@=,-")
+        _check(
+            isinstance(p, str) and bool(_PATH_RE.match(p)) and "/../" not in p + "/",
+            field,
+            p,
+            "expected an absolute path of letters, digits and ._/+@=,-",
+        )
     limit = policy.time_limit_min if spec.time_limit_min is None else spec.time_limit_min
-    _check(isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= 7 * 24 * 60,
-           "time_limit_min", limit, "expected whole minutes between 1 and 10080")
-    for field, v, rx in (("reservation", spec.reservation, _NAME_RE),
-                         ("partition", spec.partition or policy.partition, _NAME_RE),
-                         ("job_name", spec.job_name, _NAME_RE), ("gres", spec.gres, _GRES_RE)):
+    _check(
+        isinstance(limit, int) and not isinstance(limit, bool) and 1 <= limit <= 7 * 24 * 60,
+        "time_limit_min",
+        limit,
+        "expected whole minutes between 1 and 10080",
+    )
+    for field, v, rx in (
+        ("reservation", spec.reservation, _NAME_RE),
+        ("partition", spec.partition or policy.partition, _NAME_RE),
+        ("job_name", spec.job_name, _NAME_RE),
+        ("gres", spec.gres, _GRES_RE),
+    ):
         if v is not None:
             _check(isinstance(v, str) and bool(rx.match(v)), field, v, "invalid characters")
     if spec.master_addr is not None:
-        _check(bool(_HOST_RE.match(spec.master_addr)), "master_addr", spec.master_addr, "expected a host or IP")
+        _check(
+            bool(_HOST_RE.match(spec.master_addr)), "master_addr", spec.master_addr, "expected a host or IP"
+        )
     if spec.master_port is not None:
-        _check(isinstance(spec.master_port, int) and 1024 <= spec.master_port <= 65535,
-               "master_port", spec.master_port, "expected a port in 1024-65535")
+        _check(
+            isinstance(spec.master_port, int) and 1024 <= spec.master_port <= 65535,
+            "master_port",
+            spec.master_port,
+            "expected a port in 1024-65535",
+        )
     for a in spec.extra_args:
         _check(isinstance(a, str) and bool(_ARG_RE.match(a)), "extra_args", a, "expected a plain token")
     if spec.hw_class is not None:
         _check(bool(_PRINTABLE.match(spec.hw_class)), "hw_class", spec.hw_class, "expected printable text")
     if spec.policy_path is not None:
-        _check(bool(_PATH_RE.match(spec.policy_path)), "policy_path", spec.policy_path, "expected an absolute path")
+        _check(
+            bool(_PATH_RE.match(spec.policy_path)),
+            "policy_path",
+            spec.policy_path,
+            "expected an absolute path",
+        )
     python = policy.python or sys.executable
     _check(bool(_PATH_RE.match(python)), "sweeps.python", python, "expected an absolute path")
     wdir = str(workload_dir(policy))
@@ -123,16 +150,20 @@ def render_sweep_script(spec: SweepJobSpec, policy: SweepPolicy, template_dir: P
         "time_limit_min": str(limit),
         "log_path": spec.log_path,
         "opt_reservation": f"#SBATCH --reservation={spec.reservation}" if spec.reservation else "",
-        "opt_partition": (f"#SBATCH --partition={spec.partition or policy.partition}"
-                          if (spec.partition or policy.partition) else ""),
+        "opt_partition": (
+            f"#SBATCH --partition={spec.partition or policy.partition}"
+            if (spec.partition or policy.partition)
+            else ""
+        ),
         "opt_gres": f"#SBATCH --gres={spec.gres}" if spec.gres else "",
         "python": shlex.quote(python),
         "workload_dir": shlex.quote(wdir),
         "out_path": shlex.quote(spec.out_path),
         "args": " ".join(shlex.quote(a) for a in args),
         "master_addr": shlex.quote(spec.master_addr) if spec.master_addr else '"$(hostname)"',
-        "master_port": (str(spec.master_port) if spec.master_port is not None
-                        else '"$((20000 + SLURM_JOB_ID % 20000))"'),
+        "master_port": (
+            str(spec.master_port) if spec.master_port is not None else '"$((20000 + SLURM_JOB_ID % 20000))"'
+        ),
     }
     tdir = template_dir or (Path(wdir) / "templates")
     name = "node_sweep.sbatch" if spec.kind == "node" else "pair_sweep.sbatch"
@@ -165,7 +196,19 @@ def placeholders(text: str) -> set[str]:
 
 def small_workload_args(duration: float = 1.0, sizes_mb: Sequence[int] = (1,)) -> tuple[str, ...]:
     """Small settings for demo/test sweeps on a shared CPU: short GEMMs, small buffers."""
-    return ("--duration", f"{duration:g}", "--gemm-size", "128", "--dtypes", "float32,bfloat16",
-            "--membw-bytes", str(4 << 20),
-            "--message-sizes-mb", ",".join(str(s) for s in sizes_mb), "--repeats", "2",
-            "--threads", "1")
+    return (
+        "--duration",
+        f"{duration:g}",
+        "--gemm-size",
+        "128",
+        "--dtypes",
+        "float32,bfloat16",
+        "--membw-bytes",
+        str(4 << 20),
+        "--message-sizes-mb",
+        ",".join(str(s) for s in sizes_mb),
+        "--repeats",
+        "2",
+        "--threads",
+        "1",
+    )

@@ -46,10 +46,10 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
-from slurmguard.config import ToolStage
+from slurmguard.config import ToolStage, ToolStages
 
 EVIDENCE_CHARS = 4000
 MIB = 1 << 20
@@ -67,9 +67,14 @@ class StageOutcome:
     evidence: str = ""
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "reason": self.reason[:1000],
-                "seconds": round(self.seconds, 3), "figures": dict(self.figures),
-                "evidence": self.evidence[-EVIDENCE_CHARS:]}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "reason": self.reason[:1000],
+            "seconds": round(self.seconds, 3),
+            "figures": dict(self.figures),
+            "evidence": self.evidence[-EVIDENCE_CHARS:],
+        }
 
 
 class ParseError(ValueError):
@@ -96,7 +101,7 @@ def parse_dcgm_diag(text: str) -> Parsed:
     if start < 0 or end < start:
         raise ParseError("no JSON document in the output")
     try:
-        doc = json.loads(text[start:end + 1])
+        doc = json.loads(text[start : end + 1])
     except json.JSONDecodeError as exc:
         raise ParseError(f"invalid JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(doc, dict):
@@ -252,8 +257,10 @@ def parse_ib_write_bw(text: str) -> Parsed:
     factor = {"Gb/sec": 1 / 8.0, "MB/sec": MIB / 1e9}.get(unit)
     if factor is None:
         raise ParseError(f"unknown bandwidth unit {unit!r}")
-    return Parsed((), {"bytes": float(last[0]), "peak_gbps": float(last[2]) * factor,
-                       "avg_gbps": float(last[3]) * factor})
+    return Parsed(
+        (),
+        {"bytes": float(last[0]), "peak_gbps": float(last[2]) * factor, "avg_gbps": float(last[3]) * factor},
+    )
 
 
 # ---------------------------------------------------------------- running
@@ -261,8 +268,15 @@ Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
 
 
 def run_argv(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                          shell=False, errors="replace", stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        shell=False,
+        errors="replace",
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def resolve(command: str) -> str | None:
@@ -272,9 +286,16 @@ def resolve(command: str) -> str | None:
     return shutil.which(command)
 
 
-def run_stage(name: str, cfg: ToolStage, args: Sequence[str], parse: Callable[[str], Parsed], *,
-              min_key: str | None = None, runner: Runner = run_argv,
-              applicable: str | None = None) -> StageOutcome:
+def run_stage(
+    name: str,
+    cfg: ToolStage,
+    args: Sequence[str],
+    parse: Callable[[str], Parsed],
+    *,
+    min_key: str | None = None,
+    runner: Runner = run_argv,
+    applicable: str | None = None,
+) -> StageOutcome:
     """Run one tool stage and judge its output (module docstring)."""
     if cfg.run == "never":
         return StageOutcome(name, "skipped", "switched off in the policy")
@@ -291,7 +312,9 @@ def run_stage(name: str, cfg: ToolStage, args: Sequence[str], parse: Callable[[s
         proc = runner(argv, cfg.timeout_s)
     except subprocess.TimeoutExpired as exc:
         out = _text(exc.stdout) + _text(exc.stderr)
-        return StageOutcome(name, "error", f"timed out after {cfg.timeout_s:g}s", time.monotonic() - t0, {}, out)
+        return StageOutcome(
+            name, "error", f"timed out after {cfg.timeout_s:g}s", time.monotonic() - t0, {}, out
+        )
     except OSError as exc:
         return StageOutcome(name, "error", f"cannot run {exe}: {exc.strerror or exc}", time.monotonic() - t0)
     secs = time.monotonic() - t0
@@ -304,17 +327,20 @@ def run_stage(name: str, cfg: ToolStage, args: Sequence[str], parse: Callable[[s
     if parsed.failed:
         return StageOutcome(name, "fail", "; ".join(parsed.failed)[:1000], secs, parsed.figures, out)
     if parsed.errors:
-        return StageOutcome(name, "error", "configuration: " + "; ".join(parsed.errors)[:990], secs,
-                            parsed.figures, out)
+        return StageOutcome(
+            name, "error", "configuration: " + "; ".join(parsed.errors)[:990], secs, parsed.figures, out
+        )
     if proc.returncode != 0:
-        return StageOutcome(name, "error", f"exit {proc.returncode} without a reported failure", secs,
-                            parsed.figures, out)
+        return StageOutcome(
+            name, "error", f"exit {proc.returncode} without a reported failure", secs, parsed.figures, out
+        )
     if cfg.min_gbps is not None and min_key is not None:
         low = {k: v for k, v in parsed.figures.items() if re.fullmatch(min_key, k) and v < cfg.min_gbps}
         if low:
             k, v = min(low.items(), key=lambda kv: kv[1])
-            return StageOutcome(name, "fail", f"{k} {v:.4g} GB/s below {cfg.min_gbps:g}", secs,
-                                parsed.figures, out)
+            return StageOutcome(
+                name, "fail", f"{k} {v:.4g} GB/s below {cfg.min_gbps:g}", secs, parsed.figures, out
+            )
     return StageOutcome(name, "pass", "ok", secs, parsed.figures, out)
 
 
@@ -324,20 +350,47 @@ def _text(b: bytes | str | None) -> str:
     return b.decode("utf-8", "replace") if isinstance(b, bytes) else b
 
 
-def node_stages(stages, *, gpus: int, device: str, runner: Runner = run_argv) -> list[StageOutcome]:
+def node_stages(
+    stages: ToolStages, *, gpus: int, device: str, runner: Runner = run_argv
+) -> list[StageOutcome]:
     """The 1-node sweep's stages: DCGM diagnostics, nccl-tests all-reduce, nvbandwidth."""
     cpu = "the CPU path has no GPU" if device != "cuda" else None
-    out = [run_stage("dcgm_diag", stages.dcgm_diag, ["diag", "-r", str(stages.dcgm_level), "-j"],
-                     parse_dcgm_diag, runner=runner, applicable=cpu)]
-    out.append(run_stage("nccl_all_reduce", stages.nccl_all_reduce, ["-g", str(max(gpus, 1)), "-c", "1"],
-                         parse_nccl_tests, min_key=r"busbw_gbps/.*", runner=runner,
-                         applicable=cpu or ("one GPU: nothing to reduce" if gpus < 2 else None)))
-    out.append(run_stage("nvbandwidth", stages.nvbandwidth, [], parse_nvbandwidth,
-                         min_key=r".*/min_gbps", runner=runner, applicable=cpu))
+    out = [
+        run_stage(
+            "dcgm_diag",
+            stages.dcgm_diag,
+            ["diag", "-r", str(stages.dcgm_level), "-j"],
+            parse_dcgm_diag,
+            runner=runner,
+            applicable=cpu,
+        )
+    ]
+    out.append(
+        run_stage(
+            "nccl_all_reduce",
+            stages.nccl_all_reduce,
+            ["-g", str(max(gpus, 1)), "-c", "1"],
+            parse_nccl_tests,
+            min_key=r"busbw_gbps/.*",
+            runner=runner,
+            applicable=cpu or ("one GPU: nothing to reduce" if gpus < 2 else None),
+        )
+    )
+    out.append(
+        run_stage(
+            "nvbandwidth",
+            stages.nvbandwidth,
+            [],
+            parse_nvbandwidth,
+            min_key=r".*/min_gbps",
+            runner=runner,
+            applicable=cpu,
+        )
+    )
     return out
 
 
-def ib_hcas(stages, sysfs: str = "/sys/class/infiniband") -> list[str]:
+def ib_hcas(stages: ToolStages, sysfs: str = "/sys/class/infiniband") -> list[str]:
     """The HCAs ib_write_bw measures: the policy's list, else every device in sysfs."""
     if stages.ib_hcas:
         return list(stages.ib_hcas)
@@ -357,7 +410,14 @@ def merge_outcomes(name: str, parts: Sequence[tuple[str, StageOutcome]]) -> Stag
     status = next(k for k, v in rank.items() if v == worst)
     reasons = [f"{dev}: {o.reason}" for dev, o in parts if rank[o.status] == worst]
     figures = {f"{dev}/{k}": v for dev, o in parts for k, v in o.figures.items()}
-    evidence = "\n".join(f"== {dev}\n{o.evidence[-EVIDENCE_CHARS // max(1, len(parts)):]}" for dev, o in parts)
-    return StageOutcome(name, status, "; ".join(reasons) if status != "pass" else "ok",
-                        sum(o.seconds for _, o in parts), figures, evidence)
-
+    evidence = "\n".join(
+        f"== {dev}\n{o.evidence[-EVIDENCE_CHARS // max(1, len(parts)) :]}" for dev, o in parts
+    )
+    return StageOutcome(
+        name,
+        status,
+        "; ".join(reasons) if status != "pass" else "ok",
+        sum(o.seconds for _, o in parts),
+        figures,
+        evidence,
+    )

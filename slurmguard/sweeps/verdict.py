@@ -40,13 +40,16 @@ import fnmatch
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Sequence
 
 from slurmguard.config import ModelFloor, SweepPolicy
 from slurmguard.sweeps.baseline import (
-    ClassBaseline, Metric, expected_keys, extract_metrics,
+    ClassBaseline,
+    Metric,
+    expected_keys,
+    extract_metrics,
 )
 from slurmguard.sweeps.result import ResultError, SweepResult, Transfer, parse_result_text
 
@@ -128,8 +131,12 @@ class SweepJudgment:
         return describe_basis(self.basis, self.basis_nodes, self.basis_model)
 
 
-BASIS_NAMES = {"class": "class baseline", "peers": "same-window peers", "floor": "policy floor",
-               "none": "no reference"}
+BASIS_NAMES = {
+    "class": "class baseline",
+    "peers": "same-window peers",
+    "floor": "policy floor",
+    "none": "no reference",
+}
 
 
 def describe_basis(basis: str, nodes: Sequence[str] = (), model: str | None = None) -> str:
@@ -157,9 +164,14 @@ def floor_value(key: str, floor: ModelFloor) -> float | None:
     if family.startswith("gemm_"):
         spec = floor.gemm_tflops.get(family[5:])
     else:
-        spec = {"membw": floor.membw_gbps, "p2p": floor.p2p_gbps,
-                "allreduce_intra": floor.allreduce_intra_gbps, "send": floor.send_gbps,
-                "recv": floor.send_gbps, "allreduce_cross": floor.allreduce_cross_gbps}.get(family)
+        spec = {
+            "membw": floor.membw_gbps,
+            "p2p": floor.p2p_gbps,
+            "allreduce_intra": floor.allreduce_intra_gbps,
+            "send": floor.send_gbps,
+            "recv": floor.send_gbps,
+            "allreduce_cross": floor.allreduce_cross_gbps,
+        }.get(family)
     return None if spec is None else spec * floor.fraction
 
 
@@ -206,38 +218,69 @@ def reference_status(reference: str, history: Iterable[PastSweep], policy: Sweep
     same reference in a row point at the reference, not at both partners.
     """
     past = sorted(history, key=lambda p: p.result.finished)
-    own = [p for p in past if p.result.node_under_test == reference and p.outcome in
-           (Outcome.PASS, Outcome.BOOTSTRAP, Outcome.FAIL)]
+    own = [
+        p
+        for p in past
+        if p.result.node_under_test == reference
+        and p.outcome in (Outcome.PASS, Outcome.BOOTSTRAP, Outcome.FAIL)
+    ]
     if not own:
         return ReferenceStatus(reference, False, f"{reference} has no judged sweep of its own")
     if not own[-1].outcome.returns_node:
         return ReferenceStatus(reference, False, f"{reference} failed its last own sweep")
     partners: list[str] = []
-    for p in reversed([p for p in past if p.result.kind == "pair" and p.result.reference == reference
-                       and p.outcome in (Outcome.PASS, Outcome.BOOTSTRAP, Outcome.FAIL)]):
+    for p in reversed(
+        [
+            p
+            for p in past
+            if p.result.kind == "pair"
+            and p.result.reference == reference
+            and p.outcome in (Outcome.PASS, Outcome.BOOTSTRAP, Outcome.FAIL)
+        ]
+    ):
         if p.outcome is not Outcome.FAIL:
             break
         partners.append(p.result.node_under_test)
     distinct = len(set(partners))
     if distinct >= policy.reference_max_failures:
-        return ReferenceStatus(reference, False,
-                               f"{reference} failed its last {len(partners)} pair sweeps as reference"
-                               f" with {distinct} different partners")
+        return ReferenceStatus(
+            reference,
+            False,
+            f"{reference} failed its last {len(partners)} pair sweeps as reference"
+            f" with {distinct} different partners",
+        )
     return ReferenceStatus(reference, True, f"{reference} passed its last own sweep")
 
 
 # ---------------------------------------------------------------- judging
-def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline | None,
-              policy: SweepPolicy, suspected: bool = True, reference: str | None = None,
-              ref_status: ReferenceStatus | None = None, peers: ClassBaseline | None = None,
-              use_floor: bool = True) -> SweepJudgment:
+def judge_job(
+    job: JobOutcome,
+    *,
+    kind: str,
+    node: str,
+    baseline: ClassBaseline | None,
+    policy: SweepPolicy,
+    suspected: bool = True,
+    reference: str | None = None,
+    ref_status: ReferenceStatus | None = None,
+    peers: ClassBaseline | None = None,
+    use_floor: bool = True,
+) -> SweepJudgment:
     """SweepJudgment for a finished sweep job: crash/timeout/no result/malformed result fail."""
     label = "sweep1" if kind == "node" else "sweep2" if kind == "pair" else "sweepN"
     state = (job.state.split() or ["UNKNOWN"])[0].upper()
 
     def fail(short: str, detail: str, result: SweepResult | None = None) -> SweepJudgment:
-        return SweepJudgment(node, kind, label, Outcome.FAIL, make_reason(f"{label} {short}"), detail,
-                       result=result, reference=reference)
+        return SweepJudgment(
+            node,
+            kind,
+            label,
+            Outcome.FAIL,
+            make_reason(f"{label} {short}"),
+            detail,
+            result=result,
+            reference=reference,
+        )
 
     result: SweepResult | None = None
     parse_error: ResultError | None = None
@@ -250,8 +293,11 @@ def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline 
         label = result.label
     if result is not None and result.errors:
         e = result.errors[0]
-        return fail(f"error in {e.where}: {e.message[:48]}",
-                    f"{len(result.errors)} error(s); first: {e.where}: {e.message}", result)
+        return fail(
+            f"error in {e.where}: {e.message[:48]}",
+            f"{len(result.errors)} error(s); first: {e.where}: {e.message}",
+            result,
+        )
     if state == "TIMEOUT":
         return fail("timed out", f"sweep job ended in TIMEOUT (exit {job.exit_code})", result)
     if state != "COMPLETED":
@@ -269,19 +315,33 @@ def judge_job(job: JobOutcome, *, kind: str, node: str, baseline: ClassBaseline 
     if result is None:
         return fail("no result", f"{job.source}: the sweep completed but wrote no result")
     if result.kind != kind or result.node_under_test != node:
-        return fail(f"bad result: {result.kind} of {result.node_under_test}",
-                    f"{job.source}: expected a {kind} sweep of {node}, got a {result.kind} sweep of"
-                    f" {result.node_under_test}", result)
+        return fail(
+            f"bad result: {result.kind} of {result.node_under_test}",
+            f"{job.source}: expected a {kind} sweep of {node}, got a {result.kind} sweep of"
+            f" {result.node_under_test}",
+            result,
+        )
     if reference is not None and result.reference != reference:
-        return fail(f"bad result: reference {result.reference}",
-                    f"{job.source}: expected reference {reference}, got {result.reference}", result)
-    return judge_result(result, baseline, policy, suspected=suspected, ref_status=ref_status,
-                        peers=peers, use_floor=use_floor)
+        return fail(
+            f"bad result: reference {result.reference}",
+            f"{job.source}: expected reference {reference}, got {result.reference}",
+            result,
+        )
+    return judge_result(
+        result, baseline, policy, suspected=suspected, ref_status=ref_status, peers=peers, use_floor=use_floor
+    )
 
 
-def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: SweepPolicy, *,
-                 suspected: bool = True, ref_status: ReferenceStatus | None = None,
-                 peers: ClassBaseline | None = None, use_floor: bool = True) -> SweepJudgment:
+def judge_result(
+    result: SweepResult,
+    baseline: ClassBaseline | None,
+    policy: SweepPolicy,
+    *,
+    suspected: bool = True,
+    ref_status: ReferenceStatus | None = None,
+    peers: ClassBaseline | None = None,
+    use_floor: bool = True,
+) -> SweepJudgment:
     """SweepJudgment for a parsed 1-node or 2-node result against the first reference that
     exists: class baseline, same-window peers, policy floor (module docstring).
     use_floor=False: peers can still be swept, so the loose floor must not judge yet."""
@@ -290,8 +350,9 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
     node, label, tol = result.node_under_test, result.label, policy.pass_tolerance
     for b in (baseline, peers):
         if b is not None and (b.hw_class != result.hw_class or b.kind != result.kind):
-            raise ValueError(f"baseline of {b.hw_class}/{b.kind} cannot judge a"
-                             f" {result.hw_class}/{result.kind} result")
+            raise ValueError(
+                f"baseline of {b.hw_class}/{b.kind} cannot judge a {result.hw_class}/{result.kind} result"
+            )
 
     ref: ClassBaseline | None = None
     floor: ModelFloor | None = None
@@ -304,16 +365,36 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
     basis = ref.basis if ref is not None else "floor" if floor is not None else "none"
     basis_nodes = ref.nodes if ref is not None else ()
 
-    def verdict(outcome: Outcome, short: str, detail: str, failures: Sequence[MetricCheck] = (),
-                checks: Sequence[MetricCheck] = ()) -> SweepJudgment:
-        return SweepJudgment(node, result.kind, label, outcome, make_reason(f"{label} {short}"), detail,
-                       tuple(failures), tuple(checks), result, result.reference, basis, basis_nodes,
-                       floor.model if floor is not None else None)
+    def verdict(
+        outcome: Outcome,
+        short: str,
+        detail: str,
+        failures: Sequence[MetricCheck] = (),
+        checks: Sequence[MetricCheck] = (),
+    ) -> SweepJudgment:
+        return SweepJudgment(
+            node,
+            result.kind,
+            label,
+            outcome,
+            make_reason(f"{label} {short}"),
+            detail,
+            tuple(failures),
+            tuple(checks),
+            result,
+            result.reference,
+            basis,
+            basis_nodes,
+            floor.model if floor is not None else None,
+        )
 
     if result.errors:
         e = result.errors[0]
-        return verdict(Outcome.FAIL, f"error in {e.where}: {e.message[:48]}",
-                       f"{len(result.errors)} error(s); first: {e.where}: {e.message}")
+        return verdict(
+            Outcome.FAIL,
+            f"error in {e.where}: {e.message[:48]}",
+            f"{len(result.errors)} error(s); first: {e.where}: {e.message}",
+        )
     if result.devices_per_node == 0:
         return verdict(Outcome.FAIL, "no GPUs", "the sweep found no devices on the node")
     failed_stages = [st for st in result.stages if st.status == "fail"]
@@ -322,12 +403,20 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
         more = f" +{len(failed_stages) - 1} stages" if len(failed_stages) > 1 else ""
         if result.kind == "pair" and not (ref_status and ref_status.trusted):
             why = ref_status.why if ref_status else f"{result.reference} has no trust record"
-            return verdict(Outcome.INCONCLUSIVE, f"inconclusive, reference {result.reference} untrusted",
-                           f"stage {st.name} failed: {st.reason}; not blamed on {node}: {why}")
-        return verdict(Outcome.FAIL, f"{st.name} fail: {st.reason[:60]}{more}",
-                       "; ".join(f"stage {x.name} failed: {x.reason}" for x in failed_stages),
-                       [MetricCheck(f"stage/{x.name}", x.name, None, None, 0, "stage", None, False)
-                        for x in failed_stages])
+            return verdict(
+                Outcome.INCONCLUSIVE,
+                f"inconclusive, reference {result.reference} untrusted",
+                f"stage {st.name} failed: {st.reason}; not blamed on {node}: {why}",
+            )
+        return verdict(
+            Outcome.FAIL,
+            f"{st.name} fail: {st.reason[:60]}{more}",
+            "; ".join(f"stage {x.name} failed: {x.reason}" for x in failed_stages),
+            [
+                MetricCheck(f"stage/{x.name}", x.name, None, None, 0, "stage", None, False)
+                for x in failed_stages
+            ],
+        )
 
     metrics = extract_metrics(result)
     checks: list[MetricCheck] = []
@@ -345,14 +434,24 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
 
     if ref is not None:
         if ref.devices_per_node is not None and ref.devices_per_node != result.devices_per_node:
-            checks.append(MetricCheck("devices_per_node", "gpus", float(result.devices_per_node),
-                                      float(ref.devices_per_node), ref.node_count, basis, None, False))
+            checks.append(
+                MetricCheck(
+                    "devices_per_node",
+                    "gpus",
+                    float(result.devices_per_node),
+                    float(ref.devices_per_node),
+                    ref.node_count,
+                    basis,
+                    None,
+                    False,
+                )
+            )
         for key, m in metrics.items():
-            b = ref.metrics.get(key)
-            if b is None or b.count < need or b.median <= 0:
+            mb = ref.metrics.get(key)
+            if mb is None or mb.count < need or mb.median <= 0:
                 continue
-            dev = m.value / b.median - 1.0
-            checks.append(MetricCheck(key, m.label, m.value, b.median, b.count, basis, dev, dev >= -tol))
+            dev = m.value / mb.median - 1.0
+            checks.append(MetricCheck(key, m.label, m.value, mb.median, mb.count, basis, dev, dev >= -tol))
     elif floor is not None:
         for key, m in metrics.items():
             lo = floor_value(key, floor)
@@ -371,41 +470,73 @@ def judge_result(result: SweepResult, baseline: ClassBaseline | None, policy: Sw
             if compared:
                 short += ", " + _describe(min(compared, key=lambda c: c.deviation or 0.0))
         detail = "; ".join(_describe(c, long=True) for c in failures[:8])
-        if result.kind == "pair" and not (ref_status and ref_status.trusted) and \
-                any(c.basis in ("class", "peers", "floor") for c in failures):
+        if (
+            result.kind == "pair"
+            and not (ref_status and ref_status.trusted)
+            and any(c.basis in ("class", "peers", "floor") for c in failures)
+        ):
             why = ref_status.why if ref_status else f"{result.reference} has no trust record"
-            return verdict(Outcome.INCONCLUSIVE, f"inconclusive, reference {result.reference} untrusted",
-                           f"{detail}; not blamed on {node}: {why}", failures, checks)
+            return verdict(
+                Outcome.INCONCLUSIVE,
+                f"inconclusive, reference {result.reference} untrusted",
+                f"{detail}; not blamed on {node}: {why}",
+                failures,
+                checks,
+            )
         return verdict(Outcome.FAIL, short, detail, failures, checks)
     broken = [st for st in result.stages if st.status == "error"]
     if broken:
         st = broken[0]
-        return verdict(Outcome.INCONCLUSIVE, f"stage {st.name} error: {st.reason[:60]}",
-                       "; ".join(f"stage {x.name} could not run properly: {x.reason}" for x in broken)
-                       + "; the node is neither failed nor returned on this sweep", (), checks)
+        return verdict(
+            Outcome.INCONCLUSIVE,
+            f"stage {st.name} error: {st.reason[:60]}",
+            "; ".join(f"stage {x.name} could not run properly: {x.reason}" for x in broken)
+            + "; the node is neither failed nor returned on this sweep",
+            (),
+            checks,
+        )
     judged = {c.key for c in checks if c.basis == basis}
     if basis == "none" or (basis == "floor" and not judged):
         have_c = baseline.node_count if baseline is not None else 0
         have_p = peers.node_count if peers is not None else 0
-        why = (f"class {have_c}/{policy.bootstrap_min_nodes}, peers {have_p}/{policy.peer_min_nodes},"
-               f" no floor for {result.device_name[:40]}")
+        why = (
+            f"class {have_c}/{policy.bootstrap_min_nodes}, peers {have_p}/{policy.peer_min_nodes},"
+            f" no floor for {result.device_name[:40]}"
+        )
         if suspected:
-            return verdict(Outcome.INSUFFICIENT_BASELINE, f"no reference: {why}",
-                           f"class {result.hw_class!r}: {have_c} healthy node(s) in its baseline"
-                           f" ({policy.bootstrap_min_nodes} needed), {have_p} same-window peer(s)"
-                           f" ({policy.peer_min_nodes} needed), no policy floor covering"
-                           f" {result.device_name!r}; a suspected node is not returned without one",
-                           (), checks)
-        return verdict(Outcome.BOOTSTRAP, f"bootstrap sample ({have_c + 1}/{policy.bootstrap_min_nodes} nodes)",
-                       f"unsuspected node seeds the {result.hw_class!r} baseline", (), checks)
+            return verdict(
+                Outcome.INSUFFICIENT_BASELINE,
+                f"no reference: {why}",
+                f"class {result.hw_class!r}: {have_c} healthy node(s) in its baseline"
+                f" ({policy.bootstrap_min_nodes} needed), {have_p} same-window peer(s)"
+                f" ({policy.peer_min_nodes} needed), no policy floor covering"
+                f" {result.device_name!r}; a suspected node is not returned without one",
+                (),
+                checks,
+            )
+        return verdict(
+            Outcome.BOOTSTRAP,
+            f"bootstrap sample ({have_c + 1}/{policy.bootstrap_min_nodes} nodes)",
+            f"unsuspected node seeds the {result.hw_class!r} baseline",
+            (),
+            checks,
+        )
     unjudged = [k for k in metrics if k not in judged]
     if unjudged and basis != "floor":
         # a floor covers what the admin gave figures for; a median must cover every metric
         outcome = Outcome.INSUFFICIENT_BASELINE if suspected else Outcome.BOOTSTRAP
-        return verdict(outcome, f"{len(unjudged)} metrics without {BASIS_NAMES[basis]}",
-                       f"no {BASIS_NAMES[basis]} for {', '.join(sorted(unjudged)[:6])}", (), checks)
-    what = (f"at or above {describe_basis(basis, (), floor.model if floor else None)}"
-            if basis == "floor" else f"within {tol:.0%} of the {describe_basis(basis, basis_nodes)} median")
+        return verdict(
+            outcome,
+            f"{len(unjudged)} metrics without {BASIS_NAMES[basis]}",
+            f"no {BASIS_NAMES[basis]} for {', '.join(sorted(unjudged)[:6])}",
+            (),
+            checks,
+        )
+    what = (
+        f"at or above {describe_basis(basis, (), floor.model if floor else None)}"
+        if basis == "floor"
+        else f"within {tol:.0%} of the {describe_basis(basis, basis_nodes)} median"
+    )
     extra = f"; {len(unjudged)} metrics without a floor figure" if unjudged else ""
     short = "pass" if basis == "class" else f"pass vs {basis}"
     return verdict(Outcome.PASS, short, f"{len(judged)} metrics {what}{extra}", (), checks)
@@ -448,17 +579,29 @@ def throttle_checks(result: SweepResult, policy: SweepPolicy) -> list[MetricChec
     bad = set(policy.throttle_fail_reasons)
     for d in result.devices:
         share = (d.telemetry or {}).get("throttle_share") or {}
-        hits = sorted(((x, n) for n, x in share.items() if n in bad and x >= policy.throttle_fail_share),
-                      reverse=True)
+        hits = sorted(
+            ((x, n) for n, x in share.items() if n in bad and x >= policy.throttle_fail_share), reverse=True
+        )
         if hits:
             x, name = hits[0]
-            out.append(MetricCheck(f"throttle/gpu{d.index}", f"gpu{d.index} throttled ({name} {x:.0%})",
-                                   x, policy.throttle_fail_share, 0, "telemetry", None, False))
+            out.append(
+                MetricCheck(
+                    f"throttle/gpu{d.index}",
+                    f"gpu{d.index} throttled ({name} {x:.0%})",
+                    x,
+                    policy.throttle_fail_share,
+                    0,
+                    "telemetry",
+                    None,
+                    False,
+                )
+            )
     return out
 
 
-def _node_peer_checks(result: SweepResult, metrics: dict[str, Metric],
-                      policy: SweepPolicy) -> list[MetricCheck]:
+def _node_peer_checks(
+    result: SweepResult, metrics: dict[str, Metric], policy: SweepPolicy
+) -> list[MetricCheck]:
     """Each GPU against the median of its node's GPUs, per metric family (1-node only)."""
     if result.kind != "node" or result.devices_per_node < policy.peer_min_devices:
         return []
@@ -503,8 +646,9 @@ class LinkDiagnosis:
     """Slow (src, dst) node pairs whose ends are otherwise fine: a cable or switch port."""
 
 
-def localize_links(transfers: Sequence[Transfer], policy: SweepPolicy,
-                   baseline: ClassBaseline | None = None) -> LinkDiagnosis:
+def localize_links(
+    transfers: Sequence[Transfer], policy: SweepPolicy, baseline: ClassBaseline | None = None
+) -> LinkDiagnosis:
     """Name the node or link behind slow transfers of a ring/tree pass sweep.
 
     Each transfer is compared with the class baseline of 2-node sends of the same GPU and
@@ -533,8 +677,11 @@ def localize_links(transfers: Sequence[Transfer], policy: SweepPolicy,
         if ref is None:
             ref = statistics.median(by_size[t.size_mb])
         dev = t.gbps / ref - 1.0 if ref > 0 else 0.0
-        checks.append(LinkCheck(t.src_node, t.dst_node, t.src_gpu, t.size_mb, t.gbps, ref, dev,
-                                dev >= -policy.pass_tolerance))
+        checks.append(
+            LinkCheck(
+                t.src_node, t.dst_node, t.src_gpu, t.size_mb, t.gbps, ref, dev, dev >= -policy.pass_tolerance
+            )
+        )
     links: dict[str, set[frozenset[str]]] = defaultdict(set)
     slow: dict[str, set[frozenset[str]]] = defaultdict(set)
     for c in checks:
@@ -544,19 +691,34 @@ def localize_links(transfers: Sequence[Transfer], policy: SweepPolicy,
             if not c.ok:
                 slow[n].add(pair)
     suspects = sorted(n for n in links if len(slow[n]) >= 2 and 2 * len(slow[n]) >= len(links[n]))
-    lone = sorted({(c.src_node, c.dst_node) for c in checks if not c.ok
-                   and c.src_node not in suspects and c.dst_node not in suspects})
+    lone = sorted(
+        {
+            (c.src_node, c.dst_node)
+            for c in checks
+            if not c.ok and c.src_node not in suspects and c.dst_node not in suspects
+        }
+    )
     return LinkDiagnosis(tuple(checks), tuple(suspects), tuple(lone))
 
 
-def judge_multi(result: SweepResult, policy: SweepPolicy,
-                baseline: ClassBaseline | None = None) -> list[SweepJudgment]:
+def judge_multi(
+    result: SweepResult, policy: SweepPolicy, baseline: ClassBaseline | None = None
+) -> list[SweepJudgment]:
     """One verdict per node of a multi-node pass sweep (suspects fail, the rest pass)."""
     if result.errors:
         e = result.errors[0]
-        return [SweepJudgment(n, result.kind, result.label, Outcome.FAIL,
-                        make_reason(f"{result.label} error in {e.where}: {e.message[:48]}"),
-                        f"{e.where}: {e.message}", result=result) for n in result.nodes]
+        return [
+            SweepJudgment(
+                n,
+                result.kind,
+                result.label,
+                Outcome.FAIL,
+                make_reason(f"{result.label} error in {e.where}: {e.message[:48]}"),
+                f"{e.where}: {e.message}",
+                result=result,
+            )
+            for n in result.nodes
+        ]
     diag = localize_links(result.transfers, policy, baseline)
     out = []
     for n in result.nodes:
@@ -565,13 +727,33 @@ def judge_multi(result: SweepResult, policy: SweepPolicy,
             bad = sorted((c for c in mine if not c.ok), key=lambda c: c.deviation)
             worst = bad[0]
             peer = worst.dst_node if worst.src_node == n else worst.src_node
-            out.append(SweepJudgment(n, result.kind, result.label, Outcome.FAIL,
-                               make_reason(f"{result.label} gpu{worst.gpu} link {n}-{peer}"
-                                           f" {_pct(worst.deviation)} vs class, {len(bad)} slow links"),
-                               "; ".join(f"{c.src_node}->{c.dst_node} gpu{c.gpu} {c.size_mb}MB"
-                                         f" {_pct(c.deviation)}" for c in bad[:8]), result=result))
+            out.append(
+                SweepJudgment(
+                    n,
+                    result.kind,
+                    result.label,
+                    Outcome.FAIL,
+                    make_reason(
+                        f"{result.label} gpu{worst.gpu} link {n}-{peer}"
+                        f" {_pct(worst.deviation)} vs class, {len(bad)} slow links"
+                    ),
+                    "; ".join(
+                        f"{c.src_node}->{c.dst_node} gpu{c.gpu} {c.size_mb}MB {_pct(c.deviation)}"
+                        for c in bad[:8]
+                    ),
+                    result=result,
+                )
+            )
         else:
-            out.append(SweepJudgment(n, result.kind, result.label, Outcome.PASS,
-                               make_reason(f"{result.label} pass"),
-                               f"{len(mine)} link measurements", result=result))
+            out.append(
+                SweepJudgment(
+                    n,
+                    result.kind,
+                    result.label,
+                    Outcome.PASS,
+                    make_reason(f"{result.label} pass"),
+                    f"{len(mine)} link measurements",
+                    result=result,
+                )
+            )
     return out

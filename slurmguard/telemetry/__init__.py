@@ -16,11 +16,29 @@ from __future__ import annotations
 from typing import Any
 
 from slurmguard.errors import ConfigError
-from slurmguard.telemetry.base import (HARD_XIDS, Deadline, Reading, Signal, SourceEvent, TelemetrySample,
-                                       TelemetrySource, UnavailableSet)
+from slurmguard.telemetry.base import (
+    HARD_XIDS,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    TelemetrySample,
+    TelemetrySource,
+    UnavailableSet,
+)
 
-__all__ = ["HARD_XIDS", "Deadline", "MultiSource", "Reading", "Signal", "SourceEvent", "TelemetrySample",
-           "TelemetrySource", "UnavailableSet", "open_source"]
+__all__ = [
+    "HARD_XIDS",
+    "Deadline",
+    "MultiSource",
+    "Reading",
+    "Signal",
+    "SourceEvent",
+    "TelemetrySample",
+    "TelemetrySource",
+    "UnavailableSet",
+    "open_source",
+]
 
 DEFAULT_TARGETS = ("http://127.0.0.1:9400/metrics", "http://127.0.0.1:9100/metrics")
 
@@ -43,9 +61,16 @@ class MultiSource:
             s.close()
 
 
-def open_source(kind: str, node: str, *, infiniband: bool = False, ib_root: str = "/sys/class/infiniband",
-                expected_ports: tuple[str, ...] | list[str] = (), targets: tuple[str, ...] = DEFAULT_TARGETS,
-                **kw: Any) -> TelemetrySource | None:
+def open_source(
+    kind: str,
+    node: str,
+    *,
+    infiniband: bool = False,
+    ib_root: str = "/sys/class/infiniband",
+    expected_ports: tuple[str, ...] | list[str] = (),
+    targets: tuple[str, ...] = DEFAULT_TARGETS,
+    **kw: Any,
+) -> TelemetrySource | None:
     """A source for agent.telemetry_source: sim | nvml | dcgm | prometheus | none.
 
     infiniband (nvml, dcgm): also sample the IB/RoCE ports under ib_root, with
@@ -62,11 +87,13 @@ def open_source(kind: str, node: str, *, infiniband: bool = False, ib_root: str 
     if kind == "prometheus":
         from slurmguard.telemetry.prometheus import PrometheusSource, Target
 
-        return PrometheusSource([Target(u, node) for u in targets], expected_ports=tuple(expected_ports), **kw)
+        return PrometheusSource(
+            [Target(u, node) for u in targets], expected_ports=tuple(expected_ports), **kw
+        )
     if kind == "nvml":
         from slurmguard.telemetry.nvml import NvmlSource
 
-        gpu: Any = NvmlSource(node, **kw)
+        gpu: TelemetrySource = NvmlSource(node, **kw)
     elif kind == "dcgm":
         from slurmguard.telemetry.dcgm import DcgmSource
 
@@ -77,6 +104,11 @@ def open_source(kind: str, node: str, *, infiniband: bool = False, ib_root: str 
         return gpu
     from slurmguard.telemetry.infiniband import InfinibandSource
 
-    ib = InfinibandSource(node, ib_root, clock=kw.get("clock"), timeout_s=kw.get("timeout_s", 2.0),
-                          expected_ports=tuple(expected_ports))
+    ib = InfinibandSource(
+        node,
+        ib_root,
+        clock=kw.get("clock"),
+        timeout_s=kw.get("timeout_s", 2.0),
+        expected_ports=tuple(expected_ports),
+    )
     return MultiSource([gpu, ib])

@@ -29,13 +29,24 @@ The reader is injected so tests run against recorded values.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, CounterRates, Deadline, Reading, Signal, SourceEvent,
-                                       SourceTimeout, Unavailable, ValueChange, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    ValueChange,
+    sample,
+)
 from slurmguard.telemetry.nvml import THERMAL_BITS
 
 BINDING_DIRS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")
@@ -70,8 +81,11 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField(155, ("DCGM_FI_DEV_POWER_USAGE",), Signal.POWER),
     DcgmField(203, ("DCGM_FI_DEV_GPU_UTIL",), Signal.GPU_UTIL),
     DcgmField(204, ("DCGM_FI_DEV_MEM_COPY_UTIL",), Signal.MEM_UTIL),
-    DcgmField(112, ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
-              Signal.THROTTLE_REASONS),
+    DcgmField(
+        112,
+        ("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"),
+        Signal.THROTTLE_REASONS,
+    ),
     DcgmField(230, ("DCGM_FI_DEV_XID_ERRORS",), Signal.XID),
     DcgmField(202, ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",), Signal.PCIE_REPLAY),
     DcgmField(310, ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",), Signal.ECC_SBE),
@@ -80,8 +94,11 @@ FIELDS: tuple[DcgmField, ...] = (
     DcgmField(394, ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",), Signal.REMAPPED_ROWS_COR),
     DcgmField(395, ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), Signal.ROW_REMAP_FAILURE),
     DcgmField(396, ("DCGM_FI_DEV_ROW_REMAP_PENDING",), Signal.ROW_REMAP_PENDING),
-    DcgmField(1523, ("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", "DCGM_FI_DEV_GPU_RECOVERY_ACTION"),
-              Signal.RECOVERY_ACTION),
+    DcgmField(
+        1523,
+        ("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION", "DCGM_FI_DEV_GPU_RECOVERY_ACTION"),
+        Signal.RECOVERY_ACTION,
+    ),
     DcgmField(1002, ("DCGM_FI_PROF_SM_ACTIVE",), Signal.SM_ACTIVE),
     DcgmField(1004, ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",), Signal.TENSOR_ACTIVE),
     DcgmField(1005, ("DCGM_FI_PROF_DRAM_ACTIVE",), Signal.DRAM_ACTIVE),
@@ -108,8 +125,9 @@ class DcgmSignals:
         self.rates = CounterRates()
         self.xid = ValueChange()
 
-    def emit(self, out: Reading, node: str, gpu: int, values: dict[str, float], ts: float,
-             source: str = "dcgm") -> None:
+    def emit(
+        self, out: Reading, node: str, gpu: int, values: dict[str, float], ts: float, source: str = "dcgm"
+    ) -> None:
         """values: signal -> value for one GPU (NVLink parts already summed)."""
         for sig, v in values.items():
             if sig == Signal.XID:
@@ -118,14 +136,24 @@ class DcgmSignals:
                 if seen == "changed" and v > 0:
                     out.samples.append(sample(node, sig, v, ts, gpu=gpu))
                 elif seen == "first" and v > 0:
-                    out.events.append(SourceEvent(node, source, "info", f"GPU {gpu}: last XID {int(v)} happened "
-                                                  "before this source started (time unknown): not flagged; "
-                                                  "see the kernel log", ts, gpu=gpu))
+                    out.events.append(
+                        SourceEvent(
+                            node,
+                            source,
+                            "info",
+                            f"GPU {gpu}: last XID {int(v)} happened "
+                            "before this source started (time unknown): not flagged; "
+                            "see the kernel log",
+                            ts,
+                            gpu=gpu,
+                        )
+                    )
                 continue
             out.samples.append(sample(node, sig, v, ts, gpu=gpu))
             if sig == Signal.THROTTLE_REASONS:
-                out.samples.append(sample(node, Signal.THERMAL_THROTTLE, 1 if int(v) & THERMAL_BITS else 0, ts,
-                                          gpu=gpu))
+                out.samples.append(
+                    sample(node, Signal.THERMAL_THROTTLE, 1 if int(v) & THERMAL_BITS else 0, ts, gpu=gpu)
+                )
             elif sig == Signal.ECC_DBE:
                 d = self.rates.delta((node, gpu, "dbe"), v)
                 if d is not None:
@@ -153,15 +181,24 @@ def load_reader(update_frequency_us: int = 1_000_000) -> tuple[Any, list[int]]:
     lookup = getattr(dcgm_fields, "DcgmFieldGetById", None)
     ids = [f.fid for f in FIELDS]
     unknown = [fid for fid in ids if lookup is not None and lookup(fid) is None]
-    reader = DcgmReader(fieldIds=[fid for fid in ids if fid not in unknown], updateFrequency=update_frequency_us)
+    reader = DcgmReader(
+        fieldIds=[fid for fid in ids if fid not in unknown], updateFrequency=update_frequency_us
+    )
     return reader, unknown
 
 
 class DcgmSource:
     name = "dcgm"
 
-    def __init__(self, node: str, reader: Any | None = None, *, clock: Clock | None = None,
-                 timeout_s: float = 2.0, reader_factory: Callable[[], tuple[Any, list[int]]] = load_reader) -> None:
+    def __init__(
+        self,
+        node: str,
+        reader: Any | None = None,
+        *,
+        clock: Clock | None = None,
+        timeout_s: float = 2.0,
+        reader_factory: Callable[[], tuple[Any, list[int]]] = load_reader,
+    ) -> None:
         self.node = node
         self.clock = clock or SystemClock()
         self.deadline = Deadline(timeout_s)
@@ -189,12 +226,18 @@ class DcgmSource:
                 self.reader, self._unknown = self.deadline.call(self._factory)
                 for fid in self._unknown:
                     f = BY_ID[fid]
-                    self.unavailable.mark(out, self.node, f.key,
-                                          f"{f.names[0]} ({fid}): this DCGM version does not know the field", ts)
+                    self.unavailable.mark(
+                        out,
+                        self.node,
+                        f.key,
+                        f"{f.names[0]} ({fid}): this DCGM version does not know the field",
+                        ts,
+                    )
                 return True
             except ImportError as exc:
-                self._no_bindings = (f"DCGM Python bindings not found ({exc}); looked in "
-                                     f"{', '.join(BINDING_DIRS)}")
+                self._no_bindings = (
+                    f"DCGM Python bindings not found ({exc}); looked in {', '.join(BINDING_DIRS)}"
+                )
             except SourceTimeout as exc:
                 self._down(out, f"connecting to nv-hostengine: {exc}", ts)
                 return False
@@ -211,7 +254,7 @@ class DcgmSource:
     def sample(self) -> Reading:
         out = Reading()
         ts = self.clock.now()
-        if not self._connect(out, ts):
+        if not self._connect(out, ts) or self.reader is None:
             return out
         try:
             data = self.deadline.call(self.reader.GetLatestGpuValuesAsFieldIdDict)
@@ -248,8 +291,15 @@ class DcgmSource:
                 if f.key in got:
                     self.unavailable.clear(out, self.node, f.key, ts, gpu=gpu)
                 else:
-                    self.unavailable.mark(out, self.node, f.key, f"GPU {gpu}: {field_names(f.key)}: no value "
-                                          "(blank: not supported on this GPU, or a module such as profiling "
-                                          "is not loaded)", ts, gpu=gpu)
+                    self.unavailable.mark(
+                        out,
+                        self.node,
+                        f.key,
+                        f"GPU {gpu}: {field_names(f.key)}: no value "
+                        "(blank: not supported on this GPU, or a module such as profiling "
+                        "is not loaded)",
+                        ts,
+                        gpu=gpu,
+                    )
             self.signals.emit(out, self.node, gpu, values, ts)
         return out

@@ -115,8 +115,11 @@ class _GpmMetricsGet:
 
 
 #: GPM metric id -> key of the device's "gpm" entry (percent over the interval)
-_GPM_KEYS = {_real.NVML_GPM_METRIC_SM_UTIL: "sm_util_pct", _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL:
-             "any_tensor_util_pct", _real.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_bw_util_pct"}
+_GPM_KEYS = {
+    _real.NVML_GPM_METRIC_SM_UTIL: "sm_util_pct",
+    _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "any_tensor_util_pct",
+    _real.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_bw_util_pct",
+}
 
 
 class _Utilization:
@@ -144,7 +147,7 @@ class FakeNvml:
                 setattr(self, name, getattr(_real, name))
 
     @classmethod
-    def from_fixture(cls, path: str | Path, **kw: Any) -> "FakeNvml":
+    def from_fixture(cls, path: str | Path, **kw: Any) -> FakeNvml:
         data = json.loads(Path(path).read_text())
         return cls(data["devices"], **kw)
 
@@ -158,13 +161,15 @@ class FakeNvml:
                 # a fresh pointer object per event, as ctypes returns it
                 s["queue"].append(_EventData(_Handle(index), _real.nvmlEventTypeXidCriticalError, xid))
 
-    def _enter(self, fn: str, handle: _Handle | None = None, feature: str | None = None) -> dict | None:
+    def _enter(self, fn: str) -> None:
         if fn in self.hang:
             self._release.wait()
         if not self._init and fn != "nvmlInit":
             raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
-        if handle is None:
-            return None
+
+    def _device(self, fn: str, handle: _Handle, feature: str | None = None) -> dict[str, Any]:
+        """_enter, then the device a handle names, or the NVML error a real driver returns."""
+        self._enter(fn)
         if not isinstance(handle, _Handle) or handle.index >= len(self.devices):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         dev = self.devices[handle.index]
@@ -194,66 +199,75 @@ class FakeNvml:
         return self._handles[index]
 
     def nvmlDeviceGetIndex(self, h: _Handle) -> int:
-        self._enter("nvmlDeviceGetIndex", h)
+        self._device("nvmlDeviceGetIndex", h)
         return h.index
 
     def nvmlDeviceGetName(self, h: _Handle) -> str:
-        return self._enter("nvmlDeviceGetName", h)["name"]
+        return str(self._device("nvmlDeviceGetName", h)["name"])
 
     def nvmlDeviceGetUUID(self, h: _Handle) -> str:
-        return self._enter("nvmlDeviceGetUUID", h)["uuid"]
+        return str(self._device("nvmlDeviceGetUUID", h)["uuid"])
 
     def nvmlDeviceGetTemperature(self, h: _Handle, sensor: int) -> int:
-        dev = self._enter("nvmlDeviceGetTemperature", h, "temperature")
+        dev = self._device("nvmlDeviceGetTemperature", h, "temperature")
         if sensor != _real.NVML_TEMPERATURE_GPU:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return int(dev["temperature_gpu_c"])
 
     def nvmlDeviceGetClockInfo(self, h: _Handle, clock_type: int) -> int:
-        dev = self._enter("nvmlDeviceGetClockInfo", h, "clocks")
-        key = {_real.NVML_CLOCK_GRAPHICS: "clock_graphics_mhz", _real.NVML_CLOCK_SM: "clock_sm_mhz",
-               _real.NVML_CLOCK_MEM: "clock_mem_mhz"}.get(clock_type)
+        dev = self._device("nvmlDeviceGetClockInfo", h, "clocks")
+        key = {
+            _real.NVML_CLOCK_GRAPHICS: "clock_graphics_mhz",
+            _real.NVML_CLOCK_SM: "clock_sm_mhz",
+            _real.NVML_CLOCK_MEM: "clock_mem_mhz",
+        }.get(clock_type)
         if key is None:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         return int(dev[key])
 
     def nvmlDeviceGetPowerUsage(self, h: _Handle) -> int:
-        return int(self._enter("nvmlDeviceGetPowerUsage", h, "power")["power_usage_mw"])
+        return int(self._device("nvmlDeviceGetPowerUsage", h, "power")["power_usage_mw"])
 
     def nvmlDeviceGetUtilizationRates(self, h: _Handle) -> _Utilization:
-        dev = self._enter("nvmlDeviceGetUtilizationRates", h, "utilization")
+        dev = self._device("nvmlDeviceGetUtilizationRates", h, "utilization")
         return _Utilization(int(dev["utilization_gpu_pct"]), int(dev["utilization_memory_pct"]))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: _Handle) -> int:
-        return int(self._enter("nvmlDeviceGetCurrentClocksEventReasons", h, "clocks_event_reasons")
-                   ["clocks_event_reasons"])
+        return int(
+            self._device("nvmlDeviceGetCurrentClocksEventReasons", h, "clocks_event_reasons")[
+                "clocks_event_reasons"
+            ]
+        )
 
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 
     def nvmlDeviceGetTotalEccErrors(self, h: _Handle, error_type: int, counter_type: int) -> int:
-        dev = self._enter("nvmlDeviceGetTotalEccErrors", h, "ecc")
+        dev = self._device("nvmlDeviceGetTotalEccErrors", h, "ecc")
         kind = "corrected" if error_type == _real.NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrected"
         when = "volatile" if counter_type == _real.NVML_VOLATILE_ECC else "aggregate"
         return int(dev["ecc"][f"{when}_{kind}"])
 
     def nvmlDeviceGetPcieReplayCounter(self, h: _Handle) -> int:
-        return int(self._enter("nvmlDeviceGetPcieReplayCounter", h, "pcie_replay")["pcie_replay_counter"])
+        return int(self._device("nvmlDeviceGetPcieReplayCounter", h, "pcie_replay")["pcie_replay_counter"])
 
     def nvmlDeviceGetNvLinkState(self, h: _Handle, link: int) -> int:
-        dev = self._enter("nvmlDeviceGetNvLinkState", h, "nvlink")
+        dev = self._device("nvmlDeviceGetNvLinkState", h, "nvlink")
         links = dev.get("nvlink", [])
         if link >= len(links):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        return _real.NVML_FEATURE_ENABLED if links[link]["active"] else _real.NVML_FEATURE_DISABLED
+        return int(_real.NVML_FEATURE_ENABLED if links[link]["active"] else _real.NVML_FEATURE_DISABLED)
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: _Handle, link: int, counter: int) -> int:
-        dev = self._enter("nvmlDeviceGetNvLinkErrorCounter", h, "nvlink")
+        dev = self._device("nvmlDeviceGetNvLinkErrorCounter", h, "nvlink")
         links = dev.get("nvlink", [])
         if link >= len(links):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        key = {_real.NVML_NVLINK_ERROR_DL_REPLAY: "replay", _real.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
-               _real.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
-               _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data"}.get(counter)
+        key = {
+            _real.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+            _real.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+            _real.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+            _real.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+        }.get(counter)
         if key is None:
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
         if key in links[link].get("unsupported", ()):
@@ -262,15 +276,19 @@ class FakeNvml:
 
     def nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
         """(corrRows, uncRows, isPending, failureOccurred), as pynvml returns them."""
-        dev = self._enter("nvmlDeviceGetRemappedRows", h, "remapped_rows")
+        dev = self._device("nvmlDeviceGetRemappedRows", h, "remapped_rows")
         rr = dev.get("remapped_rows")
         if rr is None:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-        return (int(rr.get("correctable", 0)), int(rr.get("uncorrectable", 0)),
-                int(bool(rr.get("pending", False))), int(bool(rr.get("failure", False))))
+        return (
+            int(rr.get("correctable", 0)),
+            int(rr.get("uncorrectable", 0)),
+            int(bool(rr.get("pending", False))),
+            int(bool(rr.get("failure", False))),
+        )
 
     def nvmlDeviceGetFieldValues(self, h: _Handle, field_ids: list[int]) -> list[_FieldValue]:
-        dev = self._enter("nvmlDeviceGetFieldValues", h)
+        dev = self._device("nvmlDeviceGetFieldValues", h)
         out = []
         for fid in field_ids:
             if fid == _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and "gpu_recovery_action" in dev:
@@ -281,7 +299,7 @@ class FakeNvml:
 
     # GPM (Hopper+): a metric is computed between two samples of the same GPU
     def nvmlGpmQueryDeviceSupport(self, h: _Handle) -> _GpmSupport:
-        return _GpmSupport("gpm" in self._enter("nvmlGpmQueryDeviceSupport", h))
+        return _GpmSupport("gpm" in self._device("nvmlGpmQueryDeviceSupport", h))
 
     def nvmlGpmSampleAlloc(self) -> _GpmSample:
         self._enter("nvmlGpmSampleAlloc")
@@ -291,7 +309,7 @@ class FakeNvml:
         self._enter("nvmlGpmSampleFree")
 
     def nvmlGpmSampleGet(self, h: _Handle, s: _GpmSample) -> _GpmSample:
-        dev = self._enter("nvmlGpmSampleGet", h)
+        dev = self._device("nvmlGpmSampleGet", h)
         if "gpm" not in dev:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
         self._gpm_seq += 1
@@ -301,10 +319,16 @@ class FakeNvml:
     def nvmlGpmMetricsGet(self, mg: _GpmMetricsGet) -> _GpmMetricsGet:
         self._enter("nvmlGpmMetricsGet")
         a, b = mg.sample1, mg.sample2
-        if (mg.version != _real.NVML_GPM_METRICS_GET_VERSION or a is None or b is None or a.device is None
-                or a.device != b.device or a.seq >= b.seq):
+        if (
+            mg.version != _real.NVML_GPM_METRICS_GET_VERSION
+            or a is None
+            or b is None
+            or a.device is None
+            or a.device != b.device
+            or a.seq >= b.seq
+        ):
             raise _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)
-        for m in mg.metrics[:mg.numMetrics]:
+        for m in mg.metrics[: mg.numMetrics]:
             key = _GPM_KEYS.get(m.metricId)
             if key is None or key not in b.values:
                 m.nvmlReturn = _real.NVML_ERROR_NOT_SUPPORTED
@@ -318,18 +342,19 @@ class FakeNvml:
         self._sets.append(s)
         return s
 
-    def nvmlDeviceRegisterEvents(self, h: _Handle, event_types: int, event_set: dict) -> None:
-        self._enter("nvmlDeviceRegisterEvents", h, "events")
+    def nvmlDeviceRegisterEvents(self, h: _Handle, event_types: int, event_set: dict[str, Any]) -> None:
+        self._device("nvmlDeviceRegisterEvents", h, "events")
         if event_types & _real.nvmlEventTypeXidCriticalError:
             event_set["registered"].add(h.index)
 
-    def nvmlEventSetWait_v2(self, event_set: dict, timeout_ms: int) -> _EventData:
+    def nvmlEventSetWait_v2(self, event_set: dict[str, Any], timeout_ms: int) -> _EventData:
         self._enter("nvmlEventSetWait_v2")
         if event_set["queue"]:
-            return event_set["queue"].popleft()
+            ev: _EventData = event_set["queue"].popleft()
+            return ev
         raise _real.NVMLError(_real.NVML_ERROR_TIMEOUT)
 
-    def nvmlEventSetFree(self, event_set: dict) -> None:
+    def nvmlEventSetFree(self, event_set: dict[str, Any]) -> None:
         self._enter("nvmlEventSetFree")
         if event_set in self._sets:
             self._sets.remove(event_set)

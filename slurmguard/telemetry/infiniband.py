@@ -34,23 +34,54 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, CounterRates, Deadline, Reading, Signal, SourceEvent,
-                                       SourceTimeout, Unavailable, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    sample,
+)
 
-ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "port_rcv_remote_physical_errors",
-                  "port_xmit_discards", "local_link_integrity_errors",
-                  "excessive_buffer_overrun_errors", "link_error_recovery",
-                  "port_rcv_constraint_errors", "port_xmit_constraint_errors")
-HW_ERROR_COUNTERS = ("out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
-                     "rnr_nak_retry_err", "implied_nak_seq_err")
+ERROR_COUNTERS = (
+    "symbol_error",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "link_error_recovery",
+    "port_rcv_constraint_errors",
+    "port_xmit_constraint_errors",
+)
+HW_ERROR_COUNTERS = (
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "rnr_nak_retry_err",
+    "implied_nak_seq_err",
+)
 CONGESTION_HW = ("rp_cnp_handled", "np_ecn_marked_roce_packets")
 
 #: bits of each counters/ file (kernel PORT_PMA_ATTR widths); saturates at 2^bits - 1
-COUNTER_BITS = {"symbol_error": 16, "link_error_recovery": 8, "link_downed": 8, "port_rcv_errors": 16,
-                "port_rcv_remote_physical_errors": 16, "port_rcv_switch_relay_errors": 16,
-                "port_xmit_discards": 16, "port_xmit_constraint_errors": 8, "port_rcv_constraint_errors": 8,
-                "local_link_integrity_errors": 4, "excessive_buffer_overrun_errors": 4, "VL15_dropped": 16,
-                "port_xmit_wait": 32}
+COUNTER_BITS = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+    "port_xmit_wait": 32,
+}
 #: data counters: 64-bit with extended counters, else 32-bit (then pegged at 2^32 - 1)
 DATA_COUNTERS = ("port_xmit_data", "port_rcv_data")
 STATE_ACTIVE = 4
@@ -121,8 +152,11 @@ class ExpectedPorts:
         return sorted(p for n, p in self.learned if n == node and p not in seen)
 
     def describe(self) -> str:
-        return (f"agent.telemetry.ib_expected_ports {list(self.patterns)}" if self.patterns
-                else "not seen ACTIVE since the agent started")
+        return (
+            f"agent.telemetry.ib_expected_ports {list(self.patterns)}"
+            if self.patterns
+            else "not seen ACTIVE since the agent started"
+        )
 
 
 class CounterSet:
@@ -141,13 +175,30 @@ class CounterSet:
             self.pegged.append(f"{name}={value} ({bits}-bit, saturated)")
 
 
-def emit_rate(out: Reading, rates: CounterRates, unavailable: Unavailable, node: str, nic: str,
-              signal: str, key: str, counters: CounterSet, ts: float, scale: float = 1.0) -> None:
+def emit_rate(
+    out: Reading,
+    rates: CounterRates,
+    unavailable: Unavailable,
+    node: str,
+    nic: str,
+    signal: str,
+    key: str,
+    counters: CounterSet,
+    ts: float,
+    scale: float = 1.0,
+) -> None:
     """The per-second rate of `counters`, or 'unavailable' while one is saturated."""
     if counters.pegged:
         rates.rate((node, nic, key), counters.total, ts)  # keep the baseline for after a reset
-        unavailable.mark(out, node, signal, f"{nic}: {', '.join(counters.pegged)}: the rate would read 0 "
-                         "while errors go on; reset the port counters (perfquery -R) to resume", ts, nic=nic)
+        unavailable.mark(
+            out,
+            node,
+            signal,
+            f"{nic}: {', '.join(counters.pegged)}: the rate would read 0 "
+            "while errors go on; reset the port counters (perfquery -R) to resume",
+            ts,
+            nic=nic,
+        )
         return
     unavailable.clear(out, node, signal, ts, nic=nic)
     r = rates.rate((node, nic, key), counters.total, ts)
@@ -160,9 +211,15 @@ class InfinibandSource:
 
     name = "infiniband"
 
-    def __init__(self, node: str, root: str | Path = "/sys/class/infiniband", *,
-                 clock: Clock | None = None, timeout_s: float = 2.0,
-                 expected_ports: tuple[str, ...] | list[str] | None = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        root: str | Path = "/sys/class/infiniband",
+        *,
+        clock: Clock | None = None,
+        timeout_s: float = 2.0,
+        expected_ports: tuple[str, ...] | list[str] | None = None,
+    ) -> None:
         self.node = node
         self.root = Path(root)
         self.clock = clock or SystemClock()
@@ -187,7 +244,9 @@ class InfinibandSource:
     def _scan(self, ts: float) -> Reading:
         out = Reading()
         if not self.root.is_dir():
-            self.unavailable.mark(out, self.node, WHOLE_SOURCE, f"{self.root}: no InfiniBand/RoCE devices", ts)
+            self.unavailable.mark(
+                out, self.node, WHOLE_SOURCE, f"{self.root}: no InfiniBand/RoCE devices", ts
+            )
             return out
         self.unavailable.clear(out, self.node, WHOLE_SOURCE, ts)
         seen: set[str] = set()
@@ -197,8 +256,16 @@ class InfinibandSource:
                 self._port(out, dev.name, port, ts)
         for nic in self.expected.missing(self.node, seen):
             out.samples.append(sample(self.node, Signal.NIC_STATE, 0, ts, nic=nic))
-            out.events.append(SourceEvent(self.node, self.name, "error",
-                                          f"{nic}: expected port missing from {self.root}", ts, nic=nic))
+            out.events.append(
+                SourceEvent(
+                    self.node,
+                    self.name,
+                    "error",
+                    f"{nic}: expected port missing from {self.root}",
+                    ts,
+                    nic=nic,
+                )
+            )
         return out
 
     def _port(self, out: Reading, dev: str, port: Path, ts: float) -> None:
@@ -213,14 +280,25 @@ class InfinibandSource:
             phys = parse_state(_read(port / "phys_state") or "0: unknown")
             rate = parse_rate_gbps(_read(port / "rate") or "0 Gb/sec")
         except (ValueError, IndexError) as exc:
-            out.events.append(SourceEvent(node, self.name, "error", f"{port}: unparsable: {exc}", ts, nic=nic))
+            out.events.append(
+                SourceEvent(node, self.name, "error", f"{port}: unparsable: {exc}", ts, nic=nic)
+            )
             return
         if not self.expected.expected(node, nic, state == STATE_ACTIVE):
             if nic not in self._ignored:
                 self._ignored.add(nic)
                 layer = _read(port / "link_layer") or "unknown link layer"
-                out.events.append(SourceEvent(node, self.name, "info", f"{nic} ({layer}, state {st}): not an "
-                                              f"expected port ({self.expected.describe()}); ignored", ts, nic=nic))
+                out.events.append(
+                    SourceEvent(
+                        node,
+                        self.name,
+                        "info",
+                        f"{nic} ({layer}, state {st}): not an "
+                        f"expected port ({self.expected.describe()}); ignored",
+                        ts,
+                        nic=nic,
+                    )
+                )
             return
         self._ignored.discard(nic)
         out.samples.append(sample(node, Signal.NIC_STATE, 1 if state == STATE_ACTIVE else 0, ts, nic=nic))
@@ -237,7 +315,9 @@ class InfinibandSource:
             if sig == Signal.NIC_TX_BYTES:
                 cs = CounterSet()
                 cs.add(f"{name}_64" if wide is not None else name, words, scale=4)
-                emit_rate(out, self.rates, self.unavailable, node, nic, Signal.NIC_TX_GBPS, "tx", cs, ts, 8 / 1e9)
+                emit_rate(
+                    out, self.rates, self.unavailable, node, nic, Signal.NIC_TX_GBPS, "tx", cs, ts, 8 / 1e9
+                )
         errs = CounterSet()
         for n in ERROR_COUNTERS:
             errs.add(n, _int(c / n))
@@ -249,8 +329,14 @@ class InfinibandSource:
         if downed is not None:
             out.samples.append(sample(node, Signal.NIC_LINK_DOWNED, downed, ts, nic=nic))
             if saturated("link_downed", downed):
-                self.unavailable.mark(out, node, Signal.NIC_LINK_DOWNED, f"{nic}: link_downed={downed} (8-bit, "
-                                      "saturated): new flaps no longer count", ts, nic=nic)
+                self.unavailable.mark(
+                    out,
+                    node,
+                    Signal.NIC_LINK_DOWNED,
+                    f"{nic}: link_downed={downed} (8-bit, saturated): new flaps no longer count",
+                    ts,
+                    nic=nic,
+                )
         cong = CounterSet()
         cong.add("port_xmit_wait", _int(c / "port_xmit_wait"))
         for n in CONGESTION_HW:

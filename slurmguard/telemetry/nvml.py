@@ -32,8 +32,18 @@ from __future__ import annotations
 from typing import Any
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, XID_RECOVERY_ACTION, CounterRates, Deadline, Reading, Signal,
-                                       SourceEvent, SourceTimeout, Unavailable, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    XID_RECOVERY_ACTION,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    sample,
+)
 
 THERMAL_BITS = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
 
@@ -49,8 +59,9 @@ class NvmlSource:
 
     name = "nvml"
 
-    def __init__(self, node: str, nvml: Any | None = None, *, clock: Clock | None = None,
-                 timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, node: str, nvml: Any | None = None, *, clock: Clock | None = None, timeout_s: float = 2.0
+    ) -> None:
         self.node = node
         self.nv = nvml if nvml is not None else load_pynvml()
         self.clock = clock or SystemClock()
@@ -61,7 +72,7 @@ class NvmlSource:
         self._handles: list[Any] = []
         self._links: dict[int, list[int]] = {}
         self._gpm: dict[int, list[Any]] = {}  # GPU -> [previous sample, current sample]
-        self._gpm_primed: set[int] = set()     # GPUs with a previous GPM sample
+        self._gpm_primed: set[int] = set()  # GPUs with a previous GPM sample
         self._events: Any = None
         self._init_error: str | None = None
         self._pending = Reading()  # events from setup, handed out with the first sample
@@ -90,8 +101,14 @@ class NvmlSource:
                     nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, self._events)
                 except nv.NVMLError as exc:
                     self._unsupported.add((i, Signal.XID))
-                    self.unavailable.mark(self._pending, self.node, Signal.XID,
-                                          f"GPU {i}: XID events: {exc}", self.clock.now(), gpu=i)
+                    self.unavailable.mark(
+                        self._pending,
+                        self.node,
+                        Signal.XID,
+                        f"GPU {i}: XID events: {exc}",
+                        self.clock.now(),
+                        gpu=i,
+                    )
             links = []
             for link in range(nv.NVML_NVLINK_MAX_LINKS):
                 try:
@@ -118,8 +135,9 @@ class NvmlSource:
         if why is not None:
             for sig in GPM_METRICS.values():
                 self._unsupported.add((i, sig))
-                self.unavailable.mark(self._pending, self.node, sig, f"GPU {i}: {sig} via NVML: {why}",
-                                      self.clock.now(), gpu=i)
+                self.unavailable.mark(
+                    self._pending, self.node, sig, f"GPU {i}: {sig} via NVML: {why}", self.clock.now(), gpu=i
+                )
 
     def close(self) -> None:
         nv = self.nv
@@ -154,8 +172,17 @@ class NvmlSource:
             out.events.append(SourceEvent(self.node, self.name, "timeout", f"XID events: {exc}", ts))
         return out
 
-    def _get(self, out: Reading, i: int, signal: str, ts: float, fn: Any, *args: Any,
-             what: str | None = None, report: bool = True) -> Any:
+    def _get(
+        self,
+        out: Reading,
+        i: int,
+        signal: str,
+        ts: float,
+        fn: Any,
+        *args: Any,
+        what: str | None = None,
+        report: bool = True,
+    ) -> Any:
         """One NVML getter: value, or None after recording why it is absent.
 
         `what` names the exact reading when one signal is read in parts (an
@@ -177,8 +204,9 @@ class NvmlSource:
                 return None
             if code == nv.NVML_ERROR_GPU_IS_LOST:
                 raise _GpuLost() from None
-            out.events.append(SourceEvent(self.node, self.name, "error",
-                                          f"GPU {i}: {signal}: {exc}", ts, gpu=i))
+            out.events.append(
+                SourceEvent(self.node, self.name, "error", f"GPU {i}: {signal}: {exc}", ts, gpu=i)
+            )
             return None
 
     def _sample_gpu(self, i: int, h: Any, ts: float) -> Reading:
@@ -186,7 +214,9 @@ class NvmlSource:
         out = Reading()
         node = self.node
         try:
-            v = self._get(out, i, Signal.GPU_TEMP, ts, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            v = self._get(
+                out, i, Signal.GPU_TEMP, ts, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU
+            )
             if v is not None:
                 out.samples.append(sample(node, Signal.GPU_TEMP, v, ts, gpu=i))
             v = self._get(out, i, Signal.SM_CLOCK, ts, nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
@@ -200,18 +230,38 @@ class NvmlSource:
                 out.samples.append(sample(node, Signal.GPU_UTIL, u.gpu, ts, gpu=i))
                 out.samples.append(sample(node, Signal.MEM_UTIL, u.memory, ts, gpu=i))
             # newer drivers name it "clocks event reasons"; the old name is deprecated
-            getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-                nv.nvmlDeviceGetCurrentClocksThrottleReasons
+            getter = (
+                getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+            )
             v = self._get(out, i, Signal.THROTTLE_REASONS, ts, getter, h)
             if v is not None:
                 out.samples.append(sample(node, Signal.THROTTLE_REASONS, v, ts, gpu=i))
-                out.samples.append(sample(node, Signal.THERMAL_THROTTLE, 1 if v & THERMAL_BITS else 0, ts, gpu=i))
-            v = self._get(out, i, Signal.ECC_SBE, ts, nv.nvmlDeviceGetTotalEccErrors, h,
-                          nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, nv.NVML_VOLATILE_ECC)
+                out.samples.append(
+                    sample(node, Signal.THERMAL_THROTTLE, 1 if v & THERMAL_BITS else 0, ts, gpu=i)
+                )
+            v = self._get(
+                out,
+                i,
+                Signal.ECC_SBE,
+                ts,
+                nv.nvmlDeviceGetTotalEccErrors,
+                h,
+                nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                nv.NVML_VOLATILE_ECC,
+            )
             if v is not None:
                 out.samples.append(sample(node, Signal.ECC_SBE, v, ts, gpu=i))
-            v = self._get(out, i, Signal.ECC_DBE, ts, nv.nvmlDeviceGetTotalEccErrors, h,
-                          nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+            v = self._get(
+                out,
+                i,
+                Signal.ECC_DBE,
+                ts,
+                nv.nvmlDeviceGetTotalEccErrors,
+                h,
+                nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nv.NVML_VOLATILE_ECC,
+            )
             if v is not None:
                 out.samples.append(sample(node, Signal.ECC_DBE, v, ts, gpu=i))
                 d = self.rates.delta((i, "dbe"), v)
@@ -223,14 +273,17 @@ class NvmlSource:
                 r = self.rates.rate((i, "pcie"), v, ts)
                 if r is not None:
                     out.samples.append(sample(node, Signal.PCIE_REPLAY_RATE, r, ts, gpu=i))
-            rows = self._get(out, i, Signal.ROW_REMAP_PENDING, ts, nv.nvmlDeviceGetRemappedRows, h,
-                             what="row_remapping")
+            rows = self._get(
+                out, i, Signal.ROW_REMAP_PENDING, ts, nv.nvmlDeviceGetRemappedRows, h, what="row_remapping"
+            )
             if rows is not None:
                 corr, unc, pending, failure = rows
-                out.samples += [sample(node, Signal.REMAPPED_ROWS_COR, corr, ts, gpu=i),
-                                sample(node, Signal.REMAPPED_ROWS_UNC, unc, ts, gpu=i),
-                                sample(node, Signal.ROW_REMAP_PENDING, 1 if pending else 0, ts, gpu=i),
-                                sample(node, Signal.ROW_REMAP_FAILURE, 1 if failure else 0, ts, gpu=i)]
+                out.samples += [
+                    sample(node, Signal.REMAPPED_ROWS_COR, corr, ts, gpu=i),
+                    sample(node, Signal.REMAPPED_ROWS_UNC, unc, ts, gpu=i),
+                    sample(node, Signal.ROW_REMAP_PENDING, 1 if pending else 0, ts, gpu=i),
+                    sample(node, Signal.ROW_REMAP_FAILURE, 1 if failure else 0, ts, gpu=i),
+                ]
             action = self._recovery_action(out, i, h, ts)
             if action is not None:
                 out.samples.append(sample(node, Signal.RECOVERY_ACTION, action, ts, gpu=i))
@@ -238,8 +291,9 @@ class NvmlSource:
             self._gpm_metrics(out, i, h, ts)
         except _GpuLost:
             out.samples.append(sample(node, Signal.GPU_LOST, 1, ts, gpu=i))
-            out.events.append(SourceEvent(node, self.name, "hard_failure",
-                                          f"GPU {i}: NVML_ERROR_GPU_IS_LOST", ts, gpu=i))
+            out.events.append(
+                SourceEvent(node, self.name, "hard_failure", f"GPU {i}: NVML_ERROR_GPU_IS_LOST", ts, gpu=i)
+            )
         return out
 
     def _recovery_action(self, out: Reading, i: int, h: Any, ts: float) -> int | None:
@@ -259,8 +313,14 @@ class NvmlSource:
         if fv.nvmlReturn != nv.NVML_SUCCESS:
             if fv.nvmlReturn in (nv.NVML_ERROR_NOT_SUPPORTED, nv.NVML_ERROR_NO_PERMISSION):
                 self._unsupported.add((i, Signal.RECOVERY_ACTION))
-            self.unavailable.mark(out, self.node, Signal.RECOVERY_ACTION,
-                                  f"GPU {i}: {Signal.RECOVERY_ACTION}: {nv.NVMLError(fv.nvmlReturn)}", ts, gpu=i)
+            self.unavailable.mark(
+                out,
+                self.node,
+                Signal.RECOVERY_ACTION,
+                f"GPU {i}: {Signal.RECOVERY_ACTION}: {nv.NVMLError(fv.nvmlReturn)}",
+                ts,
+                gpu=i,
+            )
             return None
         self.unavailable.clear(out, self.node, Signal.RECOVERY_ACTION, ts, gpu=i)
         return int(fv.value.uiVal)
@@ -292,8 +352,14 @@ class NvmlSource:
                 out.samples.append(sample(self.node, sig, m.value / 100.0, ts, gpu=i))  # % -> ratio
                 self.unavailable.clear(out, self.node, sig, ts, gpu=i)
             else:
-                self.unavailable.mark(out, self.node, sig, f"GPU {i}: {sig} via NVML GPM: "
-                                      f"{nv.NVMLError(m.nvmlReturn)}", ts, gpu=i)
+                self.unavailable.mark(
+                    out,
+                    self.node,
+                    sig,
+                    f"GPU {i}: {sig} via NVML GPM: {nv.NVMLError(m.nvmlReturn)}",
+                    ts,
+                    gpu=i,
+                )
 
     def _nvlink(self, out: Reading, i: int, h: Any, ts: float) -> None:
         nv = self.nv
@@ -304,15 +370,34 @@ class NvmlSource:
         down = 0
         got = False
         for link in links:
-            st = self._get(out, i, Signal.NVLINK_DOWN, ts, nv.nvmlDeviceGetNvLinkState, h, link,
-                           what=f"nvlink_state.link{link}", report=False)
+            st = self._get(
+                out,
+                i,
+                Signal.NVLINK_DOWN,
+                ts,
+                nv.nvmlDeviceGetNvLinkState,
+                h,
+                link,
+                what=f"nvlink_state.link{link}",
+                report=False,
+            )
             if st is not None and st != nv.NVML_FEATURE_ENABLED:
                 down += 1
             for counter, cname in NVLINK_COUNTERS:
                 # Hopper answers NOT_SUPPORTED for some DL counters: switch off that
                 # counter of that link only, never every NVLink counter of the GPU
-                v = self._get(out, i, Signal.NVLINK_ERRORS, ts, nv.nvmlDeviceGetNvLinkErrorCounter,
-                              h, link, getattr(nv, counter), what=f"nvlink_{cname}.link{link}", report=False)
+                v = self._get(
+                    out,
+                    i,
+                    Signal.NVLINK_ERRORS,
+                    ts,
+                    nv.nvmlDeviceGetNvLinkErrorCounter,
+                    h,
+                    link,
+                    getattr(nv, counter),
+                    what=f"nvlink_{cname}.link{link}",
+                    report=False,
+                )
                 if v is not None:
                     total += v
                     got = True
@@ -320,9 +405,15 @@ class NvmlSource:
         for cname in ("state", *(c for _, c in NVLINK_COUNTERS)):
             off = [link for link in links if (i, f"nvlink_{cname}.link{link}") in self._unsupported]
             if off:
-                self.unavailable.mark(out, self.node, f"nvlink_{cname}", f"GPU {i}: NVLink {cname} not "
-                                      f"supported on link(s) {_ranges(off)}; the other counters still count",
-                                      ts, gpu=i)
+                self.unavailable.mark(
+                    out,
+                    self.node,
+                    f"nvlink_{cname}",
+                    f"GPU {i}: NVLink {cname} not "
+                    f"supported on link(s) {_ranges(off)}; the other counters still count",
+                    ts,
+                    gpu=i,
+                )
         out.samples.append(sample(self.node, Signal.NVLINK_DOWN, down, ts, gpu=i))
         if got:
             out.samples.append(sample(self.node, Signal.NVLINK_ERRORS, total, ts, gpu=i))
@@ -350,8 +441,15 @@ class NvmlSource:
             try:
                 gpu = int(nv.nvmlDeviceGetIndex(ev.device))
             except nv.NVMLError as exc:
-                out.events.append(SourceEvent(self.node, self.name, "error",
-                                              f"XID {ev.eventData}: cannot tell which GPU ({exc})", ts))
+                out.events.append(
+                    SourceEvent(
+                        self.node,
+                        self.name,
+                        "error",
+                        f"XID {ev.eventData}: cannot tell which GPU ({exc})",
+                        ts,
+                    )
+                )
                 gpu = None
             out.samples.append(sample(self.node, Signal.XID, ev.eventData, ts, gpu=gpu))
             if ev.eventData == XID_RECOVERY_ACTION and gpu is not None and gpu < len(self._handles):
@@ -372,12 +470,19 @@ class _GpuLost(Exception):
 #: GPM metric (pynvml constant) -> signal: the GPM metrics closest to DCGM's profiling
 #: fields 1002/1004/1005 (DRAM: bandwidth used vs peak, DCGM: cycles the interface is
 #: busy). NVML gives percent, DCGM ratios; the signals are ratios
-GPM_METRICS = {"NVML_GPM_METRIC_SM_UTIL": Signal.SM_ACTIVE, "NVML_GPM_METRIC_ANY_TENSOR_UTIL": Signal.TENSOR_ACTIVE,
-               "NVML_GPM_METRIC_DRAM_BW_UTIL": Signal.DRAM_ACTIVE}
+GPM_METRICS = {
+    "NVML_GPM_METRIC_SM_UTIL": Signal.SM_ACTIVE,
+    "NVML_GPM_METRIC_ANY_TENSOR_UTIL": Signal.TENSOR_ACTIVE,
+    "NVML_GPM_METRIC_DRAM_BW_UTIL": Signal.DRAM_ACTIVE,
+}
 
 #: NVLink DL error counters summed into nvlink_errors (pynvml constant, short name)
-NVLINK_COUNTERS = (("NVML_NVLINK_ERROR_DL_REPLAY", "replay"), ("NVML_NVLINK_ERROR_DL_RECOVERY", "recovery"),
-                   ("NVML_NVLINK_ERROR_DL_CRC_FLIT", "crc_flit"), ("NVML_NVLINK_ERROR_DL_CRC_DATA", "crc_data"))
+NVLINK_COUNTERS = (
+    ("NVML_NVLINK_ERROR_DL_REPLAY", "replay"),
+    ("NVML_NVLINK_ERROR_DL_RECOVERY", "recovery"),
+    ("NVML_NVLINK_ERROR_DL_CRC_FLIT", "crc_flit"),
+    ("NVML_NVLINK_ERROR_DL_CRC_DATA", "crc_data"),
+)
 
 
 def _ranges(xs: list[int]) -> str:

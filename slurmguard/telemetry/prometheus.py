@@ -26,23 +26,35 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurmguard.clock import Clock, SystemClock
-from slurmguard.telemetry.base import (WHOLE_SOURCE, CounterRates, Deadline, Reading, Signal, SourceEvent,
-                                       SourceTimeout, Unavailable, sample)
+from slurmguard.telemetry.base import (
+    WHOLE_SOURCE,
+    CounterRates,
+    Deadline,
+    Reading,
+    Signal,
+    SourceEvent,
+    SourceTimeout,
+    Unavailable,
+    sample,
+)
 from slurmguard.telemetry.dcgm import BY_NAME, FIELDS, DcgmSignals, field_names, is_blank
 from slurmguard.telemetry.infiniband import STATE_ACTIVE, CounterSet, ExpectedPorts, emit_rate
 
 #: node_exporter metric -> the sysfs counter it reads (for its width)
-IB_ERRORS = {"node_infiniband_port_errors_received_total": "port_rcv_errors",
-             "node_infiniband_port_discards_transmitted_total": "port_xmit_discards",
-             "node_infiniband_port_discards_received_total": "port_rcv_discards",
-             "node_infiniband_link_error_recovery_total": "link_error_recovery",
-             "node_infiniband_port_constraint_errors_received_total": "port_rcv_constraint_errors",
-             "node_infiniband_port_constraint_errors_transmitted_total": "port_xmit_constraint_errors"}
+IB_ERRORS = {
+    "node_infiniband_port_errors_received_total": "port_rcv_errors",
+    "node_infiniband_port_discards_transmitted_total": "port_xmit_discards",
+    "node_infiniband_port_discards_received_total": "port_rcv_discards",
+    "node_infiniband_link_error_recovery_total": "link_error_recovery",
+    "node_infiniband_port_constraint_errors_received_total": "port_rcv_constraint_errors",
+    "node_infiniband_port_constraint_errors_transmitted_total": "port_xmit_constraint_errors",
+}
 #: what every dcgm-exporter page should carry (the rest is derived from it)
 DCGM_EXPECTED = tuple(dict.fromkeys(f.key for f in FIELDS))
 
@@ -58,8 +70,15 @@ class PrometheusSource:
 
     name = "prometheus"
 
-    def __init__(self, targets: list[Target], *, clock: Clock | None = None, timeout_s: float = 5.0,
-                 fetch=None, expected_ports: tuple[str, ...] | list[str] | None = ()) -> None:
+    def __init__(
+        self,
+        targets: list[Target],
+        *,
+        clock: Clock | None = None,
+        timeout_s: float = 5.0,
+        fetch: Callable[[str], str] | None = None,
+        expected_ports: tuple[str, ...] | list[str] | None = (),
+    ) -> None:
         self.targets = targets
         self.clock = clock or SystemClock()
         self.timeout_s = timeout_s
@@ -75,7 +94,8 @@ class PrometheusSource:
 
     def _http_get(self, url: str) -> str:
         with urllib.request.urlopen(url, timeout=self.timeout_s) as resp:  # noqa: S310 (admin-set URL)
-            return resp.read().decode("utf-8", "replace")
+            body: bytes = resp.read()
+            return body.decode("utf-8", "replace")
 
     def sample(self) -> Reading:
         out = Reading()
@@ -138,16 +158,28 @@ class PrometheusSource:
             for k in sorted(got.get(key, ())):
                 self.unavailable.clear(out, node, k, ts, gpu=gpu)
             for k in sorted(blank.get(key, set()) - got.get(key, set())):
-                self.unavailable.mark(out, node, k, f"GPU {gpu}: {field_names(k)}: blank (not supported on "
-                                      "this GPU or not collected)", ts, gpu=gpu)
+                self.unavailable.mark(
+                    out,
+                    node,
+                    k,
+                    f"GPU {gpu}: {field_names(k)}: blank (not supported on this GPU or not collected)",
+                    ts,
+                    gpu=gpu,
+                )
             self.dcgm.emit(out, node, gpu, gpus.get(key, {}), ts, self.name)
         for node, keys in exported.items():
             for k in DCGM_EXPECTED:
                 if k in keys:
                     self.unavailable.clear(out, node, k, ts)
                 else:
-                    self.unavailable.mark(out, node, k, f"{field_names(k)}: not exported by dcgm-exporter "
-                                          "(add it to the exporter's counters CSV)", ts)
+                    self.unavailable.mark(
+                        out,
+                        node,
+                        k,
+                        f"{field_names(k)}: not exported by dcgm-exporter "
+                        "(add it to the exporter's counters CSV)",
+                        ts,
+                    )
         for nic, m in sorted(ports.items()):
             self._ib_port(out, default_node, nic, m, ts)
         return out
@@ -159,8 +191,9 @@ class PrometheusSource:
             return
         out.samples.append(sample(node, Signal.NIC_STATE, 1 if active else 0, ts, nic=nic))
         if "node_infiniband_physical_state_id" in m:
-            out.samples.append(sample(node, Signal.NIC_PHYS_STATE, m["node_infiniband_physical_state_id"], ts,
-                                      nic=nic))
+            out.samples.append(
+                sample(node, Signal.NIC_PHYS_STATE, m["node_infiniband_physical_state_id"], ts, nic=nic)
+            )
         if "node_infiniband_rate_bytes_per_second" in m:
             rate = m["node_infiniband_rate_bytes_per_second"] * 8 / 1e9
             out.samples.append(sample(node, Signal.NIC_RATE, rate if active else 0.0, ts, nic=nic))
@@ -173,8 +206,10 @@ class PrometheusSource:
             # the exporter multiplies the 4-octet words by 4
             cs.add("port_xmit_data_64" if wide is not None else "port_xmit_data", int(tx) // 4, scale=4)
             emit_rate(out, self.rates, self.unavailable, node, nic, Signal.NIC_TX_GBPS, "tx", cs, ts, 8 / 1e9)
-        rx = m.get("node_infiniband_legacy_data_received_bytes_total",
-                   m.get("node_infiniband_port_data_received_bytes_total"))
+        rx = m.get(
+            "node_infiniband_legacy_data_received_bytes_total",
+            m.get("node_infiniband_port_data_received_bytes_total"),
+        )
         if rx is not None:
             out.samples.append(sample(node, Signal.NIC_RX_BYTES, rx, ts, nic=nic))
         downed = m.get("node_infiniband_link_downed_total")
@@ -185,7 +220,9 @@ class PrometheusSource:
             out.samples.append(sample(node, Signal.NIC_CONGESTION, wait, ts, nic=nic))
             cong = CounterSet()
             cong.add("port_xmit_wait", int(wait))
-            emit_rate(out, self.rates, self.unavailable, node, nic, Signal.NIC_CONGESTION_RATE, "cong", cong, ts)
+            emit_rate(
+                out, self.rates, self.unavailable, node, nic, Signal.NIC_CONGESTION_RATE, "cong", cong, ts
+            )
         errs = CounterSet()
         for metric, counter in IB_ERRORS.items():
             if metric in m:

@@ -31,16 +31,23 @@ from slurmguard.clock import Clock, SystemClock
 from slurmguard.errors import InputError
 from slurmguard.telemetry.base import CounterRates, Reading, Signal, sample
 
-PROFILES = ("healthy", "thermal_throttle", "low_power", "nic_down", "link_flap", "error_burst",
-            "cpu_contention")
+PROFILES = (
+    "healthy",
+    "thermal_throttle",
+    "low_power",
+    "nic_down",
+    "link_flap",
+    "error_burst",
+    "cpu_contention",
+)
 
 
 @dataclass(frozen=True)
 class FaultSpec:
     profile: str = "healthy"
-    start_s: float = 0.0             # seconds after the source starts
+    start_s: float = 0.0  # seconds after the source starts
     gpus: tuple[int, ...] | None = None  # None = every GPU of the node
-    nic: str | None = None           # None = the last NIC
+    nic: str | None = None  # None = the last NIC
 
 
 def parse_profiles(cfg: dict[str, Any] | None) -> dict[str, FaultSpec]:
@@ -57,15 +64,17 @@ def parse_profiles(cfg: dict[str, Any] | None) -> dict[str, FaultSpec]:
             raise InputError(f"sim profile for node {node}: unknown key(s) {', '.join(sorted(unknown))}")
         name = spec.get("profile", "healthy")
         if name not in PROFILES:
-            raise InputError(f"sim profile for node {node}: unknown profile '{name}' "
-                             f"(known: {', '.join(PROFILES)})")
+            raise InputError(
+                f"sim profile for node {node}: unknown profile '{name}' (known: {', '.join(PROFILES)})"
+            )
         try:
             start = float(spec.get("start_s", 0.0))
             gpus = spec.get("gpus")
             gpus = tuple(int(g) for g in gpus) if gpus is not None else None
         except (TypeError, ValueError):
-            raise InputError(f"sim profile for node {node}: start_s must be a number and gpus a list of "
-                             f"integers") from None
+            raise InputError(
+                f"sim profile for node {node}: start_s must be a number and gpus a list of integers"
+            ) from None
         out[str(node)] = FaultSpec(name, start, gpus, spec.get("nic"))
     return out
 
@@ -80,7 +89,7 @@ class _NodeState:
     pcie: np.ndarray
     last_ts: float | None = None
     flaps: int = 0
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class SimTelemetrySource:
@@ -88,14 +97,23 @@ class SimTelemetrySource:
 
     name = "sim"
 
-    def __init__(self, nodes: list[str], profiles: dict[str, Any] | None = None, *, seed: int = 0,
-                 clock: Clock | None = None, gpus_per_node: int = 8, nics_per_node: int = 4) -> None:
+    def __init__(
+        self,
+        nodes: list[str],
+        profiles: dict[str, Any] | None = None,
+        *,
+        seed: int = 0,
+        clock: Clock | None = None,
+        gpus_per_node: int = 8,
+        nics_per_node: int = 4,
+    ) -> None:
         self.nodes = list(nodes)
         self.profiles = parse_profiles(profiles)
         for n in self.profiles:
             if n not in self.nodes:
-                raise InputError(f"sim profile for node {n}: not one of the simulated nodes "
-                                 f"({', '.join(self.nodes)})")
+                raise InputError(
+                    f"sim profile for node {n}: not one of the simulated nodes ({', '.join(self.nodes)})"
+                )
         self.seed = seed
         self.clock = clock or SystemClock()
         self.G = gpus_per_node
@@ -103,8 +121,18 @@ class SimTelemetrySource:
         self.t0 = self.clock.now()
         self.rates = CounterRates()
         self._n = 0
-        self._state = {n: _NodeState(*(np.zeros(nics_per_node) for _ in range(5)), np.zeros(gpus_per_node))
-                       for n in self.nodes}
+        k = nics_per_node
+        self._state = {
+            n: _NodeState(
+                tx=np.zeros(k),
+                rx=np.zeros(k),
+                errors=np.zeros(k),
+                downed=np.zeros(k),
+                congestion=np.zeros(k),
+                pcie=np.zeros(gpus_per_node),
+            )
+            for n in self.nodes
+        }
 
     def close(self) -> None:
         pass
@@ -197,9 +225,11 @@ class SimTelemetrySource:
                 sample(node, Signal.NIC_LINK_DOWNED, st.downed[i], ts, nic=nic),
                 sample(node, Signal.NIC_CONGESTION, st.congestion[i], ts, nic=nic),
             ]
-            for key, val, sig, scale in (("tx", st.tx[i], Signal.NIC_TX_GBPS, 8 / 1e9),
-                                         ("err", st.errors[i], Signal.NIC_ERROR_RATE, 1.0),
-                                         ("cong", st.congestion[i], Signal.NIC_CONGESTION_RATE, 1.0)):
+            for key, val, sig, scale in (
+                ("tx", st.tx[i], Signal.NIC_TX_GBPS, 8 / 1e9),
+                ("err", st.errors[i], Signal.NIC_ERROR_RATE, 1.0),
+                ("cong", st.congestion[i], Signal.NIC_CONGESTION_RATE, 1.0),
+            ):
                 r = self.rates.rate((node, nic, key), val, ts)
                 if r is not None:
                     out.samples.append(sample(node, sig, r * scale, ts, nic=nic))

@@ -9,28 +9,31 @@ audit log's copy, it never fails the report), and returns typed records
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from slurmguard.config import Policy
 from slurmguard.errors import InputError
 from slurmguard.slurm import hostlist
+from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.models import NodeInfo
-from slurmguard.store import AuditOutcome, NodeState, Store
+from slurmguard.store import AuditOutcome, AuditRecord, NodeState, Store
+from slurmguard.sweeps.records import sweep_reference_text
+from slurmguard.sweeps.rungs import entries_in_window
 from slurmguard.triage.report_data import FleetSnapshot, load_slurm_view
 from slurmguard.triage.report_figures import fleet_figures
-from slurmguard.sweeps.records import sweep_reference_text
 from slurmguard.triage.report_model import (
     STATE_ORDER,
     EvidenceStep,
     FleetSummary,
     NodeRow,
+    Owner,
+    ReasonSource,
     Report,
     ReportFilters,
     SlurmView,
 )
 from slurmguard.triage.report_next import recommend
-from slurmguard.sweeps.rungs import entries_in_window
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -55,7 +58,8 @@ def parse_since(text: str, now: datetime) -> datetime:
     except ValueError:
         raise InputError(
             f"--since '{text}': expected a duration like 24h or 7d, or an ISO date/time "
-            "such as 2024-05-01 or 2024-05-01T12:00:00Z") from None
+            "such as 2024-05-01 or 2024-05-01T12:00:00Z"
+        ) from None
     t = t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
     if t > now:
         raise InputError(f"--since '{text}': is in the future ({t.isoformat()})")
@@ -73,8 +77,7 @@ def parse_states(values: Iterable[str]) -> tuple[NodeState, ...]:
                 out.append(NodeState(part))
             except ValueError:
                 names = ", ".join(s.value for s in NodeState)
-                raise InputError(f"--state '{part}': unknown lifecycle state (one of: {names})") \
-                    from None
+                raise InputError(f"--state '{part}': unknown lifecycle state (one of: {names})") from None
     return tuple(dict.fromkeys(out))
 
 
@@ -90,9 +93,15 @@ def parse_nodes(values: Iterable[str]) -> tuple[str, ...]:
 
 
 # ---------------------------------------------------------------- building
-def build_report(store: Store, slurm, policy: Policy, filters: ReportFilters, *,
-                 now: datetime | None = None,
-                 snapshot: FleetSnapshot | None = None) -> Report:
+def build_report(
+    store: Store,
+    slurm: SlurmClient | Callable[[], SlurmClient] | None,
+    policy: Policy,
+    filters: ReportFilters,
+    *,
+    now: datetime | None = None,
+    snapshot: FleetSnapshot | None = None,
+) -> Report:
     """The report for `filters`. `slurm` is a SlurmClient, a callable returning one, or None.
 
     Raises InputError for a node or partition neither the database nor Slurm knows.
@@ -104,8 +113,10 @@ def build_report(store: Store, slurm, policy: Policy, filters: ReportFilters, *,
         view = SlurmView(reachable=False, checked=False, error="no Slurm client")
     live = view.nodes
 
-    partitions = sorted({p for n in snap.nodes.values() for p in n.partitions}
-                        | {p for n in live.values() for p in n.partitions})
+    partitions = sorted(
+        {p for n in snap.nodes.values() for p in n.partitions}
+        | {p for n in live.values() for p in n.partitions}
+    )
     if filters.partition is not None and filters.partition not in partitions:
         known = ", ".join(partitions) or "none known"
         raise InputError(f"--partition '{filters.partition}': no such partition ({known})")
@@ -146,8 +157,11 @@ def build_report(store: Store, slurm, policy: Policy, filters: ReportFilters, *,
         if filters.states:
             if rec.state not in filters.states:
                 continue
-        elif not wanted_nodes and rec.state is NodeState.HEALTHY \
-                and not (ln is not None and ln.drained_by_others):
+        elif (
+            not wanted_nodes
+            and rec.state is NodeState.HEALTHY
+            and not (ln is not None and ln.drained_by_others)
+        ):
             continue
         if filters.since is not None and rec.state_since < filters.since:
             continue
@@ -156,18 +170,31 @@ def build_report(store: Store, slurm, policy: Policy, filters: ReportFilters, *,
         for ln in unregistered:
             if wanted_nodes and ln.name not in wanted_nodes:
                 continue
-            if filters.since is not None and (ln.reason_time is None
-                                              or ln.reason_time < filters.since.timestamp()):
+            if filters.since is not None and (
+                ln.reason_time is None or ln.reason_time < filters.since.timestamp()
+            ):
                 continue
             rows.append(_row(ln.name, snap, view, policy, now))
 
     rank = {s: i for i, s in enumerate(STATE_ORDER)}
     # Ours first, worst state first, oldest first; nodes drained by others at the end.
-    rows.sort(key=lambda r: (r.drained_by == "other" or r.state is None,
-                             rank.get(r.state, len(rank)) if r.state else len(rank),
-                             r.since or now, r.name))
-    return Report(generated_at=now, filters=filters, slurm=view, summary=summary,
-                  figures=figures, rows=tuple(rows), partitions=tuple(partitions))
+    rows.sort(
+        key=lambda r: (
+            r.drained_by == "other" or r.state is None,
+            rank.get(r.state, len(rank)) if r.state else len(rank),
+            r.since or now,
+            r.name,
+        )
+    )
+    return Report(
+        generated_at=now,
+        filters=filters,
+        slurm=view,
+        summary=summary,
+        figures=figures,
+        rows=tuple(rows),
+        partitions=tuple(partitions),
+    )
 
 
 def episode_start(snap: FleetSnapshot, name: str) -> datetime | None:
@@ -192,19 +219,28 @@ def evidence_chain(snap: FleetSnapshot, name: str, start: datetime | None) -> li
             continue
         jobs.add(i.job_id)
         slow = "" if i.slowdown is None else f" {i.slowdown:+.0%}"
-        steps.append(EvidenceStep(
-            i.detected_at, "detection",
-            f"{i.kind}{slow} in job {i.job_id}, tier {i.tier.value}, detected "
-            f"{_dur(i.detection_delay_s)} after onset ({i.status.value})",
-            f"incident {i.id}"))
+        steps.append(
+            EvidenceStep(
+                i.detected_at,
+                "detection",
+                f"{i.kind}{slow} in job {i.job_id}, tier {i.tier.value}, detected "
+                f"{_dur(i.detection_delay_s)} after onset ({i.status.value})",
+                f"incident {i.id}",
+            )
+        )
     for t in snap.transitions.get(name, ()):
         if not keep(t.at) or t.from_state is None:
             continue
         who = "" if t.actor == "slurmguard" else f" by {t.actor}"
         forced = " (forced)" if t.forced else ""
-        steps.append(EvidenceStep(t.at, "lifecycle",
-                                  f"{t.from_state.value} -> {t.to_state.value}{who}{forced}: "
-                                  f"{t.cause}", f"transition {t.id}"))
+        steps.append(
+            EvidenceStep(
+                t.at,
+                "lifecycle",
+                f"{t.from_state.value} -> {t.to_state.value}{who}{forced}: {t.cause}",
+                f"transition {t.id}",
+            )
+        )
     seen: set[int] = set()
     audit_rows = list(snap.audit.get(name, ()))
     for j in jobs:
@@ -215,11 +251,20 @@ def evidence_chain(snap: FleetSnapshot, name: str, start: datetime | None) -> li
         seen.add(a.id)
         target = f" job {a.job_id}" if a.job_id and not a.node else ""
         what = f": {a.reason}" if a.reason else ""
-        out = "" if a.outcome is AuditOutcome.OK else f" [{a.outcome.value}" + (
-            f": {a.error}]" if a.error else "]")
-        steps.append(EvidenceStep(a.at, "response", f"{a.action}{target}{what}{out}",
-                                  f"audit {a.id}",
-                                  ok=False if a.outcome is AuditOutcome.ERROR else None))
+        out = (
+            ""
+            if a.outcome is AuditOutcome.OK
+            else f" [{a.outcome.value}" + (f": {a.error}]" if a.error else "]")
+        )
+        steps.append(
+            EvidenceStep(
+                a.at,
+                "response",
+                f"{a.action}{target}{what}{out}",
+                f"audit {a.id}",
+                ok=False if a.outcome is AuditOutcome.ERROR else None,
+            )
+        )
     for s in snap.sweeps_by_node.get(name, ()):
         if not keep(s.created_at):
             continue
@@ -227,24 +272,34 @@ def evidence_chain(snap: FleetSnapshot, name: str, start: datetime | None) -> li
         ref = f" with {s.reference_node}" if s.reference_node else ""
         why = f": {s.failure_reason}" if s.failure_reason else ""
         ok = {"pass": True, "fail": False, "error": False}.get(s.verdict.value)
-        steps.append(EvidenceStep(s.created_at, "sweep",
-                                  f"{s.kind.value} sweep{ref}{job}: {s.verdict.value}{why}"
-                                  + sweep_reference_text(s.metrics),
-                                  f"sweep {s.id}", ok=ok))
-    for a in snap.triage.get(name, ()):
-        if not keep(a.at):
+        steps.append(
+            EvidenceStep(
+                s.created_at,
+                "sweep",
+                f"{s.kind.value} sweep{ref}{job}: {s.verdict.value}{why}" + sweep_reference_text(s.metrics),
+                f"sweep {s.id}",
+                ok=ok,
+            )
+        )
+    for act in snap.triage.get(name, ()):
+        if not keep(act.at):
             continue
-        entry = " (triage entry)" if a.is_entry else ""
-        detail = f": {a.detail}" if a.detail else ""
-        steps.append(EvidenceStep(a.at, "triage", f"{a.rung.value} {a.status.value}{entry}{detail}",
-                                  f"triage {a.id}",
-                                  ok=False if a.status.value == "failed" else None))
+        entry = " (triage entry)" if act.is_entry else ""
+        detail = f": {act.detail}" if act.detail else ""
+        steps.append(
+            EvidenceStep(
+                act.at,
+                "triage",
+                f"{act.rung.value} {act.status.value}{entry}{detail}",
+                f"triage {act.id}",
+                ok=False if act.status.value == "failed" else None,
+            )
+        )
     steps.sort(key=lambda e: (e.at, _STAGE_ORDER[e.stage], e.ref))
     return steps
 
 
-def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
-         now: datetime) -> NodeRow:
+def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy, now: datetime) -> NodeRow:
     rec = snap.nodes.get(name)
     ln: NodeInfo | None = view.nodes.get(name)
     start = episode_start(snap, name) if rec is not None else None
@@ -259,19 +314,24 @@ def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
     ep_sweeps = [s for s in snap.sweeps_by_node.get(name, ()) if in_ep(s.created_at)]
     all_triage = snap.triage.get(name, [])
     ep_triage = [a for a in all_triage if in_ep(a.at)]
+    reason: str | None
+    source: ReasonSource | None
+    owner: Owner | None
     if ln is not None:
         reason, source, comment = ln.reason, "slurm", ln.comment
         owner = "slurmguard" if ln.drained_by_us else ("other" if ln.drained_by_others else None)
     else:
         reason, comment, owner = audit_reason(snap.audit.get(name, ()))
         source = "audit" if (reason or comment) else None
-    incs = [i for i in snap.incidents_by_node.get(name, ())
-            if in_ep(i.detected_at) and i.slowdown is not None]
+    incs = [
+        i for i in snap.incidents_by_node.get(name, ()) if in_ep(i.detected_at) and i.slowdown is not None
+    ]
     return NodeRow(
         name=name,
         state=rec.state if rec else None,
-        since=rec.state_since if rec else (
-            datetime.fromtimestamp(ln.reason_time, UTC) if ln and ln.reason_time else None),
+        since=rec.state_since
+        if rec
+        else (datetime.fromtimestamp(ln.reason_time, UTC) if ln and ln.reason_time else None),
         hw_class=rec.hw_class if rec else None,
         partitions=rec.partitions if rec else (ln.partitions if ln else ()),
         reason=reason,
@@ -283,15 +343,22 @@ def _row(name: str, snap: FleetSnapshot, view: SlurmView, policy: Policy,
         running_jobs=tuple(ln.jobs) if ln else (),
         evidence=tuple(steps),
         next_action=recommend(
-            name, rec.state if rec else None, live=ln, slurm_reachable=view.reachable,
-            episode_sweeps=ep_sweeps, episode_triage=ep_triage, all_triage=all_triage,
-            now=now, policy=policy.triage),
+            name,
+            rec.state if rec else None,
+            live=ln,
+            slurm_reachable=view.reachable,
+            episode_sweeps=ep_sweeps,
+            episode_triage=ep_triage,
+            all_triage=all_triage,
+            now=now,
+            policy=policy.triage,
+        ),
         triage_entries=entries_in_window(all_triage, now, policy.triage),
         slowdown=incs[-1].slowdown if incs else None,
     )
 
 
-def audit_reason(rows) -> tuple[str | None, str | None, None]:
+def audit_reason(rows: Iterable[AuditRecord]) -> tuple[str | None, str | None, None]:
     """(reason, comment, owner) Slurm should hold, replayed from successful audited actions.
 
     A drain/reboot reason stands until a resume; a comment until clear_comment. The owner

@@ -9,10 +9,10 @@ its absence is a fact to show, not an error.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from slurmguard.errors import SlurmguardError
 from slurmguard.store import (
@@ -28,6 +28,12 @@ from slurmguard.store import (
 )
 from slurmguard.store.types import to_utc
 from slurmguard.triage.report_model import SlurmView
+
+if TYPE_CHECKING:
+    from slurmguard.slurm.client import SlurmClient
+
+R = TypeVar("R")
+K = TypeVar("K")
 
 
 @dataclass
@@ -98,9 +104,16 @@ class SeriesSnapshot:
     """Node -> slowdown (fraction) of its newest step-time window (max over jobs then)."""
 
     @classmethod
-    def load(cls, store: Store, since: datetime, nodes: Iterable[str] | None = None, *,
-             prefer_jobs: dict[str, set[str]] | None = None, jobs_per_node: int = 2,
-             max_peer_nodes: int = 64) -> SeriesSnapshot:
+    def load(
+        cls,
+        store: Store,
+        since: datetime,
+        nodes: Iterable[str] | None = None,
+        *,
+        prefer_jobs: dict[str, set[str]] | None = None,
+        jobs_per_node: int = 2,
+        max_peer_nodes: int = 64,
+    ) -> SeriesSnapshot:
         """Series from `since`: full rows of `nodes` (None: every node and job).
 
         For each node only its `jobs_per_node` chart jobs (those in `prefer_jobs[node]`
@@ -115,18 +128,43 @@ class SeriesSnapshot:
         from slurmguard.store.models import Node, StepTimeSummary, TelemetrySummary
 
         ST, TS = StepTimeSummary, TelemetrySummary
-        step_cols = (Node.name, ST.job_id, ST.step, ST.rank, ST.window_start, ST.window_end,
-                     ST.iterations, ST.mean_step_s, ST.baseline_step_s, ST.slowdown, ST.id)
-        tele_cols = (Node.name, TS.signal, TS.window_start, TS.window_end, TS.value, TS.unit,
-                     TS.peer_median, TS.robust_z, TS.deviating, TS.job_id, TS.id)
+        step_cols = (
+            Node.name,
+            ST.job_id,
+            ST.step,
+            ST.rank,
+            ST.window_start,
+            ST.window_end,
+            ST.iterations,
+            ST.mean_step_s,
+            ST.baseline_step_s,
+            ST.slowdown,
+            ST.id,
+        )
+        tele_cols = (
+            Node.name,
+            TS.signal,
+            TS.window_start,
+            TS.window_end,
+            TS.value,
+            TS.unit,
+            TS.peer_median,
+            TS.robust_z,
+            TS.deviating,
+            TS.job_id,
+            TS.id,
+        )
         since = to_utc(since, "since")
         wanted = None if nodes is None else sorted(set(nodes))
         prefer = prefer_jobs or {}
         out = cls()
         with store.engine.connect() as conn:
             newest: dict[str, tuple[datetime, float]] = {}
-            q = (select(Node.name, ST.window_end, ST.slowdown, ST.mean_step_s, ST.baseline_step_s)
-                 .join(Node, Node.id == ST.node_id).where(ST.window_end >= since))
+            q = (
+                select(Node.name, ST.window_end, ST.slowdown, ST.mean_step_s, ST.baseline_step_s)
+                .join(Node, Node.id == ST.node_id)
+                .where(ST.window_end >= since)
+            )
             for name, end, slow, mean, base in conn.execute(q):
                 if slow is None:
                     slow = mean / base - 1.0 if base else None
@@ -138,22 +176,26 @@ class SeriesSnapshot:
             out.newest_slowdown = {n: v for n, (_, v) in newest.items()}
             if wanted == []:
                 return out
-            step_rows, tele_rows = [], []
-            for model, cols, sink, per_node in ((ST, step_cols, step_rows, jobs_per_node),
-                                                (TS, tele_cols, tele_rows, 1)):
-                base_q = select(*cols).join(Node, Node.id == model.node_id).where(
-                    model.window_end >= since)
+            step_rows: list[Any] = []  # Rows of step_cols
+            tele_rows: list[Any] = []  # Rows of tele_cols
+            for model, cols, sink, per_node in (
+                (ST, step_cols, step_rows, jobs_per_node),
+                (TS, tele_cols, tele_rows, 1),
+            ):
+                base_q = select(*cols).join(Node, Node.id == model.node_id).where(model.window_end >= since)
                 if wanted is None:
                     sink.extend(conn.execute(base_q))
                     continue
                 # 1. which jobs each wanted node has in the window, and when each ended
                 last: dict[str, dict[str | None, datetime]] = defaultdict(dict)
                 for chunk in _chunks(wanted):
-                    q = (select(Node.name, model.job_id, func.max(model.window_end))
-                         .join(Node, Node.id == model.node_id)
-                         .where(model.window_end >= since, Node.name.in_(chunk))
-                         .group_by(Node.name, model.job_id))
-                    for name, job, end in conn.execute(q):
+                    jobs_q = (
+                        select(Node.name, model.job_id, func.max(model.window_end))
+                        .join(Node, Node.id == model.node_id)
+                        .where(model.window_end >= since, Node.name.in_(chunk))
+                        .group_by(Node.name, model.job_id)
+                    )
+                    for name, job, end in conn.execute(jobs_q):
                         last[name][job] = end
                 jobs: set[str] = set()
                 own_null: list[str] = []
@@ -161,41 +203,64 @@ class SeriesSnapshot:
                     if None in by_job:
                         own_null.append(name)
                     pref = prefer.get(name, set())
-                    order = sorted((j for j in by_job if j is not None),
-                                   key=lambda j, b=by_job, p=pref: (j not in p, -_aware(
-                                       b[j]).timestamp()))
+                    order = sorted(
+                        (j for j in by_job if j is not None),
+                        key=lambda j: (j not in pref, -_aware(by_job[j]).timestamp()),
+                    )
                     jobs.update(order[:per_node])
                 # 2. job sizes: small jobs bring every node's rows (the peer band)
                 small: set[str] = set()
                 for chunk in _chunks(sorted(jobs)):
-                    sizes = (select(model.job_id, func.count(func.distinct(model.node_id)))
-                             .where(model.job_id.in_(chunk), model.window_end >= since)
-                             .group_by(model.job_id))
-                    small.update(j for j, n in conn.execute(sizes) if n <= max_peer_nodes)
+                    sizes = (
+                        select(model.job_id, func.count(func.distinct(model.node_id)))
+                        .where(model.job_id.in_(chunk), model.window_end >= since)
+                        .group_by(model.job_id)
+                    )
+                    # job_id IN (chunk): never NULL here
+                    small.update(j for j, n in conn.execute(sizes) if j is not None and n <= max_peer_nodes)
                 for chunk in _chunks(sorted(small)):
                     sink.extend(conn.execute(base_q.where(model.job_id.in_(chunk))))
                 # 3. large jobs: only the wanted nodes' own rows; rows with no job too
                 big = sorted(jobs - small)
                 for jchunk in _chunks(big):
                     for nchunk in _chunks(wanted):
-                        sink.extend(conn.execute(base_q.where(model.job_id.in_(jchunk),
-                                                              Node.name.in_(nchunk))))
+                        sink.extend(
+                            conn.execute(base_q.where(model.job_id.in_(jchunk), Node.name.in_(nchunk)))
+                        )
                 for chunk in _chunks(own_null):
-                    sink.extend(conn.execute(base_q.where(model.job_id.is_(None),
-                                                          Node.name.in_(chunk))))
-        steps = [StepTimeRecord(job_id=r.job_id, step=r.step, node=r.name, rank=r.rank,
-                                window_start=_aware(r.window_start),
-                                window_end=_aware(r.window_end), iterations=r.iterations,
-                                mean_step_s=r.mean_step_s, baseline_step_s=r.baseline_step_s,
-                                slowdown=r.slowdown, id=r.id)
-                 for r in sorted(step_rows, key=lambda r: (r.window_end, r.id))]
-        tele = [TelemetrySummaryRecord(node=r.name, signal=r.signal,
-                                       window_start=_aware(r.window_start),
-                                       window_end=_aware(r.window_end), value=r.value,
-                                       unit=r.unit, peer_median=r.peer_median,
-                                       robust_z=r.robust_z, deviating=bool(r.deviating),
-                                       job_id=r.job_id, id=r.id)
-                for r in sorted(tele_rows, key=lambda r: (r.window_end, r.id))]
+                    sink.extend(conn.execute(base_q.where(model.job_id.is_(None), Node.name.in_(chunk))))
+        steps = [
+            StepTimeRecord(
+                job_id=r.job_id,
+                step=r.step,
+                node=r.name,
+                rank=r.rank,
+                window_start=_aware(r.window_start),
+                window_end=_aware(r.window_end),
+                iterations=r.iterations,
+                mean_step_s=r.mean_step_s,
+                baseline_step_s=r.baseline_step_s,
+                slowdown=r.slowdown,
+                id=r.id,
+            )
+            for r in sorted(step_rows, key=lambda r: (r.window_end, r.id))
+        ]
+        tele = [
+            TelemetrySummaryRecord(
+                node=r.name,
+                signal=r.signal,
+                window_start=_aware(r.window_start),
+                window_end=_aware(r.window_end),
+                value=r.value,
+                unit=r.unit,
+                peer_median=r.peer_median,
+                robust_z=r.robust_z,
+                deviating=bool(r.deviating),
+                job_id=r.job_id,
+                id=r.id,
+            )
+            for r in sorted(tele_rows, key=lambda r: (r.window_end, r.id))
+        ]
         out.step_times = _group(steps, lambda r: r.node)
         out.step_times_by_job = _group(steps, lambda r: r.job_id)
         out.telemetry = _group(tele, lambda r: r.node)
@@ -206,7 +271,7 @@ class SeriesSnapshot:
 def _chunks(items: list[str], n: int = 500) -> Iterable[list[str]]:
     # Bounded IN lists: SQLite limits bound parameters per statement.
     for i in range(0, len(items), n):
-        yield items[i:i + n]
+        yield items[i : i + n]
 
 
 def _aware(t: datetime) -> datetime:
@@ -214,14 +279,16 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-def _group(rows, key) -> dict:
-    out: dict = defaultdict(list)
+def _group(rows: Iterable[R], key: Callable[[R], K]) -> dict[K, list[R]]:
+    out: defaultdict[K, list[R]] = defaultdict(list)
     for r in rows:
         out[key(r)].append(r)
     return dict(out)
 
 
-def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
+def load_slurm_view(
+    slurm: SlurmClient | Callable[[], SlurmClient] | None, *, offline: bool = False
+) -> SlurmView:
     """The live node list and reservations; a Slurm that cannot be asked is reported, not raised.
 
     `slurm` may be a SlurmClient or a zero-argument callable returning one (building the
@@ -230,7 +297,8 @@ def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
     if offline:
         return SlurmView(reachable=False, checked=False, error="not asked (--offline)")
     try:
-        client = slurm() if callable(slurm) and not hasattr(slurm, "nodes") else slurm
+        # callers pass None only with offline set
+        client = cast("SlurmClient", slurm() if callable(slurm) and not hasattr(slurm, "nodes") else slurm)
         nodes = {n.name: n for n in client.nodes()}
         try:
             resv = client.reservations()
@@ -242,8 +310,9 @@ def load_slurm_view(slurm, *, offline: bool = False) -> SlurmView:
     for r in resv:
         for n in r.nodes:
             by_node[n].append(r.name)
-    return SlurmView(reachable=True, checked=True, nodes=nodes,
-                     reservations={k: sorted(v) for k, v in by_node.items()})
+    return SlurmView(
+        reachable=True, checked=True, nodes=nodes, reservations={k: sorted(v) for k, v in by_node.items()}
+    )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -26,16 +26,16 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def fleet_figures(snap: FleetSnapshot, scope: Iterable[str], *,
-                  since: datetime | None = None) -> FleetFigures:
+def fleet_figures(
+    snap: FleetSnapshot, scope: Iterable[str], *, since: datetime | None = None
+) -> FleetFigures:
     """Figures over the nodes in `scope`, counting events at or after `since` (None: all)."""
     names = set(scope)
 
     def after(t: datetime | None) -> bool:
         return t is not None and (since is None or t >= since)
 
-    incidents = [i for i in snap.incidents
-                 if after(i.detected_at) and any(n in names for n in i.nodes)]
+    incidents = [i for i in snap.incidents if after(i.detected_at) and any(n in names for n in i.nodes)]
     delays = [i.detection_delay_s for i in incidents]
 
     stays: list[float] = []
@@ -58,8 +58,7 @@ def fleet_figures(snap: FleetSnapshot, scope: Iterable[str], *,
                 q_start = t.at
             if t.to_state is NodeState.TERMINAL and after(t.at):
                 replaced.add(name)
-            if t.from_state is NodeState.QUARANTINED and t.to_state is NodeState.HEALTHY \
-                    and after(t.at):
+            if t.from_state is NodeState.QUARANTINED and t.to_state is NodeState.HEALTHY and after(t.at):
                 returned.add(name)
             # Drain episodes: from the first drain after healthy to healthy/terminal.
             if t.to_state is NodeState.DRAINING and ep_start is None:
@@ -69,20 +68,25 @@ def fleet_figures(snap: FleetSnapshot, scope: Iterable[str], *,
             elif t.to_state in (NodeState.HEALTHY, NodeState.TERMINAL) and ep_start is not None:
                 if after(t.at):
                     concluded += 1
-                    ep = [s for s in sweeps
-                          if ep_start <= s.created_at <= t.at and s.verdict in _FINAL]
-                    if (t.to_state is NodeState.HEALTHY
-                            and t.from_state is NodeState.QUARANTINED
-                            and not ep_remediated
-                            and any(s.verdict is Verdict.PASS for s in ep)
-                            and not any(s.verdict is not Verdict.PASS for s in ep)):
+                    ep = [s for s in sweeps if ep_start <= s.created_at <= t.at and s.verdict in _FINAL]
+                    if (
+                        t.to_state is NodeState.HEALTHY
+                        and t.from_state is NodeState.QUARANTINED
+                        and not ep_remediated
+                        and any(s.verdict is Verdict.PASS for s in ep)
+                        and not any(s.verdict is not Verdict.PASS for s in ep)
+                    ):
                         cleared += 1
                 ep_start = None
         if q_start is not None and after(q_start):
             ongoing += 1
 
-    finals = [s for n in names for s in snap.sweeps_by_node.get(n, ())
-              if s.verdict in _FINAL and after(s.finished_at or s.created_at)]
+    finals = [
+        s
+        for n in names
+        for s in snap.sweeps_by_node.get(n, ())
+        if s.verdict in _FINAL and after(s.finished_at or s.created_at)
+    ]
     passed = sum(1 for s in finals if s.verdict is Verdict.PASS)
     return FleetFigures(
         incidents=len(incidents),

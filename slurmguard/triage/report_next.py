@@ -18,8 +18,8 @@ from slurmguard.store import (
     TriageActionRecord,
     Verdict,
 )
-from slurmguard.triage.report_model import NextAction
 from slurmguard.sweeps.rungs import entries_in_window, repeat_limit_reached, rung_after
+from slurmguard.triage.report_model import NextAction
 
 _OPEN = (ActionStatus.PLANNED, ActionStatus.RUNNING)
 
@@ -58,7 +58,8 @@ def recommend(
         return NextAction(
             "not_ours",
             f"drained{who} with a reason slurmguard did not write: not ours, the owner must "
-            "act (slurmguard will not resume or re-reason it)")
+            "act (slurmguard will not resume or re-reason it)",
+        )
     if state is None:
         return NextAction("investigate", "not in the slurmguard database")
     pending = _pending(episode_sweeps)
@@ -68,27 +69,31 @@ def recommend(
         return NextAction(
             "replace",
             f"replace or repair the hardware; then `slurmguard node resume {name}` "
-            "(the node is swept again before it takes work)")
+            "(the node is swept again before it takes work)",
+        )
     if state is NodeState.SUSPECT:
         if pending is not None:
             return NextAction("sweep_running", _sweep_text(pending))
         return NextAction(
             "wait_verification",
             "wait for verification (the next detector windows confirm or clear it), "
-            f"or drain and sweep now: `slurmguard node drain {name} --reason ...`")
+            f"or drain and sweep now: `slurmguard node drain {name} --reason ...`",
+        )
     if state is NodeState.DRAINING:
         if live is not None and live.jobs:
             jobs = ", ".join(map(str, live.jobs))
             return NextAction(
-                "wait_job_exit",
-                f"waits for job {jobs} to checkpoint/exit; then quarantine and sweep")
+                "wait_job_exit", f"waits for job {jobs} to checkpoint/exit; then quarantine and sweep"
+            )
         if live is None and not slurm_reachable:
             return NextAction(
                 "wait_job_exit",
                 "waits for its running job (if any) to checkpoint/exit, then quarantine and "
-                "sweep (Slurm not reachable: job list unknown)")
-        return NextAction("quarantine_next",
-                          "idle: the controller quarantines it and starts the sweeps next cycle")
+                "sweep (Slurm not reachable: job list unknown)",
+            )
+        return NextAction(
+            "quarantine_next", "idle: the controller quarantines it and starts the sweeps next cycle"
+        )
     if state is NodeState.QUARANTINED:
         if pending is not None:
             return NextAction("sweep_running", _sweep_text(pending))
@@ -96,8 +101,7 @@ def recommend(
         if finals and finals[-1].verdict is Verdict.PASS:
             kinds = {s.kind.value for s in finals if s.verdict is Verdict.PASS}
             if {"1node", "2node"} <= kinds:
-                return NextAction("return_to_service",
-                                  "both sweeps passed: the gate returns it to service")
+                return NextAction("return_to_service", "both sweeps passed: the gate returns it to service")
             missing = "2node" if "1node" in kinds else "1node"
             return NextAction("sweep_now", f"{missing} sweep still to run")
         return NextAction("sweep_now", "submit the 1-node and 2-node sweeps")
@@ -107,12 +111,14 @@ def recommend(
         return NextAction(
             "replace",
             f"entered triage {entries} times within {policy.repeat_window_days:g} days "
-            f"(limit {policy.repeat_limit}): replace, do not climb the ladder again")
+            f"(limit {policy.repeat_limit}): replace, do not climb the ladder again",
+        )
     running = [a for a in episode_triage if a.status in _OPEN]
     if running:
         a = running[-1]
-        return NextAction("rung_running", f"{a.rung.value} {a.status.value}"
-                          + (f": {a.detail}" if a.detail else ""))
+        return NextAction(
+            "rung_running", f"{a.rung.value} {a.status.value}" + (f": {a.detail}" if a.detail else "")
+        )
     if pending is not None:
         return NextAction("sweep_running", _sweep_text(pending))
     done = [a for a in episode_triage if a.status not in _OPEN]

@@ -37,9 +37,7 @@ from slurmguard.whatif.trace import JobMeta
 RANK_OP_COLUMNS = ("rank", "step", "op", "start_ns", "end_ns")
 
 
-def rank_layout(
-    rank: np.ndarray, meta: JobMeta
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rank_layout(rank: np.ndarray, meta: JobMeta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(dp_rank, stage, is_representative) of global ranks under Megatron's order."""
     inner = meta.tp_size * meta.dsp_size
     rep = rank % inner == 0
@@ -76,9 +74,7 @@ def trace_from_rank_ops(
     rank = ops["rank"].to_numpy(dtype=np.int64)
     if rank.min() < 0 or rank.max() >= meta.world_size:
         bad = int(rank.max()) if rank.max() >= meta.world_size else int(rank.min())
-        raise InputError(
-            f"{source}: rank {bad} is outside world_size={meta.world_size}"
-        )
+        raise InputError(f"{source}: rank {bad} is outside world_size={meta.world_size}")
     start = ops["start_ns"].to_numpy(dtype=np.int64)
     end = ops["end_ns"].to_numpy(dtype=np.int64)
     if (end < start).any():
@@ -97,9 +93,7 @@ def trace_from_rank_ops(
             "end_ns": end[sel],
         }
     )
-    out = out.sort_values(
-        ["step", "rank", "optype", "start_ns"], kind="stable"
-    ).reset_index(drop=True)
+    out = out.sort_values(["step", "rank", "optype", "start_ns"], kind="stable").reset_index(drop=True)
     out["seq_id"] = out.groupby(["step", "rank", "optype"]).cumcount().astype(np.int64)
     first = out.groupby("step")["start_ns"].transform("min")
     out["start_ts"] = (out["start_ns"] - first).to_numpy() / 1e9

@@ -100,9 +100,7 @@ class ScenarioRunner:
         for lo in range(0, len(scenarios), size):
             part = scenarios[lo : lo + size]
             # (slot, scenario, dp): keep the original duration there
-            mask = np.stack(
-                [sc.slot_mask[:, None] & sc.worker_mask[stage] for sc in part], axis=1
-            )
+            mask = np.stack([sc.slot_mask[:, None] & sc.worker_mask[stage] for sc in part], axis=1)
             dur = np.where(
                 mask[:, :, None, :],
                 self.original[:, None],
@@ -112,9 +110,7 @@ class ScenarioRunner:
             self.simulations += len(part)
         return out
 
-    def run_dp_ranks(
-        self, ranks: list[int], slot_masks: list[np.ndarray] | None = None
-    ) -> np.ndarray:
+    def run_dp_ranks(self, ranks: list[int], slot_masks: list[np.ndarray] | None = None) -> np.ndarray:
         """Each DP rank original (others ideal), with two lanes per scenario.
 
         With every other DP rank at ideal durations those ranks run identical
@@ -313,9 +309,7 @@ def analyse(
     timings["simulate_s"] = timer() - c1
     actual = t.actual_step_times()
     discrepancy = float((actual.mean() - t_orig) / actual.mean())
-    by_type = {
-        g: float(v) for g, v in zip(group_names, by_type_steps.mean(axis=1) / t_ideal)
-    }
+    by_type = {g: float(v) for g, v in zip(group_names, by_type_steps.mean(axis=1) / t_ideal)}
     tops = []
     for i in order:
         s, d = divmod(int(i), dp)
@@ -336,9 +330,7 @@ def analyse(
         waste=1.0 - 1.0 / slowdown,
         step_slowdown=step_orig / step_ideal,
         by_optype=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
-        waste_by_optype={
-            g: 1.0 - 1.0 / v for g, v in sorted(by_type.items(), key=lambda kv: -kv[1])
-        },
+        waste_by_optype={g: 1.0 - 1.0 / v for g, v in sorted(by_type.items(), key=lambda kv: -kv[1])},
         by_dp_rank=by_dp,
         by_stage=by_stage,
         by_dp_rank_per_step=(by_dp_steps / step_ideal).T,
@@ -377,11 +369,7 @@ def diagnose(
     """
     pp = worker.shape[0]
     excess = max(slowdown - 1.0, 0.0)
-    lit = (
-        (worker - 1.0) >= policy.affected_share * excess
-        if excess > 0
-        else np.zeros_like(worker, bool)
-    )
+    lit = (worker - 1.0) >= policy.affected_share * excess if excess > 0 else np.zeros_like(worker, bool)
     n_lit = int(lit.sum())
     frac = n_lit / worker.size
     seq = corr is not None and corr >= policy.seq_imbalance_correlation
@@ -397,12 +385,7 @@ def diagnose(
             "worker",
             f"M_W={mw:.2f}: fixing {names} removes most of the slowdown",
         )
-    elif (
-        pp > 1
-        and ms >= policy.dominant_share
-        and n_lit > 0
-        and lit[: pp - 1].sum() == 0
-    ):
+    elif pp > 1 and ms >= policy.dominant_share and n_lit > 0 and lit[: pp - 1].sum() == 0:
         pattern, detail = (
             "last-stage",
             f"M_S={ms:.2f}: the last pipeline stage is slower than the others",

@@ -25,9 +25,7 @@ def parse_steps(text: str) -> set[int]:
             else:
                 out.add(int(part))
         except ValueError:
-            raise InputError(
-                f"--steps: '{part}' is not a step number or a range like 400-410"
-            ) from None
+            raise InputError(f"--steps: '{part}' is not a step number or a range like 400-410") from None
     return out
 
 
@@ -44,17 +42,14 @@ def parse_steps(text: str) -> set[int]:
     "--rings",
     "rings_dir",
     type=click.Path(file_okay=False),
-    help="Analyse a job's rings instead of TRACE: an archived job <trace_store>/<job>"
-    " or a ring directory.",
+    help="Analyse a job's rings instead of TRACE: an archived job <trace_store>/<job> or a ring directory.",
 )
 @click.option(
     "--job-step",
     default=None,
     help="With --rings: the Slurm job step (0, 1, batch, ...) when the rings hold several.",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, help="Print one JSON object instead of tables."
-)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option(
     "--heatmap",
     "heatmap_path",
@@ -164,9 +159,7 @@ def whatif(
 
         df = df.take(np.isin(df["step"], sorted(parse_steps(steps_text))))
         if len(df) == 0:
-            raise InputError(
-                f"{name}: none of the steps given with --steps is in the trace"
-            )
+            raise InputError(f"{name}: none of the steps given with --steps is in the trace")
     if not meta.name:
         from dataclasses import replace
 
@@ -182,9 +175,7 @@ def whatif(
         if heatmap_step is not None:
             hit = [i for i, s in enumerate(result.steps) if int(s) == heatmap_step]
             if not hit:
-                raise InputError(
-                    f"{name}: --heatmap-step {heatmap_step} is not a step of the trace"
-                )
+                raise InputError(f"{name}: --heatmap-step {heatmap_step} is not a step of the trace")
             i = hit[0]
             cells = np.minimum(
                 result.by_stage_per_step[i][:, None],

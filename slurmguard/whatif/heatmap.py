@@ -15,9 +15,7 @@ import numpy as np
 from slurmguard.errors import InputError
 
 
-def write_heatmap(
-    worker_slowdown: np.ndarray, path: str | Path, title: str = ""
-) -> Path:
+def write_heatmap(worker_slowdown: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Write a PNG of a (pp, dp) slowdown matrix; returns the path.
 
     Colours run from 1.0 (no slowdown, white) to the largest S_w.

@@ -98,15 +98,9 @@ def build_model(t: OpTensor) -> DependencyModel:
     for s in range(pp):
         mine = np.flatnonzero(t.slot_stage == s)
         comp = mine[np.isin(t.slot_optype[mine], ot.COMPUTE)]
-        comp = comp[
-            np.lexsort(
-                (t.slot_seq[comp], t.slot_optype[comp].astype(str), t.order[comp])
-            )
-        ]
+        comp = comp[np.lexsort((t.slot_seq[comp], t.slot_optype[comp].astype(str), t.order[comp]))]
         if len(comp) == 0:
-            raise InputError(
-                f"{t.source}: stage {s} has no forward-compute/backward-compute ops"
-            )
+            raise InputError(f"{t.source}: stage {s} has no forward-compute/backward-compute ops")
         chain(comp)
         comp_pos = {int(c): i for i, c in enumerate(comp)}
         by_type = {name: t.slots_of(s, name) for name in ot.COMPUTE}
@@ -137,10 +131,7 @@ def build_model(t: OpTensor) -> DependencyModel:
         # The latest params-sync of a model chunk gates that chunk's first forward.
         fwd_in_order = [int(c) for c in comp if t.slot_optype[c] == ot.FORWARD_COMPUTE]
         ags = t.slots_of(s, ot.PARAMS_ALL_GATHER)
-        last_ag = {
-            int(t.slot_mc[a]): int(a)
-            for a in ags[np.argsort(t.order[ags], kind="stable")]
-        }
+        last_ag = {int(t.slot_mc[a]): int(a) for a in ags[np.argsort(t.order[ags], kind="stable")]}
         for mc, ag in last_ag.items():
             targets = [c for c in fwd_in_order if t.slot_mc[c] == mc] or fwd_in_order
             if targets:
@@ -170,11 +161,7 @@ def build_model(t: OpTensor) -> DependencyModel:
                 continue
             peer_type, off = ot.P2P_PEER[name]
             peer = s + off
-            recvs = (
-                t.slots_of(peer, peer_type)
-                if 0 <= peer < pp
-                else np.empty(0, dtype=np.int64)
-            )
+            recvs = t.slots_of(peer, peer_type) if 0 <= peer < pp else np.empty(0, dtype=np.int64)
             if len(recvs) != len(sends):
                 raise InputError(
                     f"{t.source}: stage {s} has {len(sends)} {name} but stage {peer} has"
@@ -188,9 +175,7 @@ def build_model(t: OpTensor) -> DependencyModel:
             if name.endswith("recv"):
                 peer_type, off = ot.P2P_PEER[name]
                 peer = s + off
-                if len(t.slots_of(s, name)) and not (
-                    0 <= peer < pp and len(t.slots_of(peer, peer_type))
-                ):
+                if len(t.slots_of(s, name)) and not (0 <= peer < pp and len(t.slots_of(peer, peer_type))):
                     raise InputError(
                         f"{t.source}: stage {s} has {name} ops but stage {peer} has no {peer_type}"
                     )
@@ -240,9 +225,7 @@ def _levelise(m: DependencyModel, t: OpTensor) -> list[Level]:
         for u in ps:
             succs[u].append(v)
     # A slot in a group is represented by its group's node only.
-    live = list(range(len(m.groups))) + [
-        len(m.groups) + i for i in range(n) if m.group_of[i] < 0
-    ]
+    live = list(range(len(m.groups))) + [len(m.groups) + i for i in range(n) if m.group_of[i] < 0]
     live_set = set(live)
     frontier = [v for v in live if indeg[v] == 0]
     levels: list[Level] = []
@@ -267,18 +250,13 @@ def _levelise(m: DependencyModel, t: OpTensor) -> list[Level]:
     if done != len(live):
         stuck = [members[v][0] for v in live if indeg[v] > 0][:4]
         names = ", ".join(
-            f"stage {int(t.slot_stage[s])} {t.slot_optype[s]} #{int(t.slot_seq[s])}"
-            for s in stuck
+            f"stage {int(t.slot_stage[s])} {t.slot_optype[s]} #{int(t.slot_seq[s])}" for s in stuck
         )
-        raise InputError(
-            f"{t.source}: the recorded op order has a dependency cycle (involving {names})"
-        )
+        raise InputError(f"{t.source}: the recorded op order has a dependency cycle (involving {names})")
     return levels
 
 
-def _make_level(
-    m: DependencyModel, node_members: list[list[int]], is_group: list[bool], n: int
-) -> Level:
+def _make_level(m: DependencyModel, node_members: list[list[int]], is_group: list[bool], n: int) -> Level:
     slots: list[int] = []
     member_pos: list[int] = []
     member_group: list[int] = []
@@ -303,8 +281,8 @@ def _make_level(
         deps[i, : len(m.deps[s])] = m.deps[s]
     gw = max((len(g) for g in grp), default=0)
     gm = np.full((len(grp), gw), n, dtype=np.int64)
-    for i, g in enumerate(grp):
-        gm[i, : len(g)] = g
+    for i, members in enumerate(grp):
+        gm[i, : len(members)] = members
     return Level(
         slots=np.asarray(slots, dtype=np.int64),
         deps=deps,

@@ -51,9 +51,7 @@ KNOWN = frozenset(COMPUTE + P2P + DP_COMM + POST_CHAIN)
 # layernorm-grads-all-reduce is a TP/sequence-parallel all-reduce: communication,
 # but inside the traced worker's TP group, so it has no cross-rank group here.
 MEDIAN_IDEALISED = frozenset(
-    P2P
-    + DP_COMM
-    + (EMBEDDING_GRADS_ALL_REDUCE, LAYERNORM_GRADS_ALL_REDUCE, OPTIMIZER_CLIP_MAIN_GRAD)
+    P2P + DP_COMM + (EMBEDDING_GRADS_ALL_REDUCE, LAYERNORM_GRADS_ALL_REDUCE, OPTIMIZER_CLIP_MAIN_GRAD)
 )
 
 # Send and receive of one transfer are one cause (section 4.3 groups them):

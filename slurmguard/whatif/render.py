@@ -8,9 +8,7 @@ rank, step.
 from __future__ import annotations
 
 import io
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,12 +51,10 @@ def to_json(r: WhatIfResult) -> dict[str, Any]:
         "by_worker": by_worker,
         "workers": workers,
         "by_dp_rank_per_step": {
-            k: {str(d): float(v) for d, v in enumerate(row)}
-            for k, row in zip(steps, r.by_dp_rank_per_step)
+            k: {str(d): float(v) for d, v in enumerate(row)} for k, row in zip(steps, r.by_dp_rank_per_step)
         },
         "by_stage_per_step": {
-            k: {str(s): float(v) for s, v in enumerate(row)}
-            for k, row in zip(steps, r.by_stage_per_step)
+            k: {str(s): float(v) for s, v in enumerate(row)} for k, row in zip(steps, r.by_stage_per_step)
         },
         "mw": float(r.mw),
         "ms": float(r.ms),
@@ -88,9 +84,7 @@ def to_json(r: WhatIfResult) -> dict[str, Any]:
         "by_worker_exact": None
         if r.worker_slowdown_exact is None
         else {
-            str(int(r.rank[s, d])): float(r.worker_slowdown_exact[s, d])
-            for s in range(pp)
-            for d in range(dp)
+            str(int(r.rank[s, d])): float(r.worker_slowdown_exact[s, d]) for s in range(pp) for d in range(dp)
         },
         "simulations": r.simulations,
         "timings_s": {k: float(v) for k, v in r.timings.items()},
@@ -105,9 +99,7 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
     from rich.table import Table
 
     con = Console(file=buf, width=width, force_terminal=False, color_system=None)
-    summary = Table(
-        title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False
-    )
+    summary = Table(title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False)
     summary.add_column("metric")
     summary.add_column("value")
     ss = r.step_slowdown
@@ -143,8 +135,8 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
     ops.add_column("op type")
     ops.add_column("S_t", justify="right")
     ops.add_column("waste", justify="right")
-    for k, v in list(r.by_optype.items())[:top]:
-        ops.add_row(k, f"{v:.3f}", f"{100 * r.waste_by_optype[k]:.1f}%")
+    for op, st in list(r.by_optype.items())[:top]:
+        ops.add_row(op, f"{st:.3f}", f"{100 * r.waste_by_optype[op]:.1f}%")
     con.print(ops)
 
     stages = Table(title="S_w by PP stage (Eq. 4)", min_width=50)
@@ -164,9 +156,7 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
         dps.add_row(str(int(d)), f"{r.by_dp_rank[d]:.3f}")
     con.print(dps)
 
-    workers = Table(
-        title="workers fixed for M_W (S_w = min of DP rank and stage)", min_width=60
-    )
+    workers = Table(title="workers fixed for M_W (S_w = min of DP rank and stage)", min_width=60)
     for c in ("rank", "dp_rank", "stage", "S_w"):
         workers.add_column(c, justify="right")
     for w in r.top_workers:

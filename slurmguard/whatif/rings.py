@@ -172,7 +172,8 @@ def find_rings(path: str | Path) -> list[RingFile]:
         empty = not any(root.iterdir())
         raise InputError(
             f"{root}: {'empty directory' if empty else 'no ring files'}"
-            " (expected <trace_store>/<job>/<node>/rank-*.ring or a dir of rank-*.ring)")
+            " (expected <trace_store>/<job>/<node>/rank-*.ring or a dir of rank-*.ring)"
+        )
     out = []
     for p, restart in candidates:
         try:
@@ -216,8 +217,8 @@ def _select(files: list[RingFile], root: Path, job_step: str | None) -> tuple[li
     jobs = sorted({f.header.job_id for f in files})
     if len(jobs) > 1:
         raise InputError(
-            f"{root}: rings of several jobs ({', '.join(map(str, jobs[:6]))}); "
-            "give one job's directory")
+            f"{root}: rings of several jobs ({', '.join(map(str, jobs[:6]))}); give one job's directory"
+        )
     restarts = sorted({f.restart for f in files})
     if len(restarts) > 1:
         notes.append(f"restarts {', '.join(map(str, restarts))} archived; analysed restart {restarts[-1]}")
@@ -227,26 +228,24 @@ def _select(files: list[RingFile], root: Path, job_step: str | None) -> tuple[li
         files = [f for f in files if f.header.step == job_step]
         if not files:
             raise InputError(
-                f"{root}: no rings of job step {job_step} (steps: "
-                f"{', '.join(step_name(s) for s in steps)})")
+                f"{root}: no rings of job step {job_step} (steps: {', '.join(step_name(s) for s in steps)})"
+            )
     elif len(steps) > 1:
         raise InputError(
-            f"{root}: rings of job steps {', '.join(step_name(s) for s in steps)}; "
-            "choose one with --job-step")
+            f"{root}: rings of job steps {', '.join(step_name(s) for s in steps)}; choose one with --job-step"
+        )
     return files, notes
 
 
 # ---------------------------------------------------------------- iterations
 def _symbols(ops: RankOps) -> np.ndarray:
     """Integer code per op of (op type, communicator, bytes)."""
-    _, code = np.unique(np.stack([ops.op, ops.comm, ops.nbytes], axis=1), axis=0,
-                        return_inverse=True)
+    _, code = np.unique(np.stack([ops.op, ops.comm, ops.nbytes], axis=1), axis=0, return_inverse=True)
     return code.ravel()
 
 
 def _take(ops: RankOps, idx: np.ndarray) -> RankOps:
-    return RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx],
-                   ops.end_ns[idx])
+    return RankOps(ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx], ops.end_ns[idx])
 
 
 def _sized_period_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | None:
@@ -262,8 +261,8 @@ def _sized_period_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | Non
     got = find_period(code, period)
     if got is None:
         return None
-    if (code[got[1]:] == code[-1]).all():
-        return ops.start_ns[got[1]:].copy()
+    if (code[got[1] :] == code[-1]).all():
+        return ops.start_ns[got[1] :].copy()
     st = step_times(ops, period, PeriodResult(got[0], got[1], got[2], None))
     if st is None:
         return None
@@ -280,8 +279,8 @@ def _busy_ns(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray)
     first = np.searchsorted(start, lo - longest)
     last = np.searchsorted(start, hi)
     for i in np.flatnonzero(last > first):
-        s = np.maximum(start[first[i]:last[i]], lo[i])
-        e = np.minimum(end[first[i]:last[i]], hi[i])
+        s = np.maximum(start[first[i] : last[i]], lo[i])
+        e = np.minimum(end[first[i] : last[i]], hi[i])
         out[i] = np.clip(e - s, 0, None).sum()
     return out
 
@@ -312,8 +311,7 @@ def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIter
             idx = iteration_anchors(core, period)
             starts = None if idx is None else core.start_ns[idx]
     if starts is None or len(starts) < 2:
-        raise InputError(
-            f"{source}: rank {ops.rank}: no repeating iteration found in its {n} collectives")
+        raise InputError(f"{source}: rank {ops.rank}: no repeating iteration found in its {n} collectives")
     # anchors as op indices (the sized-period starts may round a start by a nanosecond)
     t = core.start_ns
     pos = np.clip(np.searchsorted(t, starts), 1, m - 1)
@@ -322,8 +320,7 @@ def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIter
         pos = np.append(pos, m)  # the last iteration is whole: close it
     seg = pos[pos >= 1]  # the first collective has no compute before it
     if len(seg) < 2:
-        raise InputError(
-            f"{source}: rank {ops.rank}: fewer than two whole iterations in its {n} collectives")
+        raise InputError(f"{source}: rank {ops.rank}: fewer than two whole iterations in its {n} collectives")
     end = core.end_ns
     comm_start = t[seg[:-1]]
     comm_end = np.maximum.reduceat(end[: seg[-1]], seg[:-1])
@@ -368,9 +365,14 @@ def _dp_comms(ops: dict[int, RankOps], reps: list[int]) -> set[int]:
     return on_reps - others
 
 
-def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
-                  period: PeriodPolicy | None = None, job_step: str | None = None,
-                  meta_source: str = "--meta") -> RingJob:
+def load_ring_job(
+    path: str | Path,
+    meta: JobMeta | None = None,
+    *,
+    period: PeriodPolicy | None = None,
+    job_step: str | None = None,
+    meta_source: str = "--meta",
+) -> RingJob:
     """Read a job's rings and infer the per-rank op table (module docstring).
 
     `meta`: parallelism; None = dp = world size, pp = 1. `job_step`: Slurm step
@@ -398,17 +400,20 @@ def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
         shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise InputError(
             f"{root}: job {h0.job_id} step {h0.step}: no ring of rank(s) {shown} "
-            f"(world size {world}, {len(by_rank)} ring(s) found)")
+            f"(world size {world}, {len(by_rank)} ring(s) found)"
+        )
     if meta is None:
         meta = JobMeta(dp_size=world, pp_size=1, name=f"job {h0.job_id}")
     else:
         if meta.pp_size != 1:
             raise InputError(
                 f"{meta_source}: pp_size={meta.pp_size}: rings give compute and DP "
-                "communication only; pipeline-parallel jobs need per-op traces")
+                "communication only; pipeline-parallel jobs need per-op traces"
+            )
         if meta.world_size != world:
-            raise InputError(f"{meta_source}: world_size={meta.world_size} but the rings in {root} "
-                             f"are of {world} ranks")
+            raise InputError(
+                f"{meta_source}: world_size={meta.world_size} but the rings in {root} are of {world} ranks"
+            )
         if not meta.name:
             meta = JobMeta(**{**meta.__dict__, "name": f"job {h0.job_id}"})
     inner = meta.tp_size * meta.dsp_size
@@ -423,7 +428,8 @@ def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
         if not comms:
             raise InputError(
                 f"{root}: no communicator is used by exactly the ranks with tp_rank = cp_rank = 0 "
-                f"({meta_source}: tp_size={meta.tp_size}, dsp_size={meta.dsp_size})")
+                f"({meta_source}: tp_size={meta.tp_size}, dsp_size={meta.dsp_size})"
+            )
         for r in reps:
             o = ops[r]
             m = np.isin(o.comm, list(comms))
@@ -436,33 +442,48 @@ def load_ring_job(path: str | Path, meta: JobMeta | None = None, *,
     if len(idx) < 2:
         raise InputError(
             f"{root}: only {len(idx)} iteration(s) line up across all {len(reps)} ranks "
-            "(ranks ran different collectives, or their clocks are far apart)")
+            "(ranks ran different collectives, or their clocks are far apart)"
+        )
     dropped = len(its[ref].comm_end) - len(idx)
     if dropped:
         notes.append(f"{dropped} iteration(s) of rank {ref} without a partner on every rank dropped")
     # clock error is a node's: one correction per node, none on the reference's
     node_of = {r: by_rank[r][0].header.node_name for r in reps}
     diff = {r: np.median(its[r].comm_end[picks[r]] - its[ref].comm_end[idx]) for r in reps}
-    node_skew = {nd: 0 if nd == node_of[ref] else
-                 int(np.median([diff[r] for r in reps if node_of[r] == nd]))
-                 for nd in set(node_of.values())}
+    node_skew = {
+        nd: 0 if nd == node_of[ref] else int(np.median([diff[r] for r in reps if node_of[r] == nd]))
+        for nd in set(node_of.values())
+    }
     skew = {r: node_skew[node_of[r]] for r in reps}
     frames = []
     for r in reps:
         ri, j = its[r], picks[r]
         d = skew[r]
         n = len(j)
-        frames.append(pd.DataFrame({
-            "rank": np.full(2 * n, r, dtype=np.int64),
-            "step": np.tile(np.arange(n, dtype=np.int64), 2),
-            "op": np.repeat([COMPUTE_OP, DP_OP], n),
-            "start_ns": np.concatenate([ri.compute_start[j], ri.comm_start[j]]) - d,
-            "end_ns": np.concatenate([ri.comm_start[j], ri.comm_end[j]]) - d,
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "rank": np.full(2 * n, r, dtype=np.int64),
+                    "step": np.tile(np.arange(n, dtype=np.int64), 2),
+                    "op": np.repeat([COMPUTE_OP, DP_OP], n),
+                    "start_ns": np.concatenate([ri.compute_start[j], ri.comm_start[j]]) - d,
+                    "end_ns": np.concatenate([ri.comm_start[j], ri.comm_end[j]]) - d,
+                }
+            )
+        )
     table = pd.concat(frames, ignore_index=True)
     return RingJob(
-        path=root, job_id=h0.job_id, step_id=files[0].header.step_id,
-        restart=files[0].restart, world_size=world, meta=meta, table=table,
+        path=root,
+        job_id=h0.job_id,
+        step_id=files[0].header.step_id,
+        restart=files[0].restart,
+        world_size=world,
+        meta=meta,
+        table=table,
         nodes={r: fs[0].header.node_name for r, fs in sorted(by_rank.items())},
-        iterations={r: len(its[r].comm_end) for r in reps}, steps=len(idx),
-        clock_skew_ns=skew, lost_records=lost, notes=notes)
+        iterations={r: len(its[r].comm_end) for r in reps},
+        steps=len(idx),
+        clock_skew_ns=skew,
+        lost_records=lost,
+        notes=notes,
+    )

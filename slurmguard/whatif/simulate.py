@@ -34,9 +34,7 @@ class SimResult:
     """(slot, scenario, step, lane) end time, when requested."""
 
 
-def simulate(
-    model: DependencyModel, dur: np.ndarray, keep_timeline: bool = False
-) -> SimResult:
+def simulate(model: DependencyModel, dur: np.ndarray, keep_timeline: bool = False) -> SimResult:
     """Simulate every (scenario, step, lane) timeline of `dur` (slot, scenario, step, lane) at once.
 
     Durations are seconds: op durations for local slots, transfer-durations for
@@ -91,9 +89,7 @@ def simulate_naive(model: DependencyModel, dur: np.ndarray) -> np.ndarray:
     return out
 
 
-def _naive_step(
-    model: DependencyModel, succ: list[list[int]], dur: np.ndarray
-) -> float:
+def _naive_step(model: DependencyModel, succ: list[list[int]], dur: np.ndarray) -> float:
     """One step of the event loop; `dur` is (slot, dp)."""
     n, dp = dur.shape
     end: dict[tuple[int, int], float] = {}
@@ -115,11 +111,7 @@ def _naive_step(
             group_count[gkey] = group_count.get(gkey, 0) + 1
             if group_count[gkey] == len(model.groups[g]) * len(lanes):
                 begin = max(launched[(m, e)] for m in model.groups[g] for e in lanes)
-                done.extend(
-                    (m, e, begin + float(dur[m, e]))
-                    for m in model.groups[g]
-                    for e in lanes
-                )
+                done.extend((m, e, begin + float(dur[m, e])) for m in model.groups[g] for e in lanes)
         for s2, d2, at in done:
             end[(s2, d2)] = at
             for v in succ[s2]:
@@ -127,7 +119,5 @@ def _naive_step(
                 if waiting[(v, d2)] == 0:
                     queue.append((v, d2))
     if len(end) != n * dp:
-        raise RuntimeError(
-            "naive simulation did not finish every op (dependency cycle)"
-        )
+        raise RuntimeError("naive simulation did not finish every op (dependency cycle)")
     return max(end.values())

@@ -86,9 +86,7 @@ def tensorize(df: Trace, meta: JobMeta, source: str) -> OpTensor:
     seq = df["seq_id"]
     if seq.min() < 0:
         row = int(np.argmin(seq))
-        raise InputError(
-            f"{source}: column 'seq_id' row {row}: negative seq_id {int(seq[row])}"
-        )
+        raise InputError(f"{source}: column 'seq_id' row {row}: negative seq_id {int(seq[row])}")
     opcode = df["optype"]
     names = np.asarray(OPTYPE_NAMES, dtype=object)
     n_codes = len(names)
@@ -112,16 +110,14 @@ def tensorize(df: Trace, meta: JobMeta, source: str) -> OpTensor:
         )
 
     if (counts > 1).any():
-        raise InputError(
-            f"{source}: {where(int(np.flatnonzero(counts > 1)[0]))} is recorded twice"
-        )
+        raise InputError(f"{source}: {where(int(np.flatnonzero(counts > 1)[0]))} is recorded twice")
     if (counts == 0).any():
         raise InputError(
             f"{source}: {where(int(np.flatnonzero(counts == 0)[0]))} is missing"
             " (every step and DP rank must record the same ops)"
         )
-    start = np.empty(n * n_steps * dp)
-    dur = np.empty(n * n_steps * dp)
+    start: np.ndarray = np.empty(n * n_steps * dp)
+    dur: np.ndarray = np.empty(n * n_steps * dp)
     start[flat] = df["start_ts"]
     dur[flat] = df["duration"]
     start = start.reshape(n, n_steps, dp)

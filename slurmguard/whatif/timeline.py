@@ -58,9 +58,7 @@ def timeline_events(t: OpTensor, steps: int = 2) -> list[dict[str, Any]]:
                         "ph": "M",
                         "name": "process_name",
                         "pid": pid,
-                        "args": {
-                            "name": f"{label} dp{d} pp{s} (rank {int(t.rank[s, d])})"
-                        },
+                        "args": {"name": f"{label} dp{d} pp{s} (rank {int(t.rank[s, d])})"},
                     }
                 )
                 events.append(
@@ -97,9 +95,7 @@ def timeline_events(t: OpTensor, steps: int = 2) -> list[dict[str, Any]]:
                             "pid": sc * pp * dp + s * dp + d,
                             "tid": tid[_stream(name)],
                             "ts": round((offset + start[slot, d]) * 1e6, 3),
-                            "dur": round(
-                                max(end[slot, d] - start[slot, d], 0.0) * 1e6, 3
-                            ),
+                            "dur": round(max(end[slot, d] - start[slot, d], 0.0) * 1e6, 3),
                             "args": {
                                 "step": int(t.steps[j]),
                                 "seq_id": int(t.slot_seq[slot]),

@@ -54,7 +54,7 @@ class Coded:
     def __len__(self) -> int:
         return len(self.codes)
 
-    def take(self, mask: np.ndarray) -> "Coded":
+    def take(self, mask: np.ndarray) -> Coded:
         return Coded(self.codes[mask], self.categories)
 
 
@@ -78,7 +78,7 @@ class Trace:
     def __len__(self) -> int:
         return len(self.columns["step"])
 
-    def take(self, mask: np.ndarray) -> "Trace":
+    def take(self, mask: np.ndarray) -> Trace:
         """The rows where `mask` is true."""
         return Trace({k: v[mask] for k, v in self.columns.items()})
 
@@ -117,9 +117,7 @@ _SIZE_KEYS = ("dp_size", "pp_size", "tp_size", "dsp_size", "vpp_size", "world_si
 def parse_meta(data: Any, source: str) -> JobMeta:
     """Validate a metadata mapping; errors name `source` and the key."""
     if not isinstance(data, dict):
-        raise InputError(
-            f"{source}: metadata must be a YAML mapping of keys such as dp_size, pp_size"
-        )
+        raise InputError(f"{source}: metadata must be a YAML mapping of keys such as dp_size, pp_size")
     data = dict(data)
     if "cp_size" in data and "dsp_size" not in data:
         data["dsp_size"] = data.pop("cp_size")
@@ -132,9 +130,7 @@ def parse_meta(data: Any, source: str) -> JobMeta:
             continue
         v = data[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise InputError(
-                f"{source}: key '{key}' must be a positive integer, got {v!r}"
-            )
+            raise InputError(f"{source}: key '{key}' must be a positive integer, got {v!r}")
         values[key] = v
     meta = JobMeta(
         dp_size=values["dp_size"],
@@ -174,9 +170,7 @@ def load_meta(path: str | Path) -> JobMeta:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise InputError(
-            f"{p}{line}: invalid YAML: {getattr(exc, 'problem', exc)}"
-        ) from None
+        raise InputError(f"{p}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
     return parse_meta(data, p.name)
 
 
@@ -209,9 +203,7 @@ def read_columns(path: str | Path, columns: tuple[str, ...] | None = REQUIRED_CO
             table = f.read(columns=wanted, use_pandas_metadata=False)
         return {name: _to_numpy(table.column(name)) for name in table.column_names}
     except (OSError, ValueError, pa.ArrowException) as exc:
-        raise InputError(
-            f"{p}: cannot read trace: {type(exc).__name__}: {exc}"
-        ) from None
+        raise InputError(f"{p}: cannot read trace: {type(exc).__name__}: {exc}") from None
 
 
 def _to_numpy(col: Any) -> Any:
@@ -267,19 +259,13 @@ def read_table(path: str | Path) -> Any:
     data = read_columns(path, None)
     return pd.DataFrame(
         {
-            k: (
-                pd.Categorical.from_codes(v.codes, v.categories)
-                if isinstance(v, Coded)
-                else v
-            )
+            k: (pd.Categorical.from_codes(v.codes, v.categories) if isinstance(v, Coded) else v)
             for k, v in data.items()
         }
     )
 
 
-def check_trace(
-    table: Columns, meta: JobMeta, source: str, meta_source: str = "metadata"
-) -> Trace:
+def check_trace(table: Columns, meta: JobMeta, source: str, meta_source: str = "metadata") -> Trace:
     """Validate a trace table (read_columns' dict or a pandas DataFrame).
 
     Returns a Trace with compact dtypes and an `end_ts` column (seconds).
@@ -296,9 +282,7 @@ def check_trace(
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise InputError(
-                f"{source}: column '{col}' row {row}: not an integer: {float(arr[row])!r}"
-            )
+            raise InputError(f"{source}: column '{col}' row {row}: not an integer: {float(arr[row])!r}")
         out[col] = arr.astype(np.int64)
     for col in FLOAT_COLUMNS:
         arr = _numeric(table[col], col, source, "numeric seconds")
@@ -373,10 +357,8 @@ def _check_layout(df: Trace, meta: JobMeta, source: str, meta_source: str) -> No
     ):
         v = df[col]
         if v.min() < 0 or v.max() >= size:
-            bad = int(v.max()) if v.max() >= size else int(v.min())
-            raise InputError(
-                f"{meta_source}: {key}={size} but {source} has {col} {bad}"
-            )
+            outside = int(v.max()) if v.max() >= size else int(v.min())
+            raise InputError(f"{meta_source}: {key}={size} but {source} has {col} {outside}")
     rank = df["rank"]
     n_ranks = int(np.count_nonzero(np.bincount(rank - rank.min())))
     if n_ranks != meta.workers:
@@ -407,9 +389,7 @@ def _check_layout(df: Trace, meta: JobMeta, source: str, meta_source: str) -> No
         )
 
 
-def load_trace(
-    trace_path: str | Path, meta_path: str | Path
-) -> tuple[Trace, JobMeta]:
+def load_trace(trace_path: str | Path, meta_path: str | Path) -> tuple[Trace, JobMeta]:
     """Read and validate a trace file and its metadata file."""
     meta = load_meta(meta_path)
     df = read_columns(trace_path)

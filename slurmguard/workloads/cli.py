@@ -36,35 +36,63 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m slurmguard.workloads",
         description="Real torch training on CPU/gloo in five parallel shapes, to try slurmguard "
-                    "on a cluster: ddp (DistributedDataParallel, bucketed all-reduce overlapping "
-                    "backward), fsdp (FSDP2 fully_shard), pp (pipelining, 1F1B), tp (DTensor "
-                    "tensor parallel), 2d (FSDP2 across nodes x TP inside a node).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "on a cluster: ddp (DistributedDataParallel, bucketed all-reduce overlapping "
+        "backward), fsdp (FSDP2 fully_shard), pp (pipelining, 1F1B), tp (DTensor "
+        "tensor parallel), 2d (FSDP2 across nodes x TP inside a node).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("shape", choices=SHAPES)
     stop = ap.add_argument_group("how long (the first bound reached ends the run)")
-    stop.add_argument("--steps", type=int, default=1000,
-                      help="total optimizer steps of the training, across restarts (default 1000)")
-    stop.add_argument("--seconds", type=float, default=0.0,
-                      help="end this run after this much wall time, with a checkpoint (0: no bound)")
+    stop.add_argument(
+        "--steps",
+        type=int,
+        default=1000,
+        help="total optimizer steps of the training, across restarts (default 1000)",
+    )
+    stop.add_argument(
+        "--seconds",
+        type=float,
+        default=0.0,
+        help="end this run after this much wall time, with a checkpoint (0: no bound)",
+    )
     io = ap.add_argument_group("checkpoints and logs")
-    io.add_argument("--ckpt-dir", type=Path, default=None,
-                    help="shared checkpoint directory (default ./ckpt-<shape>-<job id>)")
-    io.add_argument("--ckpt-every", type=int, default=100,
-                    help="steps between periodic checkpoints (0: only on SIGUSR1 and at the end)")
-    io.add_argument("--log-dir", type=Path, default=None,
-                    help="where rank<N>.jsonl step logs go (default: the checkpoint directory)")
+    io.add_argument(
+        "--ckpt-dir",
+        type=Path,
+        default=None,
+        help="shared checkpoint directory (default ./ckpt-<shape>-<job id>)",
+    )
+    io.add_argument(
+        "--ckpt-every",
+        type=int,
+        default=100,
+        help="steps between periodic checkpoints (0: only on SIGUSR1 and at the end)",
+    )
+    io.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="where rank<N>.jsonl step logs go (default: the checkpoint directory)",
+    )
     m = ap.add_argument_group("model (a stack of transformer MLP blocks and a classifier head)")
     m.add_argument("--width", type=int, default=256, help="model width (default 256)")
     m.add_argument("--hidden", type=int, default=1024, help="MLP hidden size (default 1024)")
     m.add_argument("--depth", type=int, default=4, help="blocks (default 4)")
-    m.add_argument("--batch", type=int, default=64,
-                   help="samples per step per data-parallel rank (default 64)")
+    m.add_argument(
+        "--batch", type=int, default=64, help="samples per step per data-parallel rank (default 64)"
+    )
     p = ap.add_argument_group("parallelism")
-    p.add_argument("--bucket-mb", type=float, default=1.0,
-                   help="ddp: gradient bucket size in MB (default 1: several buckets per step)")
+    p.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=1.0,
+        help="ddp: gradient bucket size in MB (default 1: several buckets per step)",
+    )
     p.add_argument("--microbatches", type=int, default=4, help="pp: micro-batches per step (default 4)")
-    p.add_argument("--tp", type=int, default=0,
-                   help="2d: tensor-parallel size (default: the tasks on one node)")
+    p.add_argument(
+        "--tp", type=int, default=0, help="2d: tensor-parallel size (default: the tasks on one node)"
+    )
     return ap
 
 
@@ -87,15 +115,24 @@ def main(argv: list[str] | None = None) -> int:
 
     env = runtime.slurm_env()
     ckpt = args.ckpt_dir or Path.cwd() / f"ckpt-{args.shape}-{env.job_id}"
-    spec = runtime.ModelSpec(width=args.width, hidden=args.hidden, depth=args.depth,
-                             batch=args.batch)
-    opts = runtime.RunOptions(shape=args.shape, steps=args.steps, seconds=args.seconds,
-                              ckpt_dir=ckpt, log_dir=args.log_dir or ckpt,
-                              ckpt_every=args.ckpt_every, spec=spec)
+    spec = runtime.ModelSpec(width=args.width, hidden=args.hidden, depth=args.depth, batch=args.batch)
+    opts = runtime.RunOptions(
+        shape=args.shape,
+        steps=args.steps,
+        seconds=args.seconds,
+        ckpt_dir=ckpt,
+        log_dir=args.log_dir or ckpt,
+        ckpt_every=args.ckpt_every,
+        spec=spec,
+    )
     runtime.init(env)
     try:
-        built = shapes.build(args.shape, env, spec, shapes.ShapeOptions(
-            bucket_mb=args.bucket_mb, microbatches=args.microbatches, tp=args.tp))
+        built = shapes.build(
+            args.shape,
+            env,
+            spec,
+            shapes.ShapeOptions(bucket_mb=args.bucket_mb, microbatches=args.microbatches, tp=args.tp),
+        )
     except ValueError as exc:
         if env.rank == 0:
             print(f"error: {exc}", file=sys.stderr)

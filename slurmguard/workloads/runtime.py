@@ -29,13 +29,17 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
 
 # ------------------------------------------------------------------ environment
@@ -58,10 +62,12 @@ def _first_node_addr() -> str:
     if not nodes:
         return "127.0.0.1"
     try:
-        first = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
-                               text=True, timeout=10, check=True).stdout.split()[0]
-        info = subprocess.run(["scontrol", "show", "node", "-o", first], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.split()
+        first = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split()[0]
+        info = subprocess.run(
+            ["scontrol", "show", "node", "-o", first], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError, IndexError):
         return nodes.split(",")[0].split("[")[0]
     for tok in info:
@@ -81,13 +87,15 @@ def slurm_env() -> Env:
         return int(default)
 
     job = pick("SLURM_JOB_ID", default="0")
-    env = Env(rank=pick("SLURM_PROCID", "RANK", default="0"),
-              world=pick("SLURM_NTASKS", "WORLD_SIZE", default="1"),
-              local_rank=pick("SLURM_LOCALID", "LOCAL_RANK", default="0"),
-              local_world=pick("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "LOCAL_WORLD_SIZE",
-                               default="1"),
-              node=e.get("SLURMD_NODENAME") or socket.gethostname(),
-              job_id=job, restart=pick("SLURM_RESTART_COUNT", default="0"))
+    env = Env(
+        rank=pick("SLURM_PROCID", "RANK", default="0"),
+        world=pick("SLURM_NTASKS", "WORLD_SIZE", default="1"),
+        local_rank=pick("SLURM_LOCALID", "LOCAL_RANK", default="0"),
+        local_world=pick("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "LOCAL_WORLD_SIZE", default="1"),
+        node=e.get("SLURMD_NODENAME") or socket.gethostname(),
+        job_id=job,
+        restart=pick("SLURM_RESTART_COUNT", default="0"),
+    )
     if "MASTER_ADDR" not in e:
         e["MASTER_ADDR"] = _first_node_addr()
     return env
@@ -186,8 +194,13 @@ class Checkpointer:
         except (OSError, ValueError):
             return None
 
-    def save(self, step: int, model: nn.Module, optim: torch.optim.Optimizer,
-             extra_state: Callable[[], dict] | None = None) -> None:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optim: torch.optim.Optimizer,
+        extra_state: Callable[[], dict] | None = None,
+    ) -> None:
         import torch.distributed.checkpoint as dcp
 
         state = self._state(model, optim)
@@ -222,12 +235,17 @@ class Checkpointer:
             return 0
         state = self._state(model, optim)
         dcp.load(state, checkpoint_id=str(self.root / f"step-{step}"))
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                       options=_SD_OPTIONS())
+        set_state_dict(
+            model,
+            optim,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=_SD_OPTIONS(),
+        )
         return step
 
 
-def _SD_OPTIONS():
+def _SD_OPTIONS() -> StateDictOptions:
     """Flattened optimizer state: param-group settings keyed per parameter. A
     pipeline stage's optimizer holds other parameters than its peers'; nested,
     every rank's `param_groups` entry had the same key and DCP kept only one."""
@@ -261,19 +279,37 @@ class RunOptions:
 class StepLog:
     def __init__(self, path: Path, env: Env) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "a")
+        # held for the whole run (one line per step); closed when the process ends
+        self.f = open(path, "a")  # noqa: SIM115
         self.env = env
 
     def write(self, it: int, step_s: float, loss: float, ckpt_s: float) -> None:
-        self.f.write(json.dumps({"rank": self.env.rank, "node": self.env.node, "iter": it,
-                                 "restart": self.env.restart, "t": round(time.time(), 4),
-                                 "step_s": round(step_s, 6), "loss": round(loss, 5),
-                                 "ckpt_s": round(ckpt_s, 4)}) + "\n")
+        self.f.write(
+            json.dumps(
+                {
+                    "rank": self.env.rank,
+                    "node": self.env.node,
+                    "iter": it,
+                    "restart": self.env.restart,
+                    "t": round(time.time(), 4),
+                    "step_s": round(step_s, 6),
+                    "loss": round(loss, 5),
+                    "ckpt_s": round(ckpt_s, 4),
+                }
+            )
+            + "\n"
+        )
         self.f.flush()
 
 
-def train(env: Env, opts: RunOptions, model: nn.Module, optim: torch.optim.Optimizer,
-          step_fn: Callable[[int], torch.Tensor | None], request: dict | None = None) -> int:
+def train(
+    env: Env,
+    opts: RunOptions,
+    model: nn.Module,
+    optim: torch.optim.Optimizer,
+    step_fn: Callable[[int], torch.Tensor | None],
+    request: dict | None = None,
+) -> int:
     """Run optimizer steps until opts.steps or opts.seconds; return the next step.
 
     step_fn(i) does forward, backward and optimizer step i and returns the loss
@@ -291,16 +327,25 @@ def train(env: Env, opts: RunOptions, model: nn.Module, optim: torch.optim.Optim
         signal.signal(signal.SIGUSR1, lambda *_: want.__setitem__("ckpt", True))
     log = StepLog(opts.log_dir / f"rank{env.rank}.jsonl", env)
     if env.rank == 0:
-        print(f"{opts.shape}: {env.world} ranks, resuming at step {start}, restart "
-              f"{env.restart}, checkpoints in {opts.ckpt_dir}", flush=True)
+        print(
+            f"{opts.shape}: {env.world} ranks, resuming at step {start}, restart "
+            f"{env.restart}, checkpoints in {opts.ckpt_dir}",
+            flush=True,
+        )
     t_begin = time.monotonic()
     it = start
     while it < opts.steps:
         t0 = time.perf_counter()
         loss = step_fn(it)
         over = opts.seconds > 0 and time.monotonic() - t_begin >= opts.seconds
-        flags = torch.tensor([0.0 if loss is None else float(loss), 1.0 if loss is not None else 0.0,
-                              float(want["ckpt"]), float(over)])
+        flags = torch.tensor(
+            [
+                0.0 if loss is None else float(loss),
+                1.0 if loss is not None else 0.0,
+                float(want["ckpt"]),
+                float(over),
+            ]
+        )
         dist.all_reduce(flags)
         step_s = time.perf_counter() - t0
         it += 1
@@ -311,10 +356,11 @@ def train(env: Env, opts: RunOptions, model: nn.Module, optim: torch.optim.Optim
             ck.save(it, model, optim)
             ckpt_s = time.perf_counter() - t1
             want["ckpt"] = False
-        log.write(it - 1, step_s, float(flags[0] / max(flags[1], 1.0)), ckpt_s)
+        log.write(it - 1, step_s, float(flags[0] / flags[1].clamp(min=1.0)), ckpt_s)
         if stop:
             break
     if it >= opts.steps and env.rank == 0:
-        (opts.ckpt_dir / "done").write_text(json.dumps({"steps": it, "job": env.job_id,
-                                                        "restart": env.restart}) + "\n")
+        (opts.ckpt_dir / "done").write_text(
+            json.dumps({"steps": it, "job": env.job_id, "restart": env.restart}) + "\n"
+        )
     return it

@@ -17,15 +17,15 @@ tp    DTensor tensor parallel (parallelize_module): each block's up projection
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable
+from typing import cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
-
 
 
 @dataclass
@@ -48,7 +48,7 @@ class ShapeOptions:
     tp: int = 0
 
 
-def _optim(params) -> torch.optim.Optimizer:
+def _optim(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-3)
 
 
@@ -56,8 +56,9 @@ def _loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits, y)
 
 
-def _data_parallel_step(model: nn.Module, optim: torch.optim.Optimizer, teacher: Teacher,
-                        shard: int) -> Callable[[int], torch.Tensor]:
+def _data_parallel_step(
+    model: nn.Module, optim: torch.optim.Optimizer, teacher: Teacher, shard: int
+) -> Callable[[int], torch.Tensor]:
     def step(i: int) -> torch.Tensor:
         x, y = teacher.batch(i, shard)
         loss = _loss(model(x), y)
@@ -102,8 +103,12 @@ def build_fsdp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     optim = _optim(model.parameters())
-    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), env.rank),
-                 f"FSDP2 fully_shard over {env.world} ranks, {len(model)} units")
+    return Built(
+        model,
+        optim,
+        _data_parallel_step(model, optim, Teacher(spec), env.rank),
+        f"FSDP2 fully_shard over {env.world} ranks, {len(model)} units",
+    )
 
 
 def _tp_plan(spec: ModelSpec) -> dict:
@@ -126,8 +131,12 @@ def build_tp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
     model = parallelize_module(build_model(spec), mesh, _tp_plan(spec))
     optim = _optim(model.parameters())
     # tensor parallel ranks work on one batch together: the same data shard
-    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), 0),
-                 f"TP over {env.world} ranks (Colwise up, Rowwise down, {spec.depth} blocks)")
+    return Built(
+        model,
+        optim,
+        _data_parallel_step(model, optim, Teacher(spec), 0),
+        f"TP over {env.world} ranks (Colwise up, Rowwise down, {spec.depth} blocks)",
+    )
 
 
 def build_2d(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
@@ -137,19 +146,25 @@ def build_2d(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
 
     tp = o.tp or env.local_world
     if tp < 2 or env.world % tp or env.world // tp < 2:
-        raise ValueError(f"2d needs DP >= 2 and TP >= 2: {env.world} ranks, TP {tp} "
-                         f"(run 2 or more nodes with 2 or more tasks each, or set --tp)")
+        raise ValueError(
+            f"2d needs DP >= 2 and TP >= 2: {env.world} ranks, TP {tp} "
+            f"(run 2 or more nodes with 2 or more tasks each, or set --tp)"
+        )
     dp = env.world // tp
     # ranks are numbered node by node: the tasks of one node form a TP group
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     model = parallelize_module(build_model(spec), mesh["tp"], _tp_plan(spec))
-    for layer in model:
+    for layer in cast(nn.Sequential, model):  # build_model's stack of layers
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     optim = _optim(model.parameters())
     dp_rank = mesh.get_local_rank("dp")
-    return Built(model, optim, _data_parallel_step(model, optim, Teacher(spec), dp_rank),
-                 f"2-D: DP {dp} (FSDP2 across nodes) x TP {tp} (inside a node)")
+    return Built(
+        model,
+        optim,
+        _data_parallel_step(model, optim, Teacher(spec), dp_rank),
+        f"2-D: DP {dp} (FSDP2 across nodes) x TP {tp} (inside a node)",
+    )
 
 
 def build_pp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
@@ -158,8 +173,9 @@ def build_pp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
     stages = env.world
     layers = spec.depth + 1  # blocks and the head
     if stages < 2 or layers < stages:
-        raise ValueError(f"pp needs 2 or more ranks and at least one layer per stage "
-                         f"({layers} layers, {stages} ranks)")
+        raise ValueError(
+            f"pp needs 2 or more ranks and at least one layer per stage ({layers} layers, {stages} ranks)"
+        )
     if spec.batch % o.microbatches:
         raise ValueError(f"--batch {spec.batch} must divide into {o.microbatches} micro-batches")
     lo, hi = env.rank * layers // stages, (env.rank + 1) * layers // stages
@@ -188,8 +204,12 @@ def build_pp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
         optim.step()
         return torch.stack(losses).mean().detach() if losses else None
 
-    return Built(full, optim, step, f"pipeline, {stages} stages (layers {lo}..{hi - 1} here), "
-                 f"1F1B over {o.microbatches} micro-batches")
+    return Built(
+        full,
+        optim,
+        step,
+        f"pipeline, {stages} stages (layers {lo}..{hi - 1} here), 1F1B over {o.microbatches} micro-batches",
+    )
 
 
 BUILDERS = {"ddp": build_ddp, "fsdp": build_fsdp, "pp": build_pp, "tp": build_tp, "2d": build_2d}

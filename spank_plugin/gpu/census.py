@@ -20,5 +20,7 @@ for d in sys.argv[1:]:
         if n.endswith(".ring"):
             with RingReader(os.path.join(d, n)) as r:
                 c = Counter(label(x) for x in r.records())
-                print(f"{os.path.basename(d)}/{n}: gpu_state {r.header.gpu_state_name} "
-                      f"gpu_lost {r.header.gpu_lost}: {dict(sorted(c.items()))}")
+                print(
+                    f"{os.path.basename(d)}/{n}: gpu_state {r.header.gpu_state_name} "
+                    f"gpu_lost {r.header.gpu_lost}: {dict(sorted(c.items()))}"
+                )

@@ -89,11 +89,16 @@ def run_calls(out_path: str, iters: int, warmup: int) -> None:
     torch.cuda.synchronize()
     cycles = int(10_000_000 * SLEEP_MS / probe_s.elapsed_time(probe_e))
 
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda,
-            "nccl": ".".join(str(v) for v in torch.cuda.nccl.version()),
-            "device": torch.cuda.get_device_name(dev), "sleep_ms": SLEEP_MS,
-            "env": {k: os.environ.get(k, "") for k in
-                    ("LD_PRELOAD", "NCCL_PROFILER_PLUGIN", "SLURMGUARD_CUDA_EVENTS")}}
+    info = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(str(v) for v in torch.cuda.nccl.version()),
+        "device": torch.cuda.get_device_name(dev),
+        "sleep_ms": SLEEP_MS,
+        "env": {
+            k: os.environ.get(k, "") for k in ("LD_PRELOAD", "NCCL_PROFILER_PLUGIN", "SLURMGUARD_CUDA_EVENTS")
+        },
+    }
     calls: list = []
     errors: dict = {}
 
@@ -105,8 +110,7 @@ def run_calls(out_path: str, iters: int, warmup: int) -> None:
     for name, op, nbytes, how, busy in _cases():
         n = nbytes // 4
         x = torch.ones(n, dtype=torch.float32, device=dev)
-        y = torch.empty(n, dtype=torch.float32, device=dev) if how in ("allgather", "p2p_self") \
-            else None
+        y = torch.empty(n, dtype=torch.float32, device=dev) if how in ("allgather", "p2p_self") else None
         torch.cuda.synchronize()
         done = []
         try:
@@ -121,16 +125,27 @@ def run_calls(out_path: str, iters: int, warmup: int) -> None:
                 elif how == "allgather":
                     dist.all_gather_into_tensor(y, x)
                 elif how == "p2p_self":
-                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, x, 0),
-                                                   dist.P2POp(dist.irecv, y, 0)])
+                    reqs = dist.batch_isend_irecv(
+                        [dist.P2POp(dist.isend, x, 0), dist.P2POp(dist.irecv, y, 0)]
+                    )
                     for r in reqs:
                         r.wait()
                 t1 = time.monotonic_ns()
                 e.record()
                 torch.cuda.synchronize()
-                done.append({"case": name, "op": op, "bytes": nbytes, "i": i, "busy": busy,
-                             "warmup": i < warmup, "torch_ms": s.elapsed_time(e),
-                             "host_start_ns": t0, "host_end_ns": t1})
+                done.append(
+                    {
+                        "case": name,
+                        "op": op,
+                        "bytes": nbytes,
+                        "i": i,
+                        "busy": busy,
+                        "warmup": i < warmup,
+                        "torch_ms": s.elapsed_time(e),
+                        "host_start_ns": t0,
+                        "host_end_ns": t1,
+                    }
+                )
         except (RuntimeError, ValueError) as exc:  # one failing case must not hide the others
             errors[name] = f"{type(exc).__name__}: {exc}"
             print(f"{name}: {errors[name]}", file=sys.stderr)
@@ -156,8 +171,7 @@ def run_graph(out_path: str, replays: int = 5) -> None:
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev,
-                            init_method="tcp://127.0.0.1:29518")
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=dev, init_method="tcp://127.0.0.1:29518")
     x = torch.full((64 * MB // 4,), 2.0, device=dev)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -202,8 +216,9 @@ def _span(recs: list, call: dict, source: str) -> tuple | None:
     """(gpu begin, gpu finish, host start, host end) of one torch call: the
     ring records its host call window holds (the hook and the plugin stamp
     the NCCL call's entry inside torch's), of its op, with GPU time."""
-    inside = [r for r in recs if call["host_start_ns"] <= r.start_ns <= call["host_end_ns"]
-              and r.has_gpu_time]
+    inside = [
+        r for r in recs if call["host_start_ns"] <= r.start_ns <= call["host_end_ns"] and r.has_gpu_time
+    ]
     if call["op"] != "sendrecv":
         got = [r for r in inside if r.op_name == call["op"] and r.bytes == call["bytes"]]
     elif source == "nccl":
@@ -213,8 +228,12 @@ def _span(recs: list, call: dict, source: str) -> tuple | None:
         got = [r for r in inside if r.op_name in ("send", "recv") and r.bytes == call["bytes"]]
     if not got:
         return None
-    return (min(r.gpu_start_ns for r in got), max(r.gpu_end_ns for r in got),
-            min(r.start_ns for r in got), max(r.end_ns for r in got))
+    return (
+        min(r.gpu_start_ns for r in got),
+        max(r.gpu_end_ns for r in got),
+        min(r.start_ns for r in got),
+        max(r.end_ns for r in got),
+    )
 
 
 def compare(ring_dir: str, calls_json: str, source: str = "nccl") -> dict:
@@ -242,11 +261,15 @@ def compare(ring_dir: str, calls_json: str, source: str = "nccl") -> dict:
                 enq.append((he - hs) / 1e3)
                 gpu.append(ring_ms * 1e3)
                 lag.append((b - hs) / 1e3)
-            row.update(busy=calls[0].get("busy", True),
-                       median_err=statistics.median(errs), max_err=max(errs),
-                       torch_ms=statistics.median(c["torch_ms"] for c in calls if not c["warmup"]),
-                       gpu_us=statistics.median(gpu), enqueue_us=statistics.median(enq),
-                       gpu_start_after_call_us=statistics.median(lag))
+            row.update(
+                busy=calls[0].get("busy", True),
+                median_err=statistics.median(errs),
+                max_err=max(errs),
+                torch_ms=statistics.median(c["torch_ms"] for c in calls if not c["warmup"]),
+                gpu_us=statistics.median(gpu),
+                enqueue_us=statistics.median(enq),
+                gpu_start_after_call_us=statistics.median(lag),
+            )
         out[name] = row
     return out
 
@@ -275,16 +298,17 @@ def main(argv: list[str]) -> int:
     bad = 0
     for name, row in res.items():
         if "median_err" in row:
-            print(f"{a.source:8} {name:34} calls {row['calls']:3} torch {row['torch_ms']:8.3f} ms "
-                  f"ring GPU {row['gpu_us'] / 1e3:8.3f} ms  median |diff| "
-                  f"{100 * row['median_err']:5.2f}% max {100 * row['max_err']:5.2f}%  enqueue "
-                  f"{row['enqueue_us']:7.1f} us  GPU start {row['gpu_start_after_call_us']:9.1f} us "
-                  f"after the call")
+            print(
+                f"{a.source:8} {name:34} calls {row['calls']:3} torch {row['torch_ms']:8.3f} ms "
+                f"ring GPU {row['gpu_us'] / 1e3:8.3f} ms  median |diff| "
+                f"{100 * row['median_err']:5.2f}% max {100 * row['max_err']:5.2f}%  enqueue "
+                f"{row['enqueue_us']:7.1f} us  GPU start {row['gpu_start_after_call_us']:9.1f} us "
+                f"after the call"
+            )
             # an idle GPU: torch's span holds host work the hook's does not
             bad += row["busy"] and row["median_err"] > AGREEMENT
         else:
-            print(f"{a.source:8} {name:34} calls {row['calls']:3} records {row['records']:3}: "
-                  f"no match")
+            print(f"{a.source:8} {name:34} calls {row['calls']:3} records {row['records']:3}: no match")
     print(json.dumps(res))
     return 1 if bad else 0
 

@@ -9,8 +9,10 @@ hands over an open connection in config.attributes['connection']. For the
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from alembic import context
+from sqlalchemy import Connection
 
 from slurmguard.store.models import Base
 
@@ -18,15 +20,13 @@ target_metadata = Base.metadata
 
 
 def _url() -> str:
-    url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get(
-        "SLURMGUARD_DB"
-    )
+    url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get("SLURMGUARD_DB")
     if not url:
         raise SystemExit("no database URL: pass -x db=URL or set SLURMGUARD_DB")
     return url
 
 
-def _configure(**kwargs: object) -> None:
+def _configure(**kwargs: Any) -> None:
     context.configure(
         target_metadata=target_metadata,
         compare_type=True,
@@ -37,9 +37,7 @@ def _configure(**kwargs: object) -> None:
 def run_offline() -> None:
     from slurmguard.store.db import parse_url
 
-    _configure(
-        url=parse_url(_url()), literal_binds=True, dialect_opts={"paramstyle": "named"}
-    )
+    _configure(url=parse_url(_url()), literal_binds=True, dialect_opts={"paramstyle": "named"})
     with context.begin_transaction():
         context.run_migrations()
 
@@ -59,11 +57,9 @@ def run_online() -> None:
         engine.dispose()
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     # SQLite cannot ALTER most things in place; batch mode rebuilds the table.
-    _configure(
-        connection=connection, render_as_batch=connection.dialect.name == "sqlite"
-    )
+    _configure(connection=connection, render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
         context.run_migrations()
 

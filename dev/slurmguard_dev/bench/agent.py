@@ -47,8 +47,9 @@ TARGET_CPU_PCT = 1.0
 TARGET_RSS_MB = 100.0
 
 
-def write_rings(root: str, node: str, job_id: int, ranks: int, collectives: int, step_s: float,
-                stop_after_s: float) -> None:
+def write_rings(
+    root: str, node: str, job_id: int, ranks: int, collectives: int, step_s: float, stop_after_s: float
+) -> None:
     """The writer process: `ranks` rings of one job, `collectives` records per rank per step.
 
     Each step: a forward pass without collectives, then the ranks'
@@ -61,9 +62,19 @@ def write_rings(root: str, node: str, job_id: int, ranks: int, collectives: int,
 
     job_dir = Path(root) / str(job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
-    writers = [RingWriter(str(job_dir / ring_file_name(r, 0, "nccl")), job_id=job_id, step_id=0,
-                          global_rank=r, local_rank=r, world_size=ranks, source=SOURCE_NCCL,
-                          node_name=node) for r in range(ranks)]
+    writers = [
+        RingWriter(
+            str(job_dir / ring_file_name(r, 0, "nccl")),
+            job_id=job_id,
+            step_id=0,
+            global_rank=r,
+            local_rank=r,
+            world_size=ranks,
+            source=SOURCE_NCCL,
+            node_name=node,
+        )
+        for r in range(ranks)
+    ]
     comms = [comm_id_of(f"dp-{i}") for i in range(4)]
     # one step's op sequence: reduce-scatter/all-gather of gradient buckets, a few all-reduces
     kinds = [OP["reducescatter"], OP["allgather"]] * (collectives // 2 - 2) + [OP["allreduce"]] * 4
@@ -84,8 +95,16 @@ def write_rings(root: str, node: str, job_id: int, ranks: int, collectives: int,
             end = time.monotonic_ns()
             for r, w in enumerate(writers):
                 dur = int(slot * 0.3e9 * (1 + 0.02 * rng.random() + 0.01 * r / ranks))
-                w.append(op, comm_id=comms[i % len(comms)], count=1 << 22, nbytes=1 << 23,
-                         start_ns=end - dur, end_ns=end, datatype=10, redop=1)
+                w.append(
+                    op,
+                    comm_id=comms[i % len(comms)],
+                    count=1 << 22,
+                    nbytes=1 << 23,
+                    start_ns=end - dur,
+                    end_ns=end,
+                    datatype=10,
+                    redop=1,
+                )
         step += 1
     for w in writers:
         w.close()
@@ -112,14 +131,24 @@ def make_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: in
     if job_id is not None:
         slurm.start_job([node], user=str(os.getuid()), job_id=job_id)
     p = pol.agent
-    sender = ReportSender(url, read_secret(p.secret_file, "node key"), timeout_s=p.request_timeout_s,
-                          max_reports=p.buffer_max_reports, now=time.time)
-    return Agent(node=node, policy=pol, sender=sender, source=open_source("sim", node),
-                 ring_root=ring_root, slurm=slurm)
+    sender = ReportSender(
+        url,
+        read_secret(p.secret_file, "node key"),
+        timeout_s=p.request_timeout_s,
+        max_reports=p.buffer_max_reports,
+        now=time.time,
+    )
+    return Agent(
+        node=node,
+        policy=pol,
+        sender=sender,
+        source=open_source("sim", node),
+        ring_root=ring_root,
+        slurm=slurm,
+    )
 
 
-def run_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: int | None,
-              status: str) -> None:
+def run_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: int | None, status: str) -> None:
     """The agent process: the daemon's loop until SIGTERM. After every report
     it builds, `status` holds JSON: reports built so far and the ranks the
     last one carried with iterations found (the bench starts measuring once the agent reports)."""
@@ -181,33 +210,77 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _writer(root: Path, node: str, job_id: int, ranks: int, collectives: int, step_s: float,
-            seconds: float) -> subprocess.Popen:
+def _writer(
+    root: Path, node: str, job_id: int, ranks: int, collectives: int, step_s: float, seconds: float
+) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from slurmguard_dev.bench.agent import write_rings; "
-         "write_rings(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "
-         "int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))",
-         str(root), node, str(job_id), str(ranks), str(collectives), str(step_s), str(seconds)])
+        [
+            sys.executable,
+            "-c",
+            "import sys; from slurmguard_dev.bench.agent import write_rings; "
+            "write_rings(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), "
+            "int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7]))",
+            str(root),
+            node,
+            str(job_id),
+            str(ranks),
+            str(collectives),
+            str(step_s),
+            str(seconds),
+        ]
+    )
 
 
 @click.command("agent")
-@click.option("--duration", default=60.0, show_default=True, type=click.FloatRange(5),
-              help="Measured seconds.")
-@click.option("--warmup", default=20.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds before measuring (start-up, ring discovery).")
+@click.option(
+    "--duration", default=60.0, show_default=True, type=click.FloatRange(5), help="Measured seconds."
+)
+@click.option(
+    "--warmup",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds before measuring (start-up, ring discovery).",
+)
 @click.option("--ranks", default=8, show_default=True, type=click.IntRange(1, 256))
-@click.option("--collectives", default=200, show_default=True, type=click.IntRange(8),
-              help="Collectives per rank per step.")
-@click.option("--step-s", default=1.0, show_default=True, type=click.FloatRange(0.05),
-              help="Step time, seconds (1 s: 200 collectives/s per rank).")
-@click.option("--report-interval", default=None, type=float,
-              help="agent.report_interval_s for both agents [default: the policy's].")
-@click.option("--profile", "profile_top", default=0, show_default=True, type=click.IntRange(0),
-              help="Afterwards run the loaded agent in-process under cProfile for --duration s"
-                   " and print this many functions by own time (0: no profile).")
-def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, step_s: float,
-                report_interval: float | None, profile_top: int) -> None:
+@click.option(
+    "--collectives",
+    default=200,
+    show_default=True,
+    type=click.IntRange(8),
+    help="Collectives per rank per step.",
+)
+@click.option(
+    "--step-s",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0.05),
+    help="Step time, seconds (1 s: 200 collectives/s per rank).",
+)
+@click.option(
+    "--report-interval",
+    default=None,
+    type=float,
+    help="agent.report_interval_s for both agents [default: the policy's].",
+)
+@click.option(
+    "--profile",
+    "profile_top",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Afterwards run the loaded agent in-process under cProfile for --duration s"
+    " and print this many functions by own time (0: no profile).",
+)
+def bench_agent(
+    duration: float,
+    warmup: float,
+    ranks: int,
+    collectives: int,
+    step_s: float,
+    report_interval: float | None,
+    profile_top: int,
+) -> None:
     """CPU and RSS of an agent watching RANKS busy rings vs an idle agent, same run."""
     with tempfile.TemporaryDirectory(prefix="sg-bench-agent-") as tmp:
         t = Path(tmp)
@@ -230,24 +303,37 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
         status = {n: t / f"{n}.status" for n in roots}
         agents = {
             name: subprocess.Popen(
-                [sys.executable, "-c",
-                 "import sys; from slurmguard_dev.bench.agent import run_agent; "
-                 "run_agent(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
-                 "int(sys.argv[5]) if sys.argv[5] else None, sys.argv[6])",
-                 "benchnode" if name == "loaded" else "idlenode", url, str(policy), str(root),
-                 str(JOB_ID) if name == "loaded" else "", str(status[name])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for name, root in roots.items()}
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from slurmguard_dev.bench.agent import run_agent; "
+                    "run_agent(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
+                    "int(sys.argv[5]) if sys.argv[5] else None, sys.argv[6])",
+                    "benchnode" if name == "loaded" else "idlenode",
+                    url,
+                    str(policy),
+                    str(root),
+                    str(JOB_ID) if name == "loaded" else "",
+                    str(status[name]),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for name, root in roots.items()
+        }
         try:
-            click.echo(f"agents started; once both report (the loaded one all {ranks} ranks), "
-                       f"warming up {warmup:g} s, then measuring {duration:g} s ({ranks} ranks x "
-                       f"{collectives} collectives per {step_s:g} s step = "
-                       f"{ranks * collectives / step_s:.0f} records/s)")
+            click.echo(
+                f"agents started; once both report (the loaded one all {ranks} ranks), "
+                f"warming up {warmup:g} s, then measuring {duration:g} s ({ranks} ranks x "
+                f"{collectives} collectives per {step_s:g} s step = "
+                f"{ranks * collectives / step_s:.0f} records/s)"
+            )
             ready_by = time.monotonic() + READY_S
             while True:
                 for name, p in agents.items():
                     if p.poll() is not None:
-                        err = p.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+                        raw = p.stderr.read() if p.stderr is not None else b""
+                        err = raw.decode(errors="replace").strip().splitlines()[-3:]
                         raise click.ClickException(f"{name} agent exited: {' | '.join(err)}")
                 st = {n: _status(f) for n, f in status.items()}
                 if st["baseline"]["reports"] and st["loaded"]["ranks"] >= ranks:
@@ -256,7 +342,8 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
                     raise click.ClickException(
                         f"after {READY_S:g} s the loaded agent reports {st['loaded']['ranks']} of "
                         f"{ranks} ranks (idle agent: {st['baseline']['reports']} reports); "
-                        "nothing measured")
+                        "nothing measured"
+                    )
                 time.sleep(0.5)
             time.sleep(warmup)
             c0 = {n: _cpu_s(p.pid) for n, p in agents.items()}
@@ -280,27 +367,36 @@ def bench_agent(duration: float, warmup: float, ranks: int, collectives: int, st
                 except subprocess.TimeoutExpired:
                     p.kill()
             server.shutdown()
-        click.echo(f"{'agent':<34}{'CPU % of one core':>19}{'peak RSS MB':>13}{'reports':>9}"
-                   f"{'ranks analysed':>16}")
-        for n, label in (("loaded", f"{ranks} ranks, {collectives} coll/step"),
-                         ("baseline", "idle (no rings), baseline")):
-            click.echo(f"{label:<34}{100 * cpu[n] / wall:>19.2f}{rss[n]:>13.1f}"
-                       f"{seen[n]['reports'] - r0[n]:>9}{seen[n]['ranks']:>16}")
+        click.echo(
+            f"{'agent':<34}{'CPU % of one core':>19}{'peak RSS MB':>13}{'reports':>9}{'ranks analysed':>16}"
+        )
+        for n, label in (
+            ("loaded", f"{ranks} ranks, {collectives} coll/step"),
+            ("baseline", "idle (no rings), baseline"),
+        ):
+            click.echo(
+                f"{label:<34}{100 * cpu[n] / wall:>19.2f}{rss[n]:>13.1f}"
+                f"{seen[n]['reports'] - r0[n]:>9}{seen[n]['ranks']:>16}"
+            )
         if seen["loaded"]["ranks"] < ranks:
             raise click.ClickException(
                 f"the loaded agent's last report carried {seen['loaded']['ranks']} of {ranks} "
-                "ranks: its figures are not those of an agent watching them")
+                "ranks: its figures are not those of an agent watching them"
+            )
         pct, mb = 100 * cpu["loaded"] / wall, rss["loaded"]
         ok = pct <= TARGET_CPU_PCT and mb <= TARGET_RSS_MB
-        click.echo(f"target: <= {TARGET_CPU_PCT:g}% of one core, <= {TARGET_RSS_MB:g} MB: "
-                   f"{'met' if ok else 'MISSED'} ({pct:.2f}%, {mb:.0f} MB; over the idle agent "
-                   f"+{pct - 100 * cpu['baseline'] / wall:.2f}%, +{mb - rss['baseline']:.0f} MB)")
+        click.echo(
+            f"target: <= {TARGET_CPU_PCT:g}% of one core, <= {TARGET_RSS_MB:g} MB: "
+            f"{'met' if ok else 'MISSED'} ({pct:.2f}%, {mb:.0f} MB; over the idle agent "
+            f"+{pct - 100 * cpu['baseline'] / wall:.2f}%, +{mb - rss['baseline']:.0f} MB)"
+        )
         if profile_top:
             _profile(t, policy, ranks, collectives, step_s, duration, profile_top)
 
 
-def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
-             duration: float, top: int) -> None:
+def _profile(
+    t: Path, policy: Path, ranks: int, collectives: int, step_s: float, duration: float, top: int
+) -> None:
     """The loaded agent's loop in this process under cProfile, on fresh rings."""
     import cProfile
     import pstats
@@ -326,8 +422,11 @@ def _profile(t: Path, policy: Path, ranks: int, collectives: int, step_s: float,
         writer.wait(timeout=15)
         server.shutdown()
     stats = pstats.Stats(prof)
-    click.echo(f"\nprofile of the loaded agent, {duration:g} s in-process "
-               f"(total {stats.total_tt:.2f} s of process CPU under the profiler), top {top} by own time:")
+    total_s = stats.total_tt  # type: ignore[attr-defined]  # set by Stats; typeshed omits it
+    click.echo(
+        f"\nprofile of the loaded agent, {duration:g} s in-process "
+        f"(total {total_s:.2f} s of process CPU under the profiler), top {top} by own time:"
+    )
     stats.sort_stats("tottime").print_stats(top)
     click.echo(f"top {top} by cumulative time:")
     stats.sort_stats("cumulative").print_stats(top)

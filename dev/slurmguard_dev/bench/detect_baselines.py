@@ -59,7 +59,7 @@ def sliding_window(x: np.ndarray, window: int = 8, threshold: float = 0.10) -> R
     if n < 2 * window:
         return rep
     win = np.lib.stride_tricks.sliding_window_view(x, window)
-    med = np.median(win, axis=1)            # med[i] = median(x[i:i+window])
+    med = np.median(win, axis=1)  # med[i] = median(x[i:i+window])
     ratio = med[window:] / med[:-window] - 1.0
     t = 0
     while t < ratio.size:
@@ -67,7 +67,7 @@ def sliding_window(x: np.ndarray, window: int = 8, threshold: float = 0.10) -> R
         if r > threshold or r < -threshold / (1.0 + threshold):
             a = Alarm(index=t + window, detected_at=t + 2 * window - 1)
             (rep.slower if r > 0 else rep.faster).append(a)
-            t += 2 * window                 # re-arm once both windows moved past the change
+            t += 2 * window  # re-arm once both windows moved past the change
         else:
             t += 1
     return rep
@@ -94,16 +94,16 @@ class Score:
     false_pos: int = 0
     positives: int = 0
     false_neg: int = 0
-    spurious: int = 0             # slowdown alarms in faulty series matching no onset
+    spurious: int = 0  # slowdown alarms in faulty series matching no onset
     delays: list[int] = field(default_factory=list)
     loc_err: list[int] = field(default_factory=list)
     hiccups: int = 0
-    hiccups_closed: int = 0       # hiccup series with no slowdown left open
+    hiccups_closed: int = 0  # hiccup series with no slowdown left open
     recoveries: int = 0
     recoveries_found: int = 0
-    false_recoveries: int = 0     # recovery reports in series that only slowed
+    false_recoveries: int = 0  # recovery reports in series that only slowed
     small: int = 0
-    small_found: int = 0          # 5-9% shifts reported (below the bar: informational)
+    small_found: int = 0  # 5-9% shifts reported (below the bar: informational)
 
     @property
     def fpr(self) -> float:
@@ -140,8 +140,9 @@ def score(name: str, scenarios: list[Scenario], reports: list[Report], max_delay
             bad = False
             if sc.kind == "hiccup":
                 s.hiccups += 1
-                inside = [any(a0 <= al.detected_at <= b0 + max_delay for a0, b0 in sc.excursions)
-                          for al in slower]
+                inside = [
+                    any(a0 <= al.detected_at <= b0 + max_delay for a0, b0 in sc.excursions) for al in slower
+                ]
                 bad = not all(inside) or rep.is_open()
                 s.hiccups_closed += not rep.is_open()
             else:
@@ -151,8 +152,10 @@ def score(name: str, scenarios: list[Scenario], reports: list[Report], max_delay
         used: set[int] = set()
         for o in sc.positives:
             s.positives += 1
-            hit = next((k for k, al in enumerate(slower)
-                        if k not in used and o <= al.detected_at <= o + max_delay), None)
+            hit = next(
+                (k for k, al in enumerate(slower) if k not in used and o <= al.detected_at <= o + max_delay),
+                None,
+            )
             if hit is None:
                 s.false_neg += 1
                 continue

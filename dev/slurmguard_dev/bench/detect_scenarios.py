@@ -139,8 +139,9 @@ def _texture(rng: np.random.Generator, n: int, base: float) -> tuple[np.ndarray,
     return base * profile, noise * spikes, textures, notes
 
 
-def _slow(rng, clean: np.ndarray, noise: np.ndarray, base: float, lo: int, hi: int, s: float,
-          comm: bool) -> None:
+def _slow(
+    rng, clean: np.ndarray, noise: np.ndarray, base: float, lo: int, hi: int, s: float, comm: bool
+) -> None:
     """Slow steps [lo, hi) by the fraction s of the mean step (in place on clean)."""
     if comm:
         m = hi - lo
@@ -170,7 +171,7 @@ def make_scenario(rng: np.random.Generator, kind: str, n: int = 400) -> Scenario
                 continue
             d = int(rng.integers(1, 9))
             f = float(rng.uniform(1.3, 2.5))
-            clean[a:a + d] *= f
+            clean[a : a + d] *= f
             excursions.append((int(a), int(min(n, a + d))))
             last = a + d
         notes["hiccups"] = excursions
@@ -209,8 +210,9 @@ def make_scenario(rng: np.random.Generator, kind: str, n: int = 400) -> Scenario
                 notes["second"] = (second, round(sev2, 3))
         notes["comm"] = comm
     x = clean * noise
-    return Scenario(kind, x, tuple(onsets), tuple(recov), sev, tuple(textures),
-                    tuple(positives), tuple(excursions), notes)
+    return Scenario(
+        kind, x, tuple(onsets), tuple(recov), sev, tuple(textures), tuple(positives), tuple(excursions), notes
+    )
 
 
 def make_suite(n_scenarios: int = 1000, length: int = 400, seed: int = 0) -> list[Scenario]:
@@ -260,11 +262,11 @@ def load_recorded(path: str | Path) -> Scenario:
             raise InputError(f"{path}: label 'severity: {labels['severity'][0]}' is not a number") from None
     elif onsets:
         o = onsets[0]
-        sev = float(np.nanmedian(x[o:o + 30]) / np.nanmedian(x[max(0, o - 30):o]) - 1.0)
+        sev = float(np.nanmedian(x[o : o + 30]) / np.nanmedian(x[max(0, o - 30) : o]) - 1.0)
     else:
         sev = 0.0
     positives = []
-    for k, o in enumerate(onsets):
+    for o in onsets:
         end = next((r for r in recov if r > o), x.size)
         if sev >= MIN_SHIFT and end - o >= MIN_DURATION:
             positives.append(o)
@@ -276,8 +278,17 @@ def load_recorded(path: str | Path) -> Scenario:
             raise InputError(f"{path}: label 'excursion: {v}' is not 'START-STOP'") from None
         excursions.append((a, b))
     tex = tuple(t.strip() for t in (labels.get("textures") or [""])[0].split(",") if t.strip())
-    return Scenario(kind, x, onsets, recov, sev, ("recorded",) + tex, tuple(positives),
-                    tuple(excursions), {"file": str(path), "source": (labels.get("source") or [""])[0]})
+    return Scenario(
+        kind,
+        x,
+        onsets,
+        recov,
+        sev,
+        ("recorded",) + tex,
+        tuple(positives),
+        tuple(excursions),
+        {"file": str(path), "source": (labels.get("source") or [""])[0]},
+    )
 
 
 def load_recorded_dir(directory: str | Path) -> list[Scenario]:

@@ -32,14 +32,14 @@ class JobSpec:
     warmup_ops: int = 7
     tp_bytes: int = 8 << 20
     dp_bytes: int = 64 << 20
-    slow_rank: int | None = None       # computes `slow_factor` times slower from `slow_from`
+    slow_rank: int | None = None  # computes `slow_factor` times slower from `slow_from`
     slow_factor: float = 1.0
     slow_from: int = 0
-    late_rank: int | None = None       # starts every collective `late_s` late
+    late_rank: int | None = None  # starts every collective `late_s` late
     late_s: float = 0.0
-    stall_rank: int | None = None      # stops issuing ops at iteration `stall_at`
+    stall_rank: int | None = None  # stops issuing ops at iteration `stall_at`
     stall_at: int = 0
-    phase2_at: int | None = None       # from this iteration, a different op pattern
+    phase2_at: int | None = None  # from this iteration, a different op pattern
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -48,17 +48,18 @@ class JobSpec:
 class JobTrace:
     ops: list[RankOps]
     layout: JobLayout
-    iteration_s: np.ndarray            # true iteration durations, seconds
-    tp_comm: dict[int, int]            # rank -> TP communicator id
-    dp_comm: dict[int, int]            # rank -> DP communicator id
-    now_ns: int                        # the trace's "now" (after the last op)
+    iteration_s: np.ndarray  # true iteration durations, seconds
+    tp_comm: dict[int, int]  # rank -> TP communicator id
+    dp_comm: dict[int, int]  # rank -> DP communicator id
+    now_ns: int  # the trace's "now" (after the last op)
 
 
 def make_job(spec: JobSpec) -> JobTrace:
     rng = np.random.default_rng(spec.seed)
     world = spec.nodes * spec.gpus_per_node
-    places = [RankPlace(r, f"node{r // spec.gpus_per_node + 1}", r % spec.gpus_per_node)
-              for r in range(world)]
+    places = [
+        RankPlace(r, f"node{r // spec.gpus_per_node + 1}", r % spec.gpus_per_node) for r in range(world)
+    ]
     layout = JobLayout("job", places)
     tp_comm = {r: 100 + r // spec.tp for r in range(world)}
     dp_comm = {r: 200 + r % spec.tp for r in range(world)}

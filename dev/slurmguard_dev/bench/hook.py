@@ -70,12 +70,16 @@ import tempfile
 import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from slurmguard import datafiles
 from slurmguard.errors import SlurmguardError
 from slurmguard.runner import CommandRunner, SubprocessRunner
+
+if TYPE_CHECKING:
+    from slurmguard_dev.devcluster import DevCluster
 
 SPANK = datafiles.checkout_root() / "spank_plugin"
 BUILD = SPANK / "build"
@@ -230,8 +234,9 @@ class ExitRace:
     examples: list = field(default_factory=list)  # first few failure descriptions
 
 
-def measure_exit_race(runs: int, shape: str = "ddp", ending: str = "destroy",
-                      timeout: float = 7200) -> ExitRace:
+def measure_exit_race(
+    runs: int, shape: str = "ddp", ending: str = "destroy", timeout: float = 7200
+) -> ExitRace:
     """Run the exit scenario `runs` times guarded and `runs` times not; each
     side's runs are forked from one warm parent, both sides at once."""
     from slurmguard.hook import exits
@@ -239,7 +244,10 @@ def measure_exit_race(runs: int, shape: str = "ddp", ending: str = "destroy",
     tmp = Path(tempfile.mkdtemp(prefix="sg-bench-exit-"))
     try:
         results = exits.forked_runs(tmp, shape, ending, runs, SITE, timeout=timeout)
-        aborts, failures, lost, examples = {}, {}, 0, []
+        aborts: dict[str, int] = {}
+        failures: dict[str, int] = {}
+        lost = 0
+        examples: list[str] = []
         for side, outcomes in results.items():
             aborts[side] = sum(o.aborted for o in outcomes)
             failures[side] = 0
@@ -258,10 +266,16 @@ def measure_exit_race(runs: int, shape: str = "ddp", ending: str = "destroy",
         n = {side: len(outcomes) for side, outcomes in results.items()}
         if n["guarded"] != runs or n["unguarded"] != runs:
             raise SlurmguardError(f"exit-race runs ended early: {n}")
-        return ExitRace(runs=runs, shape=shape, ending=ending, aborts=aborts, failures=failures,
-                        lost=lost, examples=examples,
-                        p_value=exits.fisher_greater(aborts["guarded"], runs,
-                                                     aborts["unguarded"], runs))
+        return ExitRace(
+            runs=runs,
+            shape=shape,
+            ending=ending,
+            aborts=aborts,
+            failures=failures,
+            lost=lost,
+            examples=examples,
+            p_value=exits.fisher_greater(aborts["guarded"], runs, aborts["unguarded"], runs),
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -278,14 +292,16 @@ def _clocksource() -> str:
         return "unknown"
 
 
-def _ns_per_call(runner: CommandRunner, calls: int, rounds: int, env: dict,
-                 program: str = "bench_hook", extra: tuple = ()) -> tuple:
+def _ns_per_call(
+    runner: CommandRunner, calls: int, rounds: int, env: dict, program: str = "bench_hook", extra: tuple = ()
+) -> tuple:
     """(wall, cpu) ns per call of one process run: the best of its rounds,
     i.e. the round least disturbed by the rest of the machine."""
-    res = runner.run([str(BUILD / "tests" / program), str(calls), str(rounds), *extra],
-                     timeout=600, env=env)
-    pairs = [(float(w), float(c)) for w, c in re.findall(
-        r"^ns_per_call ([0-9.]+) cpu_ns_per_call ([0-9.]+)$", res.stdout, re.MULTILINE)]
+    res = runner.run([str(BUILD / "tests" / program), str(calls), str(rounds), *extra], timeout=600, env=env)
+    pairs = [
+        (float(w), float(c))
+        for w, c in re.findall(r"^ns_per_call ([0-9.]+) cpu_ns_per_call ([0-9.]+)$", res.stdout, re.MULTILINE)
+    ]
     if not pairs:
         raise SlurmguardError(f"bench_hook printed no timings: {res.stdout[-300:]} {res.stderr[-300:]}")
     return min(w for w, _ in pairs), min(c for _, c in pairs)
@@ -301,17 +317,24 @@ def measure_nccl_calls(runner: CommandRunner, calls: int, rounds: int, repeats: 
         "base": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": ""},
         "hook": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ring_dir},
         "passthrough": {"LD_PRELOAD": hook, "SLURMGUARD_RING_DIR": ""},
-        "reference": {"LD_PRELOAD": str(BUILD / "tests" / "libref_shim.so"),
-                      "SLURMGUARD_RING_DIR": ""},
+        "reference": {"LD_PRELOAD": str(BUILD / "tests" / "libref_shim.so"), "SLURMGUARD_RING_DIR": ""},
     }
-    wall, cpu = _rotated_medians(SETUPS, configs, ring_dir, repeats,
-                                 lambda env: _ns_per_call(runner, calls, rounds, env))
-    return CallCost(calls_per_round=calls, rounds=rounds, runs=repeats, clocksource=_clocksource(),
-                    wall_ns=wall, cpu_ns=cpu)
+    wall, cpu = _rotated_medians(
+        SETUPS, configs, ring_dir, repeats, lambda env: _ns_per_call(runner, calls, rounds, env)
+    )
+    return CallCost(
+        calls_per_round=calls,
+        rounds=rounds,
+        runs=repeats,
+        clocksource=_clocksource(),
+        wall_ns=wall,
+        cpu_ns=cpu,
+    )
 
 
-def _rotated_medians(setups: tuple[str, ...], configs: dict[str, dict[str, str]], ring_dir: str,
-                     repeats: int, measure) -> tuple[dict[str, float], dict[str, float]]:
+def _rotated_medians(
+    setups: tuple[str, ...], configs: dict[str, dict[str, str]], ring_dir: str, repeats: int, measure
+) -> tuple[dict[str, float], dict[str, float]]:
     """Median (wall ns, CPU ns) per call of each setup over `repeats` runs of
     measure(env), the setups' order rotated each run so slow drift of the
     machine hits all alike, the ring directory emptied before each run and
@@ -319,21 +342,24 @@ def _rotated_medians(setups: tuple[str, ...], configs: dict[str, dict[str, str]]
     samples: dict[str, list[tuple]] = {k: [] for k in configs}
     try:
         for rep in range(repeats):
-            for name in setups[rep % len(setups):] + setups[:rep % len(setups)]:
+            for name in setups[rep % len(setups) :] + setups[: rep % len(setups)]:
                 for f in os.listdir(ring_dir):
                     os.unlink(os.path.join(ring_dir, f))
                 samples[name].append(measure(configs[name]))
     finally:
         shutil.rmtree(ring_dir, ignore_errors=True)
-    return ({k: statistics.median(w for w, _ in v) for k, v in samples.items()},
-            {k: statistics.median(c for _, c in v) for k, v in samples.items()})
+    return (
+        {k: statistics.median(w for w, _ in v) for k, v in samples.items()},
+        {k: statistics.median(c for _, c in v) for k, v in samples.items()},
+    )
 
 
 GPU_SETUPS = ("base", "host", "events", "reference")
 
 
-def measure_gpu_calls(runner: CommandRunner, calls: int, rounds: int, repeats: int,
-                      burst: int, real: bool = False) -> GpuCallCost:
+def measure_gpu_calls(
+    runner: CommandRunner, calls: int, rounds: int, repeats: int, burst: int, real: bool = False
+) -> GpuCallCost:
     """real: bench_hook_real (`make gpu`, the real NCCL and CUDA runtime)
     instead of bench_hook_cuda (the fakes)."""
     program = "bench_hook_real" if real else "bench_hook_cuda"
@@ -347,13 +373,24 @@ def measure_gpu_calls(runner: CommandRunner, calls: int, rounds: int, repeats: i
         "reference": {"LD_PRELOAD": "", "SLURMGUARD_RING_DIR": "", "BENCH_REF_EVENTS": "1"},
     }
     wall, cpu = _rotated_medians(
-        GPU_SETUPS, configs, ring_dir, repeats,
-        lambda env: _ns_per_call(runner, calls, rounds, env, program, (str(burst),)))
-    return GpuCallCost(calls_per_round=calls, rounds=rounds, runs=repeats, burst=burst,
-                       runtime="real" if real else "fake", wall_ns=wall, cpu_ns=cpu)
+        GPU_SETUPS,
+        configs,
+        ring_dir,
+        repeats,
+        lambda env: _ns_per_call(runner, calls, rounds, env, program, (str(burst),)),
+    )
+    return GpuCallCost(
+        calls_per_round=calls,
+        rounds=rounds,
+        runs=repeats,
+        burst=burst,
+        runtime="real" if real else "fake",
+        wall_ns=wall,
+        cpu_ns=cpu,
+    )
 
 
-TORCH_CALLS = textwrap.dedent('''
+TORCH_CALLS = textwrap.dedent("""
     # a guarded job's ranks (the hook loaded by sitecustomize.py); rank 0
     # starts rank 1 as a copy of itself with the same environment
     import json, os, subprocess, sys, time, torch, torch.distributed as dist
@@ -400,11 +437,10 @@ TORCH_CALLS = textwrap.dedent('''
     if failed:
         print(f"ranks {failed} failed", file=sys.stderr)
     finish(1 if failed else 0)
-''')
+""")
 
 
-def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
-                        ranks: int = 2) -> TorchCallCost:
+def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24, ranks: int = 2) -> TorchCallCost:
     """Run TORCH_CALLS as a guarded job would run (the plugin's environment:
     PYTHONPATH=site dir, ring dir, job and step id); `blocks` blocks of
     `calls` all_reduce, half of them with the hook removed."""
@@ -419,12 +455,19 @@ def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        env = {"PYTHONPATH": str(SITE), "SLURMGUARD_RING_DIR": str(rings),
-               "SLURMGUARD_JOB_ID": "1", "SLURMGUARD_STEP_ID": "0",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0",
-               "WORLD_SIZE": str(ranks)}
-        res = runner.run([sys.executable, str(script), str(calls), str(blocks), str(ranks)],
-                         timeout=900, env=env)
+        env = {
+            "PYTHONPATH": str(SITE),
+            "SLURMGUARD_RING_DIR": str(rings),
+            "SLURMGUARD_JOB_ID": "1",
+            "SLURMGUARD_STEP_ID": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": "0",
+            "WORLD_SIZE": str(ranks),
+        }
+        res = runner.run(
+            [sys.executable, str(script), str(calls), str(blocks), str(ranks)], timeout=900, env=env
+        )
         m = re.search(r"^CALLS (.*)$", res.stdout, re.MULTILINE)
         if not m:
             raise SlurmguardError(f"torch call benchmark printed no timings: {res.stderr[-500:]}")
@@ -436,17 +479,27 @@ def measure_torch_calls(runner: CommandRunner, calls: int, blocks: int = 24,
         hooked_blocks = sum(1 for b in range(blocks) if b % 4 in (0, 3))
         missing = max(0, 200 + hooked_blocks * (10 + calls) - records)
         clocks = ("thread", "process", "wall")
-        med = {clock: {side: statistics.median(b[i] for b in data[side]) for side in data}
-               for i, clock in enumerate(clocks)}
+        med = {
+            clock: {side: statistics.median(b[i] for b in data[side]) for side in data}
+            for i, clock in enumerate(clocks)
+        }
         # the j-th hooked and the j-th plain block are neighbours (2j, 2j+1)
         paired = {}
         for i, clock in enumerate(clocks):
             d = [h[i] - p[i] for h, p in zip(data["hooked"], data["plain"])]
             q = statistics.quantiles(d, n=4, method="inclusive") if len(d) > 1 else [d[0]] * 3
             paired[clock] = [statistics.median(d), q[0], q[2]]
-        return TorchCallCost(ranks=ranks, calls=calls, blocks=blocks, thread_us=med["thread"],
-                             process_us=med["process"], wall_us=med["wall"], records=records,
-                             lost=counted_lost + missing, paired_us=paired)
+        return TorchCallCost(
+            ranks=ranks,
+            calls=calls,
+            blocks=blocks,
+            thread_us=med["thread"],
+            process_us=med["process"],
+            wall_us=med["wall"],
+            records=records,
+            lost=counted_lost + missing,
+            paired_us=paired,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -468,14 +521,14 @@ def _bootstrap_ci(g: list[float], u: list[float], n: int = 1000, seed: int = 0) 
 
     rng = np.random.default_rng(seed)
     ga, ua = np.asarray(g), np.asarray(u)
-    ratios = [np.median(rng.choice(ga, ga.size)) / np.median(rng.choice(ua, ua.size))
-              for _ in range(n)]
+    ratios = [np.median(rng.choice(ga, ga.size)) / np.median(rng.choice(ua, ua.size)) for _ in range(n)]
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return (float(100 * (lo - 1)), float(100 * (hi - 1)))
 
 
-def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_ms: float = 80.0,
-                      warmup: int = 5) -> StepCost:
+def measure_step_time(
+    cluster, ring_root: str, iters: int, pairs: int, compute_ms: float = 80.0, warmup: int = 5
+) -> StepCost:
     """Run slurmguard_dev.devcluster.train over 2 nodes guarded and unguarded at
     the same time on disjoint node pairs of `cluster` (a DevCluster with the
     plugin installed, rings under ring_root), `pairs` times, swapping the
@@ -508,7 +561,8 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                     "export MASTER_ADDR=127.0.0.1\n"
                     f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard_dev.devcluster.train "
                     f"--iters {iters} --compute-ms {compute_ms} --ckpt {tmp / (tag + '-ckpt')} "
-                    f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\n")
+                    f"--ckpt-every {iters + 1} --log {tmp / (tag + '.jsonl')}\n"
+                )
                 args = ["-N2", "-n2", "-w", nodelist, "-o", str(tmp / f"{tag}.out")]
                 if guarded:
                     args.append("--straggler-guard")
@@ -529,8 +583,9 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                 steps[guarded] = _window_steps(log, warmup)
                 if guarded:
                     for rank in (0, 1):
-                        with ringfmt.RingReader(os.path.join(ring_root, str(jid),
-                                                             f"rank-{rank}.step-0.torch.ring")) as r:
+                        with ringfmt.RingReader(
+                            os.path.join(ring_root, str(jid), f"rank-{rank}.step-0.torch.ring")
+                        ) as r:
                             n = sum(1 for x in r.read().records if x.op_name == "allreduce")
                             lost += r.refresh_header().overwritten
                         if rank == 0:
@@ -544,18 +599,25 @@ def measure_step_time(cluster, ring_root: str, iters: int, pairs: int, compute_m
                 if len(window) < 10:
                     raise SlurmguardError(
                         f"the guarded and unguarded jobs of pair {p} overlapped for only "
-                        f"{len(window)} steps; was the cluster busy with other jobs?")
+                        f"{len(window)} steps; was the cluster busy with other jobs?"
+                    )
                 runs[g].append(window)
         pooled = {g: [t for run in runs[g] for t in run] for g in runs}
         med = {g: statistics.median(pooled[g]) for g in runs}
-        return StepCost(iters=iters, pairs=pairs, compute_ms=compute_ms,
-                        collectives_per_step=statistics.median(per_step),
-                        guarded_ms=med[True], unguarded_ms=med[False],
-                        guarded_runs_ms=[statistics.median(r) for r in runs[True]],
-                        unguarded_runs_ms=[statistics.median(r) for r in runs[False]],
-                        steps_used=min(len(pooled[True]), len(pooled[False])),
-                        ci_pct=_bootstrap_ci(pooled[True], pooled[False]), lost=lost,
-                        aborted=aborted)
+        return StepCost(
+            iters=iters,
+            pairs=pairs,
+            compute_ms=compute_ms,
+            collectives_per_step=statistics.median(per_step),
+            guarded_ms=med[True],
+            unguarded_ms=med[False],
+            guarded_runs_ms=[statistics.median(r) for r in runs[True]],
+            unguarded_runs_ms=[statistics.median(r) for r in runs[False]],
+            steps_used=min(len(pooled[True]), len(pooled[False])),
+            ci_pct=_bootstrap_ci(pooled[True], pooled[False]),
+            lost=lost,
+            aborted=aborted,
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -566,10 +628,10 @@ class _GuardedCluster:
 
     def __init__(self, state_dir: str | None) -> None:
         self.state_dir = state_dir
-        self.cluster = None
+        self.cluster: DevCluster | None = None
         self.started = False
-        self.ring_root = None
-        self.old_plugstack = None
+        self.ring_root: str | None = None
+        self.old_plugstack: str | None = None
 
     def __enter__(self) -> _GuardedCluster:
         from slurmguard_dev.devcluster import ClusterSpec, DevCluster
@@ -588,7 +650,8 @@ class _GuardedCluster:
         self.old_plugstack = path.read_text() if path.exists() else ""
         self.cluster.set_plugstack(
             f"optional {BUILD / 'slurmguard_spank.so'} nccl_hook={BUILD / 'libslurmguard_nccl.so'} "
-            f"torch_hook={SITE} ring_root={self.ring_root}/rings\n")
+            f"torch_hook={SITE} ring_root={self.ring_root}/rings\n"
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -602,8 +665,13 @@ class _GuardedCluster:
             shutil.rmtree(self.ring_root, ignore_errors=True)
 
 
-def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
-           g: GpuCallCost | None = None, e: ExitRace | None = None) -> str:
+def report(
+    c: CallCost | None,
+    t: TorchCallCost | None,
+    s: StepCost | None,
+    g: GpuCallCost | None = None,
+    e: ExitRace | None = None,
+) -> str:
     lines = []
     if c is not None:
         ok = "meets" if c.added_ns <= NCCL_TARGET_NS else "MISSES"
@@ -613,46 +681,64 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
             f"calls; clocksource {c.clocksource}):",
             "                                   thread CPU time        wall time",
         ]
-        labels = {"base": "no hook (baseline)", "hook": "hook recording",
-                  "passthrough": "hook loaded, not recording",
-                  "reference": "reference shim *"}
+        labels = {
+            "base": "no hook (baseline)",
+            "hook": "hook recording",
+            "passthrough": "hook loaded, not recording",
+            "reference": "reference shim *",
+        }
         for k in SETUPS:
             cpu_add = "" if k == "base" else f"+{c.added(k):6.1f}"
             wall_add = "" if k == "base" else f"+{c.added(k, wall=True):6.1f}"
-            lines.append(f"  {labels[k]:<31} {c.cpu_ns[k]:7.1f} {cpu_add:>8}   "
-                         f"{c.wall_ns[k]:7.1f} {wall_add:>8}")
-        lines.append(f"  added by the hook: {c.added_ns:.1f} ns per call ({ok} target <= "
-                     f"{NCCL_TARGET_NS:.0f} ns); the reference shim adds {c.added('reference'):.1f} ns "
-                     f"in the same run")
-        lines.append("  * the least a monitor can do: two clock_gettime(CLOCK_MONOTONIC) and a "
-                     "32-byte record per call")
+            lines.append(
+                f"  {labels[k]:<31} {c.cpu_ns[k]:7.1f} {cpu_add:>8}   {c.wall_ns[k]:7.1f} {wall_add:>8}"
+            )
+        lines.append(
+            f"  added by the hook: {c.added_ns:.1f} ns per call ({ok} target <= "
+            f"{NCCL_TARGET_NS:.0f} ns); the reference shim adds {c.added('reference'):.1f} ns "
+            f"in the same run"
+        )
+        lines.append(
+            "  * the least a monitor can do: two clock_gettime(CLOCK_MONOTONIC) and a 32-byte record per call"
+        )
     if g is not None:
-        ok = "meets" if g.added_ns < GPU_EVENTS_TARGET_NS and g.step_pct < STEP_TARGET_PCT \
-            else "MISSES"
-        where = ("the REAL CUDA runtime and NCCL (1-rank communicator, out-of-place, "
-                 "device memory" if g.runtime == "real" else "the FAKE CUDA runtime (no GPU")
+        ok = "meets" if g.added_ns < GPU_EVENTS_TARGET_NS and g.step_pct < STEP_TARGET_PCT else "MISSES"
+        where = (
+            "the REAL CUDA runtime and NCCL (1-rank communicator, out-of-place, device memory"
+            if g.runtime == "real"
+            else "the FAKE CUDA runtime (no GPU"
+        )
         lines += [
             f"NCCL hook with CUDA-event GPU timing, ns per ncclAllReduce on a stream of {where}; "
             f"median over {g.runs} interleaved process runs of the best of "
             f"{g.rounds} rounds x {g.calls_per_round} calls in bursts of {g.burst}):",
             "                                   thread CPU time        wall time",
         ]
-        labels = {"base": "no hook (baseline)", "host": "hook, host timing only",
-                  "events": "hook, CUDA events", "reference": "2 cudaEventRecord, no hook *"}
+        labels = {
+            "base": "no hook (baseline)",
+            "host": "hook, host timing only",
+            "events": "hook, CUDA events",
+            "reference": "2 cudaEventRecord, no hook *",
+        }
         for k in (k for k in GPU_SETUPS if k in g.wall_ns):
             cpu_add = "" if k == "base" else f"+{g.added(k, 'base'):6.1f}"
             wall_add = "" if k == "base" else f"+{g.added(k, 'base', wall=True):6.1f}"
-            lines.append(f"  {labels[k]:<31} {g.cpu_ns[k]:7.1f} {cpu_add:>8}   "
-                         f"{g.wall_ns[k]:7.1f} {wall_add:>8}")
-        lines.append(f"  added by event timing over host timing: {g.added_ns:.0f} ns per call wall "
-                     f"({g.added():.0f} ns thread CPU) = {g.step_pct:.3f}% of a "
-                     f"{GPU_STEP_MS:g} ms step with {GPU_STEP_COLLECTIVES} collectives ({ok} "
-                     f"targets < {GPU_EVENTS_TARGET_NS / 1000:g} us per call, < "
-                     f"{STEP_TARGET_PCT:g}% of the step)")
+            lines.append(
+                f"  {labels[k]:<31} {g.cpu_ns[k]:7.1f} {cpu_add:>8}   {g.wall_ns[k]:7.1f} {wall_add:>8}"
+            )
+        lines.append(
+            f"  added by event timing over host timing: {g.added_ns:.0f} ns per call wall "
+            f"({g.added():.0f} ns thread CPU) = {g.step_pct:.3f}% of a "
+            f"{GPU_STEP_MS:g} ms step with {GPU_STEP_COLLECTIVES} collectives ({ok} "
+            f"targets < {GPU_EVENTS_TARGET_NS / 1000:g} us per call, < "
+            f"{STEP_TARGET_PCT:g}% of the step)"
+        )
         if "reference" in g.wall_ns:
-            lines.append(f"  * the least event timing can add: the program records two events "
-                         f"around each call itself (+{g.added('reference', 'base', wall=True):.0f} "
-                         f"ns wall)")
+            lines.append(
+                f"  * the least event timing can add: the program records two events "
+                f"around each call itself (+{g.added('reference', 'base', wall=True):.0f} "
+                f"ns wall)"
+            )
     if t is not None:
         lines += [
             f"torch hook, us per all_reduce (gloo, {t.ranks} rank(s) on 127.0.0.1, 16 float32; "
@@ -660,19 +746,26 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
             "                      thread CPU   process CPU     wall",
         ]
         for side, label in (("plain", "hook off"), ("hooked", "hook on")):
-            lines.append(f"  {label:<18} {t.thread_us[side]:10.1f} {t.process_us[side]:13.1f} "
-                         f"{t.wall_us[side]:8.1f}")
-        lines.append(f"  added per call *   {t.added('thread'):+10.1f} {t.added('process'):+13.1f} "
-                     f"{t.added('wall'):+8.1f}   ({t.records} allreduce records in rank 0's ring, "
-                     f"{t.lost} lost)")
+            lines.append(
+                f"  {label:<18} {t.thread_us[side]:10.1f} {t.process_us[side]:13.1f} {t.wall_us[side]:8.1f}"
+            )
+        lines.append(
+            f"  added per call *   {t.added('thread'):+10.1f} {t.added('process'):+13.1f} "
+            f"{t.added('wall'):+8.1f}   ({t.records} allreduce records in rank 0's ring, "
+            f"{t.lost} lost)"
+        )
         if t.paired_us:
-            iqr = "   ".join(f"{clock} {t.paired_us[clock][1]:+.1f} .. {t.paired_us[clock][2]:+.1f}"
-                           for clock in ("thread", "process", "wall"))
+            iqr = "   ".join(
+                f"{clock} {t.paired_us[clock][1]:+.1f} .. {t.paired_us[clock][2]:+.1f}"
+                for clock in ("thread", "process", "wall")
+            )
             lines.append(f"  * median over neighbouring on/off block pairs; quartiles: {iqr}")
         if t.ranks > 1:
-            lines.append("  (with fewer free cores than the ranks' threads, gloo's polling and the "
-                         "scheduler dominate process CPU and wall time; thread CPU is the hook's "
-                         "own work)")
+            lines.append(
+                "  (with fewer free cores than the ranks' threads, gloo's polling and the "
+                "scheduler dominate process CPU and wall time; thread CPU is the hook's "
+                "own work)"
+            )
     if s is not None:
         ok = "meets" if s.overhead_pct < STEP_TARGET_PCT else "MISSES"
         lo, hi = s.ci_pct
@@ -695,17 +788,17 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
             lines.append(
                 f"  hook cost per step from the per-call figure: {s.collectives_per_step:.1f} "
                 f"collective(s) x {max(t.added_us, 0):.1f} us = {derived * 1e3:.1f} us "
-                f"= {100 * derived / s.unguarded_ms:.3f}% of a step")
+                f"= {100 * derived / s.unguarded_ms:.3f}% of a step"
+            )
     if e is not None:
-        g, u = e.aborts["guarded"], e.aborts["unguarded"]
-        verdict = ("no evidence that the hook raises it" if e.p_value >= 0.05
-                   else "the hook RAISES it")
+        ga, ua = e.aborts["guarded"], e.aborts["unguarded"]
+        verdict = "no evidence that the hook raises it" if e.p_value >= 0.05 else "the hook RAISES it"
         lines += [
             f"Exit race ({e.runs} guarded and {e.runs} unguarded 2-rank gloo jobs on 127.0.0.1, "
             f"{e.shape}, ending '{e.ending}'; ranks forked from a warm parent per side, sides "
             f"side by side):",
-            f"  aborted at finalisation (pytorch issue 190489): guarded {g}/{e.runs} "
-            f"({100 * g / e.runs:.1f}%), unguarded {u}/{e.runs} ({100 * u / e.runs:.1f}%); "
+            f"  aborted at finalisation (pytorch issue 190489): guarded {ga}/{e.runs} "
+            f"({100 * ga / e.runs:.1f}%), unguarded {ua}/{e.runs} ({100 * ua / e.runs:.1f}%); "
             f"Fisher's exact test, one-sided (guarded > unguarded): p = {e.p_value:.3f}, {verdict}",
             f"  other failures: guarded {e.failures['guarded']}, unguarded "
             f"{e.failures['unguarded']}; guarded rings: {e.lost} records lost",
@@ -714,22 +807,35 @@ def report(c: CallCost | None, t: TorchCallCost | None, s: StepCost | None,
     return "\n".join(lines)
 
 
-def _bench_real_cuda(libs: tuple, calls: int, rounds: int, repeats: int, burst: int,
-                     as_json: bool) -> None:
+def _bench_real_cuda(libs: tuple, calls: int, rounds: int, repeats: int, burst: int, as_json: bool) -> None:
     nccl_lib, cudart = libs
     if not os.path.isfile(os.path.join(nccl_lib, "libnccl.so.2")) or not os.path.isfile(cudart):
-        raise SlurmguardError(f"--real-cuda: {nccl_lib} must hold libnccl.so.2 and {cudart} be "
-                              f"the CUDA runtime library")
+        raise SlurmguardError(
+            f"--real-cuda: {nccl_lib} must hold libnccl.so.2 and {cudart} be the CUDA runtime library"
+        )
     datafiles.checkout_path("spank_plugin", "Makefile", what="bench hook")
     runner = SubprocessRunner()
-    runner.run(["make", "-C", str(SPANK), "-s", "gpu", f"NCCL_LIB={nccl_lib}", f"CUDART={cudart}"],
-               timeout=300)
+    runner.run(
+        ["make", "-C", str(SPANK), "-s", "gpu", f"NCCL_LIB={nccl_lib}", f"CUDART={cudart}"], timeout=300
+    )
     g = measure_gpu_calls(runner, calls, rounds, repeats, burst, real=True)
     if as_json:
-        click.echo(json.dumps({"nccl_gpu_events": dict(
-            asdict(g), added_ns=g.added_ns, added_cpu_ns=g.added(), step_pct=g.step_pct,
-            target_ns=GPU_EVENTS_TARGET_NS, step_ms=GPU_STEP_MS,
-            collectives_per_step=GPU_STEP_COLLECTIVES)}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "nccl_gpu_events": dict(
+                        asdict(g),
+                        added_ns=g.added_ns,
+                        added_cpu_ns=g.added(),
+                        step_pct=g.step_pct,
+                        target_ns=GPU_EVENTS_TARGET_NS,
+                        step_ms=GPU_STEP_MS,
+                        collectives_per_step=GPU_STEP_COLLECTIVES,
+                    )
+                },
+                indent=2,
+            )
+        )
     else:
         click.echo(report(None, None, None, g))
 
@@ -738,45 +844,104 @@ def _bench_real_cuda(libs: tuple, calls: int, rounds: int, repeats: int, burst: 
 @click.option("--calls", default=2_000_000, show_default=True, help="ncclAllReduce calls per round.")
 @click.option("--rounds", default=3, show_default=True, help="Rounds per process run.")
 @click.option("--repeats", default=5, show_default=True, help="Interleaved process runs per setup.")
-@click.option("--gpu-calls", default=20_000, show_default=True,
-              help="ncclAllReduce calls per round of the CUDA-event part (fake CUDA runtime).")
-@click.option("--gpu-burst", default=GPU_STEP_COLLECTIVES, show_default=True,
-              help="Calls per burst (a step's collectives) of the CUDA-event part.")
-@click.option("--torch-calls", default=400, show_default=True,
-              help="all_reduce calls per block of the torch per-call part.")
-@click.option("--torch-blocks", default=24, show_default=True,
-              help="Blocks of the torch per-call part (half with the hook off).")
-@click.option("--torch-ranks", default=2, show_default=True, type=click.IntRange(1, 8),
-              help="gloo ranks of the torch per-call part.")
-@click.option("--steps", default=300, show_default=True,
-              help="Training iterations per job of the step-time part.")
-@click.option("--compute-ms", default=80.0, show_default=True,
-              help="Modelled accelerator time per iteration (ms, spent asleep).")
-@click.option("--pairs", default=4, show_default=True,
-              help="Concurrent guarded/unguarded job pairs (node pairs swapped each time).")
-@click.option("--cluster/--no-cluster", default=True, show_default=True,
-              help="Also measure step time on the local cluster (needs root).")
-@click.option("--devcluster-dir", default=None,
-              help="Use this running devcluster instead of starting a temporary one.")
-@click.option("--exit-runs", default=0, show_default=True, type=click.IntRange(0, 10000),
-              help="Guarded and unguarded runs each of the exit-race part (0: skip).")
-@click.option("--real-cuda", nargs=2, default=None, metavar="NCCL_LIB CUDART",
-              type=click.Path(exists=True, resolve_path=True),
-              help="On a GPU: only the CUDA-event part, against the real NCCL (directory "
-                   "holding libnccl.so.2) and CUDA runtime (library file).")
+@click.option(
+    "--gpu-calls",
+    default=20_000,
+    show_default=True,
+    help="ncclAllReduce calls per round of the CUDA-event part (fake CUDA runtime).",
+)
+@click.option(
+    "--gpu-burst",
+    default=GPU_STEP_COLLECTIVES,
+    show_default=True,
+    help="Calls per burst (a step's collectives) of the CUDA-event part.",
+)
+@click.option(
+    "--torch-calls",
+    default=400,
+    show_default=True,
+    help="all_reduce calls per block of the torch per-call part.",
+)
+@click.option(
+    "--torch-blocks",
+    default=24,
+    show_default=True,
+    help="Blocks of the torch per-call part (half with the hook off).",
+)
+@click.option(
+    "--torch-ranks",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 8),
+    help="gloo ranks of the torch per-call part.",
+)
+@click.option(
+    "--steps", default=300, show_default=True, help="Training iterations per job of the step-time part."
+)
+@click.option(
+    "--compute-ms",
+    default=80.0,
+    show_default=True,
+    help="Modelled accelerator time per iteration (ms, spent asleep).",
+)
+@click.option(
+    "--pairs",
+    default=4,
+    show_default=True,
+    help="Concurrent guarded/unguarded job pairs (node pairs swapped each time).",
+)
+@click.option(
+    "--cluster/--no-cluster",
+    default=True,
+    show_default=True,
+    help="Also measure step time on the local cluster (needs root).",
+)
+@click.option(
+    "--devcluster-dir", default=None, help="Use this running devcluster instead of starting a temporary one."
+)
+@click.option(
+    "--exit-runs",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 10000),
+    help="Guarded and unguarded runs each of the exit-race part (0: skip).",
+)
+@click.option(
+    "--real-cuda",
+    nargs=2,
+    default=None,
+    metavar="NCCL_LIB CUDART",
+    type=click.Path(exists=True, resolve_path=True),
+    help="On a GPU: only the CUDA-event part, against the real NCCL (directory "
+    "holding libnccl.so.2) and CUDA runtime (library file).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst: int,
-               torch_calls: int, torch_blocks: int,
-               torch_ranks: int, steps: int, compute_ms: float, pairs: int, cluster: bool,
-               devcluster_dir: str | None, exit_runs: int, real_cuda: tuple | None,
-               as_json: bool) -> None:
+def bench_hook(
+    calls: int,
+    rounds: int,
+    repeats: int,
+    gpu_calls: int,
+    gpu_burst: int,
+    torch_calls: int,
+    torch_blocks: int,
+    torch_ranks: int,
+    steps: int,
+    compute_ms: float,
+    pairs: int,
+    cluster: bool,
+    devcluster_dir: str | None,
+    exit_runs: int,
+    real_cuda: tuple | None,
+    as_json: bool,
+) -> None:
     """Per-call cost of the NCCL and torch hooks and guarded step-time overhead."""
     if real_cuda:
         _bench_real_cuda(real_cuda, gpu_calls, rounds, repeats, gpu_burst, as_json)
         return
     if steps < 20 or pairs < 1 or torch_calls < 1 or torch_blocks < 2:
-        raise SlurmguardError("--steps must be at least 20, --pairs and --torch-calls at least 1, "
-                              "--torch-blocks at least 2")
+        raise SlurmguardError(
+            "--steps must be at least 20, --pairs and --torch-calls at least 1, --torch-blocks at least 2"
+        )
     if gpu_calls < 1 or gpu_burst < 1:
         raise SlurmguardError("--gpu-calls and --gpu-burst must be at least 1")
     runner = SubprocessRunner()
@@ -787,25 +952,45 @@ def bench_hook(calls: int, rounds: int, repeats: int, gpu_calls: int, gpu_burst:
     s = None
     if cluster:
         if os.geteuid() != 0:
-            raise SlurmguardError("the step-time benchmark starts slurmd, which needs root; "
-                                  "run as root or pass --no-cluster")
+            raise SlurmguardError(
+                "the step-time benchmark starts slurmd, which needs root; run as root or pass --no-cluster"
+            )
         with _GuardedCluster(devcluster_dir) as gc:
-            s = measure_step_time(gc.cluster, os.path.join(gc.ring_root, "rings"), steps, pairs,
-                                  compute_ms)
+            assert gc.cluster is not None and gc.ring_root is not None  # set by __enter__
+            s = measure_step_time(gc.cluster, os.path.join(gc.ring_root, "rings"), steps, pairs, compute_ms)
     e = measure_exit_race(exit_runs) if exit_runs else None
     if as_json:
-        out = {"nccl": dict(asdict(c), added_cpu_ns={k: c.added(k) for k in SETUPS[1:]},
-                            added_wall_ns={k: c.added(k, wall=True) for k in SETUPS[1:]},
-                            target_ns=NCCL_TARGET_NS),
-               "nccl_gpu_events": dict(asdict(g), added_ns=g.added_ns, added_cpu_ns=g.added(),
-                                       step_pct=g.step_pct, target_ns=GPU_EVENTS_TARGET_NS,
-                                       step_ms=GPU_STEP_MS, collectives_per_step=GPU_STEP_COLLECTIVES),
-               "torch": dict(asdict(t), plain_us=t.plain_us, hooked_us=t.hooked_us,
-                             added_us=t.added_us,
-                             added={k: t.added(k) for k in ("thread", "process", "wall")})}
+        out = {
+            "nccl": dict(
+                asdict(c),
+                added_cpu_ns={k: c.added(k) for k in SETUPS[1:]},
+                added_wall_ns={k: c.added(k, wall=True) for k in SETUPS[1:]},
+                target_ns=NCCL_TARGET_NS,
+            ),
+            "nccl_gpu_events": dict(
+                asdict(g),
+                added_ns=g.added_ns,
+                added_cpu_ns=g.added(),
+                step_pct=g.step_pct,
+                target_ns=GPU_EVENTS_TARGET_NS,
+                step_ms=GPU_STEP_MS,
+                collectives_per_step=GPU_STEP_COLLECTIVES,
+            ),
+            "torch": dict(
+                asdict(t),
+                plain_us=t.plain_us,
+                hooked_us=t.hooked_us,
+                added_us=t.added_us,
+                added={k: t.added(k) for k in ("thread", "process", "wall")},
+            ),
+        }
         if s is not None:
-            out["step"] = dict(asdict(s), overhead_pct=s.overhead_pct,
-                               pair_overheads_pct=s.pair_overheads_pct, target_pct=STEP_TARGET_PCT)
+            out["step"] = dict(
+                asdict(s),
+                overhead_pct=s.overhead_pct,
+                pair_overheads_pct=s.pair_overheads_pct,
+                target_pct=STEP_TARGET_PCT,
+            )
         if e is not None:
             out["exit"] = asdict(e)
         click.echo(json.dumps(out, indent=2))

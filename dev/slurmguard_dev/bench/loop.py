@@ -34,8 +34,11 @@ def _offline_delays(series: list[float], onset: int) -> tuple[int | None, int | 
 
     x = np.asarray(series[WARMUP_STEPS:], dtype=np.float64)
     k = onset - WARMUP_STEPS
-    bocd = [c for c in detect_changepoints(x, Policy().detection.bocd)
-            if c.direction == "slower" and c.detected_at >= k]
+    bocd = [
+        c
+        for c in detect_changepoints(x, Policy().detection.bocd)
+        if c.direction == "slower" and c.detected_at >= k
+    ]
     sw = [a for a in sliding_window_alarms(x) if a.detected_at >= k]
     return (bocd[0].detected_at - k if bocd else None), (sw[0].detected_at - k if sw else None)
 
@@ -55,8 +58,10 @@ def parse_fault(text: str) -> tuple[str, float]:
                 return "percent", p
     except ValueError:
         pass
-    raise click.BadParameter(f"{text!r}: use cpu:PERCENT (e.g. cpu:20, at least 1) or "
-                             "cpu:xFACTOR (e.g. cpu:x2.5, above 1)", param_hint="--fault")
+    raise click.BadParameter(
+        f"{text!r}: use cpu:PERCENT (e.g. cpu:20, at least 1) or cpu:xFACTOR (e.g. cpu:x2.5, above 1)",
+        param_hint="--fault",
+    )
 
 
 @dataclass
@@ -72,8 +77,9 @@ class Run:
     false_actions: int = 0  # slurmguard actions on the job before the fault
 
 
-def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float,
-                   save: Path | None, tag: str) -> Run:
+def _one_fault_run(
+    sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float, save: Path | None, tag: str
+) -> Run:
     from slurmguard_dev.devcluster import fault
     from slurmguard_dev.devcluster.scenario import ScenarioError
 
@@ -111,12 +117,20 @@ def _one_fault_run(sc, mode: str, value: float, steps: int, baseline: int, timeo
     slow = statistics.median(e["step_s"] for e in after[2:]) if len(after) > 2 else float("nan")
     bocd_it, sw_it = _offline_delays(series, onset)
     if save is not None:
-        _save_series(save / f"{tag}.csv", sc.workload, series, onset, t_inject, cap, node,
-                     log[:onset] + after, t_drain)
+        _save_series(
+            save / f"{tag}.csv", sc.workload, series, onset, t_inject, cap, node, log[:onset] + after, t_drain
+        )
     sc.cluster.run(["scancel", str(job)])
-    return Run(sc.workload, healthy * 1e3, slow * 1e3, cap,
-               None if t_drain is None else t_drain - t_inject,
-               None if t_drain is None else len(after), bocd_it, sw_it)
+    return Run(
+        sc.workload,
+        healthy * 1e3,
+        slow * 1e3,
+        cap,
+        None if t_drain is None else t_drain - t_inject,
+        None if t_drain is None else len(after),
+        bocd_it,
+        sw_it,
+    )
 
 
 def _actions(sc) -> int:
@@ -143,14 +157,23 @@ def _healthy_run(sc, steps: int, save: Path | None, tag: str) -> tuple[int, floa
     actions = _actions(sc)
     log = sc.log(job)
     if save is not None and log:
-        _save_series(save / f"{tag}.csv", sc.workload, [e["step_s"] for e in log], None, None,
-                     None, None, log, None)
+        _save_series(
+            save / f"{tag}.csv", sc.workload, [e["step_s"] for e in log], None, None, None, None, log, None
+        )
     return actions, (statistics.median(e["step_s"] for e in log) * 1e3 if log else float("nan"))
 
 
-def _save_series(path: Path, workload: str, series: list[float], onset: int | None,
-                 t_inject: float | None, cap: float | None, node: str | None,
-                 entries: list[dict], t_drain: float | None) -> None:
+def _save_series(
+    path: Path,
+    workload: str,
+    series: list[float],
+    onset: int | None,
+    t_inject: float | None,
+    cap: float | None,
+    node: str | None,
+    entries: list[dict],
+    t_drain: float | None,
+) -> None:
     """One rank-0 step series in the step-file format (slurmguard.detect.stepfile),
     labelled with the injection: `# onset:` is the first step that ended after the
     cap went on (the rule scripts/record_steptimes.py labels with), so `bench detect
@@ -166,8 +189,11 @@ def _save_series(path: Path, workload: str, series: list[float], onset: int | No
         at = first_step_after([e["t"] for e in entries], t_inject)
         if at < len(series):  # else cut before any step ended under the cap: nothing slow in it
             labels = {"kind": "shift", "onset": at}
-        src += (f"; {node} CPU cap {cap or 0:.1f}% at t={t_inject:.2f}, "
-                + (f"drained at t={t_drain:.2f}" if t_drain is not None else "not drained") + " (series cut there)")
+        src += (
+            f"; {node} CPU cap {cap or 0:.1f}% at t={t_inject:.2f}, "
+            + (f"drained at t={t_drain:.2f}" if t_drain is not None else "not drained")
+            + " (series cut there)"
+        )
     labels["source"] = src
     write_step_file(path, series, labels)
 
@@ -183,24 +209,56 @@ def _fmt(xs: list[float | int | None], unit: str = "") -> str:
 
 
 @click.command("loop")
-@click.option("--workload", "workloads", multiple=True,
-              type=click.Choice(["ddp", "fsdp", "pp", "tp", "2d", "all"]), default=("ddp",),
-              show_default=True, help="Training job shape(s); repeat or say all.")
-@click.option("--fault", "fault_spec", default="cpu:x2.5", show_default=True,
-              help="cpu:PERCENT caps the node at PERCENT of one CPU; cpu:xFACTOR calibrates the "
-                   "cap to slow the steps about FACTOR times.")
-@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 20),
-              help="Faulted runs per workload.")
-@click.option("--healthy/--no-healthy", default=True, show_default=True,
-              help="Also one healthy run per workload (false actions).")
-@click.option("--timeout", "timeout_s", default=180.0, show_default=True,
-              help="Seconds to wait for a drain before counting a run as missed.")
-@click.option("--save-series", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write each run's rank-0 step series here (step-file CSV, injection labelled; "
-                   "`bench detect --recorded DIR` scores them).")
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    type=click.Choice(["ddp", "fsdp", "pp", "tp", "2d", "all"]),
+    default=("ddp",),
+    show_default=True,
+    help="Training job shape(s); repeat or say all.",
+)
+@click.option(
+    "--fault",
+    "fault_spec",
+    default="cpu:x2.5",
+    show_default=True,
+    help="cpu:PERCENT caps the node at PERCENT of one CPU; cpu:xFACTOR calibrates the "
+    "cap to slow the steps about FACTOR times.",
+)
+@click.option(
+    "--runs", default=3, show_default=True, type=click.IntRange(1, 20), help="Faulted runs per workload."
+)
+@click.option(
+    "--healthy/--no-healthy",
+    default=True,
+    show_default=True,
+    help="Also one healthy run per workload (false actions).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for a drain before counting a run as missed.",
+)
+@click.option(
+    "--save-series",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write each run's rank-0 step series here (step-file CSV, injection labelled; "
+    "`bench detect --recorded DIR` scores them).",
+)
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None)
-def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: bool,
-               timeout_s: float, save_series: Path | None, state_dir: Path | None) -> None:
+def bench_loop(
+    workloads: tuple[str, ...],
+    fault_spec: str,
+    runs: int,
+    healthy: bool,
+    timeout_s: float,
+    save_series: Path | None,
+    state_dir: Path | None,
+) -> None:
     """Injection-to-drain delay (seconds, iterations) vs. the detectors' own delay."""
     from slurmguard_dev.devcluster import ClusterSpec, DevCluster
     from slurmguard_dev.devcluster.guard import Guard
@@ -220,40 +278,64 @@ def bench_loop(workloads: tuple[str, ...], fault_spec: str, runs: int, healthy: 
             for i in range(runs):
                 guard.reset()
                 guard.configure()
-                r = _one_fault_run(sc, mode, value, 100000, 60, timeout_s, save_series,
-                                   f"{wl}-{fault_spec.replace(':', '')}-{i + 1}")
+                r = _one_fault_run(
+                    sc,
+                    mode,
+                    value,
+                    100000,
+                    60,
+                    timeout_s,
+                    save_series,
+                    f"{wl}-{fault_spec.replace(':', '')}-{i + 1}",
+                )
                 rows.append(r)
                 if r.false_actions:
-                    click.echo(f"{wl} run {i + 1}: {r.false_actions} slurmguard action(s) on the job "
-                               "while it was still healthy; no fault injected")
+                    click.echo(
+                        f"{wl} run {i + 1}: {r.false_actions} slurmguard action(s) on the job "
+                        "while it was still healthy; no fault injected"
+                    )
                     continue
-                click.echo(f"{wl} run {i + 1}: cap {r.cap:.0f}% step {r.healthy_ms:.0f} -> "
-                           f"{r.slow_ms:.0f} ms; drain "
-                           + (f"{r.delay_s:.1f}s / {r.delay_it} iterations" if r.delay_s is not None
-                              else f"none within {timeout_s:g}s")
-                           + f"; offline BOCD+V {r.bocd_it} it, sliding window {r.sw_it} it")
+                click.echo(
+                    f"{wl} run {i + 1}: cap {r.cap:.0f}% step {r.healthy_ms:.0f} -> "
+                    f"{r.slow_ms:.0f} ms; drain "
+                    + (
+                        f"{r.delay_s:.1f}s / {r.delay_it} iterations"
+                        if r.delay_s is not None
+                        else f"none within {timeout_s:g}s"
+                    )
+                    + f"; offline BOCD+V {r.bocd_it} it, sliding window {r.sw_it} it"
+                )
             false = None
             if healthy:
                 guard.reset()
                 guard.configure()
                 false, ms = _healthy_run(sc, 300, save_series, f"{wl}-healthy")
-                click.echo(f"{wl} healthy run (with a restart after requeue): {false} actions, "
-                           f"step {ms:.0f} ms")
+                click.echo(
+                    f"{wl} healthy run (with a restart after requeue): {false} actions, step {ms:.0f} ms"
+                )
             table.append((wl, rows, false))
     finally:
         cluster.down()
-    click.echo(f"\nonline loop, fault {fault_spec} on one node, {runs} runs per workload "
-               f"(median/worst); report/cycle interval 1s, drain price 0.3 GPU-s")
-    click.echo(f"{'workload':<9}{'step ms':>9}{'slowed':>8}{'drain s':>14}{'iterations':>14}"
-               f"{'BOCD+V it':>12}{'window it':>12}{'false actions':>15}")
+    click.echo(
+        f"\nonline loop, fault {fault_spec} on one node, {runs} runs per workload "
+        f"(median/worst); report/cycle interval 1s, drain price 0.3 GPU-s"
+    )
+    click.echo(
+        f"{'workload':<9}{'step ms':>9}{'slowed':>8}{'drain s':>14}{'iterations':>14}"
+        f"{'BOCD+V it':>12}{'window it':>12}{'false actions':>15}"
+    )
     for wl, rows, false in table:
         faulted = [r for r in rows if not r.false_actions]
         pre = sum(r.false_actions for r in rows)
         step = statistics.median(r.healthy_ms for r in faulted) if faulted else float("nan")
         slowed = statistics.median(r.slow_ms / r.healthy_ms for r in faulted) if faulted else float("nan")
         false_cell = f"{(false or 0) + pre}" + ("" if false is not None else " (no healthy run)")
-        click.echo(f"{wl:<9}{step:>9.0f}{slowed:>7.2f}x{_fmt([r.delay_s for r in faulted], 's'):>14}"
-                   f"{_fmt([r.delay_it for r in faulted]):>14}{_fmt([r.bocd_it for r in faulted]):>12}"
-                   f"{_fmt([r.sw_it for r in faulted]):>12}{false_cell:>15}")
-    click.echo("false actions: slurmguard actions on healthy jobs (the healthy run, and faulted "
-               "runs before their fault)")
+        click.echo(
+            f"{wl:<9}{step:>9.0f}{slowed:>7.2f}x{_fmt([r.delay_s for r in faulted], 's'):>14}"
+            f"{_fmt([r.delay_it for r in faulted]):>14}{_fmt([r.bocd_it for r in faulted]):>12}"
+            f"{_fmt([r.sw_it for r in faulted]):>12}{false_cell:>15}"
+        )
+    click.echo(
+        "false actions: slurmguard actions on healthy jobs (the healthy run, and faulted "
+        "runs before their fault)"
+    )

@@ -38,8 +38,9 @@ def _run(src: Path | None, nodes: int, db: str | None, args: list[str]) -> dict:
         if db is not None:
             argv += ["--db", db]
         try:
-            p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S,
-                               shell=False, check=False)
+            p = subprocess.run(
+                argv, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S, shell=False, check=False
+            )
         except subprocess.TimeoutExpired:
             return {"nodes": nodes, "error": f"timed out after {RUN_TIMEOUT_S}s"}
         lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -59,52 +60,105 @@ def _fresh_db(url: str | None, tag: str) -> str | None:
 
     u = make_url(url)
     name = f"sg_scale_{tag}_{os.getpid()}"
-    with psycopg.connect(host=u.host, port=u.port, user=u.username, password=u.password,
-                         dbname=u.database or "postgres", autocommit=True, connect_timeout=10) as c:
+    with psycopg.connect(
+        host=u.host,
+        port=u.port,
+        user=u.username,
+        password=u.password,
+        dbname=u.database or "postgres",
+        autocommit=True,
+        connect_timeout=10,
+    ) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}"')
         c.execute(f'CREATE DATABASE "{name}"')
     return u.set(database=name).render_as_string(hide_password=False)
 
 
 @click.command("scale")
-@click.option("--nodes", "sizes", default="100,1000,10000", show_default=True,
-              help="Comma-separated fleet sizes (nodes of 8 GPUs).")
-@click.option("--db", "dbs", multiple=True,
-              help="Database URL to run on, repeatable (a PostgreSQL URL: a database is created "
-                   "per run on that server). Default: a temporary SQLite file.")
-@click.option("--baseline-src", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              default=None, help="Source tree of the previous release (its slurmguard/ and sql/): "
-                                 "run the same measurement on it as the baseline.")
-@click.option("--baseline-max-nodes", type=int, default=10000, show_default=True,
-              help="Largest N the baseline runs at (it is slow at scale).")
+@click.option(
+    "--nodes",
+    "sizes",
+    default="100,1000,10000",
+    show_default=True,
+    help="Comma-separated fleet sizes (nodes of 8 GPUs).",
+)
+@click.option(
+    "--db",
+    "dbs",
+    multiple=True,
+    help="Database URL to run on, repeatable (a PostgreSQL URL: a database is created "
+    "per run on that server). Default: a temporary SQLite file.",
+)
+@click.option(
+    "--baseline-src",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Source tree of the previous release (its slurmguard/ and sql/): "
+    "run the same measurement on it as the baseline.",
+)
+@click.option(
+    "--baseline-max-nodes",
+    type=int,
+    default=10000,
+    show_default=True,
+    help="Largest N the baseline runs at (it is slow at scale).",
+)
 @click.option("--steps", type=int, default=32, show_default=True, help="Iterations per rank per report.")
 @click.option("--cycles", type=int, default=5, show_default=True)
-@click.option("--http/--no-http", default=True, show_default=True,
-              help="Also measure ingestion over HTTP on loopback.")
+@click.option(
+    "--http/--no-http", default=True, show_default=True, help="Also measure ingestion over HTTP on loopback."
+)
 @click.option("--http-reports", type=int, default=2000, show_default=True)
-@click.option("--workers", type=click.IntRange(1, 256), default=8, show_default=True,
-              help="controller.workers of the HTTP server (threads serving reports).")
-def bench_scale(sizes: str, dbs: tuple[str, ...], baseline_src: Path | None, baseline_max_nodes: int,
-                steps: int, cycles: int, http: bool, http_reports: int, workers: int) -> None:
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="controller.workers of the HTTP server (threads serving reports).",
+)
+def bench_scale(
+    sizes: str,
+    dbs: tuple[str, ...],
+    baseline_src: Path | None,
+    baseline_max_nodes: int,
+    steps: int,
+    cycles: int,
+    http: bool,
+    http_reports: int,
+    workers: int,
+) -> None:
     """Control cycle p50/p99 (wall and CPU), ingestion, RSS and database size per N."""
     try:
         ns = [int(x) for x in sizes.split(",") if x.strip()]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {sizes!r}",
-                                 param_hint="--nodes") from None
-    args = ["--steps", str(steps), "--cycles", str(cycles), "--http-reports", str(http_reports),
-            "--workers", str(workers)]
+        raise click.BadParameter(
+            f"expected comma-separated integers, got {sizes!r}", param_hint="--nodes"
+        ) from None
+    args = [
+        "--steps",
+        str(steps),
+        "--cycles",
+        str(cycles),
+        "--http-reports",
+        str(http_reports),
+        "--workers",
+        str(workers),
+    ]
     if http:
         args.append("--http")
-    head = (f"{'code':9} {'db':7} {'nodes':>6} {'ranks':>6} {'cycle p50':>9} {'p99':>7} "
-            f"{'cpu p50':>7} {'cpu max':>7} {'in-proc/s':>9} {'http/s':>7} {'ms cpu':>6} "
-            f"{'fleet MB':>8} {'RSS MB':>7} {'DB MB':>6}")
-    click.echo(f"slurmguard bench scale: {steps} steps/rank/report, {cycles} cycles, 8 GPUs/node, "
-               f"{workers} HTTP workers")
+    head = (
+        f"{'code':9} {'db':7} {'nodes':>6} {'ranks':>6} {'cycle p50':>9} {'p99':>7} "
+        f"{'cpu p50':>7} {'cpu max':>7} {'in-proc/s':>9} {'http/s':>7} {'ms cpu':>6} "
+        f"{'fleet MB':>8} {'RSS MB':>7} {'DB MB':>6}"
+    )
+    click.echo(
+        f"slurmguard bench scale: {steps} steps/rank/report, {cycles} cycles, 8 GPUs/node, "
+        f"{workers} HTTP workers"
+    )
     click.echo(head)
     for db in dbs or (None,):
         for n in ns:
-            runs = [("current", None)]
+            runs: list[tuple[str, Path | None]] = [("current", None)]
             if baseline_src is not None and n <= baseline_max_nodes:
                 runs.append(("baseline", baseline_src))
             for label, src in runs:
@@ -119,11 +173,14 @@ def bench_scale(sizes: str, dbs: tuple[str, ...], baseline_src: Path | None, bas
                     f"{r.get('cycle_cpu_max_s', 0):>6.3f}s "
                     f"{r.get('ingest_inproc_per_s', 0):>9.0f} {r.get('http_reports_per_s', 0):>7.0f} "
                     f"{r.get('http_cpu_ms_per_report', 0):>6.2f} "
-                    f"{r['rss_fleet_mb']:>8.0f} {r['rss_mb']:>7.0f} {r.get('db_mb', 0):>6.1f}")
-    click.echo("cycle: wall time of Controller.cycle (p50 without the first); cpu: its CPU time "
-               "(one core; max: the slowest cycle after the first, which registers the fleet); "
-               "in-proc/s: reports ingested by FleetView per second; http/s: signed reports "
-               "accepted per second through the HTTP server, posted from a second process in the "
-               "code's own wire format; ms cpu: the controller's CPU per report over HTTP (what a "
-               "loaded machine changes least); fleet MB: RSS growth from holding one report of "
-               "every node; DB MB: database size after the run.")
+                    f"{r['rss_fleet_mb']:>8.0f} {r['rss_mb']:>7.0f} {r.get('db_mb', 0):>6.1f}"
+                )
+    click.echo(
+        "cycle: wall time of Controller.cycle (p50 without the first); cpu: its CPU time "
+        "(one core; max: the slowest cycle after the first, which registers the fleet); "
+        "in-proc/s: reports ingested by FleetView per second; http/s: signed reports "
+        "accepted per second through the HTTP server, posted from a second process in the "
+        "code's own wire format; ms cpu: the controller's CPU per report over HTTP (what a "
+        "loaded machine changes least); fleet MB: RSS growth from holding one report of "
+        "every node; DB MB: database size after the run."
+    )

@@ -28,8 +28,17 @@ import time
 GPUS = 8
 #: job sizes (nodes) of the synthetic fleet at 10,000 nodes: a few very large
 #: jobs, a tail of small ones, 1,000 jobs in all (scaled down for smaller fleets)
-_SIZES_10K = [2048, 1024, 512, 512] + [256] * 4 + [128] * 8 + [64] * 10 + [32] * 20 \
-    + [16] * 40 + [8] * 80 + [4] * 100 + [2] * 100
+_SIZES_10K = (
+    [2048, 1024, 512, 512]
+    + [256] * 4
+    + [128] * 8
+    + [64] * 10
+    + [32] * 20
+    + [16] * 40
+    + [8] * 80
+    + [4] * 100
+    + [2] * 100
+)
 
 
 def job_sizes(nodes: int, jobs: int = 1000) -> list[int]:
@@ -72,7 +81,7 @@ class Fleet:
         self.jobs: dict[int, list[str]] = {}
         at = 0
         for k, size in enumerate(job_sizes(n)):
-            self.jobs[100000 + k] = self.nodes[at:at + size]
+            self.jobs[100000 + k] = self.nodes[at : at + size]
             at += size
         self.job_of = {node: j for j, ns in self.jobs.items() for node in ns}
         self.index = {node: i for ns in self.jobs.values() for i, node in enumerate(ns)}
@@ -81,8 +90,9 @@ class Fleet:
         self.slow_jobs = {self.job_of[n] for n in self.slow}
 
 
-def report_dict(fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch: int,
-                period_s: float, tel_every_s: float) -> dict:
+def report_dict(
+    fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch: int, period_s: float, tel_every_s: float
+) -> dict:
     """What the node's agent would send at `now`: a window of `steps` iterations of
     each of its 8 ranks, and the telemetry samples of the last `period_s`."""
     rng = fleet.rng
@@ -104,13 +114,21 @@ def report_dict(fleet: Fleet, node: str, seq: int, now: float, steps: int, epoch
                 compute = (base - comm) + (step - base if (late and slow) else 0.0)
                 t += step
                 ss.append({"end": t, "step_s": step, "comm_s": max(0.0, step - compute)})
-            ranks.append({"rank": idx * GPUS + g, "gpu": g, "baseline_step_s": base,
-                          "baseline_compute_s": base - comm, "steps": ss,
-                          "total_steps": 10 * steps, "last_progress": t, "role": None})
+            ranks.append(
+                {
+                    "rank": idx * GPUS + g,
+                    "gpu": g,
+                    "baseline_step_s": base,
+                    "baseline_compute_s": base - comm,
+                    "steps": ss,
+                    "total_steps": 10 * steps,
+                    "last_progress": t,
+                    "role": None,
+                }
+            )
         jobs.append({"job_id": job, "ranks": ranks})
     tel = telemetry_dicts(fleet, now, period_s, tel_every_s)
-    return {"node": node, "seq": seq, "epoch": epoch, "sent_at": now, "jobs": jobs,
-            "telemetry": tel}
+    return {"node": node, "seq": seq, "epoch": epoch, "sent_at": now, "jobs": jobs, "telemetry": tel}
 
 
 def telemetry_dicts(fleet: Fleet, now: float, period_s: float, tel_every_s: float) -> list[dict]:
@@ -121,10 +139,24 @@ def telemetry_dicts(fleet: Fleet, now: float, period_s: float, tel_every_s: floa
     for i in range(k):
         ts = now - period_s + (i + 1) * tel_every_s
         for g in range(GPUS):
-            tel.append({"signal": "sm_clock", "value": 1980.0 + rng.uniform(-5, 5), "unit": "MHz",
-                        "timestamp": ts, "gpu": g})
-            tel.append({"signal": "power", "value": 650.0 + rng.uniform(-10, 10), "unit": "W",
-                        "timestamp": ts, "gpu": g})
+            tel.append(
+                {
+                    "signal": "sm_clock",
+                    "value": 1980.0 + rng.uniform(-5, 5),
+                    "unit": "MHz",
+                    "timestamp": ts,
+                    "gpu": g,
+                }
+            )
+            tel.append(
+                {
+                    "signal": "power",
+                    "value": 650.0 + rng.uniform(-10, 10),
+                    "unit": "W",
+                    "timestamp": ts,
+                    "gpu": g,
+                }
+            )
     return tel
 
 
@@ -148,10 +180,10 @@ def run(args) -> dict:
     store = Store.open(url, clock)
     slurm = FakeSlurm(fleet.nodes, clock=clock)
     refresh = slurm._refresh_alloc  # noqa: SLF001 - O(fleet) per job: once after placing all
-    slurm._refresh_alloc = lambda: None
+    slurm._refresh_alloc = lambda: None  # type: ignore[method-assign]  # placement only, restored below
     for job, ns in fleet.jobs.items():
         slurm.start_job(ns, job_id=job)
-    slurm._refresh_alloc = refresh
+    slurm._refresh_alloc = refresh  # type: ignore[method-assign]
     refresh()
     ctl = Controller(policy, store, slurm, clock)
     rss0 = _rss_mb()
@@ -170,10 +202,13 @@ def run(args) -> dict:
             kept = ctl.fleet._latest.get(node)  # noqa: SLF001 - the same field in every release
             if kept is None:
                 r = AgentReport.model_validate(
-                    report_dict(fleet, node, seq, now, args.steps, epoch, period, args.tel_every))
+                    report_dict(fleet, node, seq, now, args.steps, epoch, period, args.tel_every)
+                )
             else:
-                tel = [TelemetryRecord.model_construct(**t)
-                       for t in telemetry_dicts(fleet, now, period, args.tel_every)]
+                tel = [
+                    TelemetryRecord.model_construct(**t)
+                    for t in telemetry_dicts(fleet, now, period, args.tel_every)
+                ]
                 r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel})
                 del tel
             t0 = time.perf_counter()
@@ -225,6 +260,7 @@ def _db_bytes(store, url: str) -> int | None:
         path = url.split("///", 1)[1]
         return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
     from sqlalchemy import text
+
     with store.engine.connect() as c:
         return int(c.execute(text("select pg_database_size(current_database())")).scalar())
 
@@ -284,14 +320,27 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
     from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
 
     secret = b"scale-bench-master-secret-0123456789"
-    pol = ControllerPolicy(ip_rate_per_s=1e9, ip_burst=1_000_000, node_rate_per_s=1e9,
-                           node_burst=1_000_000, max_body_bytes=64 << 20, workers=args.workers,
-                           max_pending=1024)
+    pol = ControllerPolicy(
+        ip_rate_per_s=1e9,
+        ip_burst=1_000_000,
+        node_rate_per_s=1e9,
+        node_burst=1_000_000,
+        max_body_bytes=64 << 20,
+        workers=args.workers,
+        max_pending=1024,
+    )
     metrics = ControllerMetrics()
-    http = ControllerHTTP("127.0.0.1", 0, secret=secret,
-                          ingest=lambda r: ctl.fleet.ingest(r, clock.now()), metrics=metrics,
-                          now=clock.now, health=lambda: (True, "ok"), policy=pol,
-                          known=ctl.fleet.known)
+    http = ControllerHTTP(
+        "127.0.0.1",
+        0,
+        secret=secret,
+        ingest=lambda r: ctl.fleet.ingest(r, clock.now()),
+        metrics=metrics,
+        now=clock.now,
+        health=lambda: (True, "ok"),
+        policy=pol,
+        known=ctl.fleet.known,
+    )
     http.start()
     tmp = tempfile.mkdtemp(prefix="sg-scale-http-")
     try:
@@ -302,27 +351,44 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
         size = 0
         with open(path, "wb") as f:
             for i, node in enumerate(fleet.nodes[:n]):
-                body = AgentReport.model_validate(report_dict(
-                    fleet, node, 10_000 + i, now, args.steps, 2, args.period,
-                    args.tel_every)).model_dump_json().encode()
+                body = (
+                    AgentReport.model_validate(
+                        report_dict(fleet, node, 10_000 + i, now, args.steps, 2, args.period, args.tel_every)
+                    )
+                    .model_dump_json()
+                    .encode()
+                )
                 ts = f"{now:.3f}"
                 sig = sign(node_key(secret, node), ts, node, body)
-                head = (f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                        f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}"
-                        f"\r\n{SIG_HEADER}: {sig}\r\n\r\n").encode()
+                head = (
+                    f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}"
+                    f"\r\n{SIG_HEADER}: {sig}\r\n\r\n"
+                ).encode()
                 f.write((len(head) + len(body)).to_bytes(4, "big") + head + body)
                 size += len(head) + len(body)
         gc.collect()
         cpu0 = time.process_time()
-        p = subprocess.run([sys.executable, "-c", _CLIENT, path, str(http.port), str(args.clients)],
-                           capture_output=True, text=True, timeout=600, shell=False, check=True)
+        p = subprocess.run(
+            [sys.executable, "-c", _CLIENT, path, str(http.port), str(args.clients)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            shell=False,
+            check=True,
+        )
         cpu = time.process_time() - cpu0
         ok_s, dt_s, client_cpu = p.stdout.split()
         ok, dt = int(ok_s), float(dt_s)
-        return {"http_reports": n, "http_ok": ok, "http_reports_per_s": round(ok / dt, 1),
-                "http_cpu_ms_per_report": round(1e3 * cpu / max(1, ok), 3),
-                "http_client_cpu_s": round(float(client_cpu), 2), "http_s": round(dt, 2),
-                "report_kb": round(size / n / 1024, 1)}
+        return {
+            "http_reports": n,
+            "http_ok": ok,
+            "http_reports_per_s": round(ok / dt, 1),
+            "http_cpu_ms_per_report": round(1e3 * cpu / max(1, ok), 3),
+            "http_client_cpu_s": round(float(client_cpu), 2),
+            "http_s": round(dt, 2),
+            "report_kb": round(size / n / 1024, 1),
+        }
     finally:
         http.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -347,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.mkdtemp(prefix="sg-scale-")
         args.db = f"sqlite:///{tmp}/sg.db"
     import logging
+
     logging.basicConfig(level=logging.CRITICAL)
     try:
         out = run(args)

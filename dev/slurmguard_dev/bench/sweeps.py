@@ -42,6 +42,7 @@ import click
 
 from slurmguard.clock import SystemClock
 from slurmguard.config import ModelFloor, SweepPolicy, TriagePolicy
+from slurmguard.errors import SlurmguardError
 from slurmguard.store import NodeState, Store, SweepKind, db
 from slurmguard.sweeps import records as rec
 from slurmguard.sweeps.quarantine import pair_name
@@ -52,12 +53,27 @@ def devcluster_sweep_policy(workdir: Path, *, duration: float = 0.5) -> SweepPol
     CPU timings on a 2-core host shared with other work swing by 2-5x, and this benchmark
     measures the path back to service, not the detector's sensitivity. Peers: one is
     enough here (4 nodes); the CPU floor is about a tenth of a healthy node's figures."""
-    return SweepPolicy(device="cpu", gemm_duration_s=duration, gemm_dtypes=("float32",), gemm_size=96,
-                       membw_bytes=2 << 20, message_sizes_mb=(4,), repeats=5, comm_timeout_s=60.0,
-                       time_limit_min=3, start_timeout_min=2, pass_tolerance=0.85,
-                       bootstrap_min_nodes=1, peer_min_nodes=1, master_addr="127.0.0.1",
-                       comm_iters=5, comm_warmup=2, floors=(DEV_CPU_FLOOR,),
-                       workload_args=("--threads", "1"), result_dir=str(workdir / "results"))
+    return SweepPolicy(
+        device="cpu",
+        gemm_duration_s=duration,
+        gemm_dtypes=("float32",),
+        gemm_size=96,
+        membw_bytes=2 << 20,
+        message_sizes_mb=(4,),
+        repeats=5,
+        comm_timeout_s=60.0,
+        time_limit_min=3,
+        start_timeout_min=2,
+        pass_tolerance=0.85,
+        bootstrap_min_nodes=1,
+        peer_min_nodes=1,
+        master_addr="127.0.0.1",
+        comm_iters=5,
+        comm_warmup=2,
+        floors=(DEV_CPU_FLOOR,),
+        workload_args=("--threads", "1"),
+        result_dir=str(workdir / "results"),
+    )
 
 
 #: The development cluster's CPU floor: about a tenth of a healthy node's figures on the
@@ -105,8 +121,9 @@ def summarise(runs: list[NodeRun]) -> dict[str, float | int | None]:
     }
 
 
-def _episode_figures(store: Store, node: str, t_drain: float
-                     ) -> tuple[float, float, float | None, float | None, int, float]:
+def _episode_figures(
+    store: Store, node: str, t_drain: float
+) -> tuple[float, float, float | None, float | None, int, float]:
     """(jobs_s, node_s, ref_held_s, pair_job_s, sweeps, queue_s) of the node's last episode."""
     sweeps = [s for s in store.sweeps(node=node) if s.created_at.timestamp() >= t_drain - 1]
     jobs_s = sum(float(s.metrics.get("runtime_s") or 0.0) for s in sweeps)
@@ -114,13 +131,19 @@ def _episode_figures(store: Store, node: str, t_drain: float
     pair = [s for s in sweeps if s.kind is SweepKind.TWO_NODE and rec.passed(s)]
     pair_job = float(pair[-1].metrics.get("runtime_s") or 0.0) if pair else None
     # the pair reservation's create row names no single node; match it by name
-    audit = [a for a in store.audit_entries(action=("reservation_create", "reservation_delete"),
-                                            since=t_drain - 1) if a.reason == pair_name(node)]
+    audit = [
+        a
+        for a in store.audit_entries(action=("reservation_create", "reservation_delete"), since=t_drain - 1)
+        if a.reason == pair_name(node)
+    ]
     made = [a.at.timestamp() for a in audit if a.action == "reservation_create"]
     gone = [a.at.timestamp() for a in audit if a.action == "reservation_delete"]
     held = gone[-1] - made[-1] if made and gone and gone[-1] >= made[-1] else None
-    queue_s = sum(max(0.0, (s.started_at - s.submitted_at).total_seconds()) for s in sweeps
-                  if s.started_at is not None and s.submitted_at is not None)
+    queue_s = sum(
+        max(0.0, (s.started_at - s.submitted_at).total_seconds())
+        for s in sweeps
+        if s.started_at is not None and s.submitted_at is not None
+    )
     return jobs_s, node_s, held, pair_job, len(sweeps), queue_s
 
 
@@ -155,7 +178,10 @@ class _Rig:
         return False, ticks, spent / max(ticks, 1)
 
     def state(self, node: str) -> NodeState:
-        return self.store.get_node(node).state
+        record = self.store.get_node(node)
+        if record is None:
+            raise SlurmguardError(f"{node}: not in the store")
+        return record.state
 
 
 @dataclass
@@ -171,7 +197,7 @@ class ColdStart:
     sweeps: int
 
 
-def cold_start_case(rig: "_Rig", node: str, *, tick_s: float, timeout_s: float) -> ColdStart:
+def cold_start_case(rig: _Rig, node: str, *, tick_s: float, timeout_s: float) -> ColdStart:
     """Drain one node on an empty database and tick until it is back (no seeding step).
 
     A site's bootstrap_min_nodes (3) here, so the class baseline cannot form from the one
@@ -187,8 +213,13 @@ def cold_start_case(rig: "_Rig", node: str, *, tick_s: float, timeout_s: float) 
     rig.store.transition(node, NodeState.DRAINING, f"drained: {reason}")
     returned, _, _ = rig.run_until(lambda: rig.state(node) is NodeState.HEALTHY, tick_s, timeout_s)
     wall = time.monotonic() - t0
-    peers = sorted({t.node for t in rig.store.transitions(since=t_drain - 1, to_state=NodeState.QUARANTINED)
-                    if isinstance(t.evidence, dict) and t.evidence.get("peer")})
+    peers = sorted(
+        {
+            t.node
+            for t in rig.store.transitions(since=t_drain - 1, to_state=NodeState.QUARANTINED)
+            if isinstance(t.evidence, dict) and t.evidence.get("peer")
+        }
+    )
     mine = [s for s in rig.store.sweeps(node=node) if rec.passed(s) and s.kind is SweepKind.ONE_NODE]
     basis = mine[-1].metrics.get("basis") if mine else None
     # wait for the peers' own episodes, so the next runs start from idle healthy nodes
@@ -207,8 +238,9 @@ class FalseFails:
     """The largest shortfall of a healthy sweep's metric against its reference (fraction)."""
 
 
-def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: SweepPolicy,
-                    workdir: Path, echo=print) -> FalseFails:
+def false_fail_rate(
+    rig: _Rig, cluster, nodes: list[str], count: int, policy: SweepPolicy, workdir: Path, echo=print
+) -> FalseFails:
     """`count` 1-node sweeps of idle healthy nodes, round robin, one job per node at a time,
     each judged as a suspected node's sweep against the class baseline in the database."""
     from slurmguard.sweeps.baseline import baseline_for, peers_for
@@ -227,7 +259,9 @@ def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: 
     pending: dict[int, tuple[str, Path]] = {}
     queue = [nodes[i % len(nodes)] for i in range(count)]
     healthy_nodes = {r.name for r in rig.store.list_nodes(NodeState.HEALTHY)}
-    history = rec.healthy_results([s for s in rig.store.sweeps(kind=SweepKind.ONE_NODE) if s.node in healthy_nodes])
+    history = rec.healthy_results(
+        [s for s in rig.store.sweeps(kind=SweepKind.ONE_NODE) if s.node in healthy_nodes]
+    )
     while queue or pending:
         busy = {n for n, _ in pending.values()}
         for node in list(queue):
@@ -238,9 +272,16 @@ def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: 
             out = out_dir / f"{done + len(pending)}-{node}.json"
             # the class the scheduler gives this node: results are compared within it
             klass = hw_class(rig.slurm.node(node), rig.store.get_node(node), policy)
-            spec = SweepJobSpec(kind="node", nodes=(node,), out_path=str(out), log_path=str(out) + ".log",
-                                time_limit_min=policy.time_limit_min, job_name=f"sg_bench_healthy_{node}",
-                                hw_class=klass, extra_args=workload_args(policy))
+            spec = SweepJobSpec(
+                kind="node",
+                nodes=(node,),
+                out_path=str(out),
+                log_path=str(out) + ".log",
+                time_limit_min=policy.time_limit_min,
+                job_name=f"sg_bench_healthy_{node}",
+                hw_class=klass,
+                extra_args=workload_args(policy),
+            )
             jid = cluster.sbatch(render_sweep_script(spec, policy), "--nodelist", node)
             pending[jid] = (node, out)
         for jid in list(pending):
@@ -255,27 +296,42 @@ def false_fail_rate(rig: "_Rig", cluster, nodes: list[str], count: int, policy: 
                 outcomes["no result"] = outcomes.get("no result", 0) + 1
                 reasons.append(f"{node}: {exc}")
                 continue
-            v = judge_result(res, baseline_for(res, history, max_age_s=policy.baseline_max_age_h * 3600.0,
-                                               now=rig.clock.now()),
-                             policy, suspected=True,
-                             peers=peers_for(res, history, policy.peer_window_min * 60.0))
+            v = judge_result(
+                res,
+                baseline_for(res, history, max_age_s=policy.baseline_max_age_h * 3600.0, now=rig.clock.now()),
+                policy,
+                suspected=True,
+                peers=peers_for(res, history, policy.peer_window_min * 60.0),
+            )
             outcomes[v.outcome.value] = outcomes.get(v.outcome.value, 0) + 1
             devs = [c.deviation for c in v.checks if c.deviation is not None]
             if devs:
                 worst = min(devs) if worst is None else min(worst, min(devs))
             if not v.outcome.returns_node:
                 reasons.append(f"{node}: {v.reason}")
-            echo(f"healthy sweep {done}/{count} of {node}: {v.outcome.value} ({v.basis_text};"
-                 f" worst metric {min(devs):+.0%})" if devs else f"healthy sweep {done}/{count} of {node}:"
-                 f" {v.outcome.value}")
+            echo(
+                f"healthy sweep {done}/{count} of {node}: {v.outcome.value} ({v.basis_text};"
+                f" worst metric {min(devs):+.0%})"
+                if devs
+                else f"healthy sweep {done}/{count} of {node}: {v.outcome.value}"
+            )
         time.sleep(1.0)
     fails = sum(v for k, v in outcomes.items() if k not in ("pass", "bootstrap"))
     return FalseFails(done, fails, outcomes, reasons, worst)
 
 
-def run_bench(cluster, workdir: Path, *, nodes: list[str], tick_s: float, duration: float,
-              timeout_s: float, echo=print, cold_start: bool = True,
-              healthy_sweeps: int = 0) -> tuple[dict, list[NodeRun]]:
+def run_bench(
+    cluster,
+    workdir: Path,
+    *,
+    nodes: list[str],
+    tick_s: float,
+    duration: float,
+    timeout_s: float,
+    echo=print,
+    cold_start: bool = True,
+    healthy_sweeps: int = 0,
+) -> tuple[dict, list[NodeRun]]:
     policy = devcluster_sweep_policy(workdir, duration=duration)
     rig = _Rig(cluster, workdir, policy)
     seed = cluster.node_names[0]
@@ -283,19 +339,25 @@ def run_bench(cluster, workdir: Path, *, nodes: list[str], tick_s: float, durati
     if cold_start:
         cs = cold_start_case(rig, nodes[0], tick_s=tick_s, timeout_s=timeout_s)
         extra["cold_start"] = asdict(cs)
-        echo(f"cold start (empty database): {cs.node} {'returned' if cs.returned else 'NOT returned'}"
-             f" in {cs.return_s:.1f}s; peers swept: {', '.join(cs.peers) or '-'}; its 1-node verdict"
-             f" used: {cs.basis}")
+        echo(
+            f"cold start (empty database): {cs.node} {'returned' if cs.returned else 'NOT returned'}"
+            f" in {cs.return_s:.1f}s; peers swept: {', '.join(cs.peers) or '-'}; its 1-node verdict"
+            f" used: {cs.basis}"
+        )
     else:
         # the bootstrap: one rolling sweep of an unsuspected node
-        rig.sched.policy = policy.model_copy(update={"rolling_enabled": True, "rolling_nodes_per_hour": 3600.0})
+        rig.sched.policy = policy.model_copy(
+            update={"rolling_enabled": True, "rolling_nodes_per_hour": 3600.0}
+        )
         t0 = time.monotonic()
         ok, _, _ = rig.run_until(lambda: rig.state(seed) is not NodeState.HEALTHY, tick_s, 30)
         ok = ok and rig.run_until(lambda: rig.state(seed) is NodeState.HEALTHY, tick_s, timeout_s)[0]
         if not ok:
             raise click.ClickException(f"bootstrap sweep of {seed} did not finish in {timeout_s:g}s")
-        echo(f"bootstrap: rolling sweep of {seed} (class baseline + trusted reference) in"
-             f" {time.monotonic() - t0:.1f}s")
+        echo(
+            f"bootstrap: rolling sweep of {seed} (class baseline + trusted reference) in"
+            f" {time.monotonic() - t0:.1f}s"
+        )
     rig.sched.policy = policy
     runs = []
     for node in nodes:
@@ -304,18 +366,25 @@ def run_bench(cluster, workdir: Path, *, nodes: list[str], tick_s: float, durati
         t0 = time.monotonic()
         rig.executor.drain(node, reason)
         rig.store.transition(node, NodeState.DRAINING, f"drained: {reason}")
-        returned, ticks, tick_mean = rig.run_until(lambda n=node: rig.state(n) is NodeState.HEALTHY,
-                                                   tick_s, timeout_s)
+        returned, ticks, tick_mean = rig.run_until(
+            lambda n=node: rig.state(n) is NodeState.HEALTHY, tick_s, timeout_s
+        )
         wall = time.monotonic() - t0
         jobs_s, node_s, held, pair_job, nsweeps, queue_s = _episode_figures(rig.store, node, t_drain)
-        run = NodeRun(node, returned, wall, jobs_s, node_s, held, pair_job, nsweeps, queue_s, ticks,
-                      tick_mean)
+        run = NodeRun(
+            node, returned, wall, jobs_s, node_s, held, pair_job, nsweeps, queue_s, ticks, tick_mean
+        )
         runs.append(run)
         mine = [x for x in rig.store.sweeps(node=node) if x.created_at.timestamp() >= t_drain - 1]
-        outcomes = ", ".join(f"{'sweep1' if x.kind is SweepKind.ONE_NODE else 'sweep2'} {rec.outcome_of(x)}"
-                             + ("" if rec.passed(x) else f" ({x.failure_reason})") for x in mine)
-        echo(f"{node}: {'returned' if returned else 'NOT returned'} in {wall:.1f}s"
-             f" ({nsweeps} sweeps, jobs {jobs_s:.1f}s): {outcomes}")
+        outcomes = ", ".join(
+            f"{'sweep1' if x.kind is SweepKind.ONE_NODE else 'sweep2'} {rec.outcome_of(x)}"
+            + ("" if rec.passed(x) else f" ({x.failure_reason})")
+            for x in mine
+        )
+        echo(
+            f"{node}: {'returned' if returned else 'NOT returned'} in {wall:.1f}s"
+            f" ({nsweeps} sweeps, jobs {jobs_s:.1f}s): {outcomes}"
+        )
     summary = summarise(runs)
     if healthy_sweeps > 0:
         cluster.wait_nodes_idle(timeout=120)
@@ -333,23 +402,67 @@ def _fmt(v) -> str:
 
 
 @click.command("sweeps")
-@click.option("--nodes", "count", type=click.IntRange(1, 3), default=3, show_default=True,
-              help="drained nodes to verify and return, one after another (node2..)")
-@click.option("--tick", "tick_s", type=click.FloatRange(0.1, 30), default=1.0, show_default=True,
-              help="scheduler cycle, seconds (the controller's cycle_interval_s)")
-@click.option("--duration", type=click.FloatRange(0.1, 60), default=0.5, show_default=True,
-              help="GEMM seconds per dtype inside the sweeps")
-@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
-              help="give up on a node after this many seconds")
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="use the running development cluster there (default: start a temporary one)")
-@click.option("--cold-start/--no-cold-start", default=True, show_default=True,
-              help="first drain and return a node on an empty database (no seeding step)")
-@click.option("--healthy-sweeps", type=click.IntRange(0, 500), default=20, show_default=True,
-              help="1-node sweeps of healthy nodes judged for the false-fail rate (0: skip)")
+@click.option(
+    "--nodes",
+    "count",
+    type=click.IntRange(1, 3),
+    default=3,
+    show_default=True,
+    help="drained nodes to verify and return, one after another (node2..)",
+)
+@click.option(
+    "--tick",
+    "tick_s",
+    type=click.FloatRange(0.1, 30),
+    default=1.0,
+    show_default=True,
+    help="scheduler cycle, seconds (the controller's cycle_interval_s)",
+)
+@click.option(
+    "--duration",
+    type=click.FloatRange(0.1, 60),
+    default=0.5,
+    show_default=True,
+    help="GEMM seconds per dtype inside the sweeps",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="give up on a node after this many seconds",
+)
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="use the running development cluster there (default: start a temporary one)",
+)
+@click.option(
+    "--cold-start/--no-cold-start",
+    default=True,
+    show_default=True,
+    help="first drain and return a node on an empty database (no seeding step)",
+)
+@click.option(
+    "--healthy-sweeps",
+    type=click.IntRange(0, 500),
+    default=20,
+    show_default=True,
+    help="1-node sweeps of healthy nodes judged for the false-fail rate (0: skip)",
+)
 @click.option("--json", "as_json", is_flag=True)
-def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, state_dir: str | None,
-                 cold_start: bool, healthy_sweeps: int, as_json: bool) -> None:
+def bench_sweeps(
+    count: int,
+    tick_s: float,
+    duration: float,
+    timeout_s: float,
+    state_dir: str | None,
+    cold_start: bool,
+    healthy_sweeps: int,
+    as_json: bool,
+) -> None:
     """Time and sweep node-hours to verify and return a drained node (dev cluster)."""
     from slurmguard_dev.devcluster import ClusterSpec, DevCluster
     from slurmguard_dev.devcluster.devreboot import adopt_restarted
@@ -370,9 +483,17 @@ def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, s
     echo = (lambda *_: None) if as_json else click.echo
     try:
         cluster.wait_nodes_idle(timeout=60)
-        summary, runs = run_bench(cluster, workdir, nodes=cluster.node_names[1:1 + count], tick_s=tick_s,
-                                  duration=duration, timeout_s=timeout_s, echo=echo,
-                                  cold_start=cold_start, healthy_sweeps=healthy_sweeps)
+        summary, runs = run_bench(
+            cluster,
+            workdir,
+            nodes=cluster.node_names[1 : 1 + count],
+            tick_s=tick_s,
+            duration=duration,
+            timeout_s=timeout_s,
+            echo=echo,
+            cold_start=cold_start,
+            healthy_sweeps=healthy_sweeps,
+        )
     finally:
         if started:
             adopt_restarted(cluster)
@@ -384,42 +505,65 @@ def bench_sweeps(count: int, tick_s: float, duration: float, timeout_s: float, s
                     cluster.run(["scontrol", "delete", tok])
         shutil.rmtree(workdir, ignore_errors=True)
     if as_json:
-        click.echo(json.dumps({"summary": summary, "runs": [asdict(r) | {"overhead_s": r.overhead_s}
-                                                              for r in runs], "tick_s": tick_s}))
+        click.echo(
+            json.dumps(
+                {
+                    "summary": summary,
+                    "runs": [asdict(r) | {"overhead_s": r.overhead_s} for r in runs],
+                    "tick_s": tick_s,
+                }
+            )
+        )
         return
     click.echo("")
-    click.echo(f"{'node':<8}{'return_s':>10}{'jobs_s':>9}{'overhead_s':>12}{'queue_s':>9}{'pair_job_s':>12}"
-               f"{'ref_held_s':>12}{'node_s':>9}{'ticks':>7}")
+    click.echo(
+        f"{'node':<8}{'return_s':>10}{'jobs_s':>9}{'overhead_s':>12}{'queue_s':>9}{'pair_job_s':>12}"
+        f"{'ref_held_s':>12}{'node_s':>9}{'ticks':>7}"
+    )
     for r in runs:
-        click.echo(f"{r.node:<8}{_fmt(r.return_s):>10}{_fmt(r.jobs_s):>9}{_fmt(r.overhead_s):>12}"
-                   f"{_fmt(r.queue_s):>9}{_fmt(r.pair_job_s):>12}{_fmt(r.ref_held_s):>12}{_fmt(r.node_s):>9}"
-                   f"{r.ticks:>7}")
+        click.echo(
+            f"{r.node:<8}{_fmt(r.return_s):>10}{_fmt(r.jobs_s):>9}{_fmt(r.overhead_s):>12}"
+            f"{_fmt(r.queue_s):>9}{_fmt(r.pair_job_s):>12}{_fmt(r.ref_held_s):>12}{_fmt(r.node_s):>9}"
+            f"{r.ticks:>7}"
+        )
     s = summary
     click.echo("")
-    click.echo(f"returned {s['returned']}/{s['measured']} drained nodes; tick {tick_s:g}s"
-               f" (mean tick cost {_fmt(s['mean_tick_s'])}s)")
+    click.echo(
+        f"returned {s['returned']}/{s['measured']} drained nodes; tick {tick_s:g}s"
+        f" (mean tick cost {_fmt(s['mean_tick_s'])}s)"
+    )
     if s["returned"]:
         share = 100.0 * s["median_jobs_s"] / s["median_return_s"]
-        click.echo(f"time to return (median): {s['median_return_s']:.1f}s;"
-                   f" baseline, the sweep jobs alone: {s['median_jobs_s']:.1f}s ({share:.0f}%);"
-                   f" scheduling overhead {s['median_overhead_s']:.1f}s (of which Slurm queue"
-                   f" wait {s['median_queue_s']:.1f}s, the rest one tick per step)")
-        click.echo(f"sweep node-hours per returned node: {s['node_hours_per_returned']:.4f}"
-                   f" ({s['node_hours_per_returned'] * 3600:.1f} node-s)")
+        click.echo(
+            f"time to return (median): {s['median_return_s']:.1f}s;"
+            f" baseline, the sweep jobs alone: {s['median_jobs_s']:.1f}s ({share:.0f}%);"
+            f" scheduling overhead {s['median_overhead_s']:.1f}s (of which Slurm queue"
+            f" wait {s['median_queue_s']:.1f}s, the rest one tick per step)"
+        )
+        click.echo(
+            f"sweep node-hours per returned node: {s['node_hours_per_returned']:.4f}"
+            f" ({s['node_hours_per_returned'] * 3600:.1f} node-s)"
+        )
         if s["median_ref_held_s"] is not None:
-            click.echo(f"reference held {s['median_ref_held_s']:.1f}s per 2-node sweep"
-                       f" (its job ran {s['median_pair_job_s']:.1f}s)")
+            click.echo(
+                f"reference held {s['median_ref_held_s']:.1f}s per 2-node sweep"
+                f" (its job ran {s['median_pair_job_s']:.1f}s)"
+            )
     cs = s.get("cold_start")
     if cs:
-        click.echo(f"cold start, empty database: {cs['node']} {'returned' if cs['returned'] else 'NOT returned'}"
-                   f" {cs['return_s']:.1f}s after its drain (baseline: the seeded runs above,"
-                   f" {s['median_return_s'] or 0:.1f}s median); peers swept {', '.join(cs['peers']) or '-'};"
-                   f" verdict vs {cs['basis']}")
+        click.echo(
+            f"cold start, empty database: {cs['node']} {'returned' if cs['returned'] else 'NOT returned'}"
+            f" {cs['return_s']:.1f}s after its drain (baseline: the seeded runs above,"
+            f" {s['median_return_s'] or 0:.1f}s median); peers swept {', '.join(cs['peers']) or '-'};"
+            f" verdict vs {cs['basis']}"
+        )
     ff = s.get("false_fail")
     if ff:
         worst = "-" if ff["worst_deviation"] is None else f"{ff['worst_deviation']:+.0%}"
-        click.echo(f"false fails over healthy 1-node sweeps: {ff['fails']} in {ff['sweeps']} (target 0 in 20;"
-                   f" tolerance {devcluster_sweep_policy(Path('.')).pass_tolerance:.0%}, worst metric {worst});"
-                   f" outcomes {ff['outcomes']}")
+        click.echo(
+            f"false fails over healthy 1-node sweeps: {ff['fails']} in {ff['sweeps']} (target 0 in 20;"
+            f" tolerance {devcluster_sweep_policy(Path('.')).pass_tolerance:.0%}, worst metric {worst});"
+            f" outcomes {ff['outcomes']}"
+        )
         for r in ff["reasons"][:5]:
             click.echo(f"  {r}")

@@ -28,8 +28,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import numpy as np
@@ -37,12 +39,13 @@ import numpy as np
 from slurmguard.errors import InputError
 
 TRACES_ENV = "SLURMGUARD_WHATIF_TRACES"
+T = TypeVar("T")
 """Environment variable naming the trace directory when --traces is not given (no default:
 the traces are data, not part of an install)."""
 
 
-def _best(fn, repeat: int) -> tuple[float, object]:
-    best, out = float("inf"), None
+def _best(fn: Callable[[], T], repeat: int) -> tuple[float, T]:
+    best = float("inf")
     for _ in range(repeat):
         c = time.perf_counter()
         out = fn()
@@ -69,7 +72,7 @@ def tile_dp(tr, dp: int, pp: int, copies: int, seed: int = 0) -> dict:
         factor = rng.uniform(0.98, 1.02, size=len(tr))
         part["duration"] = np.where(comp, tr["duration"] * factor, tr["duration"])
         parts.append(part)
-    out = {k: np.concatenate([p[k] for p in parts]) for k in REQUIRED_COLUMNS}
+    out: dict[str, Any] = {k: np.concatenate([p[k] for p in parts]) for k in REQUIRED_COLUMNS}
     out["optype"] = Coded(out["optype"], list(OPTYPE_NAMES))
     return out
 
@@ -78,9 +81,7 @@ def _timed_run(argv: list[str], cwd: str, env: dict, what: str) -> tuple[float, 
     """Run argv; (wall s, child CPU s, stdout). A failure is an InputError with its stderr tail."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     c = time.perf_counter()
-    proc = subprocess.run(
-        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False
-    )
+    proc = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
     wall = time.perf_counter() - c
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -98,9 +99,7 @@ def _slurmguard_argv() -> list[str]:
     return [sys.executable, "-m", "slurmguard.cli"]
 
 
-def end_to_end(
-    base: Path, name: str, artifact: Path, artifact_python: str, runs: int
-) -> None:
+def end_to_end(base: Path, name: str, artifact: Path, artifact_python: str, runs: int) -> None:
     """Print the end-to-end comparison of `slurmguard whatif` and the paper's simulator."""
     trace, meta = base / f"trace-{name}.parquet", base / f"meta-{name}.yaml"
     wia = artifact / "analyzer" / "wia.py"
@@ -134,9 +133,7 @@ def end_to_end(
     med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
            for k, v in times.items()}  # fmt: skip
     aw, ac = med["artifact"]
-    click.echo(
-        f"\nend to end on {name} ({runs} alternating runs each, median; child CPU = user+sys):"
-    )
+    click.echo(f"\nend to end on {name} ({runs} alternating runs each, median; child CPU = user+sys):")
     click.echo(f"{'command':<44}{'wall s':>8}{'CPU s':>8}{'speedup wall/CPU':>19}   S")
     for key, label in (("text", "slurmguard whatif"), ("json", "slurmguard whatif --json")):
         w, c = med[key]
@@ -197,9 +194,7 @@ def end_to_end(
     type=click.IntRange(min=1),
     help="Alternating end-to-end runs of each command.",
 )
-@click.option(
-    "--e2e-only", is_flag=True, help="Only the end-to-end comparison (needs --artifact)."
-)
+@click.option("--e2e-only", is_flag=True, help="Only the end-to-end comparison (needs --artifact).")
 def bench_whatif(
     traces_dir: str | None,
     repeat: int,
@@ -283,6 +278,4 @@ def bench_whatif(
     if artifact_dir:
         end_to_end(base, "AR", Path(artifact_dir), artifact_python, e2e_runs)
     else:
-        click.echo(
-            "end to end: skipped (--artifact DIR: a StragglerAnalysis checkout to compare with)"
-        )
+        click.echo("end to end: skipped (--artifact DIR: a StragglerAnalysis checkout to compare with)")

@@ -9,10 +9,13 @@ import click
 
 from slurmguard_dev.devcluster.cluster import DEFAULT_STATE_DIR, ClusterSpec, DevCluster
 
-_state_dir = click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-                          default=DEFAULT_STATE_DIR, show_default=True,
-                          help="Where the cluster keeps conf, spools, logs and pids "
-                               "($SLURMGUARD_DEVCLUSTER_DIR).")
+_state_dir = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_STATE_DIR,
+    show_default=True,
+    help="Where the cluster keeps conf, spools, logs and pids ($SLURMGUARD_DEVCLUSTER_DIR).",
+)
 
 
 @click.group()
@@ -25,16 +28,20 @@ def devcluster() -> None:
 @click.option("--nodes", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--partition", default="debug", show_default=True)
 @click.option("--cpus-per-node", default=2, show_default=True, type=click.IntRange(1, 256))
-@click.option("--guard", is_flag=True,
-              help="Also install the SPANK plugin and prolog/epilog and start the controller "
-                   "(SQLite) and one agent per node (sim telemetry).")
-@click.option("--restd", is_flag=True,
-              help="Also enable JWT auth and run slurmrestd on a loopback port.")
-def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: bool,
-       restd: bool) -> None:
+@click.option(
+    "--guard",
+    is_flag=True,
+    help="Also install the SPANK plugin and prolog/epilog and start the controller "
+    "(SQLite) and one agent per node (sim telemetry).",
+)
+@click.option("--restd", is_flag=True, help="Also enable JWT auth and run slurmrestd on a loopback port.")
+def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: bool, restd: bool) -> None:
     """Start munged, slurmctld and NODES slurmd; wait until all nodes are idle."""
-    c = DevCluster(ClusterSpec(state_dir=state_dir, nodes=nodes, partition=partition,
-                               cpus_per_node=cpus_per_node, restd=restd))
+    c = DevCluster(
+        ClusterSpec(
+            state_dir=state_dir, nodes=nodes, partition=partition, cpus_per_node=cpus_per_node, restd=restd
+        )
+    )
     c.up()
     if guard:
         from slurmguard_dev.devcluster.guard import Guard
@@ -44,15 +51,18 @@ def up(state_dir: Path, nodes: int, partition: str, cpus_per_node: int, guard: b
         except BaseException:
             c.down()
             raise
-        click.echo(f"slurmguard: controller {g.controller_url}, agents on {', '.join(c.node_names)}, "
-                   f"database {g.db_url}, policy {g.policy_path}")
+        click.echo(
+            f"slurmguard: controller {g.controller_url}, agents on {', '.join(c.node_names)}, "
+            f"database {g.db_url}, policy {g.policy_path}"
+        )
         click.echo("submit guarded jobs with: sbatch --straggler-guard ...")
-    click.echo(f"development cluster up: {nodes} nodes ({', '.join(c.node_names)}) "
-               f"in partition {partition}")
+    click.echo(f"development cluster up: {nodes} nodes ({', '.join(c.node_names)}) in partition {partition}")
     click.echo(f"SLURM_CONF={c.conf_path}")
     if restd:
-        click.echo(f"slurmrestd {c.restd_url} (JWT key {c.jwt_key_path}); policy: slurm.backend: "
-                   f"restd, restd_url: {c.restd_url}, restd_jwt_key_file: {c.jwt_key_path}")
+        click.echo(
+            f"slurmrestd {c.restd_url} (JWT key {c.jwt_key_path}); policy: slurm.backend: "
+            f"restd, restd_url: {c.restd_url}, restd_jwt_key_file: {c.jwt_key_path}"
+        )
     click.echo(f"use it with: eval $(slurmguard devcluster env --state-dir {state_dir})")
 
 
@@ -82,9 +92,9 @@ def status(state_dir: Path, as_json: bool) -> None:
         raise SystemExit(1)
     click.echo(f"running: {'yes' if st['running'] else 'no'}")
     click.echo(f"SLURM_CONF={st['slurm_conf']}")
-    for name, d in st["daemons"].items():  # type: ignore[union-attr]
+    for name, d in st["daemons"].items():
         click.echo(f"  {name:<14} pid {d['pid']:<8} {'alive' if d['alive'] else 'stopped'}")
-    for node, state in st["nodes"].items():  # type: ignore[union-attr]
+    for node, state in st["nodes"].items():
         click.echo(f"  {node:<14} {state}")
     if not st["running"]:
         raise SystemExit(1)
@@ -103,9 +113,15 @@ def env(state_dir: Path) -> None:
 @devcluster.command()
 @_state_dir
 @click.argument("node")
-@click.option("--cpu", "percent", type=float, default=None, metavar="PERCENT",
-              help="Cap the node's slurmd and all its job-step processes at PERCENT of one CPU "
-                   "(e.g. 30); steps started later inherit the cap.")
+@click.option(
+    "--cpu",
+    "percent",
+    type=float,
+    default=None,
+    metavar="PERCENT",
+    help="Cap the node's slurmd and all its job-step processes at PERCENT of one CPU "
+    "(e.g. 30); steps started later inherit the cap.",
+)
 @click.option("--clear", is_flag=True, help="Remove the node's fault.")
 def fault(state_dir: Path, node: str, percent: float | None, clear: bool) -> None:
     """Slow NODE from outside its jobs (a cgroup CPU cap), or --clear it.
@@ -125,5 +141,7 @@ def fault(state_dir: Path, node: str, percent: float | None, clear: bool) -> Non
         click.echo(f"{node}: fault cleared" if done else f"{node}: no fault to clear")
         return
     cap = apply_cpu_cap(c, node, percent)  # type: ignore[arg-type]
-    click.echo(f"{node}: slurmd and {cap.moved - 1} job-step processes capped at {cap.percent:g}% "
-               f"of one CPU (cgroup v{cap.version} {cap.cgroup})")
+    click.echo(
+        f"{node}: slurmd and {cap.moved - 1} job-step processes capped at {cap.percent:g}% "
+        f"of one CPU (cgroup v{cap.version} {cap.cgroup})"
+    )

@@ -16,9 +16,10 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any
 
 from slurmguard.errors import SlurmguardError
 from slurmguard_dev.devcluster.conf import ConfPaths, render_slurm_conf
@@ -93,13 +94,17 @@ class _State:
 
 def check_software(search_path: str | None = None) -> None:
     """Raise MissingSoftware naming every missing program and its package."""
-    missing = {prog: pkg for prog, pkg in REQUIRED_PROGRAMS.items()
-               if shutil.which(prog, path=search_path or _sbin_path()) is None}
+    missing = {
+        prog: pkg
+        for prog, pkg in REQUIRED_PROGRAMS.items()
+        if shutil.which(prog, path=search_path or _sbin_path()) is None
+    }
     if missing:
         pkgs = sorted(set(missing.values()))
         raise MissingSoftware(
             f"cannot start the development cluster: {', '.join(sorted(missing))} not found; "
-            f"install with: apt-get install -y {' '.join(pkgs)}")
+            f"install with: apt-get install -y {' '.join(pkgs)}"
+        )
 
 
 def _sbin_path() -> str:
@@ -134,12 +139,16 @@ def secure_dir(path: Path, mode: int = 0o755) -> Path:
         created = False
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise DevClusterError(f"{path} exists and is not a directory (a symlink or a file); "
-                              "refusing to use it: remove it or choose another directory")
+        raise DevClusterError(
+            f"{path} exists and is not a directory (a symlink or a file); "
+            "refusing to use it: remove it or choose another directory"
+        )
     if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
-        raise DevClusterError(f"{path} belongs to uid {st.st_uid} with mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}; it must be ours (uid {os.geteuid()}) "
-                              "and writable by nobody else: refusing to use it")
+        raise DevClusterError(
+            f"{path} belongs to uid {st.st_uid} with mode "
+            f"{stat.S_IMODE(st.st_mode):04o}; it must be ours (uid {os.geteuid()}) "
+            "and writable by nobody else: refusing to use it"
+        )
     if created:
         os.chmod(path, mode, follow_symlinks=False)
     return path
@@ -247,20 +256,21 @@ class DevCluster:
         return self.state_dir / "slots" / f"{name}.target"
 
     # ------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "DevCluster":
+    def __enter__(self) -> DevCluster:
         self.up()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def up(self) -> "DevCluster":
+    def up(self) -> DevCluster:
         """Start munged, slurmctld and the slurmd; wait until every node is idle."""
         check_software()
         if self.is_running():
             raise DevClusterError(
                 f"a development cluster is already running in {self.state_dir}; "
-                "run `slurmguard devcluster down` first")
+                "run `slurmguard devcluster down` first"
+            )
         spec = self.spec
         secure_dir(self.state_dir, 0o755)
         for sub in ("etc", "munge", "run", "log", "ctld-state", "spool", "slots"):
@@ -281,26 +291,45 @@ class DevCluster:
             fd = os.open(self.jwt_key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(os.urandom(32).hex().encode())
-        self.conf_path.write_text(render_slurm_conf(
-            cluster_name=spec.cluster_name, control_host=socket.gethostname().split(".")[0],
-            ctld_port=ports[0], node_ports=node_ports, partition=spec.partition,
-            cpus_per_node=spec.cpus_per_node, memory_mb=spec.memory_mb,
-            paths=ConfPaths(state_dir=self.state_dir, munge_socket=self.munge_socket,
-                            plugstack=self.plugstack_path, prolog=self._slot("prolog"),
-                            epilog=self._slot("epilog"), reboot_program=self._slot("reboot"),
-                            jwt_key=self.jwt_key_path if spec.restd else None)))
-        self._state = _State(conf_path=str(self.conf_path), ctld_port=ports[0],
-                             node_ports=node_ports, partition=spec.partition,
-                             restd_port=ports[1] if spec.restd else None)
+        self.conf_path.write_text(
+            render_slurm_conf(
+                cluster_name=spec.cluster_name,
+                control_host=socket.gethostname().split(".")[0],
+                ctld_port=ports[0],
+                node_ports=node_ports,
+                partition=spec.partition,
+                cpus_per_node=spec.cpus_per_node,
+                memory_mb=spec.memory_mb,
+                paths=ConfPaths(
+                    state_dir=self.state_dir,
+                    munge_socket=self.munge_socket,
+                    plugstack=self.plugstack_path,
+                    prolog=self._slot("prolog"),
+                    epilog=self._slot("epilog"),
+                    reboot_program=self._slot("reboot"),
+                    jwt_key=self.jwt_key_path if spec.restd else None,
+                ),
+            )
+        )
+        self._state = _State(
+            conf_path=str(self.conf_path),
+            ctld_port=ports[0],
+            node_ports=node_ports,
+            partition=spec.partition,
+            restd_port=ports[1] if spec.restd else None,
+        )
         deadline = time.monotonic() + spec.start_timeout_s
         try:
             self._start_munge(deadline)
             self._spawn("slurmctld", [_which("slurmctld"), "-D", "-c", "-f", str(self.conf_path)])
-            self._wait(lambda: self._ctld_up(), deadline, "slurmctld did not answer `scontrol ping`",
-                       log=self.log_dir / "slurmctld.log")
+            self._wait(
+                lambda: self._ctld_up(),
+                deadline,
+                "slurmctld did not answer `scontrol ping`",
+                log=self.log_dir / "slurmctld.log",
+            )
             for node in spec.node_names:
-                self._spawn(f"slurmd:{node}",
-                            [_which("slurmd"), "-D", "-N", node, "-f", str(self.conf_path)])
+                self._spawn(f"slurmd:{node}", [_which("slurmd"), "-D", "-N", node, "-f", str(self.conf_path)])
             if spec.restd:
                 self._start_restd(deadline)
             self.wait_nodes_idle(timeout=max(1.0, deadline - time.monotonic()))
@@ -315,13 +344,26 @@ class DevCluster:
             key.write_bytes(os.urandom(1024))
         os.chmod(key, stat.S_IRUSR)
         mdir = self.state_dir / "munge"
-        self._spawn("munged", [
-            _which("munged"), "--foreground", "--force",
-            f"--socket={self.munge_socket}", f"--key-file={key}",
-            f"--pid-file={mdir / 'munged.pid'}", f"--log-file={self.log_dir / 'munged.log'}",
-            f"--seed-file={mdir / 'munged.seed'}", "--num-threads=2"])
-        self._wait(lambda: self.munge_socket.exists(), deadline, "munged did not create its socket",
-                   log=self.log_dir / "munged.log")
+        self._spawn(
+            "munged",
+            [
+                _which("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={mdir / 'munged.pid'}",
+                f"--log-file={self.log_dir / 'munged.log'}",
+                f"--seed-file={mdir / 'munged.seed'}",
+                "--num-threads=2",
+            ],
+        )
+        self._wait(
+            lambda: self.munge_socket.exists(),
+            deadline,
+            "munged did not create its socket",
+            log=self.log_dir / "munged.log",
+        )
 
     def _start_restd(self, deadline: float) -> None:
         """slurmrestd on 127.0.0.1 with JWT authentication only.
@@ -332,10 +374,20 @@ class DevCluster:
         makes slurmrestd talk to slurmctld with auth/jwt (the client's token).
         """
         assert self._state is not None and self._state.restd_port
-        self._spawn("slurmrestd", [
-            _which("slurmrestd"), "-f", str(self.conf_path), "-a", "rest_auth/jwt",
-            "-s", "openapi/v0.0.38", f"127.0.0.1:{self._state.restd_port}"],
-            env={"SLURMRESTD_SECURITY": "disable_user_check", "SLURM_JWT": "daemon"})
+        self._spawn(
+            "slurmrestd",
+            [
+                _which("slurmrestd"),
+                "-f",
+                str(self.conf_path),
+                "-a",
+                "rest_auth/jwt",
+                "-s",
+                "openapi/v0.0.38",
+                f"127.0.0.1:{self._state.restd_port}",
+            ],
+            env={"SLURMRESTD_SECURITY": "disable_user_check", "SLURM_JWT": "daemon"},
+        )
         port = self._state.restd_port
 
         def listening() -> bool:
@@ -343,8 +395,7 @@ class DevCluster:
                 sock.settimeout(0.5)
                 return sock.connect_ex(("127.0.0.1", port)) == 0
 
-        self._wait(listening, deadline, "slurmrestd did not listen",
-                   log=self.log_dir / "slurmrestd.stdout")
+        self._wait(listening, deadline, "slurmrestd did not listen", log=self.log_dir / "slurmrestd.stdout")
 
     def spawn_service(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         """Start a slurmguard daemon (name 'sg-...') that `down` stops first; its
@@ -376,16 +427,20 @@ class DevCluster:
 
     def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         assert self._state is not None
-        out = open(self.log_dir / f"{name.replace(':', '-')}.stdout", "ab")
         full_env = self.env
         if env:
             full_env.update(env)
-        try:
-            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=full_env, close_fds=True)
-        finally:
-            out.close()
+        # the child keeps its own copy of the descriptor
+        with open(self.log_dir / f"{name.replace(':', '-')}.stdout", "ab") as out:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=full_env,
+                close_fds=True,
+            )
         self._children.append(proc)
         self._state.pids[name] = proc.pid
         self._save_state()
@@ -405,8 +460,9 @@ class DevCluster:
         tail = ""
         if log is not None and log.exists():
             tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-        raise DevClusterError(f"{what} within {self.spec.start_timeout_s:g}s"
-                              + (f"; last log lines: {tail}" if tail else ""))
+        raise DevClusterError(
+            f"{what} within {self.spec.start_timeout_s:g}s" + (f"; last log lines: {tail}" if tail else "")
+        )
 
     def _check_alive(self) -> None:
         assert self._state is not None
@@ -414,8 +470,13 @@ class DevCluster:
             if name.startswith("sg-"):
                 continue  # slurmguard's own services may be stopped on purpose (tests)
             if not _pid_alive(pid):
-                logname = "slurmctld.log" if name == "slurmctld" else (
-                    f"slurmd-{name.split(':', 1)[1]}.log" if name.startswith("slurmd:") else "munged.log")
+                logname = (
+                    "slurmctld.log"
+                    if name == "slurmctld"
+                    else (
+                        f"slurmd-{name.split(':', 1)[1]}.log" if name.startswith("slurmd:") else "munged.log"
+                    )
+                )
                 log = self.log_dir / logname
                 tail = ""
                 if log.exists():
@@ -430,7 +491,7 @@ class DevCluster:
         return res.returncode == 0 and "UP" in res.stdout
 
     @classmethod
-    def attach(cls, state_dir: Path | str = DEFAULT_STATE_DIR) -> "DevCluster":
+    def attach(cls, state_dir: Path | str = DEFAULT_STATE_DIR) -> DevCluster:
         """The cluster recorded in state_dir (running or not)."""
         c = cls(ClusterSpec(state_dir=Path(state_dir)))
         path = c.state_dir / "state.json"
@@ -457,12 +518,15 @@ class DevCluster:
         if name.startswith("sg-"):
             return str(self.state_dir) in " ".join(argv)
         prog = name.split(":", 1)[0]
-        return bool(argv) and os.path.basename(argv[0]) == prog and (
-            prog == "munged" or str(self.conf_path) in argv)
+        return (
+            bool(argv)
+            and os.path.basename(argv[0]) == prog
+            and (prog == "munged" or str(self.conf_path) in argv)
+        )
 
     def is_running(self) -> bool:
         st = self._load_state()
-        return bool(st) and any(self._ours(n, p) for n, p in st.pids.items())
+        return st is not None and any(self._ours(n, p) for n, p in st.pids.items())
 
     def _adopt_pidfiles(self, st: _State) -> None:
         """slurmd restarted by the dev RebootProgram has a new pid: read it from
@@ -488,8 +552,12 @@ class DevCluster:
         if any(self._ours(n, p) for n, p in st.pids.items() if n == "slurmctld"):
             self.run(["scancel", "--partition", self.partition], timeout=10)
         services = [n for n in st.pids if n.startswith("sg-")]
-        order = services + [n for n in st.pids if n == "slurmrestd"] + [
-            n for n in st.pids if n.startswith("slurmd:")] + ["slurmctld", "munged"]
+        order = (
+            services
+            + [n for n in st.pids if n == "slurmrestd"]
+            + [n for n in st.pids if n.startswith("slurmd:")]
+            + ["slurmctld", "munged"]
+        )
         for name in order:
             pid = st.pids.get(name)
             if pid is not None and self._ours(name, pid):
@@ -498,8 +566,7 @@ class DevCluster:
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(
-                self._ours(n, p) for n, p in st.pids.items()):
+        while time.monotonic() < deadline and any(self._ours(n, p) for n, p in st.pids.items()):
             time.sleep(0.1)
         for name, pid in st.pids.items():
             if self._ours(name, pid):
@@ -531,21 +598,28 @@ class DevCluster:
             if marker in environ.split(b"\0"):
                 argv = _cmdline(int(entry.name))
                 # never kill the test runner or the CLI that set SLURM_CONF for itself
-                if argv and ("slurmstepd" in argv[0] or "SLURM_JOB_ID=".encode() in environ):
+                if argv and ("slurmstepd" in argv[0] or b"SLURM_JOB_ID=" in environ):
                     try:
                         os.kill(int(entry.name), signal.SIGKILL)
                     except (ProcessLookupError, PermissionError):
                         pass
 
     # ------------------------------------------------------------ helpers for tests/demo
-    def run(self, argv: Sequence[str], timeout: float = 30.0,
-            input: str | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, argv: Sequence[str], timeout: float = 30.0, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         """Run a Slurm command against this cluster (no check, text output)."""
         full = [_which(argv[0]), *argv[1:]]
         try:
-            return subprocess.run(full, env=self.env, capture_output=True, text=True,
-                                  timeout=timeout, input=input,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
+            return subprocess.run(
+                full,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                input=input,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(full, 124, "", f"timed out after {timeout}s")
 
@@ -565,10 +639,22 @@ class DevCluster:
                 return tok.split("=", 1)[1]
         return None
 
-    def wait_job(self, job_id: int, timeout: float = 120.0,
-                 states: Iterable[str] = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                          "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                                          "BOOT_FAIL", "DEADLINE")) -> str:
+    def wait_job(
+        self,
+        job_id: int,
+        timeout: float = 120.0,
+        states: Iterable[str] = (
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "PREEMPTED",
+            "BOOT_FAIL",
+            "DEADLINE",
+        ),
+    ) -> str:
         """Wait until job_id reaches one of `states`; return that state."""
         final = set(states)
         deadline = time.monotonic() + timeout
@@ -628,7 +714,7 @@ class DevCluster:
         if res.returncode != 0:
             raise DevClusterError(f"scontrol reconfigure failed: {res.stderr.strip()}")
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         st = self._load_state()
         if st is None:
             return {"state_dir": str(self.state_dir), "running": False}

@@ -18,9 +18,17 @@ class ConfPaths:
     """HS256 key for JWT authentication (slurmrestd, `scontrol token`); None = munge only."""
 
 
-def render_slurm_conf(*, cluster_name: str, control_host: str, ctld_port: int,
-                      node_ports: dict[str, int], partition: str, cpus_per_node: int,
-                      memory_mb: int, paths: ConfPaths) -> str:
+def render_slurm_conf(
+    *,
+    cluster_name: str,
+    control_host: str,
+    ctld_port: int,
+    node_ports: dict[str, int],
+    partition: str,
+    cpus_per_node: int,
+    memory_mb: int,
+    paths: ConfPaths,
+) -> str:
     """Return slurm.conf text for one slurmctld and len(node_ports) slurmd.
 
     All nodes live on this host (NodeAddr 127.0.0.1) and differ only by port
@@ -38,8 +46,11 @@ def render_slurm_conf(*, cluster_name: str, control_host: str, ctld_port: int,
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={paths.munge_socket}",
-        *([f"AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={paths.jwt_key}"]
-          if paths.jwt_key is not None else []),
+        *(
+            ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={paths.jwt_key}"]
+            if paths.jwt_key is not None
+            else []
+        ),
         f"StateSaveLocation={s}/ctld-state",
         f"SlurmdSpoolDir={s}/spool/%n",
         f"SlurmctldPidFile={s}/run/slurmctld.pid",
@@ -80,8 +91,10 @@ def render_slurm_conf(*, cluster_name: str, control_host: str, ctld_port: int,
     for name, port in node_ports.items():
         lines.append(
             f"NodeName={name} NodeHostname={control_host} NodeAddr=127.0.0.1 Port={port} "
-            f"CPUs={cpus_per_node} RealMemory={memory_mb} State=UNKNOWN")
+            f"CPUs={cpus_per_node} RealMemory={memory_mb} State=UNKNOWN"
+        )
     lines.append(
         f"PartitionName={partition} Nodes={','.join(node_ports)} Default=YES "
-        "MaxTime=INFINITE State=UP OverSubscribe=NO")
+        "MaxTime=INFINITE State=UP OverSubscribe=NO"
+    )
     return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ from typing import Any
 def _ppid(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         text = fh.read()
-    return int(text[text.rindex(")") + 2:].split()[1])
+    return int(text[text.rindex(")") + 2 :].split()[1])
 
 
 def _argv(pid: int) -> list[str]:
@@ -82,8 +82,9 @@ def restart(pid: int, argv: list[str], log: Any, wait_s: float = 30.0) -> int:
         os.kill(pid, signal.SIGKILL)
         time.sleep(0.5)
     new = [argv[0], "-b", *[a for a in argv[1:] if a != "-b"]]
-    proc = subprocess.Popen(new, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                            start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        new, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True
+    )
     return proc.pid
 
 
@@ -134,8 +135,10 @@ def install(cluster: Any) -> Path:
     d = Path(cluster.state_dir) / "devreboot"
     d.mkdir(exist_ok=True)
     path = d / "reboot.sh"
-    path.write_text(f"#!/bin/sh\n# slurmguard devcluster reboot: restart this node's slurmd\n"
-                    f"exec {sys.executable} -m slurmguard_dev.devcluster.devreboot\n")
+    path.write_text(
+        f"#!/bin/sh\n# slurmguard devcluster reboot: restart this node's slurmd\n"
+        f"exec {sys.executable} -m slurmguard_dev.devcluster.devreboot\n"
+    )
     path.chmod(0o755)
     cluster.set_reboot_program(path)
     return path

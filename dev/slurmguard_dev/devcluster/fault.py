@@ -29,9 +29,9 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 from slurmguard_dev.devcluster.cluster import DevCluster, DevClusterError
 
@@ -129,8 +129,10 @@ def find_cpu_cgroup(mounts: Path = Path("/proc/self/mounts")) -> CgroupCpu:
                 return CgroupCpu(where, 2)
         except OSError:
             continue
-    raise FaultError("no writable cgroup hierarchy with the cpu controller (cgroup v1 `cpu` or a "
-                     "cgroup2 mount listing `cpu` in cgroup.controllers); a CPU cap needs one")
+    raise FaultError(
+        "no writable cgroup hierarchy with the cpu controller (cgroup v1 `cpu` or a "
+        "cgroup2 mount listing `cpu` in cgroup.controllers); a CPU cap needs one"
+    )
 
 
 def cluster_tag(cluster: DevCluster) -> str:
@@ -146,8 +148,10 @@ def group_path(cg: CgroupCpu, cluster: DevCluster, node: str) -> Path:
 def slurmd_pid(cluster: DevCluster, node: str) -> int:
     """The running slurmd of `node` (from the cluster's state, checked in /proc)."""
     if node not in cluster.node_names:
-        raise FaultError(f"no node {node!r} in the development cluster in {cluster.state_dir} "
-                         f"(nodes: {', '.join(cluster.node_names)})")
+        raise FaultError(
+            f"no node {node!r} in the development cluster in {cluster.state_dir} "
+            f"(nodes: {', '.join(cluster.node_names)})"
+        )
     pid = cluster.service_pid(f"slurmd:{node}")
     if pid is None:
         raise FaultError(f"slurmd of {node} is not running in {cluster.state_dir}")
@@ -292,16 +296,17 @@ def active_faults(cluster: DevCluster) -> dict[str, CpuCap]:
     return {n: CpuCap(**rec) for n, rec in _load(cluster).items()}
 
 
-def apply_cpu_cap(cluster: DevCluster, node: str, percent: float,
-                  cgroup: CgroupCpu | None = None) -> CpuCap:
+def apply_cpu_cap(cluster: DevCluster, node: str, percent: float, cgroup: CgroupCpu | None = None) -> CpuCap:
     """Cap `node` (its slurmd and all its job-step processes) at `percent` of one CPU.
 
     percent: 1 .. 100 x the host's CPU count. Re-applying changes the cap in place.
     """
     ncpu = os.cpu_count() or 1
     if not (1.0 <= percent <= 100.0 * ncpu):
-        raise FaultError(f"--cpu {percent:g}: the cap is a percentage of one CPU, "
-                         f"from 1 to {100 * ncpu} on this {ncpu}-CPU host")
+        raise FaultError(
+            f"--cpu {percent:g}: the cap is a percentage of one CPU, "
+            f"from 1 to {100 * ncpu} on this {ncpu}-CPU host"
+        )
     cg = cgroup or find_cpu_cgroup()
     daemon = slurmd_pid(cluster, node)
     group = group_path(cg, cluster, node)
@@ -317,17 +322,18 @@ def apply_cpu_cap(cluster: DevCluster, node: str, percent: float,
     # already running, twice, for one that was being forked during the first pass
     moved = _move(cg, group, [daemon])
     for _ in range(2):
-        moved += _move(cg, group, [p for p in step_pids(cluster, node)
-                                   if p not in set(_members(cg, group))])
-    cap = CpuCap(node=node, percent=float(percent), cgroup=str(group), origin=origin,
-                 version=cg.version, moved=moved)
+        moved += _move(cg, group, [p for p in step_pids(cluster, node) if p not in set(_members(cg, group))])
+    cap = CpuCap(
+        node=node, percent=float(percent), cgroup=str(group), origin=origin, version=cg.version, moved=moved
+    )
     faults[node] = asdict(cap)
     _save(cluster, faults)
     return cap
 
 
-def clear_fault(cluster: DevCluster, node: str, cgroup: CgroupCpu | None = None,
-                timeout_s: float = 5.0) -> bool:
+def clear_fault(
+    cluster: DevCluster, node: str, cgroup: CgroupCpu | None = None, timeout_s: float = 5.0
+) -> bool:
     """Undo `node`'s cap: processes back to slurmd's original cgroup, cgroup removed.
 
     Returns False if the node had no fault. Raises FaultError if the cgroup

@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -33,20 +34,30 @@ BUILD = REPO / "spank_plugin" / "build"
 #: Windows and prices for a cluster where a job has 2 ranks and iterations of
 #: a fraction of a second; production defaults assume thousands of GPUs.
 GUARD_DEFAULTS: dict[str, Any] = {
-    "response": {"tiers": {"sustained_s": 10.0, "stall_s": 60.0},
-                 "escalation": {"drain_checkpoint_gpu_s": 0.3, "requeue_gpu_s": 0.6}},
+    "response": {
+        "tiers": {"sustained_s": 10.0, "stall_s": 60.0},
+        "escalation": {"drain_checkpoint_gpu_s": 0.3, "requeue_gpu_s": 0.6},
+    },
     "safety": {"breaker": {"max_nodes": 2, "max_partition_percent": 50.0}},
-    "agent": {"sample_interval_s": 1.0, "report_interval_s": 1.0, "warmup_steps": 5,
-              "baseline_steps": 20},
+    "agent": {"sample_interval_s": 1.0, "report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20},
     "controller": {"cycle_interval_s": 1.0, "report_stale_s": 30.0},
     "detection": {"peers": {"window_s": 3.0, "consecutive_windows": 2}},
     # CPU sweeps of a few seconds (the workloads have the same code path on GPUs)
-    "sweeps": {"device": "cpu", "gemm_duration_s": 1.0, "gemm_dtypes": ["float32"],
-               "gemm_size": 256, "membw_bytes": 16 << 20, "message_sizes_mb": [1, 2],
-               "repeats": 2, "time_limit_min": 5, "bootstrap_min_nodes": 1,
-               "quarantine_reservation_min": 60, "master_addr": "127.0.0.1",
-               # timing on a shared 2-core machine varies 2-3x: only gross faults count
-               "pass_tolerance": 0.85},
+    "sweeps": {
+        "device": "cpu",
+        "gemm_duration_s": 1.0,
+        "gemm_dtypes": ["float32"],
+        "gemm_size": 256,
+        "membw_bytes": 16 << 20,
+        "message_sizes_mb": [1, 2],
+        "repeats": 2,
+        "time_limit_min": 5,
+        "bootstrap_min_nodes": 1,
+        "quarantine_reservation_min": 60,
+        "master_addr": "127.0.0.1",
+        # timing on a shared 2-core machine varies 2-3x: only gross faults count
+        "pass_tolerance": 0.85,
+    },
 }
 
 
@@ -61,8 +72,7 @@ def build_plugin() -> Path:
     """Build the SPANK plugin and hooks if needed; return the build directory."""
     if not (BUILD / "slurmguard_spank.so").exists() or not (BUILD / "libslurmguard_nccl.so").exists():
         src = datafiles.checkout_path("spank_plugin", "Makefile", what="building the SPANK plugin").parent
-        res = subprocess.run(["make", "-s", "-C", str(src)], capture_output=True,
-                             text=True, timeout=300)
+        res = subprocess.run(["make", "-s", "-C", str(src)], capture_output=True, text=True, timeout=300)
         if res.returncode != 0:
             raise DevClusterError(f"building spank_plugin failed: {res.stderr.strip()[-400:]}")
     return BUILD
@@ -71,8 +81,14 @@ def build_plugin() -> Path:
 class Guard:
     """The slurmguard services of one development cluster."""
 
-    def __init__(self, cluster: DevCluster, *, overrides: Mapping[str, Any] | None = None,
-                 sim_profiles: Mapping[str, Any] | None = None, telemetry: str = "sim") -> None:
+    def __init__(
+        self,
+        cluster: DevCluster,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+        sim_profiles: Mapping[str, Any] | None = None,
+        telemetry: str = "sim",
+    ) -> None:
         self.cluster = cluster
         self.state = cluster.state_dir
         self.overrides = overrides or {}
@@ -100,16 +116,26 @@ class Guard:
 
     def write_policy(self) -> dict:
         self.port = self.port or _free_ports(1)[0]
-        data = _merge(GUARD_DEFAULTS, {
-            "database": {"url": self.db_url},
-            "agent": {"ring_root": self.ring_root, "controller_url": self.controller_url,
-                      "secret_file": str(self.keys_dir / "{node}.key"), "telemetry_source": self.telemetry},
-            "controller": {"listen_host": "127.0.0.1", "listen_port": self.port,
-                           "secret_file": str(self.secret_path)},
-            # every slurmd of the dev cluster shares this host's /dev/shm
-            "prolog": {"trace_store": str(self.state / "traces"), "ring_root_shared": True},
-            "sweeps": {"result_dir": str(self.state / "sweeps")},
-        })
+        data = _merge(
+            GUARD_DEFAULTS,
+            {
+                "database": {"url": self.db_url},
+                "agent": {
+                    "ring_root": self.ring_root,
+                    "controller_url": self.controller_url,
+                    "secret_file": str(self.keys_dir / "{node}.key"),
+                    "telemetry_source": self.telemetry,
+                },
+                "controller": {
+                    "listen_host": "127.0.0.1",
+                    "listen_port": self.port,
+                    "secret_file": str(self.secret_path),
+                },
+                # every slurmd of the dev cluster shares this host's /dev/shm
+                "prolog": {"trace_store": str(self.state / "traces"), "ring_root_shared": True},
+                "sweeps": {"result_dir": str(self.state / "sweeps")},
+            },
+        )
         data = _merge(data, self.overrides)
         self.policy_path.write_text(yaml.safe_dump(data, sort_keys=False))
         return data
@@ -129,7 +155,7 @@ class Guard:
         else:
             f.write_text(f"{factor}\n")
 
-    def start(self, fresh: bool = False) -> "Guard":
+    def start(self, fresh: bool = False) -> Guard:
         """Plugin, keys, policy, prolog/epilog, controller and agents up.
         fresh: start clean, as the demo does: an empty database (sweep
         baselines a previous run measured at another machine load are no
@@ -144,13 +170,14 @@ class Guard:
             self.set_sim_profiles({})
         self.inject_dir.mkdir(exist_ok=True)
         if fresh:
-            for name in list(self.inject_dir.glob("*")):
-                name.unlink()
+            for stale in list(self.inject_dir.glob("*")):
+                stale.unlink()
         # /dev/shm is world-writable: a user who made this name first must not own it
         secure_dir(Path(self.ring_root), 0o755)
         self.cluster.set_plugstack(
             f"required {build}/slurmguard_spank.so nccl_hook={build}/libslurmguard_nccl.so "
-            f"torch_hook={datafiles.torch_hook_site()} ring_root={self.ring_root} default=off\n")
+            f"torch_hook={datafiles.torch_hook_site()} ring_root={self.ring_root} default=off\n"
+        )
         # slurmd runs the prolog/epilog with an empty environment: a wrapper
         # points them at this cluster's policy (ring root, trace store)
         env_file = self.state / "slurmguard.env"
@@ -178,13 +205,17 @@ class Guard:
         """The master secret (once) and every node's key, as an admin would install them."""
         from slurmguard.reports import node_key
 
-        for path, data in [(self.secret_path, None)] + [(self.node_key_path(n), n)
-                                                       for n in self.cluster.node_names]:
+        for path, data in [(self.secret_path, None)] + [
+            (self.node_key_path(n), n) for n in self.cluster.node_names
+        ]:
             if data is None and path.exists():
                 continue
             path.parent.mkdir(mode=0o700, exist_ok=True)
-            content = (secrets.token_hex(32).encode() if data is None
-                       else node_key(self.secret_path.read_bytes().strip(), data))
+            content = (
+                secrets.token_hex(32).encode()
+                if data is None
+                else node_key(self.secret_path.read_bytes().strip(), data)
+            )
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
                 os.fchmod(fd, 0o600)
@@ -196,8 +227,11 @@ class Guard:
         return [sys.executable, "-m", "slurmguard.cli", "--policy", str(self.policy_path), *args]
 
     def _env(self) -> dict[str, str]:
-        return {"SLURMGUARD_SIM_PROFILES": f"@{self.sim_profiles_path}",
-                "SLURMGUARD_POLICY": str(self.policy_path), "PYTHONUNBUFFERED": "1"}
+        return {
+            "SLURMGUARD_SIM_PROFILES": f"@{self.sim_profiles_path}",
+            "SLURMGUARD_POLICY": str(self.policy_path),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def start_controller(self, wait_s: float = 30.0) -> None:
         self.cluster.spawn_service("sg-controller", self._cli("controller", "-v"), self._env())
@@ -230,8 +264,9 @@ class Guard:
         from slurmguard.store import Store
 
         before = dict(self.overrides)
-        self.restart_controller(_merge(before, {"sweeps": {"rolling_enabled": True,
-                                                           "rolling_nodes_per_hour": 3600.0}}))
+        self.restart_controller(
+            _merge(before, {"sweeps": {"rolling_enabled": True, "rolling_nodes_per_hour": 3600.0}})
+        )
         deadline = time.monotonic() + timeout_s
         kinds: set[str] = set()
         try:
@@ -243,7 +278,9 @@ class Guard:
                 if {"1node", "2node"} <= kinds and healthy:
                     return sorted({sw.node for sw in passed})
                 time.sleep(1.0)
-            raise DevClusterError(f"bootstrap sweeps did not pass within {timeout_s:g}s (passed: {sorted(kinds)})")
+            raise DevClusterError(
+                f"bootstrap sweeps did not pass within {timeout_s:g}s (passed: {sorted(kinds)})"
+            )
         finally:
             self.restart_controller(before)
             self.cluster.wait_nodes_idle(timeout=60)
@@ -285,5 +322,4 @@ class Guard:
         self.start_controller()
 
     def start_agent(self, node: str) -> None:
-        self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"),
-                                   self._env())
+        self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"), self._env())

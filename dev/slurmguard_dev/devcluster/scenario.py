@@ -19,9 +19,10 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
-from typing import Callable
 
 from slurmguard.slurm.hostlist import expand
 from slurmguard.workloads import SHAPES
@@ -92,8 +93,7 @@ def median(xs: list[float]) -> float:
 
 
 class Scenario:
-    def __init__(self, guard: Guard, say: Callable[[str], None] = print,
-                 workload: str = "ddp") -> None:
+    def __init__(self, guard: Guard, say: Callable[[str], None] = print, workload: str = "ddp") -> None:
         if workload not in SHAPES:
             raise ValueError(f"unknown workload {workload!r}; one of {', '.join(SHAPES)}")
         self.guard = guard
@@ -106,8 +106,16 @@ class Scenario:
         """Checkpoints and per-rank step logs of a job (the cluster's shared state dir)."""
         return Path(self.cluster.state_dir) / f"wl-{job}"
 
-    def submit(self, steps: int, *, guarded: bool = True, nodes: str | None = None,
-               signal: bool = True, ckpt_every: int = 50, exclusive: bool = True) -> int:
+    def submit(
+        self,
+        steps: int,
+        *,
+        guarded: bool = True,
+        nodes: str | None = None,
+        signal: bool = True,
+        ckpt_every: int = 50,
+        exclusive: bool = True,
+    ) -> int:
         """The workload on its own exclusive nodes (GPU training jobs do not share
         nodes; exclusive=False: one CPU per task, so two jobs can share a node).
         signal: say the job handles a checkpoint signal (Slurm's
@@ -128,10 +136,17 @@ class Scenario:
             "srun_pid=$!\n"
             # wait returns above 128 when a trapped signal interrupts it
             "while wait $srun_pid; rc=$?; [ $rc -gt 128 ] && kill -0 $srun_pid 2>/dev/null; do :; done\n"
-            "exit $rc\n")
-        args = [f"-N{lay.nodes}", f"--ntasks-per-node={lay.tasks_per_node}",
-                "--exclusive" if exclusive else "--cpus-per-task=1",
-                "-J", f"wl-{self.workload}", "-o", f"{st}/job-%j.out"]
+            "exit $rc\n"
+        )
+        args = [
+            f"-N{lay.nodes}",
+            f"--ntasks-per-node={lay.tasks_per_node}",
+            "--exclusive" if exclusive else "--cpus-per-task=1",
+            "-J",
+            f"wl-{self.workload}",
+            "-o",
+            f"{st}/job-%j.out",
+        ]
         if guarded:
             args.append("--straggler-guard")
         if signal:
@@ -142,8 +157,9 @@ class Scenario:
             args += ["-w", nodes]
         return self.cluster.sbatch(script, *args)
 
-    def submit_sleep_model(self, iters: int, compute_ms: float = 80.0, *, guarded: bool = True,
-                           nodes: str | None = None) -> int:
+    def submit_sleep_model(
+        self, iters: int, compute_ms: float = 80.0, *, guarded: bool = True, nodes: str | None = None
+    ) -> int:
         """The sleep-modelled DDP job (slurmguard_dev.devcluster.train), a unit-test tool
         for the ring and what-if paths; its log is train-<job>.jsonl."""
         st = self.cluster.state_dir
@@ -151,10 +167,19 @@ class Scenario:
             "#!/bin/bash\n"
             f"srun {sys.executable} -m slurmguard_dev.devcluster.train --iters {iters} "
             f"--compute-ms {compute_ms} --ckpt {st}/ckpt-$SLURM_JOB_ID "
-            f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n")
+            f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n"
+        )
         # train.py checkpoints on SIGUSR1: it asks for slurmguard's checkpoint signal
-        args = ["-N2", "--ntasks-per-node=1", "--exclusive", "-J", "ddp-train", "-o", f"{st}/job-%j.out",
-                "--comment=slurmguard:signal=USR1"]
+        args = [
+            "-N2",
+            "--ntasks-per-node=1",
+            "--exclusive",
+            "-J",
+            "ddp-train",
+            "-o",
+            f"{st}/job-%j.out",
+            "--comment=slurmguard:signal=USR1",
+        ]
         if guarded:
             args.append("--straggler-guard")
         if nodes:
@@ -208,9 +233,8 @@ class Scenario:
     @staticmethod
     def epoch(at) -> float:
         """An audit timestamp as epoch seconds (the store keeps UTC)."""
-        from datetime import timezone
 
-        return (at if at.tzinfo else at.replace(tzinfo=timezone.utc)).timestamp()
+        return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
     def wait(self, pred, timeout: float, what: str, interval: float = 0.5):
         deadline = time.monotonic() + timeout
@@ -219,8 +243,7 @@ class Scenario:
             if v:
                 return v
             time.sleep(interval)
-        raise ScenarioError(f"timed out after {timeout:g}s waiting for {what}"
-                            + self._actions_note())
+        raise ScenarioError(f"timed out after {timeout:g}s waiting for {what}" + self._actions_note())
 
     def _actions_note(self) -> str:
         """What slurmguard did so far, for an error message (empty if nothing)."""
@@ -228,27 +251,30 @@ class Scenario:
 
         try:
             with Store.open(self.guard.db_url) as store:
-                acts = [e for e in store.audit_entries()
-                        if e.action in ("drain", "requeue", "signal", "comment")]
+                acts = [
+                    e for e in store.audit_entries() if e.action in ("drain", "requeue", "signal", "comment")
+                ]
         except Exception:  # noqa: BLE001 - only decorates a message
             return ""
         if not acts:
             return ""
         return "; slurmguard had acted: " + "; ".join(
-            f"{e.action} {e.node or 'job ' + str(e.job_id)} ({e.reason})" for e in acts[:3])
+            f"{e.action} {e.node or 'job ' + str(e.job_id)} ({e.reason})" for e in acts[:3]
+        )
 
     def wait_steps(self, job: int, n: int, restart: int = 0, timeout: float = 180.0) -> list[dict]:
         """Wait until run `restart` of the job has logged n steps; return them."""
-        return self.wait(lambda: (r := [e for e in self.log(job) if e["restart"] == restart])
-                         and len(r) >= n and r, timeout,
-                         f"job {job} (restart {restart}) to log {n} steps")
+        return self.wait(
+            lambda: (r := [e for e in self.log(job) if e["restart"] == restart]) and len(r) >= n and r,
+            timeout,
+            f"job {job} (restart {restart}) to log {n} steps",
+        )
 
     # ---------------------------------------------------------------- faults
     def inject(self, node: str, factor: float, measure_s: float = 3.0) -> tuple[float, float]:
         """Cap `node` so its steps take about `factor` x as long; return (CPUs used, cap %)."""
         if not fault.step_pids(self.cluster, node):
-            raise ScenarioError(f"no job step runs on {node}: nothing to slow down"
-                                + self._actions_note())
+            raise ScenarioError(f"no job step runs on {node}: nothing to slow down" + self._actions_note())
         use = fault.step_cpu_use(self.cluster, node, measure_s)
         cap = fault.cap_for_slowdown(use, factor)
         fault.apply_cpu_cap(self.cluster, node, cap)
@@ -258,11 +284,19 @@ class Scenario:
         fault.clear_fault(self.cluster, node)
 
     # ---------------------------------------------------------------- the story
-    def run(self, factor: float = SEVERE, steps: int = 400, baseline_steps: int = 60,
-            wait_completion: bool = True, telemetry: bool = True) -> ScenarioResult:
+    def run(
+        self,
+        factor: float = SEVERE,
+        steps: int = 400,
+        baseline_steps: int = 60,
+        wait_completion: bool = True,
+        telemetry: bool = True,
+    ) -> ScenarioResult:
         job = self.submit(steps)
-        self.say(f"submitted guarded {self.workload} job {job} (sbatch --straggler-guard, "
-                 f"python -m slurmguard.workloads {self.workload}, gloo)")
+        self.say(
+            f"submitted guarded {self.workload} job {job} (sbatch --straggler-guard, "
+            f"python -m slurmguard.workloads {self.workload}, gloo)"
+        )
         warm = self.wait_steps(job, baseline_steps)
         early = self._actions_note()
         if early:
@@ -270,34 +304,43 @@ class Scenario:
         nodes = self.job_nodes(job)
         res = ScenarioResult(job=job, workload=self.workload, slow_node=nodes[-1], factor=factor)
         res.healthy_step_s = median([r["step_s"] for r in warm[10:]])
-        self.say(f"job {job} runs on {', '.join(nodes)}: {len(warm)} steps, "
-                 f"healthy step {res.healthy_step_s * 1000:.0f} ms (the job's own log)")
+        self.say(
+            f"job {job} runs on {', '.join(nodes)}: {len(warm)} steps, "
+            f"healthy step {res.healthy_step_s * 1000:.0f} ms (the job's own log)"
+        )
         res.cpu_use, res.cap_percent = self.inject(res.slow_node, factor)
         res.t_inject = time.time()
         res.inject_index = len(self.log(job))
         if telemetry:
             self.guard.set_sim_profiles({res.slow_node: "thermal_throttle"})
-        self.say(f"injected a fail-slow on {res.slow_node}: its slurmd and job processes capped at "
-                 f"{res.cap_percent:.0f}% of a CPU (they used {res.cpu_use:.2f} CPUs: about "
-                 f"{factor:g}x slower steps; the job is not told)"
-                 + ("; sim telemetry: thermal throttling (hot GPU, low SM clock)" if telemetry else ""))
+        self.say(
+            f"injected a fail-slow on {res.slow_node}: its slurmd and job processes capped at "
+            f"{res.cap_percent:.0f}% of a CPU (they used {res.cpu_use:.2f} CPUs: about "
+            f"{factor:g}x slower steps; the job is not told)"
+            + ("; sim telemetry: thermal throttling (hot GPU, low SM clock)" if telemetry else "")
+        )
         rec = self.wait(lambda: self.drain(res.slow_node), 180, f"{res.slow_node} to be drained")
         res.t_drain = self.epoch(rec.at)
         res.drain_reason = rec.reason or ""
         entries = self.log(job)
-        after = [e for e in entries[res.inject_index:] if e["t"] <= res.t_drain]
+        after = [e for e in entries[res.inject_index :] if e["t"] <= res.t_drain]
         res.iterations_to_drain = len(after)
-        self.say(f"detected and drained {res.slow_node} after {res.detection_delay_s:.1f}s "
-                 f"({res.iterations_to_drain} iterations): Reason={res.drain_reason}")
+        self.say(
+            f"detected and drained {res.slow_node} after {res.detection_delay_s:.1f}s "
+            f"({res.iterations_to_drain} iterations): Reason={res.drain_reason}"
+        )
         res.slow_step_s = median([e["step_s"] for e in after[2:]] or [e["step_s"] for e in after])
-        res.step_series = [e["step_s"] for e in entries[:res.inject_index] if e["restart"] == 0] + \
-            [e["step_s"] for e in after]
+        res.step_series = [e["step_s"] for e in entries[: res.inject_index] if e["restart"] == 0] + [
+            e["step_s"] for e in after
+        ]
         self.wait(lambda: int(self.job_field(job, "Restarts") or 0) >= 1 or None, 120, "the requeue")
         res.t_requeue = time.time()
-        self.say(f"requeued job {job} (restarts={self.job_field(job, 'Restarts')}); steps on "
-                 f"{res.slow_node} had gone {res.slow_step_s * 1000:.0f} ms "
-                 f"({res.achieved_factor:.2f}x); it resumes from its checkpoint on nodes without "
-                 f"{res.slow_node}")
+        self.say(
+            f"requeued job {job} (restarts={self.job_field(job, 'Restarts')}); steps on "
+            f"{res.slow_node} had gone {res.slow_step_s * 1000:.0f} ms "
+            f"({res.achieved_factor:.2f}x); it resumes from its checkpoint on nodes without "
+            f"{res.slow_node}"
+        )
         self.clear(res.slow_node)
         if telemetry:
             self.guard.set_sim_profiles({})
@@ -306,4 +349,3 @@ class Scenario:
             res.final_nodes = self.job_nodes(job)
             self.say(f"job {job} {res.final_state} on {', '.join(res.final_nodes)}")
         return res
-

@@ -30,17 +30,25 @@ def main(argv: list[str] | None = None) -> NoReturn:
     ap = argparse.ArgumentParser(prog="slurmguard_dev.devcluster.train")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--work", type=int, default=2, help="real matmuls (64x256 @ 256x256) per iteration")
-    ap.add_argument("--compute-ms", type=float, default=80.0,
-                    help="modelled accelerator time per iteration (ms), spent asleep: a GPU's "
-                         "kernels do not use the host CPU either, and sleeping keeps step times "
-                         "steady on a busy development machine")
+    ap.add_argument(
+        "--compute-ms",
+        type=float,
+        default=80.0,
+        help="modelled accelerator time per iteration (ms), spent asleep: a GPU's "
+        "kernels do not use the host CPU either, and sleeping keeps step times "
+        "steady on a busy development machine",
+    )
     ap.add_argument("--ckpt", type=Path, required=True, help="checkpoint directory (shared)")
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--inject-dir", type=Path, default=None)
-    ap.add_argument("--microbatches", type=int, default=0,
-                    help="global batch in micro-batches (M); >0 splits --compute-ms over them and "
-                         "follows the controller's plan (opt in with --comment=slurmguard:mitigate,"
-                         "microbatches=M and SLURMGUARD_CONTROLLER_URL)")
+    ap.add_argument(
+        "--microbatches",
+        type=int,
+        default=0,
+        help="global batch in micro-batches (M); >0 splits --compute-ms over them and "
+        "follows the controller's plan (opt in with --comment=slurmguard:mitigate,"
+        "microbatches=M and SLURMGUARD_CONTROLLER_URL)",
+    )
     ap.add_argument("--plan-every", type=int, default=10, help="steps between plan polls")
     ap.add_argument("--log", type=Path, default=None, help="JSON lines of per-iteration times (rank 0)")
     args = ap.parse_args(argv)
@@ -73,7 +81,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     x = torch.randn(64, 256)
     y = torch.randint(0, 8, (64,))
     w = torch.randn(256, 256)
-    log = open(args.log, "a") if (args.log and rank == 0) else None
+    # open for the whole loop, closed after it
+    log = open(args.log, "a") if (args.log and rank == 0) else None  # noqa: SIM115
     poller = None
     if args.microbatches:
         from slurmguard.mitigate.client import PlanClient
@@ -112,9 +121,19 @@ def main(argv: list[str] | None = None) -> NoReturn:
         loss.backward()
         opt.step()
         if log is not None:
-            log.write(json.dumps({"iter": it, "t": time.time(), "step_s": time.perf_counter() - t0,
-                                  "node": node, "microbatches": count,
-                                  "plan": plan.version if args.microbatches and plan else None}) + "\n")
+            log.write(
+                json.dumps(
+                    {
+                        "iter": it,
+                        "t": time.time(),
+                        "step_s": time.perf_counter() - t0,
+                        "node": node,
+                        "microbatches": count,
+                        "plan": plan.version if args.microbatches and plan else None,
+                    }
+                )
+                + "\n"
+            )
             log.flush()
         if (it + 1) % args.ckpt_every == 0 or want_ckpt["now"]:
             if rank == 0:

@@ -13,19 +13,22 @@ library until it imports torch itself.
 
 import os
 import sys
+from types import ModuleType
 
 
-def _load(name, path):
+def _load(name: str, path: str) -> ModuleType:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a loadable Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def _start_hook():
+def _start_hook() -> None:
     if not os.environ.get("SLURMGUARD_RING_DIR"):
         return
     try:
@@ -37,7 +40,7 @@ def _start_hook():
         sys.stderr.write(f"slurmguard: torch.distributed timing off: {exc!r}\n")
 
 
-def _chain():
+def _chain() -> None:
     import importlib.machinery
     import importlib.util
 
@@ -52,7 +55,8 @@ def _chain():
     except Exception as exc:
         # what site.py prints for a failing sitecustomize
         sys.stderr.write(
-            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
+            f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n"
+        )
         return
     sys.modules["sitecustomize"] = module
 

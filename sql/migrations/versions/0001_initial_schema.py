@@ -37,14 +37,10 @@ def _ts(name: str, nullable: bool = False) -> sa.Column:
 
 def _big_id() -> sa.Column:
     # BIGINT ids on PostgreSQL; SQLite only autoincrements INTEGER primary keys.
-    return sa.Column(
-        "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-    )
+    return sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False)
 
 
-def _node_fk(
-    table: str, column: str = "node_id", ondelete: str = "CASCADE"
-) -> sa.ForeignKeyConstraint:
+def _node_fk(table: str, column: str = "node_id", ondelete: str = "CASCADE") -> sa.ForeignKeyConstraint:
     return sa.ForeignKeyConstraint(
         [column],
         ["nodes.id"],
@@ -85,15 +81,11 @@ def upgrade() -> None:
             _in("from_state", STATES, nullable=True),
             name=op.f("ck_node_transitions_from_state"),
         ),
-        sa.CheckConstraint(
-            _in("to_state", STATES), name=op.f("ck_node_transitions_to_state")
-        ),
+        sa.CheckConstraint(_in("to_state", STATES), name=op.f("ck_node_transitions_to_state")),
         _node_fk("node_transitions"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_node_transitions")),
     )
-    op.create_index(
-        "ix_node_transitions_node_at", "node_transitions", ["node_id", "at"]
-    )
+    op.create_index("ix_node_transitions_node_at", "node_transitions", ["node_id", "at"])
 
     op.create_table(
         "incidents",
@@ -150,9 +142,7 @@ def upgrade() -> None:
         "telemetry_summaries",
         ["node_id", "signal", "window_end"],
     )
-    op.create_index(
-        "ix_telemetry_summaries_window_end", "telemetry_summaries", ["window_end"]
-    )
+    op.create_index("ix_telemetry_summaries_window_end", "telemetry_summaries", ["window_end"])
 
     op.create_table(
         "step_time_summaries",
@@ -196,9 +186,7 @@ def upgrade() -> None:
         sa.Column("metrics", sa.JSON(), nullable=False),
         sa.Column("verdict", sa.String(8), nullable=False),
         sa.Column("failure_reason", sa.Text(), nullable=True),
-        sa.CheckConstraint(
-            _in("kind", ("1node", "2node")), name=op.f("ck_sweeps_kind")
-        ),
+        sa.CheckConstraint(_in("kind", ("1node", "2node")), name=op.f("ck_sweeps_kind")),
         sa.CheckConstraint(
             _in("verdict", ("pending", "pass", "fail", "error")),
             name=op.f("ck_sweeps_verdict"),
@@ -208,9 +196,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sweeps")),
     )
     op.create_index("ix_sweeps_node_created", "sweeps", ["node_id", "created_at"])
-    op.create_index(
-        "ix_sweeps_class_kind_verdict", "sweeps", ["hw_class", "kind", "verdict"]
-    )
+    op.create_index("ix_sweeps_class_kind_verdict", "sweeps", ["hw_class", "kind", "verdict"])
     op.create_index("ix_sweeps_slurm_job_id", "sweeps", ["slurm_job_id"])
 
     op.create_table(
