@@ -151,34 +151,34 @@ def _job(slowdown=0.5, onset=0.0, gpus=8, stalled=0.0):
 
 
 def test_decide_gates_the_slurm_tier_by_price_and_never_exceeds_the_called_tier():
-    from slurmguard.respond.escalation import accumulated_cost_gpu_s, decide
+    from slurmguard.respond.escalation import accumulated_cost_gpu_s, gate
     from slurmguard.respond.tiers import Tier
 
     a = _job()  # 0.5 s x 8 GPUs per 1.5 s iteration: 8/3 GPU-s per second
     assert accumulated_cost_gpu_s(a, 1.5 * 450) == pytest.approx(1800.0)
-    assert decide(a, Tier.REQUEUE, POLICY, 1.5 * 449).tier is Tier.NONE
-    assert decide(a, Tier.REQUEUE, POLICY, 1.5 * 450).tier is Tier.DRAIN
-    assert decide(a, Tier.REQUEUE, POLICY, 1.5 * 900).tier is Tier.REQUEUE
-    assert decide(a, Tier.DRAIN, POLICY, 1.5 * 900).tier is Tier.DRAIN  # the impact caps the tier
-    assert decide(a, Tier.VERIFY, POLICY, 1e9).tier is Tier.VERIFY
+    assert gate(a, Tier.REQUEUE, POLICY, 1.5 * 449).tier is Tier.NONE
+    assert gate(a, Tier.REQUEUE, POLICY, 1.5 * 450).tier is Tier.DRAIN
+    assert gate(a, Tier.REQUEUE, POLICY, 1.5 * 900).tier is Tier.REQUEUE
+    assert gate(a, Tier.DRAIN, POLICY, 1.5 * 900).tier is Tier.DRAIN  # the impact caps the tier
+    assert gate(a, Tier.VERIFY, POLICY, 1e9).tier is Tier.VERIFY
     # a stall makes no progress: the requeue it calls for is not gated
-    assert decide(_job(stalled=5.0), Tier.REQUEUE, POLICY, 0.0).tier is Tier.REQUEUE
+    assert gate(_job(stalled=5.0), Tier.REQUEUE, POLICY, 0.0).tier is Tier.REQUEUE
 
 
 def test_decide_names_the_costliest_due_in_job_action_once():
-    from slurmguard.respond.escalation import InJob, decide
+    from slurmguard.respond.escalation import InJob, gate
     from slurmguard.respond.tiers import Tier
 
     a = _job()
-    assert decide(a, Tier.DRAIN, POLICY, 1.5 * 14).in_job is None
-    assert decide(a, Tier.DRAIN, POLICY, 1.5 * 15).in_job is None  # not opted in: Slurm tiers only
-    d = decide(a, Tier.DRAIN, POLICY, 1.5 * 15, in_job=InJob(pp=2))
+    assert gate(a, Tier.DRAIN, POLICY, 1.5 * 14).in_job is None
+    assert gate(a, Tier.DRAIN, POLICY, 1.5 * 15).in_job is None  # not opted in: Slurm tiers only
+    d = gate(a, Tier.DRAIN, POLICY, 1.5 * 15, in_job=InJob(pp=2))
     assert d.tier is Tier.NONE and d.in_job is Action.REBALANCE and d.skipped == ()
-    assert decide(a, Tier.DRAIN, POLICY, 1.5 * 20, in_job=InJob(pp=2), taken=["rebalance"]).in_job is None
-    d = decide(a, Tier.DRAIN, POLICY, 1.5 * 150, in_job=InJob(pp=2))
+    assert gate(a, Tier.DRAIN, POLICY, 1.5 * 20, in_job=InJob(pp=2), taken=["rebalance"]).in_job is None
+    d = gate(a, Tier.DRAIN, POLICY, 1.5 * 150, in_job=InJob(pp=2))
     assert d.in_job is Action.RETOPOLOGY and d.skipped == (Action.REBALANCE,)
-    assert decide(a, Tier.DRAIN, POLICY, 1.5 * 150, in_job=InJob(pp=3)).in_job is None  # 8 GPUs % 3
-    assert decide(a, Tier.DRAIN, POLICY, 1.5 * 450, in_job=InJob(pp=2)).in_job is None  # drain due
+    assert gate(a, Tier.DRAIN, POLICY, 1.5 * 150, in_job=InJob(pp=3)).in_job is None  # 8 GPUs % 3
+    assert gate(a, Tier.DRAIN, POLICY, 1.5 * 450, in_job=InJob(pp=2)).in_job is None  # drain due
 
 
 def test_iterations_to_pay_is_the_rule_inverted():

@@ -175,8 +175,10 @@ def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
     use, cap = sc.inject(slow, MODERATE)
     t_inject = time.time()
     t_drain = _drained_after(run, sc, slow, t_inject, MODERATE_S)
-    print(f"\n{workload} moderate: {slow} capped at {cap:.0f}% (used {use:.2f} CPUs); "
-          f"drained {t_drain - t_inject:.1f}s after injection")
+    print(
+        f"\n{workload} moderate: {slow} capped at {cap:.0f}% (used {use:.2f} CPUs); "
+        f"drained {t_drain - t_inject:.1f}s after injection"
+    )
     wait_for(lambda: run.audit("signal"), 60, "checkpoint signal")
     # the job checkpoints on the signal (ckpt_every=0: no periodic ones)
     wait_for(lambda: any(e["ckpt_s"] > 0 for e in sc.log(job)), 60, "the checkpoint on SIGUSR1")

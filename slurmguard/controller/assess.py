@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 
@@ -55,14 +56,14 @@ ATTRIBUTION = 0.5
 TRIM = 0.2
 
 
-def _since(steps, since: float | None):
+def _since(steps: Any, since: float | None) -> Any:
     """The iterations of a rank's window that ended after `since` (all for None)."""
     if hasattr(steps, "since"):  # the controller's compact window (controller.fleet.StepWindow)
         return steps.since(since)
     return steps if since is None else [s for s in steps if s.end > since]
 
 
-def _recent(r: RankReport, since: float | None, n: int):
+def _recent(r: RankReport, since: float | None, n: int) -> Any:
     """The rank's last n iterations that ended after `since`."""
     return _since(r.steps[-n:], since)
 
@@ -72,8 +73,9 @@ def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
     (the same column is about the same time) and NaN-padded; the controller's
     compact windows of one length are stacked without a Python loop."""
     arrays = [getattr(w, "columns", None) for w in windows]
-    if all(a is not None for a in arrays) and len({a.shape for a in arrays}) == 1:
-        a = np.stack(arrays)  # (ranks, 3, n): end, step_s, comm_s
+    packed = [a for a in arrays if a is not None]
+    if len(packed) == len(arrays) and len({a.shape for a in packed}) == 1:
+        a = np.stack(packed)  # (ranks, 3, n): end, step_s, comm_s
         return a[:, 1, :], a[:, 2, :]
     width = max(len(w) for w in windows)
     step = np.full((len(windows), width), np.nan)
@@ -120,7 +122,7 @@ def _judge_steps(
     """
     cfg = DetectorConfig.from_policy(policy)
 
-    def window(r: RankReport):
+    def window(r: RankReport) -> Any:
         steps = _since(r.steps, since)
         if since is None and len(r.steps) == r.total_steps:
             steps = steps[cfg.warmup :]  # the window starts at the job's start: skip its warm-up
@@ -143,7 +145,7 @@ def _judge_steps(
     if not rows:
         return None, None, 0
     x, _ = _columns([steps for _, steps in rows])
-    quick = _within_baseline(x, [r.baseline_step_s for r, _ in rows], policy)
+    quick = _within_baseline(x, [float(r.baseline_step_s or 0.0) for r, _ in rows], policy)
     if quick is not None:
         return quick, None, len(rows)
     det = StepDetector(
@@ -475,8 +477,8 @@ def assess_job(
         )
     if stalled > 0:
         # Mycroft: a stall names the rank with the least progress
-        n, r = min(
-            ((n, r) for n, r in ranks if r.last_progress is not None), key=lambda nr: nr[1].last_progress
+        n, r, last = min(
+            ((n, r, r.last_progress) for n, r in ranks if r.last_progress is not None), key=lambda x: x[2]
         )
         found.append(
             Finding(
@@ -488,10 +490,10 @@ def assess_job(
                 (
                     Measure("quiet_s", stalled, "s", tiers.stall_s),
                     Measure("baseline_s", baseline, "s/step"),
-                    Measure("least_progress_age_s", now - r.last_progress, "s"),
+                    Measure("least_progress_age_s", now - last, "s"),
                 ),
                 onset=max(progress),
-                text=f"rank {r.rank} made the least progress (last collective {now - r.last_progress:.0f}s ago)",
+                text=f"rank {r.rank} made the least progress (last collective {now - last:.0f}s ago)",
             )
         )
     by_key = {(n, r.rank): r for n, r in ranks}

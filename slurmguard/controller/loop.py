@@ -31,7 +31,7 @@ from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
 from slurmguard.reports import JobReport
 from slurmguard.respond.actions import ActionExecutor
-from slurmguard.respond.escalation import Action, Decision, InJob, decide
+from slurmguard.respond.escalation import Action, Decision, InJob, gate
 from slurmguard.respond.safety import SafetyGate
 from slurmguard.respond.tiers import JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
@@ -340,7 +340,7 @@ class Controller:
         if a.onset is None or onset < a.onset:
             a = replace(a, onset=onset)
         want = job_options(job.comment).mitigate
-        decision = decide(
+        decision = gate(
             a,
             tier,
             self.policy.response.escalation,

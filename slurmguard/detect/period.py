@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -387,7 +388,7 @@ def find_iterations(
             repeats[k] = bool(np.count_nonzero(r[:-k] == r[k:]) >= p.acf_threshold * (r.size - k))
         return repeats[k]
 
-    def place(k: int) -> tuple[int, int, np.ndarray] | None | bool:
+    def place(k: int) -> tuple[int, int, np.ndarray] | Literal[False] | None:
         """(phase start, anchor position, gaps) for k ops per iteration; None
         if the gaps do not repeat every k ops; False if too few ops to tell."""
         start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
@@ -399,7 +400,7 @@ def find_iterations(
             return None  # the gaps do not repeat every k ops: not an iteration length
         return start, int(np.argmax(np.median(g, axis=0))), gaps
 
-    def accept(k: int, max_split: int = MAX_SPLIT) -> tuple[int, int] | int | None | bool:
+    def accept(k: int, max_split: int = MAX_SPLIT) -> tuple[int, int] | int | Literal[False] | None:
         """(k, first anchor) if k ops are one iteration; None if the gaps do
         not repeat every k ops; j*k (an int, j <= max_split) if k is a
         fraction of an iteration that repeats every j*k ops; False if there

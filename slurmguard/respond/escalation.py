@@ -17,7 +17,7 @@ Two consumers pick from the due actions:
 - in-job actions (S2 rebalance, S3 retopology) and the per-iteration
   :class:`SkiRentalEscalator`: the costliest due action not yet taken; the
   cheaper ones passed in the same step are dominated and recorded as skipped;
-- the Slurm-side gate (:func:`decide`): the strongest :class:`Tier` up to the
+- the Slurm-side gate (:func:`gate`): the strongest :class:`Tier` up to the
   one the impact calls for (:func:`slurmguard.respond.tiers.classify`) whose
   price is paid. A stall makes no progress, so its rent is unbounded and a
   stall that calls for a requeue skips the gate.
@@ -166,7 +166,7 @@ class Decision:
     skipped: tuple[Action, ...] = ()
 
 
-def decide(
+def gate(
     a: JobAssessment,
     tier: Tier,
     policy: EscalationPolicy,

@@ -1,7 +1,7 @@
 """Response tiers (Guard 4.2): how bad a job's slowdown is.
 
 The tier says what the observed impact calls for; the ski-rental rule
-(slurmguard.respond.escalation.decide) says whether it has cost enough yet to
+(slurmguard.respond.escalation.gate) says whether it has cost enough yet to
 pay for it. The action taken is the cheaper of the two: a severe slowdown that
 has not yet cost the price of a requeue is drained first and requeued once its
 accumulated cost reaches the requeue price.

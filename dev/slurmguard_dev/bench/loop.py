@@ -321,8 +321,8 @@ def bench_loop(
         f"(median/worst); report/cycle interval 1s, drain price 0.3 GPU-s"
     )
     click.echo(
-        f"{'workload':<9}{'step ms':>9}{'slowed':>8}{'drain s':>14}{'iterations':>14}"
-        f"{'BOCD+V it':>12}{'window it':>12}{'false actions':>15}"
+        f"{'workload':<9}  {'step ms':>7}  {'slowed':>8}  {'drain s':>12}  {'iterations':>12}  "
+        f"{'BOCD+V it':>10}  {'window it':>10}  {'false actions':>13}"
     )
     for wl, rows, false in table:
         faulted = [r for r in rows if not r.false_actions]
@@ -330,11 +330,18 @@ def bench_loop(
         step = statistics.median(r.healthy_ms for r in faulted) if faulted else float("nan")
         slowed = statistics.median(r.slow_ms / r.healthy_ms for r in faulted) if faulted else float("nan")
         false_cell = f"{(false or 0) + pre}" + ("" if false is not None else " (no healthy run)")
-        click.echo(
-            f"{wl:<9}{step:>9.0f}{slowed:>7.2f}x{_fmt([r.delay_s for r in faulted], 's'):>14}"
-            f"{_fmt([r.delay_it for r in faulted]):>14}{_fmt([r.bocd_it for r in faulted]):>12}"
-            f"{_fmt([r.sw_it for r in faulted]):>12}{false_cell:>15}"
-        )
+        # cells joined by two spaces: a "(1 missed)" note must not run into the next column
+        cells = [
+            f"{wl:<9}",
+            f"{step:>7.0f}",
+            f"{slowed:>7.2f}x",
+            f"{_fmt([r.delay_s for r in faulted], 's'):>12}",
+            f"{_fmt([r.delay_it for r in faulted]):>12}",
+            f"{_fmt([r.bocd_it for r in faulted]):>10}",
+            f"{_fmt([r.sw_it for r in faulted]):>10}",
+            f"{false_cell:>13}",
+        ]
+        click.echo("  ".join(cells))
     click.echo(
         "false actions: slurmguard actions on healthy jobs (the healthy run, and faulted "
         "runs before their fault)"
