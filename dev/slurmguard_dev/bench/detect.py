@@ -35,14 +35,14 @@ from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard_dev.bench.detect_baselines import Alarm, Report, Score, score, sliding_window
 from slurmguard_dev.bench.detect_scenarios import (
     TEXTURES,
-    Scenario,
+    LabelledSeries,
     load_recorded_dir,
     make_suite,
 )
 from slurmguard_dev.bench.detect_synth import JobSpec, make_job
 
 
-def _matrix(suite: list[Scenario]) -> np.ndarray:
+def _matrix(suite: list[LabelledSeries]) -> np.ndarray:
     """Series as rows, NaN-padded to the longest (a NaN is "no sample")."""
     T = max(s.x.size for s in suite)
     x = np.full((len(suite), T), np.nan)
@@ -51,7 +51,7 @@ def _matrix(suite: list[Scenario]) -> np.ndarray:
     return x
 
 
-def run_detector(suite: list[Scenario], cfg: DetectorConfig) -> tuple[list[Report], float]:
+def run_detector(suite: list[LabelledSeries], cfg: DetectorConfig) -> tuple[list[Report], float]:
     """The step detector on every series; its reports and samples/s (CPU)."""
     x = _matrix(suite)
     det = StepDetector(len(suite), cfg)
@@ -73,7 +73,7 @@ def run_detector(suite: list[Scenario], cfg: DetectorConfig) -> tuple[list[Repor
     return reps, int(np.isfinite(x).sum()) / max(dt, 1e-9)
 
 
-def run_bocd(suite: list[Scenario], policy: BocdPolicy, **kw) -> list[Report]:
+def run_bocd(suite: list[LabelledSeries], policy: BocdPolicy, **kw) -> list[Report]:
     """BatchBocd on every series: verify=False is plain BOCD (every MAP drop)."""
     x = _matrix(suite)
     det = BatchBocd(len(suite), policy, **kw)
@@ -165,7 +165,7 @@ def _row(name: str, s: Score) -> str:
 
 
 def _table(
-    suite: list[Scenario], cfg: DetectorConfig, bp: BocdPolicy, title: str
+    suite: list[LabelledSeries], cfg: DetectorConfig, bp: BocdPolicy, title: str
 ) -> tuple[Score, list[Report], float]:
     click.echo(title)
     click.echo(HEADER)
@@ -188,7 +188,7 @@ def _table(
 RECORDED = checkout_root() / "tests" / "data" / "steptimes"
 
 
-def _recorded(rec: list[Scenario], cfg: DetectorConfig, bp: BocdPolicy, where: str) -> None:
+def _recorded(rec: list[LabelledSeries], cfg: DetectorConfig, bp: BocdPolicy, where: str) -> None:
     """The recorded series: the table with its baselines, then the detector per
     class (what the labels say was done: healthy, shift, transient) and per series."""
     _, reps, _ = _table(rec, cfg, bp, f"recorded series ({len(rec)} files in {where})")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slurmguard_dev.bench.detect_scenarios import Scenario
+from slurmguard_dev.bench.detect_scenarios import LabelledSeries
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class Score:
         return _pct(self.loc_err, 90)
 
 
-def score(name: str, scenarios: list[Scenario], reports: list[Report], max_delay: int = 20) -> Score:
+def score(name: str, scenarios: list[LabelledSeries], reports: list[Report], max_delay: int = 20) -> Score:
     """Score one algorithm's reports on a labelled suite (see `Score`)."""
     s = Score(name)
     for sc, rep in zip(scenarios, reports):

@@ -50,7 +50,7 @@ MIN_DURATION = 30
 
 
 @dataclass(frozen=True)
-class Scenario:
+class LabelledSeries:
     """One labelled series. onsets/recoveries are sample indices; onset i is the
     first slow sample, recovery i the first sample back at the level before.
 
@@ -150,7 +150,7 @@ def _slow(
         clean[lo:hi] *= 1.0 + s
 
 
-def make_scenario(rng: np.random.Generator, kind: str, n: int = 400) -> Scenario:
+def make_scenario(rng: np.random.Generator, kind: str, n: int = 400) -> LabelledSeries:
     if kind not in KINDS:
         raise ValueError(f"unknown scenario kind {kind!r}")
     base = float(np.exp(rng.uniform(np.log(0.05), np.log(5.0))))
@@ -210,12 +210,12 @@ def make_scenario(rng: np.random.Generator, kind: str, n: int = 400) -> Scenario
                 notes["second"] = (second, round(sev2, 3))
         notes["comm"] = comm
     x = clean * noise
-    return Scenario(
+    return LabelledSeries(
         kind, x, tuple(onsets), tuple(recov), sev, tuple(textures), tuple(positives), tuple(excursions), notes
     )
 
 
-def make_suite(n_scenarios: int = 1000, length: int = 400, seed: int = 0) -> list[Scenario]:
+def make_suite(n_scenarios: int = 1000, length: int = 400, seed: int = 0) -> list[LabelledSeries]:
     """A mixed suite with the kind shares of WEIGHTS; deterministic given the seed."""
     rng = np.random.default_rng(seed)
     kinds = rng.choice(KINDS, size=n_scenarios, p=np.asarray(WEIGHTS) / sum(WEIGHTS))
@@ -223,7 +223,7 @@ def make_suite(n_scenarios: int = 1000, length: int = 400, seed: int = 0) -> lis
 
 
 # ---------------------------------------------------------------- recorded series
-def load_recorded(path: str | Path) -> Scenario:
+def load_recorded(path: str | Path) -> LabelledSeries:
     """A recorded step series labelled with its injection (stepfile format).
 
     `# onset:` gives the injection step (repeat it for a second fault), `#
@@ -278,7 +278,7 @@ def load_recorded(path: str | Path) -> Scenario:
             raise InputError(f"{path}: label 'excursion: {v}' is not 'START-STOP'") from None
         excursions.append((a, b))
     tex = tuple(t.strip() for t in (labels.get("textures") or [""])[0].split(",") if t.strip())
-    return Scenario(
+    return LabelledSeries(
         kind,
         x,
         onsets,
@@ -291,6 +291,6 @@ def load_recorded(path: str | Path) -> Scenario:
     )
 
 
-def load_recorded_dir(directory: str | Path) -> list[Scenario]:
+def load_recorded_dir(directory: str | Path) -> list[LabelledSeries]:
     """Every *.csv under `directory` (sorted), as labelled scenarios."""
     return [load_recorded(p) for p in sorted(Path(directory).glob("*.csv"))]
