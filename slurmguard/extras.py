@@ -14,7 +14,6 @@ from slurmguard.errors import SlurmguardError
 EXTRA_OF: dict[str, str] = {
     "pandas": "whatif",  # what-if trace tables
     "pyarrow": "whatif",  # parquet traces
-    "matplotlib": "whatif",  # the what-if worker heatmap (--heatmap)
     "torch": "torch",  # sweep workloads, torch.distributed hook, dev training jobs
     "cvxpy": "plan",  # reference MILP of the micro-batch planner
     "highspy": "plan",

@@ -1,4 +1,4 @@
-"""CLI output (JSON and tables), heatmap PNG, Perfetto timeline, rank-ops adapter."""
+"""CLI output (JSON and tables), heatmap SVG, Perfetto timeline, rank-ops adapter."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def slow_case():
 
 def test_cli_json_has_the_required_keys(tmp_path, slow_case):
     trace, metap = write_case(tmp_path, *slow_case)
-    png, tl = tmp_path / "h.png", tmp_path / "t.json.gz"
+    png, tl = tmp_path / "h.svg", tmp_path / "t.json.gz"
     res = CliRunner().invoke(
         cli,
         [
@@ -67,7 +67,7 @@ def test_cli_json_has_the_required_keys(tmp_path, slow_case):
     assert out["diagnosis"]["pattern"] == "worker"
     assert out["waste"] == pytest.approx(1 - 1 / out["slowdown"])
     assert set(out["step_slowdown"]) == {"10", "11"}
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.read_text().startswith("<svg ")
     with gzip.open(tl) as fh:
         assert "traceEvents" in json.load(fh)
 
@@ -84,15 +84,21 @@ def test_cli_table_and_steps_filter(tmp_path, slow_case):
 
 
 def test_heatmap_image_has_one_cell_per_worker(tmp_path):
-    import matplotlib.image as mpimg
+    import xml.etree.ElementTree as ET
 
     from slurmguard.whatif.heatmap import write_heatmap
 
     m = np.ones((4, 2))
     m[1, 1] = 1.5
-    p = write_heatmap(m, tmp_path / "h.png", title="t")
-    img = mpimg.imread(p)
-    assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+    p = write_heatmap(m, tmp_path / "h.svg", title="t")
+    root = ET.parse(p).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    cells = [r for r in root.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    assert len(cells) == 8
+    tips = {c.find(f"{ns}title").text: c.get("fill") for c in cells}
+    # the slow worker (stage 1, DP rank 1) is the darkest; no slowdown is white
+    assert tips["PP rank (stage) 1, DP rank 1: 1.500"] == "#961414"
+    assert tips["PP rank (stage) 0, DP rank 0: 1.000"] == "#ffffff"
 
 
 def test_timeline_events_cover_both_timelines(slow_case):
@@ -172,7 +178,7 @@ def test_rank_layout_is_megatron_order():
 
 def test_cli_per_step_heatmap_and_exact_workers(tmp_path, slow_case):
     trace, metap = write_case(tmp_path, *slow_case)
-    png = tmp_path / "s.png"
+    png = tmp_path / "s.svg"
     res = CliRunner().invoke(
         cli,
         [
@@ -192,7 +198,7 @@ def test_cli_per_step_heatmap_and_exact_workers(tmp_path, slow_case):
     out = json.loads(res.output)
     exact = out["by_worker_exact"]
     assert max(exact, key=exact.get) == "3"
-    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert png.read_text().startswith("<svg ") and "step 11" in png.read_text()
     res = CliRunner().invoke(
         cli,
         [

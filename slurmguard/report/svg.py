@@ -408,3 +408,82 @@ def deviation_bars(
         f'width="{width}" height="{h}" role="img" aria-label="{escape(title)}">'
         f"<title>{escape(title)}</title>{''.join(p)}</svg>"
     )
+
+
+def matrix_heatmap(
+    values: Sequence[Sequence[float]],
+    *,
+    x_label: str,
+    y_label: str,
+    value_label: str,
+    title: str = "",
+    floor: float = 1.0,
+) -> str:
+    """A standalone SVG of a (rows, cols) matrix, row 0 at the bottom, coloured
+    by how far each value is above `floor` (the what-if worker heatmap: rows =
+    pipeline stages, columns = DP ranks, values = slowdown S_w >= 1). Cells
+    carry their value as a tooltip, and as text when the matrix has at most 64
+    cells; axis ticks are drawn up to 32 rows or columns."""
+    rows = len(values)
+    cols = len(values[0]) if rows else 0
+    flat = [float(v) for row in values for v in row]
+    vmax = max([v - floor for v in flat if math.isfinite(v)] + [1e-3])
+    cell = 36 if rows * cols <= 64 else (18 if max(rows, cols) <= 64 else 8)
+    left, top, bottom = 60, 30 if title else 10, 70
+    w = left + cols * cell + 20
+    h = top + rows * cell + bottom
+    p: list[str] = []
+    if title:
+        p.append(f'<text x="{left}" y="18" font-size="12">{escape(title)}</text>')
+    for r in range(rows):
+        y = top + (rows - 1 - r) * cell
+        for c in range(cols):
+            v = float(values[r][c])
+            x = left + c * cell
+            p.append(
+                f'<rect x="{x}" y="{y}" width="{cell}" height="{cell}" '
+                f'fill="{slowdown_color(v - floor, vmax)}" stroke="#fff" stroke-width="0.5">'
+                f"<title>{escape(y_label)} {r}, {escape(x_label)} {c}: {v:.3f}</title></rect>"
+            )
+            if rows * cols <= 64:
+                dark = v - floor > 0.6 * vmax
+                p.append(
+                    f'<text x="{x + cell / 2:.1f}" y="{y + cell / 2 + 3:.1f}" font-size="9" '
+                    f'text-anchor="middle" fill="{"#fff" if dark else "#000"}">{v:.2f}</text>'
+                )
+    ticks = 11 if cell >= 18 else 8
+    if cols <= 32:
+        for c in range(cols):
+            p.append(
+                f'<text x="{left + c * cell + cell / 2:.1f}" y="{top + rows * cell + 12}" '
+                f'font-size="{ticks}" text-anchor="middle">{c}</text>'
+            )
+    if rows <= 32:
+        for r in range(rows):
+            p.append(
+                f'<text x="{left - 4}" y="{top + (rows - 1 - r) * cell + cell / 2 + 3:.1f}" '
+                f'font-size="{ticks}" text-anchor="end">{r}</text>'
+            )
+    p.append(
+        f'<text x="{left + cols * cell / 2:.1f}" y="{top + rows * cell + 28}" font-size="11" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+        f'<text x="14" y="{top + rows * cell / 2:.1f}" font-size="11" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + rows * cell / 2:.1f})">{escape(y_label)}</text>'
+    )
+    ly = top + rows * cell + 40
+    for i in range(24):
+        v = vmax * i / 23
+        p.append(
+            f'<rect x="{left + i * 8}" y="{ly}" width="8" height="10" fill="{slowdown_color(v, vmax)}"/>'
+        )
+    p.append(
+        f'<text x="{left}" y="{ly + 22}" font-size="9">{floor:g}</text>'
+        f'<text x="{left + 192}" y="{ly + 22}" font-size="9" text-anchor="end">{floor + vmax:.2f}</text>'
+        f'<text x="{left + 200}" y="{ly + 9}" font-size="9">{escape(value_label)}</text>'
+    )
+    w = max(w, left + 200 + 8 * len(value_label) + 10)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
+        f'font-family="sans-serif" role="img" aria-label="{escape(title or value_label)}">'
+        f'<rect width="{w}" height="{h}" fill="#fff"/>{"".join(p)}</svg>\n'
+    )

@@ -54,7 +54,7 @@ def parse_steps(text: str) -> set[int]:
     "--heatmap",
     "heatmap_path",
     type=click.Path(dir_okay=False),
-    help="Write the SMon worker heatmap (PNG) here.",
+    help="Write the SMon worker heatmap (SVG) here.",
 )
 @click.option(
     "--timeline",
