@@ -293,7 +293,7 @@ def test_expected_gpus_from_slurm_conf(tmp_path):
 
 
 def test_expected_gpus_errors_name_the_file(tmp_path):
-    with pytest.raises(ConfigError, match="cannot read slurm.conf"):
+    with pytest.raises(ConfigError, match="missing.conf: slurm.conf not found"):
         expected_gpus(tmp_path / "missing.conf", "n1")
     bad = tmp_path / "slurm.conf"
     bad.write_text("NodeName=n[1-2 Gres=gpu:2\n")

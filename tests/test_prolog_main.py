@@ -89,7 +89,7 @@ def test_unknown_expected_count_is_an_internal_error(tmp_path):
     assert err == (
         f"slurmguard-prolog: node7: gpu_count: internal error (ignored, "
         f"prolog.fail_on_internal_error=false): expected GPU count unknown: "
-        f"{tmp_path / 'nope.conf'}: cannot read slurm.conf: No such file or directory\n"
+        f"{tmp_path / 'nope.conf'}: slurm.conf not found\n"
     )
     code, err, _ = run(policy("prolog:\n  checks: [gpu_count]\n  fail_on_internal_error: true\n"), env)
     assert code == 2 and "internal error (failing, prolog.fail_on_internal_error=true)" in err

@@ -23,7 +23,7 @@ import csv
 import math
 from pathlib import Path
 
-from slurmguard.errors import InputError
+from slurmguard.errors import InputError, read_user_text
 
 #: Longest believable step (seconds, ~11.6 days): above it a value is clock
 #: garbage or a unit mistake, not a step time. The detector ignores such samples.
@@ -40,13 +40,7 @@ def read_step_file(
     A value that is not a step time (NaN, inf, zero, negative, > MAX_STEP_S) is
     an error, or, with skip_invalid, a missing step (kept as NaN, counted).
     """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
+    text = read_user_text(path, "step file")
     out: list[float] = []
     labels: dict[str, list[str]] = {}
     skipped = 0

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
-from slurmguard.errors import ConfigError
+from slurmguard.errors import ConfigError, read_user_text
 from slurmguard.slurm.hostlist import expand
 
 _SUFFIX = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
@@ -53,10 +53,7 @@ def _logical_lines(path: Path, depth: int = 0) -> Iterator[tuple[Path, int, list
     """(file, line number, tokens) for every non-empty line, following Include."""
     if depth > _MAX_INCLUDE_DEPTH:
         raise ConfigError(f"{path}: Include nested more than {_MAX_INCLUDE_DEPTH} deep")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read slurm.conf: {exc.strerror or exc}") from None
+    text = read_user_text(path, "slurm.conf", ConfigError, replace_undecodable=True)
     for no, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:

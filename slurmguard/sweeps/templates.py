@@ -18,7 +18,7 @@ from typing import Literal
 
 from slurmguard import datafiles
 from slurmguard.config import SweepPolicy
-from slurmguard.errors import ConfigError
+from slurmguard.errors import ConfigError, read_user_text
 from slurmguard.names import is_node_name
 
 _PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
@@ -167,10 +167,7 @@ def render_sweep_script(spec: SweepJobSpec, policy: SweepPolicy, template_dir: P
     }
     tdir = template_dir or (Path(wdir) / "templates")
     name = "node_sweep.sbatch" if spec.kind == "node" else "pair_sweep.sbatch"
-    try:
-        text = (tdir / name).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{tdir / name}: cannot read sweep template: {exc.strerror or exc}") from None
+    text = read_user_text(tdir / name, "sweep template", ConfigError)
     return fill_template(text, values, str(tdir / name))
 
 

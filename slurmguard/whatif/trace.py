@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from slurmguard.errors import InputError
+from slurmguard.errors import InputError, read_user_text
 from slurmguard.whatif import optypes
 
 REQUIRED_COLUMNS = (
@@ -157,12 +157,7 @@ def parse_meta(data: Any, source: str) -> JobMeta:
 def load_meta(path: str | Path) -> JobMeta:
     """Read a metadata YAML file (see module docstring)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{p}: metadata file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p}: cannot read metadata: {exc}") from None
+    text = read_user_text(p, "metadata file")
     import yaml
 
     try:
