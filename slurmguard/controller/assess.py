@@ -28,6 +28,7 @@ import numpy as np
 from slurmguard.config import Policy
 from slurmguard.controller import decide
 from slurmguard.controller.links import link_verdict
+from slurmguard.detect.bocd import row_medians
 from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
@@ -170,12 +171,6 @@ def _judge_steps(
     return current, onset, len(rows)
 
 
-def _row_medians(x: np.ndarray) -> np.ndarray:
-    """np.nanmedian(x, axis=1) at np.median's speed when x has no NaN (numpy takes
-    short rows' NaN-aware median through masked arrays: ten times slower)."""
-    return np.nanmedian(x, axis=1) if np.isnan(x).any() else np.median(x, axis=1)
-
-
 def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> float | None:
     """A job whose every judged iteration (x: the ranks' step times, s, one row
     a rank, NaN-padded) is within response.tiers.moderate_slowdown of the job's
@@ -187,7 +182,7 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     limit = (1.0 + policy.response.tiers.moderate_slowdown) * float(np.median(baselines))
     if np.nanmax(x) >= limit:
         return None
-    return float(np.median(_row_medians(x)))
+    return float(np.median(row_medians(x)))
 
 
 def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

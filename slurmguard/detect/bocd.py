@@ -31,6 +31,7 @@ exponentially (a window of about `max_run_length` samples).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from math import lgamma, log, pi
 from typing import Literal
@@ -399,8 +400,8 @@ class BatchBocd:
         cpi = self.pending[rows]
         before = self._window(rows, np.maximum(self.regime_start[rows], cpi - self.W), cpi)
         after = self._window_fwd(rows, cpi, n[rows])
-        lb = _median_rows(before)
-        la = _median_rows(after)
+        lb = row_medians(before)
+        la = row_medians(after)
         rel = la / lb - 1.0
         if self.verify:
             # A real level change moves (nearly) every sample after it; a GC
@@ -447,16 +448,26 @@ class BatchBocd:
 
     def run(self, series: np.ndarray) -> list[ChangePoint]:
         """Feed a (n_series, T) matrix column by column; all verified changes."""
-        series = np.asarray(series, dtype=np.float64)
-        if series.ndim != 2 or series.shape[0] != self.n:
-            raise ValueError(f"expected shape ({self.n}, T), got {series.shape}")
-        out: list[ChangePoint] = []
-        for t in range(series.shape[1]):
-            out.extend(self.update(series[:, t]))
-        return out
+        return feed_columns(self.update, self.n, series)
 
 
-def _median_rows(a: np.ndarray) -> np.ndarray:
+def feed_columns(
+    update: Callable[[np.ndarray], list[ChangePoint]], n: int, series: ArrayLike
+) -> list[ChangePoint]:
+    """Feed an (n, T) matrix (a 1-D series when n is 1) to a detector's update,
+    one column (one iteration of every series) at a time; all changes found."""
+    a = np.asarray(series, dtype=np.float64)
+    if a.ndim == 1 and n == 1:
+        a = a.reshape(1, -1)
+    if a.ndim != 2 or a.shape[0] != n:
+        raise ValueError(f"expected shape ({n}, T), got {a.shape}")
+    out: list[ChangePoint] = []
+    for t in range(a.shape[1]):
+        out.extend(update(a[:, t]))
+    return out
+
+
+def row_medians(a: np.ndarray) -> np.ndarray:
     """Row medians of a NaN-padded 2-D array (np.nanmedian is slow on short rows)."""
     srt = np.sort(a, axis=1)  # NaN sorts last
     m = np.sum(np.isfinite(a), axis=1)

@@ -47,7 +47,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from slurmguard.config import BocdPolicy, Policy
-from slurmguard.detect.bocd import BatchBocd, ChangePoint
+from slurmguard.detect.bocd import BatchBocd, ChangePoint, feed_columns
 from slurmguard.detect.stepfile import MAX_STEP_S
 
 #: Relative noise floor: a constant series still has a defined scale (0.2%).
@@ -366,15 +366,7 @@ class StepDetector:
     # ------------------------------------------------------------------ feed
     def run(self, series: np.ndarray) -> list[ChangePoint]:
         """Feed a (n_series, T) matrix column by column; all verified changes."""
-        series = np.asarray(series, dtype=np.float64)
-        if series.ndim == 1 and self.n == 1:
-            series = series.reshape(1, -1)
-        if series.ndim != 2 or series.shape[0] != self.n:
-            raise ValueError(f"expected shape ({self.n}, T), got {series.shape}")
-        out: list[ChangePoint] = []
-        for t in range(series.shape[1]):
-            out.extend(self.update(series[:, t]))
-        return out
+        return feed_columns(self.update, self.n, series)
 
     def update(self, x: np.ndarray) -> list[ChangePoint]:
         x = np.asarray(x, dtype=np.float64).reshape(-1)
