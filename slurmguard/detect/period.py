@@ -414,32 +414,38 @@ def find_iterations(
                 return j * k
         return k, start + anchor
 
-    chosen = None
-    k = keep_period
-    while chosen is None and k is not None and 1 <= k <= kmax and is_candidate(k):
-        kept = accept(k, KEPT_SPLIT)
-        if isinstance(kept, tuple):
-            chosen = kept
-        # a few parts of one iteration proven since: their whole is kept instead
-        k = kept if isinstance(kept, int) and not isinstance(kept, bool) else None
+    def kept() -> tuple[int, int] | None:
+        """The caller's period (or the whole of a few parts of it proven since)
+        while the ops still fit it."""
+        k = keep_period
+        while k is not None and 1 <= k <= kmax and is_candidate(k):
+            got = accept(k, KEPT_SPLIT)
+            if isinstance(got, tuple):
+                return got
+            # a few parts of one iteration proven since: their whole is kept instead
+            k = got if isinstance(got, int) and not isinstance(got, bool) else None
+        return None
 
-    # Smallest first. A k found to be a fraction of an iteration that repeats
-    # every u ops makes u a unit: the iteration is a multiple of it, so lags
-    # that are not (a 6 beside a pipeline stage's 8 ops: consistent at the
-    # micro-batch level, never a boundary) are not taken when too few ops
-    # exist yet to prove them wrong directly.
-    unit = 1
-    for k in range(1, kmax + 1 if chosen is None else 1):
-        if k % unit or not is_candidate(k):
-            continue
-        got = accept(k)
-        if got is False:
-            break
-        if isinstance(got, tuple):
-            chosen = got
-            break
-        if isinstance(got, int) and not isinstance(got, bool):
-            unit = unit * got // math.gcd(unit, got)
+    def smallest_first() -> tuple[int, int] | None:
+        # A k found to be a fraction of an iteration that repeats every u ops
+        # makes u a unit: the iteration is a multiple of it, so lags that are
+        # not (a 6 beside a pipeline stage's 8 ops: consistent at the
+        # micro-batch level, never a boundary) are not taken when too few ops
+        # exist yet to prove them wrong directly.
+        unit = 1
+        for k in range(1, kmax + 1):
+            if k % unit or not is_candidate(k):
+                continue
+            got = accept(k)
+            if got is False:
+                return None
+            if isinstance(got, tuple):
+                return got
+            if isinstance(got, int):
+                unit = unit * got // math.gcd(unit, got)
+        return None
+
+    chosen = kept() or smallest_first()
     if chosen is None:
         return _per_communicator(ops, p, keep_period) if comm is None else None
     k, first = chosen

@@ -289,6 +289,19 @@ def slowdown_color(v: float | None, vmax: float) -> str:
     return "#961414"
 
 
+#: swatches in a heatmap's colour scale
+LEGEND_STEPS = 24
+
+
+def _colour_scale(x: float, y: float, vmax: float, width: int) -> str:
+    """The slowdown colour scale from 0 to vmax as LEGEND_STEPS swatches `width` wide."""
+    return "".join(
+        f'<rect x="{x + i * width}" y="{y}" width="{width}" height="10" '
+        f'fill="{slowdown_color(vmax * i / (LEGEND_STEPS - 1), vmax)}"/>'
+        for i in range(LEGEND_STEPS)
+    )
+
+
 def heatmap_grid(
     *,
     ident: str,
@@ -328,10 +341,8 @@ def heatmap_grid(
         p.append(f'<a href="{escape(c.href)}">{rect}</a>' if c.href else rect)
     # colour scale legend
     ly = rows * (cell + gap) + 16
-    steps = 24
-    for i in range(steps):
-        v = vmax * i / (steps - 1)
-        p.append(f'<rect x="{5 + i * 10}" y="{ly}" width="10" height="10" fill="{slowdown_color(v, vmax)}"/>')
+    steps = LEGEND_STEPS
+    p.append(_colour_scale(5, ly, vmax, 10))
     p.append(f'<text x="5" y="{ly + 24}" class="tick">0%</text>')
     p.append(
         f'<text x="{5 + steps * 10}" y="{ly + 24}" class="tick" text-anchor="end">&#8805;{vmax:.0%}</text>'
@@ -471,17 +482,13 @@ def matrix_heatmap(
         f'transform="rotate(-90 14 {top + rows * cell / 2:.1f})">{escape(y_label)}</text>'
     )
     ly = top + rows * cell + 40
-    for i in range(24):
-        v = vmax * i / 23
-        p.append(
-            f'<rect x="{left + i * 8}" y="{ly}" width="8" height="10" fill="{slowdown_color(v, vmax)}"/>'
-        )
+    p.append(_colour_scale(left, ly, vmax, 8))
     p.append(
         f'<text x="{left}" y="{ly + 22}" font-size="9">{floor:g}</text>'
-        f'<text x="{left + 192}" y="{ly + 22}" font-size="9" text-anchor="end">{floor + vmax:.2f}</text>'
-        f'<text x="{left + 200}" y="{ly + 9}" font-size="9">{escape(value_label)}</text>'
+        f'<text x="{left + LEGEND_STEPS * 8}" y="{ly + 22}" font-size="9" text-anchor="end">{floor + vmax:.2f}</text>'
+        f'<text x="{left + LEGEND_STEPS * 8 + 8}" y="{ly + 9}" font-size="9">{escape(value_label)}</text>'
     )
-    w = max(w, left + 200 + 8 * len(value_label) + 10)
+    w = max(w, left + LEGEND_STEPS * 8 + 8 + 8 * len(value_label) + 10)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" '
         f'font-family="sans-serif" role="img" aria-label="{escape(title or value_label)}">'

@@ -166,12 +166,11 @@ class Guard:
         build = build_plugin()
         self.write_keys()
         self.write_policy()
-        if fresh or not self.sim_profiles_path.exists():
-            self.set_sim_profiles({})
         self.inject_dir.mkdir(exist_ok=True)
         if fresh:
-            for stale in list(self.inject_dir.glob("*")):
-                stale.unlink()
+            self._clear_simulated_faults()
+        elif not self.sim_profiles_path.exists():
+            self.set_sim_profiles({})
         # /dev/shm is world-writable: a user who made this name first must not own it
         secure_dir(Path(self.ring_root), 0o755)
         self.cluster.set_plugstack(
@@ -300,14 +299,18 @@ class Guard:
             for tok in line.split():
                 if tok.startswith("ReservationName="):
                     c.run(["scontrol", "delete", tok])
-        for name in list(self.inject_dir.glob("*")):
-            name.unlink()
         clear_all(c)
-        self.set_sim_profiles({})
+        self._clear_simulated_faults()
         for node in c.node_names:
             c.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
             c.run(["scontrol", "update", f"NodeName={node}", "Comment="])
         c.wait_nodes_idle(timeout=60)
+
+    def _clear_simulated_faults(self) -> None:
+        """No sweep injections and no simulated telemetry faults."""
+        for name in list(self.inject_dir.glob("*")):
+            name.unlink()
+        self.set_sim_profiles({})
 
     def configure(self, overrides: Mapping[str, Any] | None = None) -> None:
         """A fresh database and a controller on the policy with these overrides."""
