@@ -241,3 +241,38 @@ def test_a_cpu_cap_that_throttles_some_iterations_once_and_some_twice_is_named()
     ]
     _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert list(slow) == ["node2"], why
+
+
+def test_a_throttled_rank_of_fast_steps_is_judged_over_seconds_not_nine_iterations():
+    """A CPU cap on a job of 0.2 s steps: in about half of its iterations the
+    capped rank's compute takes one 100 ms CFS period more (0.12 s, else 0.02 s,
+    as its peer). Its newest 9 iterations happen to hold 2 such: their trimmed
+    mean is within the noise. The localisation window is the last 4 s
+    (LOCALISE_S: 20 iterations) and the 20 before it: both name the node."""
+    from slurmguard.controller.assess import LOCALISE_RECENT, _localise_windows, localise
+
+    stall = [1, 0, 1, 0, 0, 1, 0, 1, 0, 1] * 2  # 10 of 20
+    stall += [1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]  # 7 of 11
+    stall += [0, 0, 1, 0, 0, 0, 1, 0, 0]  # the newest 9: 2
+    capped = [0.02 + 0.1 * x for x in stall]
+    steps = [0.2] * len(stall)
+
+    def paced(r, step_s):  # iterations end step_s apart (a running job's window)
+        steps = [s.model_copy(update={"end": 100.0 + step_s * i}) for i, s in enumerate(r.steps)]
+        return r.model_copy(update={"steps": steps, "total_steps": 400})
+
+    ranks = [
+        ("node1", paced(_dp_rank(0, 0.02, [0.02] * len(stall), steps, base_step=0.07), 0.2)),
+        ("node2", paced(_dp_rank(1, 0.02, capped, steps, base_step=0.07), 0.2)),
+    ]
+    recent, before = _localise_windows(ranks[1][1], None)
+    assert (len(recent), len(before)) == (20, 20)
+    nine = {(n, r.rank): r.steps[-LOCALISE_RECENT:] for n, r in ranks}
+    _, _, slow, why = localise(ranks, nine, POLICY)
+    assert not slow and "within the noise" in why
+    now = ranks[0][1].steps[-1].end + 0.1
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, POLICY, now)
+    assert a is not None and [c.node for c in a.culprits] == ["node2"], a.evidence
+    # a job of 2 s steps: 4 s are 2 iterations, the window stays LOCALISE_RECENT
+    slow_steps = paced(_dp_rank(1, 0.02, capped, [2.0] * len(stall)), 2.0)
+    assert len(_localise_windows(slow_steps, None)[0]) == LOCALISE_RECENT

@@ -180,6 +180,65 @@ def test_cost_gate_waits_until_the_slowdown_has_cost_the_action(sqlite_store, fa
     assert res.actions == [("requeue", str(job))]
 
 
+def test_drained_culprit_is_requeued_off_when_a_later_cycle_names_no_node(sqlite_store, fake_clock):
+    """A severe slowdown drains its node before its cost pays a requeue; when the
+    requeue is paid the cycle's localisation misses (a throttled rank's compute is
+    noisy): the node the incident named and drained still holds, and the job is
+    requeued off it. A node never named is not blamed by that rule."""
+    policy = POLICY.model_copy(
+        update={
+            "response": POLICY.response.model_copy(
+                update={
+                    "escalation": POLICY.response.escalation.model_copy(
+                        update={"drain_checkpoint_gpu_s": 5.0, "requeue_gpu_s": 100.0}
+                    )
+                }
+            )
+        }
+    )
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=30, seq=1)
+    res = ctl.cycle()
+    assert res.actions == [("drain", "node2")]
+    fake_clock.advance(200)  # ~180 slow iterations: 108 GPU-s >= the requeue price
+    now = fake_clock.now()
+    for r, node in enumerate(("node1", "node2")):  # both ranks slow alike: no node named now
+        rk = rank_report(r, now, slow_factor=1.3, slow_iters=59, culprit=False)
+        ctl.fleet.ingest(report(node, job, [rk], 2, now), now)
+    res = ctl.cycle()
+    assert not res.assessments[job].culprits  # this cycle's localisation named nobody
+    assert res.actions == [("requeue", str(job))]
+    assert [e.node for e in sqlite_store.audit_entries(action="drain")] == ["node2"]
+    assert not slurm.node("node1").drained
+
+
+def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_requeue(env):
+    """A job-wide slowdown (no node named: an incident, no action), then a
+    requeue by an admin, then a real fault in the new run: it is drained and
+    requeued like any other (the old incident's restart count must not make
+    this run's requeue look done), and the old incident is resolved."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    for r, node in enumerate(("node1", "node2")):
+        rk = rank_report(r, now, slow_factor=1.3, slow_iters=30, culprit=False)
+        ctl.fleet.ingest(report(node, job, [rk], 1, now), now)
+    assert ctl.cycle().actions == []
+    (old,) = store.incidents(job_id=str(job))
+    assert old.tier == "none" and old.status == IncidentStatus.OPEN
+    slurm.requeue(job)  # an admin's requeue
+    slurm.start_job(["node1", "node2"], job_id=job)
+    clock.advance(60)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=2)
+    res = ctl.cycle()
+    assert ("drain", "node2") in res.actions and ("requeue", str(job)) in res.actions
+    old, new = store.incidents(job_id=str(job))
+    assert old.status == IncidentStatus.RESOLVED and "restarted before any action" in (old.outcome or "")
+    assert new.tier == "requeue" and new.status == IncidentStatus.MITIGATED
+
+
 def healthy_telemetry(node: str, now: float, temp=60.0, clock_mhz=1980.0, power=650.0) -> list:
     return [
         TelemetryRecord(signal=s, value=v, unit=u, timestamp=now - 1, gpu=g)

@@ -65,6 +65,18 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float 
     return t_drain
 
 
+def _requeued(run, sc: Scenario, job: int, within: float = 60) -> None:
+    try:
+        wait_for(lambda: run.audit("requeue"), within, "requeue")
+    except AssertionError as exc:
+        # what the controller did instead, and what Slurm says of the job
+        acts = [(e.action, e.node, e.job_id, e.reason) for e in run.audit()]
+        with run.store() as s:
+            tiers = [(str(i.tier.value), str(i.status.value), i.slowdown, i.outcome) for i in s.incidents()]
+        state = run.cluster.run(["scontrol", "show", "job", "-o", str(job)]).stdout[:400]
+        raise AssertionError(f"{exc}; audit: {acts}; incidents: {tiers}; job: {state}") from None
+
+
 #: not yet reliable on a 2-core CI machine (issue 12, open): the 2d shape's requeue after the
 #: drain, and the moderate tier, where the capped rank's extra compute is near the noise
 #: ("within the noise (2 s.e.)" or no growth seen) in some runs. SLURMGUARD_WORKLOAD_LOOP=1 runs them.
@@ -99,7 +111,7 @@ def _capped_node_drained(run, workload: str, ckpt_every: int = 25) -> None:
     t_inject = time.time()
     n_before = len(sc.log(job))
     t_drain = _drained_after(run, sc, slow, t_inject)
-    wait_for(lambda: run.audit("requeue"), 60, "requeue")
+    _requeued(run, sc, job)
     sc.clear(slow)
     assert [e.node for e in run.audit("drain")] == [slow]
     assert not any(run.node(n)["drained"] for n in run.cluster.node_names if n != slow)

@@ -36,9 +36,16 @@ from slurmguard.reports import RankReport
 from slurmguard.respond.tiers import Culprit, JobAssessment
 
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
-#: iterations whose (trimmed mean) compute localises (a wide window: compute is a
-#: noisier difference of two times than the step itself)
+#: iterations whose (trimmed mean) compute localises, at least (a wide window:
+#: compute is a noisier difference of two times than the step itself)
 LOCALISE_RECENT = 9
+#: ... and at least the iterations of this many seconds (s), up to LOCALISE_MAX of
+#: them: a CPU throttle or a scheduler acts in periods of about 100 ms, so a
+#: throttled rank's compute is short in some iterations and one period longer in
+#: others; a job of fast steps needs a few seconds of them to tell its slow
+#: rank's compute from its peers' (9 iterations of 0.2 s left it within the noise)
+LOCALISE_S = 4.0
+LOCALISE_MAX = 48
 #: a rank's compute is judged only when its baseline compute is at least this
 #: fraction of its baseline step: below it, what the hooks see of its compute
 #: is too thin (a pipeline stage whose receives are untimed) to compare
@@ -50,11 +57,13 @@ OBSERVABLE_COMPUTE = 0.1
 #: job's slowdown when fixing them alone removes more than half of it.
 ATTRIBUTION = 0.5
 #: share of a rank's window cut from each end before averaging its compute
-#: (a trimmed mean): one checkpoint or a scheduler hiccup does not move it,
-#: and unlike the median it follows a CPU cap that throttles some
-#: iterations once, some twice and leaves others alone (the window's compute
-#: is then three clusters, and its median jumps between them)
-TRIM = 0.2
+#: (a trimmed mean), one iteration at least: one checkpoint or a scheduler
+#: hiccup does not move it, and unlike the median it follows a CPU cap that
+#: throttles some iterations once, some twice and leaves others alone (the
+#: window's compute is then clusters, and its median jumps between them). No
+#: more: where the throttle lands in nearly half the iterations, a wider trim
+#: cuts the very iterations that carry the fault
+TRIM = 0.1
 
 
 def _since(steps: Any, since: float | None) -> Any:
@@ -64,9 +73,24 @@ def _since(steps: Any, since: float | None) -> Any:
     return steps if since is None else [s for s in steps if s.end > since]
 
 
-def _recent(r: RankReport, since: float | None, n: int) -> Any:
-    """The rank's last n iterations that ended after `since`."""
-    return _since(r.steps[-n:], since)
+def _localise_windows(r: RankReport, since: float | None) -> tuple[Any, Any]:
+    """(recent, before): the rank's iterations that localise now, and the same
+    span just before them (the sustained check), both ended after `since`.
+    Each is its last LOCALISE_RECENT iterations or, when more ended within
+    LOCALISE_S of its newest, those (LOCALISE_MAX at most)."""
+    steps = _since(r.steps[-2 * LOCALISE_MAX :], since)
+    recent = _tail(steps)
+    return recent, _tail(steps[: len(steps) - len(recent)])
+
+
+def _tail(steps: Any) -> Any:
+    """The iterations of `steps` (oldest first) that localise, see _localise_windows."""
+    n = len(steps)
+    if n <= LOCALISE_RECENT:
+        return steps
+    ends = steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
+    within = n - int(np.searchsorted(ends, ends[-1] - LOCALISE_S, side="right"))
+    return steps[n - min(max(within, LOCALISE_RECENT), LOCALISE_MAX) :]
 
 
 def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +212,7 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
 def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per window (a rank's recent iterations): trimmed mean step (s), trimmed
     mean compute (step - comm, s) and the standard error of the latter (s:
-    winsorized s.d. / ((1 - 2 TRIM) sqrt(m)), Tukey and McLaughlin; inf under
+    winsorized s.d. / ((1 - 2 g/m) sqrt(m)), Tukey and McLaughlin; inf under
     3 iterations), as arrays in one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
     mean_step, _ = _trimmed(step)
@@ -199,7 +223,7 @@ def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise TRIM-trimmed mean of a NaN-padded array and its standard error."""
     m = np.sum(~np.isnan(x), axis=1)
-    g = np.floor(TRIM * m).astype(int)
+    g = np.where(m >= 3, np.maximum(np.floor(TRIM * m), 1), 0).astype(int)
     srt = np.sort(x, axis=1)  # NaN last
     col = np.arange(x.shape[1])[None, :]
     inner = (col >= g[:, None]) & (col < (m - g)[:, None])
@@ -431,23 +455,18 @@ def assess_job(
     if current is None and stalled <= 0:
         return None
 
-    ratios, computes, slow_ranks, why_not = localise(
-        ranks, {(n, r.rank): _recent(r, since, LOCALISE_RECENT) for n, r in ranks}, policy
-    )
+    windows = {(n, r.rank): _localise_windows(r, since) for n, r in ranks}
+    ratios, computes, slow_ranks, why_not = localise(ranks, {k: w[0] for k, w in windows.items()}, policy)
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
         # scheduler can starve one rank for a few seconds, a fault stays
-        _, _, before, _ = localise(
-            ranks,
-            {(n, r.rank): _recent(r, since, 2 * LOCALISE_RECENT)[:-LOCALISE_RECENT] for n, r in ranks},
-            policy,
-        )
+        _, _, before, _ = localise(ranks, {k: w[1] for k, w in windows.items()}, policy)
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
         if not held:
             why_not = (
-                f"{', '.join(sorted(slow_ranks))}: slow over the last {LOCALISE_RECENT} "
-                f"iterations but not the {LOCALISE_RECENT} before (not yet sustained)"
+                f"{', '.join(sorted(slow_ranks))}: slow over its last iterations "
+                f"but not those before (not yet sustained)"
             )
         slow_ranks = held
     # the detectors' output: typed findings; controller.decide turns them into the assessment

@@ -33,7 +33,7 @@ from slurmguard.reports import JobReport
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.respond.escalation import Action, Decision, InJob, gate
 from slurmguard.respond.safety import SafetyGate
-from slurmguard.respond.tiers import JobAssessment, Tier, classify
+from slurmguard.respond.tiers import Culprit, JobAssessment, Tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
@@ -50,6 +50,8 @@ if TYPE_CHECKING:  # metrics imports this module (for its annotations)
     from slurmguard.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
+#: at most one "slow, no node named" log line per job this often (s)
+UNNAMED_LOG_S = 10.0
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
@@ -106,6 +108,8 @@ class Controller:
         self._known_nodes: set[str] = set()
         self._scored_until = clock.now()
         self._flags: dict[str, list[PeerFlag]] = {}
+        #: job -> when its "slow but no node named" was last logged (Unix s)
+        self._unnamed_said: dict[int, float] = {}
         self.breaker_open = False
         self.plans = PlanBook()
 
@@ -152,6 +156,7 @@ class Controller:
         partitions = self._partitions(nodes)
         slow_nodes: set[str] = set()
         index = self.fleet.job_index(now)
+        self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
         live = self._live_incidents()
         for job_id in sorted(index):
             job = jobs.get(job_id)
@@ -204,6 +209,16 @@ class Controller:
         tier = classify(a, self.policy.response.tiers, now)
         if tier >= Tier.DRAIN:
             slow_nodes.update(c.node for c in a.culprits)
+            if not a.culprits and now - self._unnamed_said.get(job.job_id, -UNNAMED_LOG_S) >= UNNAMED_LOG_S:
+                # the incident keeps what was seen at first detection; the log says
+                # why a slow job still has no node named, as that changes
+                self._unnamed_said[job.job_id] = now
+                log.info(
+                    "job %d: step %+.0f%%, no node named: %s",
+                    job.job_id,
+                    100 * a.slowdown,
+                    a.evidence.get("localisation") or "stalled, no rank to blame",
+                )
         self._respond(a, tier, job, nodes, partitions, incident, now, res)
 
     def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:
@@ -307,6 +322,18 @@ class Controller:
             if a.onset is None or a.onset <= float(incident.evidence["requeued_at"]):
                 return  # the slowdown of the run we already requeued
             incident = None  # a new slowdown in the restarted run: a new incident
+        elif (
+            incident is not None
+            and _tier_of(incident.tier) < Tier.DRAIN
+            and job.restarts > int(incident.evidence.get("restarts_at_detection", job.restarts))
+        ):
+            # nothing was done about it and the job has restarted since (an admin,
+            # a preemption): that slowdown was the old run's. Its "restarts at
+            # detection" would make this run's requeue look done already
+            self.store.update_incident(
+                incident.id, status=IncidentStatus.RESOLVED, outcome="the job restarted before any action"
+            )
+            incident = None
         if incident is None:
             # recorded at first detection, before any action is due: the
             # detection delay is onset -> now, and the onset survives the
@@ -335,7 +362,9 @@ class Controller:
             # the job's own comment: ignored where bad, and said so in its incident
             incident = self.store.update_incident(incident.id, evidence={"opt_in_problems": problems})
         if not a.culprits:
-            return
+            a = self._still_named(a, incident, nodes)
+            if not a.culprits:
+                return
         onset = incident.onset_at.timestamp()
         if a.onset is None or onset < a.onset:
             a = replace(a, onset=onset)
@@ -400,6 +429,24 @@ class Controller:
             self._checkpoint(a, job, incident, evidence, res)
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
+
+    def _still_named(
+        self, a: JobAssessment, incident: IncidentRecord, nodes: dict[str, NodeInfo]
+    ) -> JobAssessment:
+        """The incident's nodes that this controller drained and the job still runs
+        on, as the assessment's culprits when this cycle named none: a severe
+        slowdown drained first (its cost had not yet paid a requeue) keeps its
+        node once named, while the localisation of a throttled rank's noisy
+        compute may miss a cycle; the job is requeued off that node when the
+        cost is paid, as it would have been had every cycle named it."""
+        if _tier_of(incident.tier) < Tier.DRAIN:
+            return a
+        kept = [
+            Culprit(node=n, why=f"named by incident {incident.id} and drained")
+            for n in incident.nodes
+            if n in a.nodes and (info := nodes.get(n)) is not None and info.drained_by_us
+        ]
+        return replace(a, culprits=tuple(kept)) if kept else a
 
     def _mitigate(
         self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, decision: Decision, res: CycleResult
