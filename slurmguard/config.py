@@ -267,7 +267,7 @@ class ControllerPolicy(Strict):
     report_stale_s: float = Field(120.0, gt=0)
     secret_file: str = "/etc/slurmguard/secret"
     """Master secret (32+ random bytes, mode 0600, root): each node's report key is
-    HMAC-SHA256(master, node) (slurmguard.reports.node_key)."""
+    HMAC-SHA256(master, node) (slurmguard.wire.node_key)."""
     max_body_bytes: int = Field(1 << 20, ge=1024, le=64 << 20)
     """Largest report body accepted (bytes); larger is refused before reading it (413)."""
     request_timeout_s: float = Field(10.0, gt=0)

@@ -9,7 +9,7 @@ sweeps.stages). Writes one JSON result (slurmguard.sweeps.result, kind "node").
 
 Settings come from the policy's `sweeps` section; the options override them (tests,
 demos). Exit status: 0 = measured without errors, 1 = result written with errors,
-2 = bad options/policy, 3 = injected crash (tests).
+2 = bad options/policy.
 """
 
 from __future__ import annotations
@@ -43,8 +43,6 @@ def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = sl.settings_from(args)
     node = sl.node_name(args.node)
-    fault, injected = sl.fault_for(node)
-    sl.apply_start_faults(fault)
     if args.threads:
         sl.torch.set_num_threads(args.threads)
     device = sl.pick_device(settings.device)
@@ -80,7 +78,6 @@ def run(argv: list[str] | None = None) -> int:
                 node_rank=0,
                 gpus_per_node=count,
                 settings=settings,
-                fault=fault,
             )
             for i in range(count)
         ]
@@ -89,7 +86,7 @@ def run(argv: list[str] | None = None) -> int:
     else:
         results = []
         for i, dev in enumerate(devs):
-            res = sl.device_phase(dev, i, settings, fault)
+            res = sl.device_phase(dev, i, settings)
             results.append({"data": res, "errors": res.pop("errors")})
     for i, r in enumerate(results):
         errors.extend(r["errors"])
@@ -102,12 +99,12 @@ def run(argv: list[str] | None = None) -> int:
     allreduce: list[dict[str, Any]] = []
     if count >= 2:
         try:
-            p2p = sl.p2p_matrix(devs, node, max(settings.message_sizes_mb) * sl.MIB, settings.repeats, fault)
+            p2p = sl.p2p_matrix(devs, node, max(settings.message_sizes_mb) * sl.MIB, settings.repeats)
         except Exception as exc:
             errors.append(sl.err("p2p matrix", exc))
         if device == "cuda":
             sl.torch.cuda.empty_cache()
-        allreduce, ar_errors = intra_allreduce(device, count, settings, fault)
+        allreduce, ar_errors = intra_allreduce(device, count, settings)
         errors.extend(ar_errors)
 
     # the field's standard tools, where installed (policy sweeps.stages)
@@ -132,14 +129,13 @@ def run(argv: list[str] | None = None) -> int:
         transfers=[],
         errors=errors,
         stages=stages,
-        injected=injected,
     )
-    valid = sl.write_result(args.out, doc, fault)
+    valid = sl.write_result(args.out, doc)
     return 0 if valid and not errors else 1
 
 
 def intra_allreduce(
-    device: str, count: int, settings: sl.Settings, fault: sl.NodeFault
+    device: str, count: int, settings: sl.Settings
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """All-reduce over the node's devices, one spawned process per device."""
     import datetime
@@ -159,7 +155,6 @@ def intra_allreduce(
             node_rank=0,
             gpus_per_node=count,
             settings=settings,
-            fault=fault,
         )
         for i in range(count)
     ]

@@ -70,8 +70,6 @@ def run(argv: list[str] | None = None) -> int:
         raise SlurmguardError(f"a pair sweep needs 2+ tasks, got rank {node_rank} of {nnodes}")
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     node = sl.node_name(args.node)
-    fault, injected = sl.fault_for(node)
-    sl.apply_start_faults(fault)
     if args.threads:
         sl.torch.set_num_threads(args.threads)
     device = sl.pick_device(settings.device)
@@ -85,7 +83,7 @@ def run(argv: list[str] | None = None) -> int:
     store = rdzv.store
     store.set(
         f"node/{node_rank}",
-        json.dumps({"name": node, "devices": count, "device_name": device_name, "injected": injected}),
+        json.dumps({"name": node, "devices": count, "device_name": device_name}),
     )
     infos = [json.loads(store.get(f"node/{r}")) for r in range(nnodes)]
     rdzv.close()  # every node has joined
@@ -113,7 +111,6 @@ def run(argv: list[str] | None = None) -> int:
             node_rank=node_rank,
             gpus_per_node=count,
             settings=settings,
-            fault=fault,
             node_names=names,
             schedules=schedules_for(nnodes),
             task="passes",
@@ -148,9 +145,6 @@ def run(argv: list[str] | None = None) -> int:
         if n is not None and n not in names:
             errors.append({"where": "arguments", "message": f"{label} {n} is not in the sweep {list(names)}"})
             nut, ref = names[0], (names[1] if nnodes == 2 else None)
-    all_injected: dict[str, Any] = {}
-    for i in infos:
-        all_injected.update(i["injected"] or {})
     doc = sl.build_result(
         kind="pair" if nnodes == 2 else "multi",
         nodes=list(names),
@@ -170,9 +164,8 @@ def run(argv: list[str] | None = None) -> int:
         transfers=data["transfers"],
         errors=errors,
         stages=stages,
-        injected=all_injected or None,
     )
-    valid = sl.write_result(args.out, doc, fault)
+    valid = sl.write_result(args.out, doc)
     # keep the store up briefly: peers may still be reading their last keys
     time.sleep(0.2)
     return 0 if valid and not errors else 1

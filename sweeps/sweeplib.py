@@ -20,12 +20,11 @@ Two paths with one result schema (slurmguard.sweeps.result):
 Bus bandwidth as nccl-tests computes it: algbw = bytes / time per operation; all-reduce
 busbw = algbw * 2(n-1)/n; a send/recv moves `bytes` once (busbw = algbw).
 
-Faults: the development cluster has no GPUs and its nodes share one host, so its tests and
-demo slow a node's measurements on purpose. The product cannot do that: `fault_for` below
-always answers "no fault", and no policy key, variable or file changes that. Only the
-development tools' launcher (`python -m slurmguard_dev.sweepfaults WORKLOAD.py ...`, used
-as `sweeps.python`) replaces it before the workload starts; the timed regions then sleep by
-the NodeFault it returns, and the result records it under `injected`.
+Every timed region goes through one of two timers: `timed_ops` (operations on one device:
+GEMM windows, copies, collectives, send/recv) or `timed_copy` (copies between two devices).
+Nothing here can be told to measure a node as slower than it is; the development tools
+slow a node from outside (slurmguard_dev.sweepfaults wraps these functions in its own
+launcher), so this module has no notion of a fault.
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,63 +61,6 @@ from slurmguard.sweeps.result import (
 )
 
 MIB = 1 << 20
-
-
-@dataclass(frozen=True)
-class NodeFault:
-    """Slowdowns and failures a development run asks of one node; all off by default.
-
-    Slowdowns are fractions of throughput lost (0.25 = the metric reads 25% low), realised
-    by sleeping inside the timed region (`extra_delay`), so the CPU stays idle."""
-
-    gemm_slowdown: float = 0.0
-    """Fraction of GEMM throughput lost on the affected GPUs."""
-    membw_slowdown: float = 0.0
-    """Fraction of device memory bandwidth lost on the affected GPUs."""
-    p2p_slowdown: float = 0.0
-    """Fraction of intra-node GPU-to-GPU copy bandwidth lost on pairs touching affected GPUs."""
-    link_slowdown: float = 0.0
-    """Fraction of cross-node bandwidth lost (send/recv and all-reduce) on this node."""
-    link_direction: Literal["tx", "rx", "both"] = "both"
-    """Which transfers of this node the link slowdown hits: sends, receives or both."""
-    gpus: tuple[int, ...] | None = None
-    """GPU indexes affected by the per-GPU faults; None = all."""
-    crash: bool = False
-    """Exit with status 3 before writing any result (a crashed sweep)."""
-    hang_s: float = 0.0
-    """Sleep this long before measuring (drives the sweep into its time limit), seconds."""
-    corrupt_output: bool = False
-    """Write a truncated, invalid JSON result."""
-    gemm_corrupt: bool = False
-    """Flip one element of each verified GEMM product on the affected GPUs (silent data
-    corruption): the float64 reference check must catch it."""
-
-    def hits_gpu(self, index: int) -> bool:
-        return self.gpus is None or index in self.gpus
-
-    def link_factor(self, sending: bool) -> float:
-        """Slowdown that applies to one transfer of this node (0 when it does not)."""
-        if self.link_slowdown <= 0:
-            return 0.0
-        if self.link_direction == "both" or (self.link_direction == "tx") == sending:
-            return self.link_slowdown
-        return 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.gpus is not None:
-            d["gpus"] = list(self.gpus)
-        return d
-
-
-NO_FAULT = NodeFault()
-
-
-def extra_delay(elapsed_s: float, slowdown: float) -> float:
-    """Seconds to add to a measurement of `elapsed_s` so its rate drops by `slowdown`."""
-    if slowdown <= 0 or elapsed_s <= 0:
-        return 0.0
-    return elapsed_s * slowdown / (1.0 - slowdown)
 
 
 _TORCH_DTYPES = {
@@ -250,18 +192,23 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def fault_for(node: str) -> tuple[NodeFault, dict[str, Any] | None]:
-    """This node's faults and the dict recorded in the result: none, in the product. The
-    development tools' launcher (slurmguard_dev.sweepfaults) replaces this function."""
-    return NO_FAULT, None
-
-
-def apply_start_faults(fault: NodeFault) -> None:
-    if fault.hang_s > 0:
-        time.sleep(fault.hang_s)
-    if fault.crash:
-        print("slurmguard sweep: injected crash", file=sys.stderr, flush=True)
-        os._exit(3)
+def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
+    """Seconds for `iters` back-to-back operations on `dev`: CUDA events on its current
+    stream (NCCL work is ordered against it, so collectives are timed alike) on GPU, the
+    host clock on CPU. Every timed region of one device goes through here."""
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):
+            st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            st.record()
+            for _ in range(iters):
+                op()
+            en.record()
+            en.synchronize()
+            return st.elapsed_time(en) / 1000.0
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        op()
+    return time.perf_counter() - t0
 
 
 def err(where: str, exc: BaseException) -> dict[str, str]:
@@ -321,9 +268,7 @@ def gemm_run(
     dtype: str,
     size: int,
     duration_s: float,
-    slowdown: float,
     *,
-    corrupt: bool = False,
     seed: int = 0,
     align: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
@@ -348,29 +293,10 @@ def gemm_run(
         b = torch.randn(size, size, device=dev, dtype=tdt, generator=gen)
         c = torch.empty(size, size, device=dev, dtype=tdt)
         flop = 2.0 * size**3
+        matmul = functools.partial(torch.matmul, a, b, out=c)
 
-        def run_window(batch: int) -> float:
-            if cuda:
-                with torch.cuda.device(dev):
-                    st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    st.record()
-                    for _ in range(batch):
-                        torch.matmul(a, b, out=c)
-                    en.record()
-                    en.synchronize()
-                    return st.elapsed_time(en) / 1000.0
-            t0 = time.perf_counter()
-            for _ in range(batch):
-                torch.matmul(a, b, out=c)
-            return time.perf_counter() - t0
-
-        def check() -> float:
-            if corrupt:  # injected silent data corruption: one element far off
-                c[size // 2, size // 3] = c[size // 2, size // 3] * -64.0 + 1000.0
-            return verify_gemm(a, b, c, dtype, seed)
-
-        run_window(1)  # warm-up: kernel selection, clocks up
-        one = run_window(1)
+        timed_ops(matmul, dev, 1)  # warm-up: kernel selection, clocks up
+        one = timed_ops(matmul, dev, 1)
         window_s = min(5.0, max(0.02, duration_s / 20.0))
         batch = max(1, int(window_s / max(one, 1e-6)))
         if align is not None:
@@ -380,16 +306,13 @@ def gemm_run(
         start = time.monotonic()
         while True:
             w0 = time.monotonic() - start
-            t = run_window(batch)
-            x = extra_delay(t, slowdown)
-            if x > 0:
-                time.sleep(x)
+            t = timed_ops(matmul, dev, batch)
             now = time.monotonic() - start
             c0 = time.monotonic()
-            worst = max(worst, check())
+            worst = max(worst, verify_gemm(a, b, c, dtype, seed))
             checks += 1
             spent = time.monotonic() - c0
-            windows.append((w0, now, t + x))
+            windows.append((w0, now, t))
             start += spent  # the check is not part of the measured run
             if now >= duration_s:
                 break
@@ -412,7 +335,6 @@ def device_phase(
     dev: torch.device,
     index: int,
     settings: Settings,
-    fault: NodeFault,
     align: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Everything measured on one device alone: GEMM per dtype (verified), memory bandwidth.
@@ -421,7 +343,6 @@ def device_phase(
     result is an error record ("wrong result (silent data corruption)"), so it fails the
     sweep with the error's size as evidence.
     """
-    hit = fault.hits_gpu(index)
     out: dict[str, Any] = {"gemm": [], "membw_gbps": None, "errors": []}
     for dtype in settings.gemm_dtypes:
         try:
@@ -430,8 +351,6 @@ def device_phase(
                 dtype,
                 settings.gemm_size,
                 settings.gemm_duration_s,
-                fault.gemm_slowdown if hit else 0.0,
-                corrupt=fault.gemm_corrupt and hit,
                 seed=index,
                 align=align,
             )
@@ -454,9 +373,7 @@ def device_phase(
     try:
         if align is not None:
             align()
-        out["membw_gbps"] = membw(
-            dev, settings.membw_bytes, settings.repeats, fault.membw_slowdown if hit else 0.0
-        )
+        out["membw_gbps"] = membw(dev, settings.membw_bytes, settings.repeats)
     except Exception as exc:
         out["errors"].append(err(f"membw gpu{index}", exc))
     return out
@@ -661,30 +578,14 @@ def _read_cpu_stat(path: str) -> dict[str, float] | None:
 
 
 # ---------------------------------------------------------------- memory bandwidth
-def _timed(fn: Callable[[], None], dev: torch.device, inner: int) -> float:
-    if dev.type == "cuda":
-        with torch.cuda.device(dev):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            for _ in range(inner):
-                fn()
-            e.record()
-            e.synchronize()
-            return s.elapsed_time(e) / 1000.0
-    t0 = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return time.perf_counter() - t0
-
-
 def _inner_count(fn: Callable[[], None], dev: torch.device, target_s: float = 0.01) -> int:
     fn()
     sync(dev)
-    one = _timed(fn, dev, 1)
+    one = timed_ops(fn, dev, 1)
     return max(1, min(1000, int(target_s / max(one, 1e-7))))
 
 
-def membw(dev: torch.device, nbytes: int, repeats: int, slowdown: float) -> float:
+def membw(dev: torch.device, nbytes: int, repeats: int) -> float:
     """Device memory bandwidth, GB/s, counting bytes read plus bytes written of a copy."""
     n = max(1, nbytes // 4)
     src = torch.ones(n, dtype=torch.float32, device=dev)
@@ -696,60 +597,46 @@ def membw(dev: torch.device, nbytes: int, repeats: int, slowdown: float) -> floa
     inner = _inner_count(copy, dev)
     times = []
     for _ in range(repeats):
-        t = _timed(copy, dev, inner)
-        x = extra_delay(t, slowdown)
-        if x:
-            time.sleep(x)
-        times.append((t + x) / inner)
+        times.append(timed_ops(copy, dev, inner) / inner)
     return 2.0 * n * 4 / statistics.median(times) / 1e9
 
 
-def p2p_matrix(
-    devs: Sequence[torch.device], node: str, nbytes: int, repeats: int, fault: NodeFault
-) -> list[dict[str, Any]]:
-    """Directed copy bandwidth between every pair of devices of the node, GB/s.
+def timed_copy(src: torch.Tensor, dst: torch.Tensor, inner: int) -> float:
+    """Seconds for `inner` back-to-back copies of `src` into `dst` (on two devices): the
+    host clock around both devices' syncs, as a peer copy involves two GPUs."""
+    sync(src.device)
+    sync(dst.device)
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        dst.copy_(src, non_blocking=True)
+    sync(src.device)
+    sync(dst.device)
+    return time.perf_counter() - t0
+
+
+def pair_gbps(
+    bufs: Sequence[torch.Tensor], dsts: Sequence[torch.Tensor], i: int, j: int, repeats: int
+) -> float:
+    """Copy bandwidth from device i to device j (bufs[i] into dsts[j]), GB/s: the median
+    over `repeats` of about 10 ms of back-to-back copies each (timed_copy)."""
+    src, dst = bufs[i], dsts[j]
+    timed_copy(src, dst, 1)
+    inner = max(1, min(1000, int(0.01 / max(timed_copy(src, dst, 1), 1e-7))))
+    times = [timed_copy(src, dst, inner) / inner for _ in range(repeats)]
+    return src.numel() * src.element_size() / statistics.median(times) / 1e9
+
+
+def p2p_matrix(devs: Sequence[torch.device], node: str, nbytes: int, repeats: int) -> list[dict[str, Any]]:
+    """Directed copy bandwidth between every pair of devices of the node, GB/s (pair_gbps).
 
     Reports each pair's asymmetry with its reverse and its deviation from the node's
     median pair, so a degraded NVLink or a PCIe detour is visible per pair.
     """
     n = max(1, nbytes // 4)
     g = len(devs)
-    bw: dict[tuple[int, int], float] = {}
     bufs = [torch.ones(n, dtype=torch.float32, device=d) for d in devs]
     dsts = [torch.empty(n, dtype=torch.float32, device=d) for d in devs]
-    for i in range(g):
-        for j in range(g):
-            if i == j:
-                continue
-
-            def timed(
-                inner: int,
-                src: torch.Tensor = bufs[i],
-                dst: torch.Tensor = dsts[j],
-                a: torch.device = devs[i],
-                b: torch.device = devs[j],
-            ) -> float:
-                # host clock around both devices' syncs: a peer copy involves two GPUs
-                sync(a)
-                sync(b)
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    dst.copy_(src, non_blocking=True)
-                sync(a)
-                sync(b)
-                return time.perf_counter() - t0
-
-            timed(1)
-            inner = max(1, min(1000, int(0.01 / max(timed(1), 1e-7))))
-            slow = fault.p2p_slowdown if (fault.hits_gpu(i) or fault.hits_gpu(j)) else 0.0
-            times = []
-            for _ in range(repeats):
-                t = timed(inner)
-                x = extra_delay(t, slow)
-                if x:
-                    time.sleep(x)
-                times.append((t + x) / inner)
-            bw[(i, j)] = n * 4 / statistics.median(times) / 1e9
+    bw = {(i, j): pair_gbps(bufs, dsts, i, j, repeats) for i in range(g) for j in range(g) if i != j}
     if not bw:
         return []
     med = statistics.median(bw.values())
@@ -785,7 +672,6 @@ class WorkerSpec:
     node_rank: int
     gpus_per_node: int
     settings: Settings
-    fault: NodeFault
     node_names: tuple[str, ...] = ()
     schedules: tuple[tuple[str, tuple[tuple[tuple[int, int], ...], ...]], ...] = ()
 
@@ -824,23 +710,6 @@ def _barrier(dev: torch.device) -> None:
     sync(dev)
 
 
-def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
-    """Seconds for `iters` back-to-back operations: CUDA events on the current stream
-    (NCCL work is ordered against it) on GPU, the host clock on CPU."""
-    if dev.type == "cuda":
-        st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        st.record()
-        for _ in range(iters):
-            op()
-        en.record()
-        en.synchronize()
-        return st.elapsed_time(en) / 1000.0
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        op()
-    return time.perf_counter() - t0
-
-
 def busbw_factor(collective: str, n: int) -> float:
     """nccl-tests' bus bandwidth factor (doc/PERFORMANCE.md): busbw = algbw * factor."""
     if collective == "all_reduce":
@@ -854,7 +723,6 @@ def allreduce_bench(
     dev: torch.device,
     sizes_mb: Sequence[int],
     repeats: int,
-    slow: float,
     scope: str,
     iters: int = 20,
     warmup: int = 5,
@@ -877,10 +745,7 @@ def allreduce_bench(
         for _ in range(repeats):
             _barrier(dev)
             t = timed_ops(functools.partial(dist.all_reduce, buf), dev, iters)
-            x = extra_delay(t, slow)
-            if x:
-                time.sleep(x)
-            tt = torch.tensor([(t + x) / iters], dtype=torch.float64, device=dev)
+            tt = torch.tensor([t / iters], dtype=torch.float64, device=dev)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             times.append(float(tt.item()))
         t_med = statistics.median(times)
@@ -898,17 +763,20 @@ def allreduce_bench(
     return out
 
 
+def transfer_time(role: str, buf: torch.Tensor, peer: int, dev: torch.device, n_ops: int) -> float:
+    """Seconds for `n_ops` back-to-back sends (`role` "send") or receives ("recv") of `buf`
+    to or from global rank `peer` (timed_ops): one endpoint's side of a link."""
+    op = dist.send if role == "send" else dist.recv
+    return timed_ops(functools.partial(op, buf, peer), dev, n_ops)
+
+
 def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
     """Send/recv of every scheduled link, one pass at a time, all rails of a pass at once.
 
     Link (a -> b) on rail g is global rank a*G+g sending to b*G+g. Each endpoint times
-    `comm_iters` back-to-back sends (or receives) of its side (timed_ops); a link's time per
-    transfer is the max of both sides / iters, median over repeats. `comm_warmup` untimed
-    rounds open the connections first. Returns the transfers on rank 0.
-
-    An injected link slowdown (tests/demo) must delay the transfer itself, not only the
-    throttled side's clock: a throttled sender sleeps before sending, a throttled
-    receiver after receiving, by the slowdown of the link's last un-throttled time.
+    `comm_iters` back-to-back sends (or receives) of its side (transfer_time); a link's
+    time per transfer is the max of both sides / iters, median over repeats. `comm_warmup`
+    untimed rounds open the connections first. Returns the transfers on rank 0.
     """
     G, world, rank = spec.gpus_per_node, dist.get_world_size(), dist.get_rank()
     iters = spec.settings.comm_iters
@@ -918,7 +786,6 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
         for size in spec.settings.message_sizes_mb:
             buf = torch.zeros(size * MIB // 4, dtype=torch.float32, device=dev)
             samples: list[list[torch.Tensor]] = [[] for _ in passes]
-            real_est: dict[int, float] = {}
             for rep in range(spec.settings.repeats + warmup):
                 for p_i, links in enumerate(passes):
                     role, peer = None, -1
@@ -928,31 +795,12 @@ def passes_bench(spec: WorkerSpec, dev: torch.device) -> list[dict[str, Any]]:
                         elif d == spec.node_rank:
                             role, peer = "recv", s * G + spec.local_index
                     n_ops = iters if rep >= warmup else 1
-                    x = 0.0
-                    if role is not None and p_i in real_est:
-                        x = extra_delay(real_est[p_i] * n_ops, spec.fault.link_factor(role == "send"))
                     _barrier(dev)
-                    t = 0.0
-                    if role is not None:
-                        t0 = time.perf_counter()
-                        if role == "send":
-                            if x:
-                                time.sleep(x)
-                            t = timed_ops(functools.partial(dist.send, buf, peer), dev, n_ops)
-                        else:
-                            t = timed_ops(functools.partial(dist.recv, buf, peer), dev, n_ops)
-                            if x:
-                                time.sleep(x)
-                        if x:  # host-side sleep: not on the GPU's clock, but part of the transfer
-                            t = max(t, time.perf_counter() - t0)
-                        t /= n_ops
+                    t = 0.0 if role is None else transfer_time(role, buf, peer, dev, n_ops) / n_ops
                     vec = torch.zeros(world, dtype=torch.float64, device=dev)
                     vec[rank] = t
                     dist.all_reduce(vec)  # gather everyone's time
                     host = vec.cpu()
-                    if role is not None:
-                        link_t = max(float(host[rank]), float(host[peer]))
-                        real_est[p_i] = max(link_t - x / n_ops, 1e-7)
                     if rep >= warmup:
                         samples[p_i].append(host)
             if rank != 0:
@@ -996,15 +844,14 @@ def run_worker(spec: WorkerSpec, store: Any | None = None, barrier: Any | None =
                 except threading.BrokenBarrierError:
                     pass
 
-        res = device_phase(dev, spec.local_index, s, spec.fault, align)
+        res = device_phase(dev, spec.local_index, s, align)
         return {"data": res, "errors": res.pop("errors")}
     try:
         dev = init_group(spec, store)
         try:
             if spec.task == "allreduce_intra":
-                slow = spec.fault.p2p_slowdown if spec.fault.hits_gpu(spec.local_index) else 0.0
                 data = allreduce_bench(
-                    dev, s.message_sizes_mb, s.repeats, slow, "intra", s.comm_iters, s.comm_warmup
+                    dev, s.message_sizes_mb, s.repeats, "intra", s.comm_iters, s.comm_warmup
                 )
             elif spec.task == "passes":
                 data = {
@@ -1013,7 +860,6 @@ def run_worker(spec: WorkerSpec, store: Any | None = None, barrier: Any | None =
                         dev,
                         s.message_sizes_mb,
                         s.repeats,
-                        max(spec.fault.link_factor(True), spec.fault.link_factor(False)),
                         "cross",
                         s.comm_iters,
                         s.comm_warmup,
@@ -1095,7 +941,7 @@ def build_result(**kw: Any) -> dict[str, Any]:
     return doc
 
 
-def write_result(path: str, doc: dict[str, Any], fault: NodeFault) -> bool:
+def write_result(path: str, doc: dict[str, Any]) -> bool:
     """Validate and write atomically. Returns False when the document is invalid (a bug)."""
     text = json.dumps(doc, indent=1)
     ok = True
@@ -1104,8 +950,6 @@ def write_result(path: str, doc: dict[str, Any], fault: NodeFault) -> bool:
     except ResultError as exc:
         print(f"slurmguard sweep: invalid result: {exc}", file=sys.stderr)
         ok = False
-    if fault.corrupt_output:
-        text = text[: len(text) // 2]
     d = os.path.dirname(os.path.abspath(path))
     os.makedirs(d, exist_ok=True)
     tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")

@@ -18,7 +18,7 @@ from slurmguard.config import Policy
 from slurmguard.controller.assess import assess_job
 from slurmguard.controller.links import link_verdict
 from slurmguard.hook import ring
-from slurmguard.reports import StepSample
+from slurmguard.wire import StepSample
 
 POLICY = Policy()
 JOB = 11

@@ -129,7 +129,7 @@ def test_a_rank_computing_less_than_its_same_role_peers_is_never_the_straggler()
     """A baseline learned during a slow spell makes a rank's ratio grow; a rank
     whose compute is no longer than its same-role peers' is still not slow."""
     from slurmguard.controller.assess import localise
-    from slurmguard.reports import RankReport, StepSample
+    from slurmguard.wire import RankReport, StepSample
 
     def rank(r, base_c, comp):
         steps = [StepSample(end=100.0 + i, step_s=0.2, comm_s=0.2 - comp) for i in range(9)]
@@ -157,7 +157,7 @@ def test_a_rank_computing_less_than_its_same_role_peers_is_never_the_straggler()
 
 
 def _dp_rank(r, base_c, comps, steps, base_step=0.1):
-    from slurmguard.reports import RankReport, StepSample
+    from slurmguard.wire import RankReport, StepSample
 
     ss = [StepSample(end=100.0 + i, step_s=s, comm_s=s - c) for i, (c, s) in enumerate(zip(comps, steps))]
     return RankReport(

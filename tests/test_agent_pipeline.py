@@ -22,8 +22,8 @@ from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
 from slurmguard.hook.ring import SOURCE_TORCH, RingWriter
-from slurmguard.reports import NODE_HEADER, AgentReport, node_key, sign
 from slurmguard.slurm.fake import FakeSlurm
+from slurmguard.wire import NODE_HEADER, AgentReport, node_key, sign
 
 SECRET = b"0123456789abcdef0123456789abcdef"
 POLICY = parse_policy("""

@@ -10,9 +10,9 @@ import pytest
 
 from slurmguard.config import parse_policy
 from slurmguard.controller.loop import Controller
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store import IncidentStatus, NodeState
+from slurmguard.wire import AgentReport, JobReport, RankReport, StepSample, TelemetryRecord
 
 POLICY = parse_policy("""
 response:

@@ -163,7 +163,7 @@ def test_known_baseline_judges_a_window_that_starts_slow():
 
 def test_controller_reads_patterns_checkpoints_and_hiccups_like_the_detector():
     from slurmguard.controller.assess import assess_job
-    from slurmguard.reports import RankReport, StepSample
+    from slurmguard.wire import RankReport, StepSample
 
     pol = Policy()
 

@@ -6,8 +6,8 @@ import pytest
 
 from slurmguard.errors import SlurmguardError
 from slurmguard.names import MAX_NODE_NAME, is_node_name
-from slurmguard.reports import NODE_NAME
 from slurmguard.slurm import validate
+from slurmguard.wire import NODE_NAME
 from slurmguard_dev.sweepfaults import parse_faults
 
 LONGEST = "n" * MAX_NODE_NAME

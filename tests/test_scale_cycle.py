@@ -14,9 +14,9 @@ from slurmguard.controller.assess import _median_without_self
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
-from slurmguard.reports import AgentReport, JobReport, RankReport, StepSample, StepWindow, TelemetryRecord
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store.db import READ_ONLY
+from slurmguard.wire import AgentReport, JobReport, RankReport, StepSample, StepWindow, TelemetryRecord
 
 POLICY = parse_policy("""
 detection:

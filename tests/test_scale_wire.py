@@ -19,7 +19,7 @@ from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
-from slurmguard.reports import (
+from slurmguard.wire import (
     NODE_HEADER,
     SCHEMA_VERSION,
     SIG_HEADER,

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from slurmguard.cli import cli
 from slurmguard.config import load_policy, read_trusted
 from slurmguard.errors import ConfigError
-from slurmguard.reports import node_key, read_secret
+from slurmguard.wire import node_key, read_secret
 from tests.fixtures.security import attacker, plant  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]

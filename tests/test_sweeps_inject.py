@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from slurmguard.errors import InputError
@@ -41,3 +43,30 @@ def test_delay_turns_a_measurement_into_the_asked_slowdown():
     assert extra_delay(t, 0.0) == 0.0
     f = NodeFault(link_slowdown=0.5, link_direction="tx")
     assert f.link_factor(sending=True) == 0.5 and f.link_factor(sending=False) == 0.0
+
+
+def test_the_shipped_workloads_have_no_fault_concept():
+    """Fault injection lives in the development tools alone (issue 14.6): no name in the
+    workloads' code (functions, parameters, attributes, variables) speaks of a fault, an
+    injection or a slowdown; the launcher wraps their timers from outside."""
+    import ast
+
+    from slurmguard import datafiles
+
+    for script in ("sweeplib.py", "node_sweep.py", "pair_sweep.py"):
+        tree = ast.parse((datafiles.sweep_dir() / script).read_text(encoding="utf-8"))
+        names = {
+            getattr(n, "id", None)
+            or getattr(n, "attr", None)
+            or getattr(n, "name", None)
+            or getattr(n, "arg", None)
+            for n in ast.walk(tree)
+        }
+        names |= {k.arg for n in ast.walk(tree) if isinstance(n, ast.Call) for k in n.keywords}
+        words = {n: {w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])", n)} for n in names if n}
+        bad = sorted(
+            n
+            for n, ws in words.items()
+            if ws & {"fault", "faults", "inject", "injected", "slowdown", "delay"}
+        )
+        assert not bad, (script, bad)

@@ -18,12 +18,12 @@ from slurmguard.config import Policy
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
-from slurmguard.reports import node_key
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.telemetry import MultiSource
 from slurmguard.telemetry.dcgm import DcgmSource
 from slurmguard.telemetry.fake_nvml import FakeNvml
 from slurmguard.telemetry.nvml import NvmlSource
+from slurmguard.wire import node_key
 from tests.test_telemetry_dcgm import FakeDcgmReader, recorded
 
 SECRET = b"0123456789abcdef0123456789abcdef"

@@ -9,7 +9,8 @@ entry-point group, and holds what only development needs:
   other faults on a node, devreboot: the reboot program of its nodes, train: a DDP job);
 * `bench/`: the benchmarks, one module per area of the product they measure;
 * `demo.py`: the closed loop on the embedded default;
-* `sweepfaults.py`: the launcher that runs sweep workloads with injected faults.
+* `sweepfaults.py`: sweep fault injection (NodeFault, the `injected` record) and the
+  launcher that runs the sweep workloads with it, wrapping their timers from outside.
 
 It imports the product; the product never imports it (an import-linter contract).
 """

@@ -30,7 +30,7 @@ from slurmguard.detect.period import Iterations, find_iterations, iteration_anch
 from slurmguard.detect.records import RankOps
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.hook.ring import F_ASYNC, SOURCE_TORCH
-from slurmguard.reports import (
+from slurmguard.wire import (
     MAX_LINKS,
     ChangeReport,
     LinkReport,

@@ -57,8 +57,8 @@ def agent_cmd(
     from slurmguard.agent.sender import ReportSender
     from slurmguard.context import app_context
     from slurmguard.errors import ConfigError
-    from slurmguard.reports import read_secret
     from slurmguard.telemetry import open_source
+    from slurmguard.wire import read_secret
 
     setup_logging(verbose)
     app = app_context(ctx)

@@ -17,10 +17,10 @@ from slurmguard.agent.rings import RingTracker, SlurmJobs
 from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
-from slurmguard.reports import AgentReport, JobReport, TelemetryRecord
 from slurmguard.service import stop_on_signals
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.telemetry.base import TelemetrySource, UnavailableSet
+from slurmguard.wire import AgentReport, JobReport, TelemetryRecord
 
 log = logging.getLogger(__name__)
 

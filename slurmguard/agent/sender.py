@@ -27,7 +27,7 @@ import urllib.request
 from collections import deque
 from collections.abc import Callable
 
-from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
+from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ReportSender:
         ca_file: str | None = None,
         batch_samples: int = BATCH_SAMPLES,
     ) -> None:
-        """key: this node's report key (reports.node_key); ca_file: CA of an https
+        """key: this node's report key (wire.node_key); ca_file: CA of an https
         controller; batch_samples: most telemetry samples merged into one request."""
         self.batch_samples = batch_samples
         self.requests = 0

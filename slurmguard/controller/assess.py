@@ -32,8 +32,8 @@ from slurmguard.detect.bocd import row_medians
 from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
-from slurmguard.reports import RankReport
 from slurmguard.respond.tiers import Culprit, JobAssessment
+from slurmguard.wire import RankReport
 
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
 #: iterations whose (trimmed mean) compute localises, at least (a wide window:

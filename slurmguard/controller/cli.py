@@ -34,7 +34,7 @@ def controller_cmd(
     """Run the controller: ingest agent reports, decide, act on Slurm."""
     from slurmguard.context import app_context
     from slurmguard.controller.daemon import DaemonOptions, run
-    from slurmguard.reports import read_secret
+    from slurmguard.wire import read_secret
 
     setup_logging(verbose)
     app = app_context(ctx)
@@ -88,7 +88,7 @@ def derive(ctx: click.Context, node: str, secret_file: str | None, output: str |
     import os
 
     from slurmguard.context import app_context
-    from slurmguard.reports import node_key, read_secret
+    from slurmguard.wire import node_key, read_secret
 
     master = read_secret(secret_file or app_context(ctx).policy.controller.secret_file, "master secret")
     key = node_key(master, node)

@@ -24,9 +24,9 @@ from slurmguard.slurm.client import SlurmClient
 from slurmguard.store import Store
 
 if TYPE_CHECKING:
-    from slurmguard.reports import AgentReport
     from slurmguard.respond.actions import ActionExecutor
     from slurmguard.sweeps.scheduler import SweepScheduler
+    from slurmguard.wire import AgentReport
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from slurmguard.detect.peers import BAD_DIRECTION
-from slurmguard.reports import (
+from slurmguard.telemetry.base import TelemetrySample
+from slurmguard.wire import (
     AgentReport,
     JobReport,
     RankReport,
@@ -47,7 +48,6 @@ from slurmguard.reports import (
     TelemetryRecord,
     UnavailableSignal,
 )
-from slurmguard.telemetry.base import TelemetrySample
 
 #: signals the peer scorer averages per device over a window (summed at ingest)
 _AVERAGED = frozenset(BAD_DIRECTION)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slurmguard.config import Policy
-from slurmguard.reports import RankReport
+from slurmguard.wire import RankReport
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
-from slurmguard.reports import JobReport
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.respond.escalation import Action, Decision, InJob, gate
 from slurmguard.respond.safety import SafetyGate
@@ -45,6 +44,7 @@ from slurmguard.store import (
     NodeState,
     Store,
 )
+from slurmguard.wire import JobReport
 
 if TYPE_CHECKING:  # metrics imports this module (for its annotations)
     from slurmguard.controller.metrics import ControllerMetrics

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from slurmguard.reports import UnavailableSignal
 from slurmguard.store import NodeState
+from slurmguard.wire import UnavailableSignal
 
 if TYPE_CHECKING:  # the loop imports this module
     from slurmguard.controller.loop import Controller, CycleResult

@@ -1,6 +1,6 @@
 """The controller's HTTP endpoints (stdlib server, bounded worker pool).
 
-POST /v1/report          signed AgentReport (see slurmguard.reports; wire format 2, or 1)
+POST /v1/report          signed AgentReport (see slurmguard.wire; wire format 2, or 1)
 GET  /healthz            200 while cycles run, 503 when the last one is stale
 GET  /metrics            Prometheus text format         } controller.read_clients only;
 GET  /v1/jobs/<id>/plan  the job's mitigation plan      } on the management listener
@@ -48,7 +48,7 @@ from slurmguard.config import ControllerPolicy
 
 if TYPE_CHECKING:
     from slurmguard.controller.metrics import ControllerMetrics
-from slurmguard.reports import (
+from slurmguard.wire import (
     NODE_HEADER,
     NODE_NAME,
     SIG_HEADER,

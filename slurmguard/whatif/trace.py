@@ -95,7 +95,7 @@ class JobMeta:
     world_size: int = 0
     """dp*pp*tp*dsp; 0 in the constructor means 'compute it'."""
     name: str = ""
-    """Trial name, shown in reports."""
+    """Trial name, shown in the what-if summary and figures."""
 
     def __post_init__(self) -> None:
         if self.world_size == 0:

@@ -122,9 +122,9 @@ def make_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: in
     from slurmguard.agent.daemon import Agent
     from slurmguard.agent.sender import ReportSender
     from slurmguard.config import load_policy
-    from slurmguard.reports import read_secret
     from slurmguard.slurm.fake import FakeSlurm
     from slurmguard.telemetry import open_source
+    from slurmguard.wire import read_secret
 
     pol = load_policy(policy_path)
     slurm = FakeSlurm([node])

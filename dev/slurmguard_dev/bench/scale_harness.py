@@ -164,10 +164,10 @@ def run(args) -> dict:
     from slurmguard.clock import FakeClock
     from slurmguard.config import parse_policy
     from slurmguard.controller.loop import Controller
-    from slurmguard.reports import AgentReport, TelemetryRecord
     from slurmguard.slurm.fake import FakeSlurm
     from slurmguard.store import Store
     from slurmguard.store import db as sgdb
+    from slurmguard.wire import AgentReport, TelemetryRecord
 
     out: dict = {"nodes": args.nodes, "steps": args.steps, "db": args.db.split(":", 1)[0]}
     fleet = Fleet(args.nodes)
@@ -317,7 +317,7 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
     from slurmguard.config import ControllerPolicy
     from slurmguard.controller.metrics import ControllerMetrics
     from slurmguard.controller.server import ControllerHTTP
-    from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
+    from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
 
     secret = b"scale-bench-master-secret-0123456789"
     pol = ControllerPolicy(

@@ -2,7 +2,7 @@
 
 For each trace (AR, SE, ST) it prints: the time to load and check it (the
 floor any analysis pays), the full vectorised analysis (every simulation the
-report needs), one vectorised simulation of all steps, and the baseline
+what-if summary needs), one vectorised simulation of all steps, and the baseline
 measured in the same run: one simulation by the per-op Python event loop,
 and that cost times the number of simulations the analysis ran. A scale
 case tiles ST's DP ranks into a job of `--scale-workers` workers and times

@@ -202,7 +202,7 @@ class Guard:
 
     def write_keys(self) -> None:
         """The master secret (once) and every node's key, as an admin would install them."""
-        from slurmguard.reports import node_key
+        from slurmguard.wire import node_key
 
         for path, data in [(self.secret_path, None)] + [
             (self.node_key_path(n), n) for n in self.cluster.node_names

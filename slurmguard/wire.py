@@ -1,4 +1,6 @@
-"""What a node agent sends the controller: one versioned, signed JSON report.
+"""What a node agent sends the controller: one versioned, signed JSON report (the wire
+format; "wire", not "report": `slurmguard.report` is the admin report, whose renderers
+and commands share nothing with this).
 
 Wire format (`schema_version`): 2 (what agents send) packs each rank's
 iterations into one base64 string of float64 columns, {"n": N, "cols": B64},
