@@ -186,8 +186,9 @@ def bench_scale(
         "accepted per second through the HTTP server, posted from a second process in the "
         "code's own wire format; ms cpu: the controller's CPU per report over HTTP (what a "
         "loaded machine changes least); fleet MB: RSS growth from holding one report of "
-        "every node; DB MB: database size after the run; DB MB/h, rows/h: its growth "
-        "per hour of the fleet reporting every 10 s (from the end of the first cycle, which "
-        "registers the fleet, to the end of the last; SQLite grows by pages, so MB/h is "
-        "coarse over few cycles, rows are exact)."
+        "every node; DB MB: the database's size after the run (SQLite: its pages in use, "
+        "write-ahead log included); DB MB/h, rows/h: its growth per hour of the fleet "
+        "reporting every 10 s (from the end of the first cycle, which registers the fleet, "
+        "to the end of the last; it grows by whole pages, so MB/h is coarse over few cycles, "
+        "rows are exact)."
     )

@@ -276,8 +276,13 @@ def _db_rows(store) -> dict[str, int]:
 
 def _db_bytes(store, url: str) -> int | None:
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[1]
-        return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+        # the database's pages as a reader sees them (write-ahead log included), not the
+        # files: the log's size is where it was last checkpointed, not what it holds
+        with store.engine.connect() as c:
+            pages = int(c.exec_driver_sql("PRAGMA page_count").scalar() or 0)
+            free = int(c.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+            size = int(c.exec_driver_sql("PRAGMA page_size").scalar() or 0)
+        return (pages - free) * size
     from sqlalchemy import text
 
     with store.engine.connect() as c:
