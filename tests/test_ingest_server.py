@@ -104,6 +104,21 @@ def test_a_failure_while_ingesting_is_answered_500_counted_and_the_next_report_s
         http.stop()
 
 
+def test_a_stalled_client_is_cut_off_at_its_deadline_and_counted():
+    http, fleet, metrics = _start(request_timeout_s=0.3)
+    try:
+        with socket.create_connection(("127.0.0.1", http.port), timeout=10) as s:
+            s.sendall(_request("node1")[:100])  # and nothing more
+            assert _answer(s) == b""  # closed by the listener, not by this client's timeout
+        assert metrics.registry.get_sample_value("slurmguard_http_refused_total", {"reason": "timeout"}) == 1
+        assert fleet.nodes_reporting(time.time()) == set()
+        with socket.create_connection(("127.0.0.1", http.port), timeout=10) as s:
+            s.sendall(_request("node1"))
+            assert _answer(s).startswith(b"HTTP/1.1 200 ")
+    finally:
+        http.stop()
+
+
 def test_expect_100_continue_is_sent_only_for_a_report_that_passed_its_header_checks():
     http, _, _ = _start(max_body_bytes=4096)
     try:

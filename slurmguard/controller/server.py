@@ -33,7 +33,8 @@ share of the controller:
 Every refusal is a 4xx with a one-line reason in JSON and counted in /metrics
 (`slurmguard_reports_total{outcome}` for reports, `slurmguard_http_refused_total
 {reason}` for the rest; a failure of the controller's own is answered 500 and
-counted as reason "internal_error"). One request per connection (`Connection: close`): agents
+counted as reason "internal_error", a connection cut off at its deadline as
+"timeout"). One request per connection (`Connection: close`): agents
 report every few seconds, and an idle kept-alive connection would hold a slot.
 A failure while serving one connection closes that connection only.
 """
@@ -242,11 +243,10 @@ class _Listener:
         max_pending: int,
         timeout_s: float,
         tls: ssl.SSLContext | None,
-        on_overload: Callable[[], None],
-        on_error: Callable[[], None],
+        refused: Callable[[str], None],
     ) -> None:
         self.serve, self.workers, self.max_pending = serve, workers, max_pending
-        self.timeout_s, self.tls, self.on_overload, self.on_error = timeout_s, tls, on_overload, on_error
+        self.timeout_s, self.tls, self.refused = timeout_s, tls, refused
         family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.sock = socket.create_server(addr, family=family, backlog=max(128, workers + max_pending))
         self.sock.setblocking(False)
@@ -301,7 +301,7 @@ class _Listener:
             elif len(self._pending) < self.max_pending:
                 self._pending.append(c)
             else:
-                self.on_overload()
+                self.refused("overloaded")
                 if self.tls is None:
                     try:
                         sock.send(_OVERLOADED)
@@ -332,6 +332,7 @@ class _Listener:
         while self._pending and len(self._active) < self.workers:
             c = self._pending.popleft()
             if now >= c.deadline:  # waited its whole time
+                self.refused("timeout")
                 self._shut(c.sock)
                 continue
             self._start(c)
@@ -347,7 +348,7 @@ class _Listener:
         except Exception as exc:  # noqa: BLE001 - one client must not take the listener down
             log.error("serving %s failed: %s", c.client, exc, exc_info=not isinstance(exc, OSError))
             if not c.close_after and not isinstance(exc, OSError):
-                self.on_error()
+                self.refused("internal_error")
                 try:
                     c.sock.send(_FAILED)
                 except OSError:
@@ -444,9 +445,11 @@ class _Listener:
 
     def _expire(self, now: float) -> None:
         for c in [c for c in self._active.values() if now >= c.deadline]:
-            log.debug("connection from %s cut off after %.1fs", c.client, self.timeout_s)
+            log.info("connection from %s cut off: no whole request in %gs", c.client, self.timeout_s)
+            self.refused("timeout")
             self._close(c)
         while self._pending and now >= self._pending[0].deadline:
+            self.refused("timeout")
             self._shut(self._pending.popleft().sock)
 
     def _close(self, c: _Conn) -> None:
@@ -536,8 +539,7 @@ class ControllerHTTP:
             max_pending=p.max_pending,
             timeout_s=p.request_timeout_s,
             tls=tls,
-            on_overload=lambda: ctx.refused("overloaded"),
-            on_error=lambda: ctx.refused("internal_error"),
+            refused=ctx.refused,
         )
 
     @property
