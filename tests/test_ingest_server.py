@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
+import subprocess
 import time
 
 import pytest
@@ -158,3 +160,28 @@ def test_parse_head_waits_for_a_whole_head_and_names_what_is_wrong():
         with pytest.raises(HeadError) as e:
             parse_head(head)
         assert e.value.code == code, head
+
+
+def test_a_stalled_tls_handshake_holds_its_slot_only(tmp_path):
+    """TLS handshakes are non-blocking too: a client that connects and sends no
+    ClientHello does not hold the loop; another agent's report gets through."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+        + ["-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    http, fleet, _ = _start(tls_cert_file=str(cert), tls_key_file=str(key), workers=2, max_pending=0)
+    try:
+        stalled = socket.create_connection(("127.0.0.1", http.port), timeout=5)
+        ctx = ssl.create_default_context(cafile=str(cert))
+        raw = socket.create_connection(("127.0.0.1", http.port), timeout=5)
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:  # the loop is not blocked
+            s.sendall(_request("node1"))
+            assert _answer(s).startswith(b"HTTP/1.1 200 ")
+        assert fleet.nodes_reporting(time.time()) == {"node1"}
+        stalled.close()
+    finally:
+        http.stop()
