@@ -273,9 +273,10 @@ class ControllerPolicy(Strict):
     request_timeout_s: float = Field(10.0, gt=0)
     """Whole-request limit (s): a client that has not sent its request by then is cut off."""
     workers: int = Field(8, ge=1, le=256)
-    """Threads serving requests; connections beyond workers + max_pending get 503."""
+    """Connections served (read) at once by a listener's event loop, each buffering at
+    most max_body_bytes; connections beyond workers + max_pending get 503."""
     max_pending: int = Field(32, ge=0)
-    """Accepted connections waiting for a worker."""
+    """Accepted connections waiting, unread, for one of the `workers` slots."""
     ip_rate_per_s: float = Field(20.0, gt=0)
     """Requests per second per client address (token bucket; 429 past it)..."""
     ip_burst: int = Field(100, ge=1)

@@ -13,3 +13,5 @@ def test_bench_scale_measures_a_small_fleet_through_its_http_server():
     assert r["http_ok"] == r["http_reports"] == 40 and r["http_cpu_ms_per_report"] > 0
     assert r["ranks"] > 0 and r["assessed"] > 0 and r["first_cycle_errors"] == []
     assert len(r["cycle_cpu_s"]) == 2
+    # database growth per hour of reports: measured between the first and the last cycle
+    assert r["db_growth_mb_per_h"] >= 0 and all(n > 0 for n in r["db_rows_per_h"].values())

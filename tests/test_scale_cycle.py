@@ -165,6 +165,22 @@ def test_what_is_kept_per_rank_and_node_is_bounded_by_the_policy(sqlite_store, f
     assert not fleet.take_telemetry() and fleet.queued_samples() == 0
 
 
+def test_a_departed_nodes_queued_telemetry_goes_with_it_and_the_others_stays_exact(fake_clock):
+    """The sums and their means are kept per device signal across nodes: evicting one
+    node drops its own (counts too), the rest are scored as sent."""
+    fleet = FleetView(keep_samples=64)
+    now = fake_clock.now()
+    fleet.set_known_nodes({"node1", "node2"})
+    assert fleet.ingest(_report("node1", 1, now, n_tel=10), now)
+    assert fleet.ingest(_report("node2", 1, now, n_tel=4), now)
+    assert fleet.ingest(_report("node2", 2, now, tel_from=4, n_tel=4), now)
+    assert fleet.queued_samples() == 18
+    assert fleet.set_known_nodes({"node2"}) == ["node1"]
+    assert fleet.queued_samples() == 8
+    taken = fleet.take_telemetry()
+    assert taken.means == {("node2", "sm_clock", 0, None): pytest.approx(3.5)} and taken.count == 8
+
+
 def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sqlite_store, fake_clock):
     names = [f"n{i:04d}" for i in range(300)]
     slurm = FakeSlurm(names, clock=fake_clock)

@@ -9,9 +9,11 @@ sample is scored once, none is lost when several reports arrive between two
 scorings, and a report that arrives while a cycle runs waits for the next one.
 The peer scorer compares each device's mean of a signal over the window
 (detect.peers), so samples of the signals it scores are summed as they arrive,
-one (sum, count) per node, device and signal, and a window hands the scorer the
-mean of each: the cycle's cost does not grow with the sampling rate, and the
-ingesting thread does the adding. Samples of other signals (hard failures:
+one (sum, count) per node, device and signal, with its mean kept current beside
+it, and a window hands the scorer those means as they are (swapped out, not
+built: at 10,000 nodes building them cost the cycle 0.12 s, at 50,000 0.65 s):
+the cycle's cost does not grow with the sampling rate or the fleet's device
+count, and the ingesting thread does the adding. Samples of other signals (hard failures:
 XIDs, a GPU lost, a link down) are kept as sent.
 (epoch, seq) from one node must grow (epoch: the agent process's start): a
 replayed or reordered report is refused, a restarted agent's first report is
@@ -51,6 +53,8 @@ from slurmguard.wire import (
 
 #: signals the peer scorer averages per device over a window (summed at ingest)
 _AVERAGED = frozenset(BAD_DIRECTION)
+#: (node, signal, gpu, nic): one device signal of one node
+_DeviceSignal = tuple[str, str, int | None, str | None]
 
 DEFAULT_KEEP_STEPS = 256
 DEFAULT_KEEP_SAMPLES = 4096
@@ -111,8 +115,14 @@ class FleetView:
         self._latest: dict[str, Received] = {}
         self._seq: dict[str, tuple[int, int]] = {}
         self._samples: dict[str, deque[TelemetrySample]] = {}
-        self._sums: dict[str, dict[tuple, list]] = {}
-        """node -> (signal, gpu, nic) -> [sum, count] of its samples, until scored."""
+        self._sums: dict[_DeviceSignal, list] = {}
+        """(node, signal, gpu, nic) -> [sum, count] of its samples, until scored..."""
+        self._means: dict[_DeviceSignal, float] = {}
+        """...and the mean of those (what a window hands the scorer)."""
+        self._sum_keys: dict[str, int] = {}
+        """node -> how many device signals it has in _sums (bounded by keep_samples)."""
+        self._summed = 0
+        """Samples in _sums."""
         self.samples_taken = 0
         """Telemetry samples handed to scoring (cumulative): a sum of k samples counts k."""
         self._lock = threading.Lock()
@@ -133,13 +143,19 @@ class FleetView:
                 return []
             gone = [n for n in self._latest if n not in self._known]
             gone += [
-                n for n in {*self._samples, *self._sums} if n not in self._known and n not in self._latest
+                n for n in {*self._samples, *self._sum_keys} if n not in self._known and n not in self._latest
             ]
+            summed_gone = set()
             for n in gone:
                 self._latest.pop(n, None)
                 self._seq.pop(n, None)
                 self._samples.pop(n, None)
-                self._sums.pop(n, None)
+                if self._sum_keys.pop(n, None) is not None:
+                    summed_gone.add(n)
+            if summed_gone:  # rare (nodes leave the cluster): one pass over the sums
+                for k in [k for k in self._sums if k[0] in summed_gone]:
+                    self._summed -= self._sums.pop(k)[1]
+                    del self._means[k]
             return gone
 
     def known(self, node: str) -> bool:
@@ -199,13 +215,13 @@ class FleetView:
             return True
 
     def _add_sums(self, node: str, records: Iterable[TelemetryRecord]) -> None:
-        """Add samples to the node's per-device sums (the lock is held)."""
-        sums = self._sums.get(node)
-        if sums is None:
-            sums = self._sums[node] = {}
-        room = self.keep_samples - len(sums)
+        """Add samples to the node's per-device sums and means (the lock is held)."""
+        sums, means = self._sums, self._means
+        have = self._sum_keys.get(node, 0)
+        room = self.keep_samples - have
+        added = 0
         for t in records:
-            k = (t.signal, t.gpu, t.nic)
+            k = (node, t.signal, t.gpu, t.nic)
             e = sums.get(k)
             if e is None:
                 if room <= 0:  # a flood of made-up devices or signals: bounded, counted
@@ -213,9 +229,14 @@ class FleetView:
                     continue
                 room -= 1
                 sums[k] = [t.value, 1]
+                means[k] = t.value
             else:
                 e[0] += t.value
                 e[1] += 1
+                means[k] = e[0] / e[1]
+            added += 1
+        self._sum_keys[node] = self.keep_samples - room
+        self._summed += added
 
     def _live(self, now: float) -> list[Received]:
         with self._lock:
@@ -282,20 +303,15 @@ class FleetView:
         samples the window stands for."""
         with self._lock:
             taken, self._samples = self._samples, {}
-            sums, self._sums = self._sums, {}
-        means = {
-            (node, sig, gpu, nic): e[0] / e[1]
-            for node, per in sums.items()
-            for (sig, gpu, nic), e in per.items()
-        }
+            means, self._means = self._means, {}
+            self._sums, self._sum_keys = {}, {}
+            summed, self._summed = self._summed, 0
         samples = [t for q in taken.values() for t in q]
-        n = len(samples) + sum(e[1] for per in sums.values() for e in per.values())
+        n = len(samples) + summed
         self.samples_taken += n
         return TelemetryWindow(means, samples, n)
 
     def queued_samples(self) -> int:
         """Samples waiting for scoring (a sum of k samples counts k)."""
         with self._lock:
-            return sum(len(q) for q in self._samples.values()) + sum(
-                e[1] for per in self._sums.values() for e in per.values()
-            )
+            return sum(len(q) for q in self._samples.values()) + self._summed

@@ -235,6 +235,8 @@ def run(args) -> dict:
         if c == 0:
             out["first_cycle_actions"] = len(res.actions)
             out["first_cycle_errors"] = res.errors[:3]
+            # the database after registering the fleet: what grows from here is per report round
+            db0, rows0, t_db0 = _db_bytes(store, url), _db_rows(store), clock.now()
     times_sorted = sorted(times)
     out["cycle_s"] = [round(t, 3) for t in times]
     out["cycle_p50_s"] = round(statistics.median(times[1:] or times), 3)
@@ -244,6 +246,14 @@ def run(args) -> dict:
     out["cycle_cpu_max_s"] = round(max(cpu[1:] or cpu), 3)
     out["cycle_cpu_s"] = [round(t, 3) for t in cpu]
     out["assessed"] = len(res.assessments)
+    hours = (clock.now() - t_db0) / 3600.0
+    db1, rows1 = _db_bytes(store, url), _db_rows(store)
+    if hours > 0 and db0 is not None and db1 is not None:
+        # per hour of the fleet reporting every --period seconds (SQLite: file pages, so
+        # coarse over a few cycles; the rows are exact)
+        out["db_growth_mb_per_h"] = round((db1 - db0) / 1e6 / hours, 2)
+        grown = {t: rows1.get(t, 0) - n0 for t, n0 in rows0.items()}
+        out["db_rows_per_h"] = {t: round(n / hours) for t, n in grown.items() if n}
     out["rss_mb"] = round(_rss_mb(), 1)
     out["peak_rss_mb"] = round(_peak_mb(), 1)
     if args.http:
@@ -255,10 +265,24 @@ def run(args) -> dict:
     return out
 
 
+def _db_rows(store) -> dict[str, int]:
+    """Rows per table of the store's database (every release's tables, whatever they are)."""
+    from sqlalchemy import inspect, text
+
+    with store.engine.connect() as c:
+        names = inspect(c).get_table_names()
+        return {t: int(c.execute(text(f'select count(*) from "{t}"')).scalar()) for t in names}
+
+
 def _db_bytes(store, url: str) -> int | None:
     if url.startswith("sqlite"):
-        path = url.split("///", 1)[1]
-        return sum(os.path.getsize(p) for p in (path, path + "-wal") if os.path.exists(p))
+        # the database's pages as a reader sees them (write-ahead log included), not the
+        # files: the log's size is where it was last checkpointed, not what it holds
+        with store.engine.connect() as c:
+            pages = int(c.exec_driver_sql("PRAGMA page_count").scalar() or 0)
+            free = int(c.exec_driver_sql("PRAGMA freelist_count").scalar() or 0)
+            size = int(c.exec_driver_sql("PRAGMA page_size").scalar() or 0)
+        return (pages - free) * size
     from sqlalchemy import text
 
     with store.engine.connect() as c:
