@@ -17,7 +17,7 @@ from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP, HeadError, parse_head
-from slurmguard.reports import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
+from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
 
 MASTER = b"master-secret-0123456789abcdef0123456789"
 
