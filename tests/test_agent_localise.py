@@ -249,7 +249,7 @@ def test_a_throttled_rank_of_fast_steps_is_judged_over_seconds_not_nine_iteratio
     as its peer). Its newest 9 iterations happen to hold 2 such: their trimmed
     mean is within the noise. The localisation window is the last 4 s
     (LOCALISE_S: 20 iterations) and the 20 before it: both name the node."""
-    from slurmguard.controller.assess import LOCALISE_RECENT, _localise_windows, localise
+    from slurmguard.controller.assess import LOCALISE_RECENT, _localise_window, localise
 
     stall = [1, 0, 1, 0, 0, 1, 0, 1, 0, 1] * 2  # 10 of 20
     stall += [1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]  # 7 of 11
@@ -265,8 +265,10 @@ def test_a_throttled_rank_of_fast_steps_is_judged_over_seconds_not_nine_iteratio
         ("node1", paced(_dp_rank(0, 0.02, [0.02] * len(stall), steps, base_step=0.07), 0.2)),
         ("node2", paced(_dp_rank(1, 0.02, capped, steps, base_step=0.07), 0.2)),
     ]
-    recent, before = _localise_windows(ranks[1][1], None)
+    recent = _localise_window(ranks[1][1], None)
+    before = _localise_window(ranks[1][1], None, len(recent))
     assert (len(recent), len(before)) == (20, 20)
+    assert before[-1].end < recent[0].end
     nine = {(n, r.rank): r.steps[-LOCALISE_RECENT:] for n, r in ranks}
     _, _, slow, why = localise(ranks, nine, POLICY)
     assert not slow and "within the noise" in why
@@ -275,4 +277,4 @@ def test_a_throttled_rank_of_fast_steps_is_judged_over_seconds_not_nine_iteratio
     assert a is not None and [c.node for c in a.culprits] == ["node2"], a.evidence
     # a job of 2 s steps: 4 s are 2 iterations, the window stays LOCALISE_RECENT
     slow_steps = paced(_dp_rank(1, 0.02, capped, [2.0] * len(stall)), 2.0)
-    assert len(_localise_windows(slow_steps, None)[0]) == LOCALISE_RECENT
+    assert len(_localise_window(slow_steps, None)) == LOCALISE_RECENT

@@ -73,18 +73,17 @@ def _since(steps: Any, since: float | None) -> Any:
     return steps if since is None else [s for s in steps if s.end > since]
 
 
-def _localise_windows(r: RankReport, since: float | None) -> tuple[Any, Any]:
-    """(recent, before): the rank's iterations that localise now, and the same
-    span just before them (the sustained check), both ended after `since`.
-    Each is its last LOCALISE_RECENT iterations or, when more ended within
-    LOCALISE_S of its newest, those (LOCALISE_MAX at most)."""
-    steps = _since(r.steps[-2 * LOCALISE_MAX :], since)
-    recent = _tail(steps)
-    return recent, _tail(steps[: len(steps) - len(recent)])
+def _localise_window(r: RankReport, since: float | None, skip: int = 0) -> Any:
+    """The rank's iterations that localise now (skip=0), or the same span just
+    before the newest `skip` (the sustained check), ended after `since`: its
+    last LOCALISE_RECENT iterations or, when more ended within LOCALISE_S of
+    the newest, those (LOCALISE_MAX at most)."""
+    steps = _since(r.steps[-(skip + LOCALISE_MAX) :], since)
+    return _tail(steps[: max(0, len(steps) - skip)])
 
 
 def _tail(steps: Any) -> Any:
-    """The iterations of `steps` (oldest first) that localise, see _localise_windows."""
+    """The iterations of `steps` (oldest first) that localise, see _localise_window."""
     n = len(steps)
     if n <= LOCALISE_RECENT:
         return steps
@@ -455,13 +454,14 @@ def assess_job(
     if current is None and stalled <= 0:
         return None
 
-    windows = {(n, r.rank): _localise_windows(r, since) for n, r in ranks}
-    ratios, computes, slow_ranks, why_not = localise(ranks, {k: w[0] for k, w in windows.items()}, policy)
+    recent = {(n, r.rank): _localise_window(r, since) for n, r in ranks}
+    ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
         # scheduler can starve one rank for a few seconds, a fault stays
-        _, _, before, _ = localise(ranks, {k: w[1] for k, w in windows.items()}, policy)
+        before_windows = {(n, r.rank): _localise_window(r, since, len(recent[(n, r.rank)])) for n, r in ranks}
+        _, _, before, _ = localise(ranks, before_windows, policy)
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
         if not held:
             why_not = (
