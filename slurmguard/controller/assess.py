@@ -214,20 +214,19 @@ def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     winsorized s.d. / ((1 - 2 g/m) sqrt(m)), Tukey and McLaughlin; inf under
     3 iterations), as arrays in one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
-    mean_step, _ = _trimmed(step)
+    mean_step = _trimmed_mean(step)
     mean_comp, se = _trimmed(step - comm)
     return mean_step, mean_comp, se
 
 
+def _trimmed_mean(x: np.ndarray) -> np.ndarray:
+    """Row-wise TRIM-trimmed mean of a NaN-padded array."""
+    return _trim(x)[0]
+
+
 def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise TRIM-trimmed mean of a NaN-padded array and its standard error."""
-    m = np.sum(~np.isnan(x), axis=1)
-    g = np.where(m >= 3, np.maximum(np.floor(TRIM * m), 1), 0).astype(int)
-    srt = np.sort(x, axis=1)  # NaN last
-    col = np.arange(x.shape[1])[None, :]
-    inner = (col >= g[:, None]) & (col < (m - g)[:, None])
-    kept = np.maximum(m - 2 * g, 1)
-    mean = np.where(m > 0, np.where(inner, srt, 0.0).sum(axis=1) / kept, np.nan)
+    mean, m, g, srt = _trim(x)
     rows = np.arange(x.shape[0])
     lo = srt[rows, np.minimum(g, x.shape[1] - 1)]
     hi = srt[rows, np.clip(m - g - 1, 0, x.shape[1] - 1)]
@@ -236,6 +235,18 @@ def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         var = np.nanvar(w, axis=1, ddof=1)
         se = np.sqrt(var) / ((1.0 - 2.0 * g / np.maximum(m, 1)) * np.sqrt(np.maximum(m, 1)))
     return mean, np.where(m >= 3, se, np.inf)
+
+
+def _trim(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(trimmed mean, values per row, cut from each end, the rows sorted, NaN last)."""
+    m = np.sum(~np.isnan(x), axis=1)
+    g = np.where(m >= 3, np.maximum(np.floor(TRIM * m), 1), 0).astype(int)
+    srt = np.sort(x, axis=1)  # NaN last
+    col = np.arange(x.shape[1])[None, :]
+    inner = (col >= g[:, None]) & (col < (m - g)[:, None])
+    kept = np.maximum(m - 2 * g, 1)
+    mean = np.where(m > 0, np.where(inner, srt, 0.0).sum(axis=1) / kept, np.nan)
+    return mean, m, g, srt
 
 
 def localise(
