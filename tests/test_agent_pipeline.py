@@ -106,7 +106,9 @@ def stack(sqlite_store, tmp_path):
 def test_slow_rank_in_rings_gets_its_node_drained_and_job_requeued(stack, tmp_path):
     ctl, slurm, clock, agent, url, metrics = stack
     job = slurm.start_job(["node1", "node2"], user=getpass.getuser())
-    write_job(tmp_path / "rings", job, ["node1", "node2"], iters=60, slow_from=30, slow_node="node2")
+    # 70 slow iterations of 0.14 s: the controller names a node over its last 4 s of
+    # iterations and the 4 s before them (assess.LOCALISE_S, the sustained check)
+    write_job(tmp_path / "rings", job, ["node1", "node2"], iters=100, slow_from=30, slow_node="node2")
     os.mkfifo(tmp_path / "rings" / str(job) / "rank-7.step-batch.torch.ring")  # a broken ring beside
     a1, a2 = agent("node1"), agent("node2")
     r1, r2 = a1.step(), a2.step()

@@ -465,8 +465,20 @@ def assess_job(
     if current is None and stalled <= 0:
         return None
 
-    recent = {(n, r.rank): _localise_window(r, since) for n, r in ranks}
-    ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
+    ratios: dict = {}
+    computes: dict = {}
+    slow_ranks: dict[str, list] = {}
+    why_not: str | None = None
+    if (
+        stalled > 0
+        or onset is not None
+        or (current is not None and current >= (1.0 + tiers.moderate_slowdown) * baseline)
+    ):
+        # a job that is neither slow enough for a tier (response.tiers.classify) nor
+        # in a slowdown episode needs no node named: at 10,000 nodes, localising
+        # every healthy job was a third of the cycle
+        recent = {(n, r.rank): _localise_window(r, since) for n, r in ranks}
+        ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
