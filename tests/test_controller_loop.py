@@ -132,6 +132,33 @@ def test_killed_between_drain_and_requeue_resumes_without_duplicates(env):
     assert slurm.job(job).restarts == 1
 
 
+def test_killed_between_requeue_and_its_record_closes_the_incident_without_a_second_requeue(env):
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+    real_requeue = slurm.requeue
+
+    def requeue_then_die(*a, **k):  # Slurm requeues; the process dies before recording it
+        real_requeue(*a, **k)
+        raise SystemExit("killed")
+
+    slurm.requeue = requeue_then_die
+    with pytest.raises(SystemExit):
+        ctl.cycle()
+    slurm.requeue = real_requeue
+    assert slurm.job(job).restarts == 1 and store.audit_entries(action="requeue") == []
+    slurm.start_job(["node1", "node2"], job_id=job)  # restarts where it was (node2 drained later)
+    restarted = Controller(POLICY, store, slurm, clock)
+    clock.advance(5)
+    feed_job(restarted, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=20, seq=2)
+    assert restarted.cycle().actions == []
+    assert slurm.job(job).restarts == 1
+    (inc,) = store.incidents(job_id=str(job))
+    assert inc.status == IncidentStatus.MITIGATED and "had been requeued" in (inc.outcome or "")
+    clock.advance(5)
+    assert restarted.cycle().actions == []
+
+
 def test_moderate_sustained_drains_and_signals_without_requeue(env):
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"], comment="slurmguard:signal")
@@ -274,6 +301,40 @@ def test_telemetry_without_step_impact_only_marks_pending_verification(env):
     assert n3.comment.startswith("slurmguard: pending verification: gpu0") and not n3.drained
     assert store.get_node("node3").state == NodeState.SUSPECT
     assert all(not slurm.node(n).drained for n in ("node1", "node2", "node3", "node4"))
+
+
+def test_a_hot_node_of_a_two_node_job_is_compared_with_the_fleet(env):
+    """Every GPU of node2 runs hot and slow-clocked; its job has 2 nodes, so
+    within the job half of the devices deviate and no majority says which
+    node: its nodes are scored with the rest of the fleet (nodes 3 and 4,
+    idle), and node2 alone is marked."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    actions = []
+    for seq in (1, 2, 3):
+        clock.advance(11)
+        now = clock.now()
+        for node in ("node1", "node2", "node3", "node4"):
+            hot = node == "node2"
+            tel = (
+                healthy_telemetry(node, now, temp=80.0, clock_mhz=1380.0, power=540.0)
+                if hot
+                else (healthy_telemetry(node, now))
+            )
+            ranks = [rank_report(int(node[-1]) - 1, now)] if node in ("node1", "node2") else []
+            ctl.fleet.ingest(
+                AgentReport(
+                    node=node,
+                    seq=seq,
+                    sent_at=now,
+                    jobs=[JobReport(job_id=job, ranks=ranks)] if ranks else [],
+                    telemetry=tel,
+                ),
+                now,
+            )
+        actions.append(ctl.cycle().actions)
+    assert actions == [[], [("comment", "node2")], []]
+    assert not any(slurm.node(n).comment for n in ("node1", "node3", "node4"))
 
 
 def test_healthy_job_no_action(env):

@@ -109,7 +109,8 @@ def test_breaker_at_one_node_holds_second_drain_and_alerts(guarded):
 def test_controller_sigkilled_mid_incident_takes_no_duplicate_action(guarded):
     run = guarded
     # drain early, requeue only after the slowdown has cost more: a window to kill in
-    run.configure(response={"escalation": {"drain_checkpoint_gpu_s": 0.5, "requeue_gpu_s": 6.0}})
+    # (the capped job loses about 1 GPU-s a second: the requeue comes ~30 s after the onset)
+    run.configure(response={"escalation": {"drain_checkpoint_gpu_s": 0.5, "requeue_gpu_s": 40.0}})
     sc, job, ok, slow = start(run)
     sc.inject(slow, SEVERE)
     try:

@@ -52,6 +52,8 @@ if TYPE_CHECKING:  # metrics imports this module (for its annotations)
 log = logging.getLogger(__name__)
 #: at most one "slow, no node named" log line per job this often (s)
 UNNAMED_LOG_S = 10.0
+#: nodes a running job needs for its nodes to be scored as one peer group
+MIN_JOB_PEER_NODES = 3
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
@@ -275,7 +277,15 @@ class Controller:
         self._scored_until = now
         if not window:
             return
-        group = {n: f"job:{j.job_id}" for j in jobs.values() if j.state == "RUNNING" for n in j.nodes}
+        # a job's nodes do the same work: they are each other's peers. Under 3 nodes
+        # no majority says which one deviates (a whole node's GPUs are half of a
+        # 2-node job's): those nodes are compared with the rest of the fleet
+        group = {
+            n: f"job:{j.job_id}"
+            for j in jobs.values()
+            if j.state == "RUNNING" and len(j.nodes) >= MIN_JOB_PEER_NODES
+            for n in j.nodes
+        }
         flags = self.scorer.window(window.samples, group, means=window.means)
         self._flags = {}
         for f in flags:
@@ -546,7 +556,16 @@ class Controller:
     ) -> None:
         before = int(incident.evidence.get("restarts_at_detection", job.restarts))
         if job.restarts > before:
-            return  # already requeued (possibly by a controller that was killed right after)
+            # already requeued: by a controller killed before it recorded so, or by
+            # someone else; either way this run's slowdown is over, and said so once
+            if incident.evidence.get("requeued_at") is None:
+                self.store.update_incident(
+                    incident.id,
+                    status=IncidentStatus.MITIGATED,
+                    outcome="the job had been requeued (not recorded by this controller)",
+                    evidence={"requeued_at": self.clock.now()},
+                )
+            return
         verdict = self.safety.may_act_on_job(now)
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
