@@ -176,20 +176,20 @@ def test_moderate_sustained_drains_and_signals_without_requeue(env):
     assert ctl.cycle().actions == []
 
 
-def test_cost_gate_waits_until_the_slowdown_has_cost_the_action(sqlite_store, fake_clock):
-    policy = POLICY.model_copy(
-        update={
-            "response": POLICY.response.model_copy(
-                update={
-                    "escalation": POLICY.response.escalation.model_copy(
-                        update={"drain_checkpoint_gpu_s": 50.0, "requeue_gpu_s": 100.0}
-                    )
-                }
-            )
-        }
+def priced(store, clock, *, drain_gpu_s: float, requeue_gpu_s: float) -> tuple[Controller, FakeSlurm]:
+    """A controller whose drain and requeue cost these prices (GPU-s, the ski-rental rule)."""
+    escalation = POLICY.response.escalation.model_copy(
+        update={"drain_checkpoint_gpu_s": drain_gpu_s, "requeue_gpu_s": requeue_gpu_s}
     )
-    slurm = FakeSlurm(clock=fake_clock)
-    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    policy = POLICY.model_copy(
+        update={"response": POLICY.response.model_copy(update={"escalation": escalation})}
+    )
+    slurm = FakeSlurm(clock=clock)
+    return Controller(policy, store, slurm, clock), slurm
+
+
+def test_cost_gate_waits_until_the_slowdown_has_cost_the_action(sqlite_store, fake_clock):
+    ctl, slurm = priced(sqlite_store, fake_clock, drain_gpu_s=50.0, requeue_gpu_s=100.0)
     job = slurm.start_job(["node1", "node2"])
     # 30% slower on 2 GPUs: 0.6 GPU-s per 1.3 s iteration; 15 slow iterations = 9 GPU-s
     feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
@@ -212,19 +212,7 @@ def test_drained_culprit_is_requeued_off_when_a_later_cycle_names_no_node(sqlite
     requeue is paid the cycle's localisation misses (a throttled rank's compute is
     noisy): the node the incident named and drained still holds, and the job is
     requeued off it. A node never named is not blamed by that rule."""
-    policy = POLICY.model_copy(
-        update={
-            "response": POLICY.response.model_copy(
-                update={
-                    "escalation": POLICY.response.escalation.model_copy(
-                        update={"drain_checkpoint_gpu_s": 5.0, "requeue_gpu_s": 100.0}
-                    )
-                }
-            )
-        }
-    )
-    slurm = FakeSlurm(clock=fake_clock)
-    ctl = Controller(policy, sqlite_store, slurm, fake_clock)
+    ctl, slurm = priced(sqlite_store, fake_clock, drain_gpu_s=5.0, requeue_gpu_s=100.0)
     job = slurm.start_job(["node1", "node2"])
     feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=30, seq=1)
     res = ctl.cycle()

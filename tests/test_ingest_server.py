@@ -13,31 +13,17 @@ import time
 
 import pytest
 
-from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP, HeadError, parse_head
 from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
+from tests.fixtures.server import start_listener
 
 MASTER = b"master-secret-0123456789abcdef0123456789"
 
 
 def _start(ingest=None, **policy) -> tuple[ControllerHTTP, FleetView, ControllerMetrics]:
-    fleet = FleetView()
-    metrics = ControllerMetrics()
-    http = ControllerHTTP(
-        "127.0.0.1",
-        0,
-        secret=MASTER,
-        ingest=ingest or (lambda r: fleet.ingest(r, time.time())),
-        metrics=metrics,
-        now=time.time,
-        health=lambda: (True, "ok"),
-        policy=ControllerPolicy(**policy),
-        known=fleet.known,
-    )
-    http.start()
-    return http, fleet, metrics
+    return start_listener(MASTER, ingest=ingest, **policy)
 
 
 def _request(node: str, seq: int = 1) -> bytes:

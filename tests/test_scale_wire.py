@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from slurmguard.agent.sender import ReportSender
-from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
@@ -33,6 +32,7 @@ from slurmguard.wire import (
     node_key,
     sign,
 )
+from tests.fixtures.server import start_listener
 
 MASTER = b"wire-test-master-secret-0123456789abcdef"
 
@@ -178,22 +178,7 @@ def test_the_agents_sender_delivers_packed_windows_the_controller_keeps_as_array
 
 
 def _start(**policy) -> tuple[ControllerHTTP, FleetView, ControllerMetrics]:
-    fleet = FleetView()
-    fleet.set_known_nodes({"node1", "node2"})
-    metrics = ControllerMetrics()
-    http = ControllerHTTP(
-        "127.0.0.1",
-        0,
-        secret=MASTER,
-        ingest=lambda r: fleet.ingest(r, time.time()),
-        metrics=metrics,
-        now=time.time,
-        health=lambda: (True, "ok"),
-        policy=ControllerPolicy(**policy),
-        known=fleet.known,
-    )
-    http.start()
-    return http, fleet, metrics
+    return start_listener(MASTER, known={"node1", "node2"}, **policy)
 
 
 def _post(port: int, node: str, body: bytes) -> tuple[int, dict]:
