@@ -38,6 +38,9 @@ _UNKNOWN_NODE = re.compile(r"Invalid node name|Node name .* not found|Invalid ho
 _UNKNOWN_JOB = re.compile(r"Invalid job id|Job has already finished|Invalid job id specified", re.I)
 
 
+#: seconds after the hold is lifted that a requeued job may start (see release_requeue_hold)
+REQUEUE_RESTART_DELAY_S = 2
+
 class CommandSlurmClient:
     """SlurmClient on top of the Slurm CLI.
 
@@ -332,9 +335,15 @@ class CommandSlurmClient:
             j.state == "PENDING"
             and j.restarts > 0
             and j.eligible_time is not None
-            and j.eligible_time > time.time() + 1
+            and j.eligible_time > time.time() + REQUEUE_RESTART_DELAY_S + 1
         ):
-            self._run(["scontrol", "update", f"JobId={jid}", "StartTime=now"], job=jid)
+            # not "now": slurmd compares a launch credential's creation with the old
+            # run's revocation in whole seconds, and a restart on one of its nodes
+            # within that second is refused ("Job credential revoked") and the job
+            # killed, not restarted (seen on the dev cluster, Slurm 22.05)
+            self._run(
+                ["scontrol", "update", f"JobId={jid}", f"StartTime=now+{REQUEUE_RESTART_DELAY_S}"], job=jid
+            )
         return j.state
 
     def signal(self, job_id: int, signal: str, *, batch_only: bool = True) -> None:
