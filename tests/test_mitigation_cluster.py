@@ -38,9 +38,9 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
         f"{st}/job-%j.out",
     )
     run.wait_iters(job, 60)
-    from tests.test_online_loop import job_nodes
+    from slurmguard_dev.devcluster.scenario import Scenario
 
-    slow = sorted(job_nodes(run, job))[-1]
+    slow = Scenario(run.guard).job_nodes(job)[-1]
     inject_at = len(run.train_log(job))
     run.guard.inject(slow, 1.5)
     wait_for(lambda: run.audit("rebalance"), 90, "the rebalance plan")

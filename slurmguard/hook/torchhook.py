@@ -96,6 +96,10 @@ else:  # loaded by sitecustomize.py under a private name, ring.py likewise
 
 _monotonic_ns = time.monotonic_ns
 
+#: at most this long (s) destroy_process_group waits, after the callbacks of
+#: the group's calls ran, for their works to mark themselves completed
+COMPLETE_WAIT_S = 1.0
+
 #: longest the hook waits, at destroy_process_group and at interpreter exit,
 #: for completion callbacks of finished work to write their records (s);
 #: they normally need microseconds (the interpreter lock, then one record)
@@ -325,7 +329,7 @@ class Recorder:
             except Exception:
                 pass  # gloo p2p / reduce_scatter work has no future
             if fut is not None:
-                p = _Pending(self, ctx, fut)
+                p = _Pending(self, ctx, fut, inner)
                 self._pending.add(p)
                 fut.add_done_callback(p)  # a future already done runs it here
                 return out
@@ -457,13 +461,28 @@ class Recorder:
 
     def wait_for(self, group_name: str | None) -> None:
         """Sleep until no CPU call of group_name (None: of any group) awaits
-        its completion callback."""
+        its completion callback, and until the works whose callbacks that
+        took mark themselves completed (at most COMPLETE_WAIT_S more): the
+        callback runs inside the work's completion, before the work says
+        it is completed, so without this wait a job would see its work
+        unfinished after destroy_process_group where it sees it finished
+        without the hook."""
+        works = [p.work for p in list(self._pending) if p.of_group(group_name) and p.work is not None]
         pause = 0.0005
-        while True:
-            if not any(p.of_group(group_name) for p in list(self._pending)):
-                return
+        while any(p.of_group(group_name) for p in list(self._pending)):
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
+        deadline = time.monotonic() + COMPLETE_WAIT_S
+        pause = 0.0005
+        for work in works:
+            while time.monotonic() < deadline:
+                try:
+                    if work.is_completed():
+                        break
+                except Exception:
+                    break
+                time.sleep(pause)
+                pause = min(pause * 2, 0.01)
 
     def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
         w, opname, args, device_type, start = ctx
@@ -494,19 +513,20 @@ class _Pending:
     """The done-callback of one call's work. It holds the call's arguments
     and future only until the work completes (or the hook gives it up)."""
 
-    __slots__ = ("rec", "ctx", "fut", "__weakref__")
+    __slots__ = ("rec", "ctx", "fut", "work", "__weakref__")
 
-    def __init__(self, rec: Recorder, ctx: tuple, fut: Any) -> None:
+    def __init__(self, rec: Recorder, ctx: tuple, fut: Any, work: Any = None) -> None:
         self.rec = rec
         self.ctx: tuple | None = ctx
         self.fut = fut
+        self.work = work  # the call's Work, for Recorder.wait_for
 
     def __call__(self, fut: Any) -> None:
         # on the thread that completed the work, ahead of the job's own
         # continuations
         end = _monotonic_ns()
         ctx = self.ctx
-        self.ctx = self.fut = None
+        self.ctx = self.fut = self.work = None
         if ctx is not None:
             self.rec.completed(self, ctx, end, fut)
 
@@ -534,7 +554,7 @@ class _Pending:
     def drop(self) -> bool:
         """Release the call; False if its callback already took it."""
         had = self.ctx is not None
-        self.ctx = self.fut = None
+        self.ctx = self.fut = self.work = None
         return had
 
 
