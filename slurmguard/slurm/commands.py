@@ -41,6 +41,7 @@ _UNKNOWN_JOB = re.compile(r"Invalid job id|Job has already finished|Invalid job 
 #: seconds after the hold is lifted that a requeued job may start (see release_requeue_hold)
 REQUEUE_RESTART_DELAY_S = 2
 
+
 class CommandSlurmClient:
     """SlurmClient on top of the Slurm CLI.
 
