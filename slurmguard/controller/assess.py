@@ -32,7 +32,7 @@ from slurmguard.detect.bocd import row_medians
 from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
-from slurmguard.respond.tiers import Culprit, JobAssessment
+from slurmguard.respond.tiers import Culprit, JobAssessment, calls_for_a_tier
 from slurmguard.wire import RankReport
 
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
@@ -472,7 +472,7 @@ def assess_job(
     if (
         stalled > 0
         or onset is not None
-        or (current is not None and current >= (1.0 + tiers.moderate_slowdown) * baseline)
+        or (current is not None and calls_for_a_tier(current / baseline - 1.0, tiers))
     ):
         # a job that is neither slow enough for a tier (response.tiers.classify) nor
         # in a slowdown episode needs no node named: at 10,000 nodes, localising

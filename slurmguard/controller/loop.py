@@ -335,7 +335,7 @@ class Controller:
         elif (
             incident is not None
             and _tier_of(incident.tier) < Tier.DRAIN
-            and job.restarts > int(incident.evidence.get("restarts_at_detection", job.restarts))
+            and job.restarts > _restarts_at_detection(incident, job)
         ):
             # nothing was done about it and the job has restarted since (an admin,
             # a preemption): that slowdown was the old run's. Its "restarts at
@@ -554,8 +554,7 @@ class Controller:
         res: CycleResult,
         now: float,
     ) -> None:
-        before = int(incident.evidence.get("restarts_at_detection", job.restarts))
-        if job.restarts > before:
+        if job.restarts > _restarts_at_detection(incident, job):
             # already requeued: by a controller killed before it recorded so, or by
             # someone else; either way this run's slowdown is over, and said so once
             if incident.evidence.get("requeued_at") is None:
@@ -647,6 +646,12 @@ class Controller:
 
 def _tier_of(name: str) -> Tier:
     return {v: k for k, v in _TIER_NAME.items()}.get(str(name), Tier.NONE)
+
+
+def _restarts_at_detection(incident: IncidentRecord, job: JobInfo) -> int:
+    """The job's restart count when the incident was detected (its current one
+    for an incident recorded without it)."""
+    return int(incident.evidence.get("restarts_at_detection", job.restarts))
 
 
 def _restart_cut(incident: IncidentRecord | None) -> float | None:

@@ -468,21 +468,10 @@ class Recorder:
         unfinished after destroy_process_group where it sees it finished
         without the hook."""
         works = [p.work for p in list(self._pending) if p.of_group(group_name) and p.work is not None]
-        pause = 0.0005
-        while any(p.of_group(group_name) for p in list(self._pending)):
-            time.sleep(pause)
-            pause = min(pause * 2, 0.01)
+        _poll(lambda: not any(p.of_group(group_name) for p in list(self._pending)))
         deadline = time.monotonic() + COMPLETE_WAIT_S
-        pause = 0.0005
         for work in works:
-            while time.monotonic() < deadline:
-                try:
-                    if work.is_completed():
-                        break
-                except Exception:
-                    break
-                time.sleep(pause)
-                pause = min(pause * 2, 0.01)
+            _poll(functools.partial(_completed, work), deadline)
 
     def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
         w, opname, args, device_type, start = ctx
@@ -507,6 +496,23 @@ class Recorder:
             flags=flags,
             status=1 if error else 0,
         )
+
+
+def _poll(done: Callable[[], bool], deadline: float | None = None) -> None:
+    """Sleep, giving up the interpreter lock, with a pause growing from 0.5 to
+    10 ms, until done() or the deadline (time.monotonic() s; None: no limit)."""
+    pause = 0.0005
+    while not done() and (deadline is None or time.monotonic() < deadline):
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
+def _completed(work: Any) -> bool:
+    """The work says it is completed (a work that cannot say counts as completed)."""
+    try:
+        return bool(work.is_completed())
+    except Exception:
+        return True
 
 
 class _Pending:

@@ -62,6 +62,11 @@ class JobAssessment:
         return self.current_s / self.baseline_s - 1.0
 
 
+def calls_for_a_tier(slowdown: float, policy: TierPolicy) -> bool:
+    """A slowdown (fraction) large enough for a drain tier once sustained (moderate_slowdown)."""
+    return slowdown >= policy.moderate_slowdown
+
+
 def classify(a: JobAssessment, policy: TierPolicy, now: float) -> Tier:
     """The tier a job's observed impact calls for (before the cost gate)."""
     if a.stalled_for_s >= policy.stall_s:
@@ -69,6 +74,6 @@ def classify(a: JobAssessment, policy: TierPolicy, now: float) -> Tier:
     s = a.slowdown
     if s >= policy.severe_slowdown:
         return Tier.REQUEUE
-    if s >= policy.moderate_slowdown and a.onset is not None and now - a.onset >= policy.sustained_s:
+    if calls_for_a_tier(s, policy) and a.onset is not None and now - a.onset >= policy.sustained_s:
         return Tier.DRAIN
     return Tier.NONE
