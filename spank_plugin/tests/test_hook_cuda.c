@@ -383,9 +383,9 @@ static int scenario_cudaerr(void)
 
 	cudaStreamCreate(&s);
 	fakeNcclSetTiming(0, 20 * MS);
-	/* a device fault: every event query from now on fails (only the
-	 * completion thread queries) */
-	fakeCudaFail("cudaEventQuery", cudaErrorIllegalAddress, 0);
+	/* a device fault: every elapsed-time read from now on fails (only the
+	 * completion thread reads them) */
+	fakeCudaFail("cudaEventElapsedTime", cudaErrorIllegalAddress, 0);
 	h = NULL;
 	for (i = 0; i < 4; i++) {
 		rc = ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s);
