@@ -34,6 +34,26 @@ POLICY = Policy()
 JOB = 7
 ENQUEUE_NS = 5_000  # a host call of an NCCL collective on a GPU
 ISSUE_GAP_NS = 20_000  # between two calls the CPU issues back to back
+
+
+def _ring(tmp_path, *, rank: int = 0, world: int = 2, profiler: bool = False, node: str = "n"):
+    """A 64-record ring of job JOB under tmp_path, as the NCCL hook (or, with
+    profiler, the profiler plugin) writes it for `rank`."""
+    d = tmp_path / str(JOB)
+    d.mkdir(exist_ok=True)
+    kind = "ncclprof" if profiler else "nccl"
+    return ring.RingWriter(
+        str(d / f"rank-{rank}.step-0.{kind}.ring"),
+        capacity=64,
+        job_id=JOB,
+        step_id=0,
+        global_rank=rank,
+        world_size=world,
+        source=ring.SOURCE_NCCL_PROFILER if profiler else ring.SOURCE_NCCL,
+        node_name=node,
+    )
+
+
 _SEND, _RECV = ring.OP["send"], ring.OP["recv"]
 
 
@@ -197,18 +217,7 @@ def test_group_members_take_their_groups_gpu_span(tmp_path):
     group_end, also when the group_end is read in a later poll (the hook
     writes it once the GPU work has run); a group without GPU time leaves
     its calls their host times."""
-    d = tmp_path / str(JOB)
-    d.mkdir()
-    w = ring.RingWriter(
-        str(d / "rank-0.step-0.nccl.ring"),
-        capacity=64,
-        job_id=JOB,
-        step_id=0,
-        global_rank=0,
-        world_size=2,
-        source=ring.SOURCE_NCCL,
-        node_name="n",
-    )
+    w = _ring(tmp_path)
     t = time.monotonic_ns() - 10**9
     w.append(ring.OP["group_start"], start_ns=t, end_ns=t + 10)
     w.append(_SEND, comm_id=5, nbytes=8, start_ns=t + 100, end_ns=t + 200, peer=1, flags=ring.F_IN_GROUP)
@@ -238,18 +247,7 @@ def test_group_members_take_their_groups_gpu_span(tmp_path):
 def test_peer_xfer_records_are_links_not_collectives(tmp_path):
     """The profiler plugin's per-link aggregates never enter the op
     sequence; the tracker sums them per (communicator, peer, direction)."""
-    d = tmp_path / str(JOB)
-    d.mkdir()
-    w = ring.RingWriter(
-        str(d / "rank-0.step-0.ncclprof.ring"),
-        capacity=64,
-        job_id=JOB,
-        step_id=0,
-        global_rank=0,
-        world_size=4,
-        source=ring.SOURCE_NCCL_PROFILER,
-        node_name="n",
-    )
+    w = _ring(tmp_path, world=4, profiler=True)
     t = time.monotonic_ns() - 10**9
     w.append(
         ring.OP["allreduce"],
@@ -290,18 +288,7 @@ def test_peer_xfer_records_are_links_not_collectives(tmp_path):
 
 
 def test_impossible_gpu_times_are_counted_not_used(tmp_path):
-    d = tmp_path / str(JOB)
-    d.mkdir()
-    w = ring.RingWriter(
-        str(d / "rank-0.step-0.nccl.ring"),
-        capacity=64,
-        job_id=JOB,
-        step_id=0,
-        global_rank=0,
-        world_size=2,
-        source=ring.SOURCE_NCCL,
-        node_name="n",
-    )
+    w = _ring(tmp_path)
     t = time.monotonic_ns() - 10**9
     w.append(
         ring.OP["allreduce"],
@@ -353,20 +340,9 @@ def test_slow_link_from_the_plugins_transfer_times(tmp_path):
     rank's peer_xfer records reach its report as links, and the controller
     names that link (network time per step against the job's other links
     of that direction), as evidence beside the assessment."""
-    d = tmp_path / str(JOB)
-    d.mkdir()
     t = time.monotonic_ns() - 10**9
     for r in range(4):
-        w = ring.RingWriter(
-            str(d / f"rank-{r}.step-0.ncclprof.ring"),
-            capacity=64,
-            job_id=JOB,
-            step_id=0,
-            global_rank=r,
-            world_size=4,
-            source=ring.SOURCE_NCCL_PROFILER,
-            node_name=f"node{r}",
-        )
+        w = _ring(tmp_path, rank=r, world=4, profiler=True, node=f"node{r}")
         for peer, sent in (((r + 1) % 4, True), ((r + 3) % 4, False)):
             slow = (r, peer, sent) in ((0, 1, True), (1, 0, False))
             w.append(
