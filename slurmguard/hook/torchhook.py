@@ -391,11 +391,8 @@ class Recorder:
         sleeping here gives up), at most timeout_s (default
         SETTLE_TIMEOUT_S). Returns how many calls are still in flight."""
         deadline = time.monotonic() + (SETTLE_TIMEOUT_S if timeout_s is None else timeout_s)
-        while True:
-            waiting = [p for p in list(self._pending) if p.done()]
-            if not waiting or time.monotonic() >= deadline:
-                return len(self._pending)
-            time.sleep(0.0005)
+        _poll(lambda: not any(p.done() for p in list(self._pending)), deadline)
+        return len(self._pending)
 
     def give_up(self) -> int:
         """Count the calls still in flight as lost and release what they
