@@ -29,6 +29,12 @@ must see: every --ckpt-every steps, on SIGUSR1 (slurmguard's or Slurm's
 --signal=USR1 checkpoint request) and at the end; a requeued job resumes from
 the latest one. Each rank appends its own measured step times to
 <log-dir>/rank<N>.jsonl (iter, step_s, restart, t, loss, ckpt_s).
+
+Rebalancing (slurmguard's S2 tier): a ddp job with --accum M, submitted with
+--comment=slurmguard:mitigate,microbatches=M and SLURMGUARD_CONTROLLER_URL in
+its environment, runs M micro-batches per step split between the ranks; rank 0
+asks the controller for the job's plan every --plan-every steps and all ranks
+switch to it at the same step (the log's "microbatches" and "plan").
 """
 
 
@@ -91,6 +97,19 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--microbatches", type=int, default=4, help="pp: micro-batches per step (default 4)")
     p.add_argument(
+        "--accum",
+        type=int,
+        default=0,
+        help="ddp: gradient accumulation over this many micro-batches per step, split between "
+        "the ranks by slurmguard's rebalance plan (default 0: off)",
+    )
+    p.add_argument(
+        "--plan-every",
+        type=int,
+        default=5,
+        help="ddp --accum: steps between rank 0's requests for the plan (default 5)",
+    )
+    p.add_argument(
         "--tp", type=int, default=0, help="2d: tensor-parallel size (default: the tasks on one node)"
     )
     return ap
@@ -131,7 +150,13 @@ def main(argv: list[str] | None = None) -> int:
             args.shape,
             env,
             spec,
-            shapes.ShapeOptions(bucket_mb=args.bucket_mb, microbatches=args.microbatches, tp=args.tp),
+            shapes.ShapeOptions(
+                bucket_mb=args.bucket_mb,
+                microbatches=args.microbatches,
+                tp=args.tp,
+                accum=args.accum,
+                plan_every=args.plan_every,
+            ),
         )
     except ValueError as exc:
         if env.rank == 0:
@@ -139,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         finish(2, barrier=False)
     if env.rank == 0:
         print(f"{args.shape}: {built.about}; rank 0 on {env.node}, pid {os.getpid()}", flush=True)
-    end = runtime.train(env, opts, built.model, built.optim, built.step, request)
+    end = runtime.train(env, opts, built.model, built.optim, built.step, request, built.shares)
     if env.rank == 0:
         print(f"{args.shape}: stopped at step {end} of {args.steps}", flush=True)
     finish(0)

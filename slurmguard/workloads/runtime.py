@@ -18,7 +18,9 @@ iter: the global iteration index (continues after a resume); restart:
 SLURM_RESTART_COUNT; t: wall-clock end of the step (s, epoch); step_s: wall
 time of the optimizer step (forward, backward, gradient communication,
 optimizer, the per-step loss/flag all-reduce), without the checkpoint;
-ckpt_s: the checkpoint written after this step (0 when none).
+ckpt_s: the checkpoint written after this step (0 when none). A ddp job with
+--accum adds "microbatches" (this rank's count in the step) and "plan" (the
+version of the controller's rebalance plan in force, null for the uniform split).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from torch import nn
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from slurmguard.workloads.rebalance import Shares
 
 
 # ------------------------------------------------------------------ environment
@@ -283,7 +287,7 @@ class StepLog:
         self.f = open(path, "a")  # noqa: SIM115
         self.env = env
 
-    def write(self, it: int, step_s: float, loss: float, ckpt_s: float) -> None:
+    def write(self, it: int, step_s: float, loss: float, ckpt_s: float, **extra: Any) -> None:
         self.f.write(
             json.dumps(
                 {
@@ -295,6 +299,7 @@ class StepLog:
                     "step_s": round(step_s, 6),
                     "loss": round(loss, 5),
                     "ckpt_s": round(ckpt_s, 4),
+                    **extra,
                 }
             )
             + "\n"
@@ -309,6 +314,7 @@ def train(
     optim: torch.optim.Optimizer,
     step_fn: Callable[[int], torch.Tensor | None],
     request: dict | None = None,
+    shares: Shares | None = None,
 ) -> int:
     """Run optimizer steps until opts.steps or opts.seconds; return the next step.
 
@@ -318,7 +324,9 @@ def train(
     before torch was imported (cli.main), so a signal during start-up is kept,
     not fatal; without one, train installs its own. After each step one small all-reduce carries the loss (for the
     log), the checkpoint request (SIGUSR1 may reach ranks at different steps)
-    and the time bound, so every rank takes the same decision at the same step.
+    and the time bound, so every rank takes the same decision at the same step;
+    with shares (ddp --accum), also rank 0's rebalance plan, which every rank
+    then applies from the next step on.
     """
     ck = Checkpointer(opts.ckpt_dir, opts.ckpt_every)
     start = ck.load(model, optim)
@@ -344,6 +352,7 @@ def train(
                 1.0 if loss is not None else 0.0,
                 float(want["ckpt"]),
                 float(over),
+                *(shares.proposal(it) if shares is not None else ()),
             ]
         )
         dist.all_reduce(flags)
@@ -356,7 +365,11 @@ def train(
             ck.save(it, model, optim)
             ckpt_s = time.perf_counter() - t1
             want["ckpt"] = False
-        log.write(it - 1, step_s, float(flags[0] / flags[1].clamp(min=1.0)), ckpt_s)
+        extra = {}
+        if shares is not None:
+            extra = {"microbatches": shares.share.count, "plan": shares.version}
+            shares.adopt(flags[4:].tolist())
+        log.write(it - 1, step_s, float(flags[0] / flags[1].clamp(min=1.0)), ckpt_s, **extra)
         if stop:
             break
     if it >= opts.steps and env.rank == 0:

@@ -2,7 +2,10 @@
 step on the process group that runtime.init made; runtime.train runs them.
 
 ddp   DistributedDataParallel, gradients all-reduced in buckets of --bucket-mb
-      (several per step) while the backward pass still runs.
+      (several per step) while the backward pass still runs; with --accum M,
+      gradient accumulation over M micro-batches per step split between the
+      ranks (no_sync on all but each rank's last), the split following
+      slurmguard's rebalance plan (rebalance.py).
 fsdp  FSDP2 (torch.distributed.fsdp.fully_shard) per block and at the root:
       parameters all-gathered before each block's forward/backward, gradients
       reduce-scattered after it.
@@ -17,6 +20,7 @@ tp    DTensor tensor parallel (parallelize_module): each block's up projection
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
@@ -24,28 +28,38 @@ from typing import cast
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
+from slurmguard.workloads.rebalance import Shares
 from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
 
 
 @dataclass
 class Built:
-    """model: what the checkpoint saves; step(i) -> loss (None where this rank has none)."""
+    """model: what the checkpoint saves; step(i) -> loss (None where this rank
+    has none); shares: the micro-batch split that train() keeps in step across
+    ranks (ddp --accum), else None."""
 
     model: nn.Module
     optim: torch.optim.Optimizer
     step: Callable[[int], torch.Tensor | None]
     about: str
+    shares: Shares | None = None
 
 
 @dataclass(frozen=True)
 class ShapeOptions:
     """bucket_mb: DDP bucket cap (MB); microbatches: pipeline micro-batches per
-    step; tp: tensor-parallel size of the 2d shape (0: the tasks of one node)."""
+    step; tp: tensor-parallel size of the 2d shape (0: the tasks of one node);
+    accum: ddp micro-batches per step across all ranks (0: one batch per rank,
+    no accumulation); plan_every: steps between rank 0's requests for the
+    controller's rebalance plan (with accum)."""
 
     bucket_mb: float = 1.0
     microbatches: int = 4
     tp: int = 0
+    accum: int = 0
+    plan_every: int = 5
 
 
 def _optim(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -71,12 +85,15 @@ def _data_parallel_step(
 
 
 def build_ddp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model = DDP(build_model(spec), bucket_cap_mb=o.bucket_mb)
+    model = DistributedDataParallel(build_model(spec), bucket_cap_mb=o.bucket_mb)
     optim = _optim(model.parameters())
     mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    inner = _data_parallel_step(model, optim, Teacher(spec), env.rank)
+    shares = _shares(env, spec, o) if o.accum else None
+    inner = (
+        _accumulating_step(model, optim, Teacher(spec), shares, spec.batch * env.world // o.accum)
+        if shares is not None
+        else _data_parallel_step(model, optim, Teacher(spec), env.rank)
+    )
     told = {"done": False}
 
     def step(i: int) -> torch.Tensor:
@@ -90,7 +107,55 @@ def build_ddp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
                 print(f"ddp: {len(str(sizes).split(','))} gradient buckets per step", flush=True)
         return loss
 
-    return Built(model, optim, step, f"DDP, {mb:.1f} MB of gradients in buckets of {o.bucket_mb:g} MB")
+    about = f"DDP, {mb:.1f} MB of gradients in buckets of {o.bucket_mb:g} MB"
+    if shares is not None:
+        about += f", {o.accum} micro-batches per step split between the ranks"
+    return Built(model, optim, step, about, shares)
+
+
+def _shares(env: Env, spec: ModelSpec, o: ShapeOptions) -> Shares:
+    from slurmguard.errors import InputError
+    from slurmguard.mitigate.client import PlanClient, PlanPoller
+
+    if o.accum < env.world or (spec.batch * env.world) % o.accum:
+        raise ValueError(
+            f"--accum {o.accum}: needs at least one micro-batch per rank ({env.world} ranks) and to "
+            f"divide the global batch ({spec.batch} x {env.world} samples)"
+        )
+    if o.plan_every < 1:
+        raise ValueError("--plan-every must be at least 1")
+    poller = None
+    if env.rank == 0:
+        try:
+            client = PlanClient.from_env()
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+        poller = PlanPoller(client, o.plan_every, env.world, o.accum)
+    return Shares(env.rank, env.world, o.accum, poller)
+
+
+def _accumulating_step(
+    model: DistributedDataParallel, optim: torch.optim.Optimizer, teacher: Teacher, shares: Shares, size: int
+) -> Callable[[int], torch.Tensor]:
+    """This rank's micro-batches of the step (its share), gradients all-reduced
+    once, with the last; micro-batch k of step i is the same data whichever
+    rank runs it, and each loss carries dp_size / M, so the update is the
+    uniform split's under any plan."""
+
+    def step(i: int) -> torch.Tensor:
+        share = shares.share
+        optim.zero_grad(set_to_none=True)
+        losses = []
+        for k in range(share.count):
+            x, y = teacher.batch(i, share.offset + k, size)
+            with model.no_sync() if k < share.count - 1 else contextlib.nullcontext():
+                loss = _loss(model(x), y)
+                (loss * share.loss_scale).backward()
+            losses.append(loss.detach())
+        optim.step()
+        return torch.stack(losses).mean()
+
+    return step
 
 
 def build_fsdp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:

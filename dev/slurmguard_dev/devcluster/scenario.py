@@ -115,15 +115,30 @@ class Scenario:
         signal: bool = True,
         ckpt_every: int = 50,
         exclusive: bool = True,
+        mitigate: int = 0,
     ) -> int:
         """The workload on its own exclusive nodes (GPU training jobs do not share
         nodes; exclusive=False: one CPU per task, so two jobs can share a node).
         signal: say the job handles a checkpoint signal (Slurm's
-        --signal=B:USR1@30: to the batch shell, which passes it on to the ranks)."""
+        --signal=B:USR1@30: to the batch shell, which passes it on to the ranks).
+        mitigate: opt a ddp job into rebalancing over this many micro-batches
+        per step (its --accum, the comment's mitigate item, the controller's URL)."""
         lay = LAYOUTS[self.workload]
         st = self.cluster.state_dir
+        extra = list(lay.args)
+        items = []
+        if mitigate:
+            if self.workload != "ddp":
+                raise ValueError("rebalancing is the ddp workload's (--accum)")
+            extra += ["--accum", str(mitigate), "--plan-every", "2"]
+            items += ["mitigate", f"microbatches={mitigate}"]
+        if signal:
+            items.append("signal=USR1")
+        # the ranks fetch the plan from the controller (rank 0, every 2 steps)
+        url = f"export SLURMGUARD_CONTROLLER_URL={self.guard.controller_url}\n" if mitigate else ""
         script = (
             "#!/bin/bash\n"
+            f"{url}"
             # no MASTER_PORT: rank 0 binds its rendezvous port as it starts
             # (slurmguard.rendezvous; other dev clusters share the host)
             # the checkpoint signal may reach the batch shell (--signal=B:USR1, or a
@@ -132,7 +147,7 @@ class Scenario:
             "trap 'kill -USR1 $srun_pid 2>/dev/null' USR1\n"
             f"srun --kill-on-bad-exit=1 {sys.executable} -m slurmguard.workloads {self.workload} "
             f"--steps {steps} --ckpt-every {ckpt_every} --ckpt-dir {st}/wl-$SLURM_JOB_ID "
-            f"{' '.join(lay.args)} &\n"
+            f"{' '.join(extra)} &\n"
             "srun_pid=$!\n"
             # wait returns above 128 when a trapped signal interrupts it
             "while wait $srun_pid; rc=$?; [ $rc -gt 128 ] && kill -0 $srun_pid 2>/dev/null; do :; done\n"
@@ -152,7 +167,9 @@ class Scenario:
         if signal:
             # Slurm's own --signal for its time limit; Slurm 22.05 shows it neither in
             # squeue --json nor in scontrol, so slurmguard's opt-in is the comment
-            args += ["--signal=B:USR1@30", "--comment=slurmguard:signal=USR1"]
+            args.append("--signal=B:USR1@30")
+        if items:
+            args.append(f"--comment=slurmguard:{','.join(items)}")
         if nodes:
             args += ["-w", nodes]
         return self.cluster.sbatch(script, *args)
