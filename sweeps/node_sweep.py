@@ -171,6 +171,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # gloo's threads can race interpreter finalisation: end the way every project job ends
-    from slurmguard.workloads.teardown import finish
+    from slurmguard.teardown import finish
 
     finish(main(), barrier=False)

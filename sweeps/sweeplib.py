@@ -867,7 +867,7 @@ def run_worker(spec: WorkerSpec, store: Any | None = None, barrier: Any | None =
                 }
             else:
                 raise ValueError(f"unknown task {spec.task}")
-            # the steps of slurmguard.workloads.teardown.finish, without its exit: this worker
+            # the steps of slurmguard.teardown.finish, without its exit: this worker
             # still hands its result back (its process then ends at once, _spawn_target)
             _barrier(dev)
         finally:
@@ -881,7 +881,7 @@ def _spawn_target(spec: WorkerSpec, queue: Any, barrier: Any | None = None) -> N
     if spec.device == "cpu":
         torch.set_num_threads(1)
     queue.put((spec.local_index, run_worker(spec, barrier=barrier)))
-    # gloo's threads can race interpreter finalisation (slurmguard.workloads.teardown):
+    # gloo's threads can race interpreter finalisation (slurmguard.teardown):
     # the result is handed over, so leave without it once the queue has flushed
     queue.close()
     queue.join_thread()

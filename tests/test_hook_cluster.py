@@ -46,7 +46,7 @@ TRAIN = textwrap.dedent("""
     print("PARAMS", rank, digest.hexdigest(), flush=True)
     # done and recorded: end without interpreter finalisation (gloo's
     # upstream teardown race, pytorch issue 190489)
-    from slurmguard.workloads.teardown import finish
+    from slurmguard.teardown import finish
     finish(0)
 """)
 

@@ -49,7 +49,7 @@ SHAPES = ("ddp", "pipe")
 ENDINGS: dict[str, str] = {
     "destroy": "destroy_process_group, then normal exit (all ranks)",
     "no-destroy": "normal exit without destroy_process_group (all ranks)",
-    "finish": "slurmguard.workloads.teardown.finish(0): barrier, destroy, os._exit (all ranks)",
+    "finish": "slurmguard.teardown.finish(0): barrier, destroy, os._exit (all ranks)",
     "sys-exit": "rank 1: sys.exit(3)",
     "raise": "rank 1: uncaught RuntimeError",
     "sigterm": "rank 1: SIGTERM, default disposition",
@@ -170,7 +170,7 @@ JOB = textwrap.dedent("""
         params = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
         print("RESULT", rank, hashlib.sha256(params).hexdigest()[:16], flush=True)
         if ending == "finish":
-            from slurmguard.workloads.teardown import finish
+            from slurmguard.teardown import finish
             finish(0)
         if rank == 1:
             if ending == "sys-exit":

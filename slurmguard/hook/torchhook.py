@@ -426,7 +426,7 @@ class Recorder:
         """destroy_process_group, after the records of the group's finished
         work are written; once no group is left, whatever is still in
         flight is counted lost (a job that ends with os._exit right after,
-        as slurmguard.workloads.teardown.finish does, loses nothing unseen).
+        as slurmguard.teardown.finish does, loses nothing unseen).
 
         Work of the group still in flight is waited for first, with the
         interpreter lock released: gloo's destructor joins its worker

@@ -281,7 +281,7 @@ def _leave() -> None:
     finalisation, where gloo's threads can abort the process (pytorch issue
     190489). An exception from _worker never gets here: it keeps torch's
     error reporting."""
-    from slurmguard.workloads.teardown import finish
+    from slurmguard.teardown import finish
 
     finish(0, barrier=False)  # _worker destroyed the group after a barrier
 

@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --ckpt-every and --seconds must be >= 0, --bucket-mb > 0", file=sys.stderr)
         return 2
 
+    from slurmguard.teardown import finish
     from slurmguard.workloads import runtime, shapes
-    from slurmguard.workloads.teardown import finish
 
     env = runtime.slurm_env()
     ckpt = args.ckpt_dir or Path.cwd() / f"ckpt-{args.shape}-{env.job_id}"

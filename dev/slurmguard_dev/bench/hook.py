@@ -428,7 +428,7 @@ TORCH_CALLS = textwrap.dedent("""
         print("CALLS", json.dumps(out), flush=True)
     # barrier, destroy (the hook writes its last records), then leave without
     # interpreter finalisation: gloo's upstream exit race must not fail the run
-    from slurmguard.workloads.teardown import finish
+    from slurmguard.teardown import finish
     if rank != 0:
         finish(0)
     dist.barrier()

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         log.close()
     # the work is done and recorded: leave without interpreter finalisation,
     # where gloo's threads can abort the process (pytorch issue 190489)
-    from slurmguard.workloads.teardown import finish
+    from slurmguard.teardown import finish
 
     finish(0)
 
