@@ -15,20 +15,29 @@ iteration, from the gaps between collectives:
   only). Iteration k spans the collectives from its anchor (the first one after
   the longest typical gap) up to the next anchor; the first collective has no
   compute before it, so its iteration is left out;
-* ``compute``: from the end of the previous iteration's last collective to the
-  start of this iteration's first one, less the time inside one-off
-  collectives in between. In a data-parallel job that is the
-  optimizer step, forward and backward (up to the first gradient bucket);
-  mapped to the simulator's ``forward-compute``. One op, not a made-up
-  forward/backward split: any ratio would only invent S_t for the two types and
-  a perfect forward/backward correlation (paper 004, 5.3);
-* ``dp-collectives``: from this iteration's first collective start to the end
-  of the last one to finish, one op, mapped to ``grads-reduce-scatter`` (the
-  paper's grads-sync, a collective over all DP ranks). One op, because the
-  simulator runs a stage's DP ops back to back and idealises per op type: the
-  compute between gradient buckets would vanish and differently sized buckets
-  would share one median. The price: backward compute that overlaps earlier
-  buckets counts as communication time.
+* ``dp-collectives``: the iteration's exposed communication, one op, mapped to
+  ``grads-reduce-scatter`` (the paper's grads-sync, a collective over all DP
+  ranks): the time from its first collective call to the end of the last one
+  to finish in which the rank can only have been waiting. A rank blocked in a
+  collective cannot make its next call before that collective ends, so in the
+  gap between two calls it waited at most from the earlier call until the last
+  completion before the later one; with none in between (a DDP rank issuing
+  bucket after bucket during its backward pass while earlier buckets are still
+  in flight) the gap is compute. After the iteration's last call, all is
+  waiting. One op, because the simulator runs a stage's DP ops back to back
+  and idealises per op type: differently sized buckets would share one median;
+* ``compute``: the rest of the iteration: from the end of the previous
+  iteration's last collective to this one's first call (less the time inside
+  one-off collectives in between), and the gaps between its calls that were
+  not waiting. In a data-parallel job that is the optimizer step, forward and
+  backward, also where the backward overlaps gradient buckets (a rank slowed
+  there is seen as slow, not as communicating); mapped to the simulator's
+  ``forward-compute``, one op placed before the communication. One op, not a
+  made-up forward/backward split: any ratio would only invent S_t for the two
+  types and a perfect forward/backward correlation (paper 004, 5.3). The
+  bound takes the gap before a completion as waiting, so backward compute after
+  the last bucket's call counts as communication (it is short: that bucket is
+  called when the backward pass ends).
 
 Steps are matched across ranks by time: iteration j of rank r is step k when
 its collectives end nearest to those of the reference rank's iteration k and
@@ -328,7 +337,28 @@ def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIter
     prev_end = np.minimum(np.maximum.accumulate(end)[seg[:-1] - 1], comm_start)
     waited = _busy_ns(ops.start_ns[rare], ops.end_ns[rare], prev_end, comm_start)
     compute_start = np.minimum(prev_end + waited, comm_start)
-    return RankIterations(ops.rank, compute_start, comm_start, comm_end, np.diff(seg))
+    inner = _computed_between_calls(t, end, seg)
+    return RankIterations(ops.rank, compute_start, comm_start + inner, comm_end, np.diff(seg))
+
+
+def _computed_between_calls(t: np.ndarray, end: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """Per iteration [seg_i, seg_i+1), ns of the gaps between its consecutive
+    collective calls (t ascending) in which the rank cannot have been waiting:
+    each gap less the part up to the last completion (of any earlier call)
+    before the later call."""
+    ends = np.sort(end)
+    j = np.arange(1, seg[-1])
+    k = np.searchsorted(ends, t[j], side="right") - 1  # last completion at or before call j
+    last = np.where(k >= 0, ends[np.clip(k, 0, None)], t[j - 1])
+    gap = t[j] - t[j - 1]
+    computing = gap - np.clip(last - t[j - 1], 0, gap)
+    # gap j lies inside iteration i when seg_i < j < seg_i+1
+    inside = np.searchsorted(seg, j, side="right") - 1 == np.searchsorted(seg, j - 1, side="right") - 1
+    per = np.zeros(len(seg) - 1, dtype=np.int64)
+    it = np.searchsorted(seg, j, side="right") - 1
+    ok = inside & (it >= 0) & (it < len(per))
+    np.add.at(per, it[ok], computing[ok])
+    return per
 
 
 def match_steps(its: dict[int, RankIterations], ref: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
