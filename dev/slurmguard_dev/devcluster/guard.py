@@ -94,7 +94,6 @@ class Guard:
         self.overrides = overrides or {}
         self.telemetry = telemetry
         self.sim_profiles_path = self.state / "sim_profiles.json"
-        self.inject_dir = self.state / "inject"
         self.secret_path = self.state / "secret"
         self.keys_dir = self.state / "keys"
         self.policy_path = self.state / "policies.yaml"
@@ -146,27 +145,17 @@ class Guard:
         tmp.write_text(json.dumps(dict(profiles)))
         tmp.replace(self.sim_profiles_path)
 
-    def inject(self, node: str, factor: float | None) -> None:
-        """Slow the training rank on `node` by `factor` (None: stop)."""
-        self.inject_dir.mkdir(exist_ok=True)
-        f = self.inject_dir / node
-        if factor is None:
-            f.unlink(missing_ok=True)
-        else:
-            f.write_text(f"{factor}\n")
-
     def start(self, fresh: bool = False) -> Guard:
         """Plugin, keys, policy, prolog/epilog, controller and agents up.
         fresh: start clean, as the demo does: an empty database (sweep
         baselines a previous run measured at another machine load are no
-        reference), no simulated telemetry faults and no sweep injections a
-        previous run left in the state directory."""
+        reference) and no simulated telemetry faults a previous run left in the
+        state directory."""
         from slurmguard.store import db
 
         build = build_plugin()
         self.write_keys()
         self.write_policy()
-        self.inject_dir.mkdir(exist_ok=True)
         if fresh:
             self._clear_simulated_faults()
         elif not self.sim_profiles_path.exists():
@@ -287,7 +276,7 @@ class Guard:
     def reset(self) -> None:
         """Back to a clean cluster between runs: controller stopped first (its sweep
         scheduler would resubmit what is cancelled), jobs cancelled, reservations
-        deleted, faults cleared (CPU caps, sleep injections, sim profiles), nodes
+        deleted, faults cleared (CPU caps, sim profiles), nodes
         resumed and uncommented, all idle."""
         from slurmguard_dev.devcluster.fault import clear_all
 
@@ -307,9 +296,7 @@ class Guard:
         c.wait_nodes_idle(timeout=60)
 
     def _clear_simulated_faults(self) -> None:
-        """No sweep injections and no simulated telemetry faults."""
-        for name in list(self.inject_dir.glob("*")):
-            name.unlink()
+        """No simulated telemetry faults."""
         self.set_sim_profiles({})
 
     def configure(self, overrides: Mapping[str, Any] | None = None) -> None:

@@ -174,35 +174,6 @@ class Scenario:
             args += ["-w", nodes]
         return self.cluster.sbatch(script, *args)
 
-    def submit_sleep_model(
-        self, iters: int, compute_ms: float = 80.0, *, guarded: bool = True, nodes: str | None = None
-    ) -> int:
-        """The sleep-modelled DDP job (slurmguard_dev.devcluster.train), a unit-test tool
-        for the ring and what-if paths; its log is train-<job>.jsonl."""
-        st = self.cluster.state_dir
-        script = (
-            "#!/bin/bash\n"
-            f"srun {sys.executable} -m slurmguard_dev.devcluster.train --iters {iters} "
-            f"--compute-ms {compute_ms} --ckpt {st}/ckpt-$SLURM_JOB_ID "
-            f"--inject-dir {self.guard.inject_dir} --log {st}/train-$SLURM_JOB_ID.jsonl\n"
-        )
-        # train.py checkpoints on SIGUSR1: it asks for slurmguard's checkpoint signal
-        args = [
-            "-N2",
-            "--ntasks-per-node=1",
-            "--exclusive",
-            "-J",
-            "ddp-train",
-            "-o",
-            f"{st}/job-%j.out",
-            "--comment=slurmguard:signal=USR1",
-        ]
-        if guarded:
-            args.append("--straggler-guard")
-        if nodes:
-            args += ["-w", nodes]
-        return self.cluster.sbatch(script, *args)
-
     def requeue(self, job: int) -> None:
         """Requeue the job as an admin or a preemption would, restarting it at once
         (slurmguard's Slurm client lifts Slurm's two-minute post-requeue hold)."""

@@ -1,16 +1,14 @@
-"""A small torch DDP training job for the demo, the tests and the benchmarks.
+"""The sleep-modelled DDP job of `slurmguard bench hook`'s step-time part: one
+gradient bucket and the accelerator's compute modelled as a sleep, so a guarded
+and an unguarded run differ only by the hook on a busy development machine.
+Everything else (the demo, the online tests, `bench loop`) runs the real
+workloads of slurmguard.workloads.
 
 Run under Slurm (`srun python -m slurmguard_dev.devcluster.train ...`): rank,
 world size and local rank come from SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID, gloo over 127.0.0.1 (every dev-cluster node is this host).
-
-Fail-slow injection for demos and tests: while the file
-<inject_dir>/<node name> exists, the rank on that node computes slower by the
-factor written in it (e.g. "1.3"), by sleeping (factor - 1) x its measured
-compute time; sleeping keeps the injected slowdown independent of how busy
-the machine's cores are. It checkpoints every --ckpt-every iterations and on
-SIGUSR1 (slurmguard's checkpoint request), and resumes from the checkpoint
-after a requeue.
+It checkpoints every --ckpt-every iterations and on SIGUSR1, and resumes from
+the checkpoint after a requeue.
 """
 
 from __future__ import annotations
@@ -40,16 +38,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
     )
     ap.add_argument("--ckpt", type=Path, required=True, help="checkpoint directory (shared)")
     ap.add_argument("--ckpt-every", type=int, default=25)
-    ap.add_argument("--inject-dir", type=Path, default=None)
-    ap.add_argument(
-        "--microbatches",
-        type=int,
-        default=0,
-        help="global batch in micro-batches (M); >0 splits --compute-ms over them and "
-        "follows the controller's plan (opt in with --comment=slurmguard:mitigate,"
-        "microbatches=M and SLURMGUARD_CONTROLLER_URL)",
-    )
-    ap.add_argument("--plan-every", type=int, default=10, help="steps between plan polls")
     ap.add_argument("--log", type=Path, default=None, help="JSON lines of per-iteration times (rank 0)")
     args = ap.parse_args(argv)
 
@@ -83,39 +71,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     w = torch.randn(256, 256)
     # open for the whole loop, closed after it
     log = open(args.log, "a") if (args.log and rank == 0) else None  # noqa: SIM115
-    poller = None
-    if args.microbatches:
-        from slurmguard.mitigate.client import PlanClient
-        from slurmguard.mitigate.plan import rank_share
-
-        client = PlanClient.from_env()
-        plan = None
-        per_mb_ms = args.compute_ms * world / args.microbatches
-        poller = client
     print(f"rank {rank}/{world} on {node}: starting at iteration {start}", flush=True)
     for it in range(start, args.iters):
         t0 = time.perf_counter()
         a = x
         for _ in range(args.work):
             a = torch.tanh(a @ w)
-        factor = 1.0
-        if args.inject_dir is not None:
-            try:
-                factor = max(1.0, float((args.inject_dir / node).read_text().strip() or "1"))
-            except (OSError, ValueError):
-                factor = 1.0
         # forward/backward "on the accelerator": modelled time, then the real
         # (small) model, whose backward() runs DDP's gradient all-reduce
-        compute_ms, count = args.compute_ms, None
-        if args.microbatches:
-            if poller is not None and it % args.plan_every == 0:
-                plan = poller.fetch() or plan
-            try:
-                count = rank_share(plan, rank, world, args.microbatches).count
-            except Exception:  # a plan that does not fit: keep the uniform split
-                count = rank_share(None, rank, world, args.microbatches).count
-            compute_ms = per_mb_ms * count
-        time.sleep(compute_ms / 1000.0 * factor)
+        time.sleep(args.compute_ms / 1000.0)
         loss = torch.nn.functional.cross_entropy(ddp(a), y)
         opt.zero_grad()
         loss.backward()
@@ -128,8 +92,6 @@ def main(argv: list[str] | None = None) -> NoReturn:
                         "t": time.time(),
                         "step_s": time.perf_counter() - t0,
                         "node": node,
-                        "microbatches": count,
-                        "plan": plan.version if args.microbatches and plan else None,
                     }
                 )
                 + "\n"
