@@ -15,14 +15,13 @@ Database URL order: --db, $SLURMGUARD_DB, database.url.
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurmguard.errors import ConfigError
@@ -31,7 +30,9 @@ SYSTEM_POLICY = Path("/etc/slurmguard/policies.yaml")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # defer_build: a model's validator is built when it first validates, not at import, so a
+    # command that loads only some sections (load_policy(sections=...)) builds only those.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, defer_build=True)
 
 
 # ---------------------------------------------------------------- storage / slurm
@@ -143,10 +144,10 @@ class PeerPolicy(Strict):
 
 
 class DetectionPolicy(Strict):
-    period: PeriodPolicy = PeriodPolicy()
-    bocd: BocdPolicy = BocdPolicy()
-    cross_group: CrossGroupPolicy = CrossGroupPolicy()
-    peers: PeerPolicy = PeerPolicy()
+    period: PeriodPolicy = Field(default_factory=PeriodPolicy)
+    bocd: BocdPolicy = Field(default_factory=BocdPolicy)
+    cross_group: CrossGroupPolicy = Field(default_factory=CrossGroupPolicy)
+    peers: PeerPolicy = Field(default_factory=PeerPolicy)
 
 
 # ---------------------------------------------------------------- response
@@ -185,8 +186,8 @@ class EscalationPolicy(Strict):
 
 
 class ResponsePolicy(Strict):
-    tiers: TierPolicy = TierPolicy()
-    escalation: EscalationPolicy = EscalationPolicy()
+    tiers: TierPolicy = Field(default_factory=TierPolicy)
+    escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)
 
 
 # ---------------------------------------------------------------- safety
@@ -208,8 +209,8 @@ class RateLimitPolicy(Strict):
 
 class SafetyPolicy(Strict):
     dry_run: bool = False
-    breaker: BreakerPolicy = BreakerPolicy()
-    rate_limit: RateLimitPolicy = RateLimitPolicy()
+    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
+    rate_limit: RateLimitPolicy = Field(default_factory=RateLimitPolicy)
 
 
 # ---------------------------------------------------------------- daemons
@@ -238,7 +239,7 @@ class AgentPolicy(Strict):
     sample_interval_s: float = Field(5.0, gt=0)
     report_interval_s: float = Field(10.0, gt=0)
     telemetry_source: Literal["sim", "nvml", "dcgm", "prometheus", "none"] = "sim"
-    telemetry: TelemetryPolicy = TelemetryPolicy()
+    telemetry: TelemetryPolicy = Field(default_factory=TelemetryPolicy)
     controller_url: str = "http://127.0.0.1:8642"
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)
@@ -319,6 +320,8 @@ class ControllerPolicy(Strict):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         for net in self.read_clients:
+            import ipaddress  # here: only a policy with read_clients pays its import
+
             try:
                 ipaddress.ip_network(net, strict=False)
             except ValueError:
@@ -364,27 +367,31 @@ class ModelFloor(Strict):
 
 
 _GEMM_HOPPER = {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}
-DEFAULT_FLOORS: tuple[ModelFloor, ...] = (
+_DEFAULT_FLOORS: tuple[dict, ...] = (  # built on use: see Strict.model_config
     # spec sheets, dense: H100 SXM5 (HBM3 3.35 TB/s, NVLink 4 450 GB/s per direction,
     # one 400 Gb/s NIC per GPU), H200 (HBM3e 4.8 TB/s), A100 SXM4 80GB (2.039 TB/s,
     # NVLink 3 300 GB/s per direction, one 200 Gb/s NIC per GPU)
-    ModelFloor(
-        model="NVIDIA H100 80GB HBM3",
-        gemm_tflops=_GEMM_HOPPER,
-        membw_gbps=3350.0,
-        p2p_gbps=450.0,
-        send_gbps=50.0,
-    ),
-    ModelFloor(
-        model="NVIDIA H200*", gemm_tflops=_GEMM_HOPPER, membw_gbps=4800.0, p2p_gbps=450.0, send_gbps=50.0
-    ),
-    ModelFloor(
-        model="NVIDIA A100-SXM4-80GB",
-        gemm_tflops={"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
-        membw_gbps=2039.0,
-        p2p_gbps=300.0,
-        send_gbps=25.0,
-    ),
+    {
+        "model": "NVIDIA H100 80GB HBM3",
+        "gemm_tflops": _GEMM_HOPPER,
+        "membw_gbps": 3350.0,
+        "p2p_gbps": 450.0,
+        "send_gbps": 50.0,
+    },
+    {
+        "model": "NVIDIA H200*",
+        "gemm_tflops": _GEMM_HOPPER,
+        "membw_gbps": 4800.0,
+        "p2p_gbps": 450.0,
+        "send_gbps": 50.0,
+    },
+    {
+        "model": "NVIDIA A100-SXM4-80GB",
+        "gemm_tflops": {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+        "membw_gbps": 2039.0,
+        "p2p_gbps": 300.0,
+        "send_gbps": 25.0,
+    },
 )
 
 
@@ -408,17 +415,17 @@ class ToolStages(Strict):
     """The field's standard tools as optional sweep stages; their figures are stored beside
     slurmguard's own, and a stage that reports a failure fails the sweep with its evidence."""
 
-    dcgm_diag: ToolStage = ToolStage(command="dcgmi", timeout_s=900.0)
+    dcgm_diag: ToolStage = Field(default_factory=lambda: ToolStage(command="dcgmi", timeout_s=900.0))
     """`dcgmi diag -r LEVEL -j` on the 1-node sweep."""
     dcgm_level: Literal[1, 2, 3] = 1
     """dcgmi diag run level: 1 quick (about a minute), 2 medium, 3 long (tens of minutes)."""
-    nccl_all_reduce: ToolStage = ToolStage(
-        command="all_reduce_perf", args=("-b", "1G", "-e", "4G", "-f", "2")
+    nccl_all_reduce: ToolStage = Field(
+        default_factory=lambda: ToolStage(command="all_reduce_perf", args=("-b", "1G", "-e", "4G", "-f", "2"))
     )
     """nccl-tests all_reduce_perf over all GPUs of the node (1-node sweep), -c 1 (checked)."""
-    nvbandwidth: ToolStage = ToolStage(command="nvbandwidth")
+    nvbandwidth: ToolStage = Field(default_factory=lambda: ToolStage(command="nvbandwidth"))
     """nvbandwidth's copy benchmarks (1-node sweep)."""
-    ib_write_bw: ToolStage = ToolStage(command="ib_write_bw", timeout_s=120.0)
+    ib_write_bw: ToolStage = Field(default_factory=lambda: ToolStage(command="ib_write_bw", timeout_s=120.0))
     """perftest ib_write_bw per HCA pair, node under test -> reference (2-node sweep)."""
     ib_hcas: tuple[str, ...] = ()
     """HCAs measured by ib_write_bw (mlx5_0 ...); empty = every device in /sys/class/infiniband."""
@@ -478,7 +485,9 @@ class SweepPolicy(Strict):
     peer_sweeps: bool = True
     """Without a baseline, sweep idle healthy peers of the class (one at a time, never a busy
     node) so a drained node can be judged; False = hold until a baseline exists."""
-    floors: tuple[ModelFloor, ...] = DEFAULT_FLOORS
+    floors: tuple[ModelFloor, ...] = Field(
+        default_factory=lambda: tuple(ModelFloor(**f) for f in _DEFAULT_FLOORS)
+    )
     """Per-model floors: the reference of last resort (no baseline, no peer)."""
     killed_retries: int = Field(2, ge=0)
     """A sweep job cancelled or preempted by Slurm (not ended by the node) is submitted again
@@ -502,7 +511,7 @@ class SweepPolicy(Strict):
     throttle_fail_share: float = Field(0.1, gt=0, le=1)
     """Share of telemetry samples (GPU) or scheduler periods (CPU) with one of those reasons
     from which the sweep fails."""
-    stages: ToolStages = ToolStages()
+    stages: ToolStages = Field(default_factory=ToolStages)
 
 
 class TriagePolicy(Strict):
@@ -605,41 +614,49 @@ class PrologPolicy(Strict):
 
 
 class Policy(Strict):
-    database: DatabasePolicy = DatabasePolicy()
-    slurm: SlurmPolicy = SlurmPolicy()
-    detection: DetectionPolicy = DetectionPolicy()
-    response: ResponsePolicy = ResponsePolicy()
-    safety: SafetyPolicy = SafetyPolicy()
-    agent: AgentPolicy = AgentPolicy()
-    controller: ControllerPolicy = ControllerPolicy()
-    sweeps: SweepPolicy = SweepPolicy()
-    triage: TriagePolicy = TriagePolicy()
-    whatif: WhatIfPolicy = WhatIfPolicy()
-    prolog: PrologPolicy = PrologPolicy()
+    database: DatabasePolicy = Field(default_factory=DatabasePolicy)
+    slurm: SlurmPolicy = Field(default_factory=SlurmPolicy)
+    detection: DetectionPolicy = Field(default_factory=DetectionPolicy)
+    response: ResponsePolicy = Field(default_factory=ResponsePolicy)
+    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)
+    agent: AgentPolicy = Field(default_factory=AgentPolicy)
+    controller: ControllerPolicy = Field(default_factory=ControllerPolicy)
+    sweeps: SweepPolicy = Field(default_factory=SweepPolicy)
+    triage: TriagePolicy = Field(default_factory=TriagePolicy)
+    whatif: WhatIfPolicy = Field(default_factory=WhatIfPolicy)
+    prolog: PrologPolicy = Field(default_factory=PrologPolicy)
 
 
 # ---------------------------------------------------------------- loading
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (YAML silently keeps the last)."""
+@functools.cache
+def _line_loader() -> type:
+    """SafeLoader that rejects duplicate keys (YAML silently keeps the last).
+
+    Built on first use: PyYAML is imported only when there is a policy text to read."""
+    import yaml
+
+    class _LineLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return loader.construct_mapping(node, deep=deep)
+
+    _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return _LineLoader
 
 
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line + 1
-    return loader.construct_mapping(node, deep=deep)
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _line_index(node: yaml.Node, prefix: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+def _line_index(node: Any, prefix: tuple = (), out: dict | None = None) -> dict[tuple, int]:
     """Map every key path in a composed YAML tree to its 1-based line."""
+    import yaml
+
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
@@ -658,11 +675,61 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def parse_policy(text: str, source: str = "<policy>") -> Policy:
-    """Validate policy YAML text. Raises ConfigError 'FILE:LINE: KEY: message'."""
+class PolicySections:
+    """What `load_policy(sections=...)` returns: the named sections (attributes, as on a
+    Policy), validated exactly as in a full Policy. Reading a section that was not loaded is
+    an AttributeError naming it, never a silent default."""
+
+    def __init__(self, sections: dict[str, Strict]):
+        self.__dict__.update(sections)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"policy section {name!r} was not loaded: add it to load_policy(sections=...)")
+
+
+def _section_models(sections: tuple[str, ...] | None) -> dict[str, type[Strict]]:
+    """Model class of each named section (a name that is not one is a programming error)."""
+    if sections is None:
+        return {}
+    fields = Policy.model_fields
+    missing = [s for s in sections if s not in fields]
+    if missing:
+        raise ValueError(f"not policy sections: {', '.join(missing)}")
+    return {s: fields[s].annotation for s in sections}  # type: ignore[misc]
+
+
+def _errors(
+    model: type[Strict], value: Any, loc: tuple, lines: dict, source: str, messages: list[str]
+) -> Strict | None:
+    """model validated from value; None with 'FILE:LINE: KEY: message' appended on errors."""
     try:
-        root = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)
+        return model.model_validate(value)
+    except ValidationError as exc:
+        for err in exc.errors():
+            path = loc + tuple(err["loc"])
+            # pydantic appends validator names for unions/literals; trim to existing paths
+            probe = path
+            while probe and probe not in lines:
+                probe = probe[:-1]
+            line = lines.get(probe, 1)
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            messages.append(f"{source}:{line}: {_format_loc(path)}: {msg}")
+        return None
+
+
+def parse_policy(text: str, source: str = "<policy>", sections: tuple[str, ...] | None = None) -> Policy:
+    """Validate policy YAML text. Raises ConfigError 'FILE:LINE: KEY: message'.
+
+    sections: validate (and build) only these sections and return a PolicySections; unknown
+    top-level keys are still errors. None: the whole Policy."""
+    import yaml
+
+    models = _section_models(sections)
+    try:
+        root = yaml.compose(text, Loader=_line_loader())
+        data = yaml.load(text, Loader=_line_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -673,22 +740,21 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: the policy must be a mapping of sections")
     lines = _line_index(root) if root is not None else {}
-    try:
-        return Policy.model_validate(data)
-    except ValidationError as exc:
-        messages = []
-        for err in exc.errors():
-            loc = tuple(p for p in err["loc"])
-            # pydantic appends validator names for unions/literals; trim to existing paths
-            probe = loc
-            while probe and probe not in lines:
-                probe = probe[:-1]
-            line = lines.get(probe, 1)
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, ") :]
-            messages.append(f"{source}:{line}: {_format_loc(loc)}: {msg}")
-        raise ConfigError("; ".join(messages)) from None
+    messages: list[str] = []
+    if sections is None:
+        policy = _errors(Policy, data, (), lines, source, messages)
+    else:
+        for key in data:
+            if key not in Policy.model_fields:
+                messages.append(f"{source}:{lines.get((key,), 1)}: {key}: unknown key")
+        built = {
+            name: _errors(model, data.get(name, {}), (name,), lines, source, messages)
+            for name, model in models.items()
+        }
+        policy = PolicySections(built)  # type: ignore[assignment]
+    if messages:
+        raise ConfigError("; ".join(messages))
+    return policy  # type: ignore[return-value]
 
 
 def find_policy_file(
@@ -750,20 +816,31 @@ def read_trusted(
         os.close(fd)
 
 
-def load_policy(path: str | os.PathLike | None = None, *, trusted: bool = True) -> Policy:
+def load_policy(
+    path: str | os.PathLike | None = None, *, trusted: bool = True, sections: tuple[str, ...] | None = None
+) -> Policy:
     """Load and validate the policy; built-in defaults when no file is found.
 
     trusted=False only for `slurmguard policy check FILE`, which validates a file
-    without acting on it (no owner check)."""
+    without acting on it (no owner check). sections: a command that reads only some
+    sections names them and gets a PolicySections with just those, validated and built (a
+    start-up cost: each section's validator is built on its first use)."""
     p = find_policy_file(path)
     if p is None:
+        if sections is not None:
+            # the models' own defaults, constructed without building a validator (pydantic's
+            # plugin discovery alone is 20 ms); tests/test_config.py checks that this equals
+            # validating them
+            return PolicySections(  # type: ignore[return-value]
+                {name: model.model_construct() for name, model in _section_models(sections).items()}
+            )
         return Policy()
     raw = read_trusted(p, "policy file", as_root=None if trusted else False)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: cannot read policy file: {exc}") from None
-    return parse_policy(text, str(p))
+    return parse_policy(text, str(p), sections)
 
 
 def database_url(policy: Policy, override: str | None = None) -> str:
