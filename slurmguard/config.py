@@ -680,7 +680,7 @@ class PolicySections:
     Policy), validated exactly as in a full Policy. Reading a section that was not loaded is
     an AttributeError naming it, never a silent default."""
 
-    def __init__(self, sections: dict[str, Strict]):
+    def __init__(self, sections: Mapping[str, Strict | None]):
         self.__dict__.update(sections)
 
     def __getattr__(self, name: str) -> Any:
@@ -741,6 +741,7 @@ def parse_policy(text: str, source: str = "<policy>", sections: tuple[str, ...] 
         raise ConfigError(f"{source}:1: the policy must be a mapping of sections")
     lines = _line_index(root) if root is not None else {}
     messages: list[str] = []
+    policy: Any  # a Policy, or a PolicySections that reads like one
     if sections is None:
         policy = _errors(Policy, data, (), lines, source, messages)
     else:
@@ -751,10 +752,10 @@ def parse_policy(text: str, source: str = "<policy>", sections: tuple[str, ...] 
             name: _errors(model, data.get(name, {}), (name,), lines, source, messages)
             for name, model in models.items()
         }
-        policy = PolicySections(built)  # type: ignore[assignment]
+        policy = PolicySections(built)
     if messages:
         raise ConfigError("; ".join(messages))
-    return policy  # type: ignore[return-value]
+    return policy
 
 
 def find_policy_file(

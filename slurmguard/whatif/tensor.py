@@ -23,6 +23,7 @@ def median(a: np.ndarray, axis: int | tuple[int, ...] | None = None) -> Any:
     where any is NaN), without np.median's first-call import of numpy.ma, which is a tenth
     of `slurmguard whatif`'s start-up. axis None: a float over all values."""
     a = np.asarray(a, dtype=float)
+    flat: np.ndarray
     if axis is None:
         flat = a.reshape(-1)
     else:
@@ -32,6 +33,7 @@ def median(a: np.ndarray, axis: int | tuple[int, ...] | None = None) -> Any:
         flat = moved.reshape(moved.shape[: len(keep)] + (-1,))
     s = np.sort(flat, axis=-1)
     n = s.shape[-1]
+    out: Any
     if n == 0:
         out = np.full(s.shape[:-1], np.nan)
     else:
