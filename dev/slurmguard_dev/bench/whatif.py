@@ -112,6 +112,7 @@ def end_to_end(base: Path, name: str, artifact: Path, artifact_python: str, runs
     art_env = {**env, "PYTHONPATH": str(artifact)}
     ours = _slurmguard_argv() + ["whatif", str(trace), "--meta", str(meta)]
     times: dict[str, list[tuple[float, float]]] = {"text": [], "json": [], "artifact": []}
+    load_before = os.getloadavg()
     s_ours = s_art = float("nan")
     with tempfile.TemporaryDirectory(prefix="sg-whatif-e2e-") as tmp:
         # cwd without policies.yaml: the built-in policy, as on a fresh host
@@ -142,6 +143,12 @@ def end_to_end(base: Path, name: str, artifact: Path, artifact_python: str, runs
         f"{'artifact analyzer/wia.py (baseline)':<44}{aw:>8.2f}{ac:>8.2f}{'1.0x / 1.0x':>19}   {s_art:.3f}"
     )
     click.echo(f"S difference: {100 * (s_ours - s_art) / s_art:+.2f}% (target within 1%)")
+    # wall times depend on what else runs; CPU times much less: say which it was
+    load_after = os.getloadavg()
+    click.echo(
+        f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after,"
+        f" on {os.cpu_count()} cores"
+    )
 
 
 @click.command("whatif")
