@@ -676,57 +676,21 @@ def _format_loc(loc: tuple) -> str:
 
 
 class PolicySections:
-    """What `load_policy(sections=...)` returns: the named sections (attributes, as on a
-    Policy), validated exactly as in a full Policy. Reading a section that was not loaded is
-    an AttributeError naming it, never a silent default."""
+    """What `load_policy(sections=...)` returns when there is no policy file: the named
+    sections' built-in defaults (attributes, as on a Policy). Reading a section that was not
+    named is an AttributeError saying so, never a silent default."""
 
-    def __init__(self, sections: Mapping[str, Strict | None]):
+    def __init__(self, sections: Mapping[str, Strict]):
         self.__dict__.update(sections)
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(f"policy section {name!r} was not loaded: add it to load_policy(sections=...)")
 
 
-def _section_models(sections: tuple[str, ...] | None) -> dict[str, type[Strict]]:
-    """Model class of each named section (a name that is not one is a programming error)."""
-    if sections is None:
-        return {}
-    fields = Policy.model_fields
-    missing = [s for s in sections if s not in fields]
-    if missing:
-        raise ValueError(f"not policy sections: {', '.join(missing)}")
-    return {s: fields[s].annotation for s in sections}  # type: ignore[misc]
-
-
-def _errors(
-    model: type[Strict], value: Any, loc: tuple, lines: dict, source: str, messages: list[str]
-) -> Strict | None:
-    """model validated from value; None with 'FILE:LINE: KEY: message' appended on errors."""
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        for err in exc.errors():
-            path = loc + tuple(err["loc"])
-            # pydantic appends validator names for unions/literals; trim to existing paths
-            probe = path
-            while probe and probe not in lines:
-                probe = probe[:-1]
-            line = lines.get(probe, 1)
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, ") :]
-            messages.append(f"{source}:{line}: {_format_loc(path)}: {msg}")
-        return None
-
-
-def parse_policy(text: str, source: str = "<policy>", sections: tuple[str, ...] | None = None) -> Policy:
-    """Validate policy YAML text. Raises ConfigError 'FILE:LINE: KEY: message'.
-
-    sections: validate (and build) only these sections and return a PolicySections; unknown
-    top-level keys are still errors. None: the whole Policy."""
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Validate policy YAML text. Raises ConfigError 'FILE:LINE: KEY: message'."""
     import yaml
 
-    models = _section_models(sections)
     try:
         root = yaml.compose(text, Loader=_line_loader())
         data = yaml.load(text, Loader=_line_loader())
@@ -740,22 +704,22 @@ def parse_policy(text: str, source: str = "<policy>", sections: tuple[str, ...] 
     if not isinstance(data, dict):
         raise ConfigError(f"{source}:1: the policy must be a mapping of sections")
     lines = _line_index(root) if root is not None else {}
-    messages: list[str] = []
-    policy: Any  # a Policy, or a PolicySections that reads like one
-    if sections is None:
-        policy = _errors(Policy, data, (), lines, source, messages)
-    else:
-        for key in data:
-            if key not in Policy.model_fields:
-                messages.append(f"{source}:{lines.get((key,), 1)}: {key}: unknown key")
-        built = {
-            name: _errors(model, data.get(name, {}), (name,), lines, source, messages)
-            for name, model in models.items()
-        }
-        policy = PolicySections(built)
-    if messages:
-        raise ConfigError("; ".join(messages))
-    return policy
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as exc:
+        messages = []
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"])
+            # pydantic appends validator names for unions/literals; trim to existing paths
+            probe = loc
+            while probe and probe not in lines:
+                probe = probe[:-1]
+            line = lines.get(probe, 1)
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            messages.append(f"{source}:{line}: {_format_loc(loc)}: {msg}")
+        raise ConfigError("; ".join(messages)) from None
 
 
 def find_policy_file(
@@ -823,25 +787,28 @@ def load_policy(
     """Load and validate the policy; built-in defaults when no file is found.
 
     trusted=False only for `slurmguard policy check FILE`, which validates a file
-    without acting on it (no owner check). sections: a command that reads only some
-    sections names them and gets a PolicySections with just those, validated and built (a
-    start-up cost: each section's validator is built on its first use)."""
+    without acting on it (no owner check). sections: the sections a command reads. With a
+    policy file it changes nothing (the whole file is validated, as for every command);
+    without one, only those sections' defaults are made, and without building a validator
+    (the start-up of a short command: building them, with pydantic's plugin discovery, is
+    most of the cost of the policy), in a PolicySections."""
+    if sections is not None:
+        unknown = [s for s in sections if s not in Policy.model_fields]
+        if unknown:
+            raise ValueError(f"not policy sections: {', '.join(unknown)}")
     p = find_policy_file(path)
     if p is None:
         if sections is not None:
-            # the models' own defaults, constructed without building a validator (pydantic's
-            # plugin discovery alone is 20 ms); tests/test_config.py checks that this equals
-            # validating them
-            return PolicySections(  # type: ignore[return-value]
-                {name: model.model_construct() for name, model in _section_models(sections).items()}
-            )
+            # tests/test_config.py checks that these equal the validated defaults
+            models = {s: Policy.model_fields[s].annotation for s in sections}
+            return PolicySections({s: m.model_construct() for s, m in models.items()})  # type: ignore[union-attr, return-value]
         return Policy()
     raw = read_trusted(p, "policy file", as_root=None if trusted else False)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{p}: cannot read policy file: {exc}") from None
-    return parse_policy(text, str(p), sections)
+    return parse_policy(text, str(p))
 
 
 def database_url(policy: Policy, override: str | None = None) -> str:

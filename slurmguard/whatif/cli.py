@@ -191,7 +191,7 @@ def _whatif(
     from slurmguard.whatif.trace import check_trace, load_meta, read_columns
 
     obj = ctx.obj or {}
-    # only the sections this command reads are validated and built (start-up time)
+    # without a policy file, only the defaults of the sections read here are made (start-up)
     full_policy = load_policy(
         obj.get("policy_path"),
         sections=("whatif", "detection") if rings_dir is not None else ("whatif",),
