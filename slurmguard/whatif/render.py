@@ -100,7 +100,17 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
 
     from slurmguard.whatif.tensor import median
 
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    # Trace, job and op-type names are data: printed as they are, never read as rich markup
+    # ('[...]') or emoji codes (':name:'); also spares loading rich's emoji table
+    con = Console(
+        file=buf,
+        width=width,
+        force_terminal=False,
+        color_system=None,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
     summary = Table(title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False)
     summary.add_column("metric")
     summary.add_column("value")
