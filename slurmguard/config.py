@@ -15,14 +15,13 @@ Database URL order: --db, $SLURMGUARD_DB, database.url.
 
 from __future__ import annotations
 
-import ipaddress
+import functools
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurmguard.errors import ConfigError
@@ -31,7 +30,9 @@ SYSTEM_POLICY = Path("/etc/slurmguard/policies.yaml")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # defer_build: a model's validator is built when it first validates, not at import, so a
+    # command that loads only some sections (load_policy(sections=...)) builds only those.
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, defer_build=True)
 
 
 # ---------------------------------------------------------------- storage / slurm
@@ -143,10 +144,10 @@ class PeerPolicy(Strict):
 
 
 class DetectionPolicy(Strict):
-    period: PeriodPolicy = PeriodPolicy()
-    bocd: BocdPolicy = BocdPolicy()
-    cross_group: CrossGroupPolicy = CrossGroupPolicy()
-    peers: PeerPolicy = PeerPolicy()
+    period: PeriodPolicy = Field(default_factory=PeriodPolicy)
+    bocd: BocdPolicy = Field(default_factory=BocdPolicy)
+    cross_group: CrossGroupPolicy = Field(default_factory=CrossGroupPolicy)
+    peers: PeerPolicy = Field(default_factory=PeerPolicy)
 
 
 # ---------------------------------------------------------------- response
@@ -185,8 +186,8 @@ class EscalationPolicy(Strict):
 
 
 class ResponsePolicy(Strict):
-    tiers: TierPolicy = TierPolicy()
-    escalation: EscalationPolicy = EscalationPolicy()
+    tiers: TierPolicy = Field(default_factory=TierPolicy)
+    escalation: EscalationPolicy = Field(default_factory=EscalationPolicy)
 
 
 # ---------------------------------------------------------------- safety
@@ -208,8 +209,8 @@ class RateLimitPolicy(Strict):
 
 class SafetyPolicy(Strict):
     dry_run: bool = False
-    breaker: BreakerPolicy = BreakerPolicy()
-    rate_limit: RateLimitPolicy = RateLimitPolicy()
+    breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
+    rate_limit: RateLimitPolicy = Field(default_factory=RateLimitPolicy)
 
 
 # ---------------------------------------------------------------- daemons
@@ -238,7 +239,7 @@ class AgentPolicy(Strict):
     sample_interval_s: float = Field(5.0, gt=0)
     report_interval_s: float = Field(10.0, gt=0)
     telemetry_source: Literal["sim", "nvml", "dcgm", "prometheus", "none"] = "sim"
-    telemetry: TelemetryPolicy = TelemetryPolicy()
+    telemetry: TelemetryPolicy = Field(default_factory=TelemetryPolicy)
     controller_url: str = "http://127.0.0.1:8642"
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)
@@ -319,6 +320,8 @@ class ControllerPolicy(Strict):
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         for net in self.read_clients:
+            import ipaddress  # here: only a policy with read_clients pays its import
+
             try:
                 ipaddress.ip_network(net, strict=False)
             except ValueError:
@@ -364,27 +367,31 @@ class ModelFloor(Strict):
 
 
 _GEMM_HOPPER = {"float32": 67.0, "tf32": 494.7, "bfloat16": 989.4, "float16": 989.4}
-DEFAULT_FLOORS: tuple[ModelFloor, ...] = (
+_DEFAULT_FLOORS: tuple[dict, ...] = (  # built on use: see Strict.model_config
     # spec sheets, dense: H100 SXM5 (HBM3 3.35 TB/s, NVLink 4 450 GB/s per direction,
     # one 400 Gb/s NIC per GPU), H200 (HBM3e 4.8 TB/s), A100 SXM4 80GB (2.039 TB/s,
     # NVLink 3 300 GB/s per direction, one 200 Gb/s NIC per GPU)
-    ModelFloor(
-        model="NVIDIA H100 80GB HBM3",
-        gemm_tflops=_GEMM_HOPPER,
-        membw_gbps=3350.0,
-        p2p_gbps=450.0,
-        send_gbps=50.0,
-    ),
-    ModelFloor(
-        model="NVIDIA H200*", gemm_tflops=_GEMM_HOPPER, membw_gbps=4800.0, p2p_gbps=450.0, send_gbps=50.0
-    ),
-    ModelFloor(
-        model="NVIDIA A100-SXM4-80GB",
-        gemm_tflops={"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
-        membw_gbps=2039.0,
-        p2p_gbps=300.0,
-        send_gbps=25.0,
-    ),
+    {
+        "model": "NVIDIA H100 80GB HBM3",
+        "gemm_tflops": _GEMM_HOPPER,
+        "membw_gbps": 3350.0,
+        "p2p_gbps": 450.0,
+        "send_gbps": 50.0,
+    },
+    {
+        "model": "NVIDIA H200*",
+        "gemm_tflops": _GEMM_HOPPER,
+        "membw_gbps": 4800.0,
+        "p2p_gbps": 450.0,
+        "send_gbps": 50.0,
+    },
+    {
+        "model": "NVIDIA A100-SXM4-80GB",
+        "gemm_tflops": {"float32": 19.5, "tf32": 156.0, "bfloat16": 312.0, "float16": 312.0},
+        "membw_gbps": 2039.0,
+        "p2p_gbps": 300.0,
+        "send_gbps": 25.0,
+    },
 )
 
 
@@ -408,17 +415,17 @@ class ToolStages(Strict):
     """The field's standard tools as optional sweep stages; their figures are stored beside
     slurmguard's own, and a stage that reports a failure fails the sweep with its evidence."""
 
-    dcgm_diag: ToolStage = ToolStage(command="dcgmi", timeout_s=900.0)
+    dcgm_diag: ToolStage = Field(default_factory=lambda: ToolStage(command="dcgmi", timeout_s=900.0))
     """`dcgmi diag -r LEVEL -j` on the 1-node sweep."""
     dcgm_level: Literal[1, 2, 3] = 1
     """dcgmi diag run level: 1 quick (about a minute), 2 medium, 3 long (tens of minutes)."""
-    nccl_all_reduce: ToolStage = ToolStage(
-        command="all_reduce_perf", args=("-b", "1G", "-e", "4G", "-f", "2")
+    nccl_all_reduce: ToolStage = Field(
+        default_factory=lambda: ToolStage(command="all_reduce_perf", args=("-b", "1G", "-e", "4G", "-f", "2"))
     )
     """nccl-tests all_reduce_perf over all GPUs of the node (1-node sweep), -c 1 (checked)."""
-    nvbandwidth: ToolStage = ToolStage(command="nvbandwidth")
+    nvbandwidth: ToolStage = Field(default_factory=lambda: ToolStage(command="nvbandwidth"))
     """nvbandwidth's copy benchmarks (1-node sweep)."""
-    ib_write_bw: ToolStage = ToolStage(command="ib_write_bw", timeout_s=120.0)
+    ib_write_bw: ToolStage = Field(default_factory=lambda: ToolStage(command="ib_write_bw", timeout_s=120.0))
     """perftest ib_write_bw per HCA pair, node under test -> reference (2-node sweep)."""
     ib_hcas: tuple[str, ...] = ()
     """HCAs measured by ib_write_bw (mlx5_0 ...); empty = every device in /sys/class/infiniband."""
@@ -478,7 +485,9 @@ class SweepPolicy(Strict):
     peer_sweeps: bool = True
     """Without a baseline, sweep idle healthy peers of the class (one at a time, never a busy
     node) so a drained node can be judged; False = hold until a baseline exists."""
-    floors: tuple[ModelFloor, ...] = DEFAULT_FLOORS
+    floors: tuple[ModelFloor, ...] = Field(
+        default_factory=lambda: tuple(ModelFloor(**f) for f in _DEFAULT_FLOORS)
+    )
     """Per-model floors: the reference of last resort (no baseline, no peer)."""
     killed_retries: int = Field(2, ge=0)
     """A sweep job cancelled or preempted by Slurm (not ended by the node) is submitted again
@@ -502,7 +511,7 @@ class SweepPolicy(Strict):
     throttle_fail_share: float = Field(0.1, gt=0, le=1)
     """Share of telemetry samples (GPU) or scheduler periods (CPU) with one of those reasons
     from which the sweep fails."""
-    stages: ToolStages = ToolStages()
+    stages: ToolStages = Field(default_factory=ToolStages)
 
 
 class TriagePolicy(Strict):
@@ -605,41 +614,49 @@ class PrologPolicy(Strict):
 
 
 class Policy(Strict):
-    database: DatabasePolicy = DatabasePolicy()
-    slurm: SlurmPolicy = SlurmPolicy()
-    detection: DetectionPolicy = DetectionPolicy()
-    response: ResponsePolicy = ResponsePolicy()
-    safety: SafetyPolicy = SafetyPolicy()
-    agent: AgentPolicy = AgentPolicy()
-    controller: ControllerPolicy = ControllerPolicy()
-    sweeps: SweepPolicy = SweepPolicy()
-    triage: TriagePolicy = TriagePolicy()
-    whatif: WhatIfPolicy = WhatIfPolicy()
-    prolog: PrologPolicy = PrologPolicy()
+    database: DatabasePolicy = Field(default_factory=DatabasePolicy)
+    slurm: SlurmPolicy = Field(default_factory=SlurmPolicy)
+    detection: DetectionPolicy = Field(default_factory=DetectionPolicy)
+    response: ResponsePolicy = Field(default_factory=ResponsePolicy)
+    safety: SafetyPolicy = Field(default_factory=SafetyPolicy)
+    agent: AgentPolicy = Field(default_factory=AgentPolicy)
+    controller: ControllerPolicy = Field(default_factory=ControllerPolicy)
+    sweeps: SweepPolicy = Field(default_factory=SweepPolicy)
+    triage: TriagePolicy = Field(default_factory=TriagePolicy)
+    whatif: WhatIfPolicy = Field(default_factory=WhatIfPolicy)
+    prolog: PrologPolicy = Field(default_factory=PrologPolicy)
 
 
 # ---------------------------------------------------------------- loading
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (YAML silently keeps the last)."""
+@functools.cache
+def _line_loader() -> type:
+    """SafeLoader that rejects duplicate keys (YAML silently keeps the last).
+
+    Built on first use: PyYAML is imported only when there is a policy text to read."""
+    import yaml
+
+    class _LineLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return loader.construct_mapping(node, deep=deep)
+
+    _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return _LineLoader
 
 
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key '{key}' (first at line {seen[key]})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line + 1
-    return loader.construct_mapping(node, deep=deep)
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _line_index(node: yaml.Node, prefix: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+def _line_index(node: Any, prefix: tuple = (), out: dict | None = None) -> dict[tuple, int]:
     """Map every key path in a composed YAML tree to its 1-based line."""
+    import yaml
+
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
@@ -658,11 +675,25 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+class PolicySections:
+    """What `load_policy(sections=...)` returns when there is no policy file: the named
+    sections' built-in defaults (attributes, as on a Policy). Reading a section that was not
+    named is an AttributeError saying so, never a silent default."""
+
+    def __init__(self, sections: Mapping[str, Strict]):
+        self.__dict__.update(sections)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"policy section {name!r} was not loaded: add it to load_policy(sections=...)")
+
+
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML text. Raises ConfigError 'FILE:LINE: KEY: message'."""
+    import yaml
+
     try:
-        root = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)
+        root = yaml.compose(text, Loader=_line_loader())
+        data = yaml.load(text, Loader=_line_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -750,13 +781,27 @@ def read_trusted(
         os.close(fd)
 
 
-def load_policy(path: str | os.PathLike | None = None, *, trusted: bool = True) -> Policy:
+def load_policy(
+    path: str | os.PathLike | None = None, *, trusted: bool = True, sections: tuple[str, ...] | None = None
+) -> Policy:
     """Load and validate the policy; built-in defaults when no file is found.
 
     trusted=False only for `slurmguard policy check FILE`, which validates a file
-    without acting on it (no owner check)."""
+    without acting on it (no owner check). sections: the sections a command reads. With a
+    policy file it changes nothing (the whole file is validated, as for every command);
+    without one, only those sections' defaults are made, and without building a validator
+    (the start-up of a short command: building them, with pydantic's plugin discovery, is
+    most of the cost of the policy), in a PolicySections."""
+    if sections is not None:
+        unknown = [s for s in sections if s not in Policy.model_fields]
+        if unknown:
+            raise ValueError(f"not policy sections: {', '.join(unknown)}")
     p = find_policy_file(path)
     if p is None:
+        if sections is not None:
+            # tests/test_config.py checks that these equal the validated defaults
+            models = {s: Policy.model_fields[s].annotation for s in sections}
+            return PolicySections({s: m.model_construct() for s, m in models.items()})  # type: ignore[union-attr, return-value]
         return Policy()
     raw = read_trusted(p, "policy file", as_root=None if trusted else False)
     try:

@@ -15,6 +15,33 @@ def test_repository_policy_matches_builtin_defaults():
     assert load_policy(ROOT / "policies.yaml") == Policy()
 
 
+def test_sections_without_a_file_are_the_defaults_and_with_one_change_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURMGUARD_POLICY", raising=False)
+    monkeypatch.setattr("slurmguard.config.SYSTEM_POLICY", tmp_path / "absent.yaml")
+    # built-in defaults, constructed without a validator, equal the validated ones
+    for name, field in Policy.model_fields.items():
+        got = getattr(load_policy(None, sections=(name,)), name)
+        assert got == getattr(Policy(), name) and got.model_dump() == field.annotation().model_dump()
+    part = load_policy(None, sections=("whatif",))
+    with pytest.raises(AttributeError, match="section 'controller' was not loaded"):
+        _ = part.controller
+    with pytest.raises(ValueError, match="not policy sections: nope"):
+        load_policy(None, sections=("nope",))
+    # with a file, the whole file is validated as for any command: same policy, same errors
+    f = tmp_path / "p.yaml"
+    f.write_text("whatif:\n  memory_mb: 64\ncontroller:\n  listen_port: 8700\n")
+    assert load_policy(f, trusted=False, sections=("whatif",)) == load_policy(f, trusted=False)
+    assert load_policy(f, trusted=False, sections=("whatif",)).whatif.memory_mb == 64
+    f.write_text("detection: {period: {min_period: 1}}\nwhatif:\n  memory_mb: 8\ncontroler: {}\n")
+    with pytest.raises(ConfigError) as full:
+        load_policy(f, trusted=False)
+    with pytest.raises(ConfigError) as part_exc:
+        load_policy(f, trusted=False, sections=("whatif",))
+    assert str(part_exc.value) == str(full.value)
+    assert f"{f}:3: whatif.memory_mb: Input should be greater than or equal to 16" in str(full.value)
+    assert f"{f}:4: controler: unknown key" in str(full.value)
+
+
 def test_unknown_key_names_file_key_and_line():
     text = "response:\n  tiers:\n    moderate_slowdown: 0.1\n    sevre_slowdown: 0.3\n"
     with pytest.raises(ConfigError) as exc:

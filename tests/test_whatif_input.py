@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import yaml
+from click.testing import CliRunner
 
-from slurmguard.cli import main
+from slurmguard.cli import cli, main
 from slurmguard.errors import InputError
 from slurmguard.whatif.tensor import tensorize
 from slurmguard.whatif.trace import check_trace, load_meta, load_trace, parse_meta
@@ -185,24 +186,92 @@ def test_only_the_trace_columns_are_read_and_nulls_are_named(tmp_path, small):
         load_trace(trace, metap)
 
 
-def test_the_command_does_not_import_pandas(tmp_path, small):
-    """Start-up is most of `slurmguard whatif`'s time: pandas alone costs more than the analysis."""
+NOT_FOR_WHATIF = (
+    "pandas",  # alone costs more than the analysis
+    "scipy",
+    "rich",  # only for the tables, not --json
+    "sqlalchemy",
+    "psycopg",
+    "torch",
+    "numpy.ma",  # np.median/np.unique's first call imports it: slurmguard.whatif.tensor.median
+    "importlib.metadata",  # the entry-point scan for plugin commands, pydantic's plugin discovery
+    "slurmguard.agent",
+    "slurmguard.controller",
+    "slurmguard.store",
+    "slurmguard.slurm",
+)
+
+
+def _run_whatif_in_a_process(tmp_path, small, env=None) -> dict:
+    import json
+    import os
     import subprocess
     import sys
 
     df, meta = small
     trace, metap = write_case(tmp_path, df, meta, "p")
+    # atexit runs handlers last-registered first: this one sees the command's own exit handler done
     code = (
-        "import sys\n"
+        "import atexit, gc, json, os, sys\n"
+        "seen = {}\n"
+        "atexit.register(lambda: print(json.dumps({**seen, 'frozen': gc.get_freeze_count()})))\n"
         "from slurmguard.cli import main\n"
         "try:\n"
         f"    main(['whatif', {str(trace)!r}, '--meta', {str(metap)!r}, '--json'])\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n"
-        "print(sorted(m for m in ('pandas', 'scipy', 'rich', 'sqlalchemy') if m in sys.modules))\n"
+        f"seen['imported'] = sorted(m for m in {NOT_FOR_WHATIF!r} if m in sys.modules)\n"
+        "seen['threads'] = len(os.listdir('/proc/self/task'))\n"
+        "seen['gc'] = gc.isenabled()\n"
+        "seen['openblas'] = os.environ.get('OPENBLAS_NUM_THREADS')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "SLURMGUARD_POLICY")} | (
+        env or {}
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-        cwd=tmp_path, check=True,
+        cwd=tmp_path, env=env, check=True,
     )  # fmt: skip
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_imports_only_what_it_needs(tmp_path, small):
+    """Start-up is most of `slurmguard whatif`'s time (`slurmguard bench whatif`)."""
+    seen = _run_whatif_in_a_process(tmp_path, small)
+    assert seen["imported"] == []
+    # the collector is back on, the heap frozen for the exit, the variable not left behind
+    assert seen["gc"] is True and seen["frozen"] > 10_000 and seen["openblas"] is None
+
+
+def test_one_openblas_thread_unless_the_user_sets_more(tmp_path, small):
+    import os
+
+    import numpy as np
+
+    if np.__config__.CONFIG["Build Dependencies"]["blas"]["name"] != "scipy-openblas":
+        pytest.skip("numpy is not built with OpenBLAS here")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("OpenBLAS starts one thread per core: one core here")
+    ours = _run_whatif_in_a_process(tmp_path, small)
+    users = _run_whatif_in_a_process(tmp_path, small, env={"OPENBLAS_NUM_THREADS": "2"})
+    # pyarrow's threads are there in both; OpenBLAS adds its second one only when asked
+    assert users["threads"] == ours["threads"] + 1 and users["openblas"] == "2"
+
+
+def test_in_process_the_collector_and_environment_are_as_before(tmp_path, small, monkeypatch):
+    import gc
+    import os
+
+    df, meta = small
+    trace, metap = write_case(tmp_path, df, meta, "g")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    gc.disable()
+    try:
+        res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--json"])
+        assert res.exit_code == 0, res.output
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--json"])
+    assert res.exit_code == 0, res.output
+    assert gc.isenabled() and "OPENBLAS_NUM_THREADS" not in os.environ

@@ -83,6 +83,15 @@ def test_cli_table_and_steps_filter(tmp_path, slow_case):
     assert "none of the steps given with --steps is in the trace" in str(res.exception)
 
 
+def test_the_tables_print_a_job_name_as_it_is(tmp_path, slow_case):
+    # a name is data: rich would read '[bold]' as markup and ':fire:' as an emoji code
+    df, meta = slow_case
+    trace, metap = write_case(tmp_path, df, {**meta, "trial_name": "[bold]run:fire:7"})
+    res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap)])
+    assert res.exit_code == 0, res.output
+    assert "what-if: [bold]run:fire:7 (dp=2, pp=4)" in res.output
+
+
 def test_heatmap_image_has_one_cell_per_worker(tmp_path):
     import xml.etree.ElementTree as ET
 

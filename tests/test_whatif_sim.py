@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -186,3 +188,23 @@ def test_two_lane_single_worker_scenarios_equal_full_lanes():
         wm[s, q] = True
         full.append(Counterfactual(np.ones(t.n_slots, dtype=bool), wm))
     np.testing.assert_allclose(lanes, runner.run(full), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "shape, axis",
+    [((7,), None), ((6,), None), ((0,), None), ((5, 4, 3), (1, 2)), ((4, 6), 1), ((4, 6), -2), ((3, 0), 1)],
+)
+def test_median_is_numpys_without_numpy_ma(shape, axis):
+    from slurmguard.whatif.tensor import median
+
+    rng = np.random.default_rng(len(shape) * 10 + (0 if axis is None else 1))
+    a = rng.normal(size=shape)
+    if a.size > 3:
+        a.flat[3] = np.nan  # NaN anywhere on the reduced axes makes the result NaN, as np.median
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy's 'mean of empty slice'
+        want = np.median(a, axis=axis)
+    got = median(a, axis=axis)
+    np.testing.assert_array_equal(got, want)
+    if axis is None:
+        assert isinstance(got, float)

@@ -33,7 +33,7 @@ from slurmguard.config import WhatIfPolicy
 from slurmguard.whatif import optypes as ot
 from slurmguard.whatif.model import DependencyModel, build_model
 from slurmguard.whatif.simulate import simulate
-from slurmguard.whatif.tensor import OpTensor
+from slurmguard.whatif.tensor import OpTensor, median
 
 
 def simulation_durations(t: OpTensor, model: DependencyModel) -> np.ndarray:
@@ -56,10 +56,10 @@ def simulation_durations(t: OpTensor, model: DependencyModel) -> np.ndarray:
 def idealised_durations(t: OpTensor, original: np.ndarray) -> np.ndarray:
     """(slot,) idealised duration: per op type, mean (computation) or median (communication)."""
     ideal = np.empty(t.n_slots)
-    for name in np.unique(t.slot_optype):
+    for name in sorted(set(t.slot_optype.tolist())):  # np.unique would import numpy.ma
         idx = t.slot_optype == name
         values = original[idx]
-        ideal[idx] = np.median(values) if name in ot.MEDIAN_IDEALISED else values.mean()
+        ideal[idx] = median(values) if name in ot.MEDIAN_IDEALISED else values.mean()
     return ideal
 
 

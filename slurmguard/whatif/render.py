@@ -98,7 +98,19 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=buf, width=width, force_terminal=False, color_system=None)
+    from slurmguard.whatif.tensor import median
+
+    # Trace, job and op-type names are data: printed as they are, never read as rich markup
+    # ('[...]') or emoji codes (':name:'); also spares loading rich's emoji table
+    con = Console(
+        file=buf,
+        width=width,
+        force_terminal=False,
+        color_system=None,
+        markup=False,
+        emoji=False,
+        highlight=False,
+    )
     summary = Table(title=f"what-if: {r.name} (dp={r.dp_size}, pp={r.pp_size})", show_header=False)
     summary.add_column("metric")
     summary.add_column("value")
@@ -112,7 +124,7 @@ def to_text(r: WhatIfResult, top: int = 8, width: int = 100) -> str:
         ),
         (
             "per-step slowdown min / median / max",
-            f"{ss.min():.3f} / {float(np.median(ss)):.3f} / {ss.max():.3f} over {len(ss)} steps",
+            f"{ss.min():.3f} / {median(ss):.3f} / {ss.max():.3f} over {len(ss)} steps",
         ),
         ("M_W (Eq. 5, top workers fixed)", f"{r.mw:.3f}"),
         ("M_S (5.2, last stage fixed)", f"{r.ms:.3f}"),

@@ -273,7 +273,13 @@ def check_trace(table: Columns, meta: JobMeta, source: str, meta_source: str = "
         raise InputError(f"{source}: the trace has no rows")
     out: dict[str, np.ndarray] = {}
     for col in INT_COLUMNS:
-        arr = _numeric(table[col], col, source, "integer")
+        raw = table[col]
+        if isinstance(raw, np.ndarray) and raw.dtype.kind in "iu":
+            # integers without nulls (parquet's usual case): nothing to check, and no
+            # float round trip (16 MB of copies on the AR trace)
+            out[col] = raw.astype(np.int64, copy=False)
+            continue
+        arr = _numeric(raw, col, source, "integer")
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
