@@ -26,13 +26,15 @@ def _start(ingest=None, **policy) -> tuple[ControllerHTTP, FleetView, Controller
     return start_listener(MASTER, ingest=ingest, **policy)
 
 
-def _request(node: str, seq: int = 1) -> bytes:
+def _request(node: str, seq: int = 1, *, close: bool = True) -> bytes:
+    """A signed report; close: ask for Connection: close (then the answer ends at EOF)."""
     body = AgentReport(node=node, seq=seq, epoch=1, sent_at=time.time()).model_dump_json().encode()
     ts = f"{time.time():.3f}"
     sig = sign(node_key(MASTER, node), ts, node, body)
     return (
         f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-        f"{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}\r\n{SIG_HEADER}: {sig}\r\n\r\n"
+        + ("Connection: close\r\n" if close else "")
+        + f"{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}\r\n{SIG_HEADER}: {sig}\r\n\r\n"
     ).encode() + body
 
 
@@ -41,6 +43,32 @@ def _answer(s: socket.socket) -> bytes:
     while chunk := s.recv(4096):
         out += chunk
     return out
+
+
+def _one_answer(s: socket.socket, buf: bytearray) -> tuple[int, dict[str, str], bytes]:
+    """The next answer on a kept-alive connection: (status, headers, body), read by its
+    Content-Length; `buf` carries bytes of later answers over."""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(4096)
+        assert chunk, f"connection closed before a whole answer: {bytes(buf)!r}"
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    n = int(headers["content-length"])
+    while len(rest) < n:
+        chunk = s.recv(4096)
+        assert chunk, "connection closed inside an answer's body"
+        rest += chunk
+    buf[:] = rest[n:]
+    return int(lines[0].split()[1]), headers, rest[:n]
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
 
 
 def test_a_trickling_client_holds_neither_the_loop_nor_the_others():
@@ -169,5 +197,105 @@ def test_a_stalled_tls_handshake_holds_its_slot_only(tmp_path):
             assert _answer(s).startswith(b"HTTP/1.1 200 ")
         assert fleet.nodes_reporting(time.time()) == {"node1"}
         stalled.close()
+    finally:
+        http.stop()
+
+
+# ---- keep-alive: a connection serves an agent's reports one after another
+
+
+def test_reports_one_after_another_and_pipelined_share_one_connection():
+    """The accept and close are paid once per agent, not per report: three reports on
+    one connection, then two sent before reading an answer, answered in order."""
+    http, fleet, metrics = _start()
+    try:
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            buf = bytearray()
+            for seq in (1, 2, 3):
+                s.sendall(_request("node1", seq, close=False))
+                code, headers, body = _one_answer(s, buf)
+                assert (code, headers["connection"], json.loads(body)) == (
+                    200,
+                    "keep-alive",
+                    {"accepted": True},
+                )
+            s.sendall(_request("node1", 4, close=False) + _request("node1", 4, close=False))
+            assert _one_answer(s, buf)[0] == 200
+            code, headers, body = _one_answer(s, buf)  # the same report again: a replay
+            assert code == 409 and "not newer" in json.loads(body)["error"]
+            assert headers["connection"] == "keep-alive"  # its body was read: the stream goes on
+            s.sendall(_request("node1", 5, close=True))
+            code, headers, _ = _one_answer(s, buf)
+            assert (code, headers["connection"]) == (200, "close") and _closed_by_server(s)
+        assert fleet._seq["node1"] == (1, 5)
+        assert metrics.registry.get_sample_value("slurmguard_http_connections_total") == 1
+        assert metrics.registry.get_sample_value("slurmguard_reports_total", {"outcome": "ok"}) == 5
+    finally:
+        http.stop()
+
+
+def test_an_idle_connection_holds_no_slot_and_is_closed_after_its_idle_time():
+    """One slot, no queue: an agent's connection idle between its reports leaves the slot
+    to another agent; idle past keepalive_idle_s it is closed (not counted as a refusal)."""
+    http, fleet, metrics = _start(workers=1, max_pending=0, keepalive_idle_s=0.5)
+    try:
+        a = socket.create_connection(("127.0.0.1", http.port), timeout=5)
+        buf_a = bytearray()
+        a.sendall(_request("node1", 1, close=False))
+        assert _one_answer(a, buf_a)[0] == 200
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as b:
+            b.sendall(_request("node2", 1, close=False))
+            assert _one_answer(b, bytearray())[0] == 200
+            a.sendall(_request("node1", 2, close=False))  # back from idle: served again
+            assert _one_answer(a, buf_a)[0] == 200
+            t0 = time.monotonic()
+            assert _closed_by_server(a) and _closed_by_server(b)
+            assert 0.3 < time.monotonic() - t0 < 3
+        a.close()
+        assert fleet._seq == {"node1": (1, 2), "node2": (1, 1)}
+        assert (
+            metrics.registry.get_sample_value("slurmguard_http_refused_total", {"reason": "timeout"}) is None
+        )
+    finally:
+        http.stop()
+
+
+def test_kept_alive_connections_are_bounded_in_number_and_requests():
+    """max_idle_connections: the longest idle is closed to make room (its agent
+    reconnects); keepalive_max_requests: the last answer says Connection: close."""
+    http, _, _ = _start(max_idle_connections=1, keepalive_max_requests=2)
+    try:
+        a = socket.create_connection(("127.0.0.1", http.port), timeout=5)
+        a.sendall(_request("node1", 1, close=False))
+        assert _one_answer(a, bytearray())[0] == 200
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as b:
+            buf = bytearray()
+            b.sendall(_request("node2", 1, close=False))
+            assert _one_answer(b, buf)[0] == 200
+            assert _closed_by_server(a)  # b's idle connection took a's place
+            b.sendall(_request("node2", 2, close=False))
+            code, headers, _ = _one_answer(b, buf)
+            assert (code, headers["connection"]) == (200, "close") and _closed_by_server(b)
+        a.close()
+    finally:
+        http.stop()
+
+
+def test_a_refusal_before_the_body_is_read_closes_the_connection():
+    """413 (and every refusal of a report's head) leaves the announced body unread: the
+    rest of the stream cannot be trusted, so the connection ends; a refused GET that
+    announced no body does not end it."""
+    http, _, metrics = _start(max_body_bytes=4096, read_clients=())
+    try:
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            buf = bytearray()
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            code, headers, body = _one_answer(s, buf)
+            assert (code, headers["connection"]) == (403, "keep-alive")
+            head = _request("node1", close=False).split(b"\r\n\r\n", 1)[0]
+            s.sendall(head.replace(b"Content-Length: ", b"Content-Length: 99999", 1) + b"\r\n\r\n")
+            code, headers, body = _one_answer(s, buf)
+            assert (code, headers["connection"]) == (413, "close") and _closed_by_server(s)
+        assert metrics.registry.get_sample_value("slurmguard_reports_total", {"outcome": "too_large"}) == 1
     finally:
         http.stop()
