@@ -200,6 +200,14 @@ def parse_head(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], i
     request head (lines ending in CRLF or LF, up to the first empty one), None
     while it does not; HeadError for what cannot be a request head: at most
     MAX_HEADERS lines of MAX_LINE bytes, HTTP/1.0 or 1.1."""
+    if buf[:1] not in (b"\r", b"\n"):  # the usual head: CRLF lines, no blank line first
+        end = buf.find(b"\r\n\r\n", 0, (MAX_HEADERS + 1) * (MAX_LINE + 2) + 2)
+        if end >= 0:
+            head = bytes(buf[:end])
+            if b"\n" not in head.replace(b"\r\n", b""):
+                fast = head.split(b"\r\n")
+                if len(fast) <= MAX_HEADERS + 1 and all(len(ln) <= MAX_LINE for ln in fast):
+                    return _head_of(fast), end + 4
     lines: list[bytes] = []
     at = 0
     while True:
@@ -217,6 +225,11 @@ def parse_head(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], i
         lines.append(line)
         if len(lines) > MAX_HEADERS + 1:
             raise HeadError(431, f"more than {MAX_HEADERS} header lines")
+    return _head_of(lines), at
+
+
+def _head_of(lines: list[bytes]) -> tuple[str, str, str, Headers]:
+    """(command, path, version, headers) of a head's lines (request line first)."""
     words = lines[0].decode("iso-8859-1").split()
     if len(words) != 3:
         raise HeadError(400, "malformed request line")
@@ -229,7 +242,7 @@ def parse_head(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], i
         if not sep or not name or name != name.strip():
             raise HeadError(400, "malformed header line")
         headers[name.lower()] = value.strip()
-    return (command, path, version, headers), at
+    return command, path, version, headers
 
 
 class _Conn:
@@ -246,6 +259,7 @@ class _Conn:
         "answered",
         "keep",
         "served",
+        "writing",
     )
 
     def __init__(self, sock: socket.socket, client: str, deadline: float) -> None:
@@ -262,6 +276,8 @@ class _Conn:
         """The connection stays open once c.out is sent."""
         self.served = 0
         """Requests answered on this connection."""
+        self.writing = False
+        """Registered for writing (an answer waits on the socket), not reading."""
 
 
 class _Listener:
@@ -417,10 +433,13 @@ class _Listener:
     def _wake(self, c: _Conn) -> None:
         """An idle connection is readable: its next request (or its end) is coming."""
         del self._idle[c.sock]
-        self._sel.unregister(c.sock)
         c.deadline = time.monotonic() + self.timeout_s
-        if self._admit(c) and c.sock in self._active and not c.handshake:
-            self._read(c)  # now, not after another round of the selector
+        if len(self._active) < self.workers:  # a slot: it stays registered as it is
+            self._active[c.sock] = c
+            self._read(c)
+            return
+        self._sel.unregister(c.sock)
+        self._admit(c)
 
     def _handshake(self, c: _Conn) -> None:
         assert isinstance(c.sock, ssl.SSLSocket)
@@ -531,30 +550,31 @@ class _Listener:
                 n = c.sock.send(c.out)
                 c.out = c.out[n:]
         except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-            self._sel.modify(c.sock, selectors.EVENT_WRITE, c)
+            if not c.writing:
+                self._sel.modify(c.sock, selectors.EVENT_WRITE, c)
+                c.writing = True
             return False
         except OSError as exc:
             log.debug("connection from %s ended: %s", c.client, exc)
             self._close(c)
             return False
-        if not c.answered:  # a 100 Continue: the body comes next
+        if c.writing:
             self._sel.modify(c.sock, selectors.EVENT_READ, c)
+            c.writing = False
+        if not c.answered:  # a 100 Continue: the body comes next
             return True
         c.answered = False
         if not c.keep:
             self._close(c)
             return False
         if c.buf or (isinstance(c.sock, ssl.SSLSocket) and c.sock.pending()):
-            # pipelined: the next request is here already
-            self._sel.modify(c.sock, selectors.EVENT_READ, c)
-            return True
+            return True  # pipelined: the next request is here already
         self._rest(c)
         return False
 
     def _rest(self, c: _Conn) -> None:
         """Answered, kept alive, nothing buffered: idle, its slot free for another."""
         del self._active[c.sock]
-        self._sel.modify(c.sock, selectors.EVENT_READ, c)
         c.deadline = time.monotonic() + self.idle_s
         self._idle[c.sock] = c
         while len(self._idle) > self.max_idle:  # the longest idle makes room (it reconnects)
@@ -850,9 +870,10 @@ class _Service:
             report = AgentReport.model_validate_json(body)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
+            # a check of the whole report names its field in the message
+            where = "".join(f"{x}." for x in first["loc"])[:-1] + ": " if first["loc"] else ""
             return self._refuse(
-                422, f"invalid report from node {node}: {where}: {first['msg']}", "invalid", report=True
+                422, f"invalid report from node {node}: {where}{first['msg']}", "invalid", report=True
             )
         if report.node != node:
             log.warning("node %s signed a report for node %s (from %s)", node, report.node, req.client)
