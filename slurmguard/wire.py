@@ -99,6 +99,8 @@ class Step(NamedTuple):
 
 
 _LE_F64 = np.dtype("<f8")
+#: bytes in JSON are base64 text (standard or URL-safe alphabet), decoded by the parser
+_B64_BYTES = core_schema.CoreConfig(val_json_bytes="base64")
 
 
 class StepWindow(Sequence):
@@ -118,7 +120,7 @@ class StepWindow(Sequence):
 
     def __init__(self, a: np.ndarray) -> None:
         self._arr: np.ndarray | None = a
-        self._raw: tuple[int, str] | None = None
+        self._raw: tuple[int, bytes | str] | None = None
 
     @property
     def _a(self) -> np.ndarray:
@@ -130,10 +132,23 @@ class StepWindow(Sequence):
 
     @classmethod
     def _pending(cls, d: dict) -> StepWindow:
-        """A window of a packed dict ({"n", "cols"}, types checked), decoded later."""
+        """A window of a packed dict ({"n", "cols"}, types checked; cols: its bytes,
+        decoded from base64 by the JSON parser, or base64 text), decoded later."""
         w = cls.__new__(cls)
         w._arr, w._raw = None, (d["n"], d["cols"])
         return w
+
+    @staticmethod
+    def _bytes(n: int, cols: bytes | str) -> bytes:
+        """The 24 x n bytes of a window's cols; ValueError naming what is wrong."""
+        if isinstance(cols, str):
+            try:
+                cols = binascii.a2b_base64(cols, strict_mode=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"cols is not base64 ({exc})") from None
+        if len(cols) != 24 * n:
+            raise ValueError(f"cols holds {len(cols)} bytes; n={n} needs 24 x n = {24 * n}")
+        return cols
 
     @staticmethod
     def decode_all(windows: Sequence[tuple[str, StepWindow]]) -> None:
@@ -142,19 +157,15 @@ class StepWindow(Sequence):
         todo = [(where, w, w._raw) for where, w in windows if w._raw is not None]
         if not todo:
             return
-        # 24 x n bytes are 32 x n base64 characters without padding: the windows'
-        # texts joined are the text of their bytes joined
-        ok = all(len(raw[1]) == 32 * raw[0] for _, _, raw in todo)
-        flat = None
-        if ok:
+        parts = []
+        for where, _, (n, cols) in todo:
             try:
-                data = binascii.a2b_base64("".join(raw[1] for _, _, raw in todo), strict_mode=True)
-            except (binascii.Error, ValueError):
-                ok = False
-            else:
-                flat = np.frombuffer(data, dtype=_LE_F64)
-                ok = bool(np.isfinite(flat).all())
-        if ok and flat is not None:
+                parts.append(StepWindow._bytes(n, cols))
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        flat = np.frombuffer(b"".join(parts), dtype=_LE_F64)
+        ok = bool(np.isfinite(flat).all())
+        if ok:
             bounds, at = [], 0
             for _, _, (n, _cols) in todo:
                 if n:
@@ -164,15 +175,14 @@ class StepWindow(Sequence):
                 bounds.pop()
             ok = not bounds or float(np.minimum.reduceat(flat, bounds)[::2].min()) >= 0
         if not ok:  # one of them is bad: each on its own, to name it
-            for where, _, (n, cols) in todo:
+            for (where, _, (n, _cols)), part in zip(todo, parts):
                 try:
-                    StepWindow.unpack({"n": n, "cols": cols})
+                    StepWindow.unpack({"n": n, "cols": part})
                 except ValueError as exc:
                     raise ValueError(f"{where}: {exc}") from None
             raise AssertionError("decode_all: joined windows failed, each alone passed")
         at = 0
         for _, w, (n, _cols) in todo:
-            assert flat is not None
             w._arr, w._raw = flat[at : at + 3 * n].reshape(3, n), None
             at += 3 * n
 
@@ -200,14 +210,8 @@ class StepWindow(Sequence):
     def unpack(cls, d: dict) -> StepWindow:
         """The window of a packed dict ({"n", "cols"}, types already checked);
         ValueError naming what is wrong."""
-        n, cols = d["n"], d["cols"]
-        try:
-            raw = binascii.a2b_base64(cols, strict_mode=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"cols is not base64 ({exc})") from None
-        if len(raw) != 24 * n:
-            raise ValueError(f"cols holds {len(raw)} bytes; n={n} needs 24 x n = {24 * n}")
-        a = np.frombuffer(raw, dtype=_LE_F64).reshape(3, n)
+        n = d["n"]
+        a = np.frombuffer(StepWindow._bytes(n, d["cols"]), dtype=_LE_F64).reshape(3, n)
         if not np.isfinite(a).all():
             raise ValueError("cols holds a value that is not a finite number")
         if n and a[1:].min() < 0:
@@ -218,17 +222,26 @@ class StepWindow(Sequence):
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        packed = core_schema.typed_dict_schema(
-            {
-                "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
-                "cols": core_schema.typed_dict_field(core_schema.str_schema()),
-            },
-            extra_behavior="forbid",
-        )
-        from_packed = core_schema.no_info_after_validator_function(cls._pending, packed)
+        def packed(cols: core_schema.CoreSchema) -> core_schema.CoreSchema:
+            return core_schema.no_info_after_validator_function(
+                cls._pending,
+                core_schema.typed_dict_schema(
+                    {
+                        "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
+                        "cols": core_schema.typed_dict_field(cols),
+                    },
+                    extra_behavior="forbid",
+                    config=_B64_BYTES,
+                ),
+            )
+
+        # from JSON the parser decodes the base64 (val_json_bytes), about
+        # four times faster than binascii; from Python, cols is the base64 text
         return core_schema.json_or_python_schema(
-            json_schema=from_packed,
-            python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), from_packed]),
+            json_schema=packed(core_schema.bytes_schema()),
+            python_schema=core_schema.union_schema(
+                [core_schema.is_instance_schema(cls), packed(core_schema.str_schema())]
+            ),
             serialization=core_schema.plain_serializer_function_ser_schema(
                 lambda w: w.packed(), when_used="json"
             ),
@@ -427,12 +440,13 @@ class TelemetryColumns(Sequence):
     def unpack(cls, d: dict) -> TelemetryColumns:
         """The columns of a packed dict (types already checked); ValueError naming
         what is wrong."""
-        n, keys = d["n"], d["keys"]
-        try:
-            k_raw = binascii.a2b_base64(d["k"], strict_mode=True)
-            cols = binascii.a2b_base64(d["cols"], strict_mode=True)
-        except (binascii.Error, ValueError) as exc:
-            raise ValueError(f"k or cols is not base64 ({exc})") from None
+        n, keys, k_raw, cols = d["n"], d["keys"], d["k"], d["cols"]
+        if isinstance(k_raw, str) or isinstance(cols, str):  # from Python: base64 text
+            try:
+                k_raw = binascii.a2b_base64(k_raw, strict_mode=True)
+                cols = binascii.a2b_base64(cols, strict_mode=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ValueError(f"k or cols is not base64 ({exc})") from None
         if len(k_raw) != 4 * n or len(cols) != 16 * n:
             raise ValueError(
                 f"k holds {len(k_raw)} bytes and cols {len(cols)}; n={n} needs 4 x n = {4 * n} "
@@ -460,21 +474,32 @@ class TelemetryColumns(Sequence):
                 core_schema.nullable_schema(core_schema.str_schema()),
             ]
         )
-        packed = core_schema.typed_dict_schema(
-            {
-                "keys": core_schema.typed_dict_field(
-                    core_schema.list_schema(key, max_length=MAX_PACKED_SAMPLES)
+
+        def packed(raw: core_schema.CoreSchema) -> core_schema.CoreSchema:
+            return core_schema.no_info_after_validator_function(
+                cls.unpack,
+                core_schema.typed_dict_schema(
+                    {
+                        "keys": core_schema.typed_dict_field(
+                            core_schema.list_schema(key, max_length=MAX_PACKED_SAMPLES)
+                        ),
+                        "n": core_schema.typed_dict_field(
+                            core_schema.int_schema(ge=0, le=MAX_PACKED_SAMPLES)
+                        ),
+                        "k": core_schema.typed_dict_field(raw),
+                        "cols": core_schema.typed_dict_field(raw),
+                    },
+                    extra_behavior="forbid",
+                    config=_B64_BYTES,
                 ),
-                "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_SAMPLES)),
-                "k": core_schema.typed_dict_field(core_schema.str_schema()),
-                "cols": core_schema.typed_dict_field(core_schema.str_schema()),
-            },
-            extra_behavior="forbid",
-        )
-        from_packed = core_schema.no_info_after_validator_function(cls.unpack, packed)
+            )
+
+        # as StepWindow: the JSON parser decodes the base64, from Python it is text
         return core_schema.json_or_python_schema(
-            json_schema=from_packed,
-            python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), from_packed]),
+            json_schema=packed(core_schema.bytes_schema()),
+            python_schema=core_schema.union_schema(
+                [core_schema.is_instance_schema(cls), packed(core_schema.str_schema())]
+            ),
             serialization=core_schema.plain_serializer_function_ser_schema(
                 lambda c: c.packed(), when_used="json"
             ),

@@ -9,10 +9,12 @@ import json
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import pytest
 
+from slurmguard.config import ControllerPolicy
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP, HeadError, parse_head
@@ -299,3 +301,87 @@ def test_a_refusal_before_the_body_is_read_closes_the_connection():
         assert metrics.registry.get_sample_value("slurmguard_reports_total", {"outcome": "too_large"}) == 1
     finally:
         http.stop()
+
+
+def test_reports_arriving_over_kept_alive_connections_while_cycles_run_are_scored_once(
+    sqlite_store, fake_clock
+):
+    """Issue 17.1: four agents post 25 reports each on their own kept-alive connection
+    while the controller runs cycles (each takes the telemetry window) in another
+    thread: every one of the 400 samples is scored exactly once, none lost between a
+    window's swap and the next, none counted twice."""
+    from slurmguard.config import parse_policy
+    from slurmguard.controller.loop import Controller
+    from slurmguard.slurm.fake import FakeSlurm
+    from slurmguard.wire import TelemetryRecord
+
+    policy = parse_policy("detection:\n  peers: {window_s: 1, consecutive_windows: 2, min_peers: 4}\n")
+    nodes = [f"node{i}" for i in range(1, 5)]
+    ctl = Controller(policy, sqlite_store, FakeSlurm(nodes, clock=fake_clock), fake_clock)
+    ctl.cycle()  # Slurm's nodes become the known ones
+    metrics = ControllerMetrics()
+    http = ControllerHTTP(
+        "127.0.0.1",
+        0,
+        secret=MASTER,
+        ingest=lambda r: ctl.fleet.ingest(r, fake_clock.now()),
+        metrics=metrics,
+        now=time.time,
+        health=lambda: (True, "ok"),
+        policy=ControllerPolicy(node_burst=100),  # 25 reports a node at once
+        known=ctl.fleet.known,
+    )
+    http.start()
+    stop, cycles = threading.Event(), [0]
+
+    def cycling() -> None:
+        while not stop.is_set():
+            fake_clock.advance(1.0)  # a window is due every cycle
+            ctl.cycle()
+            cycles[0] += 1
+
+    def agent(node: str, out: list) -> None:
+        with socket.create_connection(("127.0.0.1", http.port), timeout=10) as s:
+            buf = bytearray()
+            for seq in range(1, 26):
+                tel = [
+                    TelemetryRecord(signal="sm_clock", value=1.0, unit="MHz", timestamp=seq + i / 4, gpu=0)
+                    for i in range(4)
+                ]
+                body = (
+                    AgentReport(node=node, seq=seq, epoch=1, sent_at=time.time(), telemetry=tel)
+                    .model_dump_json()
+                    .encode()
+                )
+                ts = f"{time.time():.3f}"
+                sig = sign(node_key(MASTER, node), ts, node, body)
+                s.sendall(
+                    (
+                        f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+                        f"{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}\r\n{SIG_HEADER}: {sig}\r\n\r\n"
+                    ).encode()
+                    + body
+                )
+                out.append(_one_answer(s, buf)[0])
+
+    cycler = threading.Thread(target=cycling)
+    answers: dict[str, list] = {n: [] for n in nodes}
+    agents = [threading.Thread(target=agent, args=(n, answers[n])) for n in nodes]
+    try:
+        cycler.start()
+        for t in agents:
+            t.start()
+        for t in agents:
+            t.join(60)
+    finally:
+        stop.set()
+        cycler.join(60)
+        http.stop()
+    assert all(a == [200] * 25 for a in answers.values()), answers
+    assert cycles[0] >= 2  # reports did arrive between and during cycles
+    taken_before = ctl.fleet.samples_taken
+    fake_clock.advance(1.0)
+    ctl.cycle()  # the last window takes what came after the cycles stopped
+    assert ctl.fleet.samples_taken == 4 * 25 * 4, (taken_before, ctl.fleet.samples_taken)
+    assert ctl.fleet.queued_samples() == 0
+    assert metrics.registry.get_sample_value("slurmguard_http_connections_total") == 4
