@@ -2,18 +2,27 @@
 format; "wire", not "report": `slurmguard.report` is the admin report, whose renderers
 and commands share nothing with this).
 
-Wire format (`schema_version`): 2 (what agents send) packs each rank's
+Wire format (`schema_version`): 3 (what agents send) packs each rank's
 iterations into one base64 string of float64 columns, {"n": N, "cols": B64},
 where B64 holds 24 x N bytes: N `end`, then N `step_s`, then N `comm_s`,
 little-endian IEEE 754 (`StepWindow`); 256 iterations of 8 ranks are 66 KB
 of JSON instead of about 185 KB, and the controller reads them as arrays
-without building an object per iteration (a tenth of the parsing time).
-Version 1 (a list of {"end", "step_s", "comm_s"} objects per rank) is still
-accepted (`schema_version` 1 or 2; others are refused), so agents
-of the previous release keep reporting while the fleet is upgraded
-(controllers first: a version-1 controller refuses version 2 with 422). Both
-are validated alike: a packed window must hold exactly 24 x n bytes of finite
-numbers with step_s and comm_s >= 0, or the report is refused naming the field.
+without building an object per iteration. It sends the report's telemetry
+samples as columns too (`TelemetryColumns`): {"keys": [[signal, unit, gpu,
+nic], ...], "n": N, "k": B64 of N uint32 key indices, "cols": B64 of N
+timestamps then N values, float64}, each device signal named once and one
+object a report instead of one a sample (the controller sums them per
+device signal as they are). The controller decodes a report's base64 in
+its JSON parser (standard or URL-safe alphabet) and checks all its step
+windows at once.
+Versions 1 (steps as lists of {"end", "step_s", "comm_s"}) and 2 (telemetry
+as a list of records) are still accepted (`schema_version` 1, 2 or 3;
+others are refused), so agents of the previous releases keep reporting
+while the fleet is upgraded (controllers first: an older controller
+refuses a newer version with 422). All are validated alike: a packed window
+must hold exactly 24 x n bytes of finite numbers with step_s and comm_s >=
+0, packed telemetry exactly n key indices below len(keys) and 2 x n finite
+numbers, or the report is refused naming the field.
 
 Reports carry rolling windows (the last `max_steps` iterations of each rank,
 the telemetry samples since the previous report), so the controller can

@@ -385,3 +385,27 @@ def test_reports_arriving_over_kept_alive_connections_while_cycles_run_are_score
     assert ctl.fleet.samples_taken == 4 * 25 * 4, (taken_before, ctl.fleet.samples_taken)
     assert ctl.fleet.queued_samples() == 0
     assert metrics.registry.get_sample_value("slurmguard_http_connections_total") == 4
+
+
+def test_the_agents_sender_keeps_its_connection_and_reconnects_once_the_controller_closed_it():
+    """The sender posts its reports on one connection; when the controller has closed it
+    (idle past keepalive_idle_s), the next report goes on a new one, not counted as a
+    failure, not delayed to the next flush."""
+    from slurmguard.agent.sender import ReportSender
+
+    http, fleet, metrics = _start(keepalive_idle_s=0.3)
+    try:
+        sender = ReportSender(f"http://127.0.0.1:{http.port}", node_key(MASTER, "node1"), now=time.time)
+        for _ in range(3):
+            sender.enqueue(AgentReport(node="node1", seq=0, sent_at=time.time()))
+            assert sender.flush() == 1
+        assert metrics.registry.get_sample_value("slurmguard_http_connections_total") == 1
+        time.sleep(0.8)  # the controller closes the idle connection
+        sender.enqueue(AgentReport(node="node1", seq=0, sent_at=time.time()))
+        assert sender.flush() == 1
+        assert (sender.sent, sender.failures, sender.rejected) == (4, 0, 0)
+        assert metrics.registry.get_sample_value("slurmguard_http_connections_total") == 2
+        assert fleet._seq["node1"] == (sender.epoch, 4)
+        sender.close()
+    finally:
+        http.stop()
