@@ -55,10 +55,12 @@ order.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
 import re
+import resource
 import selectors
 import socket
 import ssl
@@ -356,6 +358,11 @@ class _Listener:
                 return
             except OSError as exc:  # out of descriptors, a connection reset before accept
                 log.warning("accept failed: %s", exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self._idle:
+                    # the longest idle kept-alive connection makes room for a new client
+                    _, old = self._idle.popitem(last=False)
+                    self._drop_idle(old)
+                    continue
                 return
             sock.setblocking(False)
             self.accepted()
@@ -711,6 +718,9 @@ class ControllerHTTP:
         return int(self.servers[1].server_address[1]) if len(self.servers) > 1 else None
 
     def start(self) -> None:
+        _ensure_descriptors(
+            len(self.servers) * (self.policy.max_idle_connections + self.policy.workers) + 1024
+        )
         for i, srv in enumerate(self.servers):
             t = threading.Thread(target=srv.serve_forever, name=f"controller-http-{i}", daemon=True)
             t.start()
@@ -723,6 +733,27 @@ class ControllerHTTP:
             t.join(5)
         for srv in self.servers:
             srv.server_close()
+
+
+def _ensure_descriptors(need: int) -> None:
+    """Raise this process's soft limit on open descriptors towards `need` (kept-alive
+    connections take one each), up to the hard limit; a warning when that is short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-files limit from %d to %d: %s", soft, new, exc)
+            new = soft
+        if new < need:
+            log.warning(
+                "open-files limit %d is below the %d the listeners may hold "
+                "(controller.max_idle_connections): raise LimitNOFILE; past it the longest "
+                "idle connection is closed for each new one",
+                new,
+                need,
+            )
 
 
 @dataclass
