@@ -1,7 +1,8 @@
 """The report listener's event loop (issue 17.1, ingestion): one thread reads every
 connection as its bytes come, so a slow client holds neither the loop nor the others,
-and a failure while serving one request is answered and leaves the listener serving.
-A real ControllerHTTP on a loopback port, real sockets (about 1 s)."""
+and a failure while serving one request is answered and leaves the listener serving;
+an agent's connection is kept alive between its reports, bounded in idle time, number
+and requests. A real ControllerHTTP on a loopback port, real sockets (about 5 s)."""
 
 from __future__ import annotations
 
