@@ -169,6 +169,13 @@ def run(args) -> dict:
     from slurmguard.store import db as sgdb
     from slurmguard.wire import AgentReport, TelemetryRecord
 
+    try:  # wire format 3 and later
+        from slurmguard.wire import TelemetryColumns
+
+        columns = TelemetryColumns.of
+    except ImportError:
+        columns = None
+
     out: dict = {"nodes": args.nodes, "steps": args.steps, "db": args.db.split(":", 1)[0]}
     fleet = Fleet(args.nodes)
     out["jobs"] = len(fleet.jobs)
@@ -209,7 +216,10 @@ def run(args) -> dict:
                     TelemetryRecord.model_construct(**t)
                     for t in telemetry_dicts(fleet, now, period, args.tel_every)
                 ]
-                r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel})
+                # as the controller reads them off the wire: columns where the code has them
+                r = kept.report.model_copy(
+                    update={"seq": seq, "sent_at": now, "telemetry": columns(tel) if columns else tel}
+                )
                 del tel
             t0 = time.perf_counter()
             ctl.fleet.ingest(r, now)
