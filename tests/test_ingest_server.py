@@ -410,3 +410,25 @@ def test_the_agents_sender_keeps_its_connection_and_reconnects_once_the_controll
         sender.close()
     finally:
         http.stop()
+
+
+def test_the_listener_raises_its_open_files_limit_for_its_kept_alive_connections(caplog):
+    """A descriptor per kept-alive connection: the soft limit goes up to what the listeners
+    may hold, as far as the hard limit allows, and a shortfall is said in the log."""
+    import resource
+
+    from slurmguard.controller.server import _ensure_descriptors
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"hard open-files limit {hard} is too low to test with")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+        _ensure_descriptors(3000)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == 3000
+        if hard != resource.RLIM_INFINITY:
+            _ensure_descriptors(hard + 1)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+            assert "raise LimitNOFILE" in caplog.text
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
