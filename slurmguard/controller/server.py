@@ -1,6 +1,6 @@
 """The controller's HTTP endpoints (one event loop per listener, stdlib only).
 
-POST /v1/report          signed AgentReport (see slurmguard.wire; wire format 2, or 1)
+POST /v1/report          signed AgentReport (see slurmguard.wire; wire format 3, 2 or 1)
 GET  /healthz            200 while cycles run, 503 when the last one is stale
 GET  /metrics            Prometheus text format         } controller.read_clients only;
 GET  /v1/jobs/<id>/plan  the job's mitigation plan      } on the management listener
@@ -38,8 +38,8 @@ counted as reason "internal_error", a connection cut off at its deadline as
 "timeout"). A failure while serving one connection closes that connection only.
 
 Connections persist (HTTP/1.1 keep-alive), so an agent pays the connection's
-accept and close once, not per report (at 10,000 nodes they were a fifth of a
-report's CPU, and most of the sending side's): after an answer to a request
+accept and close once, not per report (they were 0.055 ms of a report's 0.36 ms
+at 10,000 nodes, and about half the sending side's): after an answer to a request
 read whole, a connection that did not ask to close waits, idle, for the
 client's next request, for `keepalive_idle_s` (longer than the agents'
 report interval) and at most `keepalive_max_requests` requests. An idle
@@ -50,7 +50,9 @@ connection (or waits, or gets 503), with `request_timeout_s` from its first
 byte. A refusal before a body announced was read (413, 401, 429, ...) and
 anything malformed closes the connection (the rest of the stream cannot be
 trusted). Requests sent before the previous answer (pipelined) are answered in
-order.
+order. Each connection takes a descriptor: the listeners raise the process's
+soft open-files limit to what they may hold, and out of descriptors the
+longest idle connection makes room for a new one.
 """
 
 from __future__ import annotations
