@@ -551,10 +551,12 @@ class TelemetryColumns(Sequence):
             if c:
                 yield i, key, s, c
 
-    def samples_of(self, i: int) -> Iterator[tuple[float, float]]:
-        """(timestamp, value) of key i's samples, in the order sent."""
-        at = np.flatnonzero(self.k == i)
-        yield from zip(self.timestamp[at].tolist(), self.value[at].tolist())
+    def samples_of(self, keys: Sequence[int]) -> Iterator[tuple[TelemetryKey, float, float]]:
+        """(key, timestamp, value) of the samples of the keys at these indices, in the
+        order sent."""
+        at = np.flatnonzero(np.isin(self.k, keys))
+        for i, ts, v in zip(self.k[at].tolist(), self.timestamp[at].tolist(), self.value[at].tolist()):
+            yield self.keys[i], ts, v
 
 
 def _telemetry_form(v: object) -> str:

@@ -317,3 +317,29 @@ def test_a_malformed_request_head_is_answered_and_counted(head, code):
         assert code == 200
     finally:
         http.stop()
+
+
+def test_telemetry_columns_keep_hard_failure_samples_as_sent_and_sum_the_others():
+    """Through the wire (format 3) into the fleet: the averaged signals become one mean per
+    device, the others (an XID, a link going down) stay samples in the order sent."""
+    recs = [
+        TelemetryRecord(signal="power", value=600.0, unit="W", timestamp=1.0, gpu=0),
+        TelemetryRecord(signal="xid", value=79.0, timestamp=1.5, gpu=1),
+        TelemetryRecord(signal="power", value=700.0, unit="W", timestamp=2.0, gpu=0),
+        TelemetryRecord(signal="ib_port_down", value=1.0, timestamp=2.5, nic="mlx5_0:1"),
+        TelemetryRecord(signal="xid", value=48.0, timestamp=3.0, gpu=0),
+        TelemetryRecord(signal="power", value=650.0, unit="W", timestamp=3.0, gpu=1),
+    ]
+    body = AgentReport(node="node1", seq=1, sent_at=time.time(), telemetry=recs).model_dump_json()
+    back = AgentReport.model_validate_json(body)
+    assert isinstance(back.telemetry, TelemetryColumns) and list(back.telemetry) == recs
+    fleet = FleetView()
+    assert fleet.ingest(back, time.time())
+    window = fleet.take_telemetry()
+    assert window.count == 6
+    assert window.means == {("node1", "power", 0, None): 650.0, ("node1", "power", 1, None): 650.0}
+    assert [(s.signal, s.value, s.timestamp, s.gpu, s.nic) for s in window.samples] == [
+        ("xid", 79.0, 1.5, 1, None),
+        ("ib_port_down", 1.0, 2.5, None, "mlx5_0:1"),
+        ("xid", 48.0, 3.0, 0, None),
+    ]

@@ -184,14 +184,17 @@ class FleetView:
         kept_raw: list[TelemetrySample] = []
         if report.telemetry:
             cols = TelemetryColumns.of(report.telemetry)  # a list: from an agent of format 1 or 2
+            raw_keys = []
             for i, dev, total, count in cols.per_key():
                 if dev[0] in _AVERAGED:
                     summed.append((dev, total, count))
                 else:
-                    signal, unit, gpu, nic = dev
-                    kept_raw += [
-                        TelemetrySample(node, signal, v, unit, ts, gpu, nic) for ts, v in cols.samples_of(i)
-                    ]
+                    raw_keys.append(i)
+            if raw_keys:
+                kept_raw = [
+                    TelemetrySample(node, signal, v, unit, ts, gpu, nic)
+                    for (signal, unit, gpu, nic), ts, v in cols.samples_of(raw_keys)
+                ]
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
