@@ -432,3 +432,32 @@ def test_the_listener_raises_its_open_files_limit_for_its_kept_alive_connections
             assert "raise LimitNOFILE" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_over_tls_the_senders_reports_share_one_connection(tmp_path):
+    """An HTTPS controller keeps the agent's TLS connection alive too: one handshake for
+    several reports (the connection goes idle and wakes between them)."""
+    from slurmguard.agent.sender import ReportSender
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
+        + ["-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    http, fleet, metrics = _start(tls_cert_file=str(cert), tls_key_file=str(key))
+    try:
+        sender = ReportSender(
+            f"https://127.0.0.1:{http.port}", node_key(MASTER, "node1"), now=time.time, ca_file=str(cert)
+        )
+        for _ in range(3):
+            sender.enqueue(AgentReport(node="node1", seq=0, sent_at=time.time()))
+            assert sender.flush() == 1
+            time.sleep(0.05)
+        assert metrics.registry.get_sample_value("slurmguard_http_connections_total") == 1
+        assert fleet._seq["node1"] == (sender.epoch, 3)
+        sender.close()
+    finally:
+        http.stop()
