@@ -278,6 +278,17 @@ class ControllerPolicy(Strict):
     most max_body_bytes; connections beyond workers + max_pending get 503."""
     max_pending: int = Field(32, ge=0)
     """Accepted connections waiting, unread, for one of the `workers` slots."""
+    keepalive_idle_s: float = Field(30.0, ge=0)
+    """How long a connection may stay open, idle, after an answer for the client's next
+    request (HTTP/1.1 keep-alive), so an agent pays the connection's set-up and tear-down
+    once, not per report: longer than agent.report_interval_s. An idle connection holds
+    no worker slot and no buffer. 0 = one request per connection."""
+    keepalive_max_requests: int = Field(1000, ge=1)
+    """Requests served on one connection; the answer to the last says Connection: close."""
+    max_idle_connections: int = Field(16384, ge=0)
+    """Idle kept-alive connections held per listener (a descriptor each); past it the
+    longest idle is closed (its client reconnects). About one per node: raise it, and
+    the service's LimitNOFILE, for larger fleets."""
     ip_rate_per_s: float = Field(20.0, gt=0)
     """Requests per second per client address (token bucket; 429 past it)..."""
     ip_burst: int = Field(100, ge=1)

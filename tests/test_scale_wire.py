@@ -1,4 +1,4 @@
-"""Issue 17.1, ingestion: the compact report wire format (schema version 2) and
+"""Issue 17.1, ingestion: the compact report wire format (schema version 3) and
 what the report listener does with bad input at scale. A real ControllerHTTP on
 a loopback port, real sockets, the agent's real ReportSender; fast (about 2 s)."""
 
@@ -28,6 +28,7 @@ from slurmguard.wire import (
     RankReport,
     StepSample,
     StepWindow,
+    TelemetryColumns,
     TelemetryRecord,
     node_key,
     sign,
@@ -68,7 +69,7 @@ def test_a_report_goes_packed_and_comes_back_the_same():
     rep = _report()
     body = rep.model_dump_json()
     wire = json.loads(body)
-    assert wire["schema_version"] == SCHEMA_VERSION == 2
+    assert wire["schema_version"] == SCHEMA_VERSION == 3
     packed = wire["jobs"][0]["ranks"][3]["steps"]
     assert set(packed) == {"n", "cols"} and packed["n"] == 256
     assert len(base64.b64decode(packed["cols"])) == 24 * 256
@@ -81,6 +82,17 @@ def test_a_report_goes_packed_and_comes_back_the_same():
         assert got.model_dump(exclude={"steps"}) == sent.model_dump(exclude={"steps"})
     # a window read back serialises to the same bytes (a controller could forward it)
     assert back.model_dump_json() == body
+    # telemetry goes as columns (version 3): each device signal named once
+    tel = wire["telemetry"]
+    assert set(tel) == {"keys", "n", "k", "cols"} and tel["n"] == 8
+    assert tel["keys"] == [["power", "W", g, None] for g in range(8)]
+    assert isinstance(back.telemetry, TelemetryColumns)
+    assert list(back.telemetry) == rep.telemetry  # reads like the list it replaces, bit-exact
+    # version 2 (telemetry as a list of records) still reads, into the same samples
+    v2 = AgentReport.model_validate_json(
+        json.dumps({**wire, "schema_version": 2, "telemetry": [t.model_dump() for t in rep.telemetry]})
+    )
+    assert v2.schema_version == 2 and list(v2.telemetry) == rep.telemetry
     # the default report (256 iterations of 8 ranks): 66 KB, version 1 185 KB
     v1 = json.dumps(
         {
@@ -117,7 +129,7 @@ def _cols(end, step, comm) -> str:
         ({"n": 2, "cols": _cols([1, 2], [1, float("nan")], [0, 0])}, "not a finite number"),
         ({"n": 2, "cols": _cols([1, float("inf")], [1, 1], [0, 0])}, "not a finite number"),
         ({"n": 2, "cols": _cols([1, 2], [1, 1], [0, -0.5])}, "step_s and comm_s must be >= 0"),
-        ({"n": 1, "cols": "not base64!"}, "cols is not base64"),
+        ({"n": 1, "cols": "not base64!"}, "cols: Data should be valid base64"),
         ({"n": -1, "cols": ""}, "greater than or equal to 0"),
         ({"n": 1, "cols": _cols([1], [1], [0]), "extra": 1}, "extra"),
         ([{"end": 1.0, "step_s": -1.0, "comm_s": 0.0}], "greater than or equal to 0"),
@@ -142,11 +154,55 @@ def test_a_bad_window_is_refused_naming_node_and_field(steps, why):
         http.stop()
 
 
+def _tel(keys, k, ts, values) -> dict:
+    return {
+        "keys": keys,
+        "n": len(ts),
+        "k": base64.b64encode(struct.pack(f"<{len(k)}I", *k)).decode(),
+        "cols": base64.b64encode(struct.pack(f"<{2 * len(ts)}d", *ts, *values)).decode(),
+    }
+
+
+@pytest.mark.parametrize(
+    "tel, why",
+    [
+        (
+            _tel([["power", "W", 0, None]], [0, 1], [1.0, 2.0], [650.0, 651.0]),
+            "k names key 1; there are 1 keys",
+        ),
+        (
+            _tel([["power", "W", 0, None]], [0], [1.0, 2.0], [650.0, 651.0]),
+            "k holds 4 bytes and cols 32; n=2",
+        ),
+        (_tel([["power", "W", 0, None]], [0, 0], [1.0, 2.0], [650.0, float("nan")]), "not a finite number"),
+        (
+            {**_tel([["power", "W", 0, None]], [0], [1.0], [650.0]), "k": "!!"},
+            "k: Data should be valid base64",
+        ),
+        (_tel([["power", "W", "gpu0", None]], [0], [1.0], [650.0]), "valid integer"),
+        ([{"signal": "power", "value": "hot", "timestamp": 1.0}], "valid number"),
+    ],
+)
+def test_bad_telemetry_columns_are_refused_naming_node_and_field(tel, why):
+    """Version 3 sends a report's samples as columns: every check of a sample holds for
+    them (and a value must be a finite number, or the device's mean would be lost)."""
+    http, fleet, metrics = _start()
+    try:
+        wire = json.loads(_report(ranks=1, steps=4).model_dump_json())
+        code, answer = _post(http.port, "node1", json.dumps({**wire, "telemetry": tel}).encode())
+        assert code == 422, answer
+        assert "node node1" in answer["error"] and "telemetry" in answer["error"] and why in answer["error"]
+        assert _metric(metrics, "slurmguard_reports_total", outcome="invalid") == 1
+        assert fleet.queued_samples() == 0
+    finally:
+        http.stop()
+
+
 def test_unknown_versions_nodes_and_oversized_reports_are_refused_and_counted():
     http, fleet, metrics = _start(max_body_bytes=64 * 1024)
     try:
         wire = json.loads(_report(ranks=1, steps=4).model_dump_json())
-        code, answer = _post(http.port, "node1", json.dumps({**wire, "schema_version": 3}).encode())
+        code, answer = _post(http.port, "node1", json.dumps({**wire, "schema_version": 4}).encode())
         assert code == 422 and "schema_version" in answer["error"]
         assert _metric(metrics, "slurmguard_reports_total", outcome="invalid") == 1
         code, answer = _post(http.port, "node9", _report("node9", steps=4).model_dump_json().encode())
@@ -261,3 +317,29 @@ def test_a_malformed_request_head_is_answered_and_counted(head, code):
         assert code == 200
     finally:
         http.stop()
+
+
+def test_telemetry_columns_keep_hard_failure_samples_as_sent_and_sum_the_others():
+    """Through the wire (format 3) into the fleet: the averaged signals become one mean per
+    device, the others (an XID, a link going down) stay samples in the order sent."""
+    recs = [
+        TelemetryRecord(signal="power", value=600.0, unit="W", timestamp=1.0, gpu=0),
+        TelemetryRecord(signal="xid", value=79.0, timestamp=1.5, gpu=1),
+        TelemetryRecord(signal="power", value=700.0, unit="W", timestamp=2.0, gpu=0),
+        TelemetryRecord(signal="ib_port_down", value=1.0, timestamp=2.5, nic="mlx5_0:1"),
+        TelemetryRecord(signal="xid", value=48.0, timestamp=3.0, gpu=0),
+        TelemetryRecord(signal="power", value=650.0, unit="W", timestamp=3.0, gpu=1),
+    ]
+    body = AgentReport(node="node1", seq=1, sent_at=time.time(), telemetry=recs).model_dump_json()
+    back = AgentReport.model_validate_json(body)
+    assert isinstance(back.telemetry, TelemetryColumns) and list(back.telemetry) == recs
+    fleet = FleetView()
+    assert fleet.ingest(back, time.time())
+    window = fleet.take_telemetry()
+    assert window.count == 6
+    assert window.means == {("node1", "power", 0, None): 650.0, ("node1", "power", 1, None): 650.0}
+    assert [(s.signal, s.value, s.timestamp, s.gpu, s.nic) for s in window.samples] == [
+        ("xid", 79.0, 1.5, 1, None),
+        ("ib_port_down", 1.0, 2.5, None, "mlx5_0:1"),
+        ("xid", 48.0, 3.0, 0, None),
+    ]

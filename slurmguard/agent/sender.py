@@ -15,18 +15,24 @@ controller takes a restarted agent's first report. A report counts as
 delivered only when the controller answered 200 with "accepted": true; a
 refusal (4xx, or accepted: false) is counted in `rejected`, logged, and not
 retried (the next report carries the newer window).
+
+Reports go over one kept-alive HTTP/1.1 connection (the controller's
+keepalive_idle_s is longer than the report interval), opened again when the
+controller has closed it. No HTTP proxy is used (http_proxy and the like are
+ignored): the controller is on the cluster's own network.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import ssl
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections import deque
 from collections.abc import Callable
 
+from slurmguard.errors import ConfigError
 from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
 
 log = logging.getLogger(__name__)
@@ -34,6 +40,8 @@ log = logging.getLogger(__name__)
 #: telemetry samples merged into one request at most: the controller's default
 #: controller.keep_samples_per_node, about 0.5 MB of JSON (controller.max_body_bytes: 1 MB)
 BATCH_SAMPLES = 4096
+#: most bytes of an answer read (the controller's are a line of JSON)
+_MAX_ANSWER = 65536
 
 
 class ReportSender:
@@ -54,6 +62,13 @@ class ReportSender:
         self.requests = 0
         """Requests that delivered reports (a merged backlog is one)."""
         self.url = url.rstrip("/") + "/v1/report"
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"agent.controller_url {url!r}: expected http(s)://HOST[:PORT]")
+        self._host, self._port = parts.hostname, parts.port
+        self._path = parts.path
+        self._conn: http.client.HTTPConnection | None = None
+        """Kept alive between reports (controller.keepalive_idle_s)."""
         self.key = key
         self.epoch = int(now() * 1e9)
         self._seq = 0
@@ -122,50 +137,84 @@ class ReportSender:
             }
         )
 
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self._ssl is not None:
+                self._conn = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self.timeout_s, context=self._ssl
+                )
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+        return self._conn
+
+    def close(self) -> None:
+        """Close the connection to the controller (the next request opens one)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _exchange(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """(status, answer body) of one POST on the kept-alive connection. The
+        controller closes a connection idle for its controller.keepalive_idle_s or
+        full (max_idle_connections); a request that finds it closed before any answer
+        came is sent once more on a new connection (it was not read, so it is not
+        taken twice; a duplicate would be refused as not newer anyway)."""
+        for attempt in (1, 2):
+            conn = self._connection()
+            reused = conn.sock is not None
+            try:
+                conn.request("POST", self._path, body=body, headers=headers)
+                resp = conn.getresponse()
+                answer = resp.read(_MAX_ANSWER)
+                if not resp.isclosed():  # an answer longer than any the controller gives
+                    self.close()
+                return resp.status, answer
+            except (ConnectionResetError, BrokenPipeError, http.client.BadStatusLine):
+                # RemoteDisconnected is both: the controller closed the idle connection
+                self.close()
+                if not reused or attempt == 2:
+                    raise
+            except BaseException:
+                self.close()  # the connection's state is unknown: never reuse it
+                raise
+        raise AssertionError("unreachable")
+
     def _post(self, report: AgentReport) -> str:
         body = report.model_dump_json().encode()
         ts = f"{self.now():.3f}"
-        req = urllib.request.Request(
-            self.url,
-            data=body,
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                TIME_HEADER: ts,
-                NODE_HEADER: report.node,
-                SIG_HEADER: sign(self.key, ts, report.node, body),
-            },
-        )
+        headers = {
+            "Content-Type": "application/json",
+            TIME_HEADER: ts,
+            NODE_HEADER: report.node,
+            SIG_HEADER: sign(self.key, ts, report.node, body),
+        }
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
-                answer = resp.read(4096)
-            try:
-                accepted = json.loads(answer).get("accepted") is True
-            except (ValueError, AttributeError):
-                accepted = False
-            if not accepted:
-                log.error(
-                    "controller did not accept report %d: %s",
-                    report.seq,
-                    answer[:200].decode(errors="replace"),
-                )
-                return "rejected"
-            return "ok"
-        except urllib.error.HTTPError as exc:
-            if exc.code == 429 or exc.code >= 500:
-                log.warning("controller answered HTTP %d; will retry", exc.code)
-                return "retry"
-            if 400 <= exc.code < 500:
-                # the controller will never take this report: do not block the queue on it
-                log.error(
-                    "controller rejected report %d: HTTP %d %s",
-                    report.seq,
-                    exc.code,
-                    exc.read(200).decode(errors="replace"),
-                )
-                return "rejected"
-            log.warning("controller answered HTTP %d; will retry", exc.code)
-            return "retry"
-        except (urllib.error.URLError, OSError, TimeoutError) as exc:
+            status, answer = self._exchange(body, headers)
+        except (OSError, http.client.HTTPException) as exc:
             log.warning("controller unreachable (%s); %d report(s) queued", exc, len(self.queue))
             return "retry"
+        if status == 429 or status >= 500:
+            log.warning("controller answered HTTP %d; will retry", status)
+            return "retry"
+        if 400 <= status < 500:
+            # the controller will never take this report: do not block the queue on it
+            log.error(
+                "controller rejected report %d: HTTP %d %s",
+                report.seq,
+                status,
+                answer[:200].decode(errors="replace"),
+            )
+            return "rejected"
+        try:
+            accepted = status == 200 and json.loads(answer).get("accepted") is True
+        except (ValueError, AttributeError):
+            accepted = False
+        if not accepted:
+            log.error(
+                "controller did not accept report %d: HTTP %d %s",
+                report.seq,
+                status,
+                answer[:200].decode(errors="replace"),
+            )
+            return "rejected"
+        return "ok"

@@ -37,7 +37,6 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from slurmguard.detect.peers import BAD_DIRECTION
@@ -47,7 +46,8 @@ from slurmguard.wire import (
     JobReport,
     RankReport,
     StepWindow,
-    TelemetryRecord,
+    TelemetryColumns,
+    TelemetryKey,
     UnavailableSignal,
 )
 
@@ -89,8 +89,7 @@ def _compact_job(job: JobReport, keep: int) -> JobReport:
     return job.model_copy(update={"ranks": ranks})
 
 
-@dataclass(frozen=True)
-class Received:
+class Received(NamedTuple):
     report: AgentReport
     received_at: float
 
@@ -179,18 +178,23 @@ class FleetView:
             return False
         jobs = [_compact_job(j, self.keep_steps) for j in report.jobs]
         node = report.node
-        tel = report.telemetry
-        # split here, in the ingesting thread, so the cycle does not do it for the fleet
-        summed = [t for t in tel if t.signal in _AVERAGED]
-        kept_raw = (
-            [
-                TelemetrySample(node, t.signal, t.value, t.unit, t.timestamp, t.gpu, t.nic)
-                for t in tel
-                if t.signal not in _AVERAGED
-            ]
-            if len(summed) < len(tel)
-            else []
-        )
+        # split here, in the ingesting thread, so the cycle does not do it for the fleet:
+        # per device signal its sum and count (averaged ones) or its samples (the others)
+        summed: list[tuple[TelemetryKey, float, int]] = []
+        kept_raw: list[TelemetrySample] = []
+        if report.telemetry:
+            cols = TelemetryColumns.of(report.telemetry)  # a list: from an agent of format 1 or 2
+            raw_keys = []
+            for i, dev, total, count in cols.per_key():
+                if dev[0] in _AVERAGED:
+                    summed.append((dev, total, count))
+                else:
+                    raw_keys.append(i)
+            if raw_keys:
+                kept_raw = [
+                    TelemetrySample(node, signal, v, unit, ts, gpu, nic)
+                    for (signal, unit, gpu, nic), ts, v in cols.samples_of(raw_keys)
+                ]
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
             if not self.known(report.node):
@@ -214,27 +218,27 @@ class FleetView:
                 q.extend(kept_raw)
             return True
 
-    def _add_sums(self, node: str, records: Iterable[TelemetryRecord]) -> None:
-        """Add samples to the node's per-device sums and means (the lock is held)."""
+    def _add_sums(self, node: str, entries: Iterable[tuple[TelemetryKey, float, int]]) -> None:
+        """Add (device signal, sum, count) of a report's samples to the node's sums and
+        means (the lock is held)."""
         sums, means = self._sums, self._means
         have = self._sum_keys.get(node, 0)
         room = self.keep_samples - have
         added = 0
-        for t in records:
-            k = (node, t.signal, t.gpu, t.nic)
+        for (signal, _unit, gpu, nic), total, count in entries:
+            k = (node, signal, gpu, nic)
             e = sums.get(k)
             if e is None:
                 if room <= 0:  # a flood of made-up devices or signals: bounded, counted
-                    self.dropped_samples += 1
+                    self.dropped_samples += count
                     continue
                 room -= 1
-                sums[k] = [t.value, 1]
-                means[k] = t.value
+                sums[k] = e = [total, count]
             else:
-                e[0] += t.value
-                e[1] += 1
-                means[k] = e[0] / e[1]
-            added += 1
+                e[0] += total
+                e[1] += count
+            means[k] = e[0] / e[1]
+            added += count
         self._sum_keys[node] = self.keep_samples - room
         self._summed += added
 

@@ -45,6 +45,11 @@ class ControllerMetrics:
             ["reason"],
             registry=r,
         )
+        self.http_connections = Counter(
+            "slurmguard_http_connections_total",
+            "Connections accepted by the controller's listeners (kept alive: about one per agent)",
+            registry=r,
+        )
         self.foreign_ranks = Counter(
             "slurmguard_foreign_ranks_total",
             "Ranks reported for a job by a node outside its Slurm allocation (dropped)",

@@ -169,6 +169,13 @@ def run(args) -> dict:
     from slurmguard.store import db as sgdb
     from slurmguard.wire import AgentReport, TelemetryRecord
 
+    try:  # wire format 3 and later
+        from slurmguard.wire import TelemetryColumns
+
+        columns = TelemetryColumns.of
+    except ImportError:
+        columns = None
+
     out: dict = {"nodes": args.nodes, "steps": args.steps, "db": args.db.split(":", 1)[0]}
     fleet = Fleet(args.nodes)
     out["jobs"] = len(fleet.jobs)
@@ -209,7 +216,10 @@ def run(args) -> dict:
                     TelemetryRecord.model_construct(**t)
                     for t in telemetry_dicts(fleet, now, period, args.tel_every)
                 ]
-                r = kept.report.model_copy(update={"seq": seq, "sent_at": now, "telemetry": tel})
+                # as the controller reads them off the wire: columns where the code has them
+                r = kept.report.model_copy(
+                    update={"seq": seq, "sent_at": now, "telemetry": columns(tel) if columns else tel}
+                )
                 del tel
             t0 = time.perf_counter()
             ctl.fleet.ingest(r, now)
@@ -290,7 +300,11 @@ def _db_bytes(store, url: str) -> int | None:
 
 
 #: the loopback client, run in a process of its own so that the controller's
-#: figure is its own: argv = requests file, port, threads; prints "ok seconds"
+#: figure is its own: argv = requests file, port, threads; prints "ok seconds cpu
+#: connections". Each thread sends its requests one after another on one connection
+#: as long as the controller keeps it alive (an agent's sender does the same), and
+#: opens a new one when the answer says Connection: close (an older controller's one
+#: request per connection, or its keepalive_max_requests)
 _CLIENT = r"""
 import socket, sys, threading, time
 path, port, nthreads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -301,32 +315,58 @@ while at < len(data):
     reqs.append(data[at + 4:at + 4 + n])
     at += 4 + n
 reqs.reverse()
-ok, lock = 0, threading.Lock()
+ok, conns, lock = 0, 0, threading.Lock()
+def answer(s, buf):
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            return None, b"", True
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length, close = 0, False
+    for ln in lines[1:]:
+        k, _, v = ln.partition(b":")
+        k = k.strip().lower()
+        if k == b"content-length":
+            length = int(v)
+        elif k == b"connection":
+            close = v.strip().lower() == b"close"
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            return lines[0], b"", True
+        rest += chunk
+    return lines[0], rest[length:], close
 def client():
-    global ok
+    global ok, conns
+    s, buf = None, b""
     while True:
         with lock:
             if not reqs:
-                return
+                break
             r = reqs.pop()
-        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-            s.sendall(r)
-            resp = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                resp += chunk
-        if b" 200 " in resp.split(b"\r\n", 1)[0]:
+        if s is None:
+            s, buf = socket.create_connection(("127.0.0.1", port), timeout=60), b""
+            with lock:
+                conns += 1
+        s.sendall(r)
+        status, buf, close = answer(s, buf)
+        if status is not None and b" 200 " in status + b" ":
             with lock:
                 ok += 1
+        if close:
+            s.close()
+            s = None
+    if s is not None:
+        s.close()
 threads = [threading.Thread(target=client) for _ in range(nthreads)]
 t0 = time.perf_counter()
 for t in threads:
     t.start()
 for t in threads:
     t.join()
-print(ok, time.perf_counter() - t0, time.process_time())
+print(ok, time.perf_counter() - t0, time.process_time(), conns)
 """
 
 
@@ -402,11 +442,12 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
             check=True,
         )
         cpu = time.process_time() - cpu0
-        ok_s, dt_s, client_cpu = p.stdout.split()
+        ok_s, dt_s, client_cpu, conns = p.stdout.split()
         ok, dt = int(ok_s), float(dt_s)
         return {
             "http_reports": n,
             "http_ok": ok,
+            "http_connections": int(conns),
             "http_reports_per_s": round(ok / dt, 1),
             "http_cpu_ms_per_report": round(1e3 * cpu / max(1, ok), 3),
             "http_client_cpu_s": round(float(client_cpu), 2),
