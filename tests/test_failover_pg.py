@@ -168,6 +168,16 @@ def _healthz(port: int) -> str:
         return ""
 
 
+def _metric(port: int, name: str) -> float | None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
 def test_two_controller_daemons_one_active_the_other_takes_over(pg):
     import threading
 
@@ -201,9 +211,22 @@ def test_two_controller_daemons_one_active_the_other_takes_over(pg):
     try:
         wait_for(lambda: "standby" in _healthz(pb), 30, "the second daemon to stand by", 0.1)
         assert "active (lease epoch 1)" in _healthz(pa)
+        assert _metric(pa, "slurmguard_controller_active") == 1.0
+        assert _metric(pa, "slurmguard_lease_epoch") == 1.0
+        assert _metric(pb, "slurmguard_controller_active") == 0.0
+        assert _metric(pb, "slurmguard_lease_epoch") == 0.0
         stop_a.set()  # a clean stop gives the lease up
         ta.join(30)
         wait_for(lambda: "active (lease epoch 2)" in _healthz(pb), 10, "the standby to take over", 0.1)
+        wait_for(
+            lambda: (
+                _metric(pb, "slurmguard_controller_active") == 1.0
+                and _metric(pb, "slurmguard_lease_epoch") == 2.0
+            ),
+            10,
+            "the new leader's /metrics",
+            0.1,
+        )
     finally:
         for _, stop, t in daemons:
             stop.set()

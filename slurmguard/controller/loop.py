@@ -252,6 +252,15 @@ class Controller:
         except Exception as exc2:  # noqa: BLE001 - the database itself may be what failed
             res.errors.append(f"job {job_id}: error not recorded: {exc2}")
 
+    def stand_by(self) -> None:
+        """Called while another controller holds the lease (instead of a cycle): the
+        telemetry that arrived meanwhile is the active controller's to score, so it
+        is dropped here, and this controller's first peer window after it takes
+        over starts then. Reports' step windows are kept: they carry each rank's
+        recent iterations, so the first cycle after a takeover assesses every job."""
+        self.fleet.take_telemetry()
+        self._scored_until = self.clock.now()
+
     # ------------------------------------------------------------------ pieces
     def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
         new = {name: list(n.partitions) for name, n in nodes.items() if name not in self._known_nodes}
