@@ -7,6 +7,11 @@ repeats nor forgets an action:
 - a drain is taken only if the node is not already drained by slurmguard;
 - a checkpoint signal only if the audit log has none for that incident;
 - a requeue only if the job's restart count has not grown since detection.
+A requeue takes seconds (Slurm's post-requeue hold is lifted once the old run
+has ended), so the incident records it is under way (REQUEUE_STARTED) before
+it starts: a controller killed inside it leaves that behind, and the cycle of
+whichever controller runs next records the requeue in the audit log and lifts
+the hold (_finish_requeues) instead of losing both.
 
 What a job can write is not trusted: ranks reported by nodes outside the job's
 Slurm allocation are dropped and counted, every requeue and checkpoint signal
@@ -54,6 +59,14 @@ log = logging.getLogger(__name__)
 UNNAMED_LOG_S = 10.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
+
+#: incident evidence: a requeue under way {"at": Unix s, "lease_epoch": n (a pair)}
+REQUEUE_STARTED = "requeue_started"
+#: incident and audit evidence: a requeue recorded by a later cycle than the one that took it
+LATE = "recorded_late"
+#: seconds after a requeue during which a later cycle still lifts its post-requeue hold
+#: (Slurm's own hold is about two minutes)
+REQUEUE_SETTLE_S = 120.0
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
@@ -160,6 +173,7 @@ class Controller:
         index = self.fleet.job_index(now)
         self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
         live = self._live_incidents()
+        self._finish_requeues(live, jobs, res)
         for job_id in sorted(index):
             job = jobs.get(job_id)
             if job is None or job.state != "RUNNING":
@@ -418,6 +432,7 @@ class Controller:
                 continue
             if node.drained_by_us:
                 drained_any = True
+                self._drain_recorded(c.node, f"drained: {node.reason}", evidence)
                 continue
             if node.drained_by_others:
                 res.suppressed.append(f"{c.node}: drained by someone else; left alone")
@@ -448,6 +463,16 @@ class Controller:
             self._checkpoint(a, job, incident, evidence, res)
         elif gated == Tier.REQUEUE:
             self._requeue(a, job, incident, evidence, res, now)
+
+    def _drain_recorded(self, node: str, cause: str, evidence: dict) -> None:
+        """A culprit Slurm shows drained by slurmguard whose lifecycle still says it is
+        in service was drained by a controller that stopped (killed, or its lease
+        lost) between the drain and its record: recorded now, so that the sweep
+        scheduler takes the node on once its jobs have left. A node further on
+        (quarantined, being swept, held) is left where it is."""
+        rec = self.store.get_node(node)
+        if rec is None or rec.state in (NodeState.HEALTHY, NodeState.SUSPECT):
+            self._lifecycle(node, NodeState.DRAINING, cause, evidence)
 
     def _still_named(
         self, a: JobAssessment, incident: IncidentRecord, nodes: dict[str, NodeInfo]
@@ -578,10 +603,14 @@ class Controller:
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
             return
+        fence = self.executor.fence() if self.executor.fence is not None else {}
+        self.store.update_incident(incident.id, evidence={REQUEUE_STARTED: {"at": now, **fence}})
         try:
             self.executor.requeue(a.job_id, "restart on healthy nodes", evidence=evidence)
         except SlurmError as exc:
             res.errors.append(str(exc))
+            # not requeued: a later restart (an admin's) must not be taken for ours
+            self.store.update_incident(incident.id, evidence={REQUEUE_STARTED: None})
             return
         res.actions.append(("requeue", str(a.job_id)))
         self.store.update_incident(
@@ -591,6 +620,72 @@ class Controller:
             outcome="drained and requeued on healthy nodes",
             evidence={"requeued_at": self.clock.now()},
         )
+
+    def _finish_requeues(
+        self, live: dict[int, IncidentRecord], jobs: dict[int, JobInfo], res: CycleResult
+    ) -> None:
+        """Requeues a controller started and did not finish (killed, or its host lost,
+        between `scontrol requeue` and its audit row): where the job's restart count
+        grew, the requeue is recorded now, in the audit log under the lease epoch it
+        was taken with and in the incident; Slurm's post-requeue hold (a begin time
+        minutes ahead, set once the old run has ended) is lifted on the cycles of the
+        next REQUEUE_SETTLE_S while the job waits, so it restarts at once as meant.
+        Where the count did not grow the requeue never reached Slurm: the incident
+        goes on and is requeued when its price is paid. For every job, running or
+        not (a requeued job waits in the queue)."""
+        now = self.clock.now()
+        for job_id, incident in list(live.items()):
+            ev = incident.evidence
+            started = ev.get(REQUEUE_STARTED)
+            job = jobs.get(job_id)
+            if not started or job is None or (ev.get("requeued_at") is not None and not ev.get(LATE)):
+                continue
+            try:
+                self._finish_requeue(incident, job, started, live, now)
+            except SlurmError as exc:  # NotLeader included: the next cycle's controller will
+                res.errors.append(f"job {job_id}: unfinished requeue: {exc}")
+
+    def _finish_requeue(
+        self,
+        incident: IncidentRecord,
+        job: JobInfo,
+        started: dict,
+        live: dict[int, IncidentRecord],
+        now: float,
+    ) -> None:
+        job_id = job.job_id
+        ev = incident.evidence
+        if ev.get("requeued_at") is None:
+            if job.restarts <= _restarts_at_detection(incident, job):
+                return
+            if self.executor.fence is not None:
+                self.executor.fence()  # only the active controller records and lifts
+            self.store.audit(
+                "requeue",
+                actor=self.actor,
+                job_id=str(job_id),
+                reason="restart on healthy nodes (recorded by the next cycle: its controller stopped)",
+                outcome=AuditOutcome.OK,
+                evidence={
+                    "incident": incident.id,
+                    "job": job_id,
+                    **({"lease_epoch": started["lease_epoch"]} if "lease_epoch" in started else {}),
+                    LATE: True,
+                },
+            )
+            live[job_id] = self.store.update_incident(
+                incident.id,
+                status=IncidentStatus.MITIGATED,
+                action_at=float(started["at"]),
+                outcome="drained and requeued on healthy nodes",
+                evidence={"requeued_at": float(started["at"]), LATE: True},
+            )
+            log.warning("job %d: requeue started by a stopped controller recorded", job_id)
+        if job.state != "PENDING" or now - float(started["at"]) > REQUEUE_SETTLE_S:
+            return
+        if self.executor.fence is not None:
+            self.executor.fence()
+        self.slurm.release_requeue_hold(job_id)
 
     def _verify_flags(
         self,

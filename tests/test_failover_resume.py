@@ -1,0 +1,40 @@
+"""A controller that stops between two steps of one response (killed, or its lease
+lost) leaves the next controller, the standby of a pair or itself restarted,
+enough to finish it once: FakeSlurm, a real SQLite store, a FakeClock (about 1 s).
+The same on the real cluster with two controllers: tests/test_failover_cluster.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmguard.controller.loop import Controller
+from slurmguard.slurm.fake import FakeSlurm
+from slurmguard.store import NodeState
+from tests.test_controller_loop import POLICY, feed_job
+
+
+def test_killed_between_the_drain_and_its_lifecycle_record_the_next_controller_records_it(
+    sqlite_store, fake_clock
+):
+    """Without the record the sweep scheduler never takes the drained node on: it
+    would stay drained, unswept, after its job was requeued off it."""
+    slurm = FakeSlurm(clock=fake_clock)
+    ctl = Controller(POLICY, sqlite_store, slurm, fake_clock)
+    job = slurm.start_job(["node1", "node2"])
+    feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+
+    def dies(*a, **k):  # right after `scontrol update State=DRAIN` and its audit row
+        raise SystemExit("killed")
+
+    ctl._lifecycle = dies  # type: ignore[method-assign]  # noqa: SLF001
+    with pytest.raises(SystemExit):
+        ctl.cycle()
+    assert slurm.node("node2").drained_by_us and len(sqlite_store.audit_entries(action="drain")) == 1
+    assert sqlite_store.get_node("node2").state is NodeState.HEALTHY
+    nxt = Controller(POLICY, sqlite_store, slurm, fake_clock)
+    fake_clock.advance(5)
+    feed_job(nxt, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=20, seq=2)
+    res = nxt.cycle()
+    assert ("drain", "node2") not in res.actions and len(sqlite_store.audit_entries(action="drain")) == 1
+    assert sqlite_store.get_node("node2").state is NodeState.DRAINING
+    assert res.actions == [("requeue", str(job))]
