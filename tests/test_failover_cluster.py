@@ -174,7 +174,7 @@ def test_leader_killed_mid_incident_the_standby_finishes_it_once(pair):
         wait_for(lambda: store.audit_entries(action="drain"), 150, "drain", 0.2)
         assert store.audit_entries(action="requeue") == [], "the requeue came with the drain: no window"
         killed_at = _kill(g, first)
-        print(f"controller {first} killed after the drain of {slow}")
+        print(f"controller {first} killed after the drain of {slow} ({store.get_node(slow).state.value})")
         (incident,) = [i for i in store.incidents(job_id=str(job)) if i.kind != "error"]
         assert REQUEUE_STARTED not in incident.evidence, "the requeue came with the drain: no window"
         _took_over(g, store, 2, killed_at, second)
