@@ -282,12 +282,14 @@ class Guard:
         raise DevClusterError(f"controller did not come up: {' | '.join(tail)}")
 
     def restart_controller(self, overrides: Mapping[str, Any] | None = None) -> None:
-        """Rewrite the policy (with new overrides) and restart the controller."""
-        self.cluster.stop_service("sg-controller")
+        """Rewrite the policy (with new overrides) and restart the controller(s)."""
+        for i in range(self.controllers):
+            self.cluster.stop_service(self.controller_service(i))
         if overrides is not None:
             self.overrides = overrides
         self.write_policy()
-        self.start_controller()
+        for i in range(self.controllers):
+            self.start_controller(index=i)
 
     def bootstrap_sweeps(self, timeout_s: float = 240.0) -> list[str]:
         """Seed the sweep baselines of a fresh cluster: rolling sweeps of unsuspected
@@ -346,16 +348,20 @@ class Guard:
         self.set_sim_profiles({})
 
     def configure(self, overrides: Mapping[str, Any] | None = None) -> None:
-        """A fresh database and a controller on the policy with these overrides."""
+        """A fresh database (SQLite; a PostgreSQL database_url is the caller's to
+        renew) and the controller(s) on the policy with these overrides."""
         from slurmguard.store import db
 
-        self.cluster.stop_service("sg-controller")
+        for i in range(self.controllers):
+            self.cluster.stop_service(self.controller_service(i))
         self.cluster.wait_nodes_idle(timeout=60)
         self.overrides = dict(overrides or {})
         self.write_policy()
-        self.db_path.unlink(missing_ok=True)
+        if self.database_url is None:
+            self.db_path.unlink(missing_ok=True)
         db.upgrade(self.db_url)
-        self.start_controller()
+        for i in range(self.controllers):
+            self.start_controller(index=i)
 
     def start_agent(self, node: str) -> None:
         self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"), self._env())
