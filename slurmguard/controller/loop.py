@@ -415,7 +415,8 @@ class Controller:
             # cheaper than a drain, for jobs that opted in: rebalance micro-batches
             self._mitigate(a, job, incident, decision, res)
             return  # the slowdown has not yet cost the price of the next action
-        if gated > _tier_of(incident.tier):
+        was = _tier_of(incident.tier)
+        if gated > was:
             incident = self.store.update_incident(
                 incident.id, tier=_TIER_NAME[gated], nodes=[c.node for c in a.culprits]
             )
@@ -462,6 +463,12 @@ class Controller:
         if gated == Tier.DRAIN:
             self._checkpoint(a, job, incident, evidence, res)
         elif gated == Tier.REQUEUE:
+            asked = job_options(job.comment, self.policy.response.tiers.checkpoint_signal).signal is not None
+            if was == Tier.DRAIN and asked and self._checkpoint(a, job, incident, evidence, res):
+                # the drain tier's checkpoint signal, never sent (its controller stopped
+                # between the drain and the signal): sent now, and the requeue waits a
+                # cycle for the job to checkpoint, as it would have after the drain
+                return
             self._requeue(a, job, incident, evidence, res, now)
 
     def _drain_recorded(self, node: str, cause: str, evidence: dict) -> None:
@@ -543,14 +550,16 @@ class Controller:
 
     def _checkpoint(
         self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, evidence: dict, res: CycleResult
-    ) -> None:
+    ) -> bool:
+        """The drain tier's checkpoint signal, once per incident, to a job that asked
+        for one; True when it was sent now."""
         done = [
             e
             for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
             if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id
         ]
         if done or self.policy.safety.dry_run and incident.status != IncidentStatus.OPEN:
-            return
+            return False
         sig = job_options(job.comment, self.policy.response.tiers.checkpoint_signal).signal
         if sig is None:
             if incident.status == IncidentStatus.OPEN:
@@ -561,16 +570,16 @@ class Controller:
                     outcome="drained; job left running (it did not ask for a checkpoint signal: "
                     "--comment=slurmguard:signal)",
                 )
-            return
+            return False
         verdict = self.safety.may_act_on_job(self.clock.now())
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
-            return
+            return False
         try:
             self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job", evidence=evidence)
         except SlurmError as exc:
             res.errors.append(str(exc))
-            return
+            return False
         res.actions.append(("signal", str(a.job_id)))
         self.store.update_incident(
             incident.id,
@@ -578,6 +587,7 @@ class Controller:
             action_at=self.clock.now(),
             outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})",
         )
+        return True
 
     def _requeue(
         self,
