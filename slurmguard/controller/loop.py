@@ -4,8 +4,11 @@ Every decision is derived from the database (open incidents, the audit log)
 plus the Slurm view (who drained a node, a job's restart count), never from
 memory alone, so a controller killed at any point and restarted neither
 repeats nor forgets an action:
-- a drain is taken only if the node is not already drained by slurmguard;
-- a checkpoint signal only if the audit log has none for that incident;
+- a drain is taken only if the node is not already drained by slurmguard (one
+  that is, with its lifecycle still in service, is recorded as draining);
+- a checkpoint signal only if the audit log has none for that incident (and,
+  to a job that asked for one, before its requeue: a controller stopped between
+  the drain and the signal leaves it to the next, with a cycle before the requeue);
 - a requeue only if the job's restart count has not grown since detection.
 A requeue takes seconds (Slurm's post-requeue hold is lifted once the old run
 has ended), so the incident records it is under way (REQUEUE_STARTED) before
