@@ -130,6 +130,9 @@ class Controller:
         self._unnamed_said: dict[int, float] = {}
         self.breaker_open = False
         self.plans = PlanBook()
+        #: drained culprits whose lifecycle record this controller has seen since it
+        #: last led (_drain_recorded reads each once, not every cycle)
+        self._drain_checked: set[str] = set()
 
     # ------------------------------------------------------------------ the cycle
     def cycle(self) -> CycleResult:
@@ -277,6 +280,7 @@ class Controller:
         recent iterations, so the first cycle after a takeover assesses every job."""
         self.fleet.take_telemetry()
         self._scored_until = self.clock.now()
+        self._drain_checked.clear()  # the active one may drain (and stop) meanwhile
 
     # ------------------------------------------------------------------ pieces
     def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
@@ -461,6 +465,7 @@ class Controller:
             drained_any = True
             res.actions.append(("drain", c.node))
             self._lifecycle(c.node, NodeState.DRAINING, f"drained: {reason_text(a, c)}", evidence)
+            self._drain_checked.add(c.node)
         if not drained_any:
             return
         if gated == Tier.DRAIN:
@@ -480,9 +485,12 @@ class Controller:
         lost) between the drain and its record: recorded now, so that the sweep
         scheduler takes the node on once its jobs have left. A node further on
         (quarantined, being swept, held) is left where it is."""
+        if node in self._drain_checked:
+            return
         rec = self.store.get_node(node)
         if rec is None or rec.state in (NodeState.HEALTHY, NodeState.SUSPECT):
             self._lifecycle(node, NodeState.DRAINING, cause, evidence)
+        self._drain_checked.add(node)
 
     def _still_named(
         self, a: JobAssessment, incident: IncidentRecord, nodes: dict[str, NodeInfo]
