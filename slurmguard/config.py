@@ -241,6 +241,11 @@ class AgentPolicy(Strict):
     telemetry_source: Literal["sim", "nvml", "dcgm", "prometheus", "none"] = "sim"
     telemetry: TelemetryPolicy = Field(default_factory=TelemetryPolicy)
     controller_url: str = "http://127.0.0.1:8642"
+    also_report_to: tuple[str, ...] = ()
+    """Further controllers that get every report too: the other controller(s) of a
+    PostgreSQL pair (controller.lease_retry_s), so the one that takes the lease over
+    already has the fleet's reports. Each has its own queue, retry and backoff
+    (buffer_max_reports): one that is down delays none of the others."""
     request_timeout_s: float = Field(5.0, gt=0)
     buffer_max_reports: int = Field(1000, ge=1)
     secret_file: str = "/etc/slurmguard/node.key"

@@ -154,9 +154,12 @@ def test_killed_between_requeue_and_its_record_closes_the_incident_without_a_sec
     assert restarted.cycle().actions == []
     assert slurm.job(job).restarts == 1
     (inc,) = store.incidents(job_id=str(job))
-    assert inc.status == IncidentStatus.MITIGATED and "had been requeued" in (inc.outcome or "")
+    assert inc.status == IncidentStatus.MITIGATED and inc.evidence["requeued_at"] is not None
+    (row,) = store.audit_entries(action="requeue")  # recorded by the next cycle, not lost
+    assert row.job_id == str(job) and row.evidence["recorded_late"] and row.evidence["incident"] == inc.id
     clock.advance(5)
     assert restarted.cycle().actions == []
+    assert len(store.audit_entries(action="requeue")) == 1
 
 
 def test_moderate_sustained_drains_and_signals_without_requeue(env):

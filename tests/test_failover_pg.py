@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from slurmguard.controller.lease import LEASE_ACTION, Lease, NotLeader
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.slurm.fake import FakeSlurm
-from slurmguard.store import Store, db
+from slurmguard.store import IncidentStatus, Store, db
 from tests.fixtures.common import REPO_ROOT, wait_for
 
 pytestmark = pytest.mark.postgres
@@ -168,6 +168,16 @@ def _healthz(port: int) -> str:
         return ""
 
 
+def _metric(port: int, name: str) -> float | None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
 def test_two_controller_daemons_one_active_the_other_takes_over(pg):
     import threading
 
@@ -201,10 +211,73 @@ def test_two_controller_daemons_one_active_the_other_takes_over(pg):
     try:
         wait_for(lambda: "standby" in _healthz(pb), 30, "the second daemon to stand by", 0.1)
         assert "active (lease epoch 1)" in _healthz(pa)
+        assert _metric(pa, "slurmguard_controller_active") == 1.0
+        assert _metric(pa, "slurmguard_lease_epoch") == 1.0
+        assert _metric(pb, "slurmguard_controller_active") == 0.0
+        assert _metric(pb, "slurmguard_lease_epoch") == 0.0
         stop_a.set()  # a clean stop gives the lease up
         ta.join(30)
         wait_for(lambda: "active (lease epoch 2)" in _healthz(pb), 10, "the standby to take over", 0.1)
+        wait_for(
+            lambda: (
+                _metric(pb, "slurmguard_controller_active") == 1.0
+                and _metric(pb, "slurmguard_lease_epoch") == 2.0
+            ),
+            10,
+            "the new leader's /metrics",
+            0.1,
+        )
     finally:
         for _, stop, t in daemons:
             stop.set()
             t.join(30)
+
+
+def test_a_requeue_its_leader_died_in_is_recorded_and_its_hold_lifted_by_the_new_leader(pg, fake_clock):
+    """A requeue takes seconds (the command waits for Slurm's post-requeue hold to
+    lift it): a leader killed inside it leaves the job requeued in Slurm, held for
+    minutes, and no audit row. The new leader records it under the old epoch and
+    lifts the hold; it requeues nothing again."""
+    from slurmguard.controller.loop import REQUEUE_SETTLE_S, Controller
+    from tests.test_controller_loop import POLICY, feed_job
+
+    s1, s2 = Store.open(pg, fake_clock), Store.open(pg, fake_clock)
+    try:
+        slurm = FakeSlurm(clock=fake_clock)
+        one, two = Lease(s1, timeout_s=4, holder="one"), Lease(s2, timeout_s=4, holder="two")
+        a, b = Controller(POLICY, s1, slurm, fake_clock), Controller(POLICY, s2, slurm, fake_clock)
+        a.executor.fence, b.executor.fence = one.fence, two.fence
+        assert one.hold() and not two.hold()
+        job = slurm.start_job(["node1", "node2"])
+        feed_job(a, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
+        real_requeue = slurm.requeue
+
+        def requeue_then_die(*args, **kw):  # Slurm requeued; killed while waiting for the hold
+            real_requeue(*args, **kw)
+            raise SystemExit("killed")
+
+        slurm.requeue = requeue_then_die
+        with pytest.raises(SystemExit):
+            a.cycle()
+        slurm.requeue = real_requeue
+        one._drop("killed")  # noqa: SLF001 - its process died: the session closes
+        assert slurm.job(job).state == "PENDING" and s2.audit_entries(action="requeue") == []
+        wait_for(two.hold, 10, "the standby to take the lease", 0.1)
+        lifted: list[int] = []
+        slurm.release_requeue_hold = lambda j: lifted.append(j) or slurm.job(j).state  # type: ignore[method-assign]
+        fake_clock.advance(2)
+        b.cycle()
+        (row,) = s2.audit_entries(action="requeue")
+        assert row.job_id == str(job) and row.evidence["lease_epoch"] == 1 and row.evidence["recorded_late"]
+        assert lifted == [job] and slurm.job(job).restarts == 1
+        (inc,) = s2.incidents(job_id=str(job))
+        assert inc.status == IncidentStatus.MITIGATED and inc.evidence["requeued_at"] is not None
+        fake_clock.advance(2)
+        b.cycle()  # still held (Slurm's hold appears once the old run has ended): lifted again
+        assert lifted == [job, job]
+        fake_clock.advance(REQUEUE_SETTLE_S)
+        b.cycle()
+        assert lifted == [job, job] and len(s2.audit_entries(action="requeue")) == 1
+    finally:
+        s1.close()
+        s2.close()

@@ -94,18 +94,23 @@ def agent_cmd(
                 timeout_s=t.call_timeout_s,
             )
         source = open_source(kind, node, **kw)
-    sender = ReportSender(
-        controller_url or p.controller_url,
-        read_secret((secret_file or p.secret_file).replace("{node}", node), "node key"),
-        timeout_s=p.request_timeout_s,
-        max_reports=p.buffer_max_reports,
-        now=app.clock.now,
-        ca_file=p.tls_ca_file,
-    )
+    key = read_secret((secret_file or p.secret_file).replace("{node}", node), "node key")
+    senders = [
+        ReportSender(
+            url,
+            key,
+            timeout_s=p.request_timeout_s,
+            max_reports=p.buffer_max_reports,
+            now=app.clock.now,
+            ca_file=p.tls_ca_file,
+        )
+        for url in [controller_url or p.controller_url, *p.also_report_to]
+    ]
     agent = Agent(
         node=node,
         policy=app.policy,
-        sender=sender,
+        sender=senders[0],
+        also=senders[1:],
         source=source,
         clock=app.clock,
         ring_root=ring_root,

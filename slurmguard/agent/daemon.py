@@ -30,6 +30,9 @@ class Agent:
     node: str
     policy: Policy
     sender: ReportSender
+    """Delivers every report to agent.controller_url."""
+    also: list[ReportSender] = field(default_factory=list)
+    """One more sender per agent.also_report_to (the other controllers of a pair)."""
     source: TelemetrySource | None = None
     clock: Clock = field(default_factory=SystemClock)
     ring_root: str | None = None
@@ -132,6 +135,11 @@ class Agent:
         report = self.build_report()
         self.sender.enqueue(report)
         self.sender.flush()
+        for other in self.also:
+            # each sender stamps its own (epoch, seq) on its copy and retries on its
+            # own, with its own backoff: a controller that is down holds back no other
+            other.enqueue(report)
+            other.flush()
         return report
 
 

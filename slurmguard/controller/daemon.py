@@ -71,6 +71,7 @@ def run(
 
         lease = Lease(store, timeout_s=policy.controller.lease_timeout_s)
         ctl.executor.fence = lease.fence
+        metrics.leader.set(0)  # standby until the first hold() says otherwise
     if opts.sweeps:
         ctl.sweeper = _sweeper(policy, store, slurm, clock, ctl.executor)
 
@@ -119,6 +120,7 @@ def run(
                 metrics.leader.set(1 if leading else 0)
                 metrics.lease_epoch.set(lease.epoch or 0)
                 if not leading:
+                    ctl.stand_by()
                     if opts.once:
                         break
                     stop.wait(policy.controller.lease_retry_s)

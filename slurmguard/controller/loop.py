@@ -4,9 +4,17 @@ Every decision is derived from the database (open incidents, the audit log)
 plus the Slurm view (who drained a node, a job's restart count), never from
 memory alone, so a controller killed at any point and restarted neither
 repeats nor forgets an action:
-- a drain is taken only if the node is not already drained by slurmguard;
-- a checkpoint signal only if the audit log has none for that incident;
+- a drain is taken only if the node is not already drained by slurmguard (one
+  that is, with its lifecycle still in service, is recorded as draining);
+- a checkpoint signal only if the audit log has none for that incident (and,
+  to a job that asked for one, before its requeue: a controller stopped between
+  the drain and the signal leaves it to the next, with a cycle before the requeue);
 - a requeue only if the job's restart count has not grown since detection.
+A requeue takes seconds (Slurm's post-requeue hold is lifted once the old run
+has ended), so the incident records it is under way (REQUEUE_STARTED) before
+it starts: a controller killed inside it leaves that behind, and the cycle of
+whichever controller runs next records the requeue in the audit log and lifts
+the hold (_finish_requeues) instead of losing both.
 
 What a job can write is not trusted: ranks reported by nodes outside the job's
 Slurm allocation are dropped and counted, every requeue and checkpoint signal
@@ -54,6 +62,14 @@ log = logging.getLogger(__name__)
 UNNAMED_LOG_S = 10.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
+
+#: incident evidence: a requeue under way {"at": Unix s, "lease_epoch": n (a pair)}
+REQUEUE_STARTED = "requeue_started"
+#: incident and audit evidence: a requeue recorded by a later cycle than the one that took it
+LATE = "recorded_late"
+#: seconds after a requeue during which a later cycle still lifts its post-requeue hold
+#: (Slurm's own hold is about two minutes)
+REQUEUE_SETTLE_S = 120.0
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
@@ -114,6 +130,9 @@ class Controller:
         self._unnamed_said: dict[int, float] = {}
         self.breaker_open = False
         self.plans = PlanBook()
+        #: drained culprits whose lifecycle record this controller has seen since it
+        #: last led (_drain_recorded reads each once, not every cycle)
+        self._drain_checked: set[str] = set()
 
     # ------------------------------------------------------------------ the cycle
     def cycle(self) -> CycleResult:
@@ -160,6 +179,7 @@ class Controller:
         index = self.fleet.job_index(now)
         self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
         live = self._live_incidents()
+        self._finish_requeues(live, jobs, res)
         for job_id in sorted(index):
             job = jobs.get(job_id)
             if job is None or job.state != "RUNNING":
@@ -251,6 +271,16 @@ class Controller:
                 self.store.update_incident(incident.id, evidence={"error": why, "error_at": now})
         except Exception as exc2:  # noqa: BLE001 - the database itself may be what failed
             res.errors.append(f"job {job_id}: error not recorded: {exc2}")
+
+    def stand_by(self) -> None:
+        """Called while another controller holds the lease (instead of a cycle): the
+        telemetry that arrived meanwhile is the active controller's to score, so it
+        is dropped here, and this controller's first peer window after it takes
+        over starts then. Reports' step windows are kept: they carry each rank's
+        recent iterations, so the first cycle after a takeover assesses every job."""
+        self.fleet.take_telemetry()
+        self._scored_until = self.clock.now()
+        self._drain_checked.clear()  # the active one may drain (and stop) meanwhile
 
     # ------------------------------------------------------------------ pieces
     def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
@@ -392,7 +422,8 @@ class Controller:
             # cheaper than a drain, for jobs that opted in: rebalance micro-batches
             self._mitigate(a, job, incident, decision, res)
             return  # the slowdown has not yet cost the price of the next action
-        if gated > _tier_of(incident.tier):
+        was = _tier_of(incident.tier)
+        if gated > was:
             incident = self.store.update_incident(
                 incident.id, tier=_TIER_NAME[gated], nodes=[c.node for c in a.culprits]
             )
@@ -409,6 +440,7 @@ class Controller:
                 continue
             if node.drained_by_us:
                 drained_any = True
+                self._drain_recorded(c.node, f"drained: {node.reason}", evidence)
                 continue
             if node.drained_by_others:
                 res.suppressed.append(f"{c.node}: drained by someone else; left alone")
@@ -433,12 +465,32 @@ class Controller:
             drained_any = True
             res.actions.append(("drain", c.node))
             self._lifecycle(c.node, NodeState.DRAINING, f"drained: {reason_text(a, c)}", evidence)
+            self._drain_checked.add(c.node)
         if not drained_any:
             return
         if gated == Tier.DRAIN:
             self._checkpoint(a, job, incident, evidence, res)
         elif gated == Tier.REQUEUE:
+            asked = job_options(job.comment, self.policy.response.tiers.checkpoint_signal).signal is not None
+            if was == Tier.DRAIN and asked and self._checkpoint(a, job, incident, evidence, res):
+                # the drain tier's checkpoint signal, never sent (its controller stopped
+                # between the drain and the signal): sent now, and the requeue waits a
+                # cycle for the job to checkpoint, as it would have after the drain
+                return
             self._requeue(a, job, incident, evidence, res, now)
+
+    def _drain_recorded(self, node: str, cause: str, evidence: dict) -> None:
+        """A culprit Slurm shows drained by slurmguard whose lifecycle still says it is
+        in service was drained by a controller that stopped (killed, or its lease
+        lost) between the drain and its record: recorded now, so that the sweep
+        scheduler takes the node on once its jobs have left. A node further on
+        (quarantined, being swept, held) is left where it is."""
+        if node in self._drain_checked:
+            return
+        rec = self.store.get_node(node)
+        if rec is None or rec.state in (NodeState.HEALTHY, NodeState.SUSPECT):
+            self._lifecycle(node, NodeState.DRAINING, cause, evidence)
+        self._drain_checked.add(node)
 
     def _still_named(
         self, a: JobAssessment, incident: IncidentRecord, nodes: dict[str, NodeInfo]
@@ -509,14 +561,16 @@ class Controller:
 
     def _checkpoint(
         self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, evidence: dict, res: CycleResult
-    ) -> None:
+    ) -> bool:
+        """The drain tier's checkpoint signal, once per incident, to a job that asked
+        for one; True when it was sent now."""
         done = [
             e
             for e in self.store.audit_entries(action="signal", outcome=AuditOutcome.OK)
             if e.job_id == str(a.job_id) and e.evidence.get("incident") == incident.id
         ]
         if done or self.policy.safety.dry_run and incident.status != IncidentStatus.OPEN:
-            return
+            return False
         sig = job_options(job.comment, self.policy.response.tiers.checkpoint_signal).signal
         if sig is None:
             if incident.status == IncidentStatus.OPEN:
@@ -527,16 +581,16 @@ class Controller:
                     outcome="drained; job left running (it did not ask for a checkpoint signal: "
                     "--comment=slurmguard:signal)",
                 )
-            return
+            return False
         verdict = self.safety.may_act_on_job(self.clock.now())
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
-            return
+            return False
         try:
             self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job", evidence=evidence)
         except SlurmError as exc:
             res.errors.append(str(exc))
-            return
+            return False
         res.actions.append(("signal", str(a.job_id)))
         self.store.update_incident(
             incident.id,
@@ -544,6 +598,7 @@ class Controller:
             action_at=self.clock.now(),
             outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})",
         )
+        return True
 
     def _requeue(
         self,
@@ -569,10 +624,14 @@ class Controller:
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
             return
+        fence = self.executor.fence() if self.executor.fence is not None else {}
+        self.store.update_incident(incident.id, evidence={REQUEUE_STARTED: {"at": now, **fence}})
         try:
             self.executor.requeue(a.job_id, "restart on healthy nodes", evidence=evidence)
         except SlurmError as exc:
             res.errors.append(str(exc))
+            # not requeued: a later restart (an admin's) must not be taken for ours
+            self.store.update_incident(incident.id, evidence={REQUEUE_STARTED: None})
             return
         res.actions.append(("requeue", str(a.job_id)))
         self.store.update_incident(
@@ -582,6 +641,72 @@ class Controller:
             outcome="drained and requeued on healthy nodes",
             evidence={"requeued_at": self.clock.now()},
         )
+
+    def _finish_requeues(
+        self, live: dict[int, IncidentRecord], jobs: dict[int, JobInfo], res: CycleResult
+    ) -> None:
+        """Requeues a controller started and did not finish (killed, or its host lost,
+        between `scontrol requeue` and its audit row): where the job's restart count
+        grew, the requeue is recorded now, in the audit log under the lease epoch it
+        was taken with and in the incident; Slurm's post-requeue hold (a begin time
+        minutes ahead, set once the old run has ended) is lifted on the cycles of the
+        next REQUEUE_SETTLE_S while the job waits, so it restarts at once as meant.
+        Where the count did not grow the requeue never reached Slurm: the incident
+        goes on and is requeued when its price is paid. For every job, running or
+        not (a requeued job waits in the queue)."""
+        now = self.clock.now()
+        for job_id, incident in list(live.items()):
+            ev = incident.evidence
+            started = ev.get(REQUEUE_STARTED)
+            job = jobs.get(job_id)
+            if not started or job is None or (ev.get("requeued_at") is not None and not ev.get(LATE)):
+                continue
+            try:
+                self._finish_requeue(incident, job, started, live, now)
+            except SlurmError as exc:  # NotLeader included: the next cycle's controller will
+                res.errors.append(f"job {job_id}: unfinished requeue: {exc}")
+
+    def _finish_requeue(
+        self,
+        incident: IncidentRecord,
+        job: JobInfo,
+        started: dict,
+        live: dict[int, IncidentRecord],
+        now: float,
+    ) -> None:
+        job_id = job.job_id
+        ev = incident.evidence
+        if ev.get("requeued_at") is None:
+            if job.restarts <= _restarts_at_detection(incident, job):
+                return
+            if self.executor.fence is not None:
+                self.executor.fence()  # only the active controller records and lifts
+            self.store.audit(
+                "requeue",
+                actor=self.actor,
+                job_id=str(job_id),
+                reason="restart on healthy nodes (recorded by the next cycle: its controller stopped)",
+                outcome=AuditOutcome.OK,
+                evidence={
+                    "incident": incident.id,
+                    "job": job_id,
+                    **({"lease_epoch": started["lease_epoch"]} if "lease_epoch" in started else {}),
+                    LATE: True,
+                },
+            )
+            live[job_id] = self.store.update_incident(
+                incident.id,
+                status=IncidentStatus.MITIGATED,
+                action_at=float(started["at"]),
+                outcome="drained and requeued on healthy nodes",
+                evidence={"requeued_at": float(started["at"]), LATE: True},
+            )
+            log.warning("job %d: requeue started by a stopped controller recorded", job_id)
+        if job.state != "PENDING" or now - float(started["at"]) > REQUEUE_SETTLE_S:
+            return
+        if self.executor.fence is not None:
+            self.executor.fence()
+        self.slurm.release_requeue_hold(job_id)
 
     def _verify_flags(
         self,

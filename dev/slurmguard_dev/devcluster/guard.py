@@ -88,8 +88,18 @@ class Guard:
         overrides: Mapping[str, Any] | None = None,
         sim_profiles: Mapping[str, Any] | None = None,
         telemetry: str = "sim",
+        database_url: str | None = None,
+        controllers: int = 1,
     ) -> None:
+        """database_url: the store (None: SQLite in the state directory);
+        controllers: controller daemons to run (more than one: a PostgreSQL
+        database_url; one holds the lease and acts, the others stand by and every
+        agent reports to each)."""
+        if controllers > 1 and not (database_url or "").startswith("postgresql"):
+            raise DevClusterError("several controllers need a PostgreSQL database_url")
         self.cluster = cluster
+        self.database_url = database_url
+        self.controllers = controllers
         self.state = cluster.state_dir
         self.overrides = overrides or {}
         self.telemetry = telemetry
@@ -102,19 +112,32 @@ class Guard:
         digest = hashlib.sha1(str(self.state).encode()).hexdigest()[:10]
         self.ring_root = f"/dev/shm/slurmguard-{digest}"
         self.port = 0
+        self.ports: list[int] = []
         if sim_profiles is not None:
             self.set_sim_profiles(sim_profiles)
 
     @property
     def db_url(self) -> str:
-        return f"sqlite:///{self.db_path}"
+        return self.database_url or f"sqlite:///{self.db_path}"
 
     @property
     def controller_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def controller_urls(self) -> list[str]:
+        """Every controller's URL, the first one's (controller_url) first."""
+        return [self.controller_url] + [f"http://127.0.0.1:{p}" for p in self.ports[1:]]
+
+    @staticmethod
+    def controller_service(index: int = 0) -> str:
+        """The cluster service name of controller `index` (0: sg-controller)."""
+        return "sg-controller" if index == 0 else f"sg-controller-{index + 1}"
+
     def write_policy(self) -> dict:
         self.port = self.port or _free_ports(1)[0]
+        if len(self.ports) != self.controllers:
+            self.ports = [self.port, *_free_ports(self.controllers - 1)]
         data = _merge(
             GUARD_DEFAULTS,
             {
@@ -122,6 +145,7 @@ class Guard:
                 "agent": {
                     "ring_root": self.ring_root,
                     "controller_url": self.controller_url,
+                    "also_report_to": self.controller_urls[1:],
                     "secret_file": str(self.keys_dir / "{node}.key"),
                     "telemetry_source": self.telemetry,
                 },
@@ -177,10 +201,11 @@ class Guard:
                 wrapper.write_text(f'#!/bin/sh\nSLURMGUARD_ENV_FILE={env_file} exec {script} "$@"\n')
                 wrapper.chmod(0o755)
                 getattr(self.cluster, f"set_{slot}")(wrapper)
-        if fresh:
+        if fresh and self.database_url is None:
             self.db_path.unlink(missing_ok=True)
         db.upgrade(self.db_url)
-        self.start_controller()
+        for i in range(self.controllers):
+            self.start_controller(index=i)
         for node in self.cluster.node_names:
             self.start_agent(node)
         return self
@@ -221,30 +246,39 @@ class Guard:
             "PYTHONUNBUFFERED": "1",
         }
 
-    def start_controller(self, wait_s: float = 30.0) -> None:
-        self.cluster.spawn_service("sg-controller", self._cli("controller", "-v"), self._env())
+    def start_controller(self, wait_s: float = 30.0, index: int = 0) -> None:
+        """Start controller `index` and wait until its /healthz answers (a standby
+        answers too)."""
+        name = self.controller_service(index)
+        argv = self._cli("controller", "-v")
+        if index:
+            argv += ["--listen", f"127.0.0.1:{self.ports[index]}"]
+        self.cluster.spawn_service(name, argv, self._env())
+        url = self.controller_urls[index]
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.controller_url + "/healthz", timeout=2) as r:
+                with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
                     if r.status == 200:
                         return
             except OSError:
                 pass
-            if self.cluster.service_pid("sg-controller") is None:
+            if self.cluster.service_pid(name) is None:
                 break
             time.sleep(0.3)
-        log = self.cluster.log_dir / "sg-controller.stdout"
+        log = self.cluster.log_dir / f"{name}.stdout"
         tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
         raise DevClusterError(f"controller did not come up: {' | '.join(tail)}")
 
     def restart_controller(self, overrides: Mapping[str, Any] | None = None) -> None:
-        """Rewrite the policy (with new overrides) and restart the controller."""
-        self.cluster.stop_service("sg-controller")
+        """Rewrite the policy (with new overrides) and restart the controller(s)."""
+        for i in range(self.controllers):
+            self.cluster.stop_service(self.controller_service(i))
         if overrides is not None:
             self.overrides = overrides
         self.write_policy()
-        self.start_controller()
+        for i in range(self.controllers):
+            self.start_controller(index=i)
 
     def bootstrap_sweeps(self, timeout_s: float = 240.0) -> list[str]:
         """Seed the sweep baselines of a fresh cluster: rolling sweeps of unsuspected
@@ -281,7 +315,8 @@ class Guard:
         from slurmguard_dev.devcluster.fault import clear_all
 
         c = self.cluster
-        c.stop_service("sg-controller")
+        for i in range(self.controllers):
+            c.stop_service(self.controller_service(i))
         c.run(["scancel", "--partition", c.partition])
         res = c.run(["scontrol", "show", "reservation", "-o"])
         for line in res.stdout.splitlines():
@@ -300,16 +335,20 @@ class Guard:
         self.set_sim_profiles({})
 
     def configure(self, overrides: Mapping[str, Any] | None = None) -> None:
-        """A fresh database and a controller on the policy with these overrides."""
+        """A fresh database (SQLite; a PostgreSQL database_url is the caller's to
+        renew) and the controller(s) on the policy with these overrides."""
         from slurmguard.store import db
 
-        self.cluster.stop_service("sg-controller")
+        for i in range(self.controllers):
+            self.cluster.stop_service(self.controller_service(i))
         self.cluster.wait_nodes_idle(timeout=60)
         self.overrides = dict(overrides or {})
         self.write_policy()
-        self.db_path.unlink(missing_ok=True)
+        if self.database_url is None:
+            self.db_path.unlink(missing_ok=True)
         db.upgrade(self.db_url)
-        self.start_controller()
+        for i in range(self.controllers):
+            self.start_controller(index=i)
 
     def start_agent(self, node: str) -> None:
         self.cluster.spawn_service(f"sg-agent-{node}", self._cli("agent", "--node", node, "-v"), self._env())
