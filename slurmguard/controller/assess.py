@@ -303,7 +303,8 @@ def localise(
     A rank is named only when its extra compute (over its same-role peers',
     or over its baseline scaled by the other ranks' growth) is beyond the
     noise of the window (policy detection.bocd.significance standard errors
-    of the two trimmed means, see _window_stats) and explains at least ATTRIBUTION of the job's
+    of the two trimmed means, see _window_stats; Student's t for the short
+    windows of slow steps, _multiplier) and explains at least ATTRIBUTION of the job's
     step-time growth over the same iterations (median over ranks of the
     recent trimmed mean step minus the baseline step). Ranks that share a machine
     with other work all slow down together and differ by chance, in either
