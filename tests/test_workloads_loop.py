@@ -135,8 +135,8 @@ def test_pipeline_stalled_by_its_capped_stage_is_drained(guarded):
     """The last stage capped at 1% of a CPU: the pipeline all but stops (steps
     of seconds), and the stage that holds it up is the one drained. Its steps
     of seconds are judged over time (controller.assess.LOCALISE_SPAN_S), not
-    9 + 9 iterations: drained 24.9-29.8 s after injection in 3 runs (61.4 s
-    before; over 120 s in a CI run)."""
+    9 + 9 iterations: drained 19.6-29.8 s after injection in 4 runs at load
+    average 0.3-7 (61.4 s before; over 120 s in a CI run)."""
     run = guarded
     run.configure(response={"tiers": {"stall_s": 20.0}})
     sc = Scenario(run.guard, say=print, workload="pp")
@@ -175,8 +175,8 @@ def test_node_under_two_guarded_jobs_is_drained_once(guarded):
 
 @pytest.mark.parametrize("workload", ["ddp", "pp"])
 def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
-    """A 1.15-1.3x cap: drained and signalled, not requeued. 3 runs each here
-    (load average 4-7): ddp drained 9.0-42.6 s after injection, pp 1.4-15.1 s
+    """A 1.15-1.3x cap: drained and signalled, not requeued. 5 runs each here
+    (load average 0.6-7): ddp drained 9.0-42.6 s after injection, pp 1.4-38.8 s
     (81 s and 115 s before the compute baseline followed the step baseline)."""
     run = guarded
     run.configure(
