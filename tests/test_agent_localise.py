@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from slurmguard.agent.analysis import RankAnalyzer
@@ -94,8 +95,6 @@ def test_warm_up_is_never_a_slowdown(tmp_path):
     rec = recorded("L_ddp")
     first = {r: v["records"][: len(v["records"]) // 4] for r, v in rec.items()}
     # cut the recording to its first quarter and replay that
-    import numpy as np
-
     from tests.fixtures import agent as fx
 
     z = {
@@ -275,6 +274,110 @@ def test_a_throttled_rank_of_fast_steps_is_judged_over_seconds_not_nine_iteratio
     now = ranks[0][1].steps[-1].end + 0.1
     a = assess_job(JOB, ("node1", "node2"), ranks, {}, POLICY, now)
     assert a is not None and [c.node for c in a.culprits] == ["node2"], a.evidence
-    # a job of 2 s steps: 4 s are 2 iterations, the window stays LOCALISE_RECENT
+    # a job of 0.8 s steps: 4 s are 5 iterations, the window stays LOCALISE_RECENT
+    slower = paced(_dp_rank(1, 0.02, capped, [0.8] * len(stall)), 0.8)
+    assert len(_localise_window(slower, None)) == LOCALISE_RECENT
+    # one of 2 s steps: 9 iterations would span 16 s; it is judged over the
+    # last LOCALISE_SPAN_S (8 s: the iterations that ended after 170 s)
     slow_steps = paced(_dp_rank(1, 0.02, capped, [2.0] * len(stall)), 2.0)
-    assert len(_localise_window(slow_steps, None)) == LOCALISE_RECENT
+    assert [s.end for s in _localise_window(slow_steps, None)] == [172.0, 174.0, 176.0, 178.0]
+
+
+def _paced(rank, role, base_step, base_c, rows, t0=100.0):
+    """A rank whose iterations (step s, compute s) end one after another from t0."""
+    from slurmguard.wire import RankReport, StepSample
+
+    out, t = [], t0
+    for step, comp in rows:
+        t += step
+        out.append(StepSample(end=t, step_s=step, comm_s=step - comp))
+    return RankReport(
+        rank=rank,
+        source="torch",
+        role=role,
+        baseline_step_s=base_step,
+        baseline_compute_s=base_c,
+        steps=out,
+        total_steps=len(out),
+    )
+
+
+def test_a_pipeline_all_but_stopped_by_one_stage_is_named_over_seconds_not_eighteen_iterations():
+    """A 2-stage pipeline of 0.04 s steps whose last stage is capped at 1% of a
+    CPU: its steps take about 3.5 s, the capped stage computing most of them
+    (2.5-2.9 s) while the first stage computes as before and waits. With 6 such
+    iterations (21 s) the node is named: the window is the last LOCALISE_SPAN_S
+    (3 iterations) and the 3 before it, each of which must clear Student's t
+    for its few iterations. Nine iterations and nine before (63 s at this
+    pace) are no longer needed; with 4 slow ones the evidence is not yet
+    sustained and the incident says so (the step detector knows the slowdown
+    from the fourth)."""
+    from slurmguard.controller.assess import LOCALISE_FEW, _localise_window
+
+    healthy = [(0.04, 0.022)] * 60
+    slow0 = [(3.5, 0.023), (3.4, 0.021), (3.6, 0.024), (3.5, 0.022), (3.5, 0.023), (3.6, 0.022)]
+    slow1 = [(3.5, 2.71), (3.4, 2.55), (3.6, 2.88), (3.5, 2.62), (3.5, 2.79), (3.6, 2.66)]
+
+    def job(k):
+        return [
+            ("node1", _paced(0, "stage0", 0.04, 0.022, healthy + slow0[:k])),
+            ("node2", _paced(1, "stage1", 0.04, 0.024, [(0.04, 0.024)] * 60 + slow1[:k])),
+        ]
+
+    ranks = job(6)
+    assert len(_localise_window(ranks[1][1], None)) == LOCALISE_FEW
+    now = ranks[0][1].steps[-1].end + 0.5
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, POLICY, now)
+    assert a is not None and a.slowdown > 10, a
+    assert [c.node for c in a.culprits] == ["node2"], a.evidence
+    # four slow iterations: the window before still holds healthy ones
+    ranks = job(4)
+    now = ranks[0][1].steps[-1].end + 0.5
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, POLICY, now)
+    assert a is not None and a.culprits == ()
+    assert "not yet sustained" in a.evidence["localisation"], a.evidence
+
+
+def test_a_short_window_of_slow_steps_pays_for_its_few_iterations():
+    """Three iterations of 3 s whose compute differs by chance (rank 1: 1.0,
+    1.6, 1.3 s; its same-role peer 1.0, 1.1, 0.9 s): 2 standard errors would
+    name rank 1, Student's t with 2 degrees of freedom (4.5 s.e.) does not."""
+    from slurmguard.controller.assess import localise
+
+    ranks = [
+        ("node1", _paced(0, "dp", 1.0, 0.5, [(3.0, 1.0), (3.0, 1.1), (3.0, 0.9)])),
+        ("node2", _paced(1, "dp", 1.0, 0.5, [(3.0, 1.0), (3.0, 1.6), (3.0, 1.3)])),
+    ]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+    assert not slow and "within the noise (4.53 s.e." in why, why
+
+
+def test_the_compute_baseline_follows_the_step_baseline_past_the_start_up():
+    """A DDP rank computes 0.03 s per iteration in its first 45 (start-up, its
+    step 0.12 s) and 0.018 s once the job settles (step 0.08 s). Its baseline
+    is learned in the start-up; the step detector then moves it to the faster
+    level, and the compute baseline follows (the median of the baseline_steps
+    iterations before the move), so a later CPU cap that lifts its compute
+    back to 0.03 s is growth, not its baseline. (On the cluster one DDP
+    rank's start-up baseline of 0.027 s against its steady 0.019 s hid a
+    1.25x cap behind "no rank's compute grew" for a minute.)"""
+    from types import SimpleNamespace
+
+    from slurmguard.wire import StepSample
+
+    an = RankAnalyzer(POLICY.agent, POLICY.detection)
+    tr = SimpleNamespace(header=SimpleNamespace(clock_offset_ns=0))
+    rng = np.random.default_rng(3)
+    t, steps = 1000.0, []
+    for i in range(160):
+        step = (0.12 if i < 45 else 0.08) * (1 + 0.02 * rng.standard_normal())
+        comp = (0.03 if i < 45 else 0.018) * (1 + 0.05 * rng.standard_normal())
+        t += step
+        steps.append(StepSample(end=t, step_s=step, comm_s=step - comp))
+    for k in range(0, 160, 5):  # as the agent's polls see them
+        an._feed_bocd(tr, steps[k : k + 5])
+        if k + 5 == 45:
+            assert an.baseline_s == pytest.approx(0.12, rel=0.05)
+            assert an.baseline_compute_s == pytest.approx(0.03, rel=0.1)
+    assert an.baseline_s == pytest.approx(0.08, rel=0.05)
+    assert an.baseline_compute_s == pytest.approx(0.018, rel=0.1)

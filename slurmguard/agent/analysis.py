@@ -196,6 +196,8 @@ class RankAnalyzer:
     _fed_ends: list[float] = field(default_factory=list)
     _fed_base: int = 0  # detector index of _fed_ends[0]
     _fed_compute: list[float] = field(default_factory=list)
+    """Compute (s) of the newest iterations fed, after the warm-up: at most agent.baseline_steps."""
+    _compute_for: float | None = None  # the step baseline (s) baseline_compute_s was taken with
     changes: list[ChangeReport] = field(default_factory=list)
 
     def report(self, tr: TrackedRing) -> RankReport:
@@ -272,6 +274,7 @@ class RankAnalyzer:
         self._fed_ends = []
         self._fed_base = 0
         self._fed_compute = []
+        self._compute_for = None
 
     def _feed_bocd(self, tr: TrackedRing, steps: list[StepSample]) -> None:
         """Feed new iterations to the step detector (slurmguard.detect.steps, the
@@ -280,7 +283,11 @@ class RankAnalyzer:
         The rank's baseline is the detector's: once it has learned the rank's
         step pattern (after agent.warmup_steps + agent.baseline_steps
         iterations), the mean step over one period, and the median compute time
-        of those iterations. Every verified change becomes a ChangeReport:
+        of the agent.baseline_steps iterations before it was learned or last
+        moved (a job's first iterations after its warm-up can still be slower
+        than its steady state: one DDP rank computed 0.027 s there and 0.019 s
+        after, which hid a 1.25x CPU cap of its node behind "no growth").
+        Every verified change becomes a ChangeReport:
         `at` is the end of the last iteration before it (the located onset),
         `detected_at` the end of the iteration at which the detector knew.
         """
@@ -291,15 +298,15 @@ class RankAnalyzer:
             self._det = StepDetector(1, cfg)
         det = self._det
         off_s = tr.header.clock_offset_ns / 1e9
-        keep = det.cfg.warmup + det.cfg.learn
         for s in steps:
             end_ns = int((s.end - off_s) * 1e9)
             if end_ns <= self._fed_until_ns:
                 continue
             self._fed_until_ns = end_ns
             self._fed_ends.append(s.end)
-            if len(self._fed_compute) < keep:
+            if len(self._fed_ends) + self._fed_base > det.cfg.warmup:
                 self._fed_compute.append(s.step_s - s.comm_s)
+                del self._fed_compute[: -det.cfg.learn]
             for cp in det.update(np.array([s.step_s])):
                 self.changes.append(
                     ChangeReport(
@@ -314,8 +321,11 @@ class RankAnalyzer:
                 # follows the detector: learned again after a long warm-up, or
                 # moved when the job got faster
                 self.baseline_s = det.baseline_s(0)
-                if self.baseline_compute_s is None and self._fed_compute[det.cfg.warmup :]:
-                    self.baseline_compute_s = float(np.median(self._fed_compute[det.cfg.warmup :]))
+                if self._fed_compute and (
+                    self.baseline_compute_s is None or self.baseline_s != self._compute_for
+                ):
+                    self.baseline_compute_s = float(np.median(self._fed_compute))
+                    self._compute_for = self.baseline_s
         # the detector's indices are positions in this list: keep it, but only
         # as far back as a change can be located (the detector's history)
         drop = len(self._fed_ends) - 2 * det.hcap

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
+from scipy.special import ndtr, stdtrit
 
 from slurmguard.config import Policy
 from slurmguard.controller import decide
@@ -46,6 +47,14 @@ LOCALISE_RECENT = 9
 #: rank's compute from its peers' (9 iterations of 0.2 s left it within the noise)
 LOCALISE_S = 4.0
 LOCALISE_MAX = 48
+#: ... but a job of slow steps is judged over time, not a count of iterations:
+#: when its LOCALISE_RECENT iterations span more than this (s, between their
+#: ends), the window is those that ended within it of the newest, LOCALISE_FEW
+#: at least. A pipeline whose capped stage stretched its step from 0.1 s to 3.5 s
+#: needed 9 + 9 iterations (the window and the one before), over 60 s, to be named;
+#: such windows pay for their few iterations with Student's t (_multiplier)
+LOCALISE_SPAN_S = 8.0
+LOCALISE_FEW = 3
 #: a rank's compute is judged only when its baseline compute is at least this
 #: fraction of its baseline step: below it, what the hooks see of its compute
 #: is too thin (a pipeline stage whose receives are untimed) to compare
@@ -83,13 +92,20 @@ def _localise_window(r: RankReport, since: float | None, skip: int = 0) -> Any:
 
 
 def _tail(steps: Any) -> Any:
-    """The iterations of `steps` (oldest first) that localise, see _localise_window."""
+    """The iterations of `steps` (oldest first) that localise, see _localise_window
+    (and LOCALISE_SPAN_S for slow steps)."""
     n = len(steps)
-    if n <= LOCALISE_RECENT:
+    if n <= LOCALISE_FEW:
         return steps
     ends = steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
-    within = n - int(np.searchsorted(ends, ends[-1] - LOCALISE_S, side="right"))
-    return steps[n - min(max(within, LOCALISE_RECENT), LOCALISE_MAX) :]
+
+    def within(s: float) -> int:
+        return n - int(np.searchsorted(ends, ends[-1] - s, side="right"))
+
+    k = max(within(LOCALISE_S), min(LOCALISE_RECENT, n))
+    if ends[-1] - ends[n - k] > LOCALISE_SPAN_S:
+        k = max(within(LOCALISE_SPAN_S), LOCALISE_FEW)
+    return steps[n - min(k, LOCALISE_MAX) :]
 
 
 def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -208,15 +224,28 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     return float(np.median(row_medians(x)))
 
 
-def _window_stats(windows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _window_stats(windows: list, k_se: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per window (a rank's recent iterations): trimmed mean step (s), trimmed
-    mean compute (step - comm, s) and the standard error of the latter (s:
+    mean compute (step - comm, s), the standard error of the latter (s:
     winsorized s.d. / ((1 - 2 g/m) sqrt(m)), Tukey and McLaughlin; inf under
-    3 iterations), as arrays in one pass over all ranks (O(ranks x window))."""
+    3 iterations) and how many standard errors are significant for it
+    (_multiplier of k_se), as arrays in one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
     mean_step = _trimmed_mean(step)
-    mean_comp, se = _trimmed(step - comm)
-    return mean_step, mean_comp, se
+    mean_comp, se, m, kept = _trimmed(step - comm)
+    return mean_step, mean_comp, se, _multiplier(k_se, m, kept)
+
+
+def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """Standard errors a difference must clear, per window of m iterations of
+    which `kept` remain after trimming: k_se (policy detection.bocd.significance)
+    for windows of LOCALISE_RECENT iterations or more, as always; a shorter
+    window (a job of slow steps, LOCALISE_SPAN_S) estimates its spread from a
+    handful of iterations, so its difference must clear Student's t at the same
+    one-sided level with kept - 1 degrees of freedom (Yuen's trimmed t: 2
+    iterations left of 3 would need 4.5 s.e., not 2)."""
+    df = np.maximum(kept - 1, 1).astype(float)
+    return np.where(m >= LOCALISE_RECENT, k_se, np.maximum(stdtrit(df, ndtr(k_se)), k_se))
 
 
 def _trimmed_mean(x: np.ndarray) -> np.ndarray:
@@ -224,8 +253,9 @@ def _trimmed_mean(x: np.ndarray) -> np.ndarray:
     return _trim(x)[0]
 
 
-def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise TRIM-trimmed mean of a NaN-padded array and its standard error."""
+def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Row-wise TRIM-trimmed mean of a NaN-padded array, its standard error,
+    the values per row and those the mean kept."""
     mean, m, g, srt = _trim(x)
     rows = np.arange(x.shape[0])
     lo = srt[rows, np.minimum(g, x.shape[1] - 1)]
@@ -234,13 +264,15 @@ def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         w = np.clip(x, lo[:, None], hi[:, None])
         var = np.nanvar(w, axis=1, ddof=1)
         se = np.sqrt(var) / ((1.0 - 2.0 * g / np.maximum(m, 1)) * np.sqrt(np.maximum(m, 1)))
-    return mean, np.where(m >= 3, se, np.inf)
+    return mean, np.where(m >= 3, se, np.inf), m, m - 2 * g
 
 
 def _trim(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(trimmed mean, values per row, cut from each end, the rows sorted, NaN last)."""
+    """(trimmed mean, values per row, cut from each end, the rows sorted, NaN last).
+    Windows under 5 iterations are not trimmed: cutting one from each end of 3
+    or 4 leaves too few to estimate their spread (Student's t pays for them)."""
     m = np.sum(~np.isnan(x), axis=1)
-    g = np.where(m >= 3, np.maximum(np.floor(TRIM * m), 1), 0).astype(int)
+    g = np.where(m >= 5, np.maximum(np.floor(TRIM * m), 1), 0).astype(int)
     srt = np.sort(x, axis=1)  # NaN last
     col = np.arange(x.shape[1])[None, :]
     inner = (col >= g[:, None]) & (col < (m - g)[:, None])
@@ -271,7 +303,8 @@ def localise(
     A rank is named only when its extra compute (over its same-role peers',
     or over its baseline scaled by the other ranks' growth) is beyond the
     noise of the window (policy detection.bocd.significance standard errors
-    of the two trimmed means, see _window_stats) and explains at least ATTRIBUTION of the job's
+    of the two trimmed means, see _window_stats; Student's t for the short
+    windows of slow steps, _multiplier) and explains at least ATTRIBUTION of the job's
     step-time growth over the same iterations (median over ranks of the
     recent trimmed mean step minus the baseline step). Ranks that share a machine
     with other work all slow down together and differ by chance, in either
@@ -290,9 +323,13 @@ def localise(
     keyed = [(key, st) for key, st in recents.items() if len(st)]
     growth: list[float] = []
     judged: list[tuple[tuple[str, int], RankReport, float, float]] = []
+    k_se = policy.detection.bocd.significance
+    needs: list[float] = []  # per judged rank: standard errors its difference must clear
     if keyed:
-        med_step, med_comp, se = _window_stats([st for _, st in keyed])
-        for (key, _), ms, c, e in zip(keyed, med_step.tolist(), med_comp.tolist(), se.tolist()):
+        med_step, med_comp, se, mult = _window_stats([st for _, st in keyed], k_se)
+        for (key, _), ms, c, e, k in zip(
+            keyed, med_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist()
+        ):
             rep = by_key[key]
             if rep.baseline_step_s:
                 growth.append(ms - rep.baseline_step_s)
@@ -304,8 +341,8 @@ def localise(
             computes[key] = c
             ratios[key] = c / rep.baseline_compute_s
             judged.append((key, rep, c, e))
+            needs.append(k)
     excess = policy.detection.cross_group.median_excess
-    k_se = policy.detection.bocd.significance
     grown_s = float(np.median(growth)) if growth else 0.0
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
     unseen = (
@@ -327,13 +364,14 @@ def localise(
     rv = np.array([ratios[k] for k, *_ in judged])
     cv = np.array([c for *_, c, _ in judged])
     sv = np.array([e for *_, e in judged])
+    kv = np.array(needs)
     with np.errstate(all="ignore"):
         qv = sv / cv * rv  # a rank's s.e. relative to its baseline compute
     by_role: dict[str, list[int]] = defaultdict(list)
     for i, (key, rep, _, _) in enumerate(judged):
         by_role[rep.role or f"rank{key[1]}"].append(i)
     peer = np.zeros(n, dtype=bool)
-    peer_ratio, peer_comp, peer_se = (np.full(n, np.nan) for _ in range(3))
+    peer_ratio, peer_comp, peer_se, peer_k = (np.full(n, np.nan) for _ in range(4))
     for idx in by_role.values():
         if len(idx) > 1:
             ix = np.array(idx)
@@ -341,8 +379,9 @@ def localise(
             peer_ratio[ix] = _median_without_self(rv[ix])
             peer_comp[ix] = _median_without_self(cv[ix])
             peer_se[ix] = _median_without_self(sv[ix])
+            peer_k[ix] = _median_without_self(kv[ix])
     if n > 1:
-        all_ratio, all_q = _median_without_self(rv), _median_without_self(qv)
+        all_ratio, all_q, all_k = _median_without_self(rv), _median_without_self(qv), _median_without_self(kv)
     unexplained: list[str] = []
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
@@ -365,17 +404,19 @@ def localise(
             if peer[i]:
                 expected = float(peer_comp[i])
                 noise = float(np.hypot(e, peer_se[i]))
+                need = max(float(kv[i]), float(peer_k[i]))
                 against = f"same-role peers {expected:.3g}s"
             else:
                 expected = base * grown
                 noise = float(np.hypot(e, base * all_q[i]))
+                need = max(float(kv[i]), float(all_k[i]))
                 against = f"its baseline {base:.3g}s (no same-role peer; the other ranks grew {grown:.2f}x)"
         elif len(ranks) == 1:
             if ratio <= 1.0 + 2 * excess:
                 continue
             # a one-rank job: nothing to compare with but its own baseline,
             # with a wider margin
-            expected, noise = base, e
+            expected, noise, need = base, e, float(kv[i])
             against = f"its baseline {base:.3g}s (the job's only rank)"
         else:
             unexplained.append(
@@ -385,10 +426,10 @@ def localise(
             )
             continue
         extra = c - expected
-        if extra <= k_se * noise:
+        if extra <= need * noise:
             unexplained.append(
                 f"rank {key[1]} computes {extra * 1e3:.3g} ms more than expected, "
-                f"within the noise ({k_se:g} s.e. = {k_se * noise * 1e3:.3g} ms)"
+                f"within the noise ({need:.3g} s.e. = {need * noise * 1e3:.3g} ms)"
             )
             continue
         # what the hooks see of a rank's compute is a share of its work (DDP
