@@ -70,7 +70,7 @@ import numpy as np
 import pandas as pd
 
 from slurmguard.config import PeriodPolicy
-from slurmguard.detect.period import PeriodResult, find_period, iteration_anchors, step_times
+from slurmguard.detect.period import find_period, iteration_anchors
 from slurmguard.detect.records import RankOps
 from slurmguard.errors import InputError
 from slurmguard.hook.ring import (
@@ -270,12 +270,31 @@ def _sized_period_starts(ops: RankOps, period: PeriodPolicy) -> np.ndarray | Non
     got = find_period(code, period)
     if got is None:
         return None
-    if (code[got[1] :] == code[-1]).all():
-        return ops.start_ns[got[1] :].copy()
-    st = step_times(ops, period, PeriodResult(got[0], got[1], got[2], None))
-    if st is None:
+    k, first = got[0], got[1]
+    if (code[first:] == code[-1]).all():
+        return ops.start_ns[first:].copy()
+    # An iteration is k calls from one phase of the period: the one after the
+    # longest idle time (from the last completion to the call), by its median
+    # over the iterations. Taken per iteration, as step_times does, a rank
+    # whose gaps a CPU cap makes uneven lands on other phases in some of them
+    # and merges iterations (25 steps as one, in a capped DDP rank's ring).
+    # the periodic phase: the longest run of ops that repeat k later
+    # (find_period's phase start looks at its last window of ops only)
+    same = np.concatenate([[False], code[:-k] == code[k:], [False]])
+    edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+    runs = edges.reshape(-1, 2)
+    if runs.size == 0:
         return None
-    return np.concatenate([[st.end_ns[0] - round(st.seconds[0] * 1e9)], st.end_ns])
+    a, b = runs[int(np.argmax(runs[:, 1] - runs[:, 0]))]
+    first = int(a)
+    n = (int(b - a) + k) // k
+    if n < 2:
+        return None
+    t, end = ops.start_ns, ops.end_ns
+    done = np.concatenate([[t[0]], np.maximum.accumulate(end)[:-1]])
+    idle = (t - np.minimum(done, t))[first : first + n * k].reshape(n, k)
+    phase = int(np.argmax(np.median(idle, axis=0)))
+    return t[first + phase + k * np.arange(n - (1 if phase else 0))].copy()
 
 
 def _busy_ns(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -116,13 +116,15 @@ class Scenario:
         ckpt_every: int = 50,
         exclusive: bool = True,
         mitigate: int = 0,
+        n_nodes: int | None = None,
     ) -> int:
         """The workload on its own exclusive nodes (GPU training jobs do not share
         nodes; exclusive=False: one CPU per task, so two jobs can share a node).
         signal: say the job handles a checkpoint signal (Slurm's
         --signal=B:USR1@30: to the batch shell, which passes it on to the ranks).
         mitigate: opt a ddp job into rebalancing over this many micro-batches
-        per step (its --accum, the comment's mitigate item, the controller's URL)."""
+        per step (its --accum, the comment's mitigate item, the controller's URL).
+        n_nodes: nodes of the job (default: the workload's layout, 2)."""
         lay = LAYOUTS[self.workload]
         st = self.cluster.state_dir
         extra = list(lay.args)
@@ -154,7 +156,7 @@ class Scenario:
             "exit $rc\n"
         )
         args = [
-            f"-N{lay.nodes}",
+            f"-N{n_nodes or lay.nodes}",
             f"--ntasks-per-node={lay.tasks_per_node}",
             "--exclusive" if exclusive else "--cpus-per-task=1",
             "-J",
