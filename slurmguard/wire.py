@@ -51,7 +51,7 @@ import functools
 import hashlib
 import hmac
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, NamedTuple, overload
 
@@ -110,6 +110,25 @@ class Step(NamedTuple):
 _LE_F64 = np.dtype("<f8")
 #: bytes in JSON are base64 text (standard or URL-safe alphabet), decoded by the parser
 _B64_BYTES = core_schema.CoreConfig(val_json_bytes="base64")
+
+
+def _packed_schema(
+    cls: type, packed: Callable[[core_schema.CoreSchema], core_schema.CoreSchema]
+) -> core_schema.CoreSchema:
+    """The schema of a type sent as base64 columns (`packed(raw)`: its dict's schema
+    with `raw` for the column strings). From JSON the parser decodes the base64
+    (val_json_bytes, about four times faster than binascii); from Python the
+    columns are base64 text, or the object is one already; it serialises to JSON
+    through its packed()."""
+    return core_schema.json_or_python_schema(
+        json_schema=packed(core_schema.bytes_schema()),
+        python_schema=core_schema.union_schema(
+            [core_schema.is_instance_schema(cls), packed(core_schema.str_schema())]
+        ),
+        serialization=core_schema.plain_serializer_function_ser_schema(
+            lambda x: x.packed(), when_used="json"
+        ),
+    )
 
 
 class StepWindow(Sequence):
@@ -244,17 +263,7 @@ class StepWindow(Sequence):
                 ),
             )
 
-        # from JSON the parser decodes the base64 (val_json_bytes), about
-        # four times faster than binascii; from Python, cols is the base64 text
-        return core_schema.json_or_python_schema(
-            json_schema=packed(core_schema.bytes_schema()),
-            python_schema=core_schema.union_schema(
-                [core_schema.is_instance_schema(cls), packed(core_schema.str_schema())]
-            ),
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda w: w.packed(), when_used="json"
-            ),
-        )
+        return _packed_schema(cls, packed)
 
     # ---- the columns
     @property
@@ -503,16 +512,7 @@ class TelemetryColumns(Sequence):
                 ),
             )
 
-        # as StepWindow: the JSON parser decodes the base64, from Python it is text
-        return core_schema.json_or_python_schema(
-            json_schema=packed(core_schema.bytes_schema()),
-            python_schema=core_schema.union_schema(
-                [core_schema.is_instance_schema(cls), packed(core_schema.str_schema())]
-            ),
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda c: c.packed(), when_used="json"
-            ),
-        )
+        return _packed_schema(cls, packed)
 
     # ---- the samples
     def __len__(self) -> int:
