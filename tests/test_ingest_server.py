@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import subprocess
 import threading
 import time
 
@@ -20,7 +19,7 @@ from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP, HeadError, parse_head
 from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
-from tests.fixtures.server import start_listener
+from tests.fixtures.server import self_signed_cert, start_listener
 
 MASTER = b"master-secret-0123456789abcdef0123456789"
 
@@ -182,14 +181,7 @@ def test_parse_head_waits_for_a_whole_head_and_names_what_is_wrong():
 def test_a_stalled_tls_handshake_holds_its_slot_only(tmp_path):
     """TLS handshakes are non-blocking too: a client that connects and sends no
     ClientHello does not hold the loop; another agent's report gets through."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
-        + ["-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    key, cert = self_signed_cert(tmp_path)
     http, fleet, _ = _start(tls_cert_file=str(cert), tls_key_file=str(key), workers=2, max_pending=0)
     try:
         stalled = socket.create_connection(("127.0.0.1", http.port), timeout=5)
@@ -439,14 +431,7 @@ def test_over_tls_the_senders_reports_share_one_connection(tmp_path):
     several reports (the connection goes idle and wakes between them)."""
     from slurmguard.agent.sender import ReportSender
 
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert)]
-        + ["-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    key, cert = self_signed_cert(tmp_path)
     http, fleet, metrics = _start(tls_cert_file=str(cert), tls_key_file=str(key))
     try:
         sender = ReportSender(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
@@ -25,6 +24,7 @@ from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP, TokenBuckets
 from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
+from tests.fixtures.server import self_signed_cert
 
 MASTER = b"master-secret-0123456789abcdef0123456789"
 NODES = {"node1", "node2"}
@@ -255,30 +255,7 @@ def test_restarted_agent_is_accepted_and_a_refusal_is_not_delivered(server):
 
 
 def test_tls_listener_and_sender(tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    key, cert = self_signed_cert(tmp_path)
     http, fleet, metrics = start(tls_cert_file=str(cert), tls_key_file=str(key))
     try:
         sender = ReportSender(
