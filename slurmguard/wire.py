@@ -112,6 +112,16 @@ _LE_F64 = np.dtype("<f8")
 _B64_BYTES = core_schema.CoreConfig(val_json_bytes="base64")
 
 
+def _form_of(packed_type: type) -> Callable[[object], str]:
+    """The discriminator of a field sent either as a list of records ("list") or
+    as packed columns ("packed": a dict from JSON, or the object itself)."""
+
+    def form(v: object) -> str:
+        return "packed" if isinstance(v, (dict, packed_type)) else "list"
+
+    return form
+
+
 def _packed_schema(
     cls: type, packed: Callable[[core_schema.CoreSchema], core_schema.CoreSchema]
 ) -> core_schema.CoreSchema:
@@ -315,15 +325,11 @@ class StepWindow(Sequence):
         return StepWindow(self._a[:, int(np.searchsorted(self._a[0], t, side="right")) :])
 
 
-def _steps_form(v: object) -> str:
-    return "packed" if isinstance(v, (dict, StepWindow)) else "list"
-
-
 #: a rank's iterations: a list of StepSample (version 1, and what the agent
 #: builds) or a StepWindow (version 2 on the wire); always sent packed
 Steps = Annotated[
     Annotated[list[StepSample], Tag("list")] | Annotated[StepWindow, Tag("packed")],
-    Discriminator(_steps_form),
+    Discriminator(_form_of(StepWindow)),
     PlainSerializer(lambda v: StepWindow.of(v).packed(), when_used="json"),
 ]
 
@@ -559,15 +565,11 @@ class TelemetryColumns(Sequence):
             yield self.keys[i], ts, v
 
 
-def _telemetry_form(v: object) -> str:
-    return "packed" if isinstance(v, (dict, TelemetryColumns)) else "list"
-
-
 #: a report's telemetry samples: a list of TelemetryRecord (versions 1 and 2, and
 #: what the agent builds) or TelemetryColumns (version 3 on the wire); always sent packed
 Telemetry = Annotated[
     Annotated[list[TelemetryRecord], Tag("list")] | Annotated[TelemetryColumns, Tag("packed")],
-    Discriminator(_telemetry_form),
+    Discriminator(_form_of(TelemetryColumns)),
     PlainSerializer(lambda v: TelemetryColumns.of(v).packed(), when_used="json"),
 ]
 
