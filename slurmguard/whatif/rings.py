@@ -371,12 +371,12 @@ def _computed_between_calls(t: np.ndarray, end: np.ndarray, seg: np.ndarray) -> 
     last = np.where(k >= 0, ends[np.clip(k, 0, None)], t[j - 1])
     gap = t[j] - t[j - 1]
     computing = gap - np.clip(last - t[j - 1], 0, gap)
-    # gap j lies inside iteration i when seg_i < j < seg_i+1
-    inside = np.searchsorted(seg, j, side="right") - 1 == np.searchsorted(seg, j - 1, side="right") - 1
-    per = np.zeros(len(seg) - 1, dtype=np.int64)
+    # gap j lies inside iteration i when calls j - 1 and j both do (seg_i <= j - 1,
+    # j < seg_i+1; j < seg[-1] always): gaps before the first iteration have i = -1
     it = np.searchsorted(seg, j, side="right") - 1
-    ok = inside & (it >= 0) & (it < len(per))
-    np.add.at(per, it[ok], computing[ok])
+    inside = (it >= 0) & (it == np.searchsorted(seg, j - 1, side="right") - 1)
+    per = np.zeros(len(seg) - 1, dtype=np.int64)
+    np.add.at(per, it[inside], computing[inside])
     return per
 
 
