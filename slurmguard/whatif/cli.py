@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -132,41 +133,13 @@ def lean_process() -> Iterator[None]:
     help="TRACE is a slurmguard per-rank op table (rank, step, op, start_ns, end_ns).",
 )
 @click.pass_context
-def whatif(
-    ctx: click.Context,
-    trace: str | None,
-    meta_path: str | None,
-    rings_dir: str | None,
-    job_step: str | None,
-    as_json: bool,
-    heatmap_path: str | None,
-    timeline_path: str | None,
-    timeline_steps: int,
-    steps_text: str | None,
-    heatmap_step: int | None,
-    exact_workers: bool,
-    rank_ops: bool,
-) -> None:
+def whatif(ctx: click.Context, **options: Any) -> None:
     """What-if analysis of TRACE (paper 004): slowdown S, S_t per op type, S_w per DP rank
     and stage, M_W, M_S and the simulation discrepancy. With --rings DIR, of a job's own
     slurmguard rings: per iteration, the compute between collectives and the DP
     collectives are inferred (see slurmguard/whatif/rings.py)."""
     with lean_process():
-        _whatif(
-            ctx,
-            trace,
-            meta_path,
-            rings_dir,
-            job_step,
-            as_json,
-            heatmap_path,
-            timeline_path,
-            timeline_steps,
-            steps_text,
-            heatmap_step,
-            exact_workers,
-            rank_ops,
-        )
+        _whatif(ctx, **options)
 
 
 def _whatif(
