@@ -196,22 +196,18 @@ class ReportSender:
         if status == 429 or status >= 500:
             log.warning("controller answered HTTP %d; will retry", status)
             return "retry"
-        if 400 <= status < 500:
-            # the controller will never take this report: do not block the queue on it
-            log.error(
-                "controller rejected report %d: HTTP %d %s",
-                report.seq,
-                status,
-                answer[:200].decode(errors="replace"),
-            )
-            return "rejected"
-        try:
-            accepted = status == 200 and json.loads(answer).get("accepted") is True
-        except (ValueError, AttributeError):
-            accepted = False
+        accepted = False
+        if status < 400:
+            try:
+                accepted = status == 200 and json.loads(answer).get("accepted") is True
+            except (ValueError, AttributeError):
+                pass
         if not accepted:
+            # the controller will never take this report (a 4xx, or an answer that is
+            # not an acceptance): do not block the queue on it
             log.error(
-                "controller did not accept report %d: HTTP %d %s",
+                "controller %s report %d: HTTP %d %s",
+                "rejected" if status >= 400 else "did not accept",
                 report.seq,
                 status,
                 answer[:200].decode(errors="replace"),
