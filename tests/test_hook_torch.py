@@ -299,6 +299,52 @@ def test_hook_holds_nothing_of_a_completed_call(spank_build, tmp_path):
         assert [x.count for x in r.read().records if x.op_name == "allreduce"] == [1000]
 
 
+SLOW_WRITE = textwrap.dedent("""
+    import os, signal, sys, tempfile, time, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    rec = sys.modules["_slurmguard_torchhook"]._state["recorder"]
+    emit = rec._emit
+
+    def slow_emit(*args):
+        # the completing thread is still writing when the job goes on
+        time.sleep(0.3)
+        emit(*args)
+
+    rec._emit = slow_emit
+    fut = dist.all_reduce(torch.ones(123), async_op=True).get_future()
+    fut.wait()  # returns once the future is completed, before its callbacks end
+    print("waited", flush=True)
+    if sys.argv[1] == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    else:
+        os._exit(0)
+""")
+
+
+@pytest.mark.parametrize("end", ["sigterm", "os-exit"])
+def test_record_being_written_when_the_process_ends_is_kept(spank_build, tmp_path, end):
+    """A completion callback that has taken its call and is still writing
+    the record when the job ends (the job's wait returns before the
+    callback finishes): the hook's exit path waits for that write instead
+    of leaving the record neither written nor counted lost."""
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    script = tmp_path / "slow_write.py"
+    script.write_text(SLOW_WRITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
+    env.update(PYTHONPATH=str(spank_build.torch_site), SLURMGUARD_RING_DIR=str(rings), SLURMGUARD_STEP_ID="0")
+    res = subprocess.run(
+        [sys.executable, str(script), end], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "waited" in res.stdout, res.stderr[-2000:]
+    assert res.returncode == (-15 if end == "sigterm" else 0), res.stderr[-2000:]
+    with ring.RingReader(str(rings / "rank-0.step-0.torch.ring")) as r:
+        lost = r.refresh_header().overwritten
+        counts = [x.count for x in r.read().records if x.op_name == "allreduce"]
+    assert (counts, lost) == ([123], 0)
+
+
 # Endings where the hook itself has work to do: its SIGTERM path (default
 # disposition and the job's own handler), no exit code of its own (os._exit,
 # uncaught exception), a forked DataLoader worker, teardown.finish.

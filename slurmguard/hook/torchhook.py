@@ -245,8 +245,10 @@ class Recorder:
     def forked(self) -> None:
         """In a forked child: never write into the parent's ring (its lock
         stayed in the parent); a child that runs collectives gets its own."""
+        global _TAKE
         self.writer = None
         self._init_lock = threading.Lock()
+        _TAKE = threading.Lock()  # a parent's thread may have held it at fork
         self._pending = set()  # the parent's work completes in the parent
         if self._term is not None:
             self._term.forked()
@@ -370,10 +372,9 @@ class Recorder:
             self.missed()
             self._fail(f"recording failed: {exc!r}")
 
-    def completed(self, p: _Pending, ctx: tuple, end: int, fut: Any) -> None:
+    def completed(self, ctx: tuple, end: int, fut: Any) -> None:
         """A done-callback: write the record now (the process may end at any
         moment after the work is done)."""
-        self._pending.discard(p)
         try:
             fut.value()
             error = False
@@ -402,9 +403,15 @@ class Recorder:
         counted too; their wrappers stay (C++ may still hold them) but
         write nothing. Returns the number given up."""
         n = 0
+        taken = []  # callbacks that took their call before the drop
         for p in list(self._pending):
             if p.drop():
                 n += 1
+            elif p.writing():
+                taken.append(p)
+        # a callback that started between settle and here is writing its
+        # record: the process may end right after this returns
+        _poll(lambda: not any(p.writing() for p in taken), time.monotonic() + SETTLE_TIMEOUT_S)
         self._pending.clear()
         for w in list(self._unwaited.values()):
             if w._sg is not None:
@@ -512,6 +519,12 @@ def _completed(work: Any) -> bool:
         return True
 
 
+#: taking a call from its _Pending (its callback or a give-up) is one
+#: exchange under this lock, so a call is written or counted, never both
+#: nor neither
+_TAKE = threading.Lock()
+
+
 class _Pending:
     """The done-callback of one call's work. It holds the call's arguments
     and future only until the work completes (or the hook gives it up)."""
@@ -526,19 +539,35 @@ class _Pending:
 
     def __call__(self, fut: Any) -> None:
         # on the thread that completed the work, ahead of the job's own
-        # continuations
+        # continuations. While the record is written the call stays in
+        # the pending set, taken (ctx None) but holding its future: a
+        # settle on another thread (a terminating signal, os._exit) waits
+        # for it instead of missing a record that is neither written nor
+        # counted lost. The job's own wait returns as soon as the future is
+        # marked completed, before this callback ends.
         end = _monotonic_ns()
-        ctx = self.ctx
-        self.ctx = self.fut = self.work = None
-        if ctx is not None:
-            self.rec.completed(self, ctx, end, fut)
+        with _TAKE:
+            ctx, self.ctx = self.ctx, None
+        if ctx is None:
+            return
+        try:
+            self.rec.completed(ctx, end, fut)
+        finally:
+            self.fut = self.work = None
+            self.rec._pending.discard(self)
 
     def done(self) -> bool:
+        """The work is done and its record not yet written (its callback
+        is due, or writing it)."""
         fut = self.fut
         try:
-            return fut is not None and fut.done()
+            return fut is not None and (self.ctx is None or fut.done())
         except Exception:
             return False
+
+    def writing(self) -> bool:
+        """Its callback took it and has not finished writing its record."""
+        return self.ctx is None and self.fut is not None
 
     def of_group(self, group_name: str | None) -> bool:
         """Still pending, a call on CPU tensors (gloo's, whose destroy joins
@@ -555,9 +584,12 @@ class _Pending:
             return True
 
     def drop(self) -> bool:
-        """Release the call; False if its callback already took it."""
-        had = self.ctx is not None
-        self.ctx = self.fut = self.work = None
+        """Release the call; False if its callback already took it (and
+        then releases it itself once the record is written)."""
+        with _TAKE:
+            had, self.ctx = self.ctx is not None, None
+        if had:
+            self.fut = self.work = None
         return had
 
 
