@@ -541,9 +541,20 @@ def test_lifecycle_refusal_is_logged_but_a_database_outage_is_the_jobs_error(env
     def outage(*a, **k):
         raise DatabaseUnavailable("database at sqlite:///x unreachable")
 
-    monkeypatch.setattr(store, "transition", outage)
-    clock.advance(5)
-    feed_job(ctl, clock, job2, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=2)
-    res = ctl.cycle()
-    assert ("drain", "node4") in res.actions
+    with monkeypatch.context() as m:
+        # (class-wide: the drain's record is written on a transaction's view of the store)
+        m.setattr(type(store), "transition", outage)
+        clock.advance(5)
+        feed_job(ctl, clock, job2, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=2)
+        res = ctl.cycle()
+    assert slurm.node("node4").drained_by_us and ("drain", "node4") not in res.actions
     assert [e for e in res.errors if e.startswith(f"job {job2}: DatabaseUnavailable")], res.errors
+    # the drain and its lifecycle record went together or not at all: written by the next cycle
+    assert [e.node for e in store.audit_entries(action="drain")] == ["node2"]
+    assert store.get_node("node4").state == NodeState.HEALTHY
+    clock.advance(5)
+    feed_job(ctl, clock, job2, {"node3": 1.0, "node4": 1.3}, slow_iters=20, seq=3)
+    ctl.cycle()
+    late = store.audit_entries(action="drain")[-1]
+    assert late.node == "node4" and late.evidence["recorded_late"] and len(store.audit_entries(action="drain")) == 2
+    assert store.get_node("node4").state == NodeState.DRAINING

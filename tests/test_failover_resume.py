@@ -9,7 +9,7 @@ import pytest
 
 from slurmguard.controller.loop import Controller
 from slurmguard.slurm.fake import FakeSlurm
-from slurmguard.store import NodeState
+from slurmguard.store import NodeState, Store
 from tests.test_controller_loop import POLICY, feed_job
 
 #: the drain tier first (2 GPU-s), the requeue well after it (20 GPU-s)
@@ -26,29 +26,33 @@ APART = POLICY.model_copy(
 )
 
 
-def test_killed_between_the_drain_and_its_lifecycle_record_the_next_controller_records_it(
-    sqlite_store, fake_clock
+def test_killed_between_the_drain_and_its_lifecycle_record_the_next_controller_records_both(
+    sqlite_store, fake_clock, monkeypatch
 ):
-    """Without the record the sweep scheduler never takes the drained node on: it
-    would stay drained, unswept, after its job was requeued off it."""
+    """The drain's audit row and the node's lifecycle record are one transaction with
+    the close of its intent: killed inside it, neither is written, and the next
+    controller records both from Slurm's state. Without the lifecycle record the
+    sweep scheduler never takes the drained node on."""
     slurm = FakeSlurm(clock=fake_clock)
     ctl = Controller(POLICY, sqlite_store, slurm, fake_clock)
     job = slurm.start_job(["node1", "node2"])
     feed_job(ctl, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=1)
 
-    def dies(*a, **k):  # right after `scontrol update State=DRAIN` and its audit row
+    def dies(*a, **k):  # inside the drain's record, after `scontrol update State=DRAIN`
         raise SystemExit("killed")
 
-    ctl._lifecycle = dies  # type: ignore[method-assign]  # noqa: SLF001
-    with pytest.raises(SystemExit):
-        ctl.cycle()
-    assert slurm.node("node2").drained_by_us and len(sqlite_store.audit_entries(action="drain")) == 1
+    with monkeypatch.context() as m:
+        m.setattr(Store, "transition", dies)
+        with pytest.raises(SystemExit):
+            ctl.cycle()
+    assert slurm.node("node2").drained_by_us and sqlite_store.audit_entries(action="drain") == []
     assert sqlite_store.get_node("node2").state is NodeState.HEALTHY
     nxt = Controller(POLICY, sqlite_store, slurm, fake_clock)
     fake_clock.advance(5)
     feed_job(nxt, fake_clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=20, seq=2)
     res = nxt.cycle()
-    assert ("drain", "node2") not in res.actions and len(sqlite_store.audit_entries(action="drain")) == 1
+    (drain,) = sqlite_store.audit_entries(action="drain")
+    assert ("drain", "node2") not in res.actions and drain.node == "node2" and drain.evidence["recorded_late"]
     assert sqlite_store.get_node("node2").state is NodeState.DRAINING
     assert res.actions == [("requeue", str(job))]
 

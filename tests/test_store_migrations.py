@@ -20,6 +20,7 @@ TABLES = {
     "sweeps",
     "triage_actions",
     "audit_log",
+    "action_intents",
 }
 
 
@@ -35,7 +36,7 @@ def test_migration_from_empty_creates_every_table(db_url):
     assert db.current(db_url) is None
     assert _tables(db_url) == set()
     rev = db.upgrade(db_url)
-    assert rev == db.head_revision() == "0001"
+    assert rev == db.head_revision() == "0002"
     assert db.current(db_url) == rev
     assert _tables(db_url) == TABLES | {"alembic_version"}
 
@@ -44,8 +45,8 @@ def test_upgrade_is_idempotent_and_keeps_data(db_url, fake_clock):
     db.upgrade(db_url)
     with Store.open(db_url, fake_clock) as s:
         s.get_or_create_node("gpu001")
-    assert db.upgrade(db_url) == "0001"
-    assert db.upgrade(db_url) == "0001"
+    assert db.upgrade(db_url) == db.head_revision()
+    assert db.upgrade(db_url) == db.head_revision()
     with Store.open(db_url, fake_clock) as s:
         assert [n.name for n in s.list_nodes()] == ["gpu001"]
 
@@ -88,7 +89,7 @@ def test_downgrade_to_base_then_upgrade_round_trip(db_url, fake_clock):
     assert db.downgrade(db_url, "base") is None
     assert _tables(db_url) <= {"alembic_version"}
     assert db.current(db_url) is None
-    assert db.upgrade(db_url) == "0001"
+    assert db.upgrade(db_url) == db.head_revision()
     assert _tables(db_url) == TABLES | {"alembic_version"}
     with Store.open(db_url, fake_clock) as s:
         assert s.list_nodes() == []  # the downgrade really dropped the data

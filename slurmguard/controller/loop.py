@@ -10,11 +10,15 @@ repeats nor forgets an action:
   to a job that asked for one, before its requeue: a controller stopped between
   the drain and the signal leaves it to the next, with a cycle before the requeue);
 - a requeue only if the job's restart count has not grown since detection.
-A requeue takes seconds (Slurm's post-requeue hold is lifted once the old run
-has ended), so the incident records it is under way (REQUEUE_STARTED) before
-it starts: a controller killed inside it leaves that behind, and the cycle of
-whichever controller runs next records the requeue in the audit log and lifts
-the hold (_finish_requeues) instead of losing both.
+Every Slurm action is written ahead (respond.actions: an intent before the
+call, its audit row and store changes, the drained node's lifecycle or the
+incident's outcome, in one transaction after it), and each cycle first settles
+the intents a stopped controller left open against the Slurm view
+(ActionExecutor.reconcile): an action Slurm shows taken is recorded once, under
+the lease epoch it was taken with, one it does not is left to the decisions
+below. A requeue takes seconds (Slurm's post-requeue hold is lifted once the
+old run has ended): one recorded late has its hold lifted by the next cycles
+(_lift_requeue_holds) instead of waiting minutes.
 
 What a job can write is not trusted: ranks reported by nodes outside the job's
 Slurm allocation are dropped and counted, every requeue and checkpoint signal
@@ -37,7 +41,12 @@ from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.plans import PlanBook, job_options
 from slurmguard.detect.peers import PeerFlag, PeerScorer
-from slurmguard.respond.actions import ActionExecutor
+from slurmguard.respond.actions import (
+    LATE,
+    ActionExecutor,
+    incident_effect,
+    lifecycle_effect,
+)
 from slurmguard.respond.escalation import Action, Decision, InJob, gate
 from slurmguard.respond.safety import SafetyGate
 from slurmguard.respond.tiers import Culprit, JobAssessment, Tier, classify
@@ -46,7 +55,6 @@ from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
 from slurmguard.store import (
     AuditOutcome,
-    IllegalTransition,
     IncidentRecord,
     IncidentStatus,
     NodeState,
@@ -63,10 +71,6 @@ UNNAMED_LOG_S = 10.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
 
-#: incident evidence: a requeue under way {"at": Unix s, "lease_epoch": n (a pair)}
-REQUEUE_STARTED = "requeue_started"
-#: incident and audit evidence: a requeue recorded by a later cycle than the one that took it
-LATE = "recorded_late"
 #: seconds after a requeue during which a later cycle still lifts its post-requeue hold
 #: (Slurm's own hold is about two minutes)
 REQUEUE_SETTLE_S = 120.0
@@ -130,9 +134,6 @@ class Controller:
         self._unnamed_said: dict[int, float] = {}
         self.breaker_open = False
         self.plans = PlanBook()
-        #: drained culprits whose lifecycle record this controller has seen since it
-        #: last led (_drain_recorded reads each once, not every cycle)
-        self._drain_checked: set[str] = set()
 
     # ------------------------------------------------------------------ the cycle
     def cycle(self) -> CycleResult:
@@ -168,6 +169,14 @@ class Controller:
             return res
         nodes = {n.name: n for n in node_list}
         jobs = {j.job_id: j for j in job_list}
+        try:
+            # before any decision: they read what a stopped controller's actions changed
+            self.executor.reconcile(nodes, jobs)
+        except SlurmError as exc:  # NotLeader included
+            res.errors.append(f"unfinished actions: {exc}")
+            log.error("cycle skipped: unfinished actions not settled: %s", exc)
+            self._observe(res)
+            return res
         self._sync_nodes(nodes)
         gone = self.fleet.set_known_nodes(nodes)
         if gone and self.metrics is not None:
@@ -179,7 +188,7 @@ class Controller:
         index = self.fleet.job_index(now)
         self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
         live = self._live_incidents()
-        self._finish_requeues(live, jobs, res)
+        self._lift_requeue_holds(live, jobs, res)
         for job_id in sorted(index):
             job = jobs.get(job_id)
             if job is None or job.state != "RUNNING":
@@ -280,7 +289,6 @@ class Controller:
         recent iterations, so the first cycle after a takeover assesses every job."""
         self.fleet.take_telemetry()
         self._scored_until = self.clock.now()
-        self._drain_checked.clear()  # the active one may drain (and stop) meanwhile
 
     # ------------------------------------------------------------------ pieces
     def _sync_nodes(self, nodes: dict[str, NodeInfo]) -> None:
@@ -440,7 +448,6 @@ class Controller:
                 continue
             if node.drained_by_us:
                 drained_any = True
-                self._drain_recorded(c.node, f"drained: {node.reason}", evidence)
                 continue
             if node.drained_by_others:
                 res.suppressed.append(f"{c.node}: drained by someone else; left alone")
@@ -455,6 +462,11 @@ class Controller:
                     c.node,
                     reason_text(a, c),
                     evidence={**evidence, "why": c.why, "telemetry": list(c.telemetry)},
+                    effects=[
+                        lifecycle_effect(
+                            c.node, NodeState.DRAINING, f"drained: {reason_text(a, c)}", evidence
+                        )
+                    ],
                 )
             except NotOurs as exc:
                 res.suppressed.append(str(exc))
@@ -464,8 +476,6 @@ class Controller:
                 continue
             drained_any = True
             res.actions.append(("drain", c.node))
-            self._lifecycle(c.node, NodeState.DRAINING, f"drained: {reason_text(a, c)}", evidence)
-            self._drain_checked.add(c.node)
         if not drained_any:
             return
         if gated == Tier.DRAIN:
@@ -478,19 +488,6 @@ class Controller:
                 # cycle for the job to checkpoint, as it would have after the drain
                 return
             self._requeue(a, job, incident, evidence, res, now)
-
-    def _drain_recorded(self, node: str, cause: str, evidence: dict) -> None:
-        """A culprit Slurm shows drained by slurmguard whose lifecycle still says it is
-        in service was drained by a controller that stopped (killed, or its lease
-        lost) between the drain and its record: recorded now, so that the sweep
-        scheduler takes the node on once its jobs have left. A node further on
-        (quarantined, being swept, held) is left where it is."""
-        if node in self._drain_checked:
-            return
-        rec = self.store.get_node(node)
-        if rec is None or rec.state in (NodeState.HEALTHY, NodeState.SUSPECT):
-            self._lifecycle(node, NodeState.DRAINING, cause, evidence)
-        self._drain_checked.add(node)
 
     def _still_named(
         self, a: JobAssessment, incident: IncidentRecord, nodes: dict[str, NodeInfo]
@@ -587,17 +584,23 @@ class Controller:
             self._alert(verdict.why, None, incident.id, res)
             return False
         try:
-            self.executor.signal(a.job_id, sig, "checkpoint: node drained under the job", evidence=evidence)
+            self.executor.signal(
+                a.job_id,
+                sig,
+                "checkpoint: node drained under the job",
+                evidence=evidence,
+                effects=[
+                    incident_effect(
+                        incident.id,
+                        status=IncidentStatus.MITIGATED,
+                        outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})",
+                    )
+                ],
+            )
         except SlurmError as exc:
             res.errors.append(str(exc))
             return False
         res.actions.append(("signal", str(a.job_id)))
-        self.store.update_incident(
-            incident.id,
-            status=IncidentStatus.MITIGATED,
-            action_at=self.clock.now(),
-            outcome=f"drained; job asked to checkpoint (SIG{sig.removeprefix('SIG')})",
-        )
         return True
 
     def _requeue(
@@ -610,8 +613,8 @@ class Controller:
         now: float,
     ) -> None:
         if job.restarts > _restarts_at_detection(incident, job):
-            # already requeued: by a controller killed before it recorded so, or by
-            # someone else; either way this run's slowdown is over, and said so once
+            # already requeued, by someone else (one of ours would have been recorded
+            # by reconcile, late or not): this run's slowdown is over, said so once
             if incident.evidence.get("requeued_at") is None:
                 self.store.update_incident(
                     incident.id,
@@ -624,89 +627,49 @@ class Controller:
         if not verdict.allowed:
             self._alert(verdict.why, None, incident.id, res)
             return
-        fence = self.executor.fence() if self.executor.fence is not None else {}
-        self.store.update_incident(incident.id, evidence={REQUEUE_STARTED: {"at": now, **fence}})
         try:
-            self.executor.requeue(a.job_id, "restart on healthy nodes", evidence=evidence)
+            self.executor.requeue(
+                a.job_id,
+                "restart on healthy nodes",
+                evidence=evidence,
+                effects=[
+                    incident_effect(
+                        incident.id,
+                        status=IncidentStatus.MITIGATED,
+                        outcome="drained and requeued on healthy nodes",
+                        stamp=["requeued_at"],
+                    )
+                ],
+                restarts=job.restarts,
+            )
         except SlurmError as exc:
             res.errors.append(str(exc))
-            # not requeued: a later restart (an admin's) must not be taken for ours
-            self.store.update_incident(incident.id, evidence={REQUEUE_STARTED: None})
             return
         res.actions.append(("requeue", str(a.job_id)))
-        self.store.update_incident(
-            incident.id,
-            status=IncidentStatus.MITIGATED,
-            action_at=self.clock.now(),
-            outcome="drained and requeued on healthy nodes",
-            evidence={"requeued_at": self.clock.now()},
-        )
 
-    def _finish_requeues(
+    def _lift_requeue_holds(
         self, live: dict[int, IncidentRecord], jobs: dict[int, JobInfo], res: CycleResult
     ) -> None:
-        """Requeues a controller started and did not finish (killed, or its host lost,
-        between `scontrol requeue` and its audit row): where the job's restart count
-        grew, the requeue is recorded now, in the audit log under the lease epoch it
-        was taken with and in the incident; Slurm's post-requeue hold (a begin time
-        minutes ahead, set once the old run has ended) is lifted on the cycles of the
-        next REQUEUE_SETTLE_S while the job waits, so it restarts at once as meant.
-        Where the count did not grow the requeue never reached Slurm: the incident
-        goes on and is requeued when its price is paid. For every job, running or
-        not (a requeued job waits in the queue)."""
+        """A requeue whose controller stopped inside it (the command waits for Slurm's
+        post-requeue hold, a begin time minutes ahead set once the old run has ended,
+        and lifts it) was recorded late by reconcile; its hold is lifted here on the
+        cycles of the next REQUEUE_SETTLE_S while the job waits, so it restarts at
+        once as meant. For every job, running or not (a requeued job waits in the queue)."""
         now = self.clock.now()
-        for job_id, incident in list(live.items()):
+        for job_id, incident in live.items():
             ev = incident.evidence
-            started = ev.get(REQUEUE_STARTED)
             job = jobs.get(job_id)
-            if not started or job is None or (ev.get("requeued_at") is not None and not ev.get(LATE)):
+            at = ev.get("requeued_at")
+            if not ev.get(LATE) or at is None or job is None or job.state != "PENDING":
+                continue
+            if now - float(at) > REQUEUE_SETTLE_S:
                 continue
             try:
-                self._finish_requeue(incident, job, started, live, now)
+                if self.executor.fence is not None:
+                    self.executor.fence()  # only the active controller lifts
+                self.slurm.release_requeue_hold(job_id)
             except SlurmError as exc:  # NotLeader included: the next cycle's controller will
-                res.errors.append(f"job {job_id}: unfinished requeue: {exc}")
-
-    def _finish_requeue(
-        self,
-        incident: IncidentRecord,
-        job: JobInfo,
-        started: dict,
-        live: dict[int, IncidentRecord],
-        now: float,
-    ) -> None:
-        job_id = job.job_id
-        ev = incident.evidence
-        if ev.get("requeued_at") is None:
-            if job.restarts <= _restarts_at_detection(incident, job):
-                return
-            if self.executor.fence is not None:
-                self.executor.fence()  # only the active controller records and lifts
-            self.store.audit(
-                "requeue",
-                actor=self.actor,
-                job_id=str(job_id),
-                reason="restart on healthy nodes (recorded by the next cycle: its controller stopped)",
-                outcome=AuditOutcome.OK,
-                evidence={
-                    "incident": incident.id,
-                    "job": job_id,
-                    **({"lease_epoch": started["lease_epoch"]} if "lease_epoch" in started else {}),
-                    LATE: True,
-                },
-            )
-            live[job_id] = self.store.update_incident(
-                incident.id,
-                status=IncidentStatus.MITIGATED,
-                action_at=float(started["at"]),
-                outcome="drained and requeued on healthy nodes",
-                evidence={"requeued_at": float(started["at"]), LATE: True},
-            )
-            log.warning("job %d: requeue started by a stopped controller recorded", job_id)
-        if job.state != "PENDING" or now - float(started["at"]) > REQUEUE_SETTLE_S:
-            return
-        if self.executor.fence is not None:
-            self.executor.fence()
-        self.slurm.release_requeue_hold(job_id)
+                res.errors.append(f"job {job_id}: requeue hold: {exc}")
 
     def _verify_flags(
         self,
@@ -729,25 +692,15 @@ class Controller:
                 continue
             if not self.safety.may_act(now).allowed:
                 continue
+            ev = {"flags": [f.text() for f in flags]}
             try:
-                self.executor.comment(node, text, evidence={"flags": [f.text() for f in flags]})
+                self.executor.comment(
+                    node, text, evidence=ev, effects=[lifecycle_effect(node, NodeState.SUSPECT, text, ev)]
+                )
             except SlurmError as exc:
                 res.errors.append(str(exc))
                 continue
             res.actions.append(("comment", node))
-            self._lifecycle(node, NodeState.SUSPECT, text, {"flags": [f.text() for f in flags]})
-
-    def _lifecycle(self, node: str, to: NodeState, cause: str, evidence: dict) -> None:
-        if self.policy.safety.dry_run:
-            return
-        rec = self.store.get_or_create_node(node)
-        if rec.state == to:
-            return
-        try:
-            self.store.transition(node, to, cause[:250], evidence, actor=self.actor)
-        except IllegalTransition as exc:  # a step the lifecycle forbids must not stop the loop;
-            # anything else (the database down) is the cycle's error, not a warning
-            log.warning("lifecycle %s -> %s for %s not recorded: %s", rec.state, to, node, exc)
 
     def _alert(self, why: str, node: str | None, incident_id: int, res: CycleResult) -> None:
         self.breaker_open = self.breaker_open or why.startswith("circuit breaker")

@@ -4,21 +4,117 @@ Every call records who asked, what, on which node/job, why, the outcome and
 the evidence. In dry-run mode the action is logged and audited as `dry_run`
 but Slurm is not touched. Refusals (NotOurs) and failures are audited too,
 then re-raised for the caller to handle.
+
+Write-ahead: before the Slurm call an intent (the action, its target, reason,
+evidence with the lease epoch, and the store changes that go with it, its
+"effects") is committed; after the call one transaction writes the audit row,
+applies the effects and closes the intent. A controller that stops in between
+(SIGKILL, its host or its database lost) leaves the intent open, and the next
+controller's `reconcile` (every cycle, before any decision) settles it against
+Slurm's state:
+
+- the action shows in Slurm (a drain: the node drained by slurmguard; a
+  requeue: the job's restart count grew; a sweep submit: its job in the queue;
+  ...): the audit row is written now, at the intent's time, under the epoch it
+  was taken with (`recorded_late`), and its effects applied;
+- it does not: closed with an `error` row saying it was not taken; nothing is
+  redone here, the decision that asked for it is taken again from Slurm's
+  state and the database (a drain of a node still not drained, a requeue whose
+  restart count did not grow, a sweep recorded with no job);
+- Slurm keeps no trace of it (a signal, a reboot request): recorded as taken
+  (`unverified`), never sent twice.
+
+An intent is closed once (Store.close_intent), so an action has exactly one
+audit row, also when a fenced old leader finishes its call after the new one
+reconciled it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from slurmguard.slurm.client import SlurmClient
-from slurmguard.slurm.errors import SlurmError
-from slurmguard.store import AuditOutcome, Store
+from slurmguard.slurm.errors import SlurmError, UnknownJob, UnknownNode
+from slurmguard.slurm.models import JobInfo, NodeInfo
+from slurmguard.store import AuditOutcome, IllegalTransition, IntentRecord, NodeState, Store
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: audit and incident evidence: recorded by a later controller than the one that acted
+LATE = "recorded_late"
+#: audit evidence of a late row whose action Slurm keeps no trace of (a signal)
+UNVERIFIED = "unverified"
+#: job states after which a cancel has nothing left to do
+_ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+
+
+# ---------------------------------------------------------------- effects
+def lifecycle_effect(node: str, to: NodeState, cause: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    """The node's lifecycle moves to `to` with the action (skipped in dry-run)."""
+    return {"kind": "lifecycle", "node": node, "to": to.value, "cause": cause[:250], "evidence": evidence}
+
+
+def incident_effect(
+    incident_id: int, *, status: str, outcome: str, stamp: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The incident gets `status` and `outcome`, its action time and the evidence
+    keys `stamp` set to when the action was taken."""
+    return {"kind": "incident", "id": incident_id, "status": status, "outcome": outcome, "stamp": list(stamp)}
+
+
+def sweep_effect(sweep_id: int) -> dict[str, Any]:
+    """The sweep row gets the submitted job's id (the action's result)."""
+    return {"kind": "sweep", "id": sweep_id}
+
+
+def record_lifecycle(
+    store: Store, node: str, to: NodeState, cause: str, evidence: dict[str, Any], actor: str
+) -> None:
+    """Move the node's lifecycle to `to` unless it is there; a step the lifecycle
+    forbids is logged, not raised (it must not stop the loop)."""
+    rec = store.get_or_create_node(node)
+    if rec.state == to:
+        return
+    try:
+        store.transition(node, to, cause[:250], evidence, actor=actor)
+    except IllegalTransition as exc:
+        log.warning("lifecycle %s -> %s for %s not recorded: %s", rec.state, to, node, exc)
+
+
+def apply_effects(
+    store: Store,
+    effects: Sequence[Mapping[str, Any]],
+    *,
+    result: Any,
+    at: float,
+    late: bool,
+    actor: str,
+    dry_run: bool = False,
+) -> None:
+    """Apply an action's effects (at: Unix s the action was taken)."""
+    for e in effects:
+        kind = e.get("kind")
+        if kind == "lifecycle":
+            if not dry_run:
+                record_lifecycle(store, e["node"], NodeState(e["to"]), e["cause"], dict(e["evidence"]), actor)
+        elif kind == "incident":
+            stamped: dict[str, Any] = {k: at for k in e.get("stamp", ())}
+            store.update_incident(
+                int(e["id"]),
+                status=e["status"],
+                action_at=at,
+                outcome=e["outcome"],
+                evidence={**stamped, **({LATE: True} if late else {})},
+            )
+        elif kind == "sweep":
+            if result is not None:
+                store.update_sweep(int(e["id"]), slurm_job_id=str(result), submitted_at=at)
+        else:
+            raise ValueError(f"action effect of unknown kind {kind!r}")
 
 
 @dataclass
@@ -42,6 +138,7 @@ class ActionExecutor:
         reason: str | None = None,
         argv: list[str] | None = None,
         evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
     ) -> T | None:
         if self.fence is not None:
             evidence = {**(evidence or {}), **self.fence()}
@@ -55,21 +152,147 @@ class ActionExecutor:
         )
         if self.dry_run:
             log.warning("dry-run: would %s node=%s job=%s reason=%r", action, node, job_id, reason)
-            self.store.audit(action, outcome=AuditOutcome.DRY_RUN, **common)
+            with self.store.atomic() as tx:
+                tx.audit(action, outcome=AuditOutcome.DRY_RUN, **common)
+                apply_effects(
+                    tx,
+                    effects,
+                    result=None,
+                    at=self.store.clock.now(),
+                    late=False,
+                    actor=self.actor,
+                    dry_run=True,
+                )
             return None
+        intent = self.store.open_intent(action, effects=effects, **common)
         try:
             result = fn()
         except SlurmError as exc:
-            self.store.audit(action, outcome=AuditOutcome.ERROR, error=str(exc), **common)
+            self.store.close_intent(intent, outcome=AuditOutcome.ERROR, error=str(exc))
             log.error("%s failed: node=%s job=%s: %s", action, node, job_id, exc)
             raise
-        if isinstance(result, str) and action in ("drain", "comment", "reboot"):
-            common["reason"] = result  # the prefixed text Slurm actually holds
-        self.store.audit(action, outcome=AuditOutcome.OK, **common)
-        log.info("%s node=%s job=%s reason=%r", action, node, job_id, common["reason"])
+        text = result if isinstance(result, str) and action in ("drain", "comment", "reboot") else None
+        # (the prefixed text Slurm actually holds replaces the reason asked for)
+        self._complete(intent, result, reason=text, late=False)
+        log.info("%s node=%s job=%s reason=%r", action, node, job_id, text or reason)
         return result
 
-    def drain(self, node: str, reason: str, evidence: dict[str, Any] | None = None) -> str | None:
+    def _complete(
+        self,
+        intent: IntentRecord,
+        result: Any,
+        *,
+        reason: str | None = None,
+        late: bool,
+        evidence: dict[str, Any] | None = None,
+    ) -> bool:
+        """The action's audit row, its effects and the intent's close, in one
+        transaction; False when another controller had closed it already."""
+        extra = dict(evidence or {})
+        if intent.action == "submit" and result is not None:
+            extra["submitted_job"] = result
+        at = intent.at.timestamp() if late else self.store.clock.now()
+        with self.store.atomic() as tx:
+            row = tx.close_intent(
+                intent, outcome=AuditOutcome.OK, reason=reason, evidence=extra, at=at if late else None
+            )
+            if row is None:
+                return False
+            apply_effects(tx, intent.effects, result=result, at=at, late=late, actor=self.actor)
+        return True
+
+    # ------------------------------------------------------------ reconciling
+    def reconcile(self, nodes: Mapping[str, NodeInfo], jobs: Mapping[int, JobInfo]) -> list[str]:
+        """Settle the intents a stopped controller left open against Slurm's state
+        (nodes, jobs: the cycle's view); what was done, one line each. Fenced:
+        only the active controller records (NotLeader otherwise)."""
+        intents = self.store.open_intents()
+        if not intents:
+            return []
+        now = self.fence() if self.fence is not None else {}
+        by = {"recorded_by_epoch": now["lease_epoch"]} if "lease_epoch" in now else {}
+        reservations: set[str] | None = None
+        out = []
+        for it in intents:
+            if it.action.startswith("reservation_") and reservations is None:
+                reservations = {r.name for r in self.slurm.reservations()}
+            seen, result = self._seen(it, nodes, jobs, reservations or set())
+            target = it.node or f"job {it.job_id}"
+            if seen is False:
+                if self.store.close_intent(
+                    it,
+                    outcome=AuditOutcome.ERROR,
+                    error=f"not taken: its controller stopped before Slurm showed the {it.action}",
+                    evidence={LATE: True, **by},
+                    at=it.at,
+                ):
+                    out.append(f"{it.action} {target}: not taken")
+                continue
+            ev = {LATE: True, **by, **({UNVERIFIED: True} if seen is None else {})}
+            if self._complete(it, result, late=True, evidence=ev):
+                out.append(f"{it.action} {target}: recorded late")
+        for line in out:
+            log.warning("action left by a stopped controller: %s", line)
+        return out
+
+    def _seen(
+        self,
+        it: IntentRecord,
+        nodes: Mapping[str, NodeInfo],
+        jobs: Mapping[int, JobInfo],
+        reservations: set[str],
+    ) -> tuple[bool | None, Any]:
+        """(whether Slurm shows the intent's action taken (None: it cannot tell),
+        the action's result where it has one)."""
+        a = it.action
+        if a in ("drain", "resume", "comment", "clear_comment") and it.node:
+            n = nodes.get(it.node) or self._node(it.node)
+            if n is None:
+                return None, None
+            if a == "drain":
+                return n.drained_by_us, n.reason
+            if a == "resume":
+                return not n.drained, None
+            if a == "comment":
+                return bool(n.comment and it.reason and it.reason in n.comment), n.comment
+            return not n.comment, None
+        if a in ("requeue", "cancel") and it.job_id:
+            jid = int(it.job_id)
+            j = jobs.get(jid) or self._job(jid)
+            if a == "cancel":
+                return j is None or j.state.split()[0].upper() in _ENDED, None
+            if j is None or "restarts_before" not in it.evidence:
+                return None, None
+            return j.restarts > int(it.evidence["restarts_before"]), None
+        if a == "submit" and it.evidence.get("job_name"):
+            found = [j.job_id for j in jobs.values() if j.name == it.evidence["job_name"]]
+            return (True, found[0]) if found else (False, None)
+        if a == "reservation_create":
+            return it.reason in reservations, None
+        if a == "reservation_delete":
+            return it.reason not in reservations, None
+        return None, None  # a signal, a reboot request: Slurm keeps no trace of them
+
+    def _node(self, name: str) -> NodeInfo | None:
+        try:
+            return self.slurm.node(name)
+        except UnknownNode:
+            return None
+
+    def _job(self, job_id: int) -> JobInfo | None:
+        try:
+            return self.slurm.job(job_id)
+        except UnknownJob:
+            return None
+
+    # ------------------------------------------------------------ actions
+    def drain(
+        self,
+        node: str,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
+    ) -> str | None:
         return self._do(
             "drain",
             lambda: self.slurm.drain(node, reason),
@@ -77,6 +300,7 @@ class ActionExecutor:
             reason=reason,
             argv=["scontrol", "update", f"NodeName={node}", "State=DRAIN"],
             evidence=evidence,
+            effects=effects,
         )
 
     def resume(self, node: str, evidence: dict[str, Any] | None = None) -> None:
@@ -88,7 +312,13 @@ class ActionExecutor:
             evidence=evidence,
         )
 
-    def comment(self, node: str, text: str, evidence: dict[str, Any] | None = None) -> str | None:
+    def comment(
+        self,
+        node: str,
+        text: str,
+        evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
+    ) -> str | None:
         return self._do(
             "comment",
             lambda: self.slurm.set_comment(node, text),
@@ -96,6 +326,7 @@ class ActionExecutor:
             reason=text,
             argv=["scontrol", "update", f"NodeName={node}", "Comment=..."],
             evidence=evidence,
+            effects=effects,
         )
 
     def clear_comment(self, node: str, evidence: dict[str, Any] | None = None) -> None:
@@ -107,14 +338,30 @@ class ActionExecutor:
             evidence=evidence,
         )
 
-    def requeue(self, job_id: int, reason: str, evidence: dict[str, Any] | None = None) -> None:
+    def requeue(
+        self,
+        job_id: int,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
+        *,
+        restarts: int | None = None,
+    ) -> None:
+        """restarts: the job's restart count now (read from Slurm when not given):
+        a grown count tells a later controller that this requeue happened."""
+        if restarts is None and not self.dry_run:
+            try:
+                restarts = self.slurm.job(job_id).restarts
+            except UnknownJob:
+                pass  # the requeue fails, audited as such
         self._do(
             "requeue",
             lambda: self.slurm.requeue(job_id),
             job_id=job_id,
             reason=reason,
             argv=["scontrol", "requeue", str(job_id)],
-            evidence=evidence,
+            evidence={**(evidence or {}), **({} if restarts is None else {"restarts_before": restarts})},
+            effects=effects,
         )
 
     def cancel(
@@ -130,7 +377,14 @@ class ActionExecutor:
             evidence=evidence,
         )
 
-    def signal(self, job_id: int, signal: str, reason: str, evidence: dict[str, Any] | None = None) -> None:
+    def signal(
+        self,
+        job_id: int,
+        signal: str,
+        reason: str,
+        evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
+    ) -> None:
         """Signal the job's steps (where the ranks run), not the batch shell,
         which a USR1 without a trap would kill."""
         self._do(
@@ -140,6 +394,7 @@ class ActionExecutor:
             reason=reason,
             argv=["scancel", f"--signal={signal}", str(job_id)],
             evidence=evidence,
+            effects=effects,
         )
 
     def create_reservation(
@@ -173,15 +428,20 @@ class ActionExecutor:
         node: str | None = None,
         reason: str,
         evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
         **kwargs: Any,
     ) -> int | None:
+        """kwargs: SlurmClient.submit's; its job_name goes into the evidence (a later
+        controller finds the job by it)."""
+        name = kwargs.get("job_name")
         return self._do(
             "submit",
             lambda: self.slurm.submit(script, **kwargs),
             node=node,
             reason=reason,
             argv=["sbatch", "--parsable"],
-            evidence=evidence,
+            evidence={**(evidence or {}), **({"job_name": name} if name else {})},
+            effects=effects,
         )
 
     def reboot(

@@ -24,6 +24,7 @@ from slurmguard.store.models import (
 from slurmguard.store.records import (
     AuditRecord,
     IncidentRecord,
+    IntentRecord,
     NodeRecord,
     StepTimeRecord,
     SweepRecord,
@@ -43,6 +44,7 @@ __all__ = [
     "IncidentRecord",
     "IncidentStatus",
     "IncidentTier",
+    "IntentRecord",
     "InvalidValue",
     "MigrationsMissing",
     "NodeRecord",

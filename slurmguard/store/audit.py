@@ -1,11 +1,19 @@
 """The audit log: one append-only row per Slurm action taken, failed, or only
-logged (dry_run); the controller lease's epochs are audit rows too."""
+logged (dry_run); the controller lease's epochs are audit rows too.
+
+Action intents are its write-ahead side: `open_intent` before a Slurm call,
+`close_intent` after it writes the action's audit row and closes the intent in
+one transaction, and closes each intent once (a second closer, a fenced old
+leader finishing late, gets None and writes nothing), so an action has exactly
+one audit row whoever records it."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from sqlalchemy import update
 
 from slurmguard.store.checks import (
     DEFAULT_ACTOR,
@@ -18,9 +26,9 @@ from slurmguard.store.checks import (
 )
 from slurmguard.store.core import StoreCore
 from slurmguard.store.errors import InvalidValue
-from slurmguard.store.models import AuditEntry, AuditOutcome
+from slurmguard.store.models import ActionIntent, AuditEntry, AuditOutcome
 from slurmguard.store.query import Query
-from slurmguard.store.records import AuditRecord, from_row
+from slurmguard.store.records import AuditRecord, IntentRecord, from_row
 from slurmguard.store.types import Timestamp
 
 ACTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -88,3 +96,82 @@ class AuditLog(StoreCore):
             .until(AuditEntry.at, until)
         )
         return self._records(q, AuditRecord, limit, read=True)
+
+    # ------------------------------------------------------------ intents
+    def open_intent(
+        self,
+        action: str,
+        *,
+        actor: str = DEFAULT_ACTOR,
+        node: str | None = None,
+        job_id: str | None = None,
+        reason: str | None = None,
+        argv: Sequence[str] | None = None,
+        evidence: dict[str, Any] | None = None,
+        effects: Sequence[dict[str, Any]] = (),
+        at: Timestamp | None = None,
+    ) -> IntentRecord:
+        """Record a Slurm action about to be taken (committed before the call)."""
+        if not ACTION_RE.match(action or ""):
+            raise InvalidValue(f"intent action '{action}': use lower_snake_case, at most 32 characters")
+        row = ActionIntent(
+            at=self._at(at),
+            actor=check_actor(actor),
+            action=action,
+            node=node,
+            job_id=opt_job(job_id),
+            reason=reason,
+            argv=None if argv is None else arg_list(argv),
+            evidence=json_object(evidence, "evidence"),
+            effects=[json_object(e, "effect") for e in effects],
+            closed_at=None,
+            audit_id=None,
+        )
+        with self._tx() as s:
+            s.add(row)
+            s.flush()
+            return from_row(IntentRecord, row)
+
+    def close_intent(
+        self,
+        intent: IntentRecord,
+        *,
+        outcome: AuditOutcome | str,
+        error: str | None = None,
+        reason: str | None = None,
+        evidence: dict[str, Any] | None = None,
+        at: Timestamp | None = None,
+    ) -> AuditRecord | None:
+        """Close `intent` with its audit row (its fields; `reason` replaces its reason,
+        `evidence` is added to its evidence; `at` defaults to now); None, writing
+        nothing, when it was closed already."""
+        with self.atomic() as tx:
+            with tx._tx() as s:
+                closed = s.execute(
+                    update(ActionIntent)
+                    .where(ActionIntent.id == intent.id, ActionIntent.closed_at.is_(None))
+                    .values(closed_at=self.now())
+                )
+                if closed.rowcount != 1:  # type: ignore[attr-defined]
+                    return None
+            rec = tx.audit(
+                intent.action,
+                actor=intent.actor,
+                node=intent.node,
+                job_id=intent.job_id,
+                reason=intent.reason if reason is None else reason,
+                argv=intent.argv,
+                outcome=outcome,
+                error=error,
+                evidence={**intent.evidence, **(evidence or {})},
+                at=at,
+            )
+            with tx._tx() as s:
+                s.execute(update(ActionIntent).where(ActionIntent.id == intent.id).values(audit_id=rec.id))
+            return rec
+
+    def open_intents(self) -> list[IntentRecord]:
+        """Intents not closed yet, oldest first."""
+        q = Query(ActionIntent, order=(ActionIntent.at, ActionIntent.id))
+        q.stmt = q.stmt.where(ActionIntent.closed_at.is_(None))
+        return self._records(q, IntentRecord, read=True)

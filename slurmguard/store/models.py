@@ -321,3 +321,31 @@ class AuditEntry(Base):
     outcome: Mapped[str] = mapped_column(String(8))
     error: Mapped[str | None] = mapped_column(Text)
     evidence: Mapped[dict[str, Any]]
+
+
+class ActionIntent(Base):
+    """Write-ahead record of one Slurm action (respond.actions.ActionExecutor): written
+    before the Slurm call, closed with the action's audit row (in one transaction)
+    after it. One left open belongs to a controller that stopped in between; the
+    next one reconciles it against Slurm's state and closes it, so every action
+    ends with exactly one audit row."""
+
+    __tablename__ = "action_intents"
+    __table_args__ = (Index("ix_action_intents_closed_at", "closed_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    at: Mapped[datetime]
+    """When the action was about to be taken (the late audit row's time)."""
+    actor: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(32))
+    node: Mapped[str | None] = mapped_column(String(NAME_LEN))
+    job_id: Mapped[str | None] = mapped_column(String(JOB_LEN))
+    reason: Mapped[str | None] = mapped_column(Text)
+    argv: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
+    evidence: Mapped[dict[str, Any]]
+    """The audit evidence, lease_epoch included, and what reconciling needs."""
+    effects: Mapped[list[Any]] = mapped_column(JSON)
+    """Store changes that go with the action (respond.actions.apply_effects)."""
+    closed_at: Mapped[datetime | None]
+    audit_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The audit row that closed it (None: closed without one, for a dry run)."""

@@ -158,6 +158,24 @@ class AuditRecord:
     evidence: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class IntentRecord:
+    """A Slurm action about to be taken (store.audit.AuditLog.open_intent)."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    node: str | None
+    job_id: str | None
+    reason: str | None
+    argv: tuple[str, ...] | None
+    evidence: dict[str, Any]
+    effects: tuple[Any, ...]
+    closed_at: datetime | None
+    audit_id: int | None
+
+
 R = TypeVar("R")
 
 

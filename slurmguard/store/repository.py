@@ -4,7 +4,8 @@ One class over six aggregates, each in its own module (the methods they add):
 
 - nodes.py: nodes and their lifecycle (get_or_create_node, register_nodes,
   node_counts, get_node, list_nodes, mark_seen, transition, node_history, transitions)
-- audit.py: the audit log (audit, audit_entries)
+- audit.py: the audit log (audit, audit_entries) and the action intents written
+  ahead of it (open_intent, close_intent, open_intents)
 - incidents.py: incidents (add_incident, update_incident, get_incident, incidents,
   live_incidents)
 - summaries.py: telemetry and step-time windows (add_/telemetry_summaries,

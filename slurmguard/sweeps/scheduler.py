@@ -44,7 +44,7 @@ from typing import Any, Literal
 from slurmguard.clock import Clock
 from slurmguard.config import Policy, SweepPolicy, TriagePolicy
 from slurmguard.errors import SlurmguardError
-from slurmguard.respond.actions import ActionExecutor
+from slurmguard.respond.actions import ActionExecutor, sweep_effect
 from slurmguard.runner import CommandRunner
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError, UnknownJob
@@ -721,6 +721,7 @@ class SweepScheduler:
                 node=node,
                 reason=f"{self._label(s)} of {node}",
                 evidence={"sweep": s.id, "kind": kind, "reference": ref},
+                effects=[sweep_effect(s.id)],  # the job id, with the submit's audit row
                 job_name=spec.job_name,
                 nodelist=list(nodes),
                 reservation=resv,
@@ -734,7 +735,6 @@ class SweepScheduler:
             if ref is not None:
                 self._delete_reservation(resv, node, view)
             raise
-        self.store.update_sweep(s.id, slurm_job_id=str(jid), submitted_at=self.clock.now())
         done.append(f"submitted {self._label(s)} sweep {s.id} as job {jid}" + (f" with {ref}" if ref else ""))
         return "; ".join(done)
 
