@@ -556,5 +556,9 @@ def test_lifecycle_refusal_is_logged_but_a_database_outage_is_the_jobs_error(env
     feed_job(ctl, clock, job2, {"node3": 1.0, "node4": 1.3}, slow_iters=20, seq=3)
     ctl.cycle()
     late = store.audit_entries(action="drain")[-1]
-    assert late.node == "node4" and late.evidence["recorded_late"] and len(store.audit_entries(action="drain")) == 2
+    assert (
+        late.node == "node4"
+        and late.evidence["recorded_late"]
+        and len(store.audit_entries(action="drain")) == 2
+    )
     assert store.get_node("node4").state == NodeState.DRAINING

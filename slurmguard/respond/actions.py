@@ -21,7 +21,7 @@ Slurm's state:
   redone here, the decision that asked for it is taken again from Slurm's
   state and the database (a drain of a node still not drained, a requeue whose
   restart count did not grow, a sweep recorded with no job);
-- Slurm keeps no trace of it (a signal, a reboot request): recorded as taken
+- Slurm keeps no trace of it (a checkpoint signal): recorded as taken
   (`unverified`), never sent twice.
 
 An intent is closed once (Store.close_intent), so an action has exactly one
@@ -48,6 +48,8 @@ T = TypeVar("T")
 LATE = "recorded_late"
 #: audit evidence of a late row whose action Slurm keeps no trace of (a signal)
 UNVERIFIED = "unverified"
+#: node flags of a reboot asked for and not yet done (scontrol reboot)
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
 #: job states after which a cancel has nothing left to do
 _ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
 
@@ -245,7 +247,7 @@ class ActionExecutor:
         """(whether Slurm shows the intent's action taken (None: it cannot tell),
         the action's result where it has one)."""
         a = it.action
-        if a in ("drain", "resume", "comment", "clear_comment") and it.node:
+        if a in ("drain", "resume", "comment", "clear_comment", "reboot") and it.node:
             n = nodes.get(it.node) or self._node(it.node)
             if n is None:
                 return None, None
@@ -253,6 +255,9 @@ class ActionExecutor:
                 return n.drained_by_us, n.reason
             if a == "resume":
                 return not n.drained, None
+            if a == "reboot":  # asked for (a flag until it happens), or happened since
+                booted = n.boot_time is not None and n.boot_time >= it.at.timestamp()
+                return bool(n.flags & REBOOT_FLAGS) or booted, n.reason
             if a == "comment":
                 return bool(n.comment and it.reason and it.reason in n.comment), n.comment
             return not n.comment, None
@@ -271,7 +276,7 @@ class ActionExecutor:
             return it.reason in reservations, None
         if a == "reservation_delete":
             return it.reason not in reservations, None
-        return None, None  # a signal, a reboot request: Slurm keeps no trace of them
+        return None, None  # a signal: Slurm keeps no trace of it
 
     def _node(self, name: str) -> NodeInfo | None:
         try:

@@ -229,6 +229,11 @@ class SweepScheduler:
         res = TickResult(at=now)
         slurm_view = self._read_view(now, view)
         self._view_cache = slurm_view
+        try:  # run on its own (`slurmguard sweeps`): a stopped run's unfinished actions first
+            self.executor.reconcile(slurm_view.nodes, slurm_view.jobs)
+        except SlurmError as exc:
+            res.errors.append(f"unfinished actions: {exc}")
+            return res
         records = self._sync_nodes(slurm_view)
         self._cleanup(slurm_view, records, res)
         taken: set[str] = set()
