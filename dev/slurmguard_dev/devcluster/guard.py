@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +90,22 @@ class Guard:
         telemetry: str = "sim",
         database_url: str | None = None,
         controllers: int = 1,
+        controller_database_urls: Sequence[str] | None = None,
     ) -> None:
         """database_url: the store (None: SQLite in the state directory);
         controllers: controller daemons to run (more than one: a PostgreSQL
         database_url; one holds the lease and acts, the others stand by and every
-        agent reports to each)."""
+        agent reports to each); controller_database_urls: the URL each controller
+        uses instead (its $SLURMGUARD_DB), one per controller: the same database
+        reached another way (a relay a test can cut)."""
         if controllers > 1 and not (database_url or "").startswith("postgresql"):
             raise DevClusterError("several controllers need a PostgreSQL database_url")
         self.cluster = cluster
         self.database_url = database_url
         self.controllers = controllers
+        if controller_database_urls is not None and len(controller_database_urls) != controllers:
+            raise DevClusterError(f"controller_database_urls: one URL per controller ({controllers})")
+        self.controller_database_urls = list(controller_database_urls or ())
         self.state = cluster.state_dir
         self.overrides = overrides or {}
         self.telemetry = telemetry
@@ -253,7 +259,10 @@ class Guard:
         argv = self._cli("controller", "-v")
         if index:
             argv += ["--listen", f"127.0.0.1:{self.ports[index]}"]
-        self.cluster.spawn_service(name, argv, self._env())
+        env = self._env()
+        if self.controller_database_urls:
+            env["SLURMGUARD_DB"] = self.controller_database_urls[index]
+        self.cluster.spawn_service(name, argv, env)
         url = self.controller_urls[index]
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
