@@ -127,9 +127,17 @@ def test_killed_between_drain_and_requeue_resumes_without_duplicates(env):
     clock.advance(5)
     feed_job(restarted, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=20, seq=2)
     res = restarted.cycle()
+    # the requeue was written ahead and Slurm shows none: its controller (it could be
+    # alive, fenced) may still have it on the way for two command timeouts
+    assert res.actions == [] and any("not settled" in e for e in res.errors), res.errors
+    clock.advance(2 * POLICY.slurm.command_timeout_s)
+    feed_job(restarted, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=25, seq=3)
+    res = restarted.cycle()
     assert res.actions == [("requeue", str(job))]
     assert len(store.audit_entries(action="drain")) == 1
     assert slurm.job(job).restarts == 1
+    lost, done = store.audit_entries(action="requeue")
+    assert lost.outcome == "error" and lost.error.startswith("not taken") and done.outcome == "ok"
 
 
 def test_killed_between_requeue_and_its_record_closes_the_incident_without_a_second_requeue(env):

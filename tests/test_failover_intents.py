@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from slurmguard.controller.loop import Controller
-from slurmguard.respond.actions import ActionExecutor
+from slurmguard.respond.actions import ActionExecutor, Unsettled
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store import AuditOutcome, IncidentStatus, NodeState, Store
 from tests.test_controller_loop import POLICY, feed_job
@@ -66,7 +66,9 @@ ACTIONS: dict[str, tuple[str, Callable[[ActionExecutor, dict[str, int]], Any]]] 
     "reservation_delete": ("delete_reservation", lambda ex, ids: ex.delete_reservation("sg_old")),
     "submit": (
         "submit",
-        lambda ex, ids: ex.submit("#!/bin/sh\n", reason="sweep1", job_name="sg_sweep7", nodelist=["node2"]),
+        lambda ex, ids: ex.submit(
+            "#!/bin/sh\n", node="node2", reason="sweep1", job_name="sg_sweep7", nodelist=["node2"]
+        ),
     ),
     "reboot": ("reboot", lambda ex, ids: ex.reboot("node3", "triage reboot")),
 }
@@ -115,7 +117,16 @@ def test_killed_before_slurm_acted_the_action_is_closed_as_not_taken(store, fake
     undo()
     before = list(slurm.calls)
     nodes, jobs = slurm.fleet()
-    _executor(slurm, store, 2).reconcile({n.name: n for n in nodes}, {j.job_id: j for j in jobs})
+    view = {n.name: n for n in nodes}, {j.job_id: j for j in jobs}
+    nxt = _executor(slurm, store, 2)
+    # (its controller, fenced but perhaps alive, may still have the command on its way)
+    fake_clock.advance(nxt.unsettled_s - 1)
+    (intent,) = store.open_intents()
+    assert nxt.reconcile(*view) == []
+    with pytest.raises(Unsettled):
+        call(nxt, ids)  # nothing on that node or job until it is settled
+    fake_clock.advance(2)
+    assert nxt.reconcile(*view) == [f"{action} {intent.node or f'job {intent.job_id}'}: not taken"]
     (row,) = store.audit_entries(action=action)
     assert row.outcome is AuditOutcome.ERROR and row.error.startswith("not taken")
     assert row.evidence["lease_epoch"] == 1 and store.open_intents() == []

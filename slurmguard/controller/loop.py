@@ -122,7 +122,13 @@ class Controller:
             keep_steps=policy.controller.keep_steps_per_rank,
             keep_samples=policy.controller.keep_samples_per_node,
         )
-        self.executor = executor or ActionExecutor(slurm, store, actor=actor, dry_run=policy.safety.dry_run)
+        self.executor = executor or ActionExecutor(
+            slurm,
+            store,
+            actor=actor,
+            dry_run=policy.safety.dry_run,
+            unsettled_s=2 * policy.slurm.command_timeout_s,
+        )
         self.safety = SafetyGate(store, policy.safety, actor)
         self.scorer = PeerScorer(policy.detection.peers)
         self.sweeper = sweeper

@@ -17,10 +17,13 @@ Slurm's state:
   requeue: the job's restart count grew; a sweep submit: its job in the queue;
   ...): the audit row is written now, at the intent's time, under the epoch it
   was taken with (`recorded_late`), and its effects applied;
-- it does not: closed with an `error` row saying it was not taken; nothing is
-  redone here, the decision that asked for it is taken again from Slurm's
-  state and the database (a drain of a node still not drained, a requeue whose
-  restart count did not grow, a sweep recorded with no job);
+- it does not: once the intent is older than `unsettled_s` (a fenced leader
+  that is still alive may have its command on the way to Slurm until then, and
+  no action on the same node or job is taken meanwhile: Unsettled), closed
+  with an `error` row saying it was not taken; nothing is redone here, the
+  decision that asked for it is taken again from Slurm's state and the
+  database (a drain of a node still not drained, a requeue whose restart count
+  did not grow, a sweep recorded with no job);
 - Slurm keeps no trace of it (a checkpoint signal): recorded as taken
   (`unverified`), never sent twice.
 
@@ -43,6 +46,11 @@ from slurmguard.store import AuditOutcome, IllegalTransition, IntentRecord, Node
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+
+class Unsettled(SlurmError):
+    """An earlier controller's action on the same node or job is not settled yet."""
+
 
 #: audit and incident evidence: recorded by a later controller than the one that acted
 LATE = "recorded_late"
@@ -119,6 +127,17 @@ def apply_effects(
             raise ValueError(f"action effect of unknown kind {kind!r}")
 
 
+def _same_target(
+    it: IntentRecord, action: str, node: str | None, job_id: int | None, reason: str | None
+) -> bool:
+    """Whether the open intent `it` acts on the node, job or reservation (named by
+    the reason) an action is about to."""
+    if node is not None and it.node == node or job_id is not None and it.job_id == str(job_id):
+        return True
+    resv = action.startswith("reservation_") and it.action.startswith("reservation_")
+    return resv and reason is not None and it.reason == reason
+
+
 @dataclass
 class ActionExecutor:
     slurm: SlurmClient
@@ -129,6 +148,11 @@ class ActionExecutor:
     """Called before every action (controller.lease.Lease.fence): raises (a
     SlurmError) when this controller may not act; what it returns (the lease
     epoch) goes into the action's audit evidence."""
+    unsettled_s: float = 30.0
+    """Seconds after an intent was written during which its command may still
+    reach Slurm (its controller fenced but alive): twice slurm.command_timeout_s
+    (the controller sets it so). Until then an intent Slurm does not show taken
+    stays open, and its node or job is not acted on."""
 
     def _do(
         self,
@@ -166,6 +190,12 @@ class ActionExecutor:
                     dry_run=True,
                 )
             return None
+        for it in self.store.open_intents():
+            if _same_target(it, action, node, job_id, reason):
+                raise Unsettled(
+                    f"{action} of {node or f'job {job_id}'} waits: the {it.action} of a stopped controller "
+                    f"(intent {it.id}) is not settled yet"
+                )
         intent = self.store.open_intent(action, effects=effects, **common)
         try:
             result = fn()
@@ -220,6 +250,8 @@ class ActionExecutor:
                 reservations = {r.name for r in self.slurm.reservations()}
             seen, result = self._seen(it, nodes, jobs, reservations or set())
             target = it.node or f"job {it.job_id}"
+            if seen is False and self.store.clock.now() - it.at.timestamp() < self.unsettled_s:
+                continue  # perhaps still on its way: settled on a later cycle
             if seen is False:
                 if self.store.close_intent(
                     it,
