@@ -245,6 +245,7 @@ def test_leader_killed_mid_incident_the_standby_finishes_it_once(pair):
     assert epochs == [1, 2, 3]
     for e in store.audit_entries(action=SLURM_ACTIONS):
         assert e.evidence.get("lease_epoch") in (1, 2, 3), e
+    assert store.open_intents() == []  # every action written ahead was closed by its audit row
     wait_for(
         lambda: (
             _health(g, first).startswith("active (lease epoch 3)")

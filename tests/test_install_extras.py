@@ -55,7 +55,7 @@ def test_node_install_runs_db_upgrade_and_imports_daemons_without_any_extra(tmp_
         "slurmguard.nodecheck.prolog",
     )
     assert res.returncode == 0, res.stderr
-    assert "revision: 0001 (head)" in res.stdout
+    assert "revision: 0002 (head)" in res.stdout
 
 
 def test_command_importing_a_missing_extra_at_run_time_names_the_extra(tmp_path):

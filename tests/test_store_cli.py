@@ -30,12 +30,12 @@ def test_upgrade_with_db_option_creates_and_reports(runner, db_url):
     code, out = _invoke(runner, ["--db", db_url, "db", "upgrade"])
     assert code == 0, out
     assert f"database: {db.mask_url(db_url)}" in out
-    assert "revision: 0001 (head), upgraded from empty" in out
-    assert db.current(db_url) == "0001"
+    assert "revision: 0002 (head), upgraded from empty" in out
+    assert db.current(db_url) == "0002"
     code, out = _invoke(runner, ["--db", db_url, "db", "upgrade"])
     assert code == 0 and "already up to date" in out
     code, out = _invoke(runner, ["--db", db_url, "db", "current", "--check"])
-    assert code == 0 and "revision: 0001 (head)" in out
+    assert code == 0 and "revision: 0002 (head)" in out
 
 
 def test_upgrade_with_environment_variable(runner, db_url):
@@ -43,7 +43,7 @@ def test_upgrade_with_environment_variable(runner, db_url):
     assert code == 1 and "revision: none (empty database)" in out
     code, out = _invoke(runner, ["db", "upgrade"], env={"SLURMGUARD_DB": db_url})
     assert code == 0 and "upgraded from empty" in out
-    assert db.current(db_url) == "0001"
+    assert db.current(db_url) == "0002"
 
 
 def test_db_option_beats_environment(runner, tmp_path):
@@ -70,7 +70,7 @@ def test_downgrade_needs_confirmation(runner, tmp_path):
     db.upgrade(url)
     res = runner.invoke(cli, ["--db", url, "db", "downgrade", "base"])
     assert res.exit_code == 2 and "--yes" in res.output
-    assert db.current(url) == "0001"
+    assert db.current(url) == "0002"
     code, out = _invoke(runner, ["--db", url, "db", "downgrade", "base", "--yes"])
     assert code == 0 and "revision: none" in out and db.current(url) is None
 
