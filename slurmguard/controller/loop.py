@@ -46,6 +46,7 @@ from slurmguard.respond.actions import (
     ActionExecutor,
     incident_effect,
     lifecycle_effect,
+    unsettled_after,
 )
 from slurmguard.respond.escalation import Action, Decision, InJob, gate
 from slurmguard.respond.safety import SafetyGate
@@ -127,7 +128,7 @@ class Controller:
             store,
             actor=actor,
             dry_run=policy.safety.dry_run,
-            unsettled_s=2 * policy.slurm.command_timeout_s,
+            unsettled_s=unsettled_after(policy.slurm),
         )
         self.safety = SafetyGate(store, policy.safety, actor)
         self.scorer = PeerScorer(policy.detection.peers)

@@ -14,7 +14,7 @@ from slurmguard.slurm.models import NodeInfo, is_ours
 from slurmguard.store import NodeState, SchemaNotCurrent, StoreError
 
 if TYPE_CHECKING:
-    from slurmguard.respond.actions import ActionExecutor
+    from slurmguard.respond.actions import ActionExecutor, unsettled_after
 
 
 def _owner(n: NodeInfo) -> str:
@@ -90,7 +90,13 @@ def _executor(ctx: click.Context) -> tuple[AppContext, ActionExecutor]:
         store = app.store  # open first: no Slurm change without an audit trail
     except SchemaNotCurrent as exc:
         raise click.ClickException(f"{exc}; the audit log must exist before slurmguard acts") from None
-    return app, ActionExecutor(app.slurm, store, actor=app.admin_actor(), dry_run=app.policy.safety.dry_run)
+    return app, ActionExecutor(
+        app.slurm,
+        store,
+        actor=app.admin_actor(),
+        dry_run=app.policy.safety.dry_run,
+        unsettled_s=unsettled_after(app.policy.slurm),
+    )
 
 
 @node.command()

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from slurmguard.config import SlurmPolicy
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import SlurmError, UnknownJob, UnknownNode
 from slurmguard.slurm.models import JobInfo, NodeInfo
@@ -127,6 +128,13 @@ def apply_effects(
             raise ValueError(f"action effect of unknown kind {kind!r}")
 
 
+def unsettled_after(slurm: SlurmPolicy) -> float:
+    """ActionExecutor.unsettled_s under `slurm` (policy.slurm): twice its command
+    timeout (a command started just before its controller was fenced ends, or is
+    killed, within one)."""
+    return 2 * slurm.command_timeout_s
+
+
 def _same_target(
     it: IntentRecord, action: str, node: str | None, job_id: int | None, reason: str | None
 ) -> bool:
@@ -150,8 +158,8 @@ class ActionExecutor:
     epoch) goes into the action's audit evidence."""
     unsettled_s: float = 30.0
     """Seconds after an intent was written during which its command may still
-    reach Slurm (its controller fenced but alive): twice slurm.command_timeout_s
-    (the controller sets it so). Until then an intent Slurm does not show taken
+    reach Slurm (its controller fenced but alive): unsettled_after(policy.slurm),
+    which every executor built from a policy gets. Until then an intent Slurm does not show taken
     stays open, and its node or job is not acted on."""
 
     def _do(

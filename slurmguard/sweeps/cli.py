@@ -228,12 +228,18 @@ def schedule(topology: str, ranks: int) -> None:
 # ---------------------------------------------------------------- scheduling (issue 6)
 def _scheduler(ctx: click.Context, dry_run: bool = False) -> tuple[AppContext, SweepScheduler]:
     from slurmguard.context import app_context
-    from slurmguard.respond.actions import ActionExecutor
+    from slurmguard.respond.actions import ActionExecutor, unsettled_after
     from slurmguard.sweeps.scheduler import build_scheduler
 
     app = app_context(ctx)
     pol = app.policy
-    executor = ActionExecutor(app.slurm, app.store, actor="slurmguard", dry_run=dry_run or pol.safety.dry_run)
+    executor = ActionExecutor(
+        app.slurm,
+        app.store,
+        actor="slurmguard",
+        dry_run=dry_run or pol.safety.dry_run,
+        unsettled_s=unsettled_after(pol.slurm),
+    )
     return app, build_scheduler(
         policy=pol, store=app.store, slurm=app.slurm, clock=app.clock, executor=executor
     )
