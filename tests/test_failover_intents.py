@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from slurmguard.controller.loop import Controller
-from slurmguard.respond.actions import ActionExecutor, Unsettled
+from slurmguard.respond.actions import ActionExecutor, Unsettled, incident_effect
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store import AuditOutcome, IncidentStatus, NodeState, Store
 from tests.test_controller_loop import POLICY, feed_job
@@ -228,3 +228,21 @@ def test_checkpoint_signal_killed_before_its_audit_row_is_not_sent_again(store, 
     assert row.evidence["recorded_late"] and row.evidence["incident"]
     (inc,) = store.incidents(job_id=str(job))
     assert inc.status is IncidentStatus.MITIGATED and "checkpoint" in (inc.outcome or "")
+
+
+def test_an_effect_that_cannot_be_applied_does_not_keep_the_action_unrecorded(store, fake_clock):
+    """Its incident gone: the audit row is written all the same, saying so, live and late."""
+    slurm = FakeSlurm(clock=fake_clock)
+    job = slurm.start_job(["node1", "node2"])
+    gone = [incident_effect(424242, status="mitigated", outcome="requeued", stamp=["requeued_at"])]
+    _executor(slurm, store, 1).signal(job, "USR1", "checkpoint", effects=gone)
+    undo = _kill_after(slurm, "requeue")
+    with pytest.raises(Killed):
+        _executor(slurm, store, 1).requeue(job, "restart", effects=gone)
+    undo()
+    nodes, jobs = slurm.fleet()
+    _executor(slurm, store, 2).reconcile({n.name: n for n in nodes}, {j.job_id: j for j in jobs})
+    for action in ("signal", "requeue"):
+        (row,) = store.audit_entries(action=action)
+        assert row.outcome is AuditOutcome.OK and "424242" in row.evidence["effects_failed"]
+    assert store.open_intents() == []

@@ -43,7 +43,15 @@ from slurmguard.config import SlurmPolicy
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import SlurmError, UnknownJob, UnknownNode
 from slurmguard.slurm.models import JobInfo, NodeInfo
-from slurmguard.store import AuditOutcome, IllegalTransition, IntentRecord, NodeState, Store
+from slurmguard.store import (
+    AuditOutcome,
+    IllegalTransition,
+    IntentRecord,
+    InvalidValue,
+    NodeState,
+    NotFound,
+    Store,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -227,19 +235,34 @@ class ActionExecutor:
         evidence: dict[str, Any] | None = None,
     ) -> bool:
         """The action's audit row, its effects and the intent's close, in one
-        transaction; False when another controller had closed it already."""
+        transaction; False when another controller had closed it already. Effects
+        that cannot be applied (their incident or sweep gone, a bad value) are
+        logged and said in the audit row, which is written all the same: a bad
+        record must not keep the action unrecorded (nor its target Unsettled)."""
         extra = dict(evidence or {})
         if intent.action == "submit" and result is not None:
             extra["submitted_job"] = result
         at = intent.at.timestamp() if late else self.store.clock.now()
-        with self.store.atomic() as tx:
-            row = tx.close_intent(
-                intent, outcome=AuditOutcome.OK, reason=reason, evidence=extra, at=at if late else None
+        when = at if late else None
+        try:
+            with self.store.atomic() as tx:
+                row = tx.close_intent(intent, outcome=AuditOutcome.OK, reason=reason, evidence=extra, at=when)
+                if row is None:
+                    return False
+                apply_effects(tx, intent.effects, result=result, at=at, late=late, actor=self.actor)
+            return True
+        except (NotFound, InvalidValue, ValueError, KeyError, TypeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"[:400]
+            log.error(
+                "%s %s: its store changes not applied: %s", intent.action, intent.node or intent.job_id, why
             )
-            if row is None:
-                return False
-            apply_effects(tx, intent.effects, result=result, at=at, late=late, actor=self.actor)
-        return True
+            extra["effects_failed"] = why
+            return (
+                self.store.close_intent(
+                    intent, outcome=AuditOutcome.OK, reason=reason, evidence=extra, at=when
+                )
+                is not None
+            )
 
     # ------------------------------------------------------------ reconciling
     def reconcile(self, nodes: Mapping[str, NodeInfo], jobs: Mapping[int, JobInfo]) -> list[str]:
