@@ -10,13 +10,14 @@ yet recorded), followed by a fresh scheduler on the same database and Slurm.
 
 from __future__ import annotations
 
+import collections
 import json
 from dataclasses import replace
 
 from slurmguard.config import SweepPolicy, TriagePolicy
 from slurmguard.respond.actions import ActionExecutor
 from slurmguard.slurm.fake import FakeSlurm
-from slurmguard.store import NodeState, Store, SweepKind, Verdict, db
+from slurmguard.store import AuditOutcome, NodeState, Store, SweepKind, Verdict, db
 from slurmguard.sweeps.episode import load_episode
 from slurmguard.sweeps.resultfiles import LocalResultFiles
 from slurmguard.sweeps.scheduler import SweepScheduler
@@ -176,6 +177,10 @@ def scenario(tmp_path, crash_at: int | None, fake_clock) -> tuple[Counter, dict]
         "node": fake.node("node2"),
         "rungs": [(a.rung.value, a.status.value) for a in store.triage_actions("node2")],
         "verdicts": [s.verdict.value for s in store.sweeps(node="node2")],
+        # (FakeSlurm names its calls as the audit log names the actions)
+        "called": collections.Counter(c[0] for c in fake.calls),
+        "audited": collections.Counter(e.action for e in store.audit_entries(outcome=AuditOutcome.OK)),
+        "open_intents": store.open_intents(),
     }
     store.close()
     return counter, final
@@ -191,6 +196,9 @@ def check(final: dict, where: str) -> None:
     assert not final["node"].drained and final["node"].comment is None, where
     assert final["rungs"] == [("reboot", "done")], (where, final["rungs"])
     assert final["verdicts"].count("pass") == 2, (where, final["verdicts"])
+    # every Slurm action has exactly one audit row, also when the crash came between the
+    # two (the next scheduler records it late from the intent written ahead)
+    assert final["audited"] == final["called"] and final["open_intents"] == [], (where, final)
 
 
 def test_killed_between_any_two_steps_the_next_tick_continues_without_duplicates(tmp_path, fake_clock):
