@@ -108,7 +108,13 @@ def _fresh_db(url: str | None, tag: str) -> str | None:
 @click.option(
     "--http/--no-http", default=True, show_default=True, help="Also measure ingestion over HTTP on loopback."
 )
-@click.option("--http-reports", type=int, default=2000, show_default=True)
+@click.option(
+    "--http-reports",
+    type=int,
+    default=5000,
+    show_default=True,
+    help="Reports posted over HTTP (the fleet's nodes in turn, several rounds where it is smaller).",
+)
 @click.option(
     "--workers",
     type=click.IntRange(1, 256),

@@ -410,11 +410,15 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
     try:
         clock.advance(args.period)
         now = clock.now()
-        n = min(len(fleet.nodes), args.http_reports)
+        # --http-reports in all: the fleet's nodes in turn, round after round where the
+        # fleet is smaller (each round's seq higher: a node's reports are a fleet apart,
+        # so with more nodes than client threads never in flight at once)
+        n = args.http_reports
         path = os.path.join(tmp, "requests")
         size = 0
         with open(path, "wb") as f:
-            for i, node in enumerate(fleet.nodes[:n]):
+            for i in range(n):
+                node = fleet.nodes[i % len(fleet.nodes)]
                 body = (
                     AgentReport.model_validate(
                         report_dict(fleet, node, 10_000 + i, now, args.steps, 2, args.period, args.tel_every)
@@ -469,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tel-every", type=float, default=5.0, help="seconds between telemetry samples")
     ap.add_argument("--policy", default=None, help="policy YAML text")
     ap.add_argument("--http", action="store_true", help="also measure ingestion over HTTP")
-    ap.add_argument("--http-reports", type=int, default=2000)
+    ap.add_argument("--http-reports", type=int, default=5000)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--workers", type=int, default=8)
     args = ap.parse_args(argv)
