@@ -193,6 +193,13 @@ def run(args) -> dict:
     slurm._refresh_alloc = refresh  # type: ignore[method-assign]
     refresh()
     ctl = Controller(policy, store, slurm, clock)
+    try:  # the controller command's collector settings, where the code has them
+        from slurmguard.controller.daemon import tune_gc
+    except ImportError:
+        out["gc"] = "default"
+    else:
+        tune_gc()
+        out["gc"] = "tuned"
     rss0 = _rss_mb()
     period = args.period
     epoch = 1
