@@ -47,7 +47,7 @@ def tune_gc() -> None:
     much as parsing it (`slurmguard bench scale`). A generation 0 of GC_THRESHOLDS[0]
     objects sees most reports replaced before they are promoted, so the full walks
     become rare; what is garbage in cycles is still found, within 50,000 allocations
-    while young (a pause of about 25 ms a collection). The objects of start-up (modules,
+    while young (a pause of some tens of ms a collection). The objects of start-up (modules,
     policy, the database engine) live as long as the process: frozen, so that no
     collection walks them again."""
     gc.collect()
