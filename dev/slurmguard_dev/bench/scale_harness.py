@@ -509,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         out = run(args)
     except Exception as exc:  # noqa: BLE001 - the bench prints what failed, per run
         out = {"nodes": args.nodes, "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        if tmp is not None:  # the temporary SQLite database (tens of MB at 10,000 nodes)
+            shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(out), flush=True)
     return 0
 
