@@ -189,23 +189,42 @@ class StepWindow(Sequence):
         return cols
 
     @staticmethod
-    def decode_all(windows: Sequence[tuple[str, StepWindow]]) -> None:
-        """Decode and check the pending windows of (where, window) at once; ValueError
-        naming the first bad one's `where` and what is wrong (as `unpack` says it)."""
-        todo = [(where, w, w._raw) for where, w in windows if w._raw is not None]
-        if not todo:
+    def decode_all(windows: Sequence[StepWindow], where: Callable[[int], str]) -> None:
+        """Decode and check the pending windows at once; ValueError naming the first bad
+        one (`where(i)`: where the i-th window is in the report) and what is wrong (as
+        `unpack` says it). The windows of a report usually have one length: then the
+        check is three array operations, whatever the number of ranks."""
+        raws = [w._raw for w in windows if w._raw is not None]
+        if len(raws) != len(windows):
+            raise ValueError("decode_all: a window is not pending")
+        if not raws:
             return
-        parts = []
-        for where, _, (n, cols) in todo:
+        ns = [r[0] for r in raws]
+        cols = [r[1] for r in raws]
+        joined = None
+        if [len(c) for c in cols] == [24 * n for n in ns]:
             try:
-                parts.append(StepWindow._bytes(n, cols))
+                joined = b"".join(cols)  # type: ignore[arg-type]
+            except TypeError:  # base64 text (validated from Python)
+                pass
+        if joined is None:  # text, or a length that does not fit: one at a time, to name it
+            i = 0
+            try:
+                for i, (n, c) in enumerate(zip(ns, cols)):
+                    cols[i] = StepWindow._bytes(n, c)
             except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
-        flat = np.frombuffer(b"".join(parts), dtype=_LE_F64)
+                raise ValueError(f"{where(i)}: {exc}") from None
+            joined = b"".join(cols)  # type: ignore[arg-type]
+        flat = np.frombuffer(joined, dtype=_LE_F64)
+        n0 = ns[0]
+        same = ns.count(n0) == len(ns)
         ok = bool(np.isfinite(flat).all())
-        if ok:
+        if same:
+            a = flat.reshape(len(ns), 3, n0)
+            ok = ok and (n0 == 0 or float(a[:, 1:].min()) >= 0)  # step_s and comm_s
+        elif ok:
             bounds, at = [], 0
-            for _, _, (n, _cols) in todo:
+            for n in ns:
                 if n:
                     bounds += [at + n, at + 3 * n]  # step_s and comm_s of this window
                 at += 3 * n
@@ -213,14 +232,18 @@ class StepWindow(Sequence):
                 bounds.pop()
             ok = not bounds or float(np.minimum.reduceat(flat, bounds)[::2].min()) >= 0
         if not ok:  # one of them is bad: each on its own, to name it
-            for (where, _, (n, _cols)), part in zip(todo, parts):
+            for i, (n, c) in enumerate(zip(ns, cols)):
                 try:
-                    StepWindow.unpack({"n": n, "cols": part})
+                    StepWindow.unpack({"n": n, "cols": c})
                 except ValueError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
+                    raise ValueError(f"{where(i)}: {exc}") from None
             raise AssertionError("decode_all: joined windows failed, each alone passed")
+        if same:
+            for w, arr in zip(windows, a):
+                w._arr, w._raw = arr, None
+            return
         at = 0
-        for _, w, (n, _cols) in todo:
+        for w, n in zip(windows, ns):
             w._arr, w._raw = flat[at : at + 3 * n].reshape(3, n), None
             at += 3 * n
 
@@ -548,15 +571,6 @@ class TelemetryColumns(Sequence):
         for i in range(len(self)):
             yield self[i]
 
-    def per_key(self) -> Iterator[tuple[int, TelemetryKey, float, int]]:
-        """(index, key, sum of its values, number of its samples) of every key with samples."""
-        n = len(self.keys)
-        counts = np.bincount(self.k, minlength=n).tolist()
-        sums = np.bincount(self.k, weights=self.value, minlength=n).tolist()
-        for i, (key, s, c) in enumerate(zip(self.keys, sums, counts)):
-            if c:
-                yield i, key, s, c
-
     def samples_of(self, keys: Sequence[int]) -> Iterator[tuple[TelemetryKey, float, float]]:
         """(key, timestamp, value) of the samples of the keys at these indices, in the
         order sent."""
@@ -607,15 +621,25 @@ class AgentReport(_Model):
     @model_validator(mode="after")
     def _decode_windows(self) -> AgentReport:
         """The packed step windows of all ranks, decoded and checked at once."""
-        StepWindow.decode_all(
-            [
-                (f"jobs.{i}.ranks.{k}.steps", r.steps)
-                for i, j in enumerate(self.jobs)
-                for k, r in enumerate(j.ranks)
-                if isinstance(r.steps, StepWindow) and r.steps.pending
-            ]
-        )
+        pending = [
+            r.steps
+            for j in self.jobs
+            for r in j.ranks
+            if type(r.steps) is StepWindow and r.steps._raw is not None  # noqa: SLF001
+        ]
+        if pending:
+            StepWindow.decode_all(pending, self._where_pending)
         return self
+
+    def _where_pending(self, i: int) -> str:
+        """Where the i-th pending step window of the report is (for an error)."""
+        at = [
+            f"jobs.{x}.ranks.{y}.steps"
+            for x, j in enumerate(self.jobs)
+            for y, r in enumerate(j.ranks)
+            if isinstance(r.steps, StepWindow) and r.steps.pending
+        ]
+        return at[i]
 
 
 def node_key(master: bytes, node: str) -> bytes:
@@ -631,8 +655,7 @@ _node_key_cached = functools.lru_cache(maxsize=1 << 17)(node_key)
 
 
 def sign(key: bytes, timestamp: str, node: str, body: bytes) -> str:
-    msg = timestamp.encode() + b"\n" + node.encode() + b"\n" + body
-    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+    return hmac.digest(key, b"%s\n%s\n%s" % (timestamp.encode(), node.encode(), body), "sha256").hex()
 
 
 def check_time(timestamp: str, now: float) -> str | None:
@@ -648,18 +671,12 @@ def check_time(timestamp: str, now: float) -> str | None:
     return None
 
 
-def verify(master: bytes, node: str, timestamp: str, body: bytes, signature: str, now: float) -> str | None:
-    """None if `body` was signed by `node`'s key at `timestamp`, else why not (for
-    the log; the client sees 401)."""
-    if not NODE_NAME.match(node or ""):
-        return f"missing or invalid {NODE_HEADER} header"
-    why = check_time(timestamp, now)
-    if why is not None:
-        return why
-    key = _node_key_cached(master, node)
-    if not signature or not hmac.compare_digest(sign(key, timestamp, node, body), signature):
-        return f"bad signature for node {node}"
-    return None
+def signed_by(master: bytes, node: str, timestamp: str, body: bytes, signature: str) -> bool:
+    """Whether `body` was signed with `node`'s key at `timestamp` (node: a valid node name,
+    and the time checked already, check_time). The signature is compared as bytes: a
+    header's text that is not ASCII is a bad signature, not an error."""
+    good = sign(_node_key_cached(master, node), timestamp, node, body).encode()
+    return hmac.compare_digest(good, signature.encode("utf-8", "surrogateescape"))
 
 
 def read_secret(path: str | Path, what: str = "secret") -> bytes:

@@ -446,3 +446,31 @@ def test_over_tls_the_senders_reports_share_one_connection(tmp_path):
         sender.close()
     finally:
         http.stop()
+
+
+@pytest.mark.parametrize("bad", ["", "0" * 64, "é" * 64, "\u00ff" + "a" * 63])
+def test_a_bad_signature_of_any_text_is_refused_401_and_counted(bad):
+    """The signature header is compared as bytes: empty, wrong or not ASCII (the head is
+    read as ISO-8859-1) is a 401 counted as unauthorized, never a failure of the
+    controller's own; the node's next good report is taken on a new connection."""
+    http, fleet, metrics = _start()
+    try:
+        good = _request("node1")
+        head, _, body = good.partition(b"\r\n\r\n")
+        lines = [ln for ln in head.split(b"\r\n") if not ln.startswith(SIG_HEADER.encode())]
+        forged = b"\r\n".join([*lines, f"{SIG_HEADER}: {bad}".encode("iso-8859-1")]) + b"\r\n\r\n" + body
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            s.sendall(forged)
+            answer = _answer(s)
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:60]
+        assert b'"bad signature"' in answer
+        reg = metrics.registry
+        assert reg.get_sample_value("slurmguard_reports_total", {"outcome": "unauthorized"}) == 1
+        assert not reg.get_sample_value("slurmguard_http_refused_total", {"reason": "internal_error"})
+        assert fleet.nodes_reporting(time.time()) == set()
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            s.sendall(good)
+            assert _answer(s).startswith(b"HTTP/1.1 200 ")
+        assert fleet.nodes_reporting(time.time()) == {"node1"}
+    finally:
+        http.stop()

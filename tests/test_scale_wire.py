@@ -343,3 +343,84 @@ def test_telemetry_columns_keep_hard_failure_samples_as_sent_and_sum_the_others(
         ("ib_port_down", 1.0, 2.5, None, "mlx5_0:1"),
         ("xid", 48.0, 3.0, 0, None),
     ]
+
+
+def _packed_report(jobs: list[list[np.ndarray | None]]) -> dict:
+    """A format-3 report as JSON: per job, per rank a (3, n) window packed, or None for a
+    rank sent as a list of records (format 1), which the packed ones are read around."""
+    out = []
+    for j, ranks in enumerate(jobs):
+        rks = []
+        for r, a in enumerate(ranks):
+            if a is None:
+                steps: object = [{"end": 1.0, "step_s": 1.0, "comm_s": 0.25}]
+            else:
+                steps = {"n": a.shape[1], "cols": base64.b64encode(a.astype("<f8").tobytes()).decode()}
+            rks.append({"rank": 8 * j + r, "steps": steps})
+        out.append({"job_id": j + 1, "ranks": rks})
+    return {"schema_version": 3, "node": "node1", "seq": 1, "sent_at": 1.0, "jobs": out}
+
+
+def _windows(rng: np.random.Generator, n: int) -> np.ndarray:
+    end = 1e9 + np.cumsum(rng.uniform(0.5, 1.5, n))
+    step = rng.uniform(0.5, 1.5, n)
+    return np.stack([end, step, step * rng.uniform(0, 1, n)])
+
+
+@pytest.mark.parametrize("same_length", [True, False])
+def test_every_bad_value_in_any_window_is_refused_naming_its_rank(same_length):
+    """A report's windows are checked together (one array when they have one length):
+    whichever job, rank, column and iteration holds a bad value, the report is refused
+    naming that rank's steps, and a good report reads back bit-exact."""
+    from pydantic import ValidationError
+
+    rng = np.random.default_rng(17 if same_length else 18)
+    shape = [[None if (j, r) == (1, 2) else 0 for r in range(5)] for j in range(3)]
+    for trial in range(40):
+        jobs = [
+            [
+                None if x is None else _windows(rng, 6 if same_length else int(rng.integers(0, 9)))
+                for x in ranks
+            ]
+            for ranks in shape
+        ]
+        good = AgentReport.model_validate_json(json.dumps(_packed_report(jobs)))
+        for j, ranks in enumerate(jobs):
+            for r, a in enumerate(ranks):
+                if a is not None:
+                    assert np.array_equal(good.jobs[j].ranks[r].steps.columns, a)
+        candidates = [
+            (j, r)
+            for j, ranks in enumerate(jobs)
+            for r, a in enumerate(ranks)
+            if a is not None and a.shape[1]
+        ]
+        j, r = candidates[int(rng.integers(len(candidates)))]
+        row, col = int(rng.integers(3)), int(rng.integers(jobs[j][r].shape[1]))
+        bad, why = [
+            (float("nan"), "not a finite number"),
+            (float("inf"), "not a finite number"),
+            (-float("inf"), "not a finite number"),
+            (-0.001, "step_s and comm_s must be >= 0"),
+        ][trial % 4]
+        if row == 0 and why.startswith("step_s"):
+            row = 2  # a negative end is a time, not an error
+        jobs[j][r][row, col] = bad
+        with pytest.raises(ValidationError) as err:
+            AgentReport.model_validate_json(json.dumps(_packed_report(jobs)))
+        msg = str(err.value)
+        assert f"jobs.{j}.ranks.{r}.steps: " in msg and why in msg, (trial, j, r, row, col, msg)
+        assert sum(f"ranks.{x}.steps" in msg for x in range(5)) == 1  # that rank only
+
+
+def test_a_window_whose_length_does_not_fit_is_named_among_windows_of_one_length():
+    """Lengths are checked for all windows at once; a short one is named, not a neighbour."""
+    from pydantic import ValidationError
+
+    rng = np.random.default_rng(3)
+    wire = _packed_report([[_windows(rng, 4) for _ in range(4)]])
+    wire["jobs"][0]["ranks"][2]["steps"]["n"] = 5  # 96 bytes sent for 5 iterations
+    wire["jobs"][0]["ranks"][3]["steps"]["n"] = 3  # and 96 for 3: the total still fits
+    with pytest.raises(ValidationError) as err:
+        AgentReport.model_validate_json(json.dumps(wire))
+    assert "jobs.0.ranks.2.steps: cols holds 96 bytes; n=5 needs 24 x n = 120" in str(err.value)

@@ -33,7 +33,7 @@ def controller_cmd(
 ) -> None:
     """Run the controller: ingest agent reports, decide, act on Slurm."""
     from slurmguard.context import app_context
-    from slurmguard.controller.daemon import DaemonOptions, run
+    from slurmguard.controller.daemon import DaemonOptions, run, tune_gc
     from slurmguard.wire import read_secret
 
     setup_logging(verbose)
@@ -57,6 +57,7 @@ def controller_cmd(
         once=once,
         sweeps=not no_sweeps,
     )
+    tune_gc()
     raise SystemExit(run(policy, store, app.slurm, opts, clock=app.clock))
 
 

@@ -39,6 +39,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import numpy as np
+
 from slurmguard.detect.peers import BAD_DIRECTION
 from slurmguard.telemetry.base import TelemetrySample
 from slurmguard.wire import (
@@ -47,7 +49,6 @@ from slurmguard.wire import (
     RankReport,
     StepWindow,
     TelemetryColumns,
-    TelemetryKey,
     UnavailableSignal,
 )
 
@@ -114,8 +115,10 @@ class FleetView:
         self._latest: dict[str, Received] = {}
         self._seq: dict[str, tuple[int, int]] = {}
         self._samples: dict[str, deque[TelemetrySample]] = {}
-        self._sums: dict[_DeviceSignal, list] = {}
-        """(node, signal, gpu, nic) -> [sum, count] of its samples, until scored..."""
+        self._sums: dict[_DeviceSignal, tuple[float, int]] = {}
+        """(node, signal, gpu, nic) -> (sum, count) of its samples, until scored (a tuple
+        of numbers, which the cyclic collector stops tracking, not a list: one list per
+        device signal was a quarter of the objects it walked a report)..."""
         self._means: dict[_DeviceSignal, float] = {}
         """...and the mean of those (what a window hands the scorer)."""
         self._sum_keys: dict[str, int] = {}
@@ -165,82 +168,85 @@ class FleetView:
         """Keep the report unless (epoch, seq) is not newer than the node's last one,
         or Slurm does not know the node. Its step windows are kept compact (the
         newest keep_steps per rank), its telemetry is queued for scoring."""
+        node = report.node
         key = (report.epoch, report.seq)
-        if not self.known(report.node):
+        if not self.known(node):
             with self._lock:
                 self.unknown_nodes += 1
             return False
-        # compacting is the costly part: done outside the lock, the check repeated inside
-        last = self._seq.get(report.node)
+        # the copying is done outside the lock, the check repeated inside
+        last = self._seq.get(node)
         if last is not None and key <= last:
             with self._lock:
                 self.rejected += 1
             return False
-        jobs = [_compact_job(j, self.keep_steps) for j in report.jobs]
-        node = report.node
-        # split here, in the ingesting thread, so the cycle does not do it for the fleet:
-        # per device signal its sum and count (averaged ones) or its samples (the others)
-        summed: list[tuple[TelemetryKey, float, int]] = []
-        kept_raw: list[TelemetrySample] = []
-        if report.telemetry:
-            cols = TelemetryColumns.of(report.telemetry)  # a list: from an agent of format 1 or 2
-            raw_keys = []
-            for i, dev, total, count in cols.per_key():
-                if dev[0] in _AVERAGED:
-                    summed.append((dev, total, count))
-                else:
-                    raw_keys.append(i)
-            if raw_keys:
-                kept_raw = [
-                    TelemetrySample(node, signal, v, unit, ts, gpu, nic)
-                    for (signal, unit, gpu, nic), ts, v in cols.samples_of(raw_keys)
-                ]
+        jobs = report.jobs
+        keep = self.keep_steps
+        if any(type(r.steps) is not StepWindow or len(r.steps) > keep for j in jobs for r in j.ranks):
+            jobs = [_compact_job(j, keep) for j in jobs]  # windows longer than kept, or lists (format 1)
+        cols = report.telemetry
+        if cols and type(cols) is not TelemetryColumns:
+            cols = TelemetryColumns.of(cols)  # a list: from an agent of format 1 or 2
         kept = report.model_copy(update={"jobs": jobs, "telemetry": []})
         with self._lock:
-            if not self.known(report.node):
+            if not self.known(node):
                 self.unknown_nodes += 1
                 return False
-            last = self._seq.get(report.node)
+            last = self._seq.get(node)
             if last is not None and key <= last:
                 self.rejected += 1
                 return False
-            self._seq[report.node] = key
-            self._latest[report.node] = Received(kept, received_at)
-            if summed:
-                self._add_sums(node, summed)
-            if kept_raw:
-                q = self._samples.get(node)
-                if q is None:
-                    q = self._samples[node] = deque(maxlen=self.keep_samples)
-                over = len(q) + len(kept_raw) - self.keep_samples
-                if over > 0:
-                    self.dropped_samples += over
-                q.extend(kept_raw)
+            self._seq[node] = key
+            self._latest[node] = Received(kept, received_at)
+            if cols:
+                self._add_telemetry(node, cols)  # type: ignore[arg-type]
             return True
 
-    def _add_sums(self, node: str, entries: Iterable[tuple[TelemetryKey, float, int]]) -> None:
-        """Add (device signal, sum, count) of a report's samples to the node's sums and
-        means (the lock is held)."""
+    def _add_telemetry(self, node: str, cols: TelemetryColumns) -> None:
+        """Queue a report's samples (the lock is held): per device signal its sum and
+        count where the peer scorer averages the signal, else the samples as sent.
+        Done here, in the ingesting thread, so that the cycle does not do it for the fleet."""
+        keys = cols.keys
+        n = len(keys)
+        counts = np.bincount(cols.k, minlength=n).tolist()
+        totals = np.bincount(cols.k, weights=cols.value, minlength=n).tolist()
         sums, means = self._sums, self._means
         have = self._sum_keys.get(node, 0)
         room = self.keep_samples - have
         added = 0
-        for (signal, _unit, gpu, nic), total, count in entries:
+        raw_keys: list[int] = []
+        for i, (signal, _unit, gpu, nic), total, count in zip(range(n), keys, totals, counts):
+            if not count:
+                continue
+            if signal not in _AVERAGED:
+                raw_keys.append(i)
+                continue
             k = (node, signal, gpu, nic)
             e = sums.get(k)
-            if e is None:
-                if room <= 0:  # a flood of made-up devices or signals: bounded, counted
-                    self.dropped_samples += count
-                    continue
+            if e is not None:
+                sums[k] = e = (e[0] + total, e[1] + count)
+            elif room > 0:
                 room -= 1
-                sums[k] = e = [total, count]
-            else:
-                e[0] += total
-                e[1] += count
+                sums[k] = e = (total, count)
+            else:  # a flood of made-up devices or signals: bounded, counted
+                self.dropped_samples += count
+                continue
             means[k] = e[0] / e[1]
             added += count
         self._sum_keys[node] = self.keep_samples - room
         self._summed += added
+        if raw_keys:
+            q = self._samples.get(node)
+            if q is None:
+                q = self._samples[node] = deque(maxlen=self.keep_samples)
+            before = len(q)
+            q.extend(
+                TelemetrySample(node, signal, v, unit, ts, gpu, nic)
+                for (signal, unit, gpu, nic), ts, v in cols.samples_of(raw_keys)
+            )
+            over = before + sum(counts[i] for i in raw_keys) - self.keep_samples
+            if over > 0:
+                self.dropped_samples += over
 
     def _live(self, now: float) -> list[Received]:
         with self._lock:

@@ -86,7 +86,7 @@ from slurmguard.wire import (
     TIME_HEADER,
     AgentReport,
     check_time,
-    verify,
+    signed_by,
 )
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,8 @@ class Request:
     version: str
     headers: Headers
     length: int = 0
+    node: str = ""
+    """A report's node as its head named it (checked before its body is read)."""
 
 
 def parse_head(buf: bytearray | bytes) -> tuple[tuple[str, str, str, Headers], int] | None:
@@ -882,22 +884,17 @@ class _Service:
                 "rate_limited_node",
                 report=True,
             )
-        req.length = length
+        req.length, req.node = length, node
         return None
 
     def body(self, req: Request, body: bytes) -> Answer:
         ctx = self.ctx
-        node = req.headers.get(NODE_HEADER, "")
-        why = verify(
-            ctx.server.secret,
-            node,
-            req.headers.get(TIME_HEADER, ""),
-            body,
-            req.headers.get(SIG_HEADER, ""),
-            ctx.now(),
-        )
-        if why is not None:
-            log.warning("rejected report from %s: %s", req.client, why)
+        node = req.node  # its name and the time were checked with the head (_report_head)
+        headers = req.headers
+        if not signed_by(
+            ctx.server.secret, node, headers.get(TIME_HEADER, ""), body, headers.get(SIG_HEADER, "")
+        ):
+            log.warning("rejected report from %s: bad signature for node %s", req.client, node)
             return self._refuse(401, "bad signature", "unauthorized", report=True)
         try:
             report = AgentReport.model_validate_json(body)

@@ -108,7 +108,13 @@ def _fresh_db(url: str | None, tag: str) -> str | None:
 @click.option(
     "--http/--no-http", default=True, show_default=True, help="Also measure ingestion over HTTP on loopback."
 )
-@click.option("--http-reports", type=int, default=2000, show_default=True)
+@click.option(
+    "--http-reports",
+    type=int,
+    default=5000,
+    show_default=True,
+    help="Reports posted over HTTP (the fleet's nodes in turn, several rounds where it is smaller).",
+)
 @click.option(
     "--workers",
     type=click.IntRange(1, 256),
@@ -148,7 +154,7 @@ def bench_scale(
         args.append("--http")
     head = (
         f"{'code':9} {'db':7} {'nodes':>6} {'ranks':>6} {'cycle p50':>9} {'p99':>7} "
-        f"{'cpu p50':>7} {'cpu max':>7} {'in-proc/s':>9} {'http/s':>7} {'ms cpu':>6} "
+        f"{'cpu p50':>7} {'cpu max':>7} {'in-proc/s':>9} {'http/s':>7} {'ms cpu':>6} {'gc ms':>5} "
         f"{'fleet MB':>8} {'RSS MB':>7} {'DB MB':>6} {'DB MB/h':>7} {'rows/h':>7}"
     )
     click.echo(
@@ -172,7 +178,7 @@ def bench_scale(
                     f"{r['cycle_p99_s']:>6.3f}s {r['cycle_cpu_p50_s']:>6.3f}s "
                     f"{r.get('cycle_cpu_max_s', 0):>6.3f}s "
                     f"{r.get('ingest_inproc_per_s', 0):>9.0f} {r.get('http_reports_per_s', 0):>7.0f} "
-                    f"{r.get('http_cpu_ms_per_report', 0):>6.2f} "
+                    f"{r.get('http_cpu_ms_per_report', 0):>6.2f} {r.get('http_gc_ms_per_report', 0):>5.2f} "
                     f"{r['rss_fleet_mb']:>8.0f} {r['rss_mb']:>7.0f} {r.get('db_mb', 0):>6.1f} "
                     f"{r.get('db_growth_mb_per_h', 0):>7.2f} {sum(r.get('db_rows_per_h', {}).values()):>7}"
                 )
@@ -186,7 +192,8 @@ def bench_scale(
         "accepted per second through the HTTP server, posted from a second process (8 "
         "threads, bodies signed in advance, each thread's connection kept alive as long as "
         "the code under test keeps it) in the code's own wire format; ms cpu: the "
-        "controller's CPU per report over HTTP (what a loaded machine changes least); fleet MB: RSS growth from holding one report of "
+        "controller's CPU per report over HTTP (what a loaded machine changes least); gc ms: of which in "
+        "Python's cyclic garbage collector; fleet MB: RSS growth from holding one report of "
         "every node; DB MB: the database's size after the run (SQLite: its pages in use, "
         "write-ahead log included); DB MB/h, rows/h: its growth per hour of the fleet "
         "reporting every 10 s (from the end of the first cycle, which registers the fleet, "
