@@ -269,8 +269,8 @@ def _writer(
     default=0,
     show_default=True,
     type=click.IntRange(0),
-    help="Afterwards run the loaded agent in-process under cProfile for --duration s"
-    " and print this many functions by own time (0: no profile).",
+    help="Afterwards run the loaded agent in-process under cProfile (after the same warm-up)"
+    " for --duration s and print this many functions by own time (0: no profile).",
 )
 def bench_agent(
     duration: float,
@@ -391,13 +391,23 @@ def bench_agent(
             f"+{pct - 100 * cpu['baseline'] / wall:.2f}%, +{mb - rss['baseline']:.0f} MB)"
         )
         if profile_top:
-            _profile(t, policy, ranks, collectives, step_s, duration, profile_top)
+            _profile(t, policy, ranks, collectives, step_s, warmup, duration, profile_top)
 
 
 def _profile(
-    t: Path, policy: Path, ranks: int, collectives: int, step_s: float, duration: float, top: int
+    t: Path,
+    policy: Path,
+    ranks: int,
+    collectives: int,
+    step_s: float,
+    warmup: float,
+    duration: float,
+    top: int,
 ) -> None:
-    """The loaded agent's loop in this process under cProfile, on fresh rings."""
+    """The loaded agent's loop in this process under cProfile, on fresh rings,
+    profiled as the agents are measured: only after it has reported all
+    `ranks` ranks and `warmup` s more (a job's first seconds, while the
+    agent learns the iterations, are a one-off cost, not the steady state)."""
     import cProfile
     import pstats
 
@@ -408,24 +418,60 @@ def _profile(
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    writer = _writer(root, "profnode", JOB_ID + 1, ranks, collectives, step_s, duration + 10)
+    writer = _writer(root, "profnode", JOB_ID + 1, ranks, collectives, step_s, READY_S + warmup + duration)
     agent = make_agent("profnode", url, str(policy), str(root), JOB_ID + 1)
     stop = threading.Event()
-    threading.Timer(duration, stop.set).start()
     # CPU time, not wall: on a shared machine waiting for a core is not the agent's cost
     prof = cProfile.Profile(time.process_time)
+    state: dict[str, float | None] = {"from": None, "until": None}
+    cycles = 0
+    step, sample = agent.step, agent.sample_telemetry
+
+    def profiled(fn):
+        def call():
+            nonlocal cycles
+            now = time.monotonic()
+            if state["from"] is None or now < state["from"]:
+                rep = fn()
+                if (
+                    state["from"] is None
+                    and fn is step
+                    and sum(1 for j in rep.jobs for r in j.ranks if r.steps) >= ranks
+                ):
+                    state["from"] = now + warmup
+                return rep
+            if state["until"] is None:
+                state["until"] = now + duration
+            elif now >= state["until"]:
+                stop.set()  # the run ends after this call, which is not profiled
+                return fn()
+            cycles += fn is step
+            prof.enable()
+            try:
+                return fn()
+            finally:
+                prof.disable()
+
+        return call
+
+    agent.step, agent.sample_telemetry = profiled(step), profiled(sample)  # type: ignore[method-assign]
+    threading.Timer(READY_S + warmup + duration, stop.set).start()
     try:
         time.sleep(3)  # the writer has created its rings
-        prof.runcall(run, agent, stop)
+        run(agent, stop)
     finally:
+        stop.set()
         writer.terminate()
         writer.wait(timeout=15)
         server.shutdown()
+    if state["until"] is None:
+        raise click.ClickException("the profiled agent never reported all ranks: nothing profiled")
     stats = pstats.Stats(prof)
     total_s = stats.total_tt  # type: ignore[attr-defined]  # set by Stats; typeshed omits it
     click.echo(
-        f"\nprofile of the loaded agent, {duration:g} s in-process "
-        f"(total {total_s:.2f} s of process CPU under the profiler), top {top} by own time:"
+        f"\nprofile of the loaded agent, {duration:g} s in-process after {warmup:g} s of warm-up, "
+        f"{cycles} report cycles (total {total_s:.2f} s of process CPU under the profiler, "
+        f"{100 * total_s / duration:.2f}% of one core with the profiler's overhead), top {top} by own time:"
     )
     stats.sort_stats("tottime").print_stats(top)
     click.echo(f"top {top} by cumulative time:")
