@@ -238,9 +238,17 @@ KEPT_SPLIT = 8
 
 
 def _op_codes(ops: RankOps) -> np.ndarray:
-    """One integer per (op, communicator, bytes)."""
-    keys = np.stack([ops.op, ops.comm, ops.nbytes], axis=1)
-    return np.unique(keys, axis=0, return_inverse=True)[1].ravel()
+    """One integer per (op, communicator, bytes): the rank of the triple in
+    lexicographic order (as np.unique over rows numbers them), from each
+    column's own ranks: sorting three int64 columns and one combined key is
+    several times cheaper than np.unique(axis=0)'s sort of rows, which was a
+    third of the agent's period finding (issue 17.5)."""
+    key = np.zeros(len(ops), dtype=np.int64)
+    for col in (ops.op, ops.comm, ops.nbytes):
+        values, rank = np.unique(col, return_inverse=True)
+        # both factors below the number of ops: no overflow below 3e9 ops
+        key = np.unique(key * values.size + rank.ravel(), return_inverse=True)[1].ravel()
+    return key
 
 
 #: most recent repetitions looked at when placing and testing boundaries
