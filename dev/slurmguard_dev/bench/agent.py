@@ -11,7 +11,9 @@ what it gets):
   rank records `--collectives` collectives (reduce-scatter / all-gather /
   all-reduce on a few communicators, sizes and durations of a data-parallel
   step), the compute between them left as gaps;
-- baseline: an idle agent whose ring root is empty.
+- baseline: an idle agent whose ring root is empty;
+- with --baseline-src: a third agent, on the same rings as the loaded one,
+  running another source tree's slurmguard (the release before a change).
 
 The agent reads a ring only for a job Slurm says runs on its node, in a
 directory owned by that job's user: each agent gets the project's FakeSlurm
@@ -155,7 +157,7 @@ def run_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: int
     from slurmguard.agent.daemon import run
 
     agent = make_agent(node, url, policy_path, ring_root, job_id)
-    seen = {"reports": 0, "ranks": 0}
+    seen: dict = {"reports": 0, "ranks": 0}
     build = agent.build_report
 
     def counted():
@@ -163,6 +165,7 @@ def run_agent(node: str, url: str, policy_path: str, ring_root: str, job_id: int
         seen["reports"] += 1
         # ranks whose iterations the agent found: it did the whole analysis for them
         seen["ranks"] = sum(1 for j in rep.jobs for r in j.ranks if r.steps)
+        seen["periods"] = sorted({r.period_ops for j in rep.jobs for r in j.ranks if r.period_ops})
         tmp = status + ".tmp"
         with open(tmp, "w") as f:
             json.dump(seen, f)
@@ -264,6 +267,13 @@ def _writer(
     help="agent.report_interval_s for both agents [default: the policy's].",
 )
 @click.option(
+    "--baseline-src",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Source tree of another release (its slurmguard/): a third agent runs its code"
+    " on the same rings, in the same run, as the loaded agent's baseline.",
+)
+@click.option(
     "--profile",
     "profile_top",
     default=0,
@@ -279,6 +289,7 @@ def bench_agent(
     collectives: int,
     step_s: float,
     report_interval: float | None,
+    baseline_src: Path | None,
     profile_top: int,
 ) -> None:
     """CPU and RSS of an agent watching RANKS busy rings vs an idle agent, same run."""
@@ -299,8 +310,12 @@ def bench_agent(
         roots = {"loaded": t / "rings-loaded", "baseline": t / "rings-empty"}
         for r in roots.values():
             r.mkdir()
+        if baseline_src is not None:
+            roots["loaded-src"] = roots["loaded"]  # the same rings, read by the other code
         writer = _writer(roots["loaded"], "benchnode", JOB_ID, ranks, collectives, step_s, total)
         status = {n: t / f"{n}.status" for n in roots}
+        env = dict(os.environ)
+        src_env = {**env, "PYTHONPATH": str(baseline_src)} if baseline_src is not None else env
         agents = {
             name: subprocess.Popen(
                 [
@@ -309,15 +324,19 @@ def bench_agent(
                     "import sys; from slurmguard_dev.bench.agent import run_agent; "
                     "run_agent(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], "
                     "int(sys.argv[5]) if sys.argv[5] else None, sys.argv[6])",
-                    "benchnode" if name == "loaded" else "idlenode",
+                    "idlenode" if name == "baseline" else "benchnode",
                     url,
                     str(policy),
                     str(root),
-                    str(JOB_ID) if name == "loaded" else "",
+                    "" if name == "baseline" else str(JOB_ID),
                     str(status[name]),
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
+                # the slurmguard imported: PYTHONPATH's for --baseline-src, never the
+                # current directory's (python -c puts it first on sys.path)
+                cwd=tmp,
+                env=src_env if name == "loaded-src" else env,
             )
             for name, root in roots.items()
         }
@@ -336,7 +355,7 @@ def bench_agent(
                         err = raw.decode(errors="replace").strip().splitlines()[-3:]
                         raise click.ClickException(f"{name} agent exited: {' | '.join(err)}")
                 st = {n: _status(f) for n, f in status.items()}
-                if st["baseline"]["reports"] and st["loaded"]["ranks"] >= ranks:
+                if st["baseline"]["reports"] and all(st[n]["ranks"] >= ranks for n in st if n != "baseline"):
                     break
                 if time.monotonic() > ready_by:
                     raise click.ClickException(
@@ -368,15 +387,20 @@ def bench_agent(
                     p.kill()
             server.shutdown()
         click.echo(
-            f"{'agent':<34}{'CPU % of one core':>19}{'peak RSS MB':>13}{'reports':>9}{'ranks analysed':>16}"
+            f"{'agent':<34}{'CPU % of one core':>19}{'peak RSS MB':>13}{'reports':>9}"
+            f"{'ranks analysed':>16}  ops per iteration found"
         )
-        for n, label in (
-            ("loaded", f"{ranks} ranks, {collectives} coll/step"),
-            ("baseline", "idle (no rings), baseline"),
-        ):
+        rows = [("loaded", f"{ranks} ranks, {collectives} coll/step")]
+        if baseline_src is not None:
+            rows.append(("loaded-src", f"same rings, {baseline_src.name} code"))
+        rows.append(("baseline", "idle (no rings), baseline"))
+        for n, label in rows:
+            # a period far below COLLECTIVES: the agent took a fraction of an
+            # iteration for one, and feeds its step detector that many times more
             click.echo(
                 f"{label:<34}{100 * cpu[n] / wall:>19.2f}{rss[n]:>13.1f}"
-                f"{seen[n]['reports'] - r0[n]:>9}{seen[n]['ranks']:>16}"
+                f"{seen[n]['reports'] - r0[n]:>9}{seen[n]['ranks']:>16}  "
+                f"{','.join(map(str, seen[n].get('periods', []))) or '-'}"
             )
         if seen["loaded"]["ranks"] < ranks:
             raise click.ClickException(
