@@ -140,3 +140,19 @@ def test_a_kept_period_still_finds_the_micro_batches_it_is_made_of():
     ro = RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
     assert find_iterations(ro).period == 4
     assert find_iterations(ro, keep_period=2).period == 4
+
+
+@pytest.mark.parametrize("limit", [1 << 62, 7])
+def test_op_codes_number_triples_as_unique_over_rows_does(monkeypatch, limit):
+    """_op_codes (column by column, for speed) gives the codes np.unique over
+    (op, comm, bytes) rows gives, also when the combined key must be
+    renumbered on the way (forced here by a small limit)."""
+    from slurmguard.detect import period
+
+    monkeypatch.setattr(period, "_KEY_LIMIT", limit)
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 50, 997):
+        cols = [rng.integers(-3, 4, n) * int(rng.integers(1, 1 << 60)) for _ in range(3)]
+        ops = RankOps(0, cols[0], cols[1], cols[2], np.zeros(n, np.int64), np.zeros(n, np.int64))
+        want = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
+        assert np.array_equal(period._op_codes(ops), want)

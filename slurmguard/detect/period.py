@@ -237,6 +237,9 @@ MAX_SPLIT = 128
 KEPT_SPLIT = 8
 
 
+_KEY_LIMIT = 1 << 62
+
+
 def _op_codes(ops: RankOps) -> np.ndarray:
     """One integer per (op, communicator, bytes): the rank of the triple in
     lexicographic order (as np.unique over rows numbers them), from each
@@ -244,11 +247,15 @@ def _op_codes(ops: RankOps) -> np.ndarray:
     several times cheaper than np.unique(axis=0)'s sort of rows, which was a
     third of the agent's period finding (issue 17.5)."""
     key = np.zeros(len(ops), dtype=np.int64)
+    span = 1  # key < span
     for col in (ops.op, ops.comm, ops.nbytes):
         values, rank = np.unique(col, return_inverse=True)
-        # both factors below the number of ops: no overflow below 3e9 ops
-        key = np.unique(key * values.size + rank.ravel(), return_inverse=True)[1].ravel()
-    return key
+        if span * values.size >= _KEY_LIMIT:  # renumber densely first (span <= ops): never overflows
+            key = np.unique(key, return_inverse=True)[1].ravel()
+            span = len(ops)
+        key = key * values.size + rank.ravel()
+        span *= values.size
+    return np.unique(key, return_inverse=True)[1].ravel()
 
 
 #: most recent repetitions looked at when placing and testing boundaries
@@ -273,7 +280,11 @@ def _consistent(g: np.ndarray) -> bool:
     n, k = g.shape
     if k < 2:
         return True
-    ranks = np.argsort(np.argsort(g, axis=1), axis=1) + 1.0
+    # each gap's rank in its repetition: the inverse of the sorting
+    # permutation (what argsort of the argsort gives, without a second sort)
+    order = np.argsort(g, axis=1)
+    ranks = np.empty((n, k))
+    np.put_along_axis(ranks, order, np.arange(1.0, k + 1.0), axis=1)
     r = ranks.sum(axis=0)
     q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
     return float(chdtrc(k - 1, q)) < CONSISTENT_P  # chi2.sf(q, k - 1)
