@@ -478,7 +478,7 @@ def _profile(
 
         return call
 
-    agent.step, agent.sample_telemetry = profiled(step), profiled(sample)  # type: ignore[method-assign]
+    agent.step, agent.sample_telemetry = profiled(step), profiled(sample)
     threading.Timer(READY_S + warmup + duration, stop.set).start()
     try:
         time.sleep(3)  # the writer has created its rings
