@@ -394,6 +394,8 @@ def find_iterations(
     keep = keep[-p.window_ops :]
     s, t = code[keep], ops.start_ns[keep]
     m = s.size
+    # gaps between consecutive kept ops, once for every k tried (place)
+    dt = np.diff(t).astype(np.float64)
     kmax = min(p.max_period, m // p.min_repeats)
     repeats: dict[int, bool] = {}
 
@@ -411,7 +413,7 @@ def find_iterations(
         """(phase start, anchor position, gaps) for k ops per iteration; None
         if the gaps do not repeat every k ops; False if too few ops to tell."""
         start = _phase_start(s, k, tolerance=max(1, m // (50 * k)))
-        gaps = np.diff(t[start:], prepend=t[start]).astype(np.float64)
+        gaps = np.concatenate([[0.0], dt[start:]])  # the same as np.diff(t[start:], prepend=t[start])
         g = _gap_rows(gaps, k)
         if g is None:
             return False
