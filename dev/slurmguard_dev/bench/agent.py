@@ -60,7 +60,7 @@ def write_rings(
     """
     import random
 
-    from slurmguard.hook.ring import OP, SOURCE_NCCL, RingWriter, comm_id_of, ring_file_name
+    from slurmguard.hook.ring import SOURCE_NCCL, RingWriter, ring_file_name
 
     job_dir = Path(root) / str(job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -77,10 +77,7 @@ def write_rings(
         )
         for r in range(ranks)
     ]
-    comms = [comm_id_of(f"dp-{i}") for i in range(4)]
-    # one step's op sequence: reduce-scatter/all-gather of gradient buckets, a few all-reduces
-    kinds = [OP["reducescatter"], OP["allgather"]] * (collectives // 2 - 2) + [OP["allreduce"]] * 4
-    kinds = (kinds + [OP["allreduce"]] * collectives)[:collectives]
+    kinds, comms = _step_ops(collectives)
     rng = random.Random(0)
     deadline = time.monotonic() + stop_after_s
     step = 0
@@ -96,20 +93,106 @@ def write_rings(
                 time.sleep(target - now)
             end = time.monotonic_ns()
             for r, w in enumerate(writers):
-                dur = int(slot * 0.3e9 * (1 + 0.02 * rng.random() + 0.01 * r / ranks))
-                w.append(
-                    op,
-                    comm_id=comms[i % len(comms)],
-                    count=1 << 22,
-                    nbytes=1 << 23,
-                    start_ns=end - dur,
-                    end_ns=end,
-                    datatype=10,
-                    redop=1,
-                )
+                _append(w, op, comms[i % len(comms)], end, _duration_ns(slot, r, ranks, rng))
         step += 1
     for w in writers:
         w.close()
+
+
+def _step_ops(collectives: int) -> tuple[list[int], list[int]]:
+    """One step's op sequence (reduce-scatter/all-gather of gradient buckets,
+    a few all-reduces) and the communicators the ops take in turn."""
+    from slurmguard.hook.ring import OP, comm_id_of
+
+    kinds = [OP["reducescatter"], OP["allgather"]] * (collectives // 2 - 2) + [OP["allreduce"]] * 4
+    return (kinds + [OP["allreduce"]] * collectives)[:collectives], [comm_id_of(f"dp-{i}") for i in range(4)]
+
+
+def _duration_ns(slot_s: float, rank: int, ranks: int, rng) -> int:
+    """A collective's duration: 30% of its slot, a few percent apart between ranks."""
+    return int(slot_s * 0.3e9 * (1 + 0.02 * rng.random() + 0.01 * rank / ranks))
+
+
+def _append(w, op: int, comm: int, end_ns: int, dur_ns: int) -> None:
+    w.append(
+        op,
+        comm_id=comm,
+        count=1 << 22,
+        nbytes=1 << 23,
+        start_ns=end_ns - dur_ns,
+        end_ns=end_ns,
+        datatype=10,
+        redop=1,
+    )
+
+
+def replay(ranks: int, collectives: int, step_s: float, polls: int, poll_steps: int) -> None:
+    """The agent's reading and analysis on the same rings every run: the
+    writer's pattern on a virtual clock (steps of step_s ending before now),
+    `poll_steps` steps written between polls; prints one JSON line, CPU ms
+    per poll of the tracker's poll (reading), the analysis before the step
+    detector (period finding, step samples) and the step detector, and the
+    ops per iteration found at each poll. The same bytes and poll points for
+    any source tree: the A/B that live agents, whose detection depends on when
+    they poll, cannot give."""
+    import random
+
+    from slurmguard.agent.analysis import RankAnalyzer
+    from slurmguard.agent.rings import RingTracker
+    from slurmguard.config import Policy
+    from slurmguard.hook.ring import SOURCE_NCCL, RingWriter, ring_file_name
+
+    pol = Policy()
+    with tempfile.TemporaryDirectory(prefix="sg-bench-replay-") as tmp:
+        job_dir = Path(tmp) / str(JOB_ID)
+        job_dir.mkdir()
+        writers = [
+            RingWriter(
+                str(job_dir / ring_file_name(r, 0, "nccl")),
+                job_id=JOB_ID,
+                step_id=0,
+                global_rank=r,
+                local_rank=r,
+                world_size=ranks,
+                source=SOURCE_NCCL,
+                node_name="replaynode",
+            )
+            for r in range(ranks)
+        ]
+        kinds, comms = _step_ops(collectives)
+        rng = random.Random(0)
+        step_ns = int(step_s * 1e9)
+        t0 = time.monotonic_ns() - (polls * poll_steps + 5) * step_ns
+        tracker = RingTracker(tmp, "replaynode", lambda: {JOB_ID: os.getuid()}, pol.agent.max_ops_per_rank)
+        analyzers: dict = {}
+        cpu = {"read": 0.0, "analysis": 0.0, "detector": 0.0}
+        periods = []
+        slot = 0.7 * step_s / collectives
+        for p in range(polls):
+            for k in range(poll_steps):
+                base = t0 + (p * poll_steps + k) * step_ns + int(0.3 * step_ns)
+                for i, op in enumerate(kinds):
+                    end = base + int((i + 1) * slot * 1e9) + rng.randrange(int(slot * 1e8))
+                    for r, w in enumerate(writers):
+                        _append(w, op, comms[i % len(comms)], end, _duration_ns(slot, r, ranks, rng))
+            c = time.process_time()
+            rings = tracker.poll()
+            cpu["read"] += time.process_time() - c
+            found = set()
+            for tr in rings:
+                an = analyzers.setdefault(tr.key, RankAnalyzer(pol.agent, pol.detection))
+                c0 = time.process_time()
+                steps = an._steps(tr)
+                c1 = time.process_time()
+                an._feed_bocd(tr, steps)
+                cpu["analysis"] += c1 - c0
+                cpu["detector"] += time.process_time() - c1
+                found.add(an.structure[0] if an.structure else 0)
+            periods.append(sorted(found))
+        tracker.close()
+        for w in writers:
+            w.close()
+    print(json.dumps({"ms_per_poll": {k: 1000 * v / polls for k, v in cpu.items()}, "periods": periods}))
 
 
 JOB_ID = 4242
@@ -274,6 +357,16 @@ def _writer(
     " on the same rings, in the same run, as the loaded agent's baseline.",
 )
 @click.option(
+    "--replay",
+    "replay_polls",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Afterwards replay this many polls (10 steps each) of the same rings on a virtual"
+    " clock, in this tree and --baseline-src's, and print CPU ms per poll of reading,"
+    " analysis and step detector (deterministic: the same detection in both; 0: no replay).",
+)
+@click.option(
     "--profile",
     "profile_top",
     default=0,
@@ -290,6 +383,7 @@ def bench_agent(
     step_s: float,
     report_interval: float | None,
     baseline_src: Path | None,
+    replay_polls: int,
     profile_top: int,
 ) -> None:
     """CPU and RSS of an agent watching RANKS busy rings vs an idle agent, same run."""
@@ -414,8 +508,57 @@ def bench_agent(
             f"{'met' if ok else 'MISSED'} ({pct:.2f}%, {mb:.0f} MB; over the idle agent "
             f"+{pct - 100 * cpu['baseline'] / wall:.2f}%, +{mb - rss['baseline']:.0f} MB)"
         )
+        if replay_polls:
+            _replays(ranks, collectives, step_s, replay_polls, baseline_src)
         if profile_top:
             _profile(t, policy, ranks, collectives, step_s, warmup, duration, profile_top)
+
+
+def _replays(ranks: int, collectives: int, step_s: float, polls: int, baseline_src: Path | None) -> None:
+    """replay() in a process per source tree (this one, then --baseline-src's)."""
+    click.echo(
+        f"\nreplay: {polls} polls of {ranks} rings x {10 * collectives} records, virtual clock;"
+        " CPU ms per poll (report interval 10 s: 100 ms = 1% of one core)"
+    )
+    click.echo(
+        f"{'code':<34}{'reading':>9}{'analysis':>10}{'detector':>10}{'total':>8}  ops per iteration by poll"
+    )
+    for label, src in (("this tree", None), (f"{baseline_src}", baseline_src)):
+        if label != "this tree" and src is None:
+            continue
+        env = dict(os.environ)
+        if src is not None:
+            env["PYTHONPATH"] = str(src)
+        with tempfile.TemporaryDirectory(prefix="sg-bench-replay-cwd-") as cwd:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; from slurmguard_dev.bench.agent import replay; "
+                    "replay(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), 10)",
+                    str(ranks),
+                    str(collectives),
+                    str(step_s),
+                    str(polls),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=cwd,
+                env=env,
+                timeout=1800,
+                check=False,
+            )
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if out.returncode != 0 or not lines:
+            raise click.ClickException(
+                f"replay on {label} failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}"
+            )
+        got = json.loads(lines[-1])
+        ms = got["ms_per_poll"]
+        click.echo(
+            f"{label[-34:]:<34}{ms['read']:>9.1f}{ms['analysis']:>10.1f}{ms['detector']:>10.1f}"
+            f"{sum(ms.values()):>8.1f}  {' '.join('/'.join(map(str, p)) for p in got['periods'])}"
+        )
 
 
 def _profile(
