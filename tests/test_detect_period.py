@@ -156,3 +156,28 @@ def test_op_codes_number_triples_as_unique_over_rows_does(monkeypatch, limit):
         ops = RankOps(0, cols[0], cols[1], cols[2], np.zeros(n, np.int64), np.zeros(n, np.int64))
         want = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
         assert np.array_equal(period._op_codes(ops), want)
+
+
+def test_friedman_ranks_are_argsort_of_argsort():
+    """_consistent ranks each repetition's gaps by inverting one sort (for
+    speed); the decision equals the textbook double argsort's, ties included."""
+    from slurmguard.detect import period
+
+    def reference(g):
+        n, k = g.shape
+        ranks = np.argsort(np.argsort(g, axis=1), axis=1) + 1.0
+        r = ranks.sum(axis=0)
+        q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
+        return float(period.chdtrc(k - 1, q)) < period.CONSISTENT_P
+
+    rng = np.random.default_rng(1)
+    seen = set()
+    for trial in range(600):
+        n, k = int(rng.integers(1, 70)), int(rng.integers(2, 200))
+        if trial % 3 == 0:
+            g = rng.integers(0, 3, (n, k)).astype(float)  # many ties
+        else:
+            g = rng.random((n, k)) + (np.arange(k) % 5 == 0) * (trial % 2)  # a long gap every 5
+        assert period._consistent(g) == reference(g)
+        seen.add(reference(g))
+    assert seen == {True, False}

@@ -284,7 +284,7 @@ def _consistent(g: np.ndarray) -> bool:
     # permutation (what argsort of the argsort gives, without a second sort)
     order = np.argsort(g, axis=1)
     ranks = np.empty((n, k))
-    np.put_along_axis(ranks, order, np.arange(1.0, k + 1.0), axis=1)
+    ranks[np.arange(n)[:, None], order] = np.arange(1.0, k + 1.0)
     r = ranks.sum(axis=0)
     q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
     return float(chdtrc(k - 1, q)) < CONSISTENT_P  # chi2.sf(q, k - 1)
