@@ -71,8 +71,10 @@ def test_bench_agent_prints_loaded_and_idle_rows():
     rows = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines()}
     loaded = rows["2 ranks, 16 coll/step"]
     idle = rows["idle (no rings), baseline"]
-    assert loaded[-1] == "2" and idle[-1] == "0"  # ranks analysed
-    assert float(loaded[-4]) >= 0 and float(loaded[-3]) > 10  # CPU %, peak RSS MB
+    # ..., CPU %, peak RSS MB, reports, ranks analysed, ops per iteration found
+    assert loaded[-2] == "2" and idle[-2] == "0"  # ranks analysed
+    assert all(int(p) > 0 for p in loaded[-1].split(",")) and idle[-1] == "-"
+    assert float(loaded[-5]) >= 0 and float(loaded[-4]) > 10  # CPU %, peak RSS MB
     assert "target: <= 1% of one core, <= 100 MB" in out.stdout
 
 
