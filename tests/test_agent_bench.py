@@ -71,6 +71,25 @@ def test_bench_agent_prints_loaded_and_idle_rows():
     rows = {line.split("  ")[0]: line.split() for line in out.stdout.splitlines()}
     loaded = rows["2 ranks, 16 coll/step"]
     idle = rows["idle (no rings), baseline"]
-    assert loaded[-1] == "2" and idle[-1] == "0"  # ranks analysed
-    assert float(loaded[-4]) >= 0 and float(loaded[-3]) > 10  # CPU %, peak RSS MB
+    # ..., CPU %, peak RSS MB, reports, ranks analysed, ops per iteration found
+    assert loaded[-2] == "2" and idle[-2] == "0"  # ranks analysed
+    assert all(int(p) > 0 for p in loaded[-1].split(",")) and idle[-1] == "-"
+    assert float(loaded[-5]) >= 0 and float(loaded[-4]) > 10  # CPU %, peak RSS MB
     assert "target: <= 1% of one core, <= 100 MB" in out.stdout
+
+
+def test_replay_reads_and_analyses_the_same_rings_every_run(capsys):
+    """A few seconds: the deterministic replay finds the same iterations twice
+    and times each part."""
+    import json
+
+    from slurmguard_dev.bench.agent import replay
+
+    runs = []
+    for _ in range(2):
+        replay(ranks=2, collectives=16, step_s=0.05, polls=3, poll_steps=10)
+        runs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert runs[0]["periods"] == runs[1]["periods"]
+    assert runs[0]["periods"][-1] and all(p > 0 for p in runs[0]["periods"][-1])  # iterations found
+    assert set(runs[0]["ms_per_poll"]) == {"read", "analysis", "detector"}
+    assert all(v >= 0 for v in runs[0]["ms_per_poll"].values())

@@ -140,3 +140,44 @@ def test_a_kept_period_still_finds_the_micro_batches_it_is_made_of():
     ro = RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
     assert find_iterations(ro).period == 4
     assert find_iterations(ro, keep_period=2).period == 4
+
+
+@pytest.mark.parametrize("limit", [1 << 62, 7])
+def test_op_codes_number_triples_as_unique_over_rows_does(monkeypatch, limit):
+    """_op_codes (column by column, for speed) gives the codes np.unique over
+    (op, comm, bytes) rows gives, also when the combined key must be
+    renumbered on the way (forced here by a small limit)."""
+    from slurmguard.detect import period
+
+    monkeypatch.setattr(period, "_KEY_LIMIT", limit)
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 50, 997):
+        cols = [rng.integers(-3, 4, n) * int(rng.integers(1, 1 << 60)) for _ in range(3)]
+        ops = RankOps(0, cols[0], cols[1], cols[2], np.zeros(n, np.int64), np.zeros(n, np.int64))
+        want = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
+        assert np.array_equal(period._op_codes(ops), want)
+
+
+def test_friedman_ranks_are_argsort_of_argsort():
+    """_consistent ranks each repetition's gaps by inverting one sort (for
+    speed); the decision equals the textbook double argsort's, ties included."""
+    from slurmguard.detect import period
+
+    def reference(g):
+        n, k = g.shape
+        ranks = np.argsort(np.argsort(g, axis=1), axis=1) + 1.0
+        r = ranks.sum(axis=0)
+        q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
+        return float(period.chdtrc(k - 1, q)) < period.CONSISTENT_P
+
+    rng = np.random.default_rng(1)
+    seen = set()
+    for trial in range(600):
+        n, k = int(rng.integers(1, 70)), int(rng.integers(2, 200))
+        if trial % 3 == 0:
+            g = rng.integers(0, 3, (n, k)).astype(float)  # many ties
+        else:
+            g = rng.random((n, k)) + (np.arange(k) % 5 == 0) * (trial % 2)  # a long gap every 5
+        assert period._consistent(g) == reference(g)
+        seen.add(reference(g))
+    assert seen == {True, False}

@@ -262,9 +262,15 @@ class RankAnalyzer:
             guard = self._last_anchor_ns + 0.5 * float(np.median(step))
             self.total_steps += int(np.count_nonzero(bounds > guard))
         self._last_anchor_ns = max(self._last_anchor_ns, int(bounds[-1]))
+        ends, step, comm = ends[good], step[good], comm[good]
+        # samples only for what is used (the window holds up to thousands):
+        # the newest report_steps, and those _feed_bocd may feed (it feeds
+        # none that ends by _fed_until_ns; same arithmetic as there)
+        used = ((ends - tr.header.clock_offset_ns / 1e9) * 1e9).astype(np.int64) > self._fed_until_ns
+        used[-self.agent.report_steps :] = True
         return [
             StepSample(end=float(e), step_s=float(s) / 1e9, comm_s=float(c) / 1e9)
-            for e, s, c in zip(ends[good], step[good], comm[good])
+            for e, s, c in zip(ends[used], step[used], comm[used])
         ]
 
     def _reset_baseline(self) -> None:

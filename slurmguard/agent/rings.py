@@ -35,7 +35,6 @@ per file.
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import pwd
 import stat
@@ -51,6 +50,7 @@ from slurmguard.hook.ring import (
     F_XFER_SEND,
     NOT_COLLECTIVE,
     OP,
+    RECORD_FIELDS,
     RING_NAME,
     RingError,
     RingHeader,
@@ -404,7 +404,7 @@ class RingTracker:
 
     def _read(self, path: str, tr: TrackedRing) -> None:
         try:
-            batch = tr.reader.read(tr.cursor)
+            batch = tr.reader.read_array(tr.cursor)
         except (OSError, ValueError, RingError) as exc:
             self.problem(path, "unreadable", str(exc))
             try:
@@ -419,37 +419,45 @@ class RingTracker:
         if batch.corrupt:
             tr.corrupt += batch.corrupt
             self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped", batch.corrupt)
-        groups = []
-        for r in batch.records:
-            if r.op == 11 and r.comm_id:  # comm_init: count = communicator size, peer = rank in it
-                tr.comm_sizes[_fold(r.comm_id)] = int(r.count)
-                tr.comm_ranks[_fold(r.comm_id)] = int(r.peer)
-            elif r.op == _PEER_XFER:
-                lt = tr.links.setdefault(
-                    (_fold(r.comm_id), int(r.peer), bool(r.flags & F_XFER_SEND)), LinkTime()
-                )
-                lt.steps += r.count
-                lt.bytes += r.bytes
-                lt.net_ns += r.xfer_net_ns
-                lt.peer_wait_ns += r.xfer_peer_wait_ns
-                lt.gpu_wait_ns += r.xfer_gpu_wait_ns
-            elif r.op == _GROUP_END and not r.flags & F_IN_GROUP:
-                timed = r.has_gpu_time and r.gpu_end_ns >= r.gpu_start_ns
-                groups.append((_fold(r.start_ns), _fold(r.gpu_start_ns), _fold(r.gpu_end_ns), int(timed)))
-        if groups:
-            g = np.concatenate([tr.groups, np.array(groups, dtype=np.int64)])
+        # the batch as arrays, never an object per record: at 200 collectives
+        # per second per rank, per-record Python was most of the agent's CPU
+        # (issue 17.5). Unsigned fields stay uint64 and are compared as such;
+        # their int64 view is _fold.
+        rec = batch.records
+        ops = rec["op"]
+        for r in rec[(ops == _COMM_INIT) & (rec["comm_id"] != 0)].tolist():
+            # comm_init: count = communicator size, peer = rank in it (the last one stands)
+            tr.comm_sizes[_fold(r[_I_COMM])] = int(r[_I_COUNT])
+            tr.comm_ranks[_fold(r[_I_COMM])] = int(r[_I_PEER])
+        for r in rec[ops == _PEER_XFER].tolist():
+            lt = tr.links.setdefault(
+                (_fold(r[_I_COMM]), int(r[_I_PEER]), bool(r[_I_FLAGS] & F_XFER_SEND)), LinkTime()
+            )
+            lt.steps += r[_I_COUNT]
+            lt.bytes += r[_I_BYTES]
+            lt.net_ns += r[_I_NET]
+            lt.peer_wait_ns += r[_I_PEER_WAIT]
+            lt.gpu_wait_ns += r[_I_GPU_WAIT]
+        ge = rec[(ops == _GROUP_END) & ((rec["flags"] & F_IN_GROUP) == 0)]
+        if ge.size:
+            timed = ((ge["flags"] & F_GPU_TIME) != 0) & (ge["gpu_end_ns"] >= ge["gpu_start_ns"])
+            fresh = np.stack(
+                [
+                    ge["start_ns"].view(np.int64),
+                    ge["gpu_start_ns"].view(np.int64),
+                    ge["gpu_end_ns"].view(np.int64),
+                    timed.astype(np.int64),
+                ],
+                axis=1,
+            )
+            g = np.concatenate([tr.groups, fresh])
             tr.groups = g[np.argsort(g[:, 0], kind="stable")][-MAX_GROUPS:]
-        recs = [r for r in batch.records if r.op not in NOT_COLLECTIVE]
-        # one pass over the records into arrays, the rest in numpy: at 200
-        # collectives per second per rank, per-record Python was most of the
-        # agent's CPU (issue 17.5). Unsigned fields as uint64, compared as
-        # such; their int64 view is _fold.
+        recs = rec[~np.isin(ops, _NOT_COLLECTIVE)]
         done = False
-        if recs:
-            u = np.array(list(map(_UFIELDS, recs)), dtype=np.uint64).reshape(len(recs), 8)
-            peer = np.fromiter((r.peer for r in recs), dtype=np.int64, count=len(recs))
-            op, _comm, _nb, start, end, flags, gstart, gend = u.T
-            gpu = (flags & np.uint64(F_GPU_TIME)) != 0
+        if recs.size:
+            start, end, flags = recs["start_ns"], recs["end_ns"], recs["flags"]
+            gstart, gend = recs["gpu_start_ns"], recs["gpu_end_ns"]
+            gpu = (flags & F_GPU_TIME) != 0
             # times the writer cannot have taken: beyond the agent's own clock, or
             # a collective lasting more than a day (monotonic ns of this boot),
             # on the host or the GPU (records with end < start never get here)
@@ -467,26 +475,27 @@ class RingTracker:
                 self.problem(
                     tr.reader.path, "corrupt_records", f"{nbad} record(s) with impossible times skipped", nbad
                 )
-            pending = ~bad & ((flags & np.uint64(_PENDING)) != 0)
+            pending = ~bad & ((flags & _PENDING) != 0)
             keep = ~bad & ~pending
             tr.in_flight_since_ns = int(start[pending].min()) if pending.any() else None
             done = bool(keep.any())
         else:
             tr.in_flight_since_ns = None
         if done:
-            v = u[keep].view(np.int64)  # _fold of every field
-            g = gpu[keep]
+            k = recs[keep]
+            g = (k["flags"] & F_GPU_TIME) != 0
+            start, end = k["start_ns"].view(np.int64), k["end_ns"].view(np.int64)  # _fold
             new = (
-                v[:, 0],
-                v[:, 1],
-                v[:, 2],
-                v[:, 3],
-                v[:, 4],
-                peer[keep],
-                v[:, 5],
-                np.where(g, v[:, 6], v[:, 3]),
-                np.where(g, v[:, 7], v[:, 4]),
-            )  # begin, finish
+                k["op"].astype(np.int64),
+                k["comm_id"].view(np.int64),
+                k["bytes"].view(np.int64),
+                start,
+                end,
+                k["peer"].astype(np.int64),
+                k["flags"].astype(np.int64),
+                np.where(g, k["gpu_start_ns"].view(np.int64), start),  # begin
+                np.where(g, k["gpu_end_ns"].view(np.int64), end),  # finish
+            )
             cols = [
                 np.concatenate([old, a])
                 for old, a in zip(
@@ -518,7 +527,7 @@ class RingTracker:
                 tr.begin_ns,
                 tr.finish_ns,
             ) = (c[order] for c in cols)
-        if (done or groups) and tr.groups.size:
+        if (done or ge.size) and tr.groups.size:
             _group_spans(tr)
 
     def close(self) -> None:
@@ -526,8 +535,21 @@ class RingTracker:
             self._drop(path)
 
 
-_UFIELDS = operator.attrgetter(
-    "op", "comm_id", "bytes", "start_ns", "end_ns", "flags", "gpu_start_ns", "gpu_end_ns"
+_COMM_INIT = OP["comm_init"]
+_NOT_COLLECTIVE = np.array(sorted(NOT_COLLECTIVE))
+# positions of fields in a record's tuple (record_dtype order, as RingRecord)
+_I_COMM, _I_COUNT, _I_BYTES, _I_PEER, _I_FLAGS, _I_NET, _I_PEER_WAIT, _I_GPU_WAIT = (
+    [name for name, _, _ in RECORD_FIELDS].index(f)
+    for f in (
+        "comm_id",
+        "count",
+        "bytes",
+        "peer",
+        "flags",
+        "xfer_net_ns",
+        "xfer_peer_wait_ns",
+        "xfer_gpu_wait_ns",
+    )
 )
 
 

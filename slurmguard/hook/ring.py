@@ -7,7 +7,9 @@ fixed 128-byte records, commit protocol, control word.
 
 This module uses the standard library only (and slurmguard.errors, which does
 too), because the torch hook loads it inside users' jobs, whatever Python
-environment they run.
+environment they run. The reader alone needs numpy (a dependency of
+slurmguard, imported when a ring is first read): it takes a batch of records
+as one structured array (record_dtype) instead of an object per record.
 
 Readers never block writers and never crash on a bad file: a truncated or
 corrupt ring raises :class:`RingError` (one line naming the file and the
@@ -29,8 +31,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from slurmguard.errors import InputError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAGIC = 0x3130474E49524753  # b"SGRING01" read as little-endian u64
 #: 2: 128-byte records with GPU start/end and per-peer transfer aggregates
@@ -451,13 +457,50 @@ class ReadBatch:
     abandoned: int = 0
 
 
-def _plausible(r: RingRecord) -> bool:
+@dataclass
+class ArrayBatch:
+    """What one read_array() found: as ReadBatch, with the records as one
+    structured array of record_dtype() (fields as in sg_ring.h, oldest first)."""
+
+    records: np.ndarray
+    cursor: int = 0
+    lost: int = 0
+    corrupt: int = 0
+    abandoned: int = 0
+
+
+_NP_CODES = {"Q": "<u8", "q": "<i8", "I": "<u4", "i": "<i4", "H": "<u2", "B": "u1"}
+_DTYPE: Any = None
+
+
+def record_dtype() -> np.dtype:
+    """struct sg_record as a numpy structured dtype (128 bytes, little-endian)."""
+    global _DTYPE
+    if _DTYPE is None:
+        import numpy as np
+
+        _DTYPE = np.dtype(
+            {
+                "names": [name for name, _, _ in RECORD_FIELDS],
+                "formats": [_NP_CODES[code] for _, _, code in RECORD_FIELDS],
+                "offsets": [off for _, off, _ in RECORD_FIELDS],
+                "itemsize": RECORD_SIZE,
+            }
+        )
+    return _DTYPE
+
+
+def _plausible(r: np.ndarray) -> np.ndarray:
+    """Mask of the records (record_dtype) whose contents a writer can have
+    written: a known op (0, padding, is handled before), datatype and redop,
+    an end not before the start, on the host and, with F_GPU_TIME, on the GPU."""
     return (
-        0 < r.op < len(OP_NAMES)
-        and r.datatype < len(DATATYPE_NAMES)
-        and r.redop < len(REDOP_NAMES)
-        and r.end_ns >= r.start_ns
-        and (not r.flags & F_GPU_TIME or r.gpu_end_ns >= r.gpu_start_ns)
+        (r["op"] > 0)
+        & (r["op"] < len(OP_NAMES))
+        & (r["datatype"] < len(DATATYPE_NAMES))
+        & (r["redop"] < len(REDOP_NAMES))
+        & (r["end_ns"] >= r["start_ns"])
+        & (((r["flags"] & F_GPU_TIME) == 0) | (r["gpu_end_ns"] >= r["gpu_start_ns"]))
     )
 
 
@@ -619,47 +662,76 @@ class RingReader:
 
     def read(self, cursor: int | None = None, max_records: int | None = None) -> ReadBatch:
         """Records from `cursor` (default: the oldest still in the ring) up
-        to what is committed now, at most `max_records`. RingError if the
-        file shrank under the reader."""
+        to what is committed now, at most `max_records`, as RingRecord
+        objects (read_array, one object per record: for tools and the
+        epilog, not for a reader of busy rings). RingError if the file
+        shrank under the reader."""
+        b = self.read_array(cursor, max_records)
+        return ReadBatch(
+            [RingRecord(*row) for row in b.records.tolist()], b.cursor, b.lost, b.corrupt, b.abandoned
+        )
+
+    def read_array(self, cursor: int | None = None, max_records: int | None = None) -> ArrayBatch:
+        """As read(), the records as one structured array (record_dtype()).
+
+        Per record, oldest first: one not yet committed (seq below its
+        number + 1) ends the read, unless _give_up says its writer died
+        (abandoned, skipped); one overwritten (seq above) or rewritten while
+        copied (seq differs between the two copies) is lost; padding (op 0)
+        is skipped; one with impossible contents (_plausible) is corrupt."""
+        import numpy as np
+
+        dt = record_dtype()
         wc = self.write_counter
-        out = ReadBatch()
+        lost = corrupt = abandoned = 0
         if cursor is None:
             cursor = max(0, wc - self.capacity)
         if wc - cursor > self.capacity:
-            out.lost += wc - self.capacity - cursor
+            lost += wc - self.capacity - cursor
             cursor = wc - self.capacity
-        while cursor < wc and (max_records is None or len(out.records) < max_records):
+        parts: list[np.ndarray] = []
+        got = 0
+        stop = False
+        while cursor < wc and (max_records is None or got < max_records) and not stop:
             count = min(wc - cursor, _CHUNK, self.capacity - (cursor & self._mask))
             if max_records is not None:
-                count = min(count, max_records - len(out.records))
+                count = min(count, max_records - got)
             a, b = self._chunk(cursor, count)
-            stop = False
-            for i in range(count):
-                n = cursor
-                o = i * RECORD_SIZE
-                s1 = _U64.unpack_from(a, o)[0]
-                if s1 < n + 1:
-                    if self._give_up(cursor, wc):
-                        out.abandoned += 1
-                        cursor += 1
-                        continue
-                    stop = True
+            recs = np.frombuffer(a, dtype=dt, count=count)
+            seq = recs["seq"]
+            again = np.frombuffer(b, dtype=dt, count=count)["seq"]
+            want = np.arange(cursor + 1, cursor + 1 + count, dtype=np.uint64)
+            i = 0
+            while i < count:
+                # up to the next record not committed yet (rare: a tail still
+                # being written, or a writer that died holding numbers)
+                waiting = np.flatnonzero(seq[i:] < want[i:])
+                j = count if waiting.size == 0 else i + int(waiting[0])
+                if j > i:
+                    s, w = seq[i:j], want[i:j]
+                    ok = (s == w) & (again[i:j] == s)
+                    lost += int(np.count_nonzero(~ok))  # overwritten, or rewritten while copied
+                    r = recs[i:j][ok]
+                    r = r[r["op"] != 0]  # padding a writer left when it stopped reserving blocks
+                    good = _plausible(r)
+                    corrupt += int(np.count_nonzero(~good))
+                    r = r[good]
+                    if r.size:
+                        parts.append(r)
+                        got += r.size
+                if j == count:
                     break
-                if s1 > n + 1 or _U64.unpack_from(b, o)[0] != s1:
-                    out.lost += 1  # overwritten, or rewritten while copied
-                else:
-                    rec = RingRecord(*_REC.unpack_from(a, o), *_REC_EXT.unpack_from(a, o + _REC.size))
-                    if rec.op == 0:
-                        pass  # padding a writer left when it stopped reserving blocks
-                    elif _plausible(rec):
-                        out.records.append(rec)
-                    else:
-                        out.corrupt += 1
-                cursor += 1
-            if stop:
+                if self._give_up(cursor + j, wc):
+                    abandoned += 1
+                    i = j + 1
+                    continue
+                stop = True
+                count = j
                 break
-        out.cursor = cursor
-        return out
+            cursor += count
+        # (boolean selection copied each part: nothing refers to the chunks' bytes)
+        records = np.concatenate(parts) if len(parts) > 1 else parts[0] if parts else np.zeros(0, dtype=dt)
+        return ArrayBatch(records, cursor, lost, corrupt, abandoned)
 
     def _give_up(self, cursor: int, wc: int) -> bool:
         # Writers may reserve blocks of numbers ahead (see sg_ring.h), so an
