@@ -35,6 +35,11 @@ ACTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 """An audit action: lower_snake_case, at most 32 characters."""
 
 
+def _check_action(action: str, what: str) -> None:
+    if not ACTION_RE.match(action or ""):
+        raise InvalidValue(f"{what} action '{action}': use lower_snake_case, at most 32 characters")
+
+
 class AuditLog(StoreCore):
     """The audit_log table."""
 
@@ -53,8 +58,7 @@ class AuditLog(StoreCore):
         at: Timestamp | None = None,
     ) -> AuditRecord:
         """Append one row to the audit log: a Slurm action taken, failed, or only logged (dry_run)."""
-        if not ACTION_RE.match(action or ""):
-            raise InvalidValue(f"audit action '{action}': use lower_snake_case, at most 32 characters")
+        _check_action(action, "audit")
         out = member(AuditOutcome, outcome, "audit outcome")
         if out is AuditOutcome.ERROR and not error:
             raise InvalidValue(f"audit {action}: outcome 'error' needs the error text")
@@ -112,8 +116,7 @@ class AuditLog(StoreCore):
         at: Timestamp | None = None,
     ) -> IntentRecord:
         """Record a Slurm action about to be taken (committed before the call)."""
-        if not ACTION_RE.match(action or ""):
-            raise InvalidValue(f"intent action '{action}': use lower_snake_case, at most 32 characters")
+        _check_action(action, "intent")
         row = ActionIntent(
             at=self._at(at),
             actor=check_actor(actor),
