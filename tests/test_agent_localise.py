@@ -64,7 +64,9 @@ def test_a_slow_spell_within_the_noise_names_no_node_and_says_so(tmp_path):
     and the CPU-capped 2-node DDP job of the demo took 67 s to be named
     instead of 39 s: a median jumps between the clusters a cap makes.)"""
     a, _ = judge(tmp_path, "L_tp2")
-    assert a is not None and a.slowdown > 0.05, a
+    # +4% once the window's warm-up is skipped (the report holds the whole
+    # history: one iteration fewer than total_steps), +5% or more with it
+    assert a is not None and a.slowdown > 0.03, a
     assert a.culprits == ()
     assert "within the noise" in a.evidence["localisation"], a.evidence
 

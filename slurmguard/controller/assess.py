@@ -108,6 +108,47 @@ def _tail(steps: Any) -> Any:
     return steps[n - min(k, LOCALISE_MAX) :]
 
 
+def _ends(steps: Any) -> np.ndarray:
+    return steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
+
+
+def _since_change(
+    ranks: list[tuple[str, RankReport]], recent: dict[tuple[str, int], Any], onset: float, policy: Policy
+) -> tuple[dict[str, list], int]:
+    """Nodes named on the evidence since the job's slowdown began (onset, Unix
+    s: the step detector's change point), and how many iterations that took
+    (the named rank's newest window). A fault that makes a rank compute far
+    longer than its peers, against the scatter of a few iterations, need not
+    wait for two windows of LOCALISE_S: the windows are each rank's recent
+    iterations that ended after the onset (LOCALISE_FEW at least, none from
+    before the change, which would dilute it), judged with Student's t at
+    every length (_multiplier), and the node must be named again by the same
+    windows as of one report before (agent.report_interval_s, one iteration
+    at least: the newest are left out). A small excess stays within the t
+    of a few iterations and waits for the long windows of localise; the two
+    judgments a report apart are each a t-test at the policy's level, so a
+    load burst that puts one rank ahead for a report interval is not enough
+    (and the step slowdown must still pay the tier's price before any drain)."""
+    now_w = {k: _since(w, onset) for k, w in recent.items()}
+    if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
+        return {}, 0
+    _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30)
+    if not named:
+        return {}, 0
+    gap = policy.agent.report_interval_s
+    before_w = {}
+    for k, w in now_w.items():
+        ends = _ends(w)
+        keep = min(int(np.searchsorted(ends, ends[-1] - gap, side="right")), len(w) - 1)
+        before_w[k] = w[:keep]
+    if min(len(w) for w in before_w.values()) < LOCALISE_FEW:
+        return {}, 0
+    _, _, before, _ = localise(ranks, before_w, policy, t_below=1 << 30)
+    held = {n: rows for n, rows in named.items() if n in before}
+    used = max((len(now_w[(n, r)]) for n, rows in held.items() for r, *_ in rows), default=0)
+    return held, used
+
+
 def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
     """(step_s, comm_s) of the windows as (ranks, longest) arrays, right-aligned
     (the same column is about the same time) and NaN-padded; the controller's
@@ -164,7 +205,7 @@ def _judge_steps(
 
     def window(r: RankReport) -> Any:
         steps = _since(r.steps, since)
-        if since is None and len(r.steps) == r.total_steps:
+        if since is None and _from_start(r):
             steps = steps[cfg.warmup :]  # the window starts at the job's start: skip its warm-up
         return steps
 
@@ -172,7 +213,7 @@ def _judge_steps(
         # the window's length without building it (it is built for the chosen ranks only):
         # at thousands of ranks a job, slicing every window costs more than judging
         sized = [
-            (r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if len(r.steps) == r.total_steps else 0))
+            (r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if _from_start(r) else 0))
             for r in ranks
             if r.baseline_step_s
         ]
@@ -210,6 +251,14 @@ def _judge_steps(
     return current, onset, len(rows)
 
 
+def _from_start(r: RankReport) -> bool:
+    """Whether the rank's window still holds its first iteration: total_steps
+    counts the iterations seen to start, the window their completed ones, so
+    a window of the whole history is one shorter (the newest iteration is
+    still running)."""
+    return len(r.steps) >= r.total_steps - 1
+
+
 def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> float | None:
     """A job whose every judged iteration (x: the ranks' step times, s, one row
     a rank, NaN-padded) is within response.tiers.moderate_slowdown of the job's
@@ -224,28 +273,33 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     return float(np.median(row_medians(x)))
 
 
-def _window_stats(windows: list, k_se: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _window_stats(
+    windows: list, k_se: float, t_below: int = LOCALISE_RECENT
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per window (a rank's recent iterations): trimmed mean step (s), trimmed
     mean compute (step - comm, s), the standard error of the latter (s:
     winsorized s.d. / ((1 - 2 g/m) sqrt(m)), Tukey and McLaughlin; inf under
     3 iterations) and how many standard errors are significant for it
-    (_multiplier of k_se), as arrays in one pass over all ranks (O(ranks x window))."""
+    (_multiplier of k_se, Student's t under t_below iterations), as arrays in
+    one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
     mean_step = _trimmed_mean(step)
     mean_comp, se, m, kept = _trimmed(step - comm)
-    return mean_step, mean_comp, se, _multiplier(k_se, m, kept)
+    return mean_step, mean_comp, se, _multiplier(k_se, m, kept, t_below)
 
 
-def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray) -> np.ndarray:
+def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray, t_below: int = LOCALISE_RECENT) -> np.ndarray:
     """Standard errors a difference must clear, per window of m iterations of
     which `kept` remain after trimming: k_se (policy detection.bocd.significance)
     for windows of LOCALISE_RECENT iterations or more, as always; a shorter
     window (a job of slow steps, LOCALISE_SPAN_S) estimates its spread from a
     handful of iterations, so its difference must clear Student's t at the same
     one-sided level with kept - 1 degrees of freedom (Yuen's trimmed t: 2
-    iterations left of 3 would need 4.5 s.e., not 2)."""
+    iterations left of 3 would need 4.5 s.e., not 2). t_below: the window
+    length from which k_se is used (the windows since a change point pay
+    Student's t at every length, see _since_change)."""
     df = np.maximum(kept - 1, 1).astype(float)
-    return np.where(m >= LOCALISE_RECENT, k_se, np.maximum(stdtrit(df, ndtr(k_se)), k_se))
+    return np.where(m >= t_below, k_se, np.maximum(stdtrit(df, ndtr(k_se)), k_se))
 
 
 def _trimmed_mean(x: np.ndarray) -> np.ndarray:
@@ -282,7 +336,10 @@ def _trim(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 
 def localise(
-    ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list], policy: Policy
+    ranks: list[tuple[str, RankReport]],
+    recents: dict[tuple[str, int], list],
+    policy: Policy,
+    t_below: int = LOCALISE_RECENT,
 ) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
@@ -314,7 +371,8 @@ def localise(
     of a rank's work as compute, its step grows by more than that part.
     A rank with no other rank's compute to compare with is never named
     while the job has other ranks (they are in warm-up or hidden): alone,
-    its own growth cannot tell a slow node from a slower job.
+    its own growth cannot tell a slow node from a slower job. t_below: see
+    _multiplier.
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
@@ -326,7 +384,7 @@ def localise(
     k_se = policy.detection.bocd.significance
     needs: list[float] = []  # per judged rank: standard errors its difference must clear
     if keyed:
-        med_step, med_comp, se, mult = _window_stats([st for _, st in keyed], k_se)
+        med_step, med_comp, se, mult = _window_stats([st for _, st in keyed], k_se, t_below)
         for (key, _), ms, c, e, k in zip(
             keyed, med_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist()
         ):
@@ -520,6 +578,7 @@ def assess_job(
         # every healthy job was a third of the cycle
         recent = {(n, r.rank): _localise_window(r, since) for n, r in ranks}
         ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
+    held: dict[str, list] = {}
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
@@ -527,12 +586,17 @@ def assess_job(
         before_windows = {(n, r.rank): _localise_window(r, since, len(recent[(n, r.rank)])) for n, r in ranks}
         _, _, before, _ = localise(ranks, before_windows, policy)
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
-        if not held:
-            why_not = (
-                f"{', '.join(sorted(slow_ranks))}: slow over its last iterations "
-                f"but not those before (not yet sustained)"
-            )
-        slow_ranks = held
+    if not held and onset is not None:
+        # a large excess since the change point is named sooner (_since_change)
+        held, _ = _since_change(ranks, recent, onset, policy)
+        if held:
+            why_not = None
+    if slow_ranks and not held:
+        why_not = (
+            f"{', '.join(sorted(slow_ranks))}: slow over its last iterations "
+            f"but not those before (not yet sustained)"
+        )
+    slow_ranks = held
     # the detectors' output: typed findings; controller.decide turns them into the assessment
     found: list[Finding] = []
     if current is not None:
