@@ -34,7 +34,7 @@ from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.respond.tiers import Culprit, JobAssessment, calls_for_a_tier
-from slurmguard.wire import RankReport
+from slurmguard.wire import RankReport, StepWindow
 
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
 #: iterations whose (trimmed mean) compute localises, at least (a wide window:
@@ -112,41 +112,51 @@ def _ends(steps: Any) -> np.ndarray:
     return steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
 
 
+def _keep(steps: Any, mask: np.ndarray) -> Any:
+    """The iterations of a window where mask is true, as the same kind of window."""
+    if hasattr(steps, "columns"):
+        return StepWindow(steps.columns[:, mask])
+    return [s for s, m in zip(steps, mask.tolist()) if m]
+
+
 def _since_change(
     ranks: list[tuple[str, RankReport]], recent: dict[tuple[str, int], Any], onset: float, policy: Policy
-) -> tuple[dict[str, list], int]:
+) -> dict[str, list]:
     """Nodes named on the evidence since the job's slowdown began (onset, Unix
-    s: the step detector's change point), and how many iterations that took
-    (the named rank's newest window). A fault that makes a rank compute far
-    longer than its peers, against the scatter of a few iterations, need not
-    wait for two windows of LOCALISE_S: the windows are each rank's recent
-    iterations that ended after the onset (LOCALISE_FEW at least, none from
-    before the change, which would dilute it), judged with Student's t at
-    every length (_multiplier), and the node must be named again by the same
-    windows as of one report before (agent.report_interval_s, one iteration
-    at least: the newest are left out). A small excess stays within the t
-    of a few iterations and waits for the long windows of localise; the two
-    judgments a report apart are each a t-test at the policy's level, so a
-    load burst that puts one rank ahead for a report interval is not enough
-    (and the step slowdown must still pay the tier's price before any drain)."""
+    s: the step detector's change point). A fault that makes a rank compute
+    far longer than its peers, against the scatter of a few iterations, need
+    not wait for two disjoint windows of LOCALISE_S: the windows are each
+    rank's recent iterations that ended after the onset (none from before the
+    change, which would dilute it), judged with Student's t at every length
+    (_multiplier), so a small excess stays within the t of a few iterations
+    and waits for localise's long windows. The evidence must not hang on one
+    report interval (agent.report_interval_s) of it: cut into such slices
+    back from the newest iteration, the node must be named with each slice
+    left out too, LOCALISE_FEW iterations left at least. That is the node
+    named over 3 iterations since the change and confirmed by the next
+    report's; a scheduler or load burst that puts one rank ahead within one
+    interval is named by none of the windows that leave it out (and the
+    job's slowdown must still pay the tier's price before any drain)."""
     now_w = {k: _since(w, onset) for k, w in recent.items()}
     if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
-        return {}, 0
+        return {}
     _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30)
     if not named:
-        return {}, 0
+        return {}
     gap = policy.agent.report_interval_s
-    before_w = {}
-    for k, w in now_w.items():
-        ends = _ends(w)
-        keep = min(int(np.searchsorted(ends, ends[-1] - gap, side="right")), len(w) - 1)
-        before_w[k] = w[:keep]
-    if min(len(w) for w in before_w.values()) < LOCALISE_FEW:
-        return {}, 0
-    _, _, before, _ = localise(ranks, before_w, policy, t_below=1 << 30)
-    held = {n: rows for n, rows in named.items() if n in before}
-    used = max((len(now_w[(n, r)]) for n, rows in held.items() for r, *_ in rows), default=0)
-    return held, used
+    ends = {k: _ends(w) for k, w in now_w.items()}
+    newest = max(float(e[-1]) for e in ends.values())
+    # each iteration's slice: how many report intervals before the newest it ended
+    part = {k: np.floor((newest - e) / gap).astype(int) for k, e in ends.items()}
+    for j in np.unique(np.concatenate(list(part.values()))).tolist():
+        left = {k: _keep(w, part[k] != j) for k, w in now_w.items()}
+        if min(len(w) for w in left.values()) < LOCALISE_FEW:
+            return {}
+        _, _, held, _ = localise(ranks, left, policy, t_below=1 << 30)
+        named = {n: rows for n, rows in named.items() if n in held}
+        if not named:
+            break
+    return named
 
 
 def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -588,7 +598,7 @@ def assess_job(
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
     if not held and onset is not None:
         # a large excess since the change point is named sooner (_since_change)
-        held, _ = _since_change(ranks, recent, onset, policy)
+        held = _since_change(ranks, recent, onset, policy)
         if held:
             why_not = None
     if slow_ranks and not held:
