@@ -522,3 +522,33 @@ def test_the_evidence_to_name_a_node_scales_with_the_excess_over_the_noise():
     assert large is not None and small is not None, (large, small)
     assert large <= 10 and small >= large + 5, (large, small)
     assert first_named(_burst_job(0.1, 40, 44, sd=0.015), 60) is None
+
+
+def test_a_pipeline_stage_is_not_named_from_the_few_iterations_since_a_change():
+    """A 2-stage pipeline of 42 ms steps on a loaded host: its step goes to
+    50 ms, stage 1 computing 1.18x its baseline (26.6 ms against 22.6, as a
+    healthy pipeline's stage did on the benchmark while its step was +93% for
+    a few seconds), stage 0 as before. A stage has no same-role peer: it is
+    compared with its own baseline scaled by the other ranks' growth, which a
+    burst moves as much as a fault, so the few iterations since the change
+    name no stage (on the benchmark they drained the healthy pipeline's
+    node); localise's two windows of 4 s decide, as before."""
+    rng = np.random.default_rng(5)
+
+    def job(n_slow):
+        rows0, rows1 = [], []
+        for i in range(60 + n_slow):
+            slow = i >= 60
+            step = 0.05 if slow else 0.042
+            rows0.append((step, 0.020 * (1 + 0.03 * rng.standard_normal())))
+            rows1.append((step, (0.0266 if slow else 0.0226) * (1 + 0.03 * rng.standard_normal())))
+        return [
+            ("node1", _paced(0, "stage0", 0.042, 0.020, rows0)),
+            ("node2", _paced(1, "stage1", 0.042, 0.0226, rows1)),
+        ]
+
+    for k in range(3, 40):
+        ranks = job(k)
+        now = ranks[0][1].steps[-1].end + 0.1
+        a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+        assert a is None or a.culprits == () or k * 0.05 > 2 * 4.0, (k, a)

@@ -136,11 +136,18 @@ def _since_change(
     named over 3 iterations since the change and confirmed by the next
     report's; a scheduler or load burst that puts one rank ahead within one
     interval is named by none of the windows that leave it out (and the
-    job's slowdown must still pay the tier's price before any drain)."""
+    job's slowdown must still pay the tier's price before any drain).
+    Only ranks with same-role peers are judged so: their compute is compared
+    with their peers' over the same iterations. A rank alone in its role (a
+    pipeline stage) is compared with its own baseline scaled by the other
+    ranks' growth, which a burst of load moves as much as a fault: on the
+    benchmark a healthy pipeline's stage, its compute 1.18x its baseline
+    while its job's step was +93% for a few seconds, was named this way and
+    its node drained. Those wait for localise's two windows."""
     now_w = {k: _since(w, onset) for k, w in recent.items()}
     if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
         return {}
-    _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30)
+    _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30, peers_only=True)
     if not named:
         return {}
     gap = policy.agent.report_interval_s
@@ -152,7 +159,7 @@ def _since_change(
         left = {k: _keep(w, part[k] != j) for k, w in now_w.items()}
         if min(len(w) for w in left.values()) < LOCALISE_FEW:
             return {}
-        _, _, held, _ = localise(ranks, left, policy, t_below=1 << 30)
+        _, _, held, _ = localise(ranks, left, policy, t_below=1 << 30, peers_only=True)
         named = {n: rows for n, rows in named.items() if n in held}
         if not named:
             break
@@ -350,6 +357,7 @@ def localise(
     recents: dict[tuple[str, int], list],
     policy: Policy,
     t_below: int = LOCALISE_RECENT,
+    peers_only: bool = False,
 ) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
@@ -382,7 +390,7 @@ def localise(
     A rank with no other rank's compute to compare with is never named
     while the job has other ranks (they are in warm-up or hidden): alone,
     its own growth cannot tell a slow node from a slower job. t_below: see
-    _multiplier.
+    _multiplier. peers_only: judge only ranks that have same-role peers.
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
@@ -456,6 +464,8 @@ def localise(
         if ratio <= 1.0 + excess:
             continue
         base = c / ratio
+        if peers_only and not peer[i]:
+            continue
         if n > 1:
             grown = float(peer_ratio[i] if peer[i] else all_ratio[i])
             if peer[i]:
