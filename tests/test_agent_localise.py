@@ -552,3 +552,38 @@ def test_a_pipeline_stage_is_not_named_from_the_few_iterations_since_a_change():
         now = ranks[0][1].steps[-1].end + 0.1
         a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
         assert a is None or a.culprits == () or k * 0.05 > 2 * 4.0, (k, a)
+
+
+def test_the_evidence_since_a_change_starts_at_the_newest_change_the_agents_report():
+    """A job already 1.6x slower than its baseline (learned in a faster phase:
+    one open slowdown since iteration 20) whose rank 1 then computes 0.1 s
+    more from iteration 60 (step 0.16 -> 0.26 s). The agents report both
+    verified changes; the windows since the newest one hold only the fault's
+    iterations and name node2 after 7 of them. From the open slowdown's
+    start they hold 40 iterations more of equal compute, which dilute the
+    excess: 11."""
+    from slurmguard.wire import ChangeReport
+
+    rng = np.random.default_rng(11)
+    rows = {0: [], 1: []}
+    for i in range(80):
+        step = 0.1 if i < 20 else (0.16 if i < 60 else 0.26)
+        for r in (0, 1):
+            extra = 0.1 if (r == 1 and i >= 60) else 0.0
+            rows[r].append((step, 0.05 + extra + 0.015 * rng.standard_normal()))
+    full = [(f"node{r + 1}", _paced(r, "dp", 0.1, 0.05, rows[r])) for r in (0, 1)]
+    ends = [s.end for s in full[0][1].steps]
+    changes = (
+        ChangeReport(at=ends[19], direction="slower", before_s=0.1, after_s=0.16),
+        ChangeReport(at=ends[59], direction="slower", before_s=0.16, after_s=0.26),
+    )
+    for k in range(61, 80):
+        cut = [
+            (n, r.model_copy(update={"steps": r.steps[:k], "changes": changes if k > 63 else changes[:1]}))
+            for n, r in full
+        ]
+        a = assess_job(JOB, ("node1", "node2"), cut, {}, DEV_POLICY, cut[0][1].steps[-1].end + 0.1)
+        if a is not None and a.culprits:
+            assert [c.node for c in a.culprits] == ["node2"]
+            break
+    assert k - 60 <= 8, k

@@ -119,6 +119,22 @@ def _keep(steps: Any, mask: np.ndarray) -> Any:
     return [s for s, m in zip(steps, mask.tolist()) if m]
 
 
+def _latest_change(ranks: list[tuple[str, RankReport]], onset: float) -> float:
+    """The start of the job's newest step change (Unix s): the median of the
+    ranks' newest verified slower change (RankReport.changes, as their agents
+    located it) where at least half the ranks have one after `onset`, else
+    `onset` (the first slow iteration of the job's open slowdown). A job
+    already slower than its baseline (learned in a faster phase) whose node
+    then fails is in one slowdown since the first: its iterations since the
+    newest change are the fault's, those before would dilute them."""
+    newest = [
+        max(c.at for c in r.changes if c.direction == "slower" and c.at > onset)
+        for _, r in ranks
+        if any(c.direction == "slower" and c.at > onset for c in r.changes)
+    ]
+    return float(np.median(newest)) if newest and 2 * len(newest) >= len(ranks) else onset
+
+
 def _since_change(
     ranks: list[tuple[str, RankReport]], recent: dict[tuple[str, int], Any], onset: float, policy: Policy
 ) -> dict[str, list]:
@@ -144,6 +160,7 @@ def _since_change(
     benchmark a healthy pipeline's stage, its compute 1.18x its baseline
     while its job's step was +93% for a few seconds, was named this way and
     its node drained. Those wait for localise's two windows."""
+    onset = _latest_change(ranks, onset)
     now_w = {k: _since(w, onset) for k, w in recent.items()}
     if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
         return {}
