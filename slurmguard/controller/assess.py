@@ -97,7 +97,7 @@ def _tail(steps: Any) -> Any:
     n = len(steps)
     if n <= LOCALISE_FEW:
         return steps
-    ends = steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
+    ends = _ends(steps)
 
     def within(s: float) -> int:
         return n - int(np.searchsorted(ends, ends[-1] - s, side="right"))
@@ -109,6 +109,7 @@ def _tail(steps: Any) -> Any:
 
 
 def _ends(steps: Any) -> np.ndarray:
+    """End times (Unix s) of a window's iterations (a StepWindow's column or a list's)."""
     return steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
 
 
@@ -138,8 +139,9 @@ def _latest_change(ranks: list[tuple[str, RankReport]], onset: float) -> float:
 def _since_change(
     ranks: list[tuple[str, RankReport]], recent: dict[tuple[str, int], Any], onset: float, policy: Policy
 ) -> dict[str, list]:
-    """Nodes named on the evidence since the job's slowdown began (onset, Unix
-    s: the step detector's change point). A fault that makes a rank compute
+    """Nodes named on the evidence since the job's newest step change (onset,
+    Unix s: the step detector's change point, or a newer one the agents
+    report, _latest_change). A fault that makes a rank compute
     far longer than its peers, against the scatter of a few iterations, need
     not wait for two disjoint windows of LOCALISE_S: the windows are each
     rank's recent iterations that ended after the onset (none from before the
