@@ -587,3 +587,34 @@ def test_the_evidence_since_a_change_starts_at_the_newest_change_the_agents_repo
             assert [c.node for c in a.culprits] == ["node2"]
             break
     assert k - 60 <= 8, k
+
+
+def test_the_start_up_before_the_jobs_faster_change_is_no_evidence():
+    """A healthy 2-stage pipeline as the stalled-pipeline cluster test saw it:
+    a start-up of 30 iterations of 90 ms in which stage 1 computes 55 ms, then
+    25 of 65 ms (its agent's baseline follows the faster level: compute 36
+    ms), then a burst of load: steps of 92 ms (+41%), stage 1 computing 47 ms
+    (1.3x), stage 0 1.05x. Its newest window alone is not sustained evidence;
+    the window before it reaches into the start-up, where stage 1 computed
+    1.5x its later baseline, and named its node too: drained 6 s into the
+    job. The windows begin at the faster change the agents report: no node."""
+    from slurmguard.wire import ChangeReport
+
+    rng = np.random.default_rng(3)
+    rows = {0: [], 1: []}
+    for i in range(100):
+        step, c0, c1 = (
+            (0.09, 0.045, 0.055) if i < 30 else (0.065, 0.040, 0.036) if i < 55 else (0.092, 0.042, 0.047)
+        )
+        rows[0].append((step, c0 * (1 + 0.02 * rng.standard_normal())))
+        rows[1].append((step, c1 * (1 + 0.02 * rng.standard_normal())))
+    ranks = [(f"node{r + 1}", _paced(r, f"stage{r}", 0.065, (0.040, 0.036)[r], rows[r])) for r in (0, 1)]
+    faster = (ChangeReport(at=ranks[0][1].steps[29].end, direction="faster", before_s=0.09, after_s=0.065),)
+    now = ranks[0][1].steps[-1].end + 0.1
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+    assert a is not None and a.slowdown > 0.3, a
+    named = [c.node for c in a.culprits]
+    ranks = [(n, r.model_copy(update={"changes": faster})) for n, r in ranks]
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+    assert a is not None and a.culprits == (), (named, a.evidence)
+    assert named == ["node2"]  # without the change reported, the start-up counts (the drain seen)

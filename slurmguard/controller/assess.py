@@ -120,6 +120,26 @@ def _keep(steps: Any, mask: np.ndarray) -> Any:
     return [s for s, m in zip(steps, mask.tolist()) if m]
 
 
+def _phase_start(ranks: list[tuple[str, RankReport]], since: float | None) -> float | None:
+    """Where the iterations comparable with the ranks' baselines begin (Unix
+    s): after `since` (a restart) and after the job's newest faster change
+    (the median of the ranks' newest, when half have one), since when their
+    agents' baselines follow the faster level (agent.analysis._feed_bocd). A
+    job's start-up is slower than its steady state: a pipeline stage that
+    computed 55 ms a step there against its later baseline of 36 ms made a
+    localisation window reaching into the start-up "slow", and with a burst
+    in the newest window its node was drained 6 s into a healthy job."""
+    faster = [
+        max(c.at for c in r.changes if c.direction == "faster")
+        for _, r in ranks
+        if any(c.direction == "faster" for c in r.changes)
+    ]
+    if not faster or 2 * len(faster) < len(ranks):
+        return since
+    t = float(np.median(faster))
+    return t if since is None else max(since, t)
+
+
 def _latest_change(ranks: list[tuple[str, RankReport]], onset: float) -> float:
     """The start of the job's newest step change (Unix s): the median of the
     ranks' newest verified slower change (RankReport.changes, as their agents
@@ -615,14 +635,15 @@ def assess_job(
         # a job that is neither slow enough for a tier (response.tiers.classify) nor
         # in a slowdown episode needs no node named: at 10,000 nodes, localising
         # every healthy job was a third of the cycle
-        recent = {(n, r.rank): _localise_window(r, since) for n, r in ranks}
+        cut = _phase_start(ranks, since)
+        recent = {(n, r.rank): _localise_window(r, cut) for n, r in ranks}
         ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
     held: dict[str, list] = {}
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
         # scheduler can starve one rank for a few seconds, a fault stays
-        before_windows = {(n, r.rank): _localise_window(r, since, len(recent[(n, r.rank)])) for n, r in ranks}
+        before_windows = {(n, r.rank): _localise_window(r, cut, len(recent[(n, r.rank)])) for n, r in ranks}
         _, _, before, _ = localise(ranks, before_windows, policy)
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
     if not held and onset is not None:
