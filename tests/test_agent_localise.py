@@ -64,7 +64,9 @@ def test_a_slow_spell_within_the_noise_names_no_node_and_says_so(tmp_path):
     and the CPU-capped 2-node DDP job of the demo took 67 s to be named
     instead of 39 s: a median jumps between the clusters a cap makes.)"""
     a, _ = judge(tmp_path, "L_tp2")
-    assert a is not None and a.slowdown > 0.05, a
+    # +4% once the window's warm-up is skipped (the report holds the whole
+    # history: one iteration fewer than total_steps), +5% or more with it
+    assert a is not None and a.slowdown > 0.03, a
     assert a.culprits == ()
     assert "within the noise" in a.evidence["localisation"], a.evidence
 
@@ -381,3 +383,238 @@ def test_the_compute_baseline_follows_the_step_baseline_past_the_start_up():
             assert an.baseline_compute_s == pytest.approx(0.03, rel=0.1)
     assert an.baseline_s == pytest.approx(0.08, rel=0.05)
     assert an.baseline_compute_s == pytest.approx(0.018, rel=0.1)
+
+
+def test_the_warm_up_of_a_window_that_holds_the_whole_history_is_skipped():
+    """The agent counts the iterations seen to start (total_steps) and reports
+    the completed ones: a window of the job's whole history is one iteration
+    shorter than total_steps. Its first agent.warmup_steps iterations (the
+    first forward passes, 1 s down to 0.15 s here) are not a slowdown: the
+    job steps at its baseline. (When len(steps) == total_steps decided, they
+    were judged: +73% since the job's start.)"""
+    from slurmguard.controller.assess import _judge_steps
+
+    ranks = [
+        _paced(r, "dp", 0.1, 0.05, [(x, x / 2) for x in (1.0, 0.6, 0.3, 0.2, 0.15, 0.1, 0.1, 0.1)])
+        for r in range(2)
+    ]
+    ranks = [r.model_copy(update={"total_steps": len(r.steps) + 1}) for r in ranks]
+    current, onset, judged = _judge_steps(ranks, POLICY, None)
+    assert judged == 2 and onset is None and current == pytest.approx(0.1)
+
+
+def _recorded_series(name):
+    """{(node, rank): [(end s, step s, compute s)]} and the labels of a
+    tests/data/localise recording."""
+    labels, rows = {}, {}
+    path = os.path.join(os.path.dirname(__file__), "data", "localise", name)
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                k, _, v = line[1:].partition(":")
+                labels[k.strip()] = v.strip()
+            elif not line.startswith("node,"):
+                node, rank, end, step, comp = line.strip().split(",")
+                rows.setdefault((node, int(rank)), []).append((float(end), float(step), float(comp)))
+    return rows, labels
+
+
+def _replay_cycles(series, policy, cycle=1.0, lag=0.5):
+    """The controller's view every `cycle` s of a recorded job: each rank's
+    agent has fed the iterations that ended `lag` s before (its baseline and
+    compute baseline as the agent learns them, RankAnalyzer._feed_bocd) and
+    reports its newest agent.report_steps. Yields (t, assessment or None)."""
+    from types import SimpleNamespace
+
+    from slurmguard.wire import RankReport, StepSample
+
+    keys = sorted(series)
+    agents = {k: RankAnalyzer(policy.agent, policy.detection) for k in keys}
+    ring = SimpleNamespace(header=SimpleNamespace(clock_offset_ns=0))
+    fed = dict.fromkeys(keys, 0)
+    t, last = cycle, max(series[k][-1][0] for k in keys)
+    while t <= last + lag:
+        ranks = []
+        for k in keys:
+            steps = [StepSample(end=e, step_s=s, comm_s=s - c) for e, s, c in series[k] if e <= t - lag]
+            agents[k]._feed_bocd(ring, steps[fed[k] :])
+            fed[k] = len(steps)
+            an = agents[k]
+            rep = RankReport(
+                rank=k[1],
+                source="torch",
+                role="dp",
+                baseline_step_s=an.baseline_s,
+                baseline_compute_s=an.baseline_compute_s,
+                steps=steps[-policy.agent.report_steps :],
+                total_steps=len(steps) + 1,
+            )
+            ranks.append((k[0], rep))
+        yield t, assess_job(JOB, tuple(k[0] for k in keys), ranks, {}, policy, t)
+        t += cycle
+
+
+#: the development cluster's agent cadence (dev/slurmguard_dev/devcluster/guard.py)
+DEV_POLICY = Policy.model_validate(
+    {"agent": {"report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20}}
+)
+
+
+def test_a_cpu_capped_ddp_rank_is_named_within_seconds_of_the_change_point():
+    """A real DDP job of the benchmark on a loaded machine (steps 0.2-0.4 s
+    while healthy, compute of both ranks scattered over 12-200 ms, sometimes
+    one rank ahead for a few iterations), its node2 capped at 21.1 s (steps
+    0.7-0.9 s). The step detector knows the slowdown about 4 s later; from
+    then the capped rank's compute since the change point (90-300 ms against
+    its peer's 40-135 ms) clears Student's t and is named again a report
+    later: node2 by 28 s, where two disjoint windows of 4 s named it at 34 s
+    (the real run drained at 35.1 s). Never a node before the cap, nor any
+    node but node2."""
+    series, labels = _recorded_series("ddp-cpu-cap-loaded.csv")
+    injected = float(labels["injected_s"])
+    named = [
+        (t, [c.node for c in a.culprits]) for t, a in _replay_cycles(series, DEV_POLICY) if a and a.culprits
+    ]
+    assert named, "never named"
+    assert all(t > injected and nodes == [labels["capped"]] for t, nodes in named), named
+    assert named[0][0] <= 29.0, named[0]
+
+
+def _burst_job(extra, slow_from, slow_to, n=60, slow_at=40, slow_step=0.2, sd=0.004):
+    """Two DP ranks of 0.1 s steps (compute 0.05 s, scattered +-4 ms) whose
+    job slows to slow_step s a step from iteration slow_at on, rank 1 computing
+    `extra` s more than its peer in iterations [slow_from, slow_to)."""
+    rng = np.random.default_rng(7)
+    rows0, rows1 = [], []
+    for i in range(n):
+        step = 0.1 if i < slow_at else slow_step
+        c0 = 0.05 + sd * rng.standard_normal()
+        c1 = 0.05 + sd * rng.standard_normal() + (extra if slow_from <= i < slow_to else 0.0)
+        rows0.append((step, c0))
+        rows1.append((step, c1))
+    return [("node1", _paced(0, "dp", 0.1, 0.05, rows0)), ("node2", _paced(1, "dp", 0.1, 0.05, rows1))]
+
+
+def test_the_evidence_to_name_a_node_scales_with_the_excess_over_the_noise():
+    """At the dev cadence (reports every 1 s), each rank's compute scattered
+    with a s.d. of 15 ms. Rank 1 computes 0.1 s (6.7 s.d.) more than its peer
+    from the change on (the job's step 0.1 -> 0.2 s): named 8 iterations
+    (1.6 s) after the change, where localise's two disjoint windows of 4 s
+    had not named it after 20. An excess of 10 ms (0.67 s.d.; step 0.12 s)
+    needs about twice the iterations since the change (60 with the disjoint
+    windows). The 0.1 s excess for only 0.8 s (4 iterations, within one
+    report interval) is named by no window that leaves that interval out:
+    not named, however large."""
+
+    def first_named(ranks, upto):
+        for k in range(42, upto):
+            cut = [(n, r.model_copy(update={"steps": r.steps[:k]})) for n, r in ranks]
+            now = cut[0][1].steps[-1].end + 0.1
+            a = assess_job(JOB, ("node1", "node2"), cut, {}, DEV_POLICY, now)
+            if a is not None and a.culprits:
+                assert [c.node for c in a.culprits] == ["node2"], a
+                return k - 40
+        assert a is not None and a.slowdown > 0.1, a  # the slowdown is seen all the same
+        return None
+
+    large = first_named(_burst_job(0.1, 40, 60, sd=0.015), 60)
+    small = first_named(_burst_job(0.01, 40, 140, n=140, slow_step=0.12, sd=0.015), 140)
+    assert large is not None and small is not None, (large, small)
+    assert large <= 10 and small >= large + 5, (large, small)
+    assert first_named(_burst_job(0.1, 40, 44, sd=0.015), 60) is None
+
+
+def test_a_pipeline_stage_is_not_named_from_the_few_iterations_since_a_change():
+    """A 2-stage pipeline of 42 ms steps on a loaded host: its step goes to
+    50 ms, stage 1 computing 1.18x its baseline (26.6 ms against 22.6, as a
+    healthy pipeline's stage did on the benchmark while its step was +93% for
+    a few seconds), stage 0 as before. A stage has no same-role peer: it is
+    compared with its own baseline scaled by the other ranks' growth, which a
+    burst moves as much as a fault, so the few iterations since the change
+    name no stage (on the benchmark they drained the healthy pipeline's
+    node); localise's two windows of 4 s decide, as before."""
+    rng = np.random.default_rng(5)
+
+    def job(n_slow):
+        rows0, rows1 = [], []
+        for i in range(60 + n_slow):
+            slow = i >= 60
+            step = 0.05 if slow else 0.042
+            rows0.append((step, 0.020 * (1 + 0.03 * rng.standard_normal())))
+            rows1.append((step, (0.0266 if slow else 0.0226) * (1 + 0.03 * rng.standard_normal())))
+        return [
+            ("node1", _paced(0, "stage0", 0.042, 0.020, rows0)),
+            ("node2", _paced(1, "stage1", 0.042, 0.0226, rows1)),
+        ]
+
+    for k in range(3, 40):
+        ranks = job(k)
+        now = ranks[0][1].steps[-1].end + 0.1
+        a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+        assert a is None or a.culprits == () or k * 0.05 > 2 * 4.0, (k, a)
+
+
+def test_the_evidence_since_a_change_starts_at_the_newest_change_the_agents_report():
+    """A job already 1.6x slower than its baseline (learned in a faster phase:
+    one open slowdown since iteration 20) whose rank 1 then computes 0.1 s
+    more from iteration 60 (step 0.16 -> 0.26 s). The agents report both
+    verified changes; the windows since the newest one hold only the fault's
+    iterations and name node2 after 7 of them. From the open slowdown's
+    start they hold 40 iterations more of equal compute, which dilute the
+    excess: 11."""
+    from slurmguard.wire import ChangeReport
+
+    rng = np.random.default_rng(11)
+    rows = {0: [], 1: []}
+    for i in range(80):
+        step = 0.1 if i < 20 else (0.16 if i < 60 else 0.26)
+        for r in (0, 1):
+            extra = 0.1 if (r == 1 and i >= 60) else 0.0
+            rows[r].append((step, 0.05 + extra + 0.015 * rng.standard_normal()))
+    full = [(f"node{r + 1}", _paced(r, "dp", 0.1, 0.05, rows[r])) for r in (0, 1)]
+    ends = [s.end for s in full[0][1].steps]
+    changes = (
+        ChangeReport(at=ends[19], direction="slower", before_s=0.1, after_s=0.16),
+        ChangeReport(at=ends[59], direction="slower", before_s=0.16, after_s=0.26),
+    )
+    for k in range(61, 80):
+        cut = [
+            (n, r.model_copy(update={"steps": r.steps[:k], "changes": changes if k > 63 else changes[:1]}))
+            for n, r in full
+        ]
+        a = assess_job(JOB, ("node1", "node2"), cut, {}, DEV_POLICY, cut[0][1].steps[-1].end + 0.1)
+        if a is not None and a.culprits:
+            assert [c.node for c in a.culprits] == ["node2"]
+            break
+    assert k - 60 <= 8, k
+
+
+def test_the_start_up_before_the_jobs_faster_change_is_no_evidence():
+    """A healthy 2-stage pipeline as the stalled-pipeline cluster test saw it:
+    a start-up of 30 iterations of 90 ms in which stage 1 computes 55 ms, then
+    25 of 65 ms (its agent's baseline follows the faster level: compute 36
+    ms), then a burst of load: steps of 92 ms (+41%), stage 1 computing 47 ms
+    (1.3x), stage 0 1.05x. Its newest window alone is not sustained evidence;
+    the window before it reaches into the start-up, where stage 1 computed
+    1.5x its later baseline, and named its node too: drained 6 s into the
+    job. The windows begin at the faster change the agents report: no node."""
+    from slurmguard.wire import ChangeReport
+
+    rng = np.random.default_rng(3)
+    rows = {0: [], 1: []}
+    for i in range(100):
+        step, c0, c1 = (
+            (0.09, 0.045, 0.055) if i < 30 else (0.065, 0.040, 0.036) if i < 55 else (0.092, 0.042, 0.047)
+        )
+        rows[0].append((step, c0 * (1 + 0.02 * rng.standard_normal())))
+        rows[1].append((step, c1 * (1 + 0.02 * rng.standard_normal())))
+    ranks = [(f"node{r + 1}", _paced(r, f"stage{r}", 0.065, (0.040, 0.036)[r], rows[r])) for r in (0, 1)]
+    faster = (ChangeReport(at=ranks[0][1].steps[29].end, direction="faster", before_s=0.09, after_s=0.065),)
+    now = ranks[0][1].steps[-1].end + 0.1
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+    assert a is not None and a.slowdown > 0.3, a
+    named = [c.node for c in a.culprits]
+    ranks = [(n, r.model_copy(update={"changes": faster})) for n, r in ranks]
+    a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+    assert a is not None and a.culprits == (), (named, a.evidence)
+    assert named == ["node2"]  # without the change reported, the start-up counts (the drain seen)

@@ -34,7 +34,7 @@ from slurmguard.detect.findings import Finding, Kind, Measure, Severity, Subject
 from slurmguard.detect.peers import PeerFlag
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.respond.tiers import Culprit, JobAssessment, calls_for_a_tier
-from slurmguard.wire import RankReport
+from slurmguard.wire import RankReport, StepWindow
 
 MAX_JUDGED = 8  # ranks whose step series the detector judges per job and cycle
 #: iterations whose (trimmed mean) compute localises, at least (a wide window:
@@ -97,7 +97,7 @@ def _tail(steps: Any) -> Any:
     n = len(steps)
     if n <= LOCALISE_FEW:
         return steps
-    ends = steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
+    ends = _ends(steps)
 
     def within(s: float) -> int:
         return n - int(np.searchsorted(ends, ends[-1] - s, side="right"))
@@ -106,6 +106,103 @@ def _tail(steps: Any) -> Any:
     if ends[-1] - ends[n - k] > LOCALISE_SPAN_S:
         k = max(within(LOCALISE_SPAN_S), LOCALISE_FEW)
     return steps[n - min(k, LOCALISE_MAX) :]
+
+
+def _ends(steps: Any) -> np.ndarray:
+    """End times (Unix s) of a window's iterations (a StepWindow's column or a list's)."""
+    return steps.end if hasattr(steps, "end") else np.array([s.end for s in steps])
+
+
+def _keep(steps: Any, mask: np.ndarray) -> Any:
+    """The iterations of a window where mask is true, as the same kind of window."""
+    if hasattr(steps, "columns"):
+        return StepWindow(steps.columns[:, mask])
+    return [s for s, m in zip(steps, mask.tolist()) if m]
+
+
+def _phase_start(ranks: list[tuple[str, RankReport]], since: float | None) -> float | None:
+    """Where the iterations comparable with the ranks' baselines begin (Unix
+    s): after `since` (a restart) and after the job's newest faster change
+    (the median of the ranks' newest, when half have one), since when their
+    agents' baselines follow the faster level (agent.analysis._feed_bocd). A
+    job's start-up is slower than its steady state: a pipeline stage that
+    computed 55 ms a step there against its later baseline of 36 ms made a
+    localisation window reaching into the start-up "slow", and with a burst
+    in the newest window its node was drained 6 s into a healthy job."""
+    faster = [
+        max(c.at for c in r.changes if c.direction == "faster")
+        for _, r in ranks
+        if any(c.direction == "faster" for c in r.changes)
+    ]
+    if not faster or 2 * len(faster) < len(ranks):
+        return since
+    t = float(np.median(faster))
+    return t if since is None else max(since, t)
+
+
+def _latest_change(ranks: list[tuple[str, RankReport]], onset: float) -> float:
+    """The start of the job's newest step change (Unix s): the median of the
+    ranks' newest verified slower change (RankReport.changes, as their agents
+    located it) where at least half the ranks have one after `onset`, else
+    `onset` (the first slow iteration of the job's open slowdown). A job
+    already slower than its baseline (learned in a faster phase) whose node
+    then fails is in one slowdown since the first: its iterations since the
+    newest change are the fault's, those before would dilute them."""
+    newest = [
+        max(c.at for c in r.changes if c.direction == "slower" and c.at > onset)
+        for _, r in ranks
+        if any(c.direction == "slower" and c.at > onset for c in r.changes)
+    ]
+    return float(np.median(newest)) if newest and 2 * len(newest) >= len(ranks) else onset
+
+
+def _since_change(
+    ranks: list[tuple[str, RankReport]], recent: dict[tuple[str, int], Any], onset: float, policy: Policy
+) -> dict[str, list]:
+    """Nodes named on the evidence since the job's newest step change (onset,
+    Unix s: the step detector's change point, or a newer one the agents
+    report, _latest_change). A fault that makes a rank compute
+    far longer than its peers, against the scatter of a few iterations, need
+    not wait for two disjoint windows of LOCALISE_S: the windows are each
+    rank's recent iterations that ended after the onset (none from before the
+    change, which would dilute it), judged with Student's t at every length
+    (_multiplier), so a small excess stays within the t of a few iterations
+    and waits for localise's long windows. The evidence must not hang on one
+    report interval (agent.report_interval_s) of it: cut into such slices
+    back from the newest iteration, the node must be named with each slice
+    left out too, LOCALISE_FEW iterations left at least. That is the node
+    named over 3 iterations since the change and confirmed by the next
+    report's; a scheduler or load burst that puts one rank ahead within one
+    interval is named by none of the windows that leave it out (and the
+    job's slowdown must still pay the tier's price before any drain).
+    Only ranks with same-role peers are judged so: their compute is compared
+    with their peers' over the same iterations. A rank alone in its role (a
+    pipeline stage) is compared with its own baseline scaled by the other
+    ranks' growth, which a burst of load moves as much as a fault: on the
+    benchmark a healthy pipeline's stage, its compute 1.18x its baseline
+    while its job's step was +93% for a few seconds, was named this way and
+    its node drained. Those wait for localise's two windows."""
+    onset = _latest_change(ranks, onset)
+    now_w = {k: _since(w, onset) for k, w in recent.items()}
+    if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
+        return {}
+    _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30, peers_only=True)
+    if not named:
+        return {}
+    gap = policy.agent.report_interval_s
+    ends = {k: _ends(w) for k, w in now_w.items()}
+    newest = max(float(e[-1]) for e in ends.values())
+    # each iteration's slice: how many report intervals before the newest it ended
+    part = {k: np.floor((newest - e) / gap).astype(int) for k, e in ends.items()}
+    for j in np.unique(np.concatenate(list(part.values()))).tolist():
+        left = {k: _keep(w, part[k] != j) for k, w in now_w.items()}
+        if min(len(w) for w in left.values()) < LOCALISE_FEW:
+            return {}
+        _, _, held, _ = localise(ranks, left, policy, t_below=1 << 30, peers_only=True)
+        named = {n: rows for n, rows in named.items() if n in held}
+        if not named:
+            break
+    return named
 
 
 def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +261,7 @@ def _judge_steps(
 
     def window(r: RankReport) -> Any:
         steps = _since(r.steps, since)
-        if since is None and len(r.steps) == r.total_steps:
+        if since is None and _from_start(r):
             steps = steps[cfg.warmup :]  # the window starts at the job's start: skip its warm-up
         return steps
 
@@ -172,7 +269,7 @@ def _judge_steps(
         # the window's length without building it (it is built for the chosen ranks only):
         # at thousands of ranks a job, slicing every window costs more than judging
         sized = [
-            (r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if len(r.steps) == r.total_steps else 0))
+            (r, len(r.steps) - (min(cfg.warmup, len(r.steps)) if _from_start(r) else 0))
             for r in ranks
             if r.baseline_step_s
         ]
@@ -210,6 +307,14 @@ def _judge_steps(
     return current, onset, len(rows)
 
 
+def _from_start(r: RankReport) -> bool:
+    """Whether the rank's window still holds its first iteration: total_steps
+    counts the iterations seen to start, the window their completed ones, so
+    a window of the whole history is one shorter (the newest iteration is
+    still running)."""
+    return len(r.steps) >= r.total_steps - 1
+
+
 def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> float | None:
     """A job whose every judged iteration (x: the ranks' step times, s, one row
     a rank, NaN-padded) is within response.tiers.moderate_slowdown of the job's
@@ -224,28 +329,33 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     return float(np.median(row_medians(x)))
 
 
-def _window_stats(windows: list, k_se: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _window_stats(
+    windows: list, k_se: float, t_below: int = LOCALISE_RECENT
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per window (a rank's recent iterations): trimmed mean step (s), trimmed
     mean compute (step - comm, s), the standard error of the latter (s:
     winsorized s.d. / ((1 - 2 g/m) sqrt(m)), Tukey and McLaughlin; inf under
     3 iterations) and how many standard errors are significant for it
-    (_multiplier of k_se), as arrays in one pass over all ranks (O(ranks x window))."""
+    (_multiplier of k_se, Student's t under t_below iterations), as arrays in
+    one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
     mean_step = _trimmed_mean(step)
     mean_comp, se, m, kept = _trimmed(step - comm)
-    return mean_step, mean_comp, se, _multiplier(k_se, m, kept)
+    return mean_step, mean_comp, se, _multiplier(k_se, m, kept, t_below)
 
 
-def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray) -> np.ndarray:
+def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray, t_below: int = LOCALISE_RECENT) -> np.ndarray:
     """Standard errors a difference must clear, per window of m iterations of
     which `kept` remain after trimming: k_se (policy detection.bocd.significance)
     for windows of LOCALISE_RECENT iterations or more, as always; a shorter
     window (a job of slow steps, LOCALISE_SPAN_S) estimates its spread from a
     handful of iterations, so its difference must clear Student's t at the same
     one-sided level with kept - 1 degrees of freedom (Yuen's trimmed t: 2
-    iterations left of 3 would need 4.5 s.e., not 2)."""
+    iterations left of 3 would need 4.5 s.e., not 2). t_below: the window
+    length from which k_se is used (the windows since a change point pay
+    Student's t at every length, see _since_change)."""
     df = np.maximum(kept - 1, 1).astype(float)
-    return np.where(m >= LOCALISE_RECENT, k_se, np.maximum(stdtrit(df, ndtr(k_se)), k_se))
+    return np.where(m >= t_below, k_se, np.maximum(stdtrit(df, ndtr(k_se)), k_se))
 
 
 def _trimmed_mean(x: np.ndarray) -> np.ndarray:
@@ -282,7 +392,11 @@ def _trim(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
 
 
 def localise(
-    ranks: list[tuple[str, RankReport]], recents: dict[tuple[str, int], list], policy: Policy
+    ranks: list[tuple[str, RankReport]],
+    recents: dict[tuple[str, int], list],
+    policy: Policy,
+    t_below: int = LOCALISE_RECENT,
+    peers_only: bool = False,
 ) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
@@ -314,7 +428,8 @@ def localise(
     of a rank's work as compute, its step grows by more than that part.
     A rank with no other rank's compute to compare with is never named
     while the job has other ranks (they are in warm-up or hidden): alone,
-    its own growth cannot tell a slow node from a slower job.
+    its own growth cannot tell a slow node from a slower job. t_below: see
+    _multiplier. peers_only: judge only ranks that have same-role peers.
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
@@ -326,7 +441,7 @@ def localise(
     k_se = policy.detection.bocd.significance
     needs: list[float] = []  # per judged rank: standard errors its difference must clear
     if keyed:
-        med_step, med_comp, se, mult = _window_stats([st for _, st in keyed], k_se)
+        med_step, med_comp, se, mult = _window_stats([st for _, st in keyed], k_se, t_below)
         for (key, _), ms, c, e, k in zip(
             keyed, med_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist()
         ):
@@ -388,6 +503,8 @@ def localise(
         if ratio <= 1.0 + excess:
             continue
         base = c / ratio
+        if peers_only and not peer[i]:
+            continue
         if n > 1:
             grown = float(peer_ratio[i] if peer[i] else all_ratio[i])
             if peer[i]:
@@ -518,21 +635,28 @@ def assess_job(
         # a job that is neither slow enough for a tier (response.tiers.classify) nor
         # in a slowdown episode needs no node named: at 10,000 nodes, localising
         # every healthy job was a third of the cycle
-        recent = {(n, r.rank): _localise_window(r, since) for n, r in ranks}
+        cut = _phase_start(ranks, since)
+        recent = {(n, r.rank): _localise_window(r, cut) for n, r in ranks}
         ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
+    held: dict[str, list] = {}
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
         # scheduler can starve one rank for a few seconds, a fault stays
-        before_windows = {(n, r.rank): _localise_window(r, since, len(recent[(n, r.rank)])) for n, r in ranks}
+        before_windows = {(n, r.rank): _localise_window(r, cut, len(recent[(n, r.rank)])) for n, r in ranks}
         _, _, before, _ = localise(ranks, before_windows, policy)
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
-        if not held:
-            why_not = (
-                f"{', '.join(sorted(slow_ranks))}: slow over its last iterations "
-                f"but not those before (not yet sustained)"
-            )
-        slow_ranks = held
+    if not held and onset is not None:
+        # a large excess since the change point is named sooner (_since_change)
+        held = _since_change(ranks, recent, onset, policy)
+        if held:
+            why_not = None
+    if slow_ranks and not held:
+        why_not = (
+            f"{', '.join(sorted(slow_ranks))}: slow over its last iterations "
+            f"but not those before (not yet sustained)"
+        )
+    slow_ranks = held
     # the detectors' output: typed findings; controller.decide turns them into the assessment
     found: list[Finding] = []
     if current is not None:

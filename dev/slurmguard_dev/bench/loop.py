@@ -110,6 +110,11 @@ def _one_fault_run(
             t_drain = sc.epoch(rec.at)
             break
         time.sleep(0.5)
+    early = 0
+    if t_drain is not None and t_drain < t_inject:
+        # drained while the cap was being calibrated (sc.inject measures the
+        # job's CPU use for seconds first): the job was still healthy, a false action
+        early, t_drain = 1, None
     log = sc.log(job)
     end = t_drain if t_drain is not None else time.time()
     after = [e for e in log[onset:] if e["t"] <= end]
@@ -130,6 +135,7 @@ def _one_fault_run(
         None if t_drain is None else len(after),
         bocd_it,
         sw_it,
+        false_actions=early,
     )
 
 
