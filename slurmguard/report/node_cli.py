@@ -14,7 +14,7 @@ from slurmguard.slurm.models import NodeInfo, is_ours
 from slurmguard.store import NodeState, SchemaNotCurrent, StoreError
 
 if TYPE_CHECKING:
-    from slurmguard.respond.actions import ActionExecutor, unsettled_after
+    from slurmguard.respond.actions import ActionExecutor
 
 
 def _owner(n: NodeInfo) -> str:
@@ -83,7 +83,7 @@ def node() -> None:
 
 
 def _executor(ctx: click.Context) -> tuple[AppContext, ActionExecutor]:
-    from slurmguard.respond.actions import ActionExecutor
+    from slurmguard.respond.actions import ActionExecutor, unsettled_after
 
     app = app_context(ctx)
     try:
