@@ -35,13 +35,34 @@ ACTION_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 """An audit action: lower_snake_case, at most 32 characters."""
 
 
-def _check_action(action: str, what: str) -> None:
-    if not ACTION_RE.match(action or ""):
-        raise InvalidValue(f"{what} action '{action}': use lower_snake_case, at most 32 characters")
-
-
 class AuditLog(StoreCore):
     """The audit_log table."""
+
+    def _action_fields(
+        self,
+        what: str,
+        action: str,
+        actor: str,
+        node: str | None,
+        job_id: str | None,
+        reason: str | None,
+        argv: Sequence[str] | None,
+        evidence: dict[str, Any] | None,
+        at: Timestamp | None,
+    ) -> dict[str, Any]:
+        """The checked columns an audit row and an action intent share."""
+        if not ACTION_RE.match(action or ""):
+            raise InvalidValue(f"{what} action '{action}': use lower_snake_case, at most 32 characters")
+        return {
+            "at": self._at(at),
+            "actor": check_actor(actor),
+            "action": action,
+            "node": node,
+            "job_id": opt_job(job_id),
+            "reason": reason,
+            "argv": None if argv is None else arg_list(argv),
+            "evidence": json_object(evidence, "evidence"),
+        }
 
     def audit(
         self,
@@ -58,23 +79,11 @@ class AuditLog(StoreCore):
         at: Timestamp | None = None,
     ) -> AuditRecord:
         """Append one row to the audit log: a Slurm action taken, failed, or only logged (dry_run)."""
-        _check_action(action, "audit")
+        fields = self._action_fields("audit", action, actor, node, job_id, reason, argv, evidence, at)
         out = member(AuditOutcome, outcome, "audit outcome")
         if out is AuditOutcome.ERROR and not error:
             raise InvalidValue(f"audit {action}: outcome 'error' needs the error text")
-        args = None if argv is None else arg_list(argv)
-        row = AuditEntry(
-            at=self._at(at),
-            actor=check_actor(actor),
-            action=action,
-            node=node,
-            job_id=opt_job(job_id),
-            reason=reason,
-            argv=args,
-            outcome=out.value,
-            error=error,
-            evidence=json_object(evidence, "evidence"),
-        )
+        row = AuditEntry(**fields, outcome=out.value, error=error)
         with self._tx() as s:
             s.add(row)
             s.flush()
@@ -116,19 +125,9 @@ class AuditLog(StoreCore):
         at: Timestamp | None = None,
     ) -> IntentRecord:
         """Record a Slurm action about to be taken (committed before the call)."""
-        _check_action(action, "intent")
+        fields = self._action_fields("intent", action, actor, node, job_id, reason, argv, evidence, at)
         row = ActionIntent(
-            at=self._at(at),
-            actor=check_actor(actor),
-            action=action,
-            node=node,
-            job_id=opt_job(job_id),
-            reason=reason,
-            argv=None if argv is None else arg_list(argv),
-            evidence=json_object(evidence, "evidence"),
-            effects=[json_object(e, "effect") for e in effects],
-            closed_at=None,
-            audit_id=None,
+            **fields, effects=[json_object(e, "effect") for e in effects], closed_at=None, audit_id=None
         )
         with self._tx() as s:
             s.add(row)
