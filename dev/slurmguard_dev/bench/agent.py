@@ -49,22 +49,11 @@ TARGET_CPU_PCT = 1.0
 TARGET_RSS_MB = 100.0
 
 
-def write_rings(
-    root: str, node: str, job_id: int, ranks: int, collectives: int, step_s: float, stop_after_s: float
-) -> None:
-    """The writer process: `ranks` rings of one job, `collectives` records per rank per step.
-
-    Each step: a forward pass without collectives, then the ranks'
-    collectives spread over the rest of the step with compute gaps between
-    them; durations vary by a few percent between ranks.
-    """
-    import random
-
+def _writers(job_dir: Path, job_id: int, ranks: int, node: str) -> list:
+    """One NCCL-hook ring per rank of job_id in job_dir, as the hook names them."""
     from slurmguard.hook.ring import SOURCE_NCCL, RingWriter, ring_file_name
 
-    job_dir = Path(root) / str(job_id)
-    job_dir.mkdir(parents=True, exist_ok=True)
-    writers = [
+    return [
         RingWriter(
             str(job_dir / ring_file_name(r, 0, "nccl")),
             job_id=job_id,
@@ -77,6 +66,22 @@ def write_rings(
         )
         for r in range(ranks)
     ]
+
+
+def write_rings(
+    root: str, node: str, job_id: int, ranks: int, collectives: int, step_s: float, stop_after_s: float
+) -> None:
+    """The writer process: `ranks` rings of one job, `collectives` records per rank per step.
+
+    Each step: a forward pass without collectives, then the ranks'
+    collectives spread over the rest of the step with compute gaps between
+    them; durations vary by a few percent between ranks.
+    """
+    import random
+
+    job_dir = Path(root) / str(job_id)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    writers = _writers(job_dir, job_id, ranks, node)
     kinds, comms = _step_ops(collectives)
     rng = random.Random(0)
     deadline = time.monotonic() + stop_after_s
@@ -140,25 +145,12 @@ def replay(ranks: int, collectives: int, step_s: float, polls: int, poll_steps: 
     from slurmguard.agent.analysis import RankAnalyzer
     from slurmguard.agent.rings import RingTracker
     from slurmguard.config import Policy
-    from slurmguard.hook.ring import SOURCE_NCCL, RingWriter, ring_file_name
 
     pol = Policy()
     with tempfile.TemporaryDirectory(prefix="sg-bench-replay-") as tmp:
         job_dir = Path(tmp) / str(JOB_ID)
         job_dir.mkdir()
-        writers = [
-            RingWriter(
-                str(job_dir / ring_file_name(r, 0, "nccl")),
-                job_id=JOB_ID,
-                step_id=0,
-                global_rank=r,
-                local_rank=r,
-                world_size=ranks,
-                source=SOURCE_NCCL,
-                node_name="replaynode",
-            )
-            for r in range(ranks)
-        ]
+        writers = _writers(job_dir, JOB_ID, ranks, "replaynode")
         kinds, comms = _step_ops(collectives)
         rng = random.Random(0)
         step_ns = int(step_s * 1e9)
