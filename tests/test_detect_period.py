@@ -181,3 +181,38 @@ def test_friedman_ranks_are_argsort_of_argsort():
         assert period._consistent(g) == reference(g)
         seen.add(reference(g))
     assert seen == {True, False}
+
+
+def _cycled_ops(n_iter: int, cycle_from: int, rng) -> RankOps:
+    """A DDP-like rank: 10 all-reduces an iteration after a 30 ms forward pass;
+    from iteration `cycle_from` on, every fifth iteration waits 25 ms longer
+    at its start (what a CPU cap's throttling does once it locks the steps
+    into its period)."""
+    ops, t = [], 0
+    for i in range(n_iter):
+        for b in range(10):
+            gap = 0.004 + rng.normal(0, 0.0003)
+            if b == 0:
+                gap += 0.03 + (0.025 if i >= cycle_from and i % 5 == 0 else 0.0)
+            t += int(gap * 1e9)
+            ops.append((1, 0, 1 << 20, t, t + 1000))
+    a = np.array(ops, dtype=np.int64)
+    return RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
+
+
+def test_a_cycle_that_only_the_newest_ops_show_does_not_replace_a_kept_period():
+    """A cycle of iterations that appears with a fault (here every fifth
+    iteration slower, over the newest 160 of 300) repeats as a whole and, by
+    timing alone, looks like one iteration of five parts. Found afresh it is
+    taken; kept at 10 (the agent's baseline period) it is not, as it is not
+    in the older half of the window: the baseline the fault is measured
+    against stays. Once the cycle fills both halves it is proven and taken,
+    and its whole is not split again in the same call."""
+    from slurmguard.detect.period import find_iterations
+
+    rng = np.random.default_rng(5)
+    ro = _cycled_ops(300, 140, rng)
+    assert find_iterations(ro).period == 50  # the premise: the cycle is there
+    assert find_iterations(ro, keep_period=10).period == 10
+    everywhere = _cycled_ops(300, 0, rng)
+    assert find_iterations(everywhere, keep_period=10).period == 50

@@ -315,6 +315,13 @@ def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     return float(bdtrc(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P  # binom.sf
 
 
+def _splits_throughout(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
+    """_splits on the older and on the newer half of the gaps, each on its
+    own (halves of whole j*k-op rows, so both stay aligned on the first gap)."""
+    half = gaps.size // (2 * j * k) * j * k
+    return half > 0 and _splits(gaps[:half], k, anchor, j) and _splits(gaps[half:], k, anchor, j)
+
+
 @dataclass(frozen=True)
 class Iterations:
     """anchors: indices into the rank's ops (issue order) of each iteration's
@@ -363,9 +370,11 @@ def find_iterations(
     keep_period: a period the caller has already measured the rank under (the
     agent, once it has learned a baseline). While the ops still repeat
     every `keep_period` ops with gaps that repeat too, it stays the
-    iteration, and only splits into up to KEPT_SPLIT parts are still tested
-    (a pipeline's micro-batches can take longer to prove than a baseline
-    takes to learn; the whole they make is then kept). A checkpoint or an
+    iteration, and only splits into up to KEPT_SPLIT parts that show in the
+    older and the newer half of the window alike are still taken (a
+    pipeline's micro-batches can take longer to prove than a baseline takes
+    to learn; the whole they make is then kept; a cycle a fault brings is in
+    the newer ops only). A checkpoint or an
     evaluation every N iterations makes N iterations repeat as a whole, and
     by timing alone that cycle cannot be told from an iteration made of N
     equal parts; taking it for the iteration once a baseline exists would
@@ -421,31 +430,45 @@ def find_iterations(
             return None  # the gaps do not repeat every k ops: not an iteration length
         return start, int(np.argmax(np.median(g, axis=0))), gaps
 
-    def accept(k: int, max_split: int = MAX_SPLIT) -> tuple[int, int] | int | Literal[False] | None:
+    def accept(
+        k: int, max_split: int = MAX_SPLIT, throughout: bool = False
+    ) -> tuple[int, int] | int | Literal[False] | None:
         """(k, first anchor) if k ops are one iteration; None if the gaps do
         not repeat every k ops; j*k (an int, j <= max_split) if k is a
         fraction of an iteration that repeats every j*k ops; False if there
-        are too few ops to tell for k or any longer period."""
+        are too few ops to tell for k or any longer period.
+        throughout: the split must also show in the older and the newer half
+        of the ops each on its own (see kept)."""
         got = place(k)
         if got is None or got is False:
             return got
         start, anchor, gaps = got
         for j in range(2, max_split + 1):
             if j * k <= kmax and is_candidate(j * k) and _splits(gaps, k, anchor, j):
+                if throughout and not _splits_throughout(gaps, k, anchor, j):
+                    continue
                 return j * k
         return k, start + anchor
 
     def kept() -> tuple[int, int] | None:
-        """The caller's period (or the whole of a few parts of it proven since)
-        while the ops still fit it."""
+        """The caller's period while the ops still fit it, or the whole of a
+        few parts of it, once the split shows throughout the window: in its
+        older half as well as its newer one. A structure of the job (a
+        pipeline stage's micro-batches) is there all along; a cycle of
+        iterations that a fault brings (a CPU cap's throttling locks the
+        steps into a pattern repeating every few of them) is only in the
+        ops since the fault, and taking it would throw away the baseline the
+        fault is to be measured against. The whole is not split again in
+        the same call: a split of a split is a new period first, and its own
+        split is tested under it (when the caller keeps it)."""
         k = keep_period
-        while k is not None and 1 <= k <= kmax and is_candidate(k):
-            got = accept(k, KEPT_SPLIT)
-            if isinstance(got, tuple):
-                return got
-            # a few parts of one iteration proven since: their whole is kept instead
-            k = got if isinstance(got, int) and not isinstance(got, bool) else None
-        return None
+        if k is None or not 1 <= k <= kmax or not is_candidate(k):
+            return None
+        got = accept(k, KEPT_SPLIT, throughout=True)
+        if isinstance(got, tuple) or got is None or got is False:
+            return got or None
+        whole = accept(got, 1)  # a few parts of one iteration: their whole
+        return whole if isinstance(whole, tuple) else None
 
     def smallest_first() -> tuple[int, int] | None:
         # A k found to be a fraction of an iteration that repeats every u ops
