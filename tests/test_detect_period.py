@@ -216,3 +216,44 @@ def test_a_cycle_that_only_the_newest_ops_show_does_not_replace_a_kept_period():
     assert find_iterations(ro, keep_period=10).period == 10
     everywhere = _cycled_ops(300, 0, rng)
     assert find_iterations(everywhere, keep_period=10).period == 50
+
+
+def _rotating_ops(n_iter: int, rng) -> RankOps:
+    """An iteration of a 0.3 s forward pass, then 98 reduce-scatter/all-gather
+    pairs and 4 all-reduces issued on 4 communicators in turn (the agent
+    bench's job): each communicator's own ops repeat every 50, the rank's
+    interleaved ops every 200."""
+    ops, t = [], 0
+    for _ in range(n_iter):
+        t += int(0.3e9)
+        for i in range(200):
+            op = 4 if i >= 196 else (3 if i % 2 == 0 else 2)
+            t += int((0.0035 + rng.normal(0, 0.0002)) * 1e9)
+            ops.append((op, i % 4, 1 << 23, t, t + 1000))
+    a = np.array(ops, dtype=np.int64)
+    return RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
+
+
+def test_a_period_kept_on_one_communicator_is_tested_on_that_communicator():
+    """A period found on one communicator's ops (Iterations.comm) stays while
+    that communicator's ops fit it, also once the interleaved ops show their
+    own (longer) period: testing it on the interleaved ops made the agent's
+    period flip between the two, every flip a lost baseline."""
+    from slurmguard.detect.period import find_iterations
+
+    rng = np.random.default_rng(7)
+    ro = _rotating_ops(70, rng)
+    free = find_iterations(ro)
+    assert free.comm is None and free.period in (196, 200)  # the premise
+    n = int(np.searchsorted(ro.start_ns, ro.start_ns[0] + int(30.5e9)))  # the first 30 iterations
+    early = RankOps(0, ro.op[:n], ro.comm[:n], ro.nbytes[:n], ro.start_ns[:n], ro.end_ns[:n])
+    first = find_iterations(early)
+    assert first.comm is not None and first.period == 49  # the interleaved period not proven yet
+    kept = find_iterations(ro, keep_period=first.period, keep_comm=first.comm)
+    assert (kept.period, kept.comm) == (first.period, first.comm)
+    steps = np.diff(ro.start_ns[kept.anchors]) / 1e9
+    assert np.median(steps) == pytest.approx(1.0, rel=0.05)  # one iteration, not one op
+    # the ops of the kept communicator gone (the job changed): found afresh
+    other = ro.comm != first.comm
+    rest = RankOps(0, ro.op[other], ro.comm[other], ro.nbytes[other], ro.start_ns[other], ro.end_ns[other])
+    assert find_iterations(rest, keep_period=first.period, keep_comm=first.comm).comm != first.comm

@@ -190,6 +190,7 @@ class RankAnalyzer:
     """Derived samples dropped as nonsense (see sane_steps), since the rank was first seen."""
     structure: tuple[int, str] | None = None
     """(ops per iteration, role) the baseline was measured under."""
+    _comm: int | None = None  # the communicator the period was found on (Iterations.comm)
     _last_anchor_ns: int = -(1 << 62)
     _det: StepDetector | None = None
     _fed_until_ns: int = 0
@@ -230,9 +231,10 @@ class RankAnalyzer:
         # once a baseline is learned, its period holds while the ops still fit it
         # (a checkpoint every N iterations is not a new iteration structure)
         kept = self.structure[0] if self.structure and self.baseline_s is not None else None
-        it = find_iterations(rank_ops(tr), self.detection.period, keep_period=kept)
+        it = find_iterations(rank_ops(tr), self.detection.period, keep_period=kept, keep_comm=self._comm)
         if it is None:
             return []
+        self._comm = it.comm
         structure = (it.period, role_of(tr, it))
         if structure != self.structure:
             # a new iteration structure (first seen, or the job changed phase,

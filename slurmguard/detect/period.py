@@ -328,11 +328,14 @@ class Iterations:
     first op; period: ops per iteration (of the ops kept, see
     iteration_anchors); signature: the (op, communicator, bytes) codes of one
     iteration from its anchor, as tuples (the rank's role in the job: ranks
-    that issue the same sequence do the same work)."""
+    that issue the same sequence do the same work); comm: the communicator
+    whose ops alone gave them (see _per_communicator), None: all the rank's
+    ops interleaved."""
 
     anchors: np.ndarray
     period: int
     signature: tuple[tuple[int, int, int], ...]
+    comm: int | None = None
 
 
 def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.ndarray | None:
@@ -341,7 +344,15 @@ def iteration_anchors(ops: RankOps, policy: PeriodPolicy | None = None) -> np.nd
     return None if it is None else it.anchors
 
 
-def _per_communicator(ops: RankOps, p: PeriodPolicy, keep_period: int | None) -> Iterations | None:
+def _one_communicator(ops: RankOps, c: int) -> tuple[np.ndarray, RankOps]:
+    """The indices of communicator c's ops among the rank's, and those ops."""
+    idx = np.flatnonzero(ops.comm == c)
+    return idx, RankOps(
+        ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx], ops.end_ns[idx]
+    )
+
+
+def _per_communicator(ops: RankOps, p: PeriodPolicy) -> Iterations | None:
     """Iterations from one communicator's ops alone, busiest first: ops
     issued from several threads (a DP all-reduce thread beside the TP ops)
     interleave differently every iteration, while each communicator's own
@@ -350,23 +361,28 @@ def _per_communicator(ops: RankOps, p: PeriodPolicy, keep_period: int | None) ->
     if comms.size < 2:
         return None
     for c in comms[np.argsort(-counts, kind="stable")]:
-        idx = np.flatnonzero(ops.comm == c)
-        sub = RankOps(
-            ops.rank, ops.op[idx], ops.comm[idx], ops.nbytes[idx], ops.start_ns[idx], ops.end_ns[idx]
-        )
-        it = find_iterations(sub, p, comm=int(c), keep_period=keep_period)
+        idx, sub = _one_communicator(ops, int(c))
+        it = _find(sub, p, int(c), None, kept_only=False)
         if it is not None:
-            return Iterations(idx[it.anchors], it.period, it.signature)
+            return Iterations(idx[it.anchors], it.period, it.signature, int(c))
     return None
 
 
 def find_iterations(
-    ops: RankOps, policy: PeriodPolicy | None = None, comm: int | None = None, keep_period: int | None = None
+    ops: RankOps,
+    policy: PeriodPolicy | None = None,
+    keep_period: int | None = None,
+    keep_comm: int | None = None,
 ) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
 
-    comm: set when `ops` are one communicator's (the fallback when the
-    interleaved sequence does not repeat, see _per_communicator).
+    keep_comm: the communicator keep_period was found on (Iterations.comm;
+    None: all the rank's ops). The kept period is tested on that
+    communicator's ops first; had it been tested on the interleaved ops (or
+    on another communicator's), it would never fit, and the rank's period
+    would flip between its interleaved and its per-communicator form (196
+    and 49 ops on the agent bench's job), each flip a lost baseline. When it
+    no longer fits there the search starts afresh.
     keep_period: a period the caller has already measured the rank under (the
     agent, once it has learned a baseline). While the ops still repeat
     every `keep_period` ops with gaps that repeat too, it stays the
@@ -394,6 +410,21 @@ def find_iterations(
     used, so warm-up and one-off ops neither shift nor break the boundaries.
     """
     p = policy or PeriodPolicy()
+    if keep_period is not None and keep_comm is not None:
+        idx, sub = _one_communicator(ops, keep_comm)
+        it = _find(sub, p, keep_comm, keep_period, kept_only=True) if idx.size else None
+        if it is not None:
+            return Iterations(idx[it.anchors], it.period, it.signature, keep_comm)
+        keep_period = None
+    return _find(ops, p, None, keep_period, kept_only=False)
+
+
+def _find(
+    ops: RankOps, p: PeriodPolicy, comm: int | None, keep_period: int | None, kept_only: bool
+) -> Iterations | None:
+    """find_iterations on `ops`, which are communicator `comm`'s alone when
+    it is set (then no per-communicator fallback); kept_only: the kept
+    period (or its whole) or None, no search afresh."""
     n = len(ops)
     if n < 4:
         return None
@@ -489,11 +520,11 @@ def find_iterations(
                 unit = unit * got // math.gcd(unit, got)
         return None
 
-    chosen = kept() or smallest_first()
+    chosen = kept() if kept_only else kept() or smallest_first()
     if chosen is None:
-        return _per_communicator(ops, p, keep_period) if comm is None else None
+        return _per_communicator(ops, p) if comm is None and not kept_only else None
     k, first = chosen
     anchors = keep[first::k]
     one = keep[first : first + k]
     sig = tuple((int(ops.op[i]), int(ops.comm[i]), int(ops.nbytes[i])) for i in one)
-    return Iterations(anchors, k, sig)
+    return Iterations(anchors, k, sig, comm)
