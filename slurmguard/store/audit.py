@@ -174,6 +174,5 @@ class AuditLog(StoreCore):
 
     def open_intents(self) -> list[IntentRecord]:
         """Intents not closed yet, oldest first."""
-        q = Query(ActionIntent, order=(ActionIntent.at, ActionIntent.id))
-        q.stmt = q.stmt.where(ActionIntent.closed_at.is_(None))
+        q = Query(ActionIntent, order=(ActionIntent.at, ActionIntent.id)).unset(ActionIntent.closed_at)
         return self._records(q, IntentRecord, read=True)

@@ -297,14 +297,8 @@ class TriageAction(Base):
     node: Mapped[Node] = relationship()
 
 
-class AuditEntry(Base):
-    __tablename__ = "audit_log"
-    __table_args__ = (
-        CheckConstraint(_in("outcome", AuditOutcome), name="outcome"),
-        Index("ix_audit_log_at", "at"),
-        Index("ix_audit_log_node_at", "node", "at"),
-        Index("ix_audit_log_action_at", "action", "at"),
-    )
+class _SlurmAction:
+    """The columns an audit row and an action intent share: one Slurm action."""
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     at: Mapped[datetime]
@@ -318,12 +312,24 @@ class AuditEntry(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     argv: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
     """The exact command line run (or that would have run, for dry_run)."""
+    evidence: Mapped[dict[str, Any]]
+    """For an intent: the audit evidence, lease_epoch included, and what reconciling needs."""
+
+
+class AuditEntry(_SlurmAction, Base):
+    __tablename__ = "audit_log"
+    __table_args__ = (
+        CheckConstraint(_in("outcome", AuditOutcome), name="outcome"),
+        Index("ix_audit_log_at", "at"),
+        Index("ix_audit_log_node_at", "node", "at"),
+        Index("ix_audit_log_action_at", "action", "at"),
+    )
+
     outcome: Mapped[str] = mapped_column(String(8))
     error: Mapped[str | None] = mapped_column(Text)
-    evidence: Mapped[dict[str, Any]]
 
 
-class ActionIntent(Base):
+class ActionIntent(_SlurmAction, Base):
     """Write-ahead record of one Slurm action (respond.actions.ActionExecutor): written
     before the Slurm call, closed with the action's audit row (in one transaction)
     after it. One left open belongs to a controller that stopped in between; the
@@ -333,17 +339,7 @@ class ActionIntent(Base):
     __tablename__ = "action_intents"
     __table_args__ = (Index("ix_action_intents_closed_at", "closed_at"),)
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True)
-    at: Mapped[datetime]
-    """When the action was about to be taken (the late audit row's time)."""
-    actor: Mapped[str] = mapped_column(String(64))
-    action: Mapped[str] = mapped_column(String(32))
-    node: Mapped[str | None] = mapped_column(String(NAME_LEN))
-    job_id: Mapped[str | None] = mapped_column(String(JOB_LEN))
-    reason: Mapped[str | None] = mapped_column(Text)
-    argv: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
-    evidence: Mapped[dict[str, Any]]
-    """The audit evidence, lease_epoch included, and what reconciling needs."""
+    # at: when the action was about to be taken (the late audit row's time)
     effects: Mapped[list[Any]] = mapped_column(JSON)
     """Store changes that go with the action (respond.actions.apply_effects)."""
     closed_at: Mapped[datetime | None]

@@ -84,6 +84,11 @@ class Query:
             self.stmt = self.stmt.where(column.in_(vs if parse is None else [parse(v) for v in vs]))
         return self
 
+    def unset(self, column: Any) -> Query:
+        """column IS NULL."""
+        self.stmt = self.stmt.where(column.is_(None))
+        return self
+
     def since(self, column: Any, ts: Timestamp | None) -> Query:
         """column >= ts (epoch seconds or an aware datetime; inclusive); nothing when None."""
         if ts is not None:
