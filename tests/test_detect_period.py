@@ -253,6 +253,14 @@ def test_a_period_kept_on_one_communicator_is_tested_on_that_communicator():
     assert (kept.period, kept.comm) == (first.period, first.comm)
     steps = np.diff(ro.start_ns[kept.anchors]) / 1e9
     assert np.median(steps) == pytest.approx(1.0, rel=0.05)  # one iteration, not one op
+    # one op of one communicator, found in the first seconds, is not kept: the
+    # whole it is part of is taken once proven
+    n3 = int(np.searchsorted(ro.start_ns, ro.start_ns[0] + int(3.5e9)))
+    tiny = find_iterations(
+        RankOps(0, ro.op[:n3], ro.comm[:n3], ro.nbytes[:n3], ro.start_ns[:n3], ro.end_ns[:n3])
+    )
+    assert tiny.period == 1 and tiny.comm is not None  # the premise
+    assert find_iterations(early, keep_period=1, keep_comm=tiny.comm).period == 49
     # the ops of the kept communicator gone (the job changed): found afresh
     other = ro.comm != first.comm
     rest = RankOps(0, ro.op[other], ro.comm[other], ro.nbytes[other], ro.start_ns[other], ro.end_ns[other])
