@@ -23,24 +23,53 @@ ski-rental order of Greyhound Algorithm 1, once its slowdown has cost:
 then drain and requeue at their own prices. Plans are served at
 /v1/jobs/<id>/plan for the training loop (slurmguard.mitigate.client) and
 kept in the incident's evidence, so a restarted controller serves the same.
+
+An S2 plan is planned from, and judged on, the job's own iterations
+(`timings_since`): the first from those since the slowdown's onset only (a
+window reaching back before it mixes healthy iterations in and under-states
+the slow rank: a plan of 9/7 came out of one, against 12/4 from the slowed
+iterations alone, and left the job as slow as before). Every cycle after
+PLAN_SETTLE_S, the job's step under the plan is compared with its step
+before it (`PlanBook.review`): a split under which the job is not faster is
+withdrawn (back to the split before it, which stays), so a mitigation that
+makes a job slower never stays in force; one that helps is re-planned from
+the compute under it (Eq. 1 on per-micro-batch times measured under the
+current split, PLAN_MIN_GAIN predicted at least), which follows the slow
+rank's fixed per-step work that no split moves (its optimizer step and its
+share of the gradient all-reduce, 20 of its 77 ms of CPU a step in the
+ddp workload), and a node that recovers gets the uniform split back.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from slurmguard.mitigate.microbatch import plan_microbatches
+from slurmguard.controller.assess import _since, _tail, _window_stats
+from slurmguard.mitigate.microbatch import makespan, plan_microbatches
 from slurmguard.mitigate.plan import JobPlan
 from slurmguard.mitigate.topology import Layout, plan_consolidation
+from slurmguard.wire import RankReport
 
 _OPT_IN = re.compile(r"slurmguard:(\S{0,256})")
 MAX_MICROBATCHES = 65536
 MAX_PP = 1024
 #: signals a job may ask to receive; never KILL or STOP, which a job cannot handle
 CHECKPOINT_SIGNALS = frozenset({"USR1", "USR2", "TERM", "INT", "HUP", "URG", "CONT"})
+#: seconds after a split is served before the iterations that judge it begin:
+#: the job picks it up at its next poll (every --plan-every steps) and
+#: switches at the step after; a job polling less often than this is judged
+#: on iterations of its old split (no faster: withdrawn, a safe miss)
+PLAN_SETTLE_S = 2.0
+#: iterations of every rank, at least, that a split is planned from or judged on
+PLAN_MIN_ITERS = 5
+#: predicted gain (fraction of the slowest group's time) below which no new
+#: split is served: measured compute scatters by a few percent from window to
+#: window, and a split that cannot win more would only chase that noise
+PLAN_MIN_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -110,9 +139,76 @@ def opt_in(comment: str | None) -> OptIn | None:
     return job_options(comment).mitigate
 
 
+@dataclass(frozen=True)
+class Timings:
+    """What a job's ranks did over one span of iterations. step_s: the job's
+    step (s; median over ranks of each rank's trimmed-mean step); compute_s:
+    rank -> its trimmed-mean compute (step minus time inside collectives, s);
+    iterations: the fewest any rank has in the span."""
+
+    step_s: float
+    compute_s: dict[int, float]
+    iterations: int
+
+
+def timings_since(ranks: list[tuple[str, RankReport]], since: float | None) -> Timings | None:
+    """Each rank's recent iterations that ended after `since` (Unix s; the
+    localisation window of controller.assess, trimmed means as there), or None
+    when a rank has none."""
+    windows = [_tail(_since(r.steps, since)) for _, r in ranks]
+    if not windows or min(len(w) for w in windows) == 0:
+        return None
+    step, compute, _, _ = _window_stats(windows, 1.0)
+    return Timings(
+        step_s=float(sorted(step.tolist())[len(step) // 2]),
+        compute_s={r.rank: float(c) for (_, r), c in zip(ranks, compute.tolist())},
+        iterations=min(len(w) for w in windows),
+    )
+
+
+def uniform_counts(total: int, dp: int, pp: int = 1) -> tuple[int, ...]:
+    """The split a job runs without a plan (multiples of pp, remainder to the first groups)."""
+    base = total // (dp * pp) * pp
+    extra = (total - base * dp) // pp
+    return tuple(base + (pp if d < extra else 0) for d in range(dp))
+
+
+def propose(
+    compute_s: dict[int, float], counts: tuple[int, ...], total: int, pp: int = 1
+) -> tuple[tuple[int, ...], float] | None:
+    """Greyhound Eq. 1 from each rank's compute per step (s) under `counts`
+    (micro-batches per DP group): (new counts, predicted time of the slowest
+    group, s), or None when no split is predicted to beat `counts` by
+    PLAN_MIN_GAIN. A DP group's time per micro-batch is that of its slowest
+    stage (a pipeline runs at the pace of its slowest stage); ranks are in
+    Megatron order (rank = stage * dp + dp_rank)."""
+    dp = len(counts)
+    per_mb = [max(max(compute_s[s * dp + d] for s in range(pp)), 1e-6) / counts[d] for d in range(dp)]
+    plan = plan_microbatches(per_mb, total, pp)
+    now = makespan(counts, per_mb)
+    if plan.m == counts or plan.makespan > now * (1.0 - PLAN_MIN_GAIN):
+        return None
+    return plan.m, plan.makespan
+
+
+@dataclass
+class _Review:
+    """How the split in force is judged. before_s: the job's step under the
+    split it replaced (s; inf: nothing to compare with, a split restored by a
+    withdrawal or by a restarted controller); previous: that split (None:
+    uniform); rejected: splits withdrawn for this job, never served again."""
+
+    version: int
+    issued_at: float
+    before_s: float = math.inf
+    previous: tuple[int, ...] | None = None
+    rejected: frozenset[tuple[int, ...]] = field(default_factory=frozenset)
+
+
 class PlanBook:
     def __init__(self) -> None:
         self._plans: dict[int, JobPlan] = {}
+        self._reviews: dict[int, _Review] = {}
         self._lock = threading.Lock()
 
     def get(self, job_id: int) -> JobPlan | None:
@@ -127,11 +223,20 @@ class PlanBook:
         p = self.get(job_id)
         return None if p is None else p.model_dump(mode="json")
 
-    def rebalance(self, job_id: int, compute_s: dict[int, float], total: int, pp: int = 1) -> JobPlan | None:
-        """S2 plan from each rank's compute time per step (s) under the current split.
-
-        A DP group's time per micro-batch is that of its slowest stage (a
-        pipeline runs at the pace of its slowest stage)."""
+    def rebalance(
+        self,
+        job_id: int,
+        compute_s: dict[int, float],
+        total: int,
+        pp: int = 1,
+        *,
+        before_s: float = math.inf,
+        now: float = 0.0,
+    ) -> JobPlan | None:
+        """S2 plan from each rank's compute time per step (s) under the current
+        split (`propose`); None when none is predicted to help. before_s: the
+        job's step under the current split (s), which the plan is judged
+        against from `now` (Unix s) on (`review`)."""
         ranks = sorted(compute_s)
         world = len(ranks)
         if ranks != list(range(world)) or world % pp:
@@ -141,17 +246,76 @@ class PlanBook:
             return None
         current = self.get(job_id)
         if current is not None and current.microbatches is not None and len(current.microbatches) == dp:
-            counts = list(current.microbatches)
+            counts = tuple(current.microbatches)
         else:
-            base = total // (dp * pp) * pp
-            extra = (total - base * dp) // pp
-            counts = [base + (pp if d < extra else 0) for d in range(dp)]
-        per_mb = [max(max(compute_s[s * dp + d] for s in range(pp)), 1e-6) / counts[d] for d in range(dp)]
-        plan = plan_microbatches(per_mb, total, pp)
-        if list(plan.m) == counts:
-            return None  # the current split is already the best one: nothing to serve
-        return self._next(
-            job_id, current, action="rebalance", microbatches=tuple(plan.m), pp=pp, makespan_s=plan.makespan
+            counts = uniform_counts(total, dp, pp)
+        best = propose(compute_s, counts, total, pp)
+        if best is None:
+            return None  # the current split is already (about) the best one: nothing to serve
+        new = self._next(job_id, current, action="rebalance", microbatches=best[0], pp=pp, makespan_s=best[1])
+        with self._lock:
+            self._reviews[job_id] = _Review(new.version, now, before_s, counts)
+        return new
+
+    def judged_from(self, job_id: int) -> float | None:
+        """Unix s from which the iterations judge the split in force (None: no split to judge)."""
+        plan, st = self.get(job_id), self._reviews.get(job_id)
+        if plan is None or plan.microbatches is None or st is None or st.version != plan.version:
+            return None
+        return st.issued_at + PLAN_SETTLE_S
+
+    def review(
+        self, job_id: int, t: Timings | None, total: int, pp: int = 1, now: float = 0.0
+    ) -> tuple[JobPlan | None, str]:
+        """Judge the split in force on `t` (the job's iterations since
+        `judged_from`): (the plan that replaces it, why), or (None, "") to keep
+        it. Not faster than before it (t.step_s >= before_s): withdrawn, back
+        to the split before it (uniform when there was none). Faster: re-planned
+        from the compute under it when that is predicted to gain PLAN_MIN_GAIN
+        (never to a withdrawn split); a re-plan that comes out uniform ends
+        the rebalance."""
+        plan = self.get(job_id)
+        if plan is None or plan.microbatches is None:
+            return None, ""
+        st = self._reviews.get(job_id)
+        if st is None or st.version != plan.version:
+            # restored by a restarted controller: nothing measured to compare it with yet
+            with self._lock:
+                self._reviews[job_id] = _Review(plan.version, now)
+            return None, ""
+        if t is None or t.iterations < PLAN_MIN_ITERS or now < st.issued_at + PLAN_SETTLE_S:
+            return None, ""
+        counts = tuple(plan.microbatches)
+        rejected = st.rejected
+        if t.step_s >= st.before_s:
+            back = st.previous if st.previous != uniform_counts(total, len(counts), pp) else None
+            new = self._next(job_id, plan, action="rebalance", microbatches=back, pp=pp)
+            with self._lock:
+                self._reviews[job_id] = _Review(new.version, now, rejected=rejected | {counts})
+            return new, (
+                f"withdrew micro-batches {list(counts)}: step {t.step_s * 1e3:.0f} ms under them, "
+                f"{st.before_s * 1e3:.0f} ms before; back to {list(back) if back else 'the uniform split'}"
+            )
+        if sorted(t.compute_s) != list(range(len(counts) * pp)):
+            return None, ""
+        best = propose(t.compute_s, counts, total, pp)
+        if best is None or best[0] in rejected:
+            return None, ""
+        uniform = best[0] == uniform_counts(total, len(counts), pp)
+        new = self._next(
+            job_id,
+            plan,
+            action="rebalance",
+            microbatches=None if uniform else best[0],
+            pp=pp,
+            makespan_s=None if uniform else best[1],
+        )
+        with self._lock:
+            self._reviews[job_id] = _Review(new.version, now, t.step_s, counts, rejected)
+        return new, (
+            f"micro-batches {list(best[0])} (from {list(counts)}: step {t.step_s * 1e3:.0f} ms, "
+            f"compute {', '.join(f'{c * 1e3:.0f}' for _, c in sorted(t.compute_s.items()))} ms per rank)"
+            + ("; the uniform split again" if uniform else "")
         )
 
     def retopology(self, job_id: int, slow_ranks: list[int], world: int, pp: int) -> JobPlan | None:
