@@ -37,8 +37,9 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
     wait_for(
         lambda: sum(1 for e in sc.log(job) if e["plan"] is not None) >= 40, 180, "40 steps under the plan"
     )
-    sc.clear(slow)
     log = sc.log(job)
+    sc.clear(slow)
+    cleared = len(sc.log(job))
     healthy = statistics.median(e["step_s"] for e in log[10:at])
     slowed = statistics.median(
         e["step_s"] for e in log[at:] if e["t"] > capped_at + 0.5 and e["plan"] is None
@@ -57,10 +58,17 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
             f"  plan v{v}: rank 0 runs {under[0]['microbatches']}, {len(under)} steps, median "
             f"{statistics.median(e['step_s'] for e in under) * 1e3:.0f} ms"
         )
-    for e in run.audit("rebalance"):
-        print(f"  audit: {e.reason}; compute per rank (s) {e.evidence.get('rank_compute_s')}")
     assert slowed > healthy * 1.25
     assert counts[-1] > MICROBATCHES // 2  # the healthy rank took micro-batches from the slow one
     assert mitigated < slowed * 0.9
+    # the node recovers: the split that now overloads rank 0 does not stay
+    back = wait_for(
+        lambda: [e for e in sc.log(job)[cleared:] if e["microbatches"] == MICROBATCHES // 2],
+        60,
+        "the uniform split back after the cap was lifted",
+    )
+    print(f"  uniform split back {back[0]['t'] - log[-1]['t']:.1f} s after the cap was lifted")
+    for e in run.audit("rebalance"):
+        print(f"  audit: {e.reason}; compute per rank (s) {e.evidence.get('rank_compute_s')}")
     assert not run.node(slow)["drained"]
     run.cluster.run(["scancel", str(job)])
