@@ -34,9 +34,13 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
     # those seconds are healthy ones and must not count as slowed
     capped_at = time.time()
     wait_for(lambda: run.audit("rebalance"), 120, "the rebalance plan")
-    wait_for(
-        lambda: sum(1 for e in sc.log(job) if e["plan"] is not None) >= 40, 180, "40 steps under the plan"
-    )
+
+    # steps under a split that moved micro-batches to the healthy rank 0, every such
+    # split counted (one the controller withdrew for not helping too)
+    def rebalanced():
+        return [e for e in sc.log(job) if e["plan"] is not None and e["microbatches"] > MICROBATCHES // 2]
+
+    wait_for(lambda: len(rebalanced()) >= 40, 180, "40 steps under a rebalanced split")
     log = sc.log(job)
     sc.clear(slow)
     cleared = len(sc.log(job))
@@ -45,12 +49,11 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
         e["step_s"] for e in log[at:] if e["t"] > capped_at + 0.5 and e["plan"] is None
     )
     planned = [e for e in log if e["plan"] is not None]
-    mitigated = statistics.median(e["step_s"] for e in planned[5:])
-    counts = [e["microbatches"] for e in planned]  # rank 0's: the healthy node's
+    mitigated = statistics.median(e["step_s"] for e in planned if e["microbatches"] > MICROBATCHES // 2)
     print(
         f"\n{slow} capped at {cap:.0f}% of a CPU (used {use:.2f}): step time healthy "
         f"{healthy * 1e3:.0f} ms, slowed {slowed * 1e3:.0f} ms, mitigated {mitigated * 1e3:.0f} ms "
-        f"(rank 0 now runs {counts[-1]} of {MICROBATCHES} micro-batches)"
+        f"(rank 0 ran {planned[-1]['microbatches']} of {MICROBATCHES} micro-batches at the end)"
     )
     for v in sorted({e["plan"] for e in planned}):
         under = [e for e in planned if e["plan"] == v]
@@ -58,8 +61,10 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
             f"  plan v{v}: rank 0 runs {under[0]['microbatches']}, {len(under)} steps, median "
             f"{statistics.median(e['step_s'] for e in under) * 1e3:.0f} ms"
         )
+    said = run.audit("rebalance")
+    for e in said:
+        print(f"  audit: {e.reason}; compute per rank (s) {e.evidence.get('rank_compute_s')}")
     assert slowed > healthy * 1.25
-    assert counts[-1] > MICROBATCHES // 2  # the healthy rank took micro-batches from the slow one
     assert mitigated < slowed * 0.9
     # the node recovers: the split that now overloads rank 0 does not stay
     back = wait_for(
@@ -68,7 +73,7 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
         "the uniform split back after the cap was lifted",
     )
     print(f"  uniform split back {back[0]['t'] - log[-1]['t']:.1f} s after the cap was lifted")
-    for e in run.audit("rebalance"):
+    for e in run.audit("rebalance")[len(said) :]:
         print(f"  audit: {e.reason}; compute per rank (s) {e.evidence.get('rank_compute_s')}")
     assert not run.node(slow)["drained"]
     run.cluster.run(["scancel", str(job)])

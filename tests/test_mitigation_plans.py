@@ -16,6 +16,7 @@ import pytest
 from slurmguard.config import parse_policy
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.plans import (
+    PLAN_RETRY_S,
     PLAN_SETTLE_S,
     PlanBook,
     Timings,
@@ -103,15 +104,31 @@ def test_a_split_is_judged_only_after_it_settles_on_enough_iterations():
     assert book.get(JOB).microbatches == (12, 4)
 
 
-def test_a_split_under_which_the_job_is_not_faster_is_withdrawn_and_never_served_again():
+def test_a_split_under_which_the_job_is_not_faster_is_withdrawn_then_retried_with_back_off():
     book = PlanBook()
     served(book, before_s=0.204)
     new, why = book.review(JOB, Timings(0.204, {0: 0.15, 1: 0.12}, 20), 16, now=110.0)
     assert new is not None and new.microbatches is None and new.version == 2
     assert "withdrew micro-batches [12, 4]" in why and "uniform" in why
-    assert book.judged_from(JOB) is None  # the uniform split: nothing left to judge
-    # a later incident plans afresh (its cause may differ): the split may come back then
-    assert book.rebalance(JOB, {0: 0.0715, 1: 0.2204}, 16, before_s=0.3, now=200.0) is not None
+    assert f"afresh from {PLAN_RETRY_S:.0f} s on" in why
+    # planned afresh from the iterations since the withdrawal, not before PLAN_RETRY_S
+    assert book.judged_from(JOB) == 110.0 + PLAN_SETTLE_S
+    slowed = Timings(0.316, {0: 0.0715, 1: 0.2204}, 20)
+    assert book.review(JOB, slowed, 16, now=110.0 + PLAN_RETRY_S - 1) == (None, "")
+    again, why = book.review(JOB, slowed, 16, now=110.0 + PLAN_RETRY_S)
+    assert again is not None and again.microbatches == (12, 4) and "afresh after withdrawal 1" in why
+    # withdrawn a second time: the next retry waits twice as long
+    t2 = 110.0 + PLAN_RETRY_S + 10
+    new, why = book.review(JOB, Timings(0.400, {0: 0.3, 1: 0.3}, 20), 16, now=t2)
+    assert new is not None and new.microbatches is None
+    assert f"afresh from {2 * PLAN_RETRY_S:.0f} s on" in why
+    assert book.review(JOB, slowed, 16, now=t2 + 2 * PLAN_RETRY_S - 1) == (None, "")
+    # by then the node has recovered: nothing to gain, the uniform split stays
+    assert book.review(JOB, Timings(0.085, {0: 0.07, 1: 0.071}, 20), 16, now=t2 + 2 * PLAN_RETRY_S) == (
+        None,
+        "",
+    )
+    assert book.get(JOB).microbatches is None
 
 
 def test_an_adjustment_that_makes_the_job_slower_goes_back_to_the_split_before_it():

@@ -70,6 +70,14 @@ PLAN_MIN_ITERS = 5
 #: split is served: measured compute scatters by a few percent from window to
 #: window, and a split that cannot win more would only chase that noise
 PLAN_MIN_GAIN = 0.05
+#: seconds after a split is withdrawn to the uniform one before a split is
+#: planned again from fresh iterations, doubled at every further withdrawal
+#: (PLAN_RETRY_MAX_S at most): a split can fail for a reason that passes (on
+#: the shared dev machine, other work starving the healthy rank: 12/4 ran 672
+#: ms against 536 ms uniform while the load average rose from 6 to 9), and
+#: the back-off bounds what a split that keeps failing costs
+PLAN_RETRY_S = 10.0
+PLAN_RETRY_MAX_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -196,13 +204,17 @@ class _Review:
     """How the split in force is judged. before_s: the job's step under the
     split it replaced (s; inf: nothing to compare with, a split restored by a
     withdrawal or by a restarted controller); previous: that split (None:
-    uniform); rejected: splits withdrawn for this job, never served again."""
+    uniform); rejected: splits withdrawn since the last retry, not served
+    again before the next; withdrawals: to the uniform split so far; retry_at:
+    Unix s from which a withdrawn rebalance is planned afresh (None: none)."""
 
     version: int
     issued_at: float
     before_s: float = math.inf
     previous: tuple[int, ...] | None = None
     rejected: frozenset[tuple[int, ...]] = field(default_factory=frozenset)
+    withdrawals: int = 0
+    retry_at: float | None = None
 
 
 class PlanBook:
@@ -258,9 +270,12 @@ class PlanBook:
         return new
 
     def judged_from(self, job_id: int) -> float | None:
-        """Unix s from which the iterations judge the split in force (None: no split to judge)."""
+        """Unix s from which the iterations judge the split in force, or plan a
+        withdrawn one afresh (None: nothing to judge)."""
         plan, st = self.get(job_id), self._reviews.get(job_id)
-        if plan is None or plan.microbatches is None or st is None or st.version != plan.version:
+        if plan is None or st is None or st.version != plan.version:
+            return None
+        if plan.microbatches is None and st.retry_at is None:
             return None
         return st.issued_at + PLAN_SETTLE_S
 
@@ -272,12 +287,16 @@ class PlanBook:
         it. Not faster than before it (t.step_s >= before_s): withdrawn, back
         to the split before it (uniform when there was none). Faster: re-planned
         from the compute under it when that is predicted to gain PLAN_MIN_GAIN
-        (never to a withdrawn split); a re-plan that comes out uniform ends
-        the rebalance."""
+        (never to a split withdrawn since the last retry); a re-plan that comes
+        out uniform ends the rebalance. Withdrawn to the uniform split: planned
+        afresh from the iterations since, PLAN_RETRY_S after (doubled at each
+        further withdrawal), when they still predict PLAN_MIN_GAIN."""
         plan = self.get(job_id)
-        if plan is None or plan.microbatches is None:
+        if plan is None:
             return None, ""
         st = self._reviews.get(job_id)
+        if plan.microbatches is None:
+            return self._retry(job_id, plan, st, t, total, pp, now)
         if st is None or st.version != plan.version:
             # restored by a restarted controller: nothing measured to compare it with yet
             with self._lock:
@@ -290,11 +309,18 @@ class PlanBook:
         if t.step_s >= st.before_s:
             back = st.previous if st.previous != uniform_counts(total, len(counts), pp) else None
             new = self._next(job_id, plan, action="rebalance", microbatches=back, pp=pp)
+            n, retry = st.withdrawals, None
+            if back is None:
+                n += 1
+                retry = now + min(PLAN_RETRY_S * 2 ** (n - 1), PLAN_RETRY_MAX_S)
             with self._lock:
-                self._reviews[job_id] = _Review(new.version, now, rejected=rejected | {counts})
+                self._reviews[job_id] = _Review(
+                    new.version, now, rejected=rejected | {counts}, withdrawals=n, retry_at=retry
+                )
             return new, (
                 f"withdrew micro-batches {list(counts)}: step {t.step_s * 1e3:.0f} ms under them, "
                 f"{st.before_s * 1e3:.0f} ms before; back to {list(back) if back else 'the uniform split'}"
+                + (f", planned afresh from {retry - now:.0f} s on" if retry is not None else "")
             )
         if sorted(t.compute_s) != list(range(len(counts) * pp)):
             return None, ""
@@ -311,11 +337,42 @@ class PlanBook:
             makespan_s=None if uniform else best[1],
         )
         with self._lock:
-            self._reviews[job_id] = _Review(new.version, now, t.step_s, counts, rejected)
+            self._reviews[job_id] = _Review(new.version, now, t.step_s, counts, rejected, st.withdrawals)
         return new, (
             f"micro-batches {list(best[0])} (from {list(counts)}: step {t.step_s * 1e3:.0f} ms, "
             f"compute {', '.join(f'{c * 1e3:.0f}' for _, c in sorted(t.compute_s.items()))} ms per rank)"
             + ("; the uniform split again" if uniform else "")
+        )
+
+    def _retry(
+        self,
+        job_id: int,
+        plan: JobPlan,
+        st: _Review | None,
+        t: Timings | None,
+        total: int,
+        pp: int,
+        now: float,
+    ) -> tuple[JobPlan | None, str]:
+        """A withdrawn rebalance planned afresh (see review)."""
+        if st is None or st.version != plan.version or st.retry_at is None or now < st.retry_at:
+            return None, ""
+        if t is None or t.iterations < PLAN_MIN_ITERS:
+            return None, ""
+        world = len(t.compute_s)
+        if sorted(t.compute_s) != list(range(world)) or world % pp or world // pp < 2:
+            return None, ""
+        counts = uniform_counts(total, world // pp, pp)
+        best = propose(t.compute_s, counts, total, pp)
+        if best is None:
+            return None, ""  # nothing to gain now (the node recovered): the uniform split stays
+        new = self._next(job_id, plan, action="rebalance", microbatches=best[0], pp=pp, makespan_s=best[1])
+        with self._lock:
+            self._reviews[job_id] = _Review(new.version, now, t.step_s, None, withdrawals=st.withdrawals)
+        return new, (
+            f"micro-batches {list(best[0])} planned afresh after withdrawal {st.withdrawals} (uniform: step "
+            f"{t.step_s * 1e3:.0f} ms, compute "
+            f"{', '.join(f'{c * 1e3:.0f}' for _, c in sorted(t.compute_s.items()))} ms per rank)"
         )
 
     def retopology(self, job_id: int, slow_ranks: list[int], world: int, pp: int) -> JobPlan | None:
