@@ -584,10 +584,12 @@ class Controller:
         now (a split that helped can outlive the slowdown it was for)."""
         from slurmguard.mitigate.plan import JobPlan
 
-        want = job_options(job.comment).mitigate
-        if self.plans.get(a.job_id) is None and incident is not None and incident.evidence.get("plan"):
+        if self.plans.get(a.job_id) is None:
+            if incident is None or not incident.evidence.get("plan"):
+                return  # no plan served (most jobs): nothing to judge
             # a restarted controller serves the plan its predecessor served
             self.plans.put(JobPlan.model_validate(incident.evidence["plan"]))
+        want = job_options(job.comment).mitigate
         since = self.plans.judged_from(a.job_id)
         if want is None or since is None:
             if want is not None:

@@ -48,6 +48,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from slurmguard.controller.assess import _since, _tail, _window_stats
 from slurmguard.mitigate.microbatch import makespan, plan_microbatches
 from slurmguard.mitigate.plan import JobPlan
@@ -168,7 +170,7 @@ def timings_since(ranks: list[tuple[str, RankReport]], since: float | None) -> T
         return None
     step, compute, _, _ = _window_stats(windows, 1.0)
     return Timings(
-        step_s=float(sorted(step.tolist())[len(step) // 2]),
+        step_s=float(np.median(step)),
         compute_s={r.rank: float(c) for (_, r), c in zip(ranks, compute.tolist())},
         iterations=min(len(w) for w in windows),
     )
