@@ -31,13 +31,19 @@ the slow rank: a plan of 9/7 came out of one, against 12/4 from the slowed
 iterations alone, and left the job as slow as before). Every cycle after
 PLAN_SETTLE_S, the job's step under the plan is compared with its step
 before it (`PlanBook.review`): a split under which the job is not faster is
-withdrawn (back to the split before it, which stays), so a mitigation that
-makes a job slower never stays in force; one that helps is re-planned from
+withdrawn (back to the split before it; from the uniform split a rebalance is
+planned afresh after a back-off, PLAN_RETRY_S), so a mitigation that makes a
+job slower never stays in force; one that helps is re-planned from
 the compute under it (Eq. 1 on per-micro-batch times measured under the
 current split, PLAN_MIN_GAIN predicted at least), which follows the slow
 rank's fixed per-step work that no split moves (its optimizer step and its
-share of the gradient all-reduce, 20 of its 77 ms of CPU a step in the
-ddp workload), and a node that recovers gets the uniform split back.
+share of the gradient all-reduce, about 20 of its 77 ms of CPU a step in
+the ddp workload at 8 micro-batches, 7 ms each), and a node that recovers
+gets the uniform split back. What the hooks see as a capped rank's compute
+understates it once it no longer holds the others up (the cap throttles it
+inside its collectives too, which count as communication): a re-plan from it
+can move work back to the slow rank, and the step-time judgement is what
+undoes such a move.
 """
 
 from __future__ import annotations
