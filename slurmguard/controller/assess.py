@@ -75,7 +75,7 @@ ATTRIBUTION = 0.5
 TRIM = 0.1
 
 
-def _since(steps: Any, since: float | None) -> Any:
+def steps_since(steps: Any, since: float | None) -> Any:
     """The iterations of a rank's window that ended after `since` (all for None)."""
     if hasattr(steps, "since"):  # the controller's compact window (controller.fleet.StepWindow)
         return steps.since(since)
@@ -87,11 +87,11 @@ def _localise_window(r: RankReport, since: float | None, skip: int = 0) -> Any:
     before the newest `skip` (the sustained check), ended after `since`: its
     last LOCALISE_RECENT iterations or, when more ended within LOCALISE_S of
     the newest, those (LOCALISE_MAX at most)."""
-    steps = _since(r.steps[-(skip + LOCALISE_MAX) :], since)
-    return _tail(steps[: max(0, len(steps) - skip)])
+    steps = steps_since(r.steps[-(skip + LOCALISE_MAX) :], since)
+    return window_tail(steps[: max(0, len(steps) - skip)])
 
 
-def _tail(steps: Any) -> Any:
+def window_tail(steps: Any) -> Any:
     """The iterations of `steps` (oldest first) that localise, see _localise_window
     (and LOCALISE_SPAN_S for slow steps)."""
     n = len(steps)
@@ -183,7 +183,7 @@ def _since_change(
     while its job's step was +93% for a few seconds, was named this way and
     its node drained. Those wait for localise's two windows."""
     onset = _latest_change(ranks, onset)
-    now_w = {k: _since(w, onset) for k, w in recent.items()}
+    now_w = {k: steps_since(w, onset) for k, w in recent.items()}
     if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
         return {}
     _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30, peers_only=True)
@@ -260,7 +260,7 @@ def _judge_steps(
     cfg = DetectorConfig.from_policy(policy)
 
     def window(r: RankReport) -> Any:
-        steps = _since(r.steps, since)
+        steps = steps_since(r.steps, since)
         if since is None and _from_start(r):
             steps = steps[cfg.warmup :]  # the window starts at the job's start: skip its warm-up
         return steps
@@ -329,7 +329,7 @@ def _within_baseline(x: np.ndarray, baselines: list[float], policy: Policy) -> f
     return float(np.median(row_medians(x)))
 
 
-def _window_stats(
+def window_stats(
     windows: list, k_se: float, t_below: int = LOCALISE_RECENT
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per window (a rank's recent iterations): trimmed mean step (s), trimmed
@@ -417,7 +417,7 @@ def localise(
     A rank is named only when its extra compute (over its same-role peers',
     or over its baseline scaled by the other ranks' growth) is beyond the
     noise of the window (policy detection.bocd.significance standard errors
-    of the two trimmed means, see _window_stats; Student's t for the short
+    of the two trimmed means, see window_stats; Student's t for the short
     windows of slow steps, _multiplier) and explains at least ATTRIBUTION of the job's
     step-time growth over the same iterations (median over ranks of the
     recent trimmed mean step minus the baseline step). Ranks that share a machine
@@ -441,7 +441,7 @@ def localise(
     k_se = policy.detection.bocd.significance
     needs: list[float] = []  # per judged rank: standard errors its difference must clear
     if keyed:
-        med_step, med_comp, se, mult = _window_stats([st for _, st in keyed], k_se, t_below)
+        med_step, med_comp, se, mult = window_stats([st for _, st in keyed], k_se, t_below)
         for (key, _), ms, c, e, k in zip(
             keyed, med_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist()
         ):

@@ -39,7 +39,7 @@ from slurmguard.clock import Clock
 from slurmguard.config import Policy
 from slurmguard.controller.assess import assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
-from slurmguard.controller.plans import PlanBook, job_options
+from slurmguard.controller.plans import PLAN_MIN_ITERS, PlanBook, job_options, timings_since
 from slurmguard.detect.peers import PeerFlag, PeerScorer
 from slurmguard.respond.actions import (
     LATE,
@@ -244,6 +244,7 @@ class Controller:
         if a is None:
             return
         res.assessments[job.job_id] = a
+        self._review_plan(a, job, ranks, incident, now, res)
         tier = classify(a, self.policy.response.tiers, now)
         if tier >= Tier.DRAIN:
             slow_nodes.update(c.node for c in a.culprits)
@@ -257,7 +258,7 @@ class Controller:
                     100 * a.slowdown,
                     a.evidence.get("localisation") or "stalled, no rank to blame",
                 )
-        self._respond(a, tier, job, nodes, partitions, incident, now, res)
+        self._respond(a, tier, job, nodes, partitions, incident, now, res, ranks)
 
     def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:
         """Record an error of one job's assessment/plan in its incident (once per text)."""
@@ -370,6 +371,7 @@ class Controller:
         incident: IncidentRecord | None,
         now: float,
         res: CycleResult,
+        ranks: list | None = None,
     ) -> None:
         if tier < Tier.DRAIN:
             return
@@ -435,7 +437,7 @@ class Controller:
         gated = decision.tier
         if gated < Tier.DRAIN:
             # cheaper than a drain, for jobs that opted in: rebalance micro-batches
-            self._mitigate(a, job, incident, decision, res)
+            self._mitigate(a, job, incident, decision, res, ranks or [], now)
             return  # the slowdown has not yet cost the price of the next action
         was = _tier_of(incident.tier)
         if gated > was:
@@ -515,27 +517,36 @@ class Controller:
         return replace(a, culprits=tuple(kept)) if kept else a
 
     def _mitigate(
-        self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, decision: Decision, res: CycleResult
+        self,
+        a: JobAssessment,
+        job: JobInfo,
+        incident: IncidentRecord,
+        decision: Decision,
+        res: CycleResult,
+        ranks: list,
+        now: float,
     ) -> None:
         """Carry out the in-job action the rule made due (each taken once per incident)."""
-        from slurmguard.mitigate.plan import JobPlan
-
         want = job_options(job.comment).mitigate
-        if want is None:
-            return
-        if self.plans.get(a.job_id) is None and incident.evidence.get("plan"):
-            self.plans.put(JobPlan.model_validate(incident.evidence["plan"]))
-        if decision.in_job is None:
+        if want is None or decision.in_job is None:
             return
         action = decision.in_job
         taken = set(incident.evidence.get("mitigations", [])) | {x.value for x in decision.skipped}
-        taken.add(action.value)
-        compute = {int(k.split("/")[1]): v for k, v in a.evidence.get("rank_compute_s", {}).items()}
         if action is Action.REBALANCE:
-            plan = self.plans.rebalance(a.job_id, compute, want.microbatches, want.pp)
+            # planned from the slowed iterations only (those since the onset), never
+            # from a window that reaches back into the healthy ones before it
+            t = timings_since(ranks, a.onset)
+            if t is None or t.iterations < PLAN_MIN_ITERS:
+                return  # too few slowed iterations yet: due again next cycle
+            compute = t.compute_s
+            plan = self.plans.rebalance(
+                a.job_id, compute, want.microbatches, want.pp, before_s=t.step_s, now=now
+            )
         else:
+            compute = {int(k.split("/")[1]): v for k, v in a.evidence.get("rank_compute_s", {}).items()}
             slow = sorted({r for c in a.culprits for r in c.ranks})
             plan = self.plans.retopology(a.job_id, slow, a.gpus, want.pp)
+        taken.add(action.value)
         if plan is None:
             self.store.update_incident(incident.id, evidence={"mitigations": sorted(taken)})
             return
@@ -544,24 +555,87 @@ class Controller:
             if action is Action.REBALANCE
             else f"swaps {[list(s) for s in plan.swaps]}"
         )
-        self.store.audit(
+        self._record_plan(
             action.value,
-            actor=self.actor,
-            job_id=str(a.job_id),
-            reason=f"{what} (plan v{plan.version})",
-            evidence={
-                "incident": incident.id,
-                "plan": plan.model_dump(mode="json"),
-                "rank_compute_s": compute,
-                "paid_gpu_s": round(decision.paid_gpu_s, 3),
-            },
+            a.job_id,
+            plan,
+            f"{what} (plan v{plan.version})",
+            compute,
+            incident,
+            res,
+            paid_gpu_s=round(decision.paid_gpu_s, 3),
         )
         self.store.update_incident(
-            incident.id,
-            evidence={"plan": plan.model_dump(mode="json"), "mitigations": sorted(taken)},
-            outcome=f"{action.value}: {what}",
+            incident.id, evidence={"mitigations": sorted(taken)}, outcome=f"{action.value}: {what}"
         )
-        res.actions.append((action.value, str(a.job_id)))
+
+    def _review_plan(
+        self,
+        a: JobAssessment,
+        job: JobInfo,
+        ranks: list,
+        incident: IncidentRecord | None,
+        now: float,
+        res: CycleResult,
+    ) -> None:
+        """Judge the job's micro-batch split in force on its iterations under it
+        (PlanBook.review): withdrawn when the job is not faster under it,
+        re-planned from the compute under it otherwise, whatever the job's tier
+        now (a split that helped can outlive the slowdown it was for)."""
+        from slurmguard.mitigate.plan import JobPlan
+
+        if self.plans.get(a.job_id) is None:
+            if incident is None or not incident.evidence.get("plan"):
+                return  # no plan served (most jobs): nothing to judge
+            # a restarted controller serves the plan its predecessor served
+            self.plans.put(JobPlan.model_validate(incident.evidence["plan"]))
+        want = job_options(job.comment).mitigate
+        since = self.plans.judged_from(a.job_id)
+        if want is None or since is None:
+            if want is not None:
+                self.plans.review(a.job_id, None, want.microbatches, want.pp, now)  # a restored plan
+            return
+        t = timings_since(ranks, since)
+        plan, why = self.plans.review(a.job_id, t, want.microbatches, want.pp, now)
+        if plan is None:
+            return
+        self._record_plan(
+            "rebalance",
+            a.job_id,
+            plan,
+            f"{why} (plan v{plan.version})",
+            t.compute_s if t else {},
+            incident,
+            res,
+        )
+
+    def _record_plan(
+        self,
+        action: str,
+        job_id: int,
+        plan: Any,
+        reason: str,
+        compute: dict[int, float],
+        incident: IncidentRecord | None,
+        res: CycleResult,
+        **evidence: Any,
+    ) -> None:
+        """Audit a served plan and keep it in the incident, so a restarted controller serves the same."""
+        self.store.audit(
+            action,
+            actor=self.actor,
+            job_id=str(job_id),
+            reason=reason,
+            evidence={
+                **({"incident": incident.id} if incident is not None else {}),
+                "plan": plan.model_dump(mode="json"),
+                "rank_compute_s": {r: round(c, 6) for r, c in compute.items()},
+                **evidence,
+            },
+        )
+        if incident is not None:
+            self.store.update_incident(incident.id, evidence={"plan": plan.model_dump(mode="json")})
+        res.actions.append((action, str(job_id)))
 
     def _checkpoint(
         self, a: JobAssessment, job: JobInfo, incident: IncidentRecord, evidence: dict, res: CycleResult
