@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from slurmguard.config import ModelFloor, SweepPolicy, parse_policy
 from slurmguard.errors import ConfigError
 from slurmguard.sweeps.baseline import baseline_for, peers_for
-from slurmguard.sweeps.result import parse_result
+from slurmguard.sweeps.result import load_result, parse_result
 from slurmguard.sweeps.verdict import Outcome, floor_for, judge_result
 from tests.fixtures.sweeps import node_doc, node_result, pair_result
 
@@ -147,3 +150,25 @@ def test_throttling_during_the_run_fails_and_the_reason_still_names_the_referenc
         judge_result(with_throttle({"hw_slowdown": 0.05}, 1.0), None, POL, peers=peers).outcome
         is Outcome.PASS
     )
+
+
+def test_real_h200_node_sweep_passes_its_floor_and_a_slowed_copy_fails():
+    """The 1-node sweep as it ran on a real NVIDIA H200 (2026-11-28, torch
+    2.11.0+cu130, 3 s of GEMM a dtype; tests/data/gpu/h200-nccl2.28.9/
+    node_sweep.json: 51 fp32 / 661 bf16 TFLOP/s, 4,236 GB/s, power-capped in
+    3 of 7 samples) parses, and with no baseline and no peer the H200 floor
+    (spec x 0.5) passes it; the same result with its bf16 GEMM at 40% of the
+    spec fails on that metric."""
+    path = Path(__file__).parent / "data" / "gpu" / "h200-nccl2.28.9" / "node_sweep.json"
+    r = load_result(str(path))
+    assert r.device_name == "NVIDIA H200" and r.hw_class == "NVIDIA H200 x1"
+    assert floor_for(r.device_name, POL).model == "NVIDIA H200*"
+    v = judge_result(r, None, POL)
+    assert v.outcome is Outcome.PASS and v.basis == "floor", v.detail
+    assert {c.key for c in v.checks} >= {"gemm_bfloat16/gpu0", "gemm_float32/gpu0", "membw/gpu0"}
+    doc = json.loads(path.read_text())
+    for g in doc["devices"][0]["gemm"]:
+        if g["dtype"] == "bfloat16":
+            g["tflops"] = 0.4 * 989.4
+    v = judge_result(parse_result(doc, "slowed"), None, POL)
+    assert v.outcome is Outcome.FAIL and "gemm_bf16" in v.reason, v.reason

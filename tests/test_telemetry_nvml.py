@@ -222,3 +222,34 @@ def test_gpm_gives_the_profiling_ratios_from_the_second_sample():
     clock.advance(10)
     v = {(s.gpu, s.signal): s.value for s in src.sample().samples}
     assert v[(4, Signal.TENSOR_ACTIVE)] == pytest.approx(0.5)  # the samples alternate, in order
+
+
+H200 = Path(__file__).parent / "data" / "gpu" / "h200-nccl2.28.9" / "nvml.jsonl"
+#: signals that need two samples (a rate, or GPM's difference of two samples)
+TWO_SAMPLE = {"ecc_dbe_new", "pcie_replay_rate", "sm_active", "tensor_active", "dram_active"}
+
+
+def test_real_h200_samples_match_the_fakes_signals_units_and_timing():
+    """NvmlSource on a real NVIDIA H200 (driver 580.159.04; three samples one
+    second apart, idle GPU; tests/data/gpu/h200-nccl2.28.9/nvml.jsonl) against
+    the same source over the fake: every signal the real GPU gave the fake
+    gives too, in the same unit, and the two-sample signals appear from the
+    second sample on, as on the real one. The real values are in the units
+    the signals name (W, not NVML's mW; ratios, not percent)."""
+    real = [json.loads(line) for line in H200.read_text().splitlines()]
+    clock = FakeClock()
+    src = NvmlSource("gpu07", FakeNvml(_devices()[:1]), clock=clock)
+    fake = []
+    for _ in real:
+        fake.append({s.signal: s.unit for s in src.sample().samples if s.gpu == 0})
+        clock.advance(1)
+    for k, (r, f) in enumerate(zip(real, fake, strict=True)):
+        units = {sig: unit for sig, gpu, _nic, _v, unit in r["samples"] if gpu == 0}
+        assert not r["events"], r["events"]
+        # the recovery action: NVML answers it on this driver, the fixture's does not
+        assert {s: u for s, u in units.items() if s != "gpu_recovery_action"}.items() <= f.items(), k
+        assert (TWO_SAMPLE & units.keys()) == (TWO_SAMPLE if k else set()) == (TWO_SAMPLE & f.keys())
+        v = {sig: val for sig, gpu, _nic, val, _u in r["samples"] if gpu == 0}
+        assert 20 <= v["power"] <= 1000 and 10 <= v["gpu_temp"] <= 100
+        assert 100 <= v["sm_clock"] <= 2500 and 0 <= v["gpu_util"] <= 100
+        assert all(0 <= v[s] <= 1 for s in ("sm_active", "tensor_active", "dram_active") if s in v)
