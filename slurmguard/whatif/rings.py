@@ -382,10 +382,17 @@ def _computed_between_calls(t: np.ndarray, end: np.ndarray, seg: np.ndarray) -> 
 
 def match_steps(its: dict[int, RankIterations], ref: int) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """Step k = the reference rank's iteration k where every rank has a mutual nearest
-    iteration (by collective end) with as many collectives. Returns (ref iteration
-    index per kept step, rank -> its iteration index per kept step)."""
+    iteration (by collective end) with as many collectives, that number being the
+    reference's usual one. Returns (ref iteration index per kept step, rank -> its
+    iteration index per kept step).
+
+    An iteration with another number of collectives is not one step: where the
+    boundaries of a throttled stretch were missed on every rank alike, two or more
+    steps read as one (twice the collectives), and kept as a step they would add
+    their whole length to the mean step time the what-if reports as the actual one."""
     r0 = its[ref]
-    keep = np.ones(len(r0.comm_end), dtype=bool)
+    counts, freq = np.unique(r0.n_ops, return_counts=True)
+    keep = r0.n_ops == counts[np.argmax(freq)]
     picks: dict[int, np.ndarray] = {}
     for rank, ri in its.items():
         if rank == ref:
