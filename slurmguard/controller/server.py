@@ -1,6 +1,6 @@
 """The controller's HTTP endpoints (one event loop per listener, stdlib only).
 
-POST /v1/report          signed AgentReport (see slurmguard.wire; wire format 3, 2 or 1)
+POST /v1/report          signed AgentReport (see slurmguard.wire; wire format 4, 3, 2 or 1)
 GET  /healthz            200 while cycles run, 503 when the last one is stale
 GET  /metrics            Prometheus text format         } controller.read_clients only;
 GET  /v1/jobs/<id>/plan  the job's mitigation plan      } on the management listener
@@ -73,8 +73,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pydantic import ValidationError
-
 from slurmguard.config import ControllerPolicy
 
 if TYPE_CHECKING:
@@ -85,7 +83,9 @@ from slurmguard.wire import (
     SIG_HEADER,
     TIME_HEADER,
     AgentReport,
+    ReportError,
     check_time,
+    decode_report,
     signed_by,
 )
 
@@ -897,14 +897,9 @@ class _Service:
             log.warning("rejected report from %s: bad signature for node %s", req.client, node)
             return self._refuse(401, "bad signature", "unauthorized", report=True)
         try:
-            report = AgentReport.model_validate_json(body)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            # a check of the whole report names its field in the message
-            where = "".join(f"{x}." for x in first["loc"])[:-1] + ": " if first["loc"] else ""
-            return self._refuse(
-                422, f"invalid report from node {node}: {where}{first['msg']}", "invalid", report=True
-            )
+            report = decode_report(body)
+        except ReportError as exc:
+            return self._refuse(422, f"invalid report from node {node}: {exc}", "invalid", report=True)
         if report.node != node:
             log.warning("node %s signed a report for node %s (from %s)", node, report.node, req.client)
             return self._refuse(
