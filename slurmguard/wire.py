@@ -2,27 +2,28 @@
 format; "wire", not "report": `slurmguard.report` is the admin report, whose renderers
 and commands share nothing with this).
 
-Wire format (`schema_version`): 3 (what agents send) packs each rank's
-iterations into one base64 string of float64 columns, {"n": N, "cols": B64},
-where B64 holds 24 x N bytes: N `end`, then N `step_s`, then N `comm_s`,
-little-endian IEEE 754 (`StepWindow`); 256 iterations of 8 ranks are 66 KB
-of JSON instead of about 185 KB, and the controller reads them as arrays
-without building an object per iteration. It sends the report's telemetry
-samples as columns too (`TelemetryColumns`): {"keys": [[signal, unit, gpu,
-nic], ...], "n": N, "k": B64 of N uint32 key indices, "cols": B64 of N
-timestamps then N values, float64}, each device signal named once and one
-object a report instead of one a sample (the controller sums them per
-device signal as they are). The controller decodes a report's base64 in
-its JSON parser (standard or URL-safe alphabet) and checks all its step
-windows at once.
-Versions 1 (steps as lists of {"end", "step_s", "comm_s"}) and 2 (telemetry
-as a list of records) are still accepted (`schema_version` 1, 2 or 3;
-others are refused), so agents of the previous releases keep reporting
-while the fleet is upgraded (controllers first: an older controller
-refuses a newer version with 422). All are validated alike: a packed window
-must hold exactly 24 x n bytes of finite numbers with step_s and comm_s >=
-0, packed telemetry exactly n key indices below len(keys) and 2 x n finite
-numbers, or the report is refused naming the field.
+Wire format (`schema_version`): 4 (what agents send, `encode_report`) is the
+report's JSON on one line, without the fields at their defaults, a line break,
+and then its columns as raw bytes: each rank's iterations ({"n": N} in its
+place) as 24 x N bytes, N `end`, then N `step_s`, then N `comm_s`,
+little-endian IEEE 754 (`StepWindow`), in the order of jobs and ranks; then
+the telemetry ({"keys": [[signal, unit, gpu, nic], ...], "n": N} in its
+place, each device signal named once) as N timestamps and N values (float64),
+then N key indices (uint32) (`TelemetryColumns`). 32 iterations of 8 ranks
+and 32 samples are 8.4 KB instead of 12 KB in version 3, and the controller
+reads the columns as arrays without decoding them or building an object per
+iteration or sample. Version 3 sent the same columns in place as base64 text
+({"n": N, "cols": B64}; {"keys", "n", "k": B64, "cols": B64}), with every
+field: that JSON form (model_dump_json) is read as version 4 too.
+Versions 1 (steps as lists of {"end", "step_s", "comm_s"}), 2 (telemetry as a
+list of records) and 3 are still accepted (`schema_version` 1 to 4; others
+are refused), so agents of the previous releases keep reporting while the
+fleet is upgraded (controllers first: an older controller refuses a newer
+version with 422). All are read by `decode_report` and validated alike: a
+packed window must hold exactly 24 x n bytes of finite numbers with step_s
+and comm_s >= 0, packed telemetry exactly n key indices below len(keys) and
+2 x n finite numbers, and the columns after the JSON exactly what its
+windows and telemetry name, or the report is refused naming the field.
 
 Reports carry rolling windows (the last `max_steps` iterations of each rank,
 the telemetry samples since the previous report), so the controller can
@@ -50,6 +51,7 @@ import binascii
 import functools
 import hashlib
 import hmac
+import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -64,7 +66,7 @@ from pydantic import (
     GetCoreSchemaHandler,
     PlainSerializer,
     Tag,
-    model_validator,
+    ValidationError,
 )
 from pydantic_core import core_schema
 
@@ -72,7 +74,7 @@ from slurmguard.config import read_trusted
 from slurmguard.errors import ConfigError
 from slurmguard.names import NODE_NAME_RE
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 #: most iterations one packed rank window may carry (the agent sends agent.report_steps)
 MAX_PACKED_STEPS = 1 << 16
 MAX_SKEW_S = 300.0
@@ -80,6 +82,8 @@ TIME_HEADER = "X-Slurmguard-Time"
 SIG_HEADER = "X-Slurmguard-Signature"
 NODE_HEADER = "X-Slurmguard-Node"
 KEY_CONTEXT = b"slurmguard node key v1\0"
+#: the media type of a report body as agents send it (encode_report: JSON, then columns)
+CONTENT_TYPE = "application/vnd.slurmguard.report"
 #: a Slurm node name as slurmguard accepts it anywhere (slurmguard.names)
 NODE_NAME = NODE_NAME_RE
 
@@ -108,8 +112,6 @@ class Step(NamedTuple):
 
 
 _LE_F64 = np.dtype("<f8")
-#: bytes in JSON are base64 text (standard or URL-safe alphabet), decoded by the parser
-_B64_BYTES = core_schema.CoreConfig(val_json_bytes="base64")
 
 
 def _form_of(packed_type: type) -> Callable[[object], str]:
@@ -122,19 +124,18 @@ def _form_of(packed_type: type) -> Callable[[object], str]:
     return form
 
 
-def _packed_schema(
-    cls: type, packed: Callable[[core_schema.CoreSchema], core_schema.CoreSchema]
-) -> core_schema.CoreSchema:
-    """The schema of a type sent as base64 columns (`packed(raw)`: its dict's schema
-    with `raw` for the column strings). From JSON the parser decodes the base64
-    (val_json_bytes, about four times faster than binascii); from Python the
-    columns are base64 text, or the object is one already; it serialises to JSON
-    through its packed()."""
+#: bytes in JSON are base64 text (standard or URL-safe alphabet), decoded by the parser
+_B64_BYTES = core_schema.CoreConfig(val_json_bytes="base64")
+
+
+def _packed_schema(cls: type, fields: dict[str, core_schema.TypedDictField]) -> core_schema.CoreSchema:
+    """The schema of a type sent as packed columns: from JSON the dict of `fields`
+    (base64 decoded by the parser; the columns may also follow the JSON, wire
+    format 4), which `decode_report` reads into the type for the whole report at
+    once; from Python an instance; serialised to JSON through its packed()."""
     return core_schema.json_or_python_schema(
-        json_schema=packed(core_schema.bytes_schema()),
-        python_schema=core_schema.union_schema(
-            [core_schema.is_instance_schema(cls), packed(core_schema.str_schema())]
-        ),
+        json_schema=core_schema.typed_dict_schema(fields, extra_behavior="forbid", config=_B64_BYTES),
+        python_schema=core_schema.is_instance_schema(cls),
         serialization=core_schema.plain_serializer_function_ser_schema(
             lambda x: x.packed(), when_used="json"
         ),
@@ -144,108 +145,33 @@ def _packed_schema(
 class StepWindow(Sequence):
     """A rank's iterations as one (3, n) float64 array (end, step_s, comm_s):
     24 bytes an iteration instead of a model object each, and the packed wire
-    form of schema version 2. Reads like the list of StepSample it replaces
-    (len, index, slice, iterate); `end`, `step_s` and `comm_s` are the
-    columns, for code that works on arrays.
+    form (schema versions 2 and later). Reads like the list of StepSample it
+    replaces (len, index, slice, iterate); `end`, `step_s` and `comm_s` are the
+    columns, for code that works on arrays. Read off the wire by `decode_report`,
+    which checks all the windows of a report at once."""
 
-    Read from the wire, a window is decoded with all the others of its report at
-    once (`decode_all`, called by AgentReport's validation): one base64 decode and
-    one check for the report instead of one per rank (they were a third of a
-    report's parsing). A window validated outside a report is decoded, and
-    checked, when first read."""
-
-    __slots__ = ("_arr", "_raw")
+    __slots__ = ("_a",)
 
     def __init__(self, a: np.ndarray) -> None:
-        self._arr: np.ndarray | None = a
-        self._raw: tuple[int, bytes | str] | None = None
-
-    @property
-    def _a(self) -> np.ndarray:
-        if self._arr is None:
-            assert self._raw is not None
-            self._arr = StepWindow.unpack({"n": self._raw[0], "cols": self._raw[1]})._arr
-            self._raw = None
-        return self._arr  # type: ignore[return-value]
-
-    @classmethod
-    def _pending(cls, d: dict) -> StepWindow:
-        """A window of a packed dict ({"n", "cols"}, types checked; cols: its bytes,
-        decoded from base64 by the JSON parser, or base64 text), decoded later."""
-        w = cls.__new__(cls)
-        w._arr, w._raw = None, (d["n"], d["cols"])
-        return w
+        self._a = a
 
     @staticmethod
-    def _bytes(n: int, cols: bytes | str) -> bytes:
-        """The 24 x n bytes of a window's cols; ValueError naming what is wrong."""
+    def check(n: int, cols: bytes | str) -> np.ndarray:
+        """The (3, n) array of a packed window's cols (its 24 x n bytes, or base64 text of
+        them); ValueError naming what is wrong."""
         if isinstance(cols, str):
             try:
                 cols = binascii.a2b_base64(cols, strict_mode=True)
             except (binascii.Error, ValueError) as exc:
-                raise ValueError(f"cols is not base64 ({exc})") from None
+                raise ValueError(f"cols: Data should be valid base64 ({exc})") from None
         if len(cols) != 24 * n:
             raise ValueError(f"cols holds {len(cols)} bytes; n={n} needs 24 x n = {24 * n}")
-        return cols
-
-    @staticmethod
-    def decode_all(windows: Sequence[StepWindow], where: Callable[[int], str]) -> None:
-        """Decode and check the pending windows at once; ValueError naming the first bad
-        one (`where(i)`: where the i-th window is in the report) and what is wrong (as
-        `unpack` says it). The windows of a report usually have one length: then the
-        check is three array operations, whatever the number of ranks."""
-        raws = [w._raw for w in windows if w._raw is not None]
-        if len(raws) != len(windows):
-            raise ValueError("decode_all: a window is not pending")
-        if not raws:
-            return
-        ns = [r[0] for r in raws]
-        cols = [r[1] for r in raws]
-        joined = None
-        if [len(c) for c in cols] == [24 * n for n in ns]:
-            try:
-                joined = b"".join(cols)  # type: ignore[arg-type]
-            except TypeError:  # base64 text (validated from Python)
-                pass
-        if joined is None:  # text, or a length that does not fit: one at a time, to name it
-            i = 0
-            try:
-                for i, (n, c) in enumerate(zip(ns, cols)):
-                    cols[i] = StepWindow._bytes(n, c)
-            except ValueError as exc:
-                raise ValueError(f"{where(i)}: {exc}") from None
-            joined = b"".join(cols)  # type: ignore[arg-type]
-        flat = np.frombuffer(joined, dtype=_LE_F64)
-        n0 = ns[0]
-        same = ns.count(n0) == len(ns)
-        ok = bool(np.isfinite(flat).all())
-        if same:
-            a = flat.reshape(len(ns), 3, n0)
-            ok = ok and (n0 == 0 or float(a[:, 1:].min()) >= 0)  # step_s and comm_s
-        elif ok:
-            bounds, at = [], 0
-            for n in ns:
-                if n:
-                    bounds += [at + n, at + 3 * n]  # step_s and comm_s of this window
-                at += 3 * n
-            if bounds and bounds[-1] == at:  # the last segment runs to the end (reduceat's rule)
-                bounds.pop()
-            ok = not bounds or float(np.minimum.reduceat(flat, bounds)[::2].min()) >= 0
-        if not ok:  # one of them is bad: each on its own, to name it
-            for i, (n, c) in enumerate(zip(ns, cols)):
-                try:
-                    StepWindow.unpack({"n": n, "cols": c})
-                except ValueError as exc:
-                    raise ValueError(f"{where(i)}: {exc}") from None
-            raise AssertionError("decode_all: joined windows failed, each alone passed")
-        if same:
-            for w, arr in zip(windows, a):
-                w._arr, w._raw = arr, None
-            return
-        at = 0
-        for w, n in zip(windows, ns):
-            w._arr, w._raw = flat[at : at + 3 * n].reshape(3, n), None
-            at += 3 * n
+        a = np.frombuffer(cols, dtype=_LE_F64).reshape(3, n)
+        if not np.isfinite(a).all():
+            raise ValueError("cols holds a value that is not a finite number")
+        if n and a[1:].min() < 0:
+            raise ValueError("step_s and comm_s must be >= 0")
+        return a
 
     @classmethod
     def of(cls, steps: StepWindow | Sequence[StepSample], keep: int | None = None) -> StepWindow:
@@ -268,35 +194,16 @@ class StepWindow(Sequence):
         return {"n": a.shape[1], "cols": base64.b64encode(a.tobytes()).decode("ascii")}
 
     @classmethod
-    def unpack(cls, d: dict) -> StepWindow:
-        """The window of a packed dict ({"n", "cols"}, types already checked);
-        ValueError naming what is wrong."""
-        n = d["n"]
-        a = np.frombuffer(StepWindow._bytes(n, d["cols"]), dtype=_LE_F64).reshape(3, n)
-        if not np.isfinite(a).all():
-            raise ValueError("cols holds a value that is not a finite number")
-        if n and a[1:].min() < 0:
-            raise ValueError("step_s and comm_s must be >= 0")
-        return cls(a)
-
-    @classmethod
     def __get_pydantic_core_schema__(
         cls, source: Any, handler: GetCoreSchemaHandler
     ) -> core_schema.CoreSchema:
-        def packed(cols: core_schema.CoreSchema) -> core_schema.CoreSchema:
-            return core_schema.no_info_after_validator_function(
-                cls._pending,
-                core_schema.typed_dict_schema(
-                    {
-                        "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
-                        "cols": core_schema.typed_dict_field(cols),
-                    },
-                    extra_behavior="forbid",
-                    config=_B64_BYTES,
-                ),
-            )
-
-        return _packed_schema(cls, packed)
+        return _packed_schema(
+            cls,
+            {
+                "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_STEPS)),
+                "cols": core_schema.typed_dict_field(core_schema.bytes_schema(), required=False),
+            },
+        )
 
     # ---- the columns
     @property
@@ -321,11 +228,6 @@ class StepWindow(Sequence):
 
     def __bool__(self) -> bool:
         return self._a.shape[1] > 0
-
-    @property
-    def pending(self) -> bool:
-        """Read from the wire and not decoded yet (decode_all)."""
-        return self._raw is not None
 
     @overload
     def __getitem__(self, i: int) -> Step: ...
@@ -484,16 +386,17 @@ class TelemetryColumns(Sequence):
         }
 
     @classmethod
-    def unpack(cls, d: dict) -> TelemetryColumns:
-        """The columns of a packed dict (types already checked); ValueError naming
-        what is wrong."""
-        n, keys, k_raw, cols = d["n"], d["keys"], d["k"], d["cols"]
-        if isinstance(k_raw, str) or isinstance(cols, str):  # from Python: base64 text
+    def check(
+        cls, keys: list[TelemetryKey], n: int, k_raw: bytes | str, cols: bytes | str
+    ) -> TelemetryColumns:
+        """The columns of a packed report's telemetry (keys already checked; k and cols:
+        their bytes, or base64 text of them); ValueError naming what is wrong."""
+        if isinstance(k_raw, str) or isinstance(cols, str):
             try:
                 k_raw = binascii.a2b_base64(k_raw, strict_mode=True)
                 cols = binascii.a2b_base64(cols, strict_mode=True)
             except (binascii.Error, ValueError) as exc:
-                raise ValueError(f"k or cols is not base64 ({exc})") from None
+                raise ValueError(f"k or cols: Data should be valid base64 ({exc})") from None
         if len(k_raw) != 4 * n or len(cols) != 16 * n:
             raise ValueError(
                 f"k holds {len(k_raw)} bytes and cols {len(cols)}; n={n} needs 4 x n = {4 * n} "
@@ -521,27 +424,17 @@ class TelemetryColumns(Sequence):
                 core_schema.nullable_schema(core_schema.str_schema()),
             ]
         )
-
-        def packed(raw: core_schema.CoreSchema) -> core_schema.CoreSchema:
-            return core_schema.no_info_after_validator_function(
-                cls.unpack,
-                core_schema.typed_dict_schema(
-                    {
-                        "keys": core_schema.typed_dict_field(
-                            core_schema.list_schema(key, max_length=MAX_PACKED_SAMPLES)
-                        ),
-                        "n": core_schema.typed_dict_field(
-                            core_schema.int_schema(ge=0, le=MAX_PACKED_SAMPLES)
-                        ),
-                        "k": core_schema.typed_dict_field(raw),
-                        "cols": core_schema.typed_dict_field(raw),
-                    },
-                    extra_behavior="forbid",
-                    config=_B64_BYTES,
+        return _packed_schema(
+            cls,
+            {
+                "keys": core_schema.typed_dict_field(
+                    core_schema.list_schema(key, max_length=MAX_PACKED_SAMPLES)
                 ),
-            )
-
-        return _packed_schema(cls, packed)
+                "n": core_schema.typed_dict_field(core_schema.int_schema(ge=0, le=MAX_PACKED_SAMPLES)),
+                "k": core_schema.typed_dict_field(core_schema.bytes_schema(), required=False),
+                "cols": core_schema.typed_dict_field(core_schema.bytes_schema(), required=False),
+            },
+        )
 
     # ---- the samples
     def __len__(self) -> int:
@@ -601,7 +494,7 @@ class UnavailableSignal(_Model):
 
 
 class AgentReport(_Model):
-    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3, 4] = SCHEMA_VERSION
     """Wire format version (module docstring); others are refused."""
     node: str = Field(pattern=NODE_NAME.pattern)
     seq: int = Field(ge=0)
@@ -618,28 +511,145 @@ class AgentReport(_Model):
     (agent/rings.py ERROR_KINDS: invalid, untrusted, unreadable,
     corrupt_records, dropped_samples, analysis)."""
 
-    @model_validator(mode="after")
-    def _decode_windows(self) -> AgentReport:
-        """The packed step windows of all ranks, decoded and checked at once."""
-        pending = [
-            r.steps
-            for j in self.jobs
-            for r in j.ranks
-            if type(r.steps) is StepWindow and r.steps._raw is not None  # noqa: SLF001
-        ]
-        if pending:
-            StepWindow.decode_all(pending, self._where_pending)
-        return self
 
-    def _where_pending(self, i: int) -> str:
-        """Where the i-th pending step window of the report is (for an error)."""
-        at = [
-            f"jobs.{x}.ranks.{y}.steps"
-            for x, j in enumerate(self.jobs)
-            for y, r in enumerate(j.ranks)
-            if isinstance(r.steps, StepWindow) and r.steps.pending
-        ]
-        return at[i]
+class ReportError(ValueError):
+    """A report that cannot be read: `where` is the field (its dotted path in the
+    report, "" for the whole body), `why` what is wrong with it."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: {why}" if where else why)
+        self.where, self.why = where, why
+
+
+def _windows(report: AgentReport, tail: memoryview | None) -> int:
+    """Put the report's step windows in place: each rank's packed window, as its JSON
+    left it ({"n", "cols": bytes}, or {"n"} with its bytes in `tail`), checked with
+    all the others at once (one join and three array operations for the report
+    when its windows have one length, whatever its number of ranks); ReportError
+    naming the first bad one. Returns the bytes of `tail` they took."""
+    found: list[tuple[int, int, RankReport, int, Any]] = []
+    at = 0
+    for x, j in enumerate(report.jobs):
+        for y, r in enumerate(j.ranks):
+            p = r.steps
+            if type(p) is not dict:  # a list of records (format 1): read already
+                continue
+            n = p["n"]
+            raw = p.get("cols")
+            if raw is None:
+                if tail is None:
+                    raise ReportError(f"jobs.{x}.ranks.{y}.steps.cols", "Field required")
+                raw = tail[at : at + 24 * n]
+                at += 24 * n
+            found.append((x, y, r, n, raw))
+    if not found:
+        return at
+    ns = [f[3] for f in found]
+    raws = [f[4] for f in found]
+    if [len(c) for c in raws] != [24 * n for n in ns]:
+        for x, y, _, n, c in found:  # one that does not fit: named
+            if len(c) != 24 * n:
+                raise ReportError(
+                    f"jobs.{x}.ranks.{y}.steps", f"cols holds {len(c)} bytes; n={n} needs 24 x n = {24 * n}"
+                )
+    # one copy of them all: the windows kept hold nothing of the body
+    flat = np.frombuffer(b"".join(raws), dtype=_LE_F64)
+    n0 = ns[0]
+    same = ns.count(n0) == len(ns)
+    ok = bool(np.isfinite(flat).all())
+    if same:
+        a = flat.reshape(len(ns), 3, n0)
+        ok = ok and (n0 == 0 or float(a[:, 1:].min()) >= 0)  # step_s and comm_s
+    elif ok:
+        bounds, end = [], 0
+        for n in ns:
+            if n:
+                bounds += [end + n, end + 3 * n]  # step_s and comm_s of this window
+            end += 3 * n
+        if bounds and bounds[-1] == end:  # the last segment runs to the end (reduceat's rule)
+            bounds.pop()
+        ok = not bounds or float(np.minimum.reduceat(flat, bounds)[::2].min()) >= 0
+    if not ok:  # one of them is bad: each on its own, to name it
+        for x, y, _, n, c in found:
+            try:
+                StepWindow.check(n, bytes(c))
+            except ValueError as exc:
+                raise ReportError(f"jobs.{x}.ranks.{y}.steps", str(exc)) from None
+        raise AssertionError("_windows: joined windows failed, each alone passed")
+    # the ranks were built by decode_report's parse, and no one has seen them yet
+    if same:
+        for f, arr in zip(found, a):
+            f[2].__dict__["steps"] = StepWindow(arr)
+    else:
+        end = 0
+        for _, _, r, n, _ in found:
+            r.__dict__["steps"] = StepWindow(flat[end : end + 3 * n].reshape(3, n))
+            end += 3 * n
+    return at
+
+
+def decode_report(body: bytes) -> AgentReport:
+    """The report of a request body, any wire format (1 to 4), checked: ReportError
+    naming the field and what is wrong. (Read reports with this, not with
+    AgentReport.model_validate_json, which leaves packed windows and telemetry as
+    the dicts of their JSON.)"""
+    tail: memoryview | None = None
+    head = body
+    nl = body.find(b"\n")
+    if nl >= 0 and body[:1] == b"{" and body[nl - 1 : nl] == b"}":  # a JSON line, then columns
+        head, tail = body[:nl], memoryview(body)[nl + 1 :]
+    try:
+        report = AgentReport.model_validate_json(head)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ReportError(".".join(str(x) for x in first["loc"]), first["msg"]) from None
+    if tail is not None and report.schema_version < 4:
+        if bytes(tail).strip():
+            raise ReportError("", f"wire format {report.schema_version} has nothing after its JSON")
+        tail = None
+    at = _windows(report, tail)
+    tel = report.telemetry
+    if type(tel) is dict:
+        n, k, cols = tel["n"], tel.get("k"), tel.get("cols")
+        if k is None or cols is None:
+            if tail is None:
+                raise ReportError(f"telemetry.{'cols' if k is not None else 'k'}", "Field required")
+            cols, k = tail[at : at + 16 * n], tail[at + 16 * n : at + 20 * n]
+            at += 20 * n
+        try:
+            report.__dict__["telemetry"] = TelemetryColumns.check(tel["keys"], n, k, cols)
+        except ValueError as exc:
+            raise ReportError("telemetry", str(exc)) from None
+    if tail is not None and at != len(tail):
+        raise ReportError("", f"the body's columns hold {len(tail)} bytes; its windows and telemetry {at}")
+    return report
+
+
+#: (fields at their defaults are left out of what an agent sends; the columns follow the JSON)
+_BULK: Any = {"jobs": {"__all__": {"ranks": {"__all__": {"steps"}}}}, "telemetry": True}
+
+
+def encode_report(report: AgentReport) -> bytes:
+    """What an agent sends (wire format 4): the report's JSON on one line, the fields
+    at their defaults left out, then its columns as raw little-endian bytes: each
+    rank's window ({"n": N} in its place; 24 x N bytes: N end, N step_s, N comm_s,
+    float64), in the order of jobs and ranks, then the telemetry ({"keys", "n": N}
+    in its place): N timestamps and N values (float64), then N key indices (uint32)."""
+    doc = report.model_dump(mode="json", exclude_defaults=True, exclude=_BULK)
+    doc = {"schema_version": 4, **doc}
+    chunks = []
+    for j, jd in zip(report.jobs, doc.get("jobs", ())):
+        for r, rd in zip(j.ranks, jd.get("ranks", ())):
+            a = np.ascontiguousarray(StepWindow.of(r.steps).columns, dtype=_LE_F64)
+            rd["steps"] = {"n": a.shape[1]}
+            chunks.append(a.tobytes())
+    if report.telemetry:
+        tel = TelemetryColumns.of(report.telemetry)
+        doc["telemetry"] = {"keys": [list(k) for k in tel.keys], "n": len(tel)}
+        chunks.append(np.concatenate([tel.timestamp, tel.value]).astype(_LE_F64, copy=False).tobytes())
+        chunks.append(tel.k.astype(_LE_U4, copy=False).tobytes())
+    # compact: a JSON text without a line break, which the columns follow
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n" + b"".join(chunks)
 
 
 def node_key(master: bytes, node: str) -> bytes:

@@ -16,7 +16,15 @@ from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store.db import READ_ONLY
-from slurmguard.wire import AgentReport, JobReport, RankReport, StepSample, StepWindow, TelemetryRecord
+from slurmguard.wire import (
+    AgentReport,
+    JobReport,
+    RankReport,
+    StepSample,
+    StepWindow,
+    TelemetryColumns,
+    TelemetryRecord,
+)
 
 POLICY = parse_policy("""
 detection:
@@ -179,6 +187,52 @@ def test_a_departed_nodes_queued_telemetry_goes_with_it_and_the_others_stays_exa
     assert fleet.queued_samples() == 8
     taken = fleet.take_telemetry()
     assert taken.means == {("node2", "sm_clock", 0, None): pytest.approx(3.5)} and taken.count == 8
+
+
+def test_sums_added_a_list_at_a_time_match_the_samples_over_changing_layouts(fake_clock):
+    """A node's usual keys are summed a list at a time, in this window and the next
+    ones; reports with other keys (reordered, one device more or less, a key without
+    samples, a hard failure beside them, two units of one device signal) are summed key
+    by key: every window's means and counts are the plain ones of its samples."""
+    rng = np.random.default_rng(3)
+    fleet = FleetView(keep_samples=64)
+    now = fake_clock.now()
+    base = [("sm_clock", "MHz", g, None) for g in range(4)] + [("power", "W", g, None) for g in range(4)]
+    layouts = [
+        base,
+        base[::-1],
+        base[:-1],
+        base + [("power", "W", 9, None)],
+        base + [("xid", "code", 0, None)],
+        base + [("power", "mW", 0, None)],
+        base + [("gpu_temp", "C", 0, None)],  # listed, never sampled
+    ]
+    seq = 0
+    for window in range(6):
+        want: dict[tuple, list[float]] = {}
+        raw = 0
+        for _ in range(5):
+            for node in ("node1", "node2"):
+                seq += 1
+                keys = list(layouts[0 if rng.random() < 0.75 else rng.integers(len(layouts))])
+                sampled = len(keys) - (keys[-1][0] == "gpu_temp")
+                k = np.tile(np.arange(sampled, dtype=np.uint32), 2)
+                v = rng.uniform(100, 200, len(k)).round(3)
+                for i, x in zip(k, v):
+                    sig, _, gpu, nic = keys[i]
+                    if sig == "xid":
+                        raw += 1
+                    else:
+                        want.setdefault((node, sig, gpu, nic), []).append(float(x))
+                tel = TelemetryColumns(keys, k, np.full(len(k), now), v)
+                assert fleet.ingest(_report(node, seq, now).model_copy(update={"telemetry": tel}), now)
+        taken = fleet.take_telemetry()
+        assert taken.means.keys() == want.keys(), window
+        for key, xs in want.items():
+            assert taken.means[key] == pytest.approx(sum(xs) / len(xs), rel=1e-12), (window, key)
+        assert len(taken.samples) == raw
+        assert taken.count == sum(map(len, want.values())) + raw
+    assert fleet.dropped_samples == 0
 
 
 def test_a_cycle_reads_slurm_once_and_registers_new_nodes_in_one_transaction(sqlite_store, fake_clock):

@@ -26,10 +26,13 @@ from slurmguard.wire import (
     AgentReport,
     JobReport,
     RankReport,
+    ReportError,
     StepSample,
     StepWindow,
     TelemetryColumns,
     TelemetryRecord,
+    decode_report,
+    encode_report,
     node_key,
     sign,
 )
@@ -67,21 +70,43 @@ def _report(node: str = "node1", seq: int = 1, steps: int = 256, ranks: int = 8)
 
 def test_a_report_goes_packed_and_comes_back_the_same():
     rep = _report()
+    sent_body = encode_report(rep)  # what the agent sends: JSON, a line break, the columns
+    head, _, tail = sent_body.partition(b"\n")
+    wire4 = json.loads(head)
+    assert wire4["schema_version"] == SCHEMA_VERSION == 4
+    assert wire4["jobs"][0]["ranks"][3] == {  # fields at their defaults left out
+        "rank": 3,
+        "gpu": 3,
+        "baseline_step_s": 1.0,
+        "baseline_compute_s": 0.7,
+        "steps": {"n": 256},
+        "total_steps": 1000,
+        "last_progress": rep.jobs[0].ranks[3].steps[-1].end,
+    }
+    assert wire4["telemetry"] == {"keys": [["power", "W", g, None] for g in range(8)], "n": 8}
+    assert len(tail) == 8 * 24 * 256 + 8 * 20  # raw float64 windows, then the telemetry columns
+    # the JSON form (model_dump_json: the columns in base64 in place) reads the same
     body = rep.model_dump_json()
     wire = json.loads(body)
-    assert wire["schema_version"] == SCHEMA_VERSION == 3
     packed = wire["jobs"][0]["ranks"][3]["steps"]
     assert set(packed) == {"n", "cols"} and packed["n"] == 256
     assert len(base64.b64decode(packed["cols"])) == 24 * 256
-    back = AgentReport.model_validate_json(body)
-    for sent, got in zip(rep.jobs[0].ranks, back.jobs[0].ranks):
-        assert isinstance(got.steps, StepWindow)
-        assert got.steps.end.tolist() == [s.end for s in sent.steps]  # bit-exact float64
-        assert got.steps.step_s.tolist() == [s.step_s for s in sent.steps]
-        assert got.steps.comm_s.tolist() == [s.comm_s for s in sent.steps]
-        assert got.model_dump(exclude={"steps"}) == sent.model_dump(exclude={"steps"})
-    # a window read back serialises to the same bytes (a controller could forward it)
-    assert back.model_dump_json() == body
+    for back in (decode_report(sent_body), decode_report(body.encode())):
+        assert back.schema_version == 4
+        for sent, got in zip(rep.jobs[0].ranks, back.jobs[0].ranks):
+            assert isinstance(got.steps, StepWindow)
+            assert got.steps.end.tolist() == [s.end for s in sent.steps]  # bit-exact float64
+            assert got.steps.step_s.tolist() == [s.step_s for s in sent.steps]
+            assert got.steps.comm_s.tolist() == [s.comm_s for s in sent.steps]
+            assert got.model_dump(exclude={"steps"}) == sent.model_dump(exclude={"steps"})
+        assert back.model_dump(exclude={"jobs", "telemetry"}) == rep.model_dump(exclude={"jobs", "telemetry"})
+        # a window read back serialises to the same bytes (a controller could forward it)
+        assert back.model_dump_json() == body
+        assert encode_report(back) == sent_body
+    assert len(sent_body) < 0.75 * len(body)
+    back = decode_report(body.encode())
+    # version 3 (the previous release's agents: the JSON form) still reads
+    assert decode_report(json.dumps({**wire, "schema_version": 3}).encode()).schema_version == 3
     # telemetry goes as columns (version 3): each device signal named once
     tel = wire["telemetry"]
     assert set(tel) == {"keys", "n", "k", "cols"} and tel["n"] == 8
@@ -89,8 +114,10 @@ def test_a_report_goes_packed_and_comes_back_the_same():
     assert isinstance(back.telemetry, TelemetryColumns)
     assert list(back.telemetry) == rep.telemetry  # reads like the list it replaces, bit-exact
     # version 2 (telemetry as a list of records) still reads, into the same samples
-    v2 = AgentReport.model_validate_json(
-        json.dumps({**wire, "schema_version": 2, "telemetry": [t.model_dump() for t in rep.telemetry]})
+    v2 = decode_report(
+        json.dumps(
+            {**wire, "schema_version": 2, "telemetry": [t.model_dump() for t in rep.telemetry]}
+        ).encode()
     )
     assert v2.schema_version == 2 and list(v2.telemetry) == rep.telemetry
     # the default report (256 iterations of 8 ranks): 66 KB, version 1 185 KB
@@ -111,7 +138,7 @@ def test_a_report_goes_packed_and_comes_back_the_same():
     )
     assert len(body) < 0.4 * len(v1), (len(body), len(v1))
     # version 1 (the previous release's agents) still reads, into the same values
-    old = AgentReport.model_validate_json(v1)
+    old = decode_report(v1.encode())
     assert old.schema_version == 1
     assert [s.step_s for s in old.jobs[0].ranks[5].steps] == back.jobs[0].ranks[5].steps.step_s.tolist()
 
@@ -202,7 +229,7 @@ def test_unknown_versions_nodes_and_oversized_reports_are_refused_and_counted():
     http, fleet, metrics = _start(max_body_bytes=64 * 1024)
     try:
         wire = json.loads(_report(ranks=1, steps=4).model_dump_json())
-        code, answer = _post(http.port, "node1", json.dumps({**wire, "schema_version": 4}).encode())
+        code, answer = _post(http.port, "node1", json.dumps({**wire, "schema_version": 5}).encode())
         assert code == 422 and "schema_version" in answer["error"]
         assert _metric(metrics, "slurmguard_reports_total", outcome="invalid") == 1
         code, answer = _post(http.port, "node9", _report("node9", steps=4).model_dump_json().encode())
@@ -330,8 +357,8 @@ def test_telemetry_columns_keep_hard_failure_samples_as_sent_and_sum_the_others(
         TelemetryRecord(signal="xid", value=48.0, timestamp=3.0, gpu=0),
         TelemetryRecord(signal="power", value=650.0, unit="W", timestamp=3.0, gpu=1),
     ]
-    body = AgentReport(node="node1", seq=1, sent_at=time.time(), telemetry=recs).model_dump_json()
-    back = AgentReport.model_validate_json(body)
+    body = encode_report(AgentReport(node="node1", seq=1, sent_at=time.time(), telemetry=recs))
+    back = decode_report(body)
     assert isinstance(back.telemetry, TelemetryColumns) and list(back.telemetry) == recs
     fleet = FleetView()
     assert fleet.ingest(back, time.time())
@@ -372,8 +399,6 @@ def test_every_bad_value_in_any_window_is_refused_naming_its_rank(same_length):
     """A report's windows are checked together (one array when they have one length):
     whichever job, rank, column and iteration holds a bad value, the report is refused
     naming that rank's steps, and a good report reads back bit-exact."""
-    from pydantic import ValidationError
-
     rng = np.random.default_rng(17 if same_length else 18)
     shape = [[None if (j, r) == (1, 2) else 0 for r in range(5)] for j in range(3)]
     for trial in range(40):
@@ -384,7 +409,7 @@ def test_every_bad_value_in_any_window_is_refused_naming_its_rank(same_length):
             ]
             for ranks in shape
         ]
-        good = AgentReport.model_validate_json(json.dumps(_packed_report(jobs)))
+        good = decode_report(json.dumps(_packed_report(jobs)).encode())
         for j, ranks in enumerate(jobs):
             for r, a in enumerate(ranks):
                 if a is not None:
@@ -406,8 +431,8 @@ def test_every_bad_value_in_any_window_is_refused_naming_its_rank(same_length):
         if row == 0 and why.startswith("step_s"):
             row = 2  # a negative end is a time, not an error
         jobs[j][r][row, col] = bad
-        with pytest.raises(ValidationError) as err:
-            AgentReport.model_validate_json(json.dumps(_packed_report(jobs)))
+        with pytest.raises(ReportError) as err:
+            decode_report(json.dumps(_packed_report(jobs)).encode())
         msg = str(err.value)
         assert f"jobs.{j}.ranks.{r}.steps: " in msg and why in msg, (trial, j, r, row, col, msg)
         assert sum(f"ranks.{x}.steps" in msg for x in range(5)) == 1  # that rank only
@@ -415,12 +440,47 @@ def test_every_bad_value_in_any_window_is_refused_naming_its_rank(same_length):
 
 def test_a_window_whose_length_does_not_fit_is_named_among_windows_of_one_length():
     """Lengths are checked for all windows at once; a short one is named, not a neighbour."""
-    from pydantic import ValidationError
-
     rng = np.random.default_rng(3)
     wire = _packed_report([[_windows(rng, 4) for _ in range(4)]])
     wire["jobs"][0]["ranks"][2]["steps"]["n"] = 5  # 96 bytes sent for 5 iterations
     wire["jobs"][0]["ranks"][3]["steps"]["n"] = 3  # and 96 for 3: the total still fits
-    with pytest.raises(ValidationError) as err:
-        AgentReport.model_validate_json(json.dumps(wire))
+    with pytest.raises(ReportError) as err:
+        decode_report(json.dumps(wire).encode())
     assert "jobs.0.ranks.2.steps: cols holds 96 bytes; n=5 needs 24 x n = 120" in str(err.value)
+
+
+def test_format_4_columns_are_checked_and_named_like_the_json_form():
+    """Format 4 carries the columns after the JSON: every window and the telemetry take
+    their bytes in order; too few or too many, a bad value, or a window without its
+    bytes in an older format is refused naming the field."""
+    rep = _report(ranks=3, steps=4)
+    body = encode_report(rep)
+    head, _, tail = body.partition(b"\n")
+    assert decode_report(body).jobs[0].ranks[2].steps.end.tolist() == [
+        s.end for s in rep.jobs[0].ranks[2].steps
+    ]
+    bad = [
+        (head + b"\n" + tail[:-1], "telemetry: k holds 11 bytes and cols 48; n=3 needs 4 x n = 12"),
+        (head + b"\n" + tail + b"\0", "the body's columns hold"),
+        (
+            head.replace(b'"schema_version":4', b'"schema_version":3') + b"\n" + tail,
+            "wire format 3 has nothing",
+        ),
+        (
+            head.replace(b'"schema_version":4', b'"schema_version":3'),
+            "jobs.0.ranks.0.steps.cols: Field required",
+        ),
+    ]
+    nan = bytearray(tail)
+    nan[2 * 96 + 24 + 8 : 2 * 96 + 24 + 16] = struct.pack("<d", float("nan"))  # rank 2, step_s[1]
+    bad.append((head + b"\n" + bytes(nan), "jobs.0.ranks.2.steps: cols holds a value that is not a finite"))
+    neg = bytearray(tail)
+    neg[96 + 64 : 96 + 72] = struct.pack("<d", -1.0)  # rank 1, comm_s[0]
+    bad.append((head + b"\n" + bytes(neg), "jobs.0.ranks.1.steps: step_s and comm_s must be >= 0"))
+    tel = bytearray(tail)
+    tel[3 * 96 + 16 * 3 : 3 * 96 + 16 * 3 + 4] = struct.pack("<I", 9)  # the first sample's key
+    bad.append((head + b"\n" + bytes(tel), "telemetry: k names key 9; there are 3 keys"))
+    for b, why in bad:
+        with pytest.raises(ReportError) as err:
+            decode_report(b)
+        assert why in str(err.value), (why, str(err.value))

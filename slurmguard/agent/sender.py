@@ -33,7 +33,15 @@ from collections import deque
 from collections.abc import Callable
 
 from slurmguard.errors import ConfigError
-from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, sign
+from slurmguard.wire import (
+    CONTENT_TYPE,
+    NODE_HEADER,
+    SIG_HEADER,
+    TIME_HEADER,
+    AgentReport,
+    encode_report,
+    sign,
+)
 
 log = logging.getLogger(__name__)
 
@@ -180,10 +188,10 @@ class ReportSender:
         raise AssertionError("unreachable")
 
     def _post(self, report: AgentReport) -> str:
-        body = report.model_dump_json().encode()
+        body = encode_report(report)
         ts = f"{self.now():.3f}"
         headers = {
-            "Content-Type": "application/json",
+            "Content-Type": CONTENT_TYPE,
             TIME_HEADER: ts,
             NODE_HEADER: report.node,
             SIG_HEADER: sign(self.key, ts, report.node, body),

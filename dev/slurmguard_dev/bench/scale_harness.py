@@ -385,10 +385,15 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
     accepted report (what a loaded machine changes least)."""
     import subprocess
 
+    from slurmguard import wire
     from slurmguard.config import ControllerPolicy
     from slurmguard.controller.metrics import ControllerMetrics
     from slurmguard.controller.server import ControllerHTTP
     from slurmguard.wire import NODE_HEADER, SIG_HEADER, TIME_HEADER, AgentReport, node_key, sign
+
+    # what the code's agent sends: wire format 4 and later encode_report, before that the JSON
+    encode = getattr(wire, "encode_report", lambda r: r.model_dump_json().encode())
+    ctype = getattr(wire, "CONTENT_TYPE", "application/json")
 
     secret = b"scale-bench-master-secret-0123456789"
     pol = ControllerPolicy(
@@ -426,17 +431,15 @@ def http_ingest(args, fleet: Fleet, ctl, clock) -> dict:
         with open(path, "wb") as f:
             for i in range(n):
                 node = fleet.nodes[i % len(fleet.nodes)]
-                body = (
+                body = encode(
                     AgentReport.model_validate(
                         report_dict(fleet, node, 10_000 + i, now, args.steps, 2, args.period, args.tel_every)
                     )
-                    .model_dump_json()
-                    .encode()
                 )
                 ts = f"{now:.3f}"
                 sig = sign(node_key(secret, node), ts, node, body)
                 head = (
-                    f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    f"POST /v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: {ctype}\r\n"
                     f"Content-Length: {len(body)}\r\n{TIME_HEADER}: {ts}\r\n{NODE_HEADER}: {node}"
                     f"\r\n{SIG_HEADER}: {sig}\r\n\r\n"
                 ).encode()
