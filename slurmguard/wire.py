@@ -636,7 +636,7 @@ def encode_report(report: AgentReport) -> bytes:
     float64), in the order of jobs and ranks, then the telemetry ({"keys", "n": N}
     in its place): N timestamps and N values (float64), then N key indices (uint32)."""
     doc = report.model_dump(mode="json", exclude_defaults=True, exclude=_BULK)
-    doc = {"schema_version": 4, **doc}
+    doc = {"schema_version": SCHEMA_VERSION, **doc}
     chunks = []
     for j, jd in zip(report.jobs, doc.get("jobs", ())):
         for r, rd in zip(j.ranks, jd.get("ranks", ())):
