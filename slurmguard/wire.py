@@ -94,9 +94,11 @@ class _Model(BaseModel):
 
 class StepSample(_Model):
     """One iteration of one rank. end: Unix seconds; step_s/comm_s: seconds
-    (comm_s = time inside collectives during the iteration, overlapping ones
-    counted once; after a receive the hook cannot time, the time until the
-    rank's next collective: see agent.analysis.waited_until)."""
+    (comm_s = time the rank may have waited inside collectives during the
+    iteration: in each gap between its calls, up to the last completion
+    before the next call, detect.waiting; after a receive the hook cannot
+    time, the time until the rank's next collective: see
+    agent.analysis.waited_until)."""
 
     end: float
     step_s: float = Field(ge=0)

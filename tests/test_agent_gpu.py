@@ -21,11 +21,12 @@ import time
 import numpy as np
 import pytest
 
-from slurmguard.agent.analysis import RankAnalyzer, comm_time
+from slurmguard.agent.analysis import RankAnalyzer
 from slurmguard.agent.rings import RingTracker
 from slurmguard.config import Policy
 from slurmguard.controller.assess import assess_job
 from slurmguard.controller.links import slow_links
+from slurmguard.detect.waiting import waiting_time
 from slurmguard.hook import ring
 from tests.fixtures.agent import recorded
 from tests.test_agent_localise import judge as judge_gloo
@@ -329,11 +330,11 @@ def test_impossible_gpu_times_are_counted_not_used(tmp_path):
     assert tr.errors["corrupt_records"] == 2
 
 
-def test_comm_time_takes_ops_in_any_order():
+def test_waiting_time_takes_ops_in_any_order():
     """GPU starts of ops in issue order may interleave across streams."""
     bounds = np.array([0, 100, 200])
-    a = comm_time(np.array([10, 50, 120]), np.array([40, 60, 150]), bounds)
-    b = comm_time(np.array([50, 10, 120]), np.array([60, 40, 150]), bounds)
+    a = waiting_time(np.array([10, 50, 120]), np.array([40, 60, 150]), bounds)
+    b = waiting_time(np.array([50, 10, 120]), np.array([60, 40, 150]), bounds)
     assert a.tolist() == b.tolist() == [40.0, 30.0]
 
 

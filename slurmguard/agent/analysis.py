@@ -1,10 +1,13 @@
 """Per-rank analysis on the node: iterations, step times, role, baseline, changes.
 
 Times are when the ops' work ran: on the GPU where the ring has it (the
-NCCL hook's CUDA events, the profiler plugin's kernel timers), so per-rank
-compute = iteration time minus GPU time inside collectives, and the rank
-that starts its collectives late on the GPU (its compute grew) is told from
-the peers that wait inside them; else the host call (gloo, the torch hook).
+NCCL hook's CUDA events, the profiler plugin's kernel timers), else the
+host call (gloo, the torch hook). Per-rank compute = iteration time minus
+the time the rank may have waited inside collectives (detect.waiting: up to
+the last completion before each next call, so a DDP rank's backward pass
+under its in-flight all-reduces counts as compute), and the rank that starts
+its collectives late (its compute grew) is told from the peers that wait
+inside them.
 Iteration boundaries come from slurmguard.detect.period.find_iterations
 (symbol repeats, as Greyhound 4.2's ACF, with timing deciding between a
 period and its fractions: equal DDP buckets, a pipeline stage's
@@ -29,6 +32,7 @@ from slurmguard.config import AgentPolicy, DetectionPolicy, PeriodPolicy
 from slurmguard.detect.period import Iterations, find_iterations, iteration_anchors
 from slurmguard.detect.records import RankOps
 from slurmguard.detect.steps import DetectorConfig, StepDetector
+from slurmguard.detect.waiting import waiting_time
 from slurmguard.hook.ring import F_ASYNC, SOURCE_TORCH
 from slurmguard.wire import (
     MAX_LINKS,
@@ -90,29 +94,6 @@ def waited_until(tr: TrackedRing) -> np.ndarray:
         return end
     nxt = np.concatenate([tr.begin_ns[1:], end[-1:]])
     return np.where(untimed, np.maximum(end, nxt), end)
-
-
-def comm_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """Time (ns) inside collectives in each iteration [bounds[i], bounds[i+1]):
-    the union of the ops' intervals (async collectives in flight together
-    count once), each op's time cut at the end of its iteration. Ops in any
-    order (GPU times of ops in issue order may interleave across streams)."""
-    n = bounds.size - 1
-    if n <= 0 or start_ns.size == 0:
-        return np.zeros(max(n, 0))
-    if start_ns.size > 1 and (np.diff(start_ns) < 0).any():
-        order = np.argsort(start_ns, kind="stable")
-        start_ns, end_ns = start_ns[order], end_ns[order]
-    idx = np.searchsorted(bounds, start_ns, side="right") - 1
-    ok = (idx >= 0) & (idx < n) & (end_ns >= start_ns)
-    s, e, i = start_ns[ok], end_ns[ok], idx[ok]
-    if s.size == 0:
-        return np.zeros(n)
-    e = np.minimum(e, bounds[i + 1])
-    covered = np.maximum.accumulate(e)
-    prev = np.concatenate([[np.iinfo(np.int64).min], covered[:-1]])
-    part = np.clip(e - np.maximum(s, prev), 0, None).astype(np.float64)
-    return np.bincount(i, weights=part, minlength=n)[:n]
 
 
 def link_reports(tr: TrackedRing) -> list[LinkReport]:
@@ -249,7 +230,7 @@ class RankAnalyzer:
         bounds = bounds[np.concatenate([[True], np.diff(bounds) > 0])]  # equal starts: one anchor
         if bounds.size < 2:
             return []
-        comm = comm_time(tr.begin_ns, waited_until(tr), bounds)
+        comm = waiting_time(tr.begin_ns, waited_until(tr), bounds)
         step = np.diff(bounds).astype(np.float64)
         ends = (bounds[1:].astype(np.float64) + tr.header.clock_offset_ns) / 1e9
         good = sane_steps(step / 1e9, comm / 1e9, ends)

@@ -4,8 +4,8 @@ Step time is the primary signal (Guard 4.2): the job's current step time
 against its healthy baseline (median of the ranks' baselines, learned by the
 agents' step detectors), both judged by the step detector itself
 (`_judge_steps`), so step patterns, checkpoints and hiccups are read the
-same way here as on the node, in the CLI and in the benchmark. Localisation uses each rank's compute time (step minus time inside
-collectives): in synchronous training every rank's step stretches when one
+same way here as on the node, in the CLI and in the benchmark. Localisation uses each rank's compute time (step minus the time it may have
+waited inside collectives, detect.waiting): in synchronous training every rank's step stretches when one
 rank computes slowly, but only the slow rank's compute stretches, while its
 peers wait inside the collective instead (Greyhound's cross-group comparison
 applied to the compute phase; Mycroft's late-start rule seen from the rank).
@@ -164,8 +164,11 @@ def _since_change(
     report, _latest_change). A fault that makes a rank compute
     far longer than its peers, against the scatter of a few iterations, need
     not wait for two disjoint windows of LOCALISE_S: the windows are each
-    rank's recent iterations that ended after the onset (none from before the
-    change, which would dilute it), judged with Student's t at every length
+    rank's reported iterations (agent.report_steps at most) that ended after
+    the onset (none from before the change, which would dilute it), so the
+    evidence of a moderate fault grows with its duration (a DDP rank under a
+    1.25x CPU cap computed 5 ms more than its peer per 45 ms step, within the
+    noise of 48 iterations in some runs), judged with Student's t at every length
     (_multiplier), so a small excess stays within the t of a few iterations
     and waits for localise's long windows. The evidence must not hang on one
     report interval (agent.report_interval_s) of it: cut into such slices
@@ -648,7 +651,10 @@ def assess_job(
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
     if not held and onset is not None:
         # a large excess since the change point is named sooner (_since_change)
-        held = _since_change(ranks, recent, onset, policy)
+        # every reported iteration since the change, not localise's window: a
+        # moderate fault's excess, within the noise of LOCALISE_MAX iterations,
+        # clears it as the iterations since the onset accumulate
+        held = _since_change(ranks, {(n, r.rank): steps_since(r.steps, cut) for n, r in ranks}, onset, policy)
         if held:
             why_not = None
     if slow_ranks and not held:

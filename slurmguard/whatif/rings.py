@@ -72,6 +72,7 @@ import pandas as pd
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.period import find_period, iteration_anchors
 from slurmguard.detect.records import RankOps
+from slurmguard.detect.waiting import gap_waits
 from slurmguard.errors import InputError
 from slurmguard.hook.ring import (
     NOT_COLLECTIVE,
@@ -362,15 +363,10 @@ def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIter
 
 def _computed_between_calls(t: np.ndarray, end: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """Per iteration [seg_i, seg_i+1), ns of the gaps between its consecutive
-    collective calls (t ascending) in which the rank cannot have been waiting:
-    each gap less the part up to the last completion (of any earlier call)
-    before the later call."""
-    ends = np.sort(end)
+    collective calls (t ascending) in which the rank cannot have been waiting
+    (each gap less its detect.waiting.gap_waits)."""
     j = np.arange(1, seg[-1])
-    k = np.searchsorted(ends, t[j], side="right") - 1  # last completion at or before call j
-    last = np.where(k >= 0, ends[np.clip(k, 0, None)], t[j - 1])
-    gap = t[j] - t[j - 1]
-    computing = gap - np.clip(last - t[j - 1], 0, gap)
+    computing = np.diff(t[: seg[-1]]) - gap_waits(t[: seg[-1]], end)
     # gap j lies inside iteration i when calls j - 1 and j both do (seg_i <= j - 1,
     # j < seg_i+1; j < seg[-1] always): gaps before the first iteration have i = -1
     it = np.searchsorted(seg, j, side="right") - 1
