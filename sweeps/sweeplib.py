@@ -194,8 +194,14 @@ def sync(dev: torch.device) -> None:
 
 def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
     """Seconds for `iters` back-to-back operations on `dev`: CUDA events on its current
-    stream (NCCL work is ordered against it, so collectives are timed alike) on GPU, the
-    host clock on CPU. Every timed region of one device goes through here."""
+    stream on GPU; on CPU the CPU time this process spent on them (all its threads).
+    Every timed region of one device's own work (GEMM, memory copies) goes through here.
+
+    Why CPU time on CPU: a CPU "device" is a share of a host that other processes use
+    too (the development cluster runs every emulated node on one machine), and wall
+    time would count their work as this device's slowness. A node whose CPU is capped
+    is caught by its cgroup's throttling counters, sampled during the run
+    (`throttle_fail_reasons`: cpu_quota), not by a lower rate."""
     if dev.type == "cuda":
         with torch.cuda.device(dev):
             st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -205,10 +211,10 @@ def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
             en.record()
             en.synchronize()
             return st.elapsed_time(en) / 1000.0
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for _ in range(iters):
         op()
-    return time.perf_counter() - t0
+    return time.process_time() - t0
 
 
 def err(where: str, exc: BaseException) -> dict[str, str]:
@@ -276,12 +282,12 @@ def gemm_run(
 
     Runs for `duration_s` in timing windows of about duration/20 (0.02-5 s); sustained =
     FLOPs / time over the second half (thermal steady state), initial = the first window.
-    GPU: window time from CUDA events (the GPU's own busy time); CPU: wall time from the
-    first steady window to the end, so time the process could not run (a CPU quota, other
-    work) counts against it. `align` (a barrier) starts every GPU of the node together.
-    The last product of every window is verified (verify_gemm), outside the timed region.
+    Window time from `timed_ops`: CUDA events on GPU (the GPU's own busy time), the
+    process's CPU time on CPU, so other work on a shared host does not count against
+    the device, and a CPU quota shows in the throttling the sweep samples. `align` (a
+    barrier) starts every GPU of the node together. The last product of every window is
+    verified (verify_gemm), outside the timed region.
     """
-    cuda = dev.type == "cuda"
     tdt = _TORCH_DTYPES[dtype]
     prev_tf32 = torch.backends.cuda.matmul.allow_tf32
     # float32 means true FP32; tf32 is asked for explicitly
@@ -317,7 +323,7 @@ def gemm_run(
             if now >= duration_s:
                 break
         steady = [w for w in windows if w[1] >= duration_s / 2] or windows
-        busy = sum(w[2] for w in steady) if cuda else steady[-1][1] - steady[0][0]
+        busy = sum(w[2] for w in steady)
         return {
             "dtype": dtype,
             "tflops": len(steady) * batch * flop / busy / 1e12,
