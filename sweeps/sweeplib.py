@@ -194,8 +194,10 @@ def sync(dev: torch.device) -> None:
 
 def timed_ops(op: Callable[[], object], dev: torch.device, iters: int) -> float:
     """Seconds for `iters` back-to-back operations on `dev`: CUDA events on its current
-    stream on GPU; on CPU the CPU time this process spent on them (all its threads).
-    Every timed region of one device's own work (GEMM, memory copies) goes through here.
+    stream on GPU (NCCL work is ordered against it, so collectives are timed alike); on
+    CPU the CPU time this process spent on them (all its threads; a gloo collective's
+    wait for its peer is not CPU time). Every timed region of one device goes through
+    here (GEMM, memory bandwidth, collectives).
 
     Why CPU time on CPU: a CPU "device" is a share of a host that other processes use
     too (the development cluster runs every emulated node on one machine), and wall
