@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -205,7 +206,7 @@ class PeerScorer:
         self,
         samples: list[TelemetrySample],
         peer_group: dict[str, str] | None = None,
-        means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+        means: Mapping[tuple[str, str, int | None, str | None], float] | None = None,
     ) -> dict[tuple[str, str], list[Deviation]]:
         """Per (node, device): the signals deviating from their peers this window.
 
@@ -261,7 +262,7 @@ class PeerScorer:
         self,
         samples: list[TelemetrySample],
         peer_group: dict[str, str] | None = None,
-        means: dict[tuple[str, str, int | None, str | None], float] | None = None,
+        means: Mapping[tuple[str, str, int | None, str | None], float] | None = None,
     ) -> list[PeerFlag]:
         """Score one window (means: see deviations); returns hard failures and devices
         whose multi-signal deviation has lasted consecutive_windows windows."""
