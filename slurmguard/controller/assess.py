@@ -91,9 +91,9 @@ def _localise_window(r: RankReport, since: float | None, skip: int = 0) -> Any:
     return window_tail(steps[: max(0, len(steps) - skip)])
 
 
-def window_tail(steps: Any) -> Any:
+def window_tail(steps: Any, most: int = LOCALISE_MAX) -> Any:
     """The iterations of `steps` (oldest first) that localise, see _localise_window
-    (and LOCALISE_SPAN_S for slow steps)."""
+    (and LOCALISE_SPAN_S for slow steps), `most` of them at most."""
     n = len(steps)
     if n <= LOCALISE_FEW:
         return steps
@@ -105,7 +105,7 @@ def window_tail(steps: Any) -> Any:
     k = max(within(LOCALISE_S), min(LOCALISE_RECENT, n))
     if ends[-1] - ends[n - k] > LOCALISE_SPAN_S:
         k = max(within(LOCALISE_SPAN_S), LOCALISE_FEW)
-    return steps[n - min(k, LOCALISE_MAX) :]
+    return steps[n - min(k, most) :]
 
 
 def _ends(steps: Any) -> np.ndarray:
@@ -164,11 +164,11 @@ def _since_change(
     report, _latest_change). A fault that makes a rank compute
     far longer than its peers, against the scatter of a few iterations, need
     not wait for two disjoint windows of LOCALISE_S: the windows are each
-    rank's reported iterations (agent.report_steps at most) that ended after
-    the onset (none from before the change, which would dilute it), so the
-    evidence of a moderate fault grows with its duration (a DDP rank under a
-    1.25x CPU cap computed 5 ms more than its peer per 45 ms step, within the
-    noise of 48 iterations in some runs), judged with Student's t at every length
+    rank's recent iterations that ended after the onset (none from before the change, which would dilute it), from
+    localise's window without its LOCALISE_MAX, so a job of fast steps has
+    all the iterations of LOCALISE_S (a DDP rank under a 1.25x CPU cap
+    computed 5 ms more than its peer per 45 ms step, within the noise of 48
+    iterations in some runs), judged with Student's t at every length
     (_multiplier), so a small excess stays within the t of a few iterations
     and waits for localise's long windows. The evidence must not hang on one
     report interval (agent.report_interval_s) of it: cut into such slices
@@ -651,10 +651,11 @@ def assess_job(
         held = {n: rows for n, rows in slow_ranks.items() if n in before}
     if not held and onset is not None:
         # a large excess since the change point is named sooner (_since_change)
-        # every reported iteration since the change, not localise's window: a
-        # moderate fault's excess, within the noise of LOCALISE_MAX iterations,
-        # clears it as the iterations since the onset accumulate
-        held = _since_change(ranks, {(n, r.rank): steps_since(r.steps, cut) for n, r in ranks}, onset, policy)
+        # localise's window without its LOCALISE_MAX: all the iterations of the
+        # last LOCALISE_S, so a moderate fault's excess in a job of fast steps,
+        # within the noise of 48 iterations, is judged over seconds of them
+        wide = {(n, r.rank): window_tail(steps_since(r.steps, cut), most=1 << 30) for n, r in ranks}
+        held = _since_change(ranks, wide, onset, policy)
         if held:
             why_not = None
     if slow_ranks and not held:
