@@ -46,7 +46,10 @@ LOCALISE_RECENT = 9
 #: others; a job of fast steps needs a few seconds of them to tell its slow
 #: rank's compute from its peers' (9 iterations of 0.2 s left it within the noise)
 LOCALISE_S = 4.0
-LOCALISE_MAX = 48
+#: (96: at 48, a pipeline stage's window of 30 ms steps held 1.4 s, and a 1.25x CPU
+#: cap of its node stayed within the noise for 42-71 s in 2 of 4 runs; at 96,
+#: drained 6.6-12.8 s after injection in 4 of 4)
+LOCALISE_MAX = 96
 #: ... but a job of slow steps is judged over time, not a count of iterations:
 #: when its LOCALISE_RECENT iterations span more than this (s, between their
 #: ends), the window is those that ended within it of the newest, LOCALISE_FEW
@@ -164,12 +167,12 @@ def _since_change(
     report, _latest_change). A fault that makes a rank compute
     far longer than its peers, against the scatter of a few iterations, need
     not wait for two disjoint windows of LOCALISE_S: the windows are each
-    rank's recent iterations that ended after the onset (none from before the change, which would dilute it), from
-    localise's window without its LOCALISE_MAX, so a job of fast steps has
-    all the iterations of LOCALISE_S (a DDP rank under a 1.25x CPU cap
-    computed 5 ms more than its peer per 45 ms step, within the noise of 48
-    iterations in some runs), judged with Student's t at every length
-    (_multiplier), so a small excess stays within the t of a few iterations
+    rank's recent iterations that ended after the onset (none from before
+    the change, which would dilute it), from localise's window without its
+    LOCALISE_MAX, so a job of fast steps has all the iterations of LOCALISE_S
+    (a DDP rank under a 1.25x CPU cap computed 5 ms more than its peer per
+    45 ms step, within the noise of 48 iterations in some runs), judged
+    with Student's t at every length (_multiplier), so a small excess stays within the t of a few iterations
     and waits for localise's long windows. The evidence must not hang on one
     report interval (agent.report_interval_s) of it: cut into such slices
     back from the newest iteration, the node must be named with each slice
