@@ -4,9 +4,10 @@ Step time is the primary signal (Guard 4.2): the job's current step time
 against its healthy baseline (median of the ranks' baselines, learned by the
 agents' step detectors), both judged by the step detector itself
 (`_judge_steps`), so step patterns, checkpoints and hiccups are read the
-same way here as on the node, in the CLI and in the benchmark. Localisation uses each rank's compute time (step minus the time it may have
-waited inside collectives, detect.waiting): in synchronous training every rank's step stretches when one
-rank computes slowly, but only the slow rank's compute stretches, while its
+same way here as on the node, in the CLI and in the benchmark. Localisation
+uses each rank's compute time (step minus the time it may have waited inside
+collectives, detect.waiting): in synchronous training every rank's step
+stretches when one rank computes slowly, but only the slow rank's compute stretches, while its
 peers wait inside the collective instead (Greyhound's cross-group comparison
 applied to the compute phase; Mycroft's late-start rule seen from the rank).
 Telemetry flags of the same nodes are attached as supporting evidence.
@@ -172,8 +173,8 @@ def _since_change(
     LOCALISE_MAX, so a job of fast steps has all the iterations of LOCALISE_S
     (a DDP rank under a 1.25x CPU cap computed 5 ms more than its peer per
     45 ms step, within the noise of 48 iterations in some runs), judged
-    with Student's t at every length (_multiplier), so a small excess stays within the t of a few iterations
-    and waits for localise's long windows. The evidence must not hang on one
+    with Student's t at every length (_multiplier), so a small excess stays
+    within the t of a few iterations and waits for localise's long windows. The evidence must not hang on one
     report interval (agent.report_interval_s) of it: cut into such slices
     back from the newest iteration, the node must be named with each slice
     left out too, LOCALISE_FEW iterations left at least. That is the node
