@@ -67,16 +67,17 @@ def test_rebalance_tier_reduces_step_time_of_opted_in_job(guarded):
     assert slowed > healthy * 1.25
     assert mitigated < slowed * 0.9
     # the node recovers: the split that now overloads rank 0 does not stay. It
-    # comes back over several re-plans, each judged on its own iterations: 10.7 s
-    # here alone, not within 60 s once in a full-suite run (session 10, cause not
-    # found: no re-plan after v2 was audited), hence the margin
-    back = wait_for(
-        lambda: [e for e in sc.log(job)[cleared:] if e["microbatches"] == MICROBATCHES // 2],
-        150,
-        "the uniform split back after the cap was lifted",
-    )
-    print(f"  uniform split back {back[0]['t'] - log[-1]['t']:.1f} s after the cap was lifted")
-    for e in run.audit("rebalance")[len(said) :]:
-        print(f"  audit: {e.reason}; compute per rank (s) {e.evidence.get('rank_compute_s')}")
-    assert not run.node(slow)["drained"]
-    run.cluster.run(["scancel", str(job)])
+    # comes back over several re-plans, each judged on its own iterations (5-11 s
+    # here alone); a re-plan withdrawn on noise is barred for PLAN_RETRY_S (10 s)
+    # and doubles at each further withdrawal, hence the margin. Session 10's CI
+    # run failed here when such a bar was for good (13/3 kept 150 s)
+    try:
+        back = wait_for(
+            lambda: [e for e in sc.log(job)[cleared:] if e["microbatches"] == MICROBATCHES // 2],
+            150,
+            "the uniform split back after the cap was lifted",
+        )
+        print(f"  uniform split back {back[0]['t'] - log[-1]['t']:.1f} s after the cap was lifted")
+    finally:
+        for e in run.audit("rebalance")[len(said) :]:
+            print(f"  audit: {e.reason}; compute per rank (s) {e.evidence.get('rank_compute_s')}")

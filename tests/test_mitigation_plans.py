@@ -141,9 +141,52 @@ def test_an_adjustment_that_makes_the_job_slower_goes_back_to_the_split_before_i
     back, why = book.review(JOB, Timings(0.280, {0: 0.14, 1: 0.14}, 20), 16, now=120.0)
     assert back is not None and back.microbatches == (12, 4) and back.version == 3
     assert "withdrew micro-batches [13, 3]" in why
-    # 12/4 is not judged against 13/3's step (nothing to compare), and 13/3 is never served again
-    assert book.review(JOB, Timings(0.262, {0: 0.133, 1: 0.166}, 20), 16, now=130.0) == (None, "")
+    # 12/4 is not judged against 13/3's step (nothing to compare), and 13/3 is not
+    # served again within its back-off
+    same = Timings(0.262, {0: 0.133, 1: 0.166}, 20)
+    assert book.review(JOB, same, 16, now=125.0) == (None, "")
+    assert book.review(JOB, same, 16, now=120.0 + PLAN_RETRY_S - 0.1) == (None, "")
     assert book.get(JOB).microbatches == (12, 4)
+    # after it, the compute still calls for 13/3: served again, and a second
+    # withdrawal bars it twice as long
+    again, _ = book.review(JOB, same, 16, now=120.0 + PLAN_RETRY_S)
+    assert again is not None and again.microbatches == (13, 3)
+    t = 120.0 + PLAN_RETRY_S + 10
+    back, _ = book.review(JOB, Timings(0.280, {0: 0.14, 1: 0.14}, 20), 16, now=t)
+    assert back is not None and back.microbatches == (12, 4)
+    assert book.review(JOB, same, 16, now=t + 2 * PLAN_RETRY_S - 0.1) == (None, "")
+    assert book.review(JOB, same, 16, now=t + 2 * PLAN_RETRY_S)[0].microbatches == (13, 3)
+
+
+def test_a_recovered_node_gets_the_uniform_split_back_after_a_withdrawal_on_noise():
+    """Session 10's CI failure: the cap lifted under 13/3; the re-plan 10/6 ran
+    a step 1 ms slower than 13/3 had (noise on a loaded machine) and was
+    withdrawn, back to 13/3, whose compute kept proposing 10/6, then barred
+    for good: the job kept 13/3 on a healthy node. With the back-off, 10/6 is
+    served again and the split walks back to uniform."""
+    book = PlanBook()
+    plan = book.rebalance(JOB, {0: 0.048, 1: 0.148}, 16, before_s=0.206, now=100.0)
+    assert plan is not None and plan.microbatches == (12, 4)
+    v2, _ = book.review(JOB, Timings(0.153, {0: 0.061, 1: 0.072}, 20), 16, now=105.0)
+    assert v2.microbatches == (13, 3)
+    # the cap is lifted: rank 0 computes 13 micro-batches at full speed, rank 1 3
+    lifted = Timings(0.086, {0: 0.062, 1: 0.026}, 20)
+    v3, _ = book.review(JOB, lifted, 16, now=110.0)
+    assert v3.microbatches == (10, 6)
+    v4, why = book.review(JOB, Timings(0.087, {0: 0.050, 1: 0.036}, 20), 16, now=115.0)
+    assert v4.microbatches == (13, 3) and "withdrew micro-batches [10, 6]" in why
+    now, split = 120.0, (13, 3)
+    while split is not None and now < 115.0 + 60.0:
+        t = (
+            lifted
+            if split == (13, 3)
+            else Timings(0.07, {0: 0.005 * split[0] + 0.01, 1: 0.005 * split[1] + 0.01}, 20)
+        )
+        new, _ = book.review(JOB, t, 16, now=now)
+        split = new.microbatches if new is not None else split
+        now += 3.3
+    assert split is None, f"still on {split} {now - 115.0:.0f} s after the withdrawal"
+    assert now - 115.0 < PLAN_RETRY_S + 15
 
 
 def test_a_split_that_helps_is_kept_and_a_recovered_node_gets_the_uniform_split_back():

@@ -33,7 +33,8 @@ PLAN_SETTLE_S, the job's step under the plan is compared with its step
 before it (`PlanBook.review`): a split under which the job is not faster is
 withdrawn (back to the split before it; from the uniform split a rebalance is
 planned afresh after a back-off, PLAN_RETRY_S), so a mitigation that makes a
-job slower never stays in force; one that helps is re-planned from
+job slower never stays in force (nor is served again before a back-off);
+one that helps is re-planned from
 the compute under it (Eq. 1 on per-micro-batch times measured under the
 current split, PLAN_MIN_GAIN predicted at least), which follows the slow
 rank's fixed per-step work that no split moves (its optimizer step and its
@@ -182,6 +183,12 @@ def timings_since(ranks: list[tuple[str, RankReport]], since: float | None) -> T
     )
 
 
+def _back_off(n: int) -> float:
+    """Seconds a split withdrawn for the n-th time waits before it is served
+    again (PLAN_RETRY_S doubled per withdrawal, PLAN_RETRY_MAX_S at most)."""
+    return min(PLAN_RETRY_S * 2 ** (n - 1), PLAN_RETRY_MAX_S)
+
+
 def uniform_counts(total: int, dp: int, pp: int = 1) -> tuple[int, ...]:
     """The split a job runs without a plan (multiples of pp, remainder to the first groups)."""
     base = total // (dp * pp) * pp
@@ -212,15 +219,16 @@ class _Review:
     """How the split in force is judged. before_s: the job's step under the
     split it replaced (s; inf: nothing to compare with, a split restored by a
     withdrawal or by a restarted controller); previous: that split (None:
-    uniform); rejected: splits withdrawn since the last retry, not served
-    again before the next; withdrawals: to the uniform split so far; retry_at:
-    Unix s from which a withdrawn rebalance is planned afresh (None: none)."""
+    uniform); rejected: split -> (Unix s before which it is not served again,
+    times it was withdrawn), see PlanBook.review; withdrawals: to the uniform
+    split so far; retry_at: Unix s from which a withdrawn rebalance is planned
+    afresh (None: none)."""
 
     version: int
     issued_at: float
     before_s: float = math.inf
     previous: tuple[int, ...] | None = None
-    rejected: frozenset[tuple[int, ...]] = field(default_factory=frozenset)
+    rejected: dict[tuple[int, ...], tuple[float, int]] = field(default_factory=dict)
     withdrawals: int = 0
     retry_at: float | None = None
 
@@ -294,9 +302,14 @@ class PlanBook:
         `judged_from`): (the plan that replaces it, why), or (None, "") to keep
         it. Not faster than before it (t.step_s >= before_s): withdrawn, back
         to the split before it (uniform when there was none). Faster: re-planned
-        from the compute under it when that is predicted to gain PLAN_MIN_GAIN
-        (never to a split withdrawn since the last retry); a re-plan that comes
-        out uniform ends the rebalance. Withdrawn to the uniform split: planned
+        from the compute under it when that is predicted to gain PLAN_MIN_GAIN,
+        but not to a split withdrawn within its back-off (`_back_off`: PLAN_RETRY_S
+        after its first withdrawal, doubled at each further one). A withdrawal
+        can be noise (one step of a few ms judged against another), and a split
+        barred for good held a job whose node had recovered on 13/3 for good
+        (re-planned to 10/6, withdrawn on noise, 10/6 never served again: the
+        CI failure of session 10). A re-plan that comes out uniform ends the
+        rebalance. Withdrawn to the uniform split: planned
         afresh from the iterations since, PLAN_RETRY_S after (doubled at each
         further withdrawal), when they still predict PLAN_MIN_GAIN."""
         plan = self.get(job_id)
@@ -320,10 +333,15 @@ class PlanBook:
             n, retry = st.withdrawals, None
             if back is None:
                 n += 1
-                retry = now + min(PLAN_RETRY_S * 2 ** (n - 1), PLAN_RETRY_MAX_S)
+                retry = now + _back_off(n)
+            times = rejected.get(counts, (0.0, 0))[1] + 1
             with self._lock:
                 self._reviews[job_id] = _Review(
-                    new.version, now, rejected=rejected | {counts}, withdrawals=n, retry_at=retry
+                    new.version,
+                    now,
+                    rejected={**rejected, counts: (now + _back_off(times), times)},
+                    withdrawals=n,
+                    retry_at=retry,
                 )
             return new, (
                 f"withdrew micro-batches {list(counts)}: step {t.step_s * 1e3:.0f} ms under them, "
@@ -333,7 +351,7 @@ class PlanBook:
         if sorted(t.compute_s) != list(range(len(counts) * pp)):
             return None, ""
         best = propose(t.compute_s, counts, total, pp)
-        if best is None or best[0] in rejected:
+        if best is None or rejected.get(best[0], (0.0, 0))[0] > now:
             return None, ""
         uniform = best[0] == uniform_counts(total, len(counts), pp)
         new = self._next(
@@ -376,7 +394,9 @@ class PlanBook:
             return None, ""  # nothing to gain now (the node recovered): the uniform split stays
         new = self._next(job_id, plan, action="rebalance", microbatches=best[0], pp=pp, makespan_s=best[1])
         with self._lock:
-            self._reviews[job_id] = _Review(new.version, now, t.step_s, None, withdrawals=st.withdrawals)
+            self._reviews[job_id] = _Review(
+                new.version, now, t.step_s, None, rejected=st.rejected, withdrawals=st.withdrawals
+            )
         return new, (
             f"micro-batches {list(best[0])} planned afresh after withdrawal {st.withdrawals} (uniform: step "
             f"{t.step_s * 1e3:.0f} ms, compute "

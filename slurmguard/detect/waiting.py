@@ -28,6 +28,15 @@ from __future__ import annotations
 import numpy as np
 
 
+def completions(start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+    """The end times (ns) that can have ended a wait: those of ops that ended
+    after they started. An op still in flight (no end yet) or one recorded
+    ending where, or before, it started made no one wait."""
+    start = np.asarray(start_ns, dtype=np.int64)
+    end = np.asarray(end_ns, dtype=np.int64)
+    return end[end > start]
+
+
 def gap_waits(calls_ns: np.ndarray, ends_ns: np.ndarray) -> np.ndarray:
     """Per gap between consecutive calls (calls_ns ascending, n calls, n - 1
     gaps), ns the rank may have been waiting in it: from the gap's start up
@@ -50,16 +59,13 @@ def waiting_time(start_ns: np.ndarray, end_ns: np.ndarray, bounds: np.ndarray) -
     call's start), ns the rank may have been waiting inside collectives
     (gap_waits summed over the gaps that start in the iteration; the last
     gap ends at the next iteration's first call). Calls in any order (a hook
-    that writes records in completion order); an op still in flight, or one
-    that ends where (or before) it starts, ends nothing: it made no one wait."""
+    that writes records in completion order); only `completions` end a wait."""
     b = np.asarray(bounds, dtype=np.int64)
     n = b.size - 1
     if n <= 0:
         return np.zeros(max(n, 0), dtype=np.int64)
-    start = np.asarray(start_ns, dtype=np.int64)
-    end = np.asarray(end_ns, dtype=np.int64)
-    calls = np.unique(np.concatenate([start, b]))
-    waits = gap_waits(calls, end[end > start])
+    calls = np.unique(np.concatenate([np.asarray(start_ns, dtype=np.int64), b]))
+    waits = gap_waits(calls, completions(start_ns, end_ns))
     it = np.searchsorted(b, calls[:-1], side="right") - 1
     inside = (it >= 0) & (it < n)
     return np.bincount(it[inside], weights=waits[inside], minlength=n)[:n].astype(np.int64)

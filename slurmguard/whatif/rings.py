@@ -72,7 +72,7 @@ import pandas as pd
 from slurmguard.config import PeriodPolicy
 from slurmguard.detect.period import find_period, iteration_anchors
 from slurmguard.detect.records import RankOps
-from slurmguard.detect.waiting import gap_waits
+from slurmguard.detect.waiting import completions, gap_waits
 from slurmguard.errors import InputError
 from slurmguard.hook.ring import (
     NOT_COLLECTIVE,
@@ -363,10 +363,10 @@ def rank_iterations(ops: RankOps, period: PeriodPolicy, source: str) -> RankIter
 
 def _computed_between_calls(t: np.ndarray, end: np.ndarray, seg: np.ndarray) -> np.ndarray:
     """Per iteration [seg_i, seg_i+1), ns of the gaps between its consecutive
-    collective calls (t ascending) in which the rank cannot have been waiting
-    (each gap less its detect.waiting.gap_waits)."""
+    collective calls (t ascending, end: each call's end) in which the rank
+    cannot have been waiting (each gap less its detect.waiting.gap_waits)."""
     j = np.arange(1, seg[-1])
-    computing = np.diff(t[: seg[-1]]) - gap_waits(t[: seg[-1]], end)
+    computing = np.diff(t[: seg[-1]]) - gap_waits(t[: seg[-1]], completions(t, end))
     # gap j lies inside iteration i when calls j - 1 and j both do (seg_i <= j - 1,
     # j < seg_i+1; j < seg[-1] always): gaps before the first iteration have i = -1
     it = np.searchsorted(seg, j, side="right") - 1
