@@ -314,7 +314,11 @@ class RankReport(_Model):
     last_progress: float | None = None
     """Unix s of the rank's last completed collective."""
     in_flight_since: float | None = None
-    """Unix s when the oldest collective still in flight started (None: none)."""
+    """Unix s since which the rank has had a collective in flight (None: none,
+    or its hook does not say, see in_flight_known)."""
+    in_flight_known: bool = False
+    """The rank's hook says which calls are in flight (the torch hook does):
+    in_flight_since None then means the rank is between collectives."""
     lost_records: int = 0
     changes: tuple[ChangeReport, ...] = ()
     exited: bool = False

@@ -167,6 +167,11 @@ enum sg_redop {
 #define SG_F_XFER_SEND    0x400u /* peer_xfer: data sent to peer (else received) */
 
 /* header.gpu_state: CUDA-event / profiler GPU timing of the writer */
+/* header_flags: the writer keeps in_flight and in_flight_since_ns, so a
+ * reader can tell a rank between collectives from one blocked inside one
+ * (the torch hook does; the NCCL hook and profiler plugin do not yet) */
+#define SG_HF_IN_FLIGHT 0x1u
+
 #define SG_GPU_UNTRIED    0u /* no timed call yet (or timing not wanted) */
 #define SG_GPU_ON         1u /* records carry GPU times (SG_F_GPU_TIME) */
 #define SG_GPU_NO_RUNTIME 2u /* no CUDA runtime in the process: host times only */
@@ -192,7 +197,7 @@ struct sg_ring_header {
 	int64_t clock_offset_ns;   /*  48 CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
 	uint64_t created_ns;       /*  56 CLOCK_MONOTONIC at creation */
 	uint32_t source;           /*  64 SG_SOURCE_* */
-	uint32_t header_flags;     /*  68 reserved, 0 */
+	uint32_t header_flags;     /*  68 SG_HF_* */
 	char node_name[SG_NODE_NAME_LEN]; /* 72 Slurm node name, NUL-terminated */
 	uint8_t reserved1[192 - 136];
 	/* written on every record: kept off the lines the controller writes */
@@ -203,7 +208,12 @@ struct sg_ring_header {
 					 * timing turned off with events in flight) */
 	_Atomic uint32_t gpu_state;     /* 216 SG_GPU_* */
 	_Atomic int32_t gpu_error;      /* 220 CUDA error code that turned timing off */
-	uint8_t reserved2[256 - 224];
+	/* calls in flight (kept by writers that set SG_HF_IN_FLIGHT) */
+	_Atomic uint32_t in_flight;     /* 224 calls entered, not yet recorded nor lost */
+	uint32_t reserved2;             /* 228 0 */
+	_Atomic uint64_t in_flight_since_ns; /* 232 CLOCK_MONOTONIC when in_flight
+					      * last rose from 0; 0 = none */
+	uint8_t reserved4[256 - 240];
 	/* control block, written by the controller / agent */
 	_Atomic uint32_t control;       /* 256 SG_CTL_* bits */
 	uint32_t hold_timeout_ms;       /* 260 0 = SG_HOLD_DEFAULT_TIMEOUT_MS */
@@ -275,6 +285,8 @@ _Static_assert(offsetof(struct sg_record, status) == 60, "status");
 _Static_assert(offsetof(struct sg_record, gpu_start_ns) == 64, "gpu_start_ns");
 _Static_assert(offsetof(struct sg_record, xfer_ops) == 120, "xfer_ops");
 _Static_assert(offsetof(struct sg_ring_header, gpu_lost) == 208, "gpu_lost");
+_Static_assert(offsetof(struct sg_ring_header, in_flight) == 224, "in_flight");
+_Static_assert(offsetof(struct sg_ring_header, in_flight_since_ns) == 232, "in_flight_since_ns");
 
 /* numbers one block reservation takes (only in rings of >= 256 records) */
 #define SG_RING_BLOCK 64u

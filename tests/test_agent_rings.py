@@ -218,6 +218,49 @@ def test_records_in_completion_order_are_read_in_issue_order(tmp_path):
     w.close()
 
 
+def test_the_report_says_what_the_writer_has_in_flight(tmp_path):
+    """A writer that keeps the header's in-flight count (the torch hook): the
+    rank's report carries when its call entered, and none once it is left;
+    a writer that does not keep it (the NCCL hook) reports nothing known."""
+    d = tmp_path / "5"
+    d.mkdir()
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.torch.ring"),
+        capacity=64,
+        global_rank=0,
+        world_size=2,
+        node_name=NODE,
+        tracks_in_flight=True,
+    )
+    make_ring(d / "rank-1.step-0.nccl.ring", rank=1, records=ddp_records(20))
+    for r in ddp_records(20):
+        w.append(**r)
+    tr = tracker(tmp_path)
+    an = {0: RankAnalyzer(POLICY.agent, POLICY.detection), 1: RankAnalyzer(POLICY.agent, POLICY.detection)}
+
+    offset = {}
+
+    def reports():
+        tracked = tr.poll()
+        offset.update({t.header.global_rank: t.header.clock_offset_ns for t in tracked})
+        return {t.header.global_rank: an[t.header.global_rank].report(t) for t in tracked}
+
+    rep = reports()
+    assert rep[0].in_flight_known and rep[0].in_flight_since is None  # between collectives
+    assert not rep[1].in_flight_known and rep[1].in_flight_since is None
+    entered = time.monotonic_ns()
+    w.enter(entered)
+    w.enter(entered + 5)  # a second call in flight keeps the first one's start
+    rep = reports()
+    since = rep[0].in_flight_since
+    assert since == pytest.approx((entered + offset[0]) / 1e9, abs=1e-6)
+    w.leave()
+    assert reports()[0].in_flight_since == since
+    w.leave()
+    assert reports()[0].in_flight_since is None
+    w.close()
+
+
 # ------------------------------------------------------- tracker + analysis
 
 record = st.fixed_dictionaries(

@@ -420,6 +420,56 @@ def test_quiet_below_stall_window_is_not_a_stall(env):
     assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
 
 
+def in_flight(r: RankReport, since: float | None) -> RankReport:
+    """r as a hook that says what is in flight reports it (the torch hook)."""
+    return r.model_copy(update={"in_flight_known": True, "in_flight_since": since})
+
+
+def test_a_job_between_collectives_on_every_rank_is_quiet_not_stalled(env):
+    """Every rank evaluates (or saves a checkpoint) for 200 s with no collective
+    and none in flight: a quiet job, no stall, nothing done. The same silence
+    from hooks that cannot say what is in flight stays a stall (above)."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    for r, node in enumerate(["node1", "node2"]):
+        ctl.fleet.ingest(report(node, job, [in_flight(rank_report(r, now - 200), None)], 1, now), now)
+    res = ctl.cycle()
+    assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
+
+
+def test_a_stall_counts_from_when_the_ranks_began_to_wait(env):
+    """After 190 s of evaluation rank 0 entered the metrics all-reduce 10 s ago;
+    rank 1 still evaluates: waited 10 s, not 190, so no stall."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    r0 = in_flight(rank_report(0, now - 190), now - 10)
+    r1 = in_flight(rank_report(1, now - 190), None)
+    ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
+    ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
+    res = ctl.cycle()
+    assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
+
+
+def test_a_stall_names_the_rank_the_others_wait_for(env):
+    """Rank 0 has waited inside a collective for 100 s; rank 1, which has no
+    call in flight (frozen, or stuck outside its collectives), completed its
+    last collective a little after rank 0 did: it is the one named, not the
+    rank with the least progress."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    r0 = in_flight(rank_report(0, now - 101), now - 100)
+    r1 = in_flight(rank_report(1, now - 100.5), None)
+    ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
+    ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
+    res = ctl.cycle()
+    a = res.assessments[job]
+    assert a.stalled_for_s == pytest.approx(100, abs=1)
+    assert [c.node for c in a.culprits] == ["node2"]
+
+
 def test_opted_in_job_is_rebalanced_before_any_drain(sqlite_store, fake_clock):
     policy = POLICY.model_copy(
         update={

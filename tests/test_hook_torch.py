@@ -457,3 +457,103 @@ def test_work_in_flight_at_the_end_is_recorded_or_counted_lost(spank_build, tmp_
         errors = [bool(x.flags & ring.F_ERROR) for x in recs]
         assert errors in ([False], [False, True]), errors
         assert h.overwritten + errors.count(True) == 1, (errors, h.overwritten)
+
+
+IN_FLIGHT = textwrap.dedent("""
+    import os, time, torch, torch.distributed as dist
+    from pathlib import Path
+    rank = int(os.environ["RANK"])
+    sync = Path(os.environ["SYNC"])
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    t = torch.ones(4)
+    dist.all_reduce(t)  # the ring exists
+    def phase(name, call):
+        # rank 0 enters the call at once and waits in it; rank 1 joins when the test says
+        if rank == 1:
+            while not (sync / f"go-{name}").exists():
+                time.sleep(0.02)
+        else:
+            (sync / f"in-{name}").touch()
+        call()
+        if rank == 0:
+            (sync / f"done-{name}").touch()
+            while not (sync / f"next-{name}").exists():  # quiet: nothing in flight
+                time.sleep(0.02)
+    phase("sync", lambda: dist.all_reduce(t))
+    phase("async", lambda: dist.all_reduce(t, async_op=True).wait())
+    if rank == 0:
+        phase("recv", lambda: dist.recv(torch.zeros(3), 1))
+    else:
+        phase("recv", lambda: dist.send(torch.ones(3), 0))
+    from slurmguard.teardown import finish
+    finish()
+""")
+
+
+def test_the_ring_says_when_a_rank_waits_inside_a_collective(spank_build, tmp_path):
+    """The torch hook keeps the header's in-flight count (ring.HF_IN_FLIGHT):
+    a rank blocked in a collective (sync, async with a future, gloo p2p) reads
+    as in flight from when it entered, and as between collectives once the
+    call returned, so the controller can tell a stalled job from one that
+    evaluates or saves a checkpoint with no collective at all."""
+    rings, sync = tmp_path / "rings", tmp_path / "sync"
+    rings.mkdir()
+    sync.mkdir()
+    script = tmp_path / "inflight.py"
+    script.write_text(IN_FLIGHT)
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            SYNC=str(sync),
+            PYTHONPATH=str(spank_build.torch_site),
+            SLURMGUARD_RING_DIR=str(rings),
+            SLURMGUARD_STEP_ID="0",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        )
+
+    def until(pred, what, timeout=240.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = pred()
+            if value:
+                return value
+            assert all(p.poll() is None for p in procs), f"a rank ended before {what}"
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    try:
+        path = rings / "rank-0.step-0.torch.ring"
+        until(path.exists, "rank 0's ring")
+        with ring.RingReader(str(path)) as r:
+            assert r.header.header_flags & ring.HF_IN_FLIGHT
+            for name in ("sync", "async", "recv"):
+                until((sync / f"in-{name}").exists, f"rank 0 entering the {name} call")
+                entered = time.monotonic_ns()
+                since = until(r.in_flight_since, f"rank 0 in flight in the {name} call", timeout=30)
+                time.sleep(0.3)  # still waiting: rank 1 has not joined
+                assert r.in_flight_since() == since
+                assert since <= entered + 30 * 10**9
+                (sync / f"go-{name}").touch()
+                until((sync / f"done-{name}").exists, f"rank 0 past the {name} call")
+                # an async call's record is written by its done-callback, which may
+                # still run for a moment after the job's wait() returned
+                until(lambda: r.in_flight_since() is None, f"{name}: nothing in flight after it", timeout=10)
+                time.sleep(0.2)
+                assert r.in_flight_since() is None
+                (sync / f"next-{name}").touch()
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, err[-2000:]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None

@@ -22,7 +22,7 @@ import pytest
 
 from slurmguard_dev.devcluster import fault
 from slurmguard_dev.devcluster.scenario import MODERATE, SEVERE, Scenario
-from tests.fixtures.guard import wait_for
+from tests.fixtures.guard import nothing_happened, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -30,21 +30,6 @@ BASELINE = 40  # steps: the agents' warm-up (5) and baseline (20) with margin
 HEALTHY = 30  # further healthy steps judged before the fault
 DRAIN_S = 120  # a severe fault is drained well within this (bench loop: 5-20 s)
 MODERATE_S = 150  # issue 12.7: moderate faults within 60 s (bench loop); margin for load
-
-
-def _nothing_happened(run) -> None:
-    """No action: no drain, comment, signal or requeue. On this shared machine a
-    healthy job does get slower when other work starts (every rank alike): the
-    controller may record that as an incident saying no node is to blame, at
-    tier none, and must do nothing about it."""
-    assert [(e.action, e.node, e.reason) for e in run.audit()] == []
-    for n in run.cluster.node_names:
-        info = run.node(n)
-        assert not info["drained"] and not info["comment"], (n, info)
-    with run.store() as s:
-        for inc in s.incidents():
-            assert str(inc.tier.value) == "none" and not inc.evidence.get("culprits"), inc
-            assert inc.evidence.get("localisation") or inc.evidence.get("note"), inc
 
 
 def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float = DRAIN_S):
@@ -94,7 +79,7 @@ def _capped_node_drained(run, workload: str, ckpt_every: int = 25) -> None:
         healthy = sc.wait_steps(job, BASELINE, restart=1, timeout=240)
         assert healthy[0]["iter"] >= ckpt_every and healthy[0]["iter"] % ckpt_every == 0
     time.sleep(3)  # the last reports of the healthy run reach the controller
-    _nothing_happened(run)
+    nothing_happened(run)
 
     slow = sc.job_nodes(job)[-1]
     use, cap = sc.inject(slow, SEVERE)  # measures the node's CPU use for 3 s first
@@ -142,7 +127,7 @@ def test_pipeline_stalled_by_its_capped_stage_is_drained(guarded):
     sc = Scenario(run.guard, say=print, workload="pp")
     job = sc.submit(steps=100000, ckpt_every=0)
     sc.wait_steps(job, BASELINE + HEALTHY, timeout=240)
-    _nothing_happened(run)
+    nothing_happened(run)
     slow = sc.job_nodes(job)[-1]
     fault.apply_cpu_cap(run.cluster, slow, 1.0)
     t_inject = time.time()
@@ -162,7 +147,7 @@ def test_node_under_two_guarded_jobs_is_drained_once(guarded):
     jb = a.submit(steps=100000, ckpt_every=0, exclusive=False, nodes="node2,node3")
     a.wait_steps(ja, BASELINE + HEALTHY, timeout=300)
     a.wait_steps(jb, BASELINE + HEALTHY, timeout=300)
-    _nothing_happened(run)
+    nothing_happened(run)
     a.inject("node2", SEVERE)
     t_inject = time.time()
     _drained_after(run, a, "node2", t_inject)

@@ -202,6 +202,7 @@ class RankAnalyzer:
             in_flight_since=(
                 tr.to_unix_s(tr.in_flight_since_ns) if tr.in_flight_since_ns is not None else None
             ),
+            in_flight_known=tr.in_flight_known,
             lost_records=tr.lost,
             changes=self.changes[-8:],
             exited=tr.writer_exited,

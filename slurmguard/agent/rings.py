@@ -48,6 +48,7 @@ from slurmguard.hook.ring import (
     F_GPU_TIME,
     F_IN_GROUP,
     F_XFER_SEND,
+    HF_IN_FLIGHT,
     NOT_COLLECTIVE,
     OP,
     RECORD_FIELDS,
@@ -65,10 +66,6 @@ _PEER_XFER = OP["peer_xfer"]
 #: outermost NCCL groups remembered for their GPU spans (a member's group_end
 #: is written when the group's GPU work has run, possibly polls later)
 MAX_GROUPS = 4096
-# Records written before completion would carry this bit; today's hooks write
-# on completion only, so no op is ever seen in flight (stalls are found from
-# the lack of progress instead, see controller/assess.py).
-_PENDING = 0x02
 #: a ring that fails validation this young may still be being created (s)
 YOUNG_S = 10.0
 #: largest difference between a ring's clock offset and the agent's own (ns);
@@ -153,6 +150,13 @@ class TrackedRing:
     comm_ranks: dict[int, int] = field(default_factory=dict)
     """communicator id -> this rank's rank in it (comm_init records)."""
     in_flight_since_ns: int | None = None
+    """CLOCK_MONOTONIC ns since which the writer has had a call in flight
+    (None: none, or a writer that does not say, see in_flight_known)."""
+
+    @property
+    def in_flight_known(self) -> bool:
+        """The writer says which calls are in flight (ring.HF_IN_FLIGHT)."""
+        return bool(self.header.header_flags & HF_IN_FLIGHT)
 
     def to_unix_s(self, mono_ns: int | float) -> float:
         return (mono_ns + self.header.clock_offset_ns) / 1e9
@@ -416,6 +420,9 @@ class RingTracker:
             return
         tr.cursor = batch.cursor
         tr.lost += batch.lost
+        # records are written on completion: whether a call is in flight is
+        # the writer's header count (hooks that keep it, HF_IN_FLIGHT)
+        tr.in_flight_since_ns = tr.reader.in_flight_since()
         if batch.corrupt:
             tr.corrupt += batch.corrupt
             self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped", batch.corrupt)
@@ -475,12 +482,8 @@ class RingTracker:
                 self.problem(
                     tr.reader.path, "corrupt_records", f"{nbad} record(s) with impossible times skipped", nbad
                 )
-            pending = ~bad & ((flags & _PENDING) != 0)
-            keep = ~bad & ~pending
-            tr.in_flight_since_ns = int(start[pending].min()) if pending.any() else None
+            keep = ~bad
             done = bool(keep.any())
-        else:
-            tr.in_flight_since_ns = None
         if done:
             k = recs[keep]
             g = (k["flags"] & F_GPU_TIME) != 0

@@ -590,6 +590,39 @@ def localise(
     return ratios, computes, slow, None
 
 
+def _stalled_for(ranks: list[tuple[str, RankReport]], now: float) -> float:
+    """How long the job has been stalled (s; Mycroft Alg. 1: no rank completed
+    a collective). Where every rank's hook says what it has in flight
+    (RankReport.in_flight_known, the torch hook), a stall is ranks waiting
+    inside a collective: none in flight anywhere is every rank between
+    collectives (an evaluation, a checkpoint save, data loading), a quiet
+    job, 0; else the time since the longest waiter entered its wait, or
+    since the last progress if that is later (a rank that finished an
+    evaluation of minutes first and waits for the others has waited only
+    since then). Where a hook does not say (the NCCL hook, the profiler
+    plugin), the time since the last completed collective."""
+    progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
+    if not progress:
+        return 0.0
+    last = max(progress)
+    if not all(r.in_flight_known for _, r in ranks):
+        return now - last
+    waits = [r.in_flight_since for _, r in ranks if r.in_flight_since is not None]
+    if not waits:
+        return 0.0
+    return now - max(last, min(waits))
+
+
+def _held_up_by(ranks: list[tuple[str, RankReport]]) -> list[tuple[str, RankReport]]:
+    """The ranks a stalled job waits for: those with no call in flight while
+    others wait inside one (a rank frozen, or stuck outside its collectives),
+    where every hook says; else all of them."""
+    if not all(r.in_flight_known for _, r in ranks):
+        return ranks
+    free = [(n, r) for n, r in ranks if r.in_flight_since is None and r.last_progress is not None]
+    return free or ranks
+
+
 def assess_job(
     job_id: int,
     job_nodes: tuple[str, ...],
@@ -614,15 +647,9 @@ def assess_job(
         return None
     tiers = policy.response.tiers
     baselines = [r.baseline_step_s for _, r in ranks if r.baseline_step_s]
-    # stall (Mycroft Alg. 1): no rank completed a collective for stall_s while
-    # the job runs. Hooks that record only completed ops give no in-flight
-    # marker, so progress alone decides; where a hook reports ops in flight,
-    # a rank with none in flight is idle, not stalled.
+    stalled = _stalled_for(ranks, now)
+    stalled = stalled if stalled >= tiers.stall_s else 0.0
     progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
-    marked = [r for _, r in ranks if r.in_flight_since is not None]
-    idle = bool(marked) and len(marked) < len(ranks)
-    quiet = (now - max(progress)) if progress else 0.0
-    stalled = quiet if (quiet >= tiers.stall_s and not idle) else 0.0
     if not baselines:
         return None
     baseline = float(np.median(baselines))
@@ -689,9 +716,11 @@ def assess_job(
             )
         )
     if stalled > 0:
-        # Mycroft: a stall names the rank with the least progress
+        # Mycroft: a stall names the rank with the least progress, among those
+        # the others wait for (no call in flight) where the hooks say
         n, r, last = min(
-            ((n, r, r.last_progress) for n, r in ranks if r.last_progress is not None), key=lambda x: x[2]
+            ((n, r, r.last_progress) for n, r in _held_up_by(ranks) if r.last_progress is not None),
+            key=lambda x: x[2],
         )
         found.append(
             Finding(

@@ -160,6 +160,13 @@ FLAG_NAMES = {
     F_XFER_SEND: "xfer_send",
 }
 
+# header.header_flags: HF_IN_FLIGHT, the writer keeps header.in_flight (calls
+# entered and not yet recorded nor counted lost) and header.in_flight_since_ns
+# (CLOCK_MONOTONIC when in_flight last rose from 0). A reader then knows a
+# rank with in_flight 0 is between collectives, not blocked inside one;
+# without the flag it cannot tell.
+HF_IN_FLIGHT = 0x1
+
 # header.gpu_state: the writer's GPU timing (CUDA events or profiler plugin)
 GPU_STATE_NAMES: tuple[str, ...] = ("untried", "on", "no_runtime", "pool_exhausted", "cuda_error", "disabled")
 
@@ -186,6 +193,8 @@ HEADER_FIELDS: tuple[tuple[str, int, str], ...] = (
     ("gpu_lost", 208, "Q"),
     ("gpu_state", 216, "I"),
     ("gpu_error", 220, "i"),
+    ("in_flight", 224, "I"),
+    ("in_flight_since_ns", 232, "Q"),
     ("control", 256, "I"),
     ("hold_timeout_ms", 260, "I"),
     ("hold_since_ns", 264, "Q"),
@@ -295,6 +304,8 @@ class RingHeader:
     gpu_lost: int = 0
     gpu_state: int = 0
     gpu_error: int = 0
+    in_flight: int = 0
+    in_flight_since_ns: int = 0
 
     @property
     def gpu_state_name(self) -> str:
@@ -651,6 +662,19 @@ class RingReader:
     def write_counter(self) -> int:
         return _U64.unpack(self._pread(8, _HDR["write_counter"][0]))[0]
 
+    def in_flight_since(self) -> int | None:
+        """CLOCK_MONOTONIC ns since which the writer has had a call in flight,
+        None when it has none; only meaningful when the header carries
+        HF_IN_FLIGHT (else always None). A count without a start time (a
+        reader between the writer's two stores) reads as in flight from now."""
+        if not self.header.header_flags & HF_IN_FLIGHT:
+            return None
+        data = self._pread(16, _HDR["in_flight"][0])
+        count, since = _U32.unpack_from(data, 0)[0], _U64.unpack_from(data, 8)[0]
+        if count == 0:
+            return None
+        return since or time.monotonic_ns()
+
     def _chunk(self, cursor: int, count: int) -> tuple[bytes, bytes]:
         """Records cursor..cursor+count-1 (not wrapping), copied twice: a
         record whose seq is the same in both copies was not rewritten
@@ -780,6 +804,7 @@ class RingWriter:
         world_size: int = 0,
         source: int = SOURCE_TORCH,
         node_name: str = "",
+        tracks_in_flight: bool = False,
     ) -> None:
         self.path = os.fspath(path)
         cap = MIN_CAPACITY
@@ -804,6 +829,7 @@ class RingWriter:
         self._n = 0
         self._given_up = 0  # records the writer could not write (count_lost)
         self._ext = False  # a record with GPU / transfer fields was written
+        self._in_flight = 0
         mono = time.monotonic_ns()
         real = time.time_ns()
         mono2 = time.monotonic_ns()
@@ -822,6 +848,7 @@ class RingWriter:
         put("created_ns", mono2)
         put("source", source)
         put("node_name", node_name.encode()[: NODE_NAME_LEN - 1])
+        put("header_flags", HF_IN_FLIGHT if tracks_in_flight else 0)
         put("magic", MAGIC)  # last: a reader that sees it sees the rest
 
     def _put(self, name: str, value: int | bytes) -> None:
@@ -830,6 +857,23 @@ class RingWriter:
 
     def close(self) -> None:
         self._mm.close()
+
+    def enter(self, now_ns: int) -> None:
+        """A call entered at now_ns (CLOCK_MONOTONIC ns): one more in flight
+        (HF_IN_FLIGHT); every enter is matched by one leave."""
+        with self._lock:
+            if self._in_flight == 0:
+                self._put("in_flight_since_ns", now_ns)
+            self._in_flight += 1
+            self._put("in_flight", self._in_flight & 0xFFFFFFFF)
+
+    def leave(self) -> None:
+        """A call entered is recorded or counted lost: one fewer in flight."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._put("in_flight", self._in_flight)
+            if self._in_flight == 0:
+                self._put("in_flight_since_ns", 0)
 
     def append(
         self,

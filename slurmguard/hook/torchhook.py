@@ -223,6 +223,7 @@ class Recorder:
             world_size=world,
             source=_ring.SOURCE_TORCH,
             node_name=env.get("SLURMD_NODENAME") or os.uname().nodename,
+            tracks_in_flight=True,
         )
         name = _ring.ring_file_name(rank, step, "torch")
         path = os.path.join(directory, name)
@@ -315,7 +316,10 @@ class Recorder:
                 return None
         if w.hold_requested():
             w.hold_wait()
-        return (w, opname, args, device_type, _monotonic_ns())
+        start = _monotonic_ns()
+        w.enter(start)
+        # the last item is the call's one leave (_close): its record or its loss
+        return (w, opname, args, device_type, start, [True])
 
     def after(self, ctx: tuple, out: Any, error: bool = False) -> Any:
         """Record the call (now, or when its work completes). Returns what
@@ -414,8 +418,9 @@ class Recorder:
         _poll(lambda: not any(p.writing() for p in taken), time.monotonic() + SETTLE_TIMEOUT_S)
         self._pending.clear()
         for w in list(self._unwaited.values()):
-            if w._sg is not None:
-                w._sg = None
+            sg, w._sg = w._sg, None
+            if sg is not None:
+                _close(sg[1])
                 n += 1
         if n:
             self.missed(n)
@@ -478,7 +483,13 @@ class Recorder:
             _poll(functools.partial(_completed, work), deadline)
 
     def _emit(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
-        w, opname, args, device_type, start = ctx
+        try:
+            self._write(ctx, end, error, is_async)
+        finally:
+            _close(ctx)
+
+    def _write(self, ctx: tuple, end: int, error: bool, is_async: bool) -> None:
+        w, opname, args, device_type, start, _ = ctx
         op, pg_i, t_i, kind, peer_i, red_i, coalesced = _OPS[opname]
         cid, _ = self._group(args[pg_i], device_type, start)
         count, dt = _count(args, t_i, kind, args[pg_i])
@@ -500,6 +511,20 @@ class Recorder:
             flags=flags,
             status=1 if error else 0,
         )
+
+
+def _close(ctx: tuple) -> None:
+    """The call of ctx is no longer in flight (recorded or lost): its writer's
+    count drops once, whichever of its paths gets here first (list.pop is
+    one step under the interpreter lock)."""
+    try:
+        ctx[5].pop()
+    except IndexError:
+        return
+    try:
+        ctx[0].leave()
+    except Exception:  # pragma: no cover - a closed ring: nothing left to count
+        pass
 
 
 def _poll(done: Callable[[], bool], deadline: float | None = None) -> None:
@@ -587,10 +612,11 @@ class _Pending:
         """Release the call; False if its callback already took it (and
         then releases it itself once the record is written)."""
         with _TAKE:
-            had, self.ctx = self.ctx is not None, None
-        if had:
+            ctx, self.ctx = self.ctx, None
+        if ctx is not None:
             self.fut = self.work = None
-        return had
+            _close(ctx)
+        return ctx is not None
 
 
 class _TermGuard:
@@ -996,11 +1022,12 @@ def _kernel(rec: Recorder, name: str, op: Any, below: Any, devices: dict) -> Cal
             try:
                 rec.after(ctx, None, error=True)
             except Exception:
-                pass
+                _close(ctx)
             raise
         try:
             return rec.after(ctx, out)
         except Exception as exc:
+            _close(ctx)
             rec._fail(f"recording failed: {exc!r}")
             rec.missed()
         return out

@@ -81,6 +81,15 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="where rank<N>.jsonl step logs go (default: the checkpoint directory)",
     )
+    ev = ap.add_argument_group("evaluation (ddp)")
+    ev.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="steps between evaluations: every rank runs forward passes of its model replica on "
+        "held-out batches, with no collective (default 0: none)",
+    )
+    ev.add_argument("--eval-s", type=float, default=5.0, help="seconds each evaluation lasts (default 5)")
     m = ap.add_argument_group("model (a stack of transformer MLP blocks and a classifier head)")
     m.add_argument("--width", type=int, default=256, help="model width (default 256)")
     m.add_argument("--hidden", type=int, default=1024, help="MLP hidden size (default 1024)")
@@ -128,6 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.ckpt_every < 0 or args.seconds < 0 or args.bucket_mb <= 0:
         print("error: --ckpt-every and --seconds must be >= 0, --bucket-mb > 0", file=sys.stderr)
         return 2
+    if args.eval_every < 0 or not 0 < args.eval_s <= 86400:
+        print("error: --eval-every must be >= 0 and --eval-s in (0, 86400]", file=sys.stderr)
+        return 2
+    if args.eval_every and args.shape != "ddp":
+        print(
+            f"error: --eval-every: {args.shape}'s forward pass communicates; a validation pass "
+            "without collectives is the ddp shape's",
+            file=sys.stderr,
+        )
+        return 2
 
     from slurmguard.teardown import finish
     from slurmguard.workloads import runtime, shapes
@@ -143,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         log_dir=args.log_dir or ckpt,
         ckpt_every=args.ckpt_every,
         spec=spec,
+        eval_every=args.eval_every,
+        eval_s=args.eval_s,
     )
     runtime.init(env)
     try:
@@ -164,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         finish(2, barrier=False)
     if env.rank == 0:
         print(f"{args.shape}: {built.about}; rank 0 on {env.node}, pid {os.getpid()}", flush=True)
-    end = runtime.train(env, opts, built.model, built.optim, built.step, request, built.shares)
+    end = runtime.train(
+        env, opts, built.model, built.optim, built.step, request, built.shares, built.evaluate
+    )
     if env.rank == 0:
         print(f"{args.shape}: stopped at step {end} of {args.steps}", flush=True)
     finish(0)

@@ -269,7 +269,9 @@ def _rmtree(p: Path) -> None:
 class RunOptions:
     """steps: total optimizer steps of the training (across restarts); seconds:
     stop this run after that much wall time (0: no bound); ckpt_every: steps
-    between periodic checkpoints (0: only on SIGUSR1 and at the end)."""
+    between periodic checkpoints (0: only on SIGUSR1 and at the end);
+    eval_every: steps between evaluations (0: none), each eval_s seconds of
+    forward passes on held-out batches with no collective (train's evaluate)."""
 
     shape: str
     steps: int
@@ -278,6 +280,8 @@ class RunOptions:
     log_dir: Path
     ckpt_every: int
     spec: ModelSpec = field(default_factory=ModelSpec)
+    eval_every: int = 0
+    eval_s: float = 5.0
 
 
 class StepLog:
@@ -315,6 +319,7 @@ def train(
     step_fn: Callable[[int], torch.Tensor | None],
     request: dict | None = None,
     shares: Shares | None = None,
+    evaluate: Callable[[float], int] | None = None,
 ) -> int:
     """Run optimizer steps until opts.steps or opts.seconds; return the next step.
 
@@ -326,7 +331,11 @@ def train(
     log), the checkpoint request (SIGUSR1 may reach ranks at different steps)
     and the time bound, so every rank takes the same decision at the same step;
     with shares (ddp --accum), also rank 0's rebalance plan, which every rank
-    then applies from the next step on.
+    then applies from the next step on. evaluate(seconds) -> batches: this
+    rank's evaluation, run every opts.eval_every steps (after the step's
+    all-reduce, so every rank evaluates at the same step) for opts.eval_s s;
+    it issues no collective, as a validation pass over a local model replica
+    does not, and its time shows in no step (the log's eval_s).
     """
     ck = Checkpointer(opts.ckpt_dir, opts.ckpt_every)
     start = ck.load(model, optim)
@@ -365,10 +374,14 @@ def train(
             ck.save(it, model, optim)
             ckpt_s = time.perf_counter() - t1
             want["ckpt"] = False
-        extra = {}
+        extra: dict[str, Any] = {}
         if shares is not None:
             extra = {"microbatches": shares.share.count, "plan": shares.version}
             shares.adopt(flags[4:].tolist())
+        if evaluate is not None and opts.eval_every and it % opts.eval_every == 0 and not stop:
+            t1 = time.perf_counter()
+            extra["eval_batches"] = evaluate(opts.eval_s)
+            extra["eval_s"] = round(time.perf_counter() - t1, 4)
         log.write(it - 1, step_s, float(flags[0] / flags[1].clamp(min=1.0)), ckpt_s, **extra)
         if stop:
             break

@@ -21,6 +21,7 @@ tp    DTensor tensor parallel (parallelize_module): each block's up projection
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import cast
@@ -38,13 +39,16 @@ from slurmguard.workloads.runtime import Env, ModelSpec, Teacher, build_model
 class Built:
     """model: what the checkpoint saves; step(i) -> loss (None where this rank
     has none); shares: the micro-batch split that train() keeps in step across
-    ranks (ddp --accum), else None."""
+    ranks (ddp --accum), else None; evaluate(seconds) -> batches: a validation
+    pass with no collective (ddp: its local replica), None where the shape's
+    forward pass communicates."""
 
     model: nn.Module
     optim: torch.optim.Optimizer
     step: Callable[[int], torch.Tensor | None]
     about: str
     shares: Shares | None = None
+    evaluate: Callable[[float], int] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,27 @@ def build_ddp(env: Env, spec: ModelSpec, o: ShapeOptions) -> Built:
     about = f"DDP, {mb:.1f} MB of gradients in buckets of {o.bucket_mb:g} MB"
     if shares is not None:
         about += f", {o.accum} micro-batches per step split between the ranks"
-    return Built(model, optim, step, about, shares)
+    return Built(model, optim, step, about, shares, _local_evaluation(model.module, Teacher(spec), env.rank))
+
+
+#: the data shard of held-out batches (training uses shards 0..world-1)
+HELD_OUT = 1 << 20
+
+
+def _local_evaluation(replica: nn.Module, teacher: Teacher, rank: int) -> Callable[[float], int]:
+    """Forward passes of this rank's model replica on held-out batches for a
+    number of seconds (no gradient, no collective): a DDP job's validation."""
+
+    def evaluate(seconds: float) -> int:
+        n, end = 0, time.monotonic() + seconds
+        with torch.no_grad():
+            while time.monotonic() < end:
+                x, y = teacher.batch(n, HELD_OUT + rank)
+                _loss(replica(x), y)
+                n += 1
+        return n
+
+    return evaluate
 
 
 def _shares(env: Env, spec: ModelSpec, o: ShapeOptions) -> Shares:

@@ -105,6 +105,8 @@ static int layout(void)
 	OFF(sg_ring_header, gpu_lost);
 	OFF(sg_ring_header, gpu_state);
 	OFF(sg_ring_header, gpu_error);
+	OFF(sg_ring_header, in_flight);
+	OFF(sg_ring_header, in_flight_since_ns);
 	printf("  \"magic\": %llu,\n  \"version\": %u,\n", (unsigned long long)SG_RING_MAGIC,
 	       SG_RING_VERSION);
 	printf("  \"node_name_len\": %d\n}\n", SG_NODE_NAME_LEN);

@@ -117,6 +117,7 @@ class Scenario:
         exclusive: bool = True,
         mitigate: int = 0,
         n_nodes: int | None = None,
+        args: tuple[str, ...] = (),
     ) -> int:
         """The workload on its own exclusive nodes (GPU training jobs do not share
         nodes; exclusive=False: one CPU per task, so two jobs can share a node).
@@ -124,10 +125,11 @@ class Scenario:
         --signal=B:USR1@30: to the batch shell, which passes it on to the ranks).
         mitigate: opt a ddp job into rebalancing over this many micro-batches
         per step (its --accum, the comment's mitigate item, the controller's URL).
-        n_nodes: nodes of the job (default: the workload's layout, 2)."""
+        n_nodes: nodes of the job (default: the workload's layout, 2). args: more
+        options of the workload (e.g. its evaluation, --eval-every N)."""
         lay = LAYOUTS[self.workload]
         st = self.cluster.state_dir
-        extra = list(lay.args)
+        extra = [*lay.args, *args]
         items = []
         if mitigate:
             if self.workload != "ddp":
@@ -155,7 +157,7 @@ class Scenario:
             "while wait $srun_pid; rc=$?; [ $rc -gt 128 ] && kill -0 $srun_pid 2>/dev/null; do :; done\n"
             "exit $rc\n"
         )
-        args = [
+        sbatch = [
             f"-N{n_nodes or lay.nodes}",
             f"--ntasks-per-node={lay.tasks_per_node}",
             "--exclusive" if exclusive else "--cpus-per-task=1",
@@ -165,16 +167,16 @@ class Scenario:
             f"{st}/job-%j.out",
         ]
         if guarded:
-            args.append("--straggler-guard")
+            sbatch.append("--straggler-guard")
         if signal:
             # Slurm's own --signal for its time limit; Slurm 22.05 shows it neither in
             # squeue --json nor in scontrol, so slurmguard's opt-in is the comment
-            args.append("--signal=B:USR1@30")
+            sbatch.append("--signal=B:USR1@30")
         if items:
-            args.append(f"--comment=slurmguard:{','.join(items)}")
+            sbatch.append(f"--comment=slurmguard:{','.join(items)}")
         if nodes:
-            args += ["-w", nodes]
-        return self.cluster.sbatch(script, *args)
+            sbatch += ["-w", nodes]
+        return self.cluster.sbatch(script, *sbatch)
 
     def requeue(self, job: int) -> None:
         """Requeue the job as an admin or a preemption would, restarting it at once
