@@ -168,8 +168,11 @@ enum sg_redop {
 
 /* header.gpu_state: CUDA-event / profiler GPU timing of the writer */
 /* header_flags: the writer keeps in_flight and in_flight_since_ns, so a
- * reader can tell a rank between collectives from one blocked inside one
- * (the torch hook does; the NCCL hook and profiler plugin do not yet) */
+ * reader can tell a rank between collectives from one blocked inside one.
+ * The torch hook sets it at creation; the NCCL hook while its CUDA-event
+ * timing is on (a call is in flight until its GPU work has run; with host
+ * times only a call is recorded as it returns and nothing would ever read as
+ * in flight); the profiler plugin never. Readers re-read it. */
 #define SG_HF_IN_FLIGHT 0x1u
 
 #define SG_GPU_UNTRIED    0u /* no timed call yet (or timing not wanted) */
@@ -197,7 +200,7 @@ struct sg_ring_header {
 	int64_t clock_offset_ns;   /*  48 CLOCK_REALTIME - CLOCK_MONOTONIC at creation */
 	uint64_t created_ns;       /*  56 CLOCK_MONOTONIC at creation */
 	uint32_t source;           /*  64 SG_SOURCE_* */
-	uint32_t header_flags;     /*  68 SG_HF_* */
+	_Atomic uint32_t header_flags; /*  68 SG_HF_* */
 	char node_name[SG_NODE_NAME_LEN]; /* 72 Slurm node name, NUL-terminated */
 	uint8_t reserved1[192 - 136];
 	/* written on every record: kept off the lines the controller writes */

@@ -258,6 +258,12 @@ def test_the_report_says_what_the_writer_has_in_flight(tmp_path):
     assert reports()[0].in_flight_since == since
     w.leave()
     assert reports()[0].in_flight_since is None
+    # the NCCL hook keeps the count only while its GPU timing is on, and
+    # clears the flag when timing goes off: read afresh, the rank is unknown again
+    w.enter(time.monotonic_ns())
+    w._put("header_flags", 0)
+    rep = reports()
+    assert not rep[0].in_flight_known and rep[0].in_flight_since is None
     w.close()
 
 

@@ -539,17 +539,17 @@ def test_the_ring_says_when_a_rank_waits_inside_a_collective(spank_build, tmp_pa
             for name in ("sync", "async", "recv"):
                 until((sync / f"in-{name}").exists, f"rank 0 entering the {name} call")
                 entered = time.monotonic_ns()
-                since = until(r.in_flight_since, f"rank 0 in flight in the {name} call", timeout=30)
+                since = until(lambda: r.in_flight()[1], f"rank 0 in flight in the {name} call", timeout=30)
                 time.sleep(0.3)  # still waiting: rank 1 has not joined
-                assert r.in_flight_since() == since
+                assert r.in_flight() == (True, since)
                 assert since <= entered + 30 * 10**9
                 (sync / f"go-{name}").touch()
                 until((sync / f"done-{name}").exists, f"rank 0 past the {name} call")
                 # an async call's record is written by its done-callback, which may
                 # still run for a moment after the job's wait() returned
-                until(lambda: r.in_flight_since() is None, f"{name}: nothing in flight after it", timeout=10)
+                until(lambda: r.in_flight()[1] is None, f"{name}: nothing in flight after it", timeout=10)
                 time.sleep(0.2)
-                assert r.in_flight_since() is None
+                assert r.in_flight() == (True, None)
                 (sync / f"next-{name}").touch()
         for p in procs:
             out, err = p.communicate(timeout=240)

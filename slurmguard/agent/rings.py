@@ -48,7 +48,6 @@ from slurmguard.hook.ring import (
     F_GPU_TIME,
     F_IN_GROUP,
     F_XFER_SEND,
-    HF_IN_FLIGHT,
     NOT_COLLECTIVE,
     OP,
     RECORD_FIELDS,
@@ -152,11 +151,8 @@ class TrackedRing:
     in_flight_since_ns: int | None = None
     """CLOCK_MONOTONIC ns since which the writer has had a call in flight
     (None: none, or a writer that does not say, see in_flight_known)."""
-
-    @property
-    def in_flight_known(self) -> bool:
-        """The writer says which calls are in flight (ring.HF_IN_FLIGHT)."""
-        return bool(self.header.header_flags & HF_IN_FLIGHT)
+    in_flight_known: bool = False
+    """The writer says which calls are in flight (ring.HF_IN_FLIGHT, as of the last read)."""
 
     def to_unix_s(self, mono_ns: int | float) -> float:
         return (mono_ns + self.header.clock_offset_ns) / 1e9
@@ -422,7 +418,7 @@ class RingTracker:
         tr.lost += batch.lost
         # records are written on completion: whether a call is in flight is
         # the writer's header count (hooks that keep it, HF_IN_FLIGHT)
-        tr.in_flight_since_ns = tr.reader.in_flight_since()
+        tr.in_flight_known, tr.in_flight_since_ns = tr.reader.in_flight()
         if batch.corrupt:
             tr.corrupt += batch.corrupt
             self.problem(path, "corrupt_records", f"{batch.corrupt} corrupt record(s) skipped", batch.corrupt)

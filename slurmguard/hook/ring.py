@@ -662,18 +662,23 @@ class RingReader:
     def write_counter(self) -> int:
         return _U64.unpack(self._pread(8, _HDR["write_counter"][0]))[0]
 
-    def in_flight_since(self) -> int | None:
-        """CLOCK_MONOTONIC ns since which the writer has had a call in flight,
-        None when it has none; only meaningful when the header carries
-        HF_IN_FLIGHT (else always None). A count without a start time (a
-        reader between the writer's two stores) reads as in flight from now."""
-        if not self.header.header_flags & HF_IN_FLIGHT:
-            return None
-        data = self._pread(16, _HDR["in_flight"][0])
-        count, since = _U32.unpack_from(data, 0)[0], _U64.unpack_from(data, 8)[0]
+    def in_flight(self) -> tuple[bool, int | None]:
+        """(whether the writer keeps the in-flight count now, HF_IN_FLIGHT;
+        CLOCK_MONOTONIC ns since which it has had a call in flight, None when
+        it has none or does not keep the count). The NCCL hook keeps it only
+        while its GPU timing is on, so the flag is read afresh. A count
+        without a start time (a reader between the writer's two stores)
+        reads as in flight from now."""
+        lo, hi = _HDR["header_flags"][0], _HDR["in_flight_since_ns"][0] + 8
+        data = self._pread(hi - lo, lo)
+        flags = _U32.unpack_from(data, 0)[0]
+        if not flags & HF_IN_FLIGHT:
+            return False, None
+        count = _U32.unpack_from(data, _HDR["in_flight"][0] - lo)[0]
+        since = _U64.unpack_from(data, _HDR["in_flight_since_ns"][0] - lo)[0]
         if count == 0:
-            return None
-        return since or time.monotonic_ns()
+            return True, None
+        return True, since or time.monotonic_ns()
 
     def _chunk(self, cursor: int, count: int) -> tuple[bytes, bytes]:
         """Records cursor..cursor+count-1 (not wrapping), copied twice: a

@@ -183,6 +183,28 @@ static int scenario_timing(void)
 	CHECK((r.flags & SG_F_GPU_TIME) && gpu_dur(&r) >= 3 * MS - 5 * US && gpu_dur(&r) < 40 * MS,
 	      "default stream: flags %#x GPU %llu ns", r.flags, (unsigned long long)gpu_dur(&r));
 
+	/* in flight until its GPU work has run (SG_HF_IN_FLIGHT): a collective
+	 * the GPU is still running reads as in flight since its call, and as
+	 * nothing in flight once its record is committed */
+	CHECK(atomic_load(&h->header_flags) & SG_HF_IN_FLIGHT, "header_flags %#x",
+	      atomic_load(&h->header_flags));
+	fakeNcclSetTiming(0, 300 * MS);
+	t0 = sg_mono_ns();
+	ncclAllReduce(fin, fout, 8, ncclFloat32, ncclSum, comm, s);
+	t1 = sg_mono_ns();
+	{
+		uint32_t k = atomic_load(&h->in_flight);
+		uint64_t since = atomic_load(&h->in_flight_since_ns);
+
+		CHECK(k == 1 && since >= t0 && since <= t1, "in flight %u since %lld ns after the call",
+		      k, (long long)(since - t0));
+	}
+	CHECK(find_op(h, SG_OP_ALLREDUCE, 3, &r, 3000 * MS) && (r.flags & SG_F_GPU_TIME),
+	      "300 ms record: flags %#x", r.flags);
+	CHECK(atomic_load(&h->in_flight) == 0 && atomic_load(&h->in_flight_since_ns) == 0,
+	      "after the record: in flight %u since %llu", atomic_load(&h->in_flight),
+	      (unsigned long long)atomic_load(&h->in_flight_since_ns));
+
 	/* a group: launched at ncclGroupEnd, timed as a whole there */
 	fakeNcclSetTiming(0, 4 * MS);
 	ncclGroupStart();
@@ -209,9 +231,9 @@ static int scenario_timing(void)
 	CHECK(fakeCudaGraphNodes(g) == 1, "graph holds %u kernels, want 1", fakeCudaGraphNodes(g));
 	CHECK(fakeCudaInvalidated() == 0, "%u captures invalidated", fakeCudaInvalidated());
 	cudaGraphDestroy(g);
-	CHECK(find_op(h, SG_OP_ALLREDUCE, 4, &r, 3000 * MS), "captured record");
+	CHECK(find_op(h, SG_OP_ALLREDUCE, 5, &r, 3000 * MS), "captured record");
 	CHECK(r.flags == SG_F_CAPTURED, "captured call: flags %#x", r.flags);
-	CHECK(find_op(h, SG_OP_ALLREDUCE, 3, &r, 3000 * MS), "record before capture");
+	CHECK(find_op(h, SG_OP_ALLREDUCE, 4, &r, 3000 * MS), "record before capture");
 	CHECK((r.flags & SG_F_GPU_TIME) && gpu_dur(&r) >= 40 * MS - 5 * US,
 	      "in flight during capture: flags %#x GPU %llu", r.flags,
 	      (unsigned long long)gpu_dur(&r));
@@ -380,6 +402,10 @@ static int scenario_pool(void)
 	CHECK(atomic_load(&h->gpu_state) == SG_GPU_POOL, "gpu_state %u", atomic_load(&h->gpu_state));
 	CHECK(atomic_load(&h->gpu_lost) == 0, "lost %llu",
 	      (unsigned long long)atomic_load(&h->gpu_lost));
+	/* host times only now: the in-flight count no longer says anything */
+	CHECK(!(atomic_load(&h->header_flags) & SG_HF_IN_FLIGHT) && atomic_load(&h->in_flight) == 0,
+	      "header_flags %#x in flight %u", atomic_load(&h->header_flags),
+	      atomic_load(&h->in_flight));
 	return 0;
 }
 
