@@ -96,12 +96,13 @@ def _one_fault_run(
     node = sc.job_nodes(job)[-1]
     healthy = statistics.median(e["step_s"] for e in warm[10:])
     if mode == "factor":
-        _, cap = sc.inject(node, value)
+        _, cap = sc.inject(node, value, job=job)
+        t_inject = sc.capped_at[node]
     else:
         cap = value
         fault.apply_cpu_cap(sc.cluster, node, cap)
-    t_inject = time.time()
-    onset = len(sc.log(job))
+        t_inject = time.time()
+    onset = sum(1 for e in sc.log(job) if e["t"] < t_inject)  # the steps before the (first) cap
     t_drain = None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
