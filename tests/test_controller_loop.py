@@ -425,30 +425,31 @@ def in_flight(r: RankReport, since: float | None) -> RankReport:
     return r.model_copy(update={"in_flight_known": True, "in_flight_since": since})
 
 
-def test_a_job_between_collectives_on_every_rank_is_quiet_not_stalled(env):
-    """Every rank evaluates (or saves a checkpoint) for 200 s with no collective
-    and none in flight: a quiet job, no stall, nothing done. The same silence
-    from hooks that cannot say what is in flight stays a stall (above)."""
+def quiet_cycle(env, last: tuple[float, float], waiting: tuple[float | None, float | None]):
+    """One cycle of a 2-rank job whose hooks say what is in flight: rank r
+    completed its last collective last[r] s ago and has waited inside one
+    for waiting[r] s (None: none in flight). Returns (job, cycle result)."""
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
     now = clock.now()
     for r, node in enumerate(["node1", "node2"]):
-        ctl.fleet.ingest(report(node, job, [in_flight(rank_report(r, now - 200), None)], 1, now), now)
-    res = ctl.cycle()
+        since = None if waiting[r] is None else now - waiting[r]
+        ctl.fleet.ingest(report(node, job, [in_flight(rank_report(r, now - last[r]), since)], 1, now), now)
+    return job, ctl.cycle()
+
+
+def test_a_job_between_collectives_on_every_rank_is_quiet_not_stalled(env):
+    """Every rank evaluates (or saves a checkpoint) for 200 s with no collective
+    and none in flight: a quiet job, no stall, nothing done. The same silence
+    from hooks that cannot say what is in flight stays a stall (above)."""
+    job, res = quiet_cycle(env, (200, 200), (None, None))
     assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
 
 
 def test_a_stall_counts_from_when_the_ranks_began_to_wait(env):
     """After 190 s of evaluation rank 0 entered the metrics all-reduce 10 s ago;
     rank 1 still evaluates: waited 10 s, not 190, so no stall."""
-    ctl, slurm, store, clock = env
-    job = slurm.start_job(["node1", "node2"])
-    now = clock.now()
-    r0 = in_flight(rank_report(0, now - 190), now - 10)
-    r1 = in_flight(rank_report(1, now - 190), None)
-    ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
-    ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
-    res = ctl.cycle()
+    job, res = quiet_cycle(env, (190, 190), (10, None))
     assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
 
 
@@ -457,14 +458,7 @@ def test_a_stall_names_the_rank_the_others_wait_for(env):
     call in flight (frozen, or stuck outside its collectives), completed its
     last collective a little after rank 0 did: it is the one named, not the
     rank with the least progress."""
-    ctl, slurm, store, clock = env
-    job = slurm.start_job(["node1", "node2"])
-    now = clock.now()
-    r0 = in_flight(rank_report(0, now - 101), now - 100)
-    r1 = in_flight(rank_report(1, now - 100.5), None)
-    ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
-    ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
-    res = ctl.cycle()
+    job, res = quiet_cycle(env, (101, 100.5), (100, None))
     a = res.assessments[job]
     assert a.stalled_for_s == pytest.approx(100, abs=1)
     assert [c.node for c in a.culprits] == ["node2"]

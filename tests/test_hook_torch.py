@@ -61,21 +61,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(tmp: Path, name: str, env_extra: dict, world: int = 2) -> list[subprocess.CompletedProcess]:
-    script = tmp / f"{name}.py"
-    script.write_text(JOB)
+def start_ranks(script: Path, env_extra: dict, world: int = 2, per_rank=None) -> list[subprocess.Popen]:
+    """The ranks of a localhost gloo job running `script`, each with RANK,
+    WORLD_SIZE and a shared MASTER_PORT, this environment less any
+    SLURMGUARD_ variable, plus env_extra and per_rank(rank) (a dict); output
+    piped as text."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-        env.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            OUT=str(tmp / f"{name}-{rank}.pt"),
-            **env_extra,
-        )
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+        env.update(env_extra, **(per_rank(rank) if per_rank else {}))
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(script)],
@@ -85,6 +81,13 @@ def run_job(tmp: Path, name: str, env_extra: dict, world: int = 2) -> list[subpr
                 stderr=subprocess.PIPE,
             )
         )
+    return procs
+
+
+def run_job(tmp: Path, name: str, env_extra: dict, world: int = 2) -> list[subprocess.CompletedProcess]:
+    script = tmp / f"{name}.py"
+    script.write_text(JOB)
+    procs = start_ranks(script, env_extra, world, lambda rank: {"OUT": str(tmp / f"{name}-{rank}.pt")})
     results = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -501,25 +504,15 @@ def test_the_ring_says_when_a_rank_waits_inside_a_collective(spank_build, tmp_pa
     sync.mkdir()
     script = tmp_path / "inflight.py"
     script.write_text(IN_FLIGHT)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-        env.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            SYNC=str(sync),
-            PYTHONPATH=str(spank_build.torch_site),
-            SLURMGUARD_RING_DIR=str(rings),
-            SLURMGUARD_STEP_ID="0",
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        )
+    procs = start_ranks(
+        script,
+        {
+            "SYNC": str(sync),
+            "PYTHONPATH": str(spank_build.torch_site),
+            "SLURMGUARD_RING_DIR": str(rings),
+            "SLURMGUARD_STEP_ID": "0",
+        },
+    )
 
     def until(pred, what, timeout=240.0):
         deadline = time.monotonic() + timeout

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from slurmguard.hook import ring
-from tests.test_hook_torch import free_port
+from tests.test_hook_torch import start_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -127,35 +127,15 @@ def run(
 ) -> list[subprocess.CompletedProcess]:
     script = tmp / f"{name}.py"
     script.write_text(job)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-        env.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            OUT=str(tmp / f"{name}-{rank}"),
-            PYTHONPATH=f"{site}{os.pathsep}{REPO}",
-            **env_extra,
+    extra = {"PYTHONPATH": f"{site}{os.pathsep}{REPO}", **env_extra}
+    if rings is not None:
+        extra.update(
+            SLURMGUARD_RING_DIR=str(rings),
+            SLURMGUARD_JOB_ID="7",
+            SLURMGUARD_STEP_ID="0",
+            SLURMGUARD_RING_RECORDS="4096",
         )
-        if rings is not None:
-            env.update(
-                SLURMGUARD_RING_DIR=str(rings),
-                SLURMGUARD_JOB_ID="7",
-                SLURMGUARD_STEP_ID="0",
-                SLURMGUARD_RING_RECORDS="4096",
-            )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script)],
-                env=env,
-                text=True,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-        )
+    procs = start_ranks(script, extra, 2, lambda rank: {"OUT": str(tmp / f"{name}-{rank}")})
     results = []
     for p in procs:
         out, err = p.communicate(timeout=300)
