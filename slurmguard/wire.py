@@ -19,7 +19,9 @@ Versions 1 (steps as lists of {"end", "step_s", "comm_s"}), 2 (telemetry as a
 list of records) and 3 are still accepted (`schema_version` 1 to 4; others
 are refused), so agents of the previous releases keep reporting while the
 fleet is upgraded (controllers first: an older controller refuses a newer
-version with 422). All are read by `decode_report` and validated alike: a
+version with 422, and a version-4 report whose rank carries
+`in_flight_known`, added in a later release of version 4, as an unknown
+field). All are read by `decode_report` and validated alike: a
 packed window must hold exactly 24 x n bytes of finite numbers with step_s
 and comm_s >= 0, packed telemetry exactly n key indices below len(keys) and
 2 x n finite numbers, and the columns after the JSON exactly what its
