@@ -166,7 +166,6 @@ enum sg_redop {
 #define SG_F_NO_EVENT     0x200u /* GPU timing wanted but not available for this call */
 #define SG_F_XFER_SEND    0x400u /* peer_xfer: data sent to peer (else received) */
 
-/* header.gpu_state: CUDA-event / profiler GPU timing of the writer */
 /* header_flags: the writer keeps in_flight and in_flight_since_ns, so a
  * reader can tell a rank between collectives from one blocked inside one.
  * The torch hook sets it at creation; the NCCL hook while its CUDA-event
@@ -175,6 +174,7 @@ enum sg_redop {
  * in flight); the profiler plugin never. Readers re-read it. */
 #define SG_HF_IN_FLIGHT 0x1u
 
+/* header.gpu_state: CUDA-event / profiler GPU timing of the writer */
 #define SG_GPU_UNTRIED    0u /* no timed call yet (or timing not wanted) */
 #define SG_GPU_ON         1u /* records carry GPU times (SG_F_GPU_TIME) */
 #define SG_GPU_NO_RUNTIME 2u /* no CUDA runtime in the process: host times only */

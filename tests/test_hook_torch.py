@@ -6,7 +6,6 @@ hook registers dispatcher kernels, which must not leak into this process).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmguard.hook import ring
+from slurmguard.hook.exits import clean_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +55,6 @@ JOB = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_ranks(script: Path, env_extra: dict, world: int = 2, per_rank=None) -> list[subprocess.Popen]:
     """The ranks of a localhost gloo job running `script`, each with RANK,
     WORLD_SIZE and a shared MASTER_PORT, this environment less any
@@ -69,8 +63,14 @@ def start_ranks(script: Path, env_extra: dict, world: int = 2, per_rank=None) ->
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMGUARD_")}
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+        env = clean_env(
+            {
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world),
+            }
+        )
         env.update(env_extra, **(per_rank(rank) if per_rank else {}))
         procs.append(
             subprocess.Popen(
