@@ -1,10 +1,11 @@
 """The policy: every threshold and setting slurmguard uses, validated strictly.
 
 `policies.yaml` at the repository root is the documented default; each key
-there is mirrored by a field here with the same default. Unknown keys are
-errors, and every error names the file, the dotted key path and the line.
+there is mirrored by a field here with the same default (the whatif section's
+in slurmguard.whatif_policy). Unknown keys are errors, and every error names
+the file, the dotted key path and the line.
 
-Lookup order for the file: --policy, $SLURMGUARD_POLICY,
+Lookup order for the file (slurmguard.policyfile): --policy, $SLURMGUARD_POLICY,
 /etc/slurmguard/policies.yaml, then the built-in defaults below. Never the
 current directory: the policy names the Slurm binaries and the secret, and an
 admin's command run as root in a user's directory must not take them from it.
@@ -25,8 +26,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurmguard.errors import ConfigError
-
-SYSTEM_POLICY = Path("/etc/slurmguard/policies.yaml")
+from slurmguard.policyfile import find_policy_file
+from slurmguard.whatif_policy import WhatIfPolicy
 
 
 class Strict(BaseModel):
@@ -556,25 +557,8 @@ class TriagePolicy(Strict):
 
 
 # ---------------------------------------------------------------- what-if analysis
-class WhatIfPolicy(Strict):
-    """Paper 004 (what-if analysis of job traces): thresholds of its metrics."""
-
-    top_worker_percent: float = Field(3.0, gt=0, le=100)
-    """M_W (Eq. 5) fixes the workers with the highest 3% of S_w."""
-    max_discrepancy: float = Field(0.05, gt=0)
-    """Section 6: traces whose simulated original step time is off by more are flagged."""
-    straggling_slowdown: float = Field(1.1, ge=1)
-    """Section 4.2: a job is straggling when its slowdown S reaches this."""
-    dominant_share: float = Field(0.5, gt=0)
-    """M_W or M_S at or above this names the cause (sections 5.1, 5.2: 'a majority')."""
-    affected_share: float = Field(0.2, gt=0, le=1)
-    """A worker is affected when S_w - 1 is at least this share of S - 1 (heatmap cell lit)."""
-    widespread_fraction: float = Field(0.5, gt=0, le=1)
-    """This share of workers affected is a widespread pattern (section 8, Fig. 14)."""
-    seq_imbalance_correlation: float = Field(0.9, gt=-1, le=1)
-    """Section 5.3: forward/backward compute correlation suggesting sequence-length imbalance."""
-    memory_mb: int = Field(256, ge=16)
-    """Simulator working-set budget; scenarios are simulated in chunks that fit."""
+# WhatIfPolicy (slurmguard.whatif_policy) is a stdlib dataclass that pydantic validates with
+# Strict's rules: `slurmguard whatif` reads its defaults without importing pydantic.
 
 
 # ---------------------------------------------------------------- prolog / epilog
@@ -691,12 +675,18 @@ def _format_loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _unvalidated_defaults(section: Any) -> Any:
+    """A section's defaults without building its validator: WhatIfPolicy is a stdlib
+    dataclass, whose constructor validates nothing."""
+    return section.model_construct() if issubclass(section, BaseModel) else section()
+
+
 class PolicySections:
     """What `load_policy(sections=...)` returns when there is no policy file: the named
     sections' built-in defaults (attributes, as on a Policy). Reading a section that was not
     named is an AttributeError saying so, never a silent default."""
 
-    def __init__(self, sections: Mapping[str, Strict]):
+    def __init__(self, sections: Mapping[str, Any]):
         self.__dict__.update(sections)
 
     def __getattr__(self, name: str) -> Any:
@@ -731,23 +721,13 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
             while probe and probe not in lines:
                 probe = probe[:-1]
             line = lines.get(probe, 1)
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            # a dataclass section (WhatIfPolicy) reports an unknown key as an unexpected argument
+            unknown = err["type"] in ("extra_forbidden", "unexpected_keyword_argument")
+            msg = "unknown key" if unknown else err["msg"]
             if msg.startswith("Value error, "):
                 msg = msg[len("Value error, ") :]
             messages.append(f"{source}:{line}: {_format_loc(loc)}: {msg}")
         raise ConfigError("; ".join(messages)) from None
-
-
-def find_policy_file(
-    explicit: str | os.PathLike | None = None, env: Mapping[str, str] | None = None
-) -> Path | None:
-    """--policy, then $SLURMGUARD_POLICY, then /etc/slurmguard/policies.yaml; never ./."""
-    env = os.environ if env is None else env
-    if explicit:
-        return Path(explicit)
-    if env.get("SLURMGUARD_POLICY"):
-        return Path(env["SLURMGUARD_POLICY"])
-    return SYSTEM_POLICY if SYSTEM_POLICY.is_file() else None
 
 
 def read_trusted(
@@ -817,7 +797,7 @@ def load_policy(
         if sections is not None:
             # tests/test_config.py checks that these equal the validated defaults
             models = {s: Policy.model_fields[s].annotation for s in sections}
-            return PolicySections({s: m.model_construct() for s, m in models.items()})  # type: ignore[union-attr, return-value]
+            return PolicySections({s: _unvalidated_defaults(m) for s, m in models.items()})  # type: ignore[return-value]
         return Policy()
     raw = read_trusted(p, "policy file", as_root=None if trusted else False)
     try:

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,7 @@ from click.testing import CliRunner
 from slurmguard.cli import cli
 from slurmguard.config import Policy, database_url, load_policy, parse_policy
 from slurmguard.errors import ConfigError
+from slurmguard.whatif_policy import WhatIfPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,11 +19,13 @@ def test_repository_policy_matches_builtin_defaults():
 
 def test_sections_without_a_file_are_the_defaults_and_with_one_change_nothing(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURMGUARD_POLICY", raising=False)
-    monkeypatch.setattr("slurmguard.config.SYSTEM_POLICY", tmp_path / "absent.yaml")
-    # built-in defaults, constructed without a validator, equal the validated ones
-    for name, field in Policy.model_fields.items():
+    monkeypatch.setattr("slurmguard.policyfile.SYSTEM_POLICY", tmp_path / "absent.yaml")
+    # built-in defaults, constructed without a validator, equal the validated ones (repr: also
+    # the types of the values, 3 is not 3.0; whatif is a dataclass, the others pydantic models)
+    for name in Policy.model_fields:
         got = getattr(load_policy(None, sections=(name,)), name)
-        assert got == getattr(Policy(), name) and got.model_dump() == field.annotation().model_dump()
+        validated = getattr(Policy.model_validate({name: {}}), name)
+        assert got == getattr(Policy(), name) == validated and repr(got) == repr(validated)
     part = load_policy(None, sections=("whatif",))
     with pytest.raises(AttributeError, match="section 'controller' was not loaded"):
         _ = part.controller
@@ -90,3 +94,42 @@ def test_policy_check_cli(tmp_path):
     good.write_text("safety:\n  dry_run: true\n")
     res = CliRunner().invoke(cli, ["policy", "check", str(good)])
     assert res.exit_code == 0, res.output
+
+
+# ------------------------------------------------------------------ the whatif section
+# WhatIfPolicy is a stdlib dataclass (slurmguard.whatif_policy, so that `slurmguard whatif`
+# does not import pydantic): pydantic must still apply every bound and refuse unknown keys.
+
+# per kind of bound pydantic takes, how far past the limit a value is refused
+PAST = {"gt": 0, "lt": 0, "ge": -1e-9, "le": 1e-9}
+
+
+@pytest.mark.parametrize("f", dataclasses.fields(WhatIfPolicy), ids=lambda f: f.name)
+def test_every_whatif_bound_is_applied(f):
+    assert f.metadata, f"whatif.{f.name}: no bounds"
+    for kind, limit in f.metadata.items():
+        assert kind in PAST, f"whatif.{f.name}: {kind!r} is not a bound; pydantic would ignore it"
+        outside = limit + (PAST[kind] if f.type == "float" else 1 if kind == "le" else -1)
+        with pytest.raises(ConfigError) as exc:
+            parse_policy(f"whatif:\n  {f.name}: {outside}\n", "p.yaml")
+        assert str(exc.value).startswith(f"p.yaml:2: whatif.{f.name}: Input should be"), exc.value
+        if kind in ("ge", "le"):
+            assert getattr(parse_policy(f"whatif:\n  {f.name}: {limit}\n").whatif, f.name) == limit
+
+
+def test_whatif_section_errors_name_the_key():
+    with pytest.raises(ConfigError) as exc:
+        parse_policy("whatif:\n  top_worker_percent: 0\n", "p.yaml")
+    assert str(exc.value) == "p.yaml:2: whatif.top_worker_percent: Input should be greater than 0"
+    with pytest.raises(ConfigError) as exc:
+        parse_policy("whatif:\n  memory_mb: 64\n  nonsense: 1\n", "p.yaml")
+    assert str(exc.value) == "p.yaml:3: whatif.nonsense: unknown key"
+    with pytest.raises(ConfigError, match=r"^p.yaml:2: whatif.memory_mb: Input should be a valid integer"):
+        parse_policy("whatif:\n  memory_mb: lots\n", "p.yaml")
+    with pytest.raises(ConfigError, match=r"^p.yaml:1: whatif: Input should be a dictionary"):
+        parse_policy("whatif: [1]\n", "p.yaml")
+    # validated values are the dataclass's own, frozen
+    w = parse_policy("whatif:\n  memory_mb: 64\n  top_worker_percent: 5\n").whatif
+    assert w == WhatIfPolicy(memory_mb=64, top_worker_percent=5.0) and isinstance(w.top_worker_percent, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.memory_mb = 32

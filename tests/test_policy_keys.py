@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import re
 import typing
@@ -54,17 +55,26 @@ LAZY = re.compile(r"^slurmguard(\.\w+)+:\w+$")
 
 
 # ------------------------------------------------------------------ the model
-def _models(tp) -> list[type[BaseModel]]:
-    """The pydantic models inside an annotation (X, tuple[X, ...], X | None)."""
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
+def _models(tp) -> list[type]:
+    """The section classes inside an annotation (X, tuple[X, ...], X | None): pydantic models,
+    and stdlib dataclasses that pydantic validates (slurmguard.whatif_policy.WhatIfPolicy)."""
+    if isinstance(tp, type) and (issubclass(tp, BaseModel) or dataclasses.is_dataclass(tp)):
         return [tp]
     return [m for a in typing.get_args(tp) for m in _models(a)]
 
 
-def leaves(model: type[BaseModel] = Policy, prefix: tuple[tuple[str, str], ...] = ()):
-    """(dotted key, [(section name, section model class name), ...]) per leaf."""
-    for name, f in model.model_fields.items():
-        sub = _models(f.annotation)
+def _fields(model: type) -> dict[str, typing.Any]:
+    """A section's field names and annotations."""
+    if dataclasses.is_dataclass(model):
+        hints = typing.get_type_hints(model)
+        return {f.name: hints[f.name] for f in dataclasses.fields(model)}
+    return {name: f.annotation for name, f in model.model_fields.items()}
+
+
+def leaves(model: type = Policy, prefix: tuple[tuple[str, str], ...] = ()):
+    """(dotted key, [(section name, section model class name), ...], annotation) per leaf."""
+    for name, f in _fields(model).items():
+        sub = _models(f)
         path = prefix + ((name, sub[0].__name__ if sub else ""),)
         if sub:
             yield from leaves(sub[0], path)
@@ -72,15 +82,15 @@ def leaves(model: type[BaseModel] = Policy, prefix: tuple[tuple[str, str], ...] 
             yield ".".join(p for p, _ in path), list(path[:-1]), f
 
 
-def choice_fields(model: type[BaseModel] = Policy, prefix: str = ""):
+def choice_fields(model: type = Policy, prefix: str = ""):
     """(dotted key, allowed values) of every Literal field (also inside tuples)."""
-    for name, f in model.model_fields.items():
+    for name, f in _fields(model).items():
         key = f"{prefix}{name}"
-        sub = _models(f.annotation)
+        sub = _models(f)
         if sub:
             yield from choice_fields(sub[0], key + ".")
             continue
-        lits = _literals(f.annotation)
+        lits = _literals(f)
         if lits:
             yield key, lits
 

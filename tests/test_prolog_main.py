@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from slurmguard import config
+from slurmguard import policyfile
 from slurmguard.config import parse_policy
 from slurmguard.nodecheck import common, prolog
 from slurmguard.telemetry.fake_nvml import FakeNvml
@@ -118,7 +118,7 @@ def test_main_broken_policy_passes_and_names_file_and_line(tmp_path, capsys):
 def test_policy_lookup_never_reads_the_jobs_working_directory(tmp_path, monkeypatch):
     (tmp_path / "policies.yaml").write_text("prolog:\n  expected_gpus: 99\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(config, "SYSTEM_POLICY", tmp_path / "etc-absent.yaml")
+    monkeypatch.setattr(policyfile, "SYSTEM_POLICY", tmp_path / "etc-absent.yaml")
     assert common.policy_path(None, {}) is None
     assert common.load(None, {}).prolog.expected_gpus is None
     assert common.policy_path(None, {"SLURMGUARD_POLICY": "/x.yaml"}).as_posix() == "/x.yaml"

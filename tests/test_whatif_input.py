@@ -195,6 +195,11 @@ NOT_FOR_WHATIF = (
     "torch",
     "numpy.ma",  # np.median/np.unique's first call imports it: slurmguard.whatif.tensor.median
     "importlib.metadata",  # the entry-point scan for plugin commands, pydantic's plugin discovery
+    # without a policy file the whatif defaults come from slurmguard.whatif_policy: the policy's
+    # models cost about a quarter of the command
+    "pydantic",
+    "annotated_types",
+    "slurmguard.config",
     "slurmguard.agent",
     "slurmguard.controller",
     "slurmguard.store",
@@ -202,14 +207,14 @@ NOT_FOR_WHATIF = (
 )
 
 
-def _run_whatif_in_a_process(tmp_path, small, env=None) -> dict:
+def _run_whatif_in_a_process(tmp_path, small, env=None, args=("--json",), name="p") -> dict:
     import json
     import os
     import subprocess
     import sys
 
     df, meta = small
-    trace, metap = write_case(tmp_path, df, meta, "p")
+    trace, metap = write_case(tmp_path, df, meta, name)
     # atexit runs handlers last-registered first: this one sees the command's own exit handler done
     code = (
         "import atexit, gc, json, os, sys\n"
@@ -217,7 +222,7 @@ def _run_whatif_in_a_process(tmp_path, small, env=None) -> dict:
         "atexit.register(lambda: print(json.dumps({**seen, 'frozen': gc.get_freeze_count()})))\n"
         "from slurmguard.cli import main\n"
         "try:\n"
-        f"    main(['whatif', {str(trace)!r}, '--meta', {str(metap)!r}, '--json'])\n"
+        f"    main(['whatif', {str(trace)!r}, '--meta', {str(metap)!r}, *{list(args)!r}])\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n"
         f"seen['imported'] = sorted(m for m in {NOT_FOR_WHATIF!r} if m in sys.modules)\n"
@@ -239,6 +244,9 @@ def test_the_command_imports_only_what_it_needs(tmp_path, small):
     """Start-up is most of `slurmguard whatif`'s time (`slurmguard bench whatif`)."""
     seen = _run_whatif_in_a_process(tmp_path, small)
     assert seen["imported"] == []
+    # the tables need rich, and nothing else of that list
+    seen = _run_whatif_in_a_process(tmp_path, small, args=(), name="t")
+    assert seen["imported"] == ["rich"]
     # the collector is back on, the heap frozen for the exit, the variable not left behind
     assert seen["gc"] is True and seen["frozen"] > 10_000 and seen["openblas"] is None
 
@@ -275,3 +283,32 @@ def test_in_process_the_collector_and_environment_are_as_before(tmp_path, small,
     res = CliRunner().invoke(cli, ["whatif", str(trace), "--meta", str(metap), "--json"])
     assert res.exit_code == 0, res.output
     assert gc.isenabled() and "OPENBLAS_NUM_THREADS" not in os.environ
+
+
+def test_a_policy_file_is_validated_and_used(tmp_path, small, capsys, monkeypatch):
+    """Without a file the command skips the policy's models (above); with one, the whole file
+    is validated as for every command and its whatif values are used."""
+    df, meta = small
+    trace, metap = write_case(tmp_path, df, meta, "pol")
+    cmd = ["whatif", str(trace), "--meta", str(metap), "--json"]
+    monkeypatch.delenv("SLURMGUARD_POLICY", raising=False)
+    for text, error in [
+        ("whatif:\n  top_worker_percent: 0\n", "whatif.top_worker_percent: Input should be greater than 0"),
+        ("whatif:\n  nonsense: 1\n", "whatif.nonsense: unknown key"),
+        ("whatif: {}\ncontroler: {}\n", "controler: unknown key"),
+    ]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        for how in ("--policy", "env"):
+            if how == "env":
+                monkeypatch.setenv("SLURMGUARD_POLICY", str(bad))
+            with pytest.raises(SystemExit) as exc:
+                main((["--policy", str(bad)] if how == "--policy" else []) + cmd)
+            monkeypatch.delenv("SLURMGUARD_POLICY", raising=False)
+            assert exc.value.code == 2
+            assert capsys.readouterr().err == f"slurmguard: error: {bad}:2: {error}\n", (how, text)
+    good = tmp_path / "good.yaml"
+    good.write_text("whatif:\n  straggling_slowdown: 1000\n")
+    res = CliRunner().invoke(cli, ["--policy", str(good), *cmd])
+    assert res.exit_code == 0, res.output
+    assert "is below 1000.0: not straggling" in res.output

@@ -7,7 +7,6 @@ import warnings
 import numpy as np
 import pytest
 
-from slurmguard.config import WhatIfPolicy
 from slurmguard.whatif.analysis import (
     Counterfactual,
     ScenarioRunner,
@@ -17,6 +16,7 @@ from slurmguard.whatif.analysis import (
 )
 from slurmguard.whatif.model import build_model
 from slurmguard.whatif.simulate import simulate, simulate_naive
+from slurmguard.whatif_policy import WhatIfPolicy
 from tests.fixtures.whatif import (
     Durations,
     closed_form_1f1b,

@@ -9,13 +9,14 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from slurmguard.config import SYSTEM_POLICY, Policy, find_policy_file, load_policy
+from slurmguard.config import Policy, load_policy
+from slurmguard.policyfile import SYSTEM_POLICY, find_policy_file
 
 __all__ = ["SYSTEM_POLICY", "guarded_exit", "load", "node_name", "policy_path"]
 
 
 def policy_path(explicit: str | None, env: Mapping[str, str]) -> Path | None:
-    """config.find_policy_file with the hook's environment: never ./policies.yaml
+    """policyfile.find_policy_file with the hook's environment: never ./policies.yaml
     (slurmd runs prolog and epilog as root in the job's working directory)."""
     return find_policy_file(explicit, env)
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from slurmguard.config import WhatIfPolicy
 from slurmguard.whatif import optypes as ot
 from slurmguard.whatif.model import DependencyModel, build_model
 from slurmguard.whatif.simulate import simulate
 from slurmguard.whatif.tensor import OpTensor, median
+from slurmguard.whatif_policy import WhatIfPolicy
 
 
 def simulation_durations(t: OpTensor, model: DependencyModel) -> np.ndarray:

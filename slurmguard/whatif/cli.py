@@ -158,18 +158,26 @@ def _whatif(
     rank_ops: bool,
 ) -> None:
     # Only what this run needs is imported: start-up is most of the command's time.
-    from slurmguard.config import load_policy
+    from slurmguard.policyfile import find_policy_file
     from slurmguard.whatif.analysis import analyse
     from slurmguard.whatif.tensor import tensorize
     from slurmguard.whatif.trace import check_trace, load_meta, read_columns
+    from slurmguard.whatif_policy import WhatIfPolicy
 
-    obj = ctx.obj or {}
-    # without a policy file, only the defaults of the sections read here are made (start-up)
-    full_policy = load_policy(
-        obj.get("policy_path"),
-        sections=("whatif", "detection") if rings_dir is not None else ("whatif",),
-    )
-    policy = full_policy.whatif
+    policy_path = (ctx.obj or {}).get("policy_path")
+    # A policy file is validated whole, as for every command. Without one, a trace needs only
+    # the whatif defaults, which come without pydantic and slurmguard.config (about a quarter
+    # of the run); --rings also reads detection.period, from the policy models.
+    if rings_dir is None and find_policy_file(policy_path) is None:
+        policy = WhatIfPolicy()
+    else:
+        from slurmguard.config import load_policy
+
+        full_policy = load_policy(
+            policy_path,
+            sections=("whatif", "detection") if rings_dir is not None else ("whatif",),
+        )
+        policy = full_policy.whatif
     ring_job = None
     if rings_dir is not None:
         from slurmguard.whatif.rings import RING_OP_MAP, load_ring_job

@@ -224,12 +224,12 @@ def bench_whatif(
     and the command end to end against the paper's simulator."""
     from dataclasses import replace
 
-    from slurmguard.config import WhatIfPolicy
     from slurmguard.whatif.analysis import analyse, simulation_durations
     from slurmguard.whatif.model import build_model
     from slurmguard.whatif.simulate import simulate, simulate_naive
     from slurmguard.whatif.tensor import tensorize
     from slurmguard.whatif.trace import check_trace, load_trace
+    from slurmguard.whatif_policy import WhatIfPolicy
 
     if not traces_dir:
         raise InputError(
