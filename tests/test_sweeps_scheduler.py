@@ -423,6 +423,26 @@ def test_third_triage_entry_within_seven_days_goes_straight_to_terminal(rig):
         assert not rig.tick().done  # stays out, nothing more happens
 
 
+def test_a_terminal_node_an_admin_resumed_in_slurm_is_swept_again_when_next_drained(rig):
+    """An admin brought a terminal node back with `scontrol update state=resume`
+    (not `slurmguard node resume`): its lifecycle follows, as an override, and
+    when it is drained again it is quarantined and swept like any other node
+    (before, the drain could not be recorded and the node stayed drained)."""
+    rig.executor.drain("node2", "slurmguard: triage: replace")
+    rig.store.transition("node2", NodeState.TERMINAL, "replace: 3 triage entries", force=True)
+    assert not rig.tick().done and _state(rig, "node2") is NodeState.TERMINAL  # held out: stays
+    rig.fake.resume("node2")  # the admin's scontrol resume
+    done = rig.tick().done
+    assert _state(rig, "node2") is NodeState.HEALTHY and any("outside slurmguard" in d for d in done)
+    last = rig.store.node_history("node2")[-1]
+    assert last.forced and "outside slurmguard" in last.cause
+    rig.drain("node2")
+    rig.tick()
+    assert _state(rig, "node2") is NodeState.QUARANTINED
+    rig.tick()
+    assert rig.pending("node2") is not None
+
+
 def test_entries_older_than_the_window_do_not_count(rig):
     now = rig.clock.now()
     for days_ago in (9.0, 8.0):

@@ -235,6 +235,7 @@ class SweepScheduler:
             res.errors.append(f"unfinished actions: {exc}")
             return res
         records = self._sync_nodes(slurm_view)
+        self._returned_outside(slurm_view, records, res)
         self._cleanup(slurm_view, records, res)
         taken: set[str] = set()
         rolling_active = 0
@@ -288,6 +289,27 @@ class SweepScheduler:
                     name, hw_class=feature_class, partitions=list(n.partitions)
                 )
         return records
+
+    def _returned_outside(self, view: _View, records: dict[str, NodeRecord], res: TickResult) -> None:
+        """A terminal node that Slurm shows in service again (neither drained nor
+        down) was brought back by an admin with Slurm's own tools (`scontrol update
+        state=resume`) rather than `slurmguard node resume`: its lifecycle follows,
+        recorded as an admin override. Left terminal, the next drain of it could not
+        be recorded, so nothing would sweep or return it: drained for good."""
+        for name, r in list(records.items()):
+            live = view.nodes.get(name)
+            if r.state is not NodeState.TERMINAL or live is None or live.drained or live.down:
+                continue
+            why = f"returned to service outside slurmguard (Slurm: {live.state_text}, not drained)"
+            if self.dry_run:
+                res.steps.append(Step(name, "returned", why))
+                continue
+            self.store.transition(
+                name, NodeState.HEALTHY, why, {"slurm_state": live.state_text}, actor=self.actor, force=True
+            )
+            records[name] = self.store.get_or_create_node(name)
+            res.done.append(f"{name}: {why}")
+            log.info("%s: %s", name, why)
 
     # ================================================================== decisions
     def _decide(
