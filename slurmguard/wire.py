@@ -20,8 +20,8 @@ list of records) and 3 are still accepted (`schema_version` 1 to 4; others
 are refused), so agents of the previous releases keep reporting while the
 fleet is upgraded (controllers first: an older controller refuses a newer
 version with 422, and a version-4 report whose rank carries
-`in_flight_known`, added in a later release of version 4, as an unknown
-field). All are read by `decode_report` and validated alike: a
+`in_flight_known` or `stopped`, added in later releases of version 4, as an
+unknown field). All are read by `decode_report` and validated alike: a
 packed window must hold exactly 24 x n bytes of finite numbers with step_s
 and comm_s >= 0, packed telemetry exactly n key indices below len(keys) and
 2 x n finite numbers, and the columns after the JSON exactly what its
@@ -326,6 +326,10 @@ class RankReport(_Model):
     exited: bool = False
     """The rank's process is gone while its ring stays (it died, or the job
     ends): its silence is not a stall and its last steps are not a slowdown."""
+    stopped: bool = False
+    """The rank's process is stopped (state T: SIGSTOP, a tracer) at the agent's
+    last look: it cannot progress, so in a stall it is the rank the others wait
+    for, whatever the ring says is in flight."""
     links: tuple[LinkReport, ...] = Field((), max_length=MAX_LINKS)
     """Per-link transfer times (NCCL profiler plugin only; empty otherwise). (Tuples here:
     an empty one is no object to the garbage collector, which a controller holding

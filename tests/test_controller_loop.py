@@ -464,6 +464,81 @@ def test_a_stall_names_the_rank_the_others_wait_for(env):
     assert [c.node for c in a.culprits] == ["node2"]
 
 
+def test_a_stall_names_the_stopped_rank_when_every_rank_is_in_flight(env):
+    """Rank 1 was frozen (SIGSTOP) inside an all-reduce: both ranks have been
+    in flight for 100 s, and rank 1 completed its last collective 0.4 ms
+    *after* rank 0 (measured on the cluster: the two ends are within a
+    millisecond either way). Only the agent's look at the process tells them
+    apart: rank 1 is named, not rank 0 with its older last progress."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    r0 = in_flight(rank_report(0, now - 100.0004), now - 99.9)
+    r1 = in_flight(rank_report(1, now - 100.0), now - 99.9).model_copy(update={"stopped": True})
+    ctl.fleet.ingest(report("node1", job, [r0], 1, now), now)
+    ctl.fleet.ingest(report("node2", job, [r1], 1, now), now)
+    res = ctl.cycle()
+    a = res.assessments[job]
+    assert [c.node for c in a.culprits] == ["node2"] and "stopped" in a.culprits[0].why
+    assert ("drain", "node2") in res.actions and ("drain", "node1") not in res.actions
+
+
+def suspended_job(env, suspend_s: float, *, in_flight_known: bool) -> tuple[int, RankReport, RankReport]:
+    """A 2-rank job that ran 60 iterations of 1 s, was suspended by Slurm for
+    suspend_s (its ranks stopped inside the all-reduce of its 61st) and was
+    resumed just now: what its agents last sent, before the resume."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    stopped_at = clock.now() - suspend_s
+    r0, r1 = rank_report(0, stopped_at - 0.5), rank_report(1, stopped_at - 0.5)
+    if in_flight_known:
+        r0, r1 = in_flight(r0, stopped_at - 0.3), in_flight(r1, stopped_at - 0.2)
+    slurm.suspend_job(job)
+    slurm.resume_job(job)
+    return job, r0, r1
+
+
+@pytest.mark.parametrize("in_flight_known", [False, True], ids=["nccl-hook", "torch-hook"])
+def test_a_job_resumed_after_a_long_suspension_is_not_stalled(env, in_flight_known):
+    """Slurm suspended the job for 200 s (stall_s is 60); in the cycle right
+    after the resume the agents' last reports still show it stopped: no stall,
+    nothing done. Counted from the resume it is a stall again after 60 s."""
+    ctl, slurm, store, clock = env
+    job, r0, r1 = suspended_job(env, 200.0, in_flight_known=in_flight_known)
+    now = clock.now()
+    ctl.fleet.ingest(report("node1", job, [r0], 1, now - 0.5), now)
+    ctl.fleet.ingest(report("node2", job, [r1], 1, now - 0.5), now)
+    res = ctl.cycle()
+    a = res.assessments.get(job)  # none: no iteration since the resume to judge, no stall
+    assert (a is None or a.stalled_for_s == 0.0) and res.actions == []
+    clock.advance(70.0)
+    now = clock.now()
+    ctl.fleet.ingest(report("node1", job, [r0], 2, now), now)
+    ctl.fleet.ingest(report("node2", job, [r1], 2, now), now)
+    res = ctl.cycle()
+    assert res.assessments[job].stalled_for_s == pytest.approx(70, abs=1)
+    assert ("requeue", str(job)) in res.actions
+
+
+def test_the_iteration_spanning_a_suspension_is_not_a_slowdown(env):
+    """After the resume each rank's iteration that spans the 200 s suspension
+    ends, then the job runs 20 iterations at its usual 1 s: not slow, no action.
+    (Judged with that iteration, the job's step level is far above baseline.)"""
+    ctl, slurm, store, clock = env
+    job, r0, r1 = suspended_job(env, 200.0, in_flight_known=True)
+    clock.advance(20.5)
+    now = clock.now()
+    for node, r in (("node1", r0), ("node2", r1)):
+        t = r.steps[-1].end
+        steps = [*r.steps, StepSample(end=t + 200.5, step_s=200.5, comm_s=200.3)]
+        steps += [StepSample(end=t + 200.5 + i, step_s=1.0, comm_s=0.2) for i in range(1, 21)]
+        r = r.model_copy(update={"steps": steps, "total_steps": len(steps), "last_progress": steps[-1].end})
+        ctl.fleet.ingest(report(node, job, [in_flight(r, None)], 2, now), now)
+    res = ctl.cycle()
+    a = res.assessments[job]
+    assert a.stalled_for_s == 0.0 and abs(a.slowdown) < 0.05 and res.actions == []
+
+
 def test_opted_in_job_is_rebalanced_before_any_drain(sqlite_store, fake_clock):
     policy = POLICY.model_copy(
         update={

@@ -79,6 +79,26 @@ def test_job_json_new_shape_and_time_limit():
     assert j.time_limit_min == 60 and j.num_nodes == 3
 
 
+def test_a_resumed_job_says_when_it_was_resumed():
+    """Slurm's suspend_time (SuspendTime) is the last suspend *or* resume, 0/None
+    when never (as recorded from Slurm 22.05's squeue --json and scontrol show
+    job -o after `scontrol suspend` then `scontrol resume`)."""
+
+    def one(state, suspend_time):
+        doc = {"jobs": [{"job_id": 8, "job_state": [state], "nodes": "n1", "suspend_time": suspend_time}]}
+        return parse.jobs_from_json(doc)[0].resumed_at
+
+    assert one("RUNNING", 1795881631) == 1795881631
+    assert one("RUNNING", {"set": True, "number": 1795881631}) == 1795881631
+    assert one("SUSPENDED", 1795881628) is None
+    assert one("RUNNING", 0) is None and one("RUNNING", None) is None
+    line = "JobId=8 JobName=wrap UserId=root(0) JobState={} NodeList=node1 SuspendTime={} SecsPreSuspend=2"
+    (resumed,) = parse.jobs_from_scontrol(line.format("RUNNING", "2026-11-28T16:00:31"))
+    (never,) = parse.jobs_from_scontrol(line.format("RUNNING", "None"))
+    (stopped,) = parse.jobs_from_scontrol(line.format("SUSPENDED", "2026-11-28T16:00:28"))
+    assert resumed.resumed_at is not None and never.resumed_at is None and stopped.resumed_at is None
+
+
 @pytest.mark.parametrize(
     "expr,expected",
     [

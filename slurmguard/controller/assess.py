@@ -590,7 +590,7 @@ def localise(
     return ratios, computes, slow, None
 
 
-def _stalled_for(ranks: list[tuple[str, RankReport]], now: float) -> float:
+def _stalled_for(ranks: list[tuple[str, RankReport]], now: float, resumed: float | None = None) -> float:
     """How long the job has been stalled (s; Mycroft Alg. 1: no rank completed
     a collective). Where every rank's hook says what it has in flight
     (RankReport.in_flight_known, the torch hook), a stall is ranks waiting
@@ -600,11 +600,14 @@ def _stalled_for(ranks: list[tuple[str, RankReport]], now: float) -> float:
     since the last progress if that is later (a rank that finished an
     evaluation of minutes first and waits for the others has waited only
     since then). Where a hook does not say (the NCCL hook, the profiler
-    plugin), the time since the last completed collective."""
+    plugin), the time since the last completed collective. Never from before
+    `resumed` (Unix s, JobInfo.resumed_at): a job Slurm suspended made no
+    progress because it was stopped, and its agents' reports may predate the
+    resume by a report interval."""
     progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
     if not progress:
         return 0.0
-    last = max(progress)
+    last = max(max(progress), resumed or 0.0)
     if not all(r.in_flight_known for _, r in ranks):
         return now - last
     waits = [r.in_flight_since for _, r in ranks if r.in_flight_since is not None]
@@ -613,10 +616,33 @@ def _stalled_for(ranks: list[tuple[str, RankReport]], now: float) -> float:
     return now - max(last, min(waits))
 
 
+def _resume_cut(ranks: list[tuple[str, RankReport]], resumed: float | None) -> float | None:
+    """After Slurm resumed a suspended job: the iterations that count are those
+    after each rank's iteration spanning the suspension (which ended after the
+    resume and lasted the whole suspension: no slowdown of a node). Unix s:
+    the latest end of those spanning iterations, or the resume itself while a
+    rank has none yet."""
+    if resumed is None:
+        return None
+    cut = resumed
+    for _, r in ranks:
+        after = steps_since(r.steps, resumed)
+        if len(after) == 0:
+            continue
+        cut = max(cut, after[0].end)
+    return cut
+
+
 def _held_up_by(ranks: list[tuple[str, RankReport]]) -> list[tuple[str, RankReport]]:
-    """The ranks a stalled job waits for: those with no call in flight while
-    others wait inside one (a rank frozen, or stuck outside its collectives),
-    where every hook says; else all of them."""
+    """The ranks a stalled job waits for: those whose process is stopped (the
+    agent saw it; a rank frozen inside a collective is in flight like the ranks
+    waiting for it, and its last progress is theirs to within a millisecond);
+    else those with no call in flight while others wait inside one (a rank
+    frozen, or stuck outside its collectives), where every hook says; else all
+    of them."""
+    stopped = [(n, r) for n, r in ranks if r.stopped and r.last_progress is not None]
+    if stopped:
+        return stopped
     if not all(r.in_flight_known for _, r in ranks):
         return ranks
     free = [(n, r) for n, r in ranks if r.in_flight_since is None and r.last_progress is not None]
@@ -631,12 +657,16 @@ def assess_job(
     policy: Policy,
     now: float,
     since: float | None = None,
+    resumed: float | None = None,
 ) -> JobAssessment | None:
     """None while no rank has a baseline yet (warm-up), nothing was reported,
     or a rank's process has exited (a failing job is not a slow node).
 
     since: ignore iterations that ended before this Unix time (the job's
-    previous run, before a requeue).
+    previous run, before a requeue). resumed: when Slurm last resumed the job
+    from a suspension (Unix s, JobInfo.resumed_at; None: never): the stall is
+    counted from it at the earliest, and the iterations up to the one spanning
+    the suspension are ignored.
     """
     if not ranks:
         return None
@@ -647,7 +677,10 @@ def assess_job(
         return None
     tiers = policy.response.tiers
     baselines = [r.baseline_step_s for _, r in ranks if r.baseline_step_s]
-    stalled = _stalled_for(ranks, now)
+    resume_cut = _resume_cut(ranks, resumed)
+    if resume_cut is not None:
+        since = resume_cut if since is None else max(since, resume_cut)
+    stalled = _stalled_for(ranks, now, resumed)
     stalled = stalled if stalled >= tiers.stall_s else 0.0
     progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
     if not baselines:
@@ -735,7 +768,11 @@ def assess_job(
                     Measure("least_progress_age_s", now - last, "s"),
                 ),
                 onset=max(progress),
-                text=f"rank {r.rank} made the least progress (last collective {now - last:.0f}s ago)",
+                text=(
+                    f"rank {r.rank}'s process is stopped (last collective {now - last:.0f}s ago)"
+                    if r.stopped
+                    else f"rank {r.rank} made the least progress (last collective {now - last:.0f}s ago)"
+                ),
             )
         )
     by_key = {(n, r.rank): r for n, r in ranks}

@@ -240,7 +240,9 @@ class Controller:
                 foreign,
                 ",".join(job.nodes),
             )
-        a = assess_job(job.job_id, job.nodes, ranks, self._flags, self.policy, now, since=since)
+        a = assess_job(
+            job.job_id, job.nodes, ranks, self._flags, self.policy, now, since=since, resumed=job.resumed_at
+        )
         if a is None:
             return
         res.assessments[job.job_id] = a

@@ -88,6 +88,14 @@ class FakeSlurm:
         self._jobs[job_id] = replace(self._job(job_id), state=state)
         self._refresh_alloc()
 
+    def suspend_job(self, job_id: int) -> None:
+        """`scontrol suspend`: the job keeps its nodes, its processes are stopped."""
+        self._jobs[job_id] = replace(self._job(job_id), state="SUSPENDED", resumed_at=None)
+
+    def resume_job(self, job_id: int) -> None:
+        """`scontrol resume`: Slurm's suspend_time becomes the resume time."""
+        self._jobs[job_id] = replace(self._job(job_id), state="RUNNING", resumed_at=self.clock.now())
+
     def _new_id(self) -> int:
         self._next_job += 1
         return self._next_job
@@ -106,7 +114,7 @@ class FakeSlurm:
     def _refresh_alloc(self) -> None:
         busy: dict[str, list[int]] = {}
         for j in self._jobs.values():
-            if j.state == "RUNNING":
+            if j.state in ("RUNNING", "SUSPENDED"):
                 for n in j.nodes:
                     busy.setdefault(n, []).append(j.job_id)
         for name, node in self._nodes.items():
@@ -133,7 +141,9 @@ class FakeSlurm:
 
     def jobs(self, job_ids: Iterable[int] | None = None) -> list[JobInfo]:
         self._check()
-        live = [j for j in self._jobs.values() if j.state in ("PENDING", "RUNNING", "COMPLETING")]
+        live = [
+            j for j in self._jobs.values() if j.state in ("PENDING", "RUNNING", "SUSPENDED", "COMPLETING")
+        ]
         if job_ids is not None:
             ids = set(job_ids)
             live = [j for j in live if j.job_id in ids]

@@ -76,6 +76,10 @@ class JobInfo:
     batch_host: str | None = None
     eligible_time: float | None = None
     """Unix seconds from which a pending job may start (None: unknown/none)."""
+    resumed_at: float | None = None
+    """Unix seconds when Slurm last resumed the job after suspending it (`scontrol
+    suspend`, gang scheduling, preemption by suspension); None while it runs
+    without ever having been suspended, and while it is suspended."""
 
     @property
     def running(self) -> bool:

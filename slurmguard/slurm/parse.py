@@ -117,6 +117,7 @@ def jobs_from_json(doc: dict[str, Any]) -> list[JobInfo]:
                 restarts=int(_num(j.get("restart_cnt")) or 0),
                 batch_host=_text(j.get("batch_host")),
                 eligible_time=_num(j.get("eligible_time")),
+                resumed_at=_resumed(state, _num(j.get("suspend_time"))),
             )
         )
     return out
@@ -164,6 +165,14 @@ def parse_kv_line(line: str, trailing: str | None = None) -> dict[str, str]:
     if tail is not None and trailing:
         out[trailing] = tail.strip()
     return out
+
+
+def _resumed(state: Any, suspend_time: float | None) -> float | None:
+    """Slurm's suspend_time is when the job was last suspended *or resumed*, 0 or
+    None when never: for a running job it is the resume."""
+    if not suspend_time or str(state or "").upper() != "RUNNING":
+        return None
+    return suspend_time
 
 
 def _ts(value: str | None) -> float | None:
@@ -230,6 +239,7 @@ def jobs_from_scontrol(text: str) -> list[JobInfo]:
                 restarts=int(kv.get("Restarts", "0") or 0),
                 batch_host=_text(kv.get("BatchHost")),
                 eligible_time=_ts(kv.get("EligibleTime")),
+                resumed_at=_resumed(kv.get("JobState"), _ts(kv.get("SuspendTime"))),
             )
         )
     return out
