@@ -218,6 +218,31 @@ def test_records_in_completion_order_are_read_in_issue_order(tmp_path):
     w.close()
 
 
+def test_the_window_holds_the_newest_ops_in_issue_order_however_they_arrive(tmp_path):
+    """Batches that arrive in issue order are appended as they are (no sort);
+    a batch with a late completion is merged by start time: either way the
+    tracker holds the newest max_ops ops, as a stable sort of all of them would."""
+    d = tmp_path / "5"
+    d.mkdir()
+    recs = ddp_records(300, period_ns=1_000_000)
+    for i in range(200, 300, 10):  # in the newer part, every tenth completes late
+        recs[i], recs[i + 1] = recs[i + 1], recs[i]
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.torch.ring"), capacity=512, global_rank=0, world_size=1, node_name=NODE
+    )
+    tr = RingTracker(str(tmp_path), NODE, lambda: {5: UID}, max_ops=64, young_s=0.0)
+    written = []
+    for i, r in enumerate(recs):
+        w.append(**r)
+        written.append(r["start_ns"])
+        if i % 23 == 22 or i == len(recs) - 1:
+            (t,) = tr.poll()
+            want = sorted(written)[-64:]
+            assert t.start_ns.tolist() == want and t.begin_ns.tolist() == want
+            assert (t.end_ns - t.start_ns == 5_000_000).all()
+    w.close()
+
+
 def test_the_report_says_what_the_writer_has_in_flight(tmp_path):
     """A writer that keeps the header's in-flight count (the torch hook): the
     rank's report carries when its call entered, and none once it is left;

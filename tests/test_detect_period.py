@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -146,13 +148,20 @@ def test_a_kept_period_still_finds_the_micro_batches_it_is_made_of():
 def test_op_codes_number_triples_as_unique_over_rows_does(monkeypatch, limit):
     """_op_codes (column by column, for speed) gives the codes np.unique over
     (op, comm, bytes) rows gives, also when the combined key must be
-    renumbered on the way (forced here by a small limit)."""
+    renumbered on the way (forced here by a small limit), and when columns
+    hold one value (one communicator's ops: skipped)."""
     from slurmguard.detect import period
 
     monkeypatch.setattr(period, "_KEY_LIMIT", limit)
     rng = np.random.default_rng(5)
-    for n in (0, 1, 2, 50, 997):
-        cols = [rng.integers(-3, 4, n) * int(rng.integers(1, 1 << 60)) for _ in range(3)]
+    for n, const in itertools.product((0, 1, 2, 50, 997), range(8)):
+        # const: bit i set = column i holds one value
+        cols = [
+            np.full(n, int(rng.integers(-(1 << 60), 1 << 60)))
+            if const >> i & 1
+            else rng.integers(-3, 4, n) * int(rng.integers(1, 1 << 60))
+            for i in range(3)
+        ]
         ops = RankOps(0, cols[0], cols[1], cols[2], np.zeros(n, np.int64), np.zeros(n, np.int64))
         want = np.unique(np.stack(cols, axis=1), axis=0, return_inverse=True)[1].ravel()
         assert np.array_equal(period._op_codes(ops), want)

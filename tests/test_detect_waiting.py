@@ -93,3 +93,19 @@ def _tail(start: np.ndarray, end: np.ndarray, bounds: np.ndarray) -> np.ndarray:
         lo, hi = bounds[i], bounds[i + 1]
         out[i] = sum(min(e, hi) - lo for s, e in zip(start, end) if s < lo < e)
     return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ops, st.lists(st.integers(0, 150), min_size=1, max_size=5))
+def test_an_iteration_waits_what_the_gaps_starting_in_it_wait(ops, steps):
+    """waiting_time adds up gap_waits over the gaps that start in each iteration
+    [bounds[i], bounds[i+1]) (a repeated bound: an empty iteration), calls in any order."""
+    start = np.array([s for s, _ in ops], dtype=np.int64)[::-1]
+    end = start + np.array([d for _, d in ops], dtype=np.int64)[::-1]
+    bounds = np.concatenate([[0], np.cumsum(steps)]).astype(np.int64)
+    calls = np.unique(np.concatenate([start, bounds]))
+    waits = gap_waits(calls, end[end > start])
+    gap_start = calls[:-1]
+    want = [int(waits[(gap_start >= lo) & (gap_start < hi)].sum()) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    got = waiting_time(start, end, bounds)
+    assert got.dtype == np.int64 and got.tolist() == want

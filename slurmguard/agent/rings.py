@@ -455,8 +455,9 @@ class RingTracker:
             )
             g = np.concatenate([tr.groups, fresh])
             tr.groups = g[np.argsort(g[:, 0], kind="stable")][-MAX_GROUPS:]
-        recs = rec[~np.isin(ops, _NOT_COLLECTIVE)]
-        done = False
+        coll = _IS_COLLECTIVE[ops]
+        recs = rec if coll.all() else rec[coll]  # (indexing copies every record)
+        done, nbad = False, 0
         if recs.size:
             start, end, flags = recs["start_ns"], recs["end_ns"], recs["flags"]
             gstart, gend = recs["gpu_start_ns"], recs["gpu_end_ns"]
@@ -481,7 +482,7 @@ class RingTracker:
             keep = ~bad
             done = bool(keep.any())
         if done:
-            k = recs[keep]
+            k = recs[keep] if nbad else recs
             g = (k["flags"] & F_GPU_TIME) != 0
             start, end = k["start_ns"].view(np.int64), k["end_ns"].view(np.int64)  # _fold
             new = (
@@ -495,37 +496,7 @@ class RingTracker:
                 np.where(g, k["gpu_start_ns"].view(np.int64), start),  # begin
                 np.where(g, k["gpu_end_ns"].view(np.int64), end),  # finish
             )
-            cols = [
-                np.concatenate([old, a])
-                for old, a in zip(
-                    (
-                        tr.op,
-                        tr.comm,
-                        tr.nbytes,
-                        tr.start_ns,
-                        tr.end_ns,
-                        tr.peer,
-                        tr.flags,
-                        tr.begin_ns,
-                        tr.finish_ns,
-                    ),
-                    new,
-                )
-            ]
-            # issue order: a ring holds completion order, and a record completed
-            # late may start before records read in an earlier poll
-            order = np.argsort(cols[3], kind="stable")[-self.max_ops :]
-            (
-                tr.op,
-                tr.comm,
-                tr.nbytes,
-                tr.start_ns,
-                tr.end_ns,
-                tr.peer,
-                tr.flags,
-                tr.begin_ns,
-                tr.finish_ns,
-            ) = (c[order] for c in cols)
+            _append_columns(tr, new, self.max_ops)
         if (done or ge.size) and tr.groups.size:
             _group_spans(tr)
 
@@ -535,7 +506,12 @@ class RingTracker:
 
 
 _COMM_INIT = OP["comm_init"]
-_NOT_COLLECTIVE = np.array(sorted(NOT_COLLECTIVE))
+#: by op code (a record's op is a uint16): whether it is a collective; a
+#: lookup, where np.isin sorted the batch's ops every poll
+_IS_COLLECTIVE = np.ones(1 << 16, bool)
+_IS_COLLECTIVE[sorted(NOT_COLLECTIVE)] = False
+#: TrackedRing's per-op columns, in the order _read builds them
+_COLUMNS = ("op", "comm", "nbytes", "start_ns", "end_ns", "peer", "flags", "begin_ns", "finish_ns")
 # positions of fields in a record's tuple (record_dtype order, as RingRecord)
 _I_COMM, _I_COUNT, _I_BYTES, _I_PEER, _I_FLAGS, _I_NET, _I_PEER_WAIT, _I_GPU_WAIT = (
     [name for name, _, _ in RECORD_FIELDS].index(f)
@@ -550,6 +526,27 @@ _I_COMM, _I_COUNT, _I_BYTES, _I_PEER, _I_FLAGS, _I_NET, _I_PEER_WAIT, _I_GPU_WAI
         "xfer_gpu_wait_ns",
     )
 )
+
+
+def _append_columns(tr: TrackedRing, new: tuple[np.ndarray, ...], max_ops: int) -> None:
+    """Add a batch's ops (columns in _COLUMNS order) to the ring's, keeping
+    the newest max_ops in issue order (by start time, stable)."""
+    old = [getattr(tr, name) for name in _COLUMNS]
+    start, before = new[3], old[3]
+    if (before.size == 0 or start[0] >= before[-1]) and bool(np.all(start[1:] >= start[:-1])):
+        # already in issue order (a rank whose calls complete in the order they
+        # start): the stable sort would leave it as it is; skipped, the ops
+        # falling out of the window are never copied
+        drop = max(0, before.size + start.size - max_ops)
+        cols = [np.concatenate([o[drop:], a])[-max_ops:] for o, a in zip(old, new)]
+    else:
+        # a ring holds completion order, and a record completed late may start
+        # before records read in an earlier poll
+        joined = [np.concatenate([o, a]) for o, a in zip(old, new)]
+        order = np.argsort(joined[3], kind="stable")[-max_ops:]
+        cols = [c[order] for c in joined]
+    for name, col in zip(_COLUMNS, cols):
+        setattr(tr, name, col)
 
 
 def _group_spans(tr: TrackedRing) -> None:
