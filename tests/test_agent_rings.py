@@ -292,6 +292,71 @@ def test_the_report_says_what_the_writer_has_in_flight(tmp_path):
     w.close()
 
 
+WRITER = """
+import sys, time
+from slurmguard.hook import ring
+w = ring.RingWriter(sys.argv[1], capacity=64, global_rank=0, world_size=1, node_name=sys.argv[2])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_report_says_when_the_writer_is_stopped(tmp_path):
+    """A rank frozen with SIGSTOP (as a hung node would hold it): its report says
+    it is stopped, and no longer once it runs again. A stopped process whose PID
+    a ring names but that started after the ring was created (a PID reused by
+    another process) is not taken for the rank."""
+    import signal
+    import subprocess
+    import sys
+
+    d = tmp_path / "5"
+    d.mkdir()
+    path = d / "rank-0.step-0.torch.ring"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path), NODE], stdout=subprocess.PIPE, text=True
+    )
+    other = None
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        tr = tracker(tmp_path)
+        an = RankAnalyzer(POLICY.agent, POLICY.detection)
+
+        def report():
+            (t,) = tr.poll()
+            return an.report(t)
+
+        def signal_and_wait(p, sig, state):
+            """A signal is delivered asynchronously: wait for its state."""
+            p.send_signal(sig)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with open(f"/proc/{p.pid}/stat", "rb") as fh:
+                    if fh.read().rsplit(b")", 1)[1].split()[0] in state:
+                        return
+                time.sleep(0.01)
+            raise AssertionError(f"process {p.pid} never reached state {state!r}")
+
+        assert not report().stopped
+        signal_and_wait(writer, signal.SIGSTOP, (b"T",))
+        assert report().stopped
+        signal_and_wait(writer, signal.SIGCONT, (b"S", b"R"))
+        assert not report().stopped
+        time.sleep(0.05)  # five clock ticks after the ring's creation at least
+        other = subprocess.Popen(["sleep", "60"])
+        signal_and_wait(other, signal.SIGSTOP, (b"T",))
+        with open(path, "r+b") as fh:  # the ring now names the later process
+            fh.seek(dict((n, o) for n, o, _ in ring.HEADER_FIELDS)["pid"])
+            fh.write(struct.pack("<I", other.pid))
+        tr = tracker(tmp_path)
+        assert not report().stopped
+    finally:
+        for p in (writer, other):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
 # ------------------------------------------------------- tracker + analysis
 
 record = st.fixed_dictionaries(

@@ -206,6 +206,7 @@ class RankAnalyzer:
             lost_records=tr.lost,
             changes=self.changes[-8:],
             exited=tr.writer_exited,
+            stopped=tr.writer_stopped,
             links=link_reports(tr),
         )
 

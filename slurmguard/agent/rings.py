@@ -166,6 +166,33 @@ class TrackedRing:
         pid = self.header.pid
         return pid > 0 and not os.path.exists(f"/proc/{pid}")
 
+    @property
+    def writer_stopped(self) -> bool:
+        """The process that wrote the ring is stopped (state T or t: SIGSTOP, a
+        tracer): it cannot progress. Only a process that started no later than
+        the ring was created is taken for its writer, so a PID reused since (or
+        one of another PID namespace) never reads as a stopped rank. (Its start
+        is on the boot-time clock, the ring's on CLOCK_MONOTONIC, which a
+        suspended machine holds back: then the writer is missed, never another
+        process taken for it.)"""
+        pid = self.header.pid
+        if pid <= 0:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                stat_line = fh.read()
+        except OSError:
+            return False
+        # the command name may hold spaces and ')': the fields follow the last ')'
+        fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+        if len(fields) < 20 or fields[0] not in (b"T", b"t"):
+            return False
+        try:
+            started_s = int(fields[19]) / _CLK_TCK  # field 22, starttime (clock ticks since boot)
+        except ValueError:
+            return False
+        return started_s <= self.header.created_ns / 1e9
+
 
 class SlurmJobs:
     """Which jobs Slurm says run on `node`, with their users' uids.
@@ -505,6 +532,8 @@ class RingTracker:
             self._drop(path)
 
 
+#: clock ticks a second of /proc/PID/stat's times
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 _COMM_INIT = OP["comm_init"]
 #: by op code (a record's op is a uint16): whether it is a collective; a
 #: lookup, where np.isin sorted the batch's ops every poll
