@@ -483,6 +483,21 @@ def test_a_stall_names_the_stopped_rank_when_every_rank_is_in_flight(env):
     assert ("drain", "node2") in res.actions and ("drain", "node1") not in res.actions
 
 
+def test_a_job_whose_every_rank_is_stopped_is_paused_not_stalled(env):
+    """Every rank stopped (the job's user sent SIGSTOP to the whole job, or Slurm
+    suspended it a moment before the cycle read squeue) for 100 s: paused on
+    purpose, no node's fault: no stall, nothing done."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    for r, node in enumerate(["node1", "node2"]):
+        rk = in_flight(rank_report(r, now - 100.0), now - 99.9).model_copy(update={"stopped": True})
+        ctl.fleet.ingest(report(node, job, [rk], 1, now), now)
+    res = ctl.cycle()
+    a = res.assessments.get(job)
+    assert (a is None or a.stalled_for_s == 0.0) and res.actions == []
+
+
 def suspended_job(env, suspend_s: float, *, in_flight_known: bool) -> tuple[int, RankReport, RankReport]:
     """A 2-rank job that ran 60 iterations of 1 s, was suspended by Slurm for
     suspend_s (its ranks stopped inside the all-reduce of its 61st) and was

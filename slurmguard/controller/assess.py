@@ -605,7 +605,9 @@ def _stalled_for(ranks: list[tuple[str, RankReport]], now: float, resumed: float
     progress because it was stopped, and its agents' reports may predate the
     resume by a report interval."""
     progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
-    if not progress:
+    if not progress or all(r.stopped for _, r in ranks):
+        # every rank stopped is a job paused on purpose (its user's SIGSTOP, or a
+        # Slurm suspension the cycle's view does not show yet), not a node's fault
         return 0.0
     last = max(max(progress), resumed or 0.0)
     if not all(r.in_flight_known for _, r in ranks):
