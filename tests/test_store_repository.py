@@ -510,6 +510,22 @@ def test_concurrent_writers_cannot_both_move_a_node(store, migrated_db_url, fake
     assert store.get_node("n1").state == NodeState.SUSPECT
 
 
+def test_registering_a_fleet_writes_every_node_and_its_first_transition(store):
+    """register_nodes inserts in bulk (a controller's first cycle registers the
+    whole fleet): each new node healthy with its 'registered' row, known ones
+    only get Slurm's partitions, and nothing is registered twice."""
+    fleet = {f"gpu{i:04d}": ["train"] for i in range(600)}
+    store.register_nodes({"gpu0007": ["debug"]})
+    assert store.register_nodes(fleet) == 599
+    assert store.register_nodes(fleet) == 0
+    nodes = store.list_nodes()
+    assert len(nodes) == 600 and {n.state for n in nodes} == {NodeState.HEALTHY}
+    assert {tuple(n.partitions) for n in nodes} == {("train",)}
+    for name in ("gpu0000", "gpu0007", "gpu0599"):
+        (first,) = store.node_history(name)
+        assert (first.from_state, first.to_state, first.cause) == (None, NodeState.HEALTHY, "registered")
+
+
 # ---------------------------------------------------------------- the listings' filters
 def test_listings_filter_and_keep_the_newest_limit_oldest_first(store, fake_clock):
     """Every listing goes through one filter builder (store/query.py): None means any,
