@@ -102,13 +102,11 @@ class NodeStore(StoreCore):
                 # bulk inserts, not ORM objects: a controller's first cycle registers the
                 # whole fleet, and 10,000 nodes with their transition rows took 1.5 s as
                 # objects (issue 17: a cycle within 1 s)
-                s.execute(insert(Node), [_new_node_row(n, None, p, when) for n, p in fresh.items()])
-                q = select(Node.id, Node.name)  # all of them past 500 names: a bound parameter each
-                rows = s.execute(q.where(Node.name.in_(list(fresh))) if len(fresh) <= 500 else q)
-                s.execute(
-                    insert(NodeTransition),
-                    [_registration_row(node_id, when) for node_id, name in rows if name in fresh],
-                )
+                ids = s.scalars(
+                    insert(Node).returning(Node.id),
+                    [_new_node_row(n, None, p, when) for n, p in fresh.items()],
+                ).all()
+                s.execute(insert(NodeTransition), [_registration_row(node_id, when) for node_id in ids])
         return len(fresh)
 
     def node_counts(self) -> dict[str, int]:
