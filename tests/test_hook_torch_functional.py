@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from slurmguard.hook import ring
+from slurmguard.hook.exits import ring_env
 from tests.test_hook_torch import start_ranks
 
 pytestmark = pytest.mark.slow
@@ -129,12 +130,7 @@ def run(
     script.write_text(job)
     extra = {"PYTHONPATH": f"{site}{os.pathsep}{REPO}", **env_extra}
     if rings is not None:
-        extra.update(
-            SLURMGUARD_RING_DIR=str(rings),
-            SLURMGUARD_JOB_ID="7",
-            SLURMGUARD_STEP_ID="0",
-            SLURMGUARD_RING_RECORDS="4096",
-        )
+        extra.update(ring_env(rings, 7, 4096))
     procs = start_ranks(script, extra, 2, lambda rank: {"OUT": str(tmp / f"{name}-{rank}")})
     results = []
     for p in procs:

@@ -311,6 +311,17 @@ def clean_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def ring_env(ring_dir: str | os.PathLike, job_id: int, records: int) -> dict[str, str]:
+    """The environment the SPANK plugin gives a guarded job's task for the torch
+    hook: its ring directory, job and step id (step 0), ring size in records."""
+    return {
+        "SLURMGUARD_RING_DIR": str(ring_dir),
+        "SLURMGUARD_JOB_ID": str(job_id),
+        "SLURMGUARD_STEP_ID": "0",
+        "SLURMGUARD_RING_RECORDS": str(records),
+    }
+
+
 def start_local(
     job: Path, shape: str, ending: str, ring_dir: Path | None, site: Path, world: int = 2
 ) -> list[subprocess.Popen]:
@@ -328,12 +339,7 @@ def start_local(
             "WORLD_SIZE": str(world),
         }
         if ring_dir is not None:
-            extra.update(
-                SLURMGUARD_RING_DIR=str(ring_dir),
-                SLURMGUARD_JOB_ID="1",
-                SLURMGUARD_STEP_ID="0",
-                SLURMGUARD_RING_RECORDS="1024",
-            )
+            extra.update(ring_env(ring_dir, 1, 1024))
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(job), shape, ending],
@@ -470,12 +476,7 @@ def forked_runs(
         extra = {"PYTHONPATH": str(site)}
         if side == "guarded":
             (out / "rings").mkdir()
-            extra.update(
-                SLURMGUARD_RING_DIR=str(out / "rings"),
-                SLURMGUARD_JOB_ID="1",
-                SLURMGUARD_STEP_ID="0",
-                SLURMGUARD_RING_RECORDS="1024",
-            )
+            extra.update(ring_env(out / "rings", 1, 1024))
         procs[side] = subprocess.Popen(
             [sys.executable, str(driver), str(job), shape, ending, str(runs), str(out), str(hang_s)],
             env=clean_env(extra),
