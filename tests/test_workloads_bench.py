@@ -10,6 +10,7 @@ import pytest
 
 from slurmguard_dev.bench.loop import _fmt, _offline_delays, parse_fault
 from slurmguard_dev.devcluster.fault import FaultError, cap_for_slowdown
+from slurmguard_dev.devcluster.scenario import _next_cap
 
 
 def test_fault_grammar():
@@ -42,3 +43,22 @@ def test_cap_for_slowdown():
     assert cap_for_slowdown(0.01, 4.0) == 1.0  # the kernel's minimum quota
     with pytest.raises(FaultError, match="above 1"):
         cap_for_slowdown(0.5, 1.0)
+
+
+def test_calibration_follows_a_flat_response_to_the_target():
+    # the CI run that left a pipeline at 1.16x: 54% -> 1.14x, 48% -> 1.16x for 1.3x
+    assert _next_cap([(54.0, 1.14)], 1.3) == pytest.approx(54.0 * 1.14 / 1.3)
+    # the secant wants 12%, far past the proportional step (48 -> 42.8): at most twice it
+    nxt = _next_cap([(54.0, 1.14), (48.0, 1.16)], 1.3)
+    assert nxt == pytest.approx(48.0 - 2 * (48.0 - 48.0 * 1.16 / 1.3))
+    # a steep response: the secant's smaller step, at least half the proportional one
+    steep = _next_cap([(60.0, 1.08), (54.0, 1.22)], 1.3)
+    prop = 54.0 - 54.0 * 1.22 / 1.3
+    assert 54.0 - 2 * prop <= steep <= 54.0 - 0.5 * prop
+    assert steep == pytest.approx(54.0 - (1.3 - 1.22) * 6.0 / 0.14)
+    # noise that slopes the wrong way (a tighter cap, faster steps): proportional
+    assert _next_cap([(54.0, 1.20), (48.0, 1.15)], 1.3) == pytest.approx(48.0 * 1.15 / 1.3)
+    # past the tier (40% -> 1.81x for 1.3x): loosened, proportionally
+    assert _next_cap([(40.0, 1.81)], 1.3) == pytest.approx(40.0 * 1.81 / 1.3)
+    # never below the kernel's minimum quota
+    assert _next_cap([(2.0, 1.01)], 3.0) == 1.0
