@@ -411,35 +411,11 @@ int sg_gpu_end(int pair, cudaStream_t stream)
 	return -1;
 }
 
-/*
- * The header's in-flight count (SG_HF_IN_FLIGHT): a call queued for its GPU
- * times is in flight until committed. in_flight_since_ns is set by the call
- * that raises the count from 0 and cleared by the one that brings it back,
- * unless another call raised it meanwhile (the compare-exchange then fails:
- * a hang that starts right after must not read as "since now" for good).
- */
-static void inflight_add(struct sg_ring_header *h, uint64_t start_ns)
-{
-	if (atomic_fetch_add(&h->in_flight, 1) == 0)
-		atomic_store(&h->in_flight_since_ns, start_ns ? start_ns : 1);
-}
-
-static void inflight_done(struct sg_ring_header *h)
-{
-	uint64_t since;
-
-	if (atomic_fetch_sub(&h->in_flight, 1) != 1)
-		return;
-	since = atomic_load(&h->in_flight_since_ns);
-	if (atomic_load(&h->in_flight) == 0)
-		atomic_compare_exchange_strong(&h->in_flight_since_ns, &since, 0);
-}
-
 /* g_mu held: commit a pending record with host times only, GPU time lost */
 static void finish_lost(struct pending *q)
 {
 	q->slot->flags |= SG_F_NO_EVENT;
-	inflight_done(q->h); /* first: a reader that sees the record sees it done */
+	sg_ring_inflight_done(q->h); /* first: a reader that sees the record sees it done */
 	sg_ring_commit(q->h, q->slot, q->n);
 	atomic_fetch_add_explicit(&q->h->gpu_lost, 1, memory_order_relaxed);
 	release_pair(q->pair);
@@ -495,7 +471,8 @@ void sg_gpu_submit(struct sg_ring_header *h, struct sg_record *slot, uint64_t n,
 	q->stream = stream;
 	q->pair = pair;
 	q->state = P_PENDING;
-	inflight_add(h, slot->start_ns);
+	/* in flight until committed, by finish or finish_lost */
+	sg_ring_inflight_add(h, slot->start_ns);
 	pthread_mutex_unlock(&g_mu);
 }
 
@@ -507,7 +484,7 @@ static void finish(struct pending *q, uint64_t gpu_start, uint64_t gpu_end)
 	q->slot->gpu_start_ns = gpu_start;
 	q->slot->gpu_end_ns = gpu_end >= gpu_start ? gpu_end : gpu_start;
 	q->slot->flags |= SG_F_GPU_TIME;
-	inflight_done(q->h);
+	sg_ring_inflight_done(q->h);
 	sg_ring_commit(q->h, q->slot, q->n);
 	release_pair(q->pair);
 	q->state = P_FINAL;

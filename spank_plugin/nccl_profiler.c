@@ -19,6 +19,13 @@
  *    peer and direction every SLURMGUARD_XFER_INTERVAL_MS (default 1000)
  *    and when the communicator is finalised: the per-link transfer times
  *    that tell which link of a ring is slow (Mycroft, Table 4);
+ *  - the header's in-flight count (SG_HF_IN_FLIGHT, set at creation): an
+ *    operation is in flight from its Coll/P2p start event until its record
+ *    is written, i.e. until its kernel channels have stopped too (NCCL
+ *    returns from the enqueue long before the GPU work runs; a hung
+ *    collective is one whose kernel never finishes), or until it is written
+ *    with host times at finalize or overflow. So the agent tells a rank
+ *    blocked inside a collective from one between collectives;
  *  - the hold control word served at the next collective, as in the hook.
  *
  * The GPU globaltimer is mapped to CLOCK_MONOTONIC by the smallest
@@ -71,6 +78,9 @@ struct ctx {
 	uint64_t last_flush;
 	struct ev *waiting; /* operations waiting for kernel channels, oldest last */
 	unsigned nwaiting;
+	/* operations written at overflow: NCCL may still pass their handles
+	 * (a late stop or kernel event), so they are freed at finalize only */
+	struct ev *dead;
 	/* events NCCL started, by type (Coll, P2p, KernelCh, ProxyOp, ProxyStep):
 	 * SLURMGUARD_PROFILER_DEBUG=1 prints them at finalize */
 	_Atomic uint64_t seen[5];
@@ -83,7 +93,7 @@ struct ev {
 	struct ev *parent;
 	/* coll/p2p: 1 until stopped + kernel channels not yet stopped */
 	_Atomic int refs;
-	struct ev *prev, *next; /* coll/p2p: in ctx->waiting */
+	struct ev *prev, *next; /* coll/p2p: in ctx->waiting, then ctx->dead */
 	union {
 		struct {
 			uint16_t op;
@@ -299,9 +309,34 @@ static struct xfer *xfer_of(struct ctx *c, int peer, int send)
 
 /* ------------------------------------------------------------------ events */
 
+/*
+ * A coll/p2p operation is in flight (the header's count) exactly while it is
+ * on its communicator's waiting list: linked at its start event, unlinked
+ * once, by the reference that writes its full record or by drain_waiting,
+ * each before the record is written. One place for both keeps every path
+ * that ends an operation to one decrement.
+ */
+
+/* c->mu held */
+static void link_waiting(struct ctx *c, struct ev *e)
+{
+	struct sg_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+
+	e->prev = NULL;
+	e->next = c->waiting;
+	if (c->waiting)
+		c->waiting->prev = e;
+	c->waiting = e;
+	c->nwaiting++;
+	if (h)
+		sg_ring_inflight_add(h, e->u.op.t0);
+}
+
 /* c->mu held */
 static void unlink_waiting(struct ctx *c, struct ev *e)
 {
+	struct sg_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+
 	if (e->prev)
 		e->prev->next = e->next;
 	else
@@ -310,6 +345,8 @@ static void unlink_waiting(struct ctx *c, struct ev *e)
 		e->next->prev = e->prev;
 	e->prev = e->next = NULL;
 	c->nwaiting--;
+	if (h)
+		sg_ring_inflight_done(h);
 }
 
 /* A coll/p2p reference dropped: by its stop or a kernel channel's. The
@@ -333,21 +370,36 @@ static void release_op(struct ev *e)
 /* c->mu held: write the oldest waiting operations, down to `keep`, with
  * what they have (host times; GPU times if all channels came). With
  * `release` (finalize: NCCL sends no event of this communicator after it)
- * they are freed; otherwise kept as dead handles, so that a late kernel
- * event or stop finds no parent instead of freed memory. */
+ * they are freed; otherwise kept as dead handles on c->dead, so that a late
+ * kernel event or stop finds no parent instead of freed memory. */
 static void drain_waiting(struct ctx *c, unsigned keep, int release)
 {
 	while (c->nwaiting > keep) {
-		struct ev *e = c->waiting, *last = NULL;
+		struct ev *last = c->waiting; /* nwaiting > 0: not NULL */
 
-		for (; e; e = e->next)
-			last = e;
+		while (last->next)
+			last = last->next;
 		unlink_waiting(c, last);
 		atomic_store(&last->refs, 0);
 		last->kind = 0; /* a stale handle from NCCL is recognised as none */
 		emit_op(last);
-		if (release)
+		if (release) {
 			free(last);
+		} else {
+			last->next = c->dead;
+			c->dead = last;
+		}
+	}
+}
+
+/* finalize: NCCL passes no handle of this communicator any more */
+static void free_dead(struct ctx *c)
+{
+	while (c->dead) {
+		struct ev *e = c->dead;
+
+		c->dead = e->next;
+		free(e);
 	}
 }
 
@@ -468,11 +520,7 @@ static ncclResult_t start_common(struct ctx *c, void **handle, uint64_t type, vo
 	}
 	if (e->kind == K_COLL || e->kind == K_P2P) {
 		pthread_mutex_lock(&c->mu);
-		e->next = c->waiting;
-		if (c->waiting)
-			c->waiting->prev = e;
-		c->waiting = e;
-		c->nwaiting++;
+		link_waiting(c, e);
 		/* kernel events that never come must not pile up */
 		drain_waiting(c, MAX_WAITING, 0);
 		pthread_mutex_unlock(&c->mu);
@@ -616,8 +664,10 @@ static ncclResult_t init_common(int iface, void **context, int *mask, uint64_t c
 		__atomic_store_n(&g_ring, sg_ring_create_for_rank("ncclprof", SG_SOURCE_NCCL_PROFILER,
 								  rank, nranks),
 				 __ATOMIC_RELEASE);
-		if (g_ring)
+		if (g_ring) {
 			atomic_store(&g_ring->gpu_state, SG_GPU_ON);
+			atomic_fetch_or(&g_ring->header_flags, SG_HF_IN_FLIGHT);
+		}
 	}
 	pthread_mutex_unlock(&g_mu);
 	if (!g_ring)
@@ -662,6 +712,7 @@ static ncclResult_t sg_finalize(void *context)
 			(unsigned long long)c->seen[4]);
 	pthread_mutex_lock(&c->mu);
 	drain_waiting(c, 0, 1);
+	free_dead(c);
 	flush_xfer(c, now());
 	pthread_mutex_unlock(&c->mu);
 	emit_meta(c, SG_OP_COMM_DESTROY);

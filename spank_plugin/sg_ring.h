@@ -171,7 +171,9 @@ enum sg_redop {
  * The torch hook sets it at creation; the NCCL hook while its CUDA-event
  * timing is on (a call is in flight until its GPU work has run; with host
  * times only a call is recorded as it returns and nothing would ever read as
- * in flight); the profiler plugin never. Readers re-read it. */
+ * in flight); the profiler plugin at creation (an operation is in flight
+ * until its kernel channels have stopped: a hung collective is one whose
+ * kernel never finishes). Readers re-read it. */
 #define SG_HF_IN_FLIGHT 0x1u
 
 /* header.gpu_state: CUDA-event / profiler GPU timing of the writer */
@@ -346,6 +348,32 @@ static inline uint64_t sg_ring_append(struct sg_ring_header *h, const struct sg_
 	sg_record_copy_body(s, r);
 	sg_ring_commit(h, s, n);
 	return n;
+}
+
+/*
+ * The header's in-flight count (SG_HF_IN_FLIGHT), shared by the writers that
+ * keep it: add when a call enters, done exactly once when it is recorded or
+ * given up, before its record is committed (a reader that sees the record
+ * sees it done). in_flight_since_ns is set by the call that raises the count
+ * from 0 and cleared by the one that brings it back, unless another call
+ * raised it meanwhile (the compare-exchange then fails: a hang that starts
+ * right after must not read as "since now" for good).
+ */
+static inline void sg_ring_inflight_add(struct sg_ring_header *h, uint64_t start_ns)
+{
+	if (atomic_fetch_add(&h->in_flight, 1) == 0)
+		atomic_store(&h->in_flight_since_ns, start_ns ? start_ns : 1);
+}
+
+static inline void sg_ring_inflight_done(struct sg_ring_header *h)
+{
+	uint64_t since;
+
+	if (atomic_fetch_sub(&h->in_flight, 1) != 1)
+		return;
+	since = atomic_load(&h->in_flight_since_ns);
+	if (atomic_load(&h->in_flight) == 0)
+		atomic_compare_exchange_strong(&h->in_flight_since_ns, &since, 0);
 }
 
 enum sg_read_result {

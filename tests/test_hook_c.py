@@ -31,6 +31,9 @@ C_TESTS = (
     "test_profiler (interface <= v5)",
     "test_profiler (interface <= v4)",
     "test_profiler (interface <= v3)",
+    "test_profiler in flight (interface <= v6)",
+    "test_profiler in flight (interface <= v5)",
+    "test_profiler in flight (interface <= v4)",
 )
 
 

@@ -381,8 +381,9 @@ def test_duration_rule_prefers_gpu_time(spank_build, tmp_path):
 def test_python_reads_profiler_plugin_records(spank_build, tmp_path):
     """What the NCCL profiler plugin writes under the fake NCCL core
     (spank_plugin/tests/test_profiler.c) reads back in Python: collectives
-    with GPU times (duration = GPU time), NCCL sequence numbers, and
-    per-link peer_xfer aggregates that are not calls."""
+    with GPU times (duration = GPU time), NCCL sequence numbers, per-link
+    peer_xfer aggregates that are not calls, and the in-flight count the
+    plugin keeps (nothing in flight once every communicator is finalised)."""
     build = spank_build.hook.parent
     env = dict(
         os.environ,
@@ -396,6 +397,7 @@ def test_python_reads_profiler_plugin_records(spank_build, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     with ring.RingReader(str(tmp_path / "rank-0.step-0.ncclprof.ring")) as r:
         assert r.header.source_name == "ncclprof" and r.header.gpu_state_name == "on"
+        assert r.header.header_flags & ring.HF_IN_FLIGHT and r.in_flight() == (True, None)
         recs = r.read().records
     colls = [x for x in recs if x.op_name == "allreduce"]
     assert [x.coll_seq for x in colls] == [1, 2, 3, 4, 5, 6]

@@ -53,6 +53,8 @@ struct ncclComm {
 	uint64_t seq;
 	void *prof;       /* the profiler plugin's context for this communicator */
 	uint64_t coll_seq; /* NCCL's per-communicator collective sequence number */
+	_Atomic int late;    /* fakeNcclPeerLate: kernels wait for a peer not there */
+	_Atomic int waiting; /* kernels waiting so */
 };
 
 static int group_depth_tls(void);
@@ -145,6 +147,9 @@ static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
  * as in a ring) whose ProxySteps go through NCCL's states with transSize:
  * SendGPUWait -> SendPeerWait_v4 -> SendWait, RecvWait -> RecvFlushWait ->
  * RecvGPUWait. Each step's network time is the link's (fakeNcclSetLink).
+ * fakeNcclPeerLate keeps a communicator's kernels waiting after their
+ * channels started, as for a peer that has not arrived (a hung collective),
+ * until it arrives.
  * As NCCL 2.28.9 did on a real GPU (tests/data/gpu/, recorded with
  * spank_plugin/gpu/run_real.sh): a collective of a one-rank communicator
  * gets no profiler event at all (NCCL's one-rank path, ncclLaunchOneRank,
@@ -295,7 +300,35 @@ struct prof_kernel_arg {
 	int p2p_peer;   /* p2p: the peer (one op on channel 0), else -1: a ring */
 	int p2p_send;
 	struct wait_arg *wait;
+	struct ncclComm *late; /* a peer was late at launch: wait for it */
 };
+
+/* Test-only: a peer of comm is late (1) or arrives (0). The kernels of
+ * collectives and p2p launched while it is late wait on the GPU, after
+ * their channels started, until it arrives. Let it arrive before the
+ * communicator is destroyed. */
+void fakeNcclPeerLate(ncclComm_t comm, int late)
+{
+	atomic_store(&comm->late, late);
+}
+
+/* Test-only: kernels of comm waiting for the late peer now. */
+int fakeNcclKernelsWaiting(ncclComm_t comm)
+{
+	return atomic_load(&comm->waiting);
+}
+
+/* on "the GPU": wait for the late peer (10 s at most, as in clique_wait) */
+static void late_wait(struct ncclComm *c)
+{
+	uint64_t limit = mono_ns() + 10000000000ull;
+	struct timespec nap = { 0, 20000 };
+
+	atomic_fetch_add(&c->waiting, 1);
+	while (atomic_load(&c->late) && mono_ns() < limit)
+		nanosleep(&nap, NULL);
+	atomic_fetch_sub(&c->waiting, 1);
+}
 
 /* the proxy's view of one ProxyOp on one channel */
 static void prof_op(struct prof_kernel_arg *a, int channel, int peer, int send)
@@ -355,6 +388,8 @@ static void prof_kernel(void *p)
 	}
 	if (a->wait)
 		clique_wait(a->wait);
+	if (a->late)
+		late_wait(a->late);
 	nap_ns(kernel_ns);
 	if (a->p2p_peer >= 0) {
 		prof_op(a, 0, a->p2p_peer, a->p2p_send);
@@ -435,6 +470,7 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 			a->channels = p2p ? 1 : PROF_CHANNELS;
 			a->p2p_peer = p2p ? root_or_peer : -1;
 			a->p2p_send = p2p && strcmp(func, "Send") == 0;
+			a->late = atomic_load(&c->late) ? c : NULL;
 			if (!p2p && c->clique && (a->wait = malloc(sizeof(*a->wait)))) {
 				a->wait->clique = c->clique;
 				a->wait->rank = c->rank;

@@ -12,18 +12,27 @@
  * enqueues in 5 us and runs 20 ms is recorded as 20 ms from the kernel's
  * channel timers; NCCL's sequence numbers; one peer_xfer record per peer
  * and direction, never one per step, whose network time shows the slow
- * link; the hold control word works through the plugin. With v3 only
- * (NCCL 2.26) NCCL finds no interface it knows: the hook records as before.
+ * link; the hold control word works through the plugin; the header's
+ * in-flight count (in a child process with a ring of its own, so the main
+ * ring stays what tests/test_hook_ring_format.py reads back): an operation
+ * is in flight until its kernel channels have stopped, the count keeps the
+ * first start while operations overlap, and operations written at
+ * finalize or overflow leave it at 0. With v3 only (NCCL 2.26) NCCL finds
+ * no interface it knows: the hook records as before.
  */
 #define _GNU_SOURCE
+
+#include <sys/wait.h>
 
 #include "testlib.h"
 
 
 #define NCOLL 5
 #define STEPS (NCOLL * 2 /* channels */ * 4 /* steps */)
+#define MAX_WAITING 4096 /* nccl_profiler.c's: operations waiting per communicator */
 
 static char g_dir[512] = "/tmp/sg-test-prof-XXXXXX";
+static char g_flight_dir[512] = "/tmp/sg-test-prof-flight-XXXXXX";
 static int g_keep; /* SG_TEST_RING_DIR: write there and keep the rings */
 
 static struct sg_ring_header *try_ring(const char *source)
@@ -35,6 +44,240 @@ static void cleanup(void)
 {
 	if (!g_keep)
 		test_dir_remove(g_dir);
+}
+
+/* ------------------------------------------------------------------ in flight */
+
+/* the fake NCCL's late peer (tests/fake_nccl.c) */
+void fakeNcclPeerLate(ncclComm_t comm, int late);
+int fakeNcclKernelsWaiting(ncclComm_t comm);
+
+static void check_idle(struct sg_ring_header *h, const char *when)
+{
+	CHECK(atomic_load(&h->in_flight) == 0 && atomic_load(&h->in_flight_since_ns) == 0,
+	      "%s: in flight %u since %llu", when, atomic_load(&h->in_flight),
+	      (unsigned long long)atomic_load(&h->in_flight_since_ns));
+}
+
+/* The newest committed record of op; 0 if there is none. */
+static int newest(struct sg_ring_header *h, uint16_t op, struct sg_record *out)
+{
+	uint64_t n = atomic_load(&h->write_counter);
+	struct sg_record r;
+
+	while (n-- > 0) {
+		if (sg_ring_read(h, n, &r) == SG_READ_OK && r.op == op) {
+			*out = r;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* Until comm has n kernels on the GPU waiting for its late peer (their
+ * channels started, none stopped); 0 if that never happens. */
+static int kernels_waiting(ncclComm_t comm, int n)
+{
+	int k;
+
+	for (k = 0; k < 10000 && fakeNcclKernelsWaiting(comm) < n; k++)
+		sleep_ns(100 * US);
+	return fakeNcclKernelsWaiting(comm) == n;
+}
+
+/* A collective (p2p: a send) whose kernel waits for a late peer: enqueued
+ * and stopped on the host in microseconds, in flight while its kernel
+ * channels run, recorded with its GPU times once they stopped. */
+static void in_flight_one(struct sg_ring_header *h, ncclComm_t comm, cudaStream_t s, int p2p)
+{
+	const char *what = p2p ? "send" : "allreduce";
+	uint16_t op = p2p ? SG_OP_SEND : SG_OP_ALLREDUCE;
+	float in[16] = { 1 }, out[16];
+	int before = test_count_op(h, op);
+	uint64_t t0, t1, since;
+	struct sg_record r = { 0 };
+
+	fakeNcclSetTiming(5 * US, 1 * MS);
+	fakeNcclPeerLate(comm, 1);
+	t0 = sg_mono_ns();
+	if (p2p)
+		CHECK(ncclSend(in, 16, ncclFloat32, 1, comm, s) == ncclSuccess, "send");
+	else
+		CHECK(ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, comm, s) == ncclSuccess,
+		      "allreduce");
+	t1 = sg_mono_ns();
+	CHECK(kernels_waiting(comm, 1), "%s: its kernel never started", what);
+	since = atomic_load(&h->in_flight_since_ns);
+	CHECK(atomic_load(&h->in_flight) == 1 && since >= t0 && since <= t1,
+	      "%s waiting: in flight %u since %lld ns after the call", what,
+	      atomic_load(&h->in_flight), (long long)(since - t0));
+	CHECK(atomic_load(&h->header_flags) & SG_HF_IN_FLIGHT, "%s waiting: header_flags %#x",
+	      what, atomic_load(&h->header_flags));
+	CHECK(test_count_op(h, op) == before, "%s recorded before its kernel ended", what);
+	fakeNcclPeerLate(comm, 0);
+	cudaStreamSynchronize(s);
+	check_idle(h, what);
+	CHECK(newest(h, op, &r) && test_count_op(h, op) == before + 1 && r.start_ns == since &&
+		      r.flags == SG_F_GPU_TIME,
+	      "%s record: start %lld ns from the in-flight start, flags %#x", what,
+	      (long long)(r.start_ns - since), r.flags);
+}
+
+/* Collectives of two communicators in flight at once: the count says since
+ * the first started, also once the first is recorded and the second still
+ * waits. */
+static void in_flight_overlap(struct sg_ring_header *h, ncclComm_t comm, cudaStream_t s)
+{
+	float in[16] = { 1 }, out[16];
+	int before = test_count_op(h, SG_OP_ALLREDUCE);
+	uint64_t t0, t1, first, since;
+	struct sg_record r = { 0 };
+	ncclUniqueId uid;
+	ncclComm_t other;
+	cudaStream_t s2;
+
+	cudaStreamCreate(&s2);
+	ncclGetUniqueId(&uid);
+	CHECK(ncclCommInitRank(&other, 4, uid, 0) == ncclSuccess, "init");
+	fakeNcclSetTiming(5 * US, 1 * MS);
+	fakeNcclPeerLate(comm, 1);
+	fakeNcclPeerLate(other, 1);
+	t0 = sg_mono_ns();
+	ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, comm, s);
+	t1 = sg_mono_ns();
+	ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, other, s2);
+	CHECK(kernels_waiting(comm, 1) && kernels_waiting(other, 1), "kernels never started");
+	first = atomic_load(&h->in_flight_since_ns);
+	CHECK(atomic_load(&h->in_flight) == 2 && first >= t0 && first <= t1,
+	      "two waiting: in flight %u since %lld ns after the first call",
+	      atomic_load(&h->in_flight), (long long)(first - t0));
+	fakeNcclPeerLate(comm, 0);
+	cudaStreamSynchronize(s);
+	since = atomic_load(&h->in_flight_since_ns);
+	CHECK(test_count_op(h, SG_OP_ALLREDUCE) == before + 1 && atomic_load(&h->in_flight) == 1 &&
+		      since == first,
+	      "first recorded, second waiting: %d records, in flight %u since %lld ns after",
+	      test_count_op(h, SG_OP_ALLREDUCE) - before, atomic_load(&h->in_flight),
+	      (long long)(since - first));
+	fakeNcclPeerLate(other, 0);
+	cudaStreamSynchronize(s2);
+	check_idle(h, "after both collectives");
+	CHECK(newest(h, SG_OP_ALLREDUCE, &r) && r.start_ns > first,
+	      "second record starts %lld ns after the first", (long long)(r.start_ns - first));
+	CHECK(ncclCommDestroy(other) == ncclSuccess, "destroy");
+}
+
+/* A send to oneself (NCCL 2.28.9: a P2p event, never a kernel channel)
+ * stays in flight until the communicator is finalised, which writes it
+ * with host times. */
+static void in_flight_finalize(struct sg_ring_header *h, cudaStream_t s)
+{
+	float in[16] = { 1 };
+	struct sg_record r = { 0 };
+	ncclUniqueId uid;
+	ncclComm_t one;
+	uint64_t t0;
+
+	fakeNcclSetTiming(5 * US, 0);
+	ncclGetUniqueId(&uid);
+	CHECK(ncclCommInitRank(&one, 1, uid, 0) == ncclSuccess, "init 1-rank");
+	t0 = sg_mono_ns();
+	CHECK(ncclSend(in, 16, ncclFloat32, 0, one, s) == ncclSuccess, "send to self");
+	cudaStreamSynchronize(s);
+	CHECK(atomic_load(&h->in_flight) == 1 && atomic_load(&h->in_flight_since_ns) >= t0,
+	      "send to self: in flight %u", atomic_load(&h->in_flight));
+	CHECK(ncclCommDestroy(one) == ncclSuccess, "destroy 1-rank");
+	check_idle(h, "finalize with a send waiting");
+	CHECK(newest(h, SG_OP_SEND, &r) && r.flags == SG_F_NO_EVENT && r.peer == 0,
+	      "send to self: flags %#x", r.flags);
+}
+
+/* MAX_WAITING sends to oneself (no kernel channel ever, as above) push out
+ * a collective whose kernel waits for a late peer: it is written with host
+ * times and counted done once, its late kernel channels neither record nor
+ * count it again; finalize writes the rest. */
+static void in_flight_overflow(struct sg_ring_header *h, cudaStream_t s)
+{
+	float in[16] = { 1 }, out[16];
+	int colls, sends, k;
+	struct sg_record r = { 0 };
+	ncclUniqueId uid;
+	ncclComm_t comm;
+
+	ncclGetUniqueId(&uid);
+	CHECK(ncclCommInitRank(&comm, 4, uid, 0) == ncclSuccess, "init");
+	colls = test_count_op(h, SG_OP_ALLREDUCE);
+	sends = test_count_op(h, SG_OP_SEND);
+	fakeNcclSetTiming(0, 0);
+	fakeNcclPeerLate(comm, 1);
+	ncclAllReduce(in, out, 16, ncclFloat32, ncclSum, comm, s);
+	CHECK(kernels_waiting(comm, 1), "the collective's kernel never started");
+	for (k = 0; k < MAX_WAITING; k++)
+		ncclSend(in, 16, ncclFloat32, 0, comm, s);
+	CHECK(atomic_load(&h->in_flight) == MAX_WAITING, "at overflow: in flight %u",
+	      atomic_load(&h->in_flight));
+	k = test_count_op(h, SG_OP_ALLREDUCE) - colls;
+	CHECK(k == 1 && newest(h, SG_OP_ALLREDUCE, &r) && r.flags == SG_F_NO_EVENT,
+	      "pushed-out collective: %d records, flags %#x", k, r.flags);
+	fakeNcclPeerLate(comm, 0);
+	cudaStreamSynchronize(s);
+	k = test_count_op(h, SG_OP_ALLREDUCE) - colls;
+	CHECK(atomic_load(&h->in_flight) == MAX_WAITING && k == 1,
+	      "after its kernel: in flight %u, %d records", atomic_load(&h->in_flight), k);
+	ncclSend(in, 16, ncclFloat32, 0, comm, s);
+	k = test_count_op(h, SG_OP_SEND) - sends;
+	CHECK(atomic_load(&h->in_flight) == MAX_WAITING && k == 1,
+	      "one more: in flight %u, %d sends written", atomic_load(&h->in_flight), k);
+	CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+	check_idle(h, "finalize after overflow");
+	CHECK(test_count_op(h, SG_OP_SEND) == sends + MAX_WAITING + 1, "%d sends written",
+	      test_count_op(h, SG_OP_SEND) - sends);
+}
+
+/* The child's part: a ring of its own (g_flight_dir). */
+static int in_flight_tests(int version)
+{
+	struct sg_ring_header *h;
+	ncclUniqueId uid;
+	ncclComm_t comm;
+	cudaStream_t s;
+	char name[64];
+
+	snprintf(name, sizeof(name), "test_profiler in flight (interface <= v%d)", version);
+	test_dir_make(g_flight_dir);
+	cudaStreamCreate(&s);
+	ncclGetUniqueId(&uid);
+	CHECK(ncclCommInitRank(&comm, 4, uid, 0) == ncclSuccess, "init");
+	h = test_ring(g_flight_dir, 0, "0", "ncclprof", 1);
+	if (h) {
+		CHECK(atomic_load(&h->header_flags) & SG_HF_IN_FLIGHT, "header_flags %#x",
+		      atomic_load(&h->header_flags));
+		check_idle(h, "after init");
+		in_flight_one(h, comm, s, 0);
+		in_flight_one(h, comm, s, 1);
+		in_flight_overlap(h, comm, s);
+		in_flight_finalize(h, s);
+		CHECK(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+		in_flight_overflow(h, s);
+		check_idle(h, "at the end");
+	}
+	test_dir_remove(g_flight_dir);
+	DONE(name);
+}
+
+/* Run in_flight_tests in a child, before this process touches NCCL: the
+ * plugin writes one ring per process. */
+static void in_flight_child(int version)
+{
+	pid_t pid;
+	int st = 0;
+
+	fflush(stdout);
+	pid = fork();
+	if (pid == 0)
+		exit(in_flight_tests(version));
+	CHECK(pid > 0 && waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	      "in-flight tests: status %#x", st);
 }
 
 int main(void)
@@ -61,6 +304,8 @@ int main(void)
 	setenv("RANK", "0", 1);
 	setenv("SLURMGUARD_XFER_INTERVAL_MS", "60000", 1); /* flushed at finalize */
 	snprintf(name, sizeof(name), "test_profiler (interface <= v%d)", version);
+	if (version >= 4)
+		in_flight_child(version);
 
 	/* rank 0 of a 4-rank ring: sends to 1 over a slow link, receives from
 	 * 3 over a healthy one */
@@ -220,6 +465,10 @@ int main(void)
 	}
 	CHECK(test_count_op(prof, SG_OP_HOLD) == 1 && test_count_op(prof, SG_OP_COMM_DESTROY) == 2,
 	      "hold / destroy records");
+	/* every operation ended, the send to oneself by finalize */
+	CHECK(atomic_load(&prof->header_flags) & SG_HF_IN_FLIGHT, "header_flags %#x",
+	      atomic_load(&prof->header_flags));
+	check_idle(prof, "at the end");
 	cleanup();
 	DONE(name);
 }
