@@ -20,8 +20,8 @@ list of records) and 3 are still accepted (`schema_version` 1 to 4; others
 are refused), so agents of the previous releases keep reporting while the
 fleet is upgraded (controllers first: an older controller refuses a newer
 version with 422, and a version-4 report whose rank carries
-`in_flight_known` or `stopped`, added in later releases of version 4, as an
-unknown field). All are read by `decode_report` and validated alike: a
+`in_flight_known`, `stopped` or `last_io`, added in later releases of version 4,
+as an unknown field). All are read by `decode_report` and validated alike: a
 packed window must hold exactly 24 x n bytes of finite numbers with step_s
 and comm_s >= 0, packed telemetry exactly n key indices below len(keys) and
 2 x n finite numbers, and the columns after the JSON exactly what its
@@ -319,7 +319,8 @@ class RankReport(_Model):
     """Unix s since which the rank has had a collective in flight (None: none,
     or its hook does not say, see in_flight_known)."""
     in_flight_known: bool = False
-    """The rank's hook says which calls are in flight (the torch hook does):
+    """The rank's hook says which calls are in flight (the torch hook and the
+    NCCL profiler plugin do, the NCCL hook while it times calls on the GPU):
     in_flight_since None then means the rank is between collectives."""
     lost_records: int = 0
     changes: tuple[ChangeReport, ...] = ()
@@ -330,6 +331,11 @@ class RankReport(_Model):
     """The rank's process is stopped (state T: SIGSTOP, a tracer) at the agent's
     last look: it cannot progress, so in a stall it is the rank the others wait
     for, whatever the ring says is in flight."""
+    last_io: float | None = None
+    """Unix s of the agent's newest look at which the rank's process was busy
+    with I/O (agent.rings.IO_ACTIVE_BYTES_S or more through its read and write
+    calls since the look before: a checkpoint save or load); None: never seen.
+    A stall does not count while the ranks the others wait for are so busy."""
     links: tuple[LinkReport, ...] = Field((), max_length=MAX_LINKS)
     """Per-link transfer times (NCCL profiler plugin only; empty otherwise). (Tuples here:
     an empty one is no object to the garbage collector, which a controller holding

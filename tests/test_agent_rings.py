@@ -357,6 +357,85 @@ def test_the_report_says_when_the_writer_is_stopped(tmp_path):
                 p.wait()
 
 
+IO_WRITER = """
+import sys, time
+from slurmguard.hook import ring
+w = ring.RingWriter(sys.argv[1], capacity=64, global_rank=0, world_size=1, node_name=sys.argv[2])
+print("ready", flush=True)
+for line in sys.stdin:
+    with open(sys.argv[3], "wb") as fh:
+        fh.write(b"x" * (int(line) << 20))  # a checkpoint's bytes
+    print("written", flush=True)
+"""
+
+
+def test_the_report_says_when_the_writer_was_last_busy_with_io(tmp_path):
+    """A rank writing megabytes (a checkpoint save) between two looks of the
+    agent is busy with I/O at the second; one that only waits is not, and its
+    report keeps the last busy look. A process whose PID the ring names but that
+    started after the ring was created is not the rank: its I/O is never read."""
+    import subprocess
+    import sys
+
+    from slurmguard.agent.rings import IO_ACTIVE_BYTES_S
+
+    d = tmp_path / "5"
+    d.mkdir()
+    path = d / "rank-0.step-0.torch.ring"
+    writer = subprocess.Popen(
+        [sys.executable, "-c", IO_WRITER, str(path), NODE, str(tmp_path / "ckpt")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    other = None
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        (t,) = tracker(tmp_path).poll()
+        an = RankAnalyzer(POLICY.agent, POLICY.detection)
+
+        def write(mb: int) -> None:
+            writer.stdin.write(f"{mb}\n")
+            writer.stdin.flush()
+            assert writer.stdout.readline().strip() == "written"
+
+        assert t.look_at_io(1000.0) is None  # a first look has nothing to compare with
+        write(8)  # 8 MiB in the 2 s to the next look: 4 MiB/s
+        assert t.look_at_io(1002.0) == 1002.0
+        assert an.report(t).last_io == 1002.0
+        assert t.look_at_io(1003.0) == 1002.0  # idle since: the last busy look stays
+        # under the rate over a long gap: 1 MiB in 10 s is not a save
+        write(1)
+        assert 10 * IO_ACTIVE_BYTES_S > 1 << 20
+        assert t.look_at_io(1013.0) == 1002.0
+        assert an.report(t).last_io == 1002.0
+
+        time.sleep(0.05)  # five clock ticks after the ring's creation at least
+        other = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; [open('/dev/null', 'wb').write(b'x' * (64 << 20)) for _ in sys.stdin]",
+            ],
+            stdin=subprocess.PIPE,
+            text=True,
+        )
+        with open(path, "r+b") as fh:  # the ring now names the later process
+            fh.seek(dict((n, o) for n, o, _ in ring.HEADER_FIELDS)["pid"])
+            fh.write(struct.pack("<I", other.pid))
+        (t,) = tracker(tmp_path).poll()
+        assert t.look_at_io(2000.0) is None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        time.sleep(0.3)
+        assert t.look_at_io(2001.0) is None and t.io_bytes is None
+    finally:
+        for p in (writer, other):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
 # ------------------------------------------------------- tracker + analysis
 
 record = st.fixed_dictionaries(

@@ -425,16 +425,28 @@ def in_flight(r: RankReport, since: float | None) -> RankReport:
     return r.model_copy(update={"in_flight_known": True, "in_flight_since": since})
 
 
-def quiet_cycle(env, last: tuple[float, float], waiting: tuple[float | None, float | None]):
-    """One cycle of a 2-rank job whose hooks say what is in flight: rank r
-    completed its last collective last[r] s ago and has waited inside one
-    for waiting[r] s (None: none in flight). Returns (job, cycle result)."""
+def quiet_cycle(
+    env,
+    last: tuple[float, float],
+    waiting: tuple[float | None, float | None],
+    io: tuple[float | None, float | None] = (None, None),
+    known: bool = True,
+):
+    """One cycle of a 2-rank job whose hooks say what is in flight (known): rank r
+    completed its last collective last[r] s ago, has waited inside one for
+    waiting[r] s (None: none in flight) and was last seen busy with I/O io[r] s
+    ago (None: never). Returns (job, cycle result)."""
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
     now = clock.now()
     for r, node in enumerate(["node1", "node2"]):
         since = None if waiting[r] is None else now - waiting[r]
-        ctl.fleet.ingest(report(node, job, [in_flight(rank_report(r, now - last[r]), since)], 1, now), now)
+        rk = rank_report(r, now - last[r])
+        if known:
+            rk = in_flight(rk, since)
+        if io[r] is not None:
+            rk = rk.model_copy(update={"last_io": now - io[r]})
+        ctl.fleet.ingest(report(node, job, [rk], 1, now), now)
     return job, ctl.cycle()
 
 
@@ -462,6 +474,42 @@ def test_a_stall_names_the_rank_the_others_wait_for(env):
     a = res.assessments[job]
     assert a.stalled_for_s == pytest.approx(100, abs=1)
     assert [c.node for c in a.culprits] == ["node2"]
+
+
+def test_rank_0_saving_while_the_others_wait_in_a_barrier_is_not_a_stall(env):
+    """Plain DDP's checkpoint: rank 0 alone has written its model for 100 s
+    (busy with I/O at the agents' last look, 1 s ago) while rank 1 has waited
+    in the barrier since: progress, no stall. Without the I/O it was one (the
+    test above), and the job was requeued at the first long save."""
+    job, res = quiet_cycle(env, (100, 100), (None, 100), io=(1, None))
+    assert res.assessments[job].stalled_for_s == 0.0 and res.actions == []
+
+
+def test_a_save_that_ends_in_a_hang_is_a_stall_from_its_last_io(env):
+    """Rank 0 wrote until 70 s ago and has done nothing since, outside any
+    collective, while rank 1 waits: stalled 70 s (stall_s 60), rank 0's node named."""
+    job, res = quiet_cycle(env, (100, 100), (None, 100), io=(70, None))
+    a = res.assessments[job]
+    assert a.stalled_for_s == pytest.approx(70, abs=1)
+    assert [c.node for c in a.culprits] == ["node1"]
+
+
+def test_io_of_a_rank_inside_a_collective_is_no_progress(env):
+    """A rank in flight moves bytes through its sockets (gloo reads and writes
+    them): rank 0, waiting inside a collective for 100 s with I/O seen 1 s ago,
+    does not hide rank 1, which is stuck outside its collectives with none."""
+    job, res = quiet_cycle(env, (101, 100.5), (100, None), io=(1, None))
+    a = res.assessments[job]
+    assert a.stalled_for_s == pytest.approx(100, abs=1)
+    assert [c.node for c in a.culprits] == ["node2"]
+
+
+@pytest.mark.parametrize(("io_ago", "stalled"), [(2.0, 0.0), (90.0, 90.0)])
+def test_where_hooks_cannot_say_what_is_in_flight_any_ranks_io_is_progress(env, io_ago, stalled):
+    """The NCCL hook: no collective for 100 s on either rank; rank 0 busy with
+    I/O 2 s ago is a save (no stall), 90 s ago a stall of 90 s."""
+    job, res = quiet_cycle(env, (100, 100), (None, None), io=(io_ago, None), known=False)
+    assert res.assessments[job].stalled_for_s == pytest.approx(stalled, abs=1)
 
 
 def test_a_stall_names_the_stopped_rank_when_every_rank_is_in_flight(env):

@@ -6,7 +6,14 @@ held-out batches, as a validation pass does), under a stall window of 8 s:
 its ranks' hooks say they have nothing in flight, so the controller sees a
 quiet job, not a stalled one, and does nothing. Before the hooks said so, the
 same silence read as a stall: the job was requeued and a node drained.
-About 1.5 minutes.
+
+A DDP job whose rank 0 alone saves the model for 20 s every 60 steps while
+the other rank waits in a barrier (plain DDP's torch.save on rank 0), under
+the same window: the waiting rank is in flight, rank 0 is not but is busy
+writing (its agent reads /proc/PID/io), so the job is progressing, not
+stalled. Before, rank 0's node was drained and the job requeued at the first
+save.
+About 3 minutes.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 EVAL_EVERY = 60  # steps: after the agents' warm-up and baseline (25 steps)
 EVAL_S = 20.0
+SAVE_EVERY = 60
+SAVE_S = 20.0
 
 
 def test_an_evaluation_longer_than_the_stall_window_is_not_a_stall(guarded):
@@ -40,5 +49,41 @@ def test_an_evaluation_longer_than_the_stall_window_is_not_a_stall(guarded):
     evals = evaluated()
     assert all(e["eval_s"] >= EVAL_S and e["eval_batches"] > 0 for e in evals), evals
     print(f"\nevaluations at steps {[e['iter'] for e in evals]}, {[e['eval_s'] for e in evals]} s each")
+    nothing_happened(run)
+    assert sc.job_nodes(job) and not run.audit("requeue")
+
+
+def test_rank_0_saving_longer_than_the_stall_window_is_not_a_stall(guarded):
+    run = guarded
+    run.configure(response={"tiers": {"stall_s": 8.0}})
+    sc = Scenario(run.guard, say=print, workload="ddp")
+    job = sc.submit(
+        steps=100000,
+        ckpt_every=0,
+        args=(
+            "--rank0-save-every",
+            str(SAVE_EVERY),
+            "--rank0-save-s",
+            str(SAVE_S),
+            "--rank0-save-mbps",
+            "20",
+        ),
+    )
+
+    def saved():
+        return [e for e in sc.log(job) if e.get("rank0_save_s")]
+
+    wait_for(lambda: len(saved()) >= 2, 300, "two rank-0 saves")
+    done = len(sc.log(job))
+    wait_for(lambda: len(sc.log(job)) >= done + 10, 60, "steps after the second save")
+    saves = saved()
+    assert all(e["rank0_save_s"] >= SAVE_S for e in saves), saves
+    rank1 = [e for e in sc.log(job, rank=1) if e.get("rank0_save_s")]
+    # rank 1 waited in the barrier as long as rank 0 wrote
+    assert len(rank1) >= 2 and all(e["rank0_save_s"] >= SAVE_S - 1 for e in rank1), rank1
+    print(
+        f"\nrank-0 saves at steps {[e['iter'] for e in saves]}: "
+        f"{[e['rank0_save_s'] for e in saves]} s, {[e['rank0_save_mb'] for e in saves]} MB"
+    )
     nothing_happened(run)
     assert sc.job_nodes(job) and not run.audit("requeue")

@@ -41,6 +41,32 @@ def test_help_and_bad_arguments_are_one_clear_line():
     assert res.returncode == 2 and res.stderr.strip() == "error: --steps must be at least 1"
     res = subprocess.run(run + ["moe"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "invalid choice: 'moe'" in res.stderr
+    res = subprocess.run(run + ["ddp", "--rank0-save-s", "0"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        "error: --rank0-save-every must be >= 0, --rank0-save-s in (0, 86400] and --rank0-save-mbps > 0"
+    )
+    res = subprocess.run(run + ["pp", "--rank0-save-every", "5"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "only in the ddp shape (not pp)" in res.stderr
+
+
+def test_rank0_save_writes_the_model_for_the_time_asked(tmp_path):
+    """save_model_for: the model's state on disk (torch.save, renamed into
+    place), written again until the time asked has passed, at the pace asked."""
+    import time
+
+    import torch
+
+    from slurmguard.workloads.runtime import save_model_for
+
+    model = torch.nn.Linear(256, 256)
+    t0 = time.monotonic()
+    mb = save_model_for(model, tmp_path / "m" / "model.pt", 0.5, mb_per_s=10.0)
+    assert time.monotonic() - t0 >= 0.5
+    one = (tmp_path / "m" / "model.pt").stat().st_size / 1e6
+    assert 2 * one <= mb <= 10.0 * 0.5 + one  # again and again, at 10 MB/s
+    assert torch.load(tmp_path / "m" / "model.pt")["weight"].shape == (256, 256)
+    assert not (tmp_path / "m" / "model.pt.tmp").exists()
 
 
 @pytest.mark.slurm

@@ -207,6 +207,7 @@ class RankAnalyzer:
             changes=self.changes[-8:],
             exited=tr.writer_exited,
             stopped=tr.writer_stopped,
+            last_io=tr.io_active_at,
             links=link_reports(tr),
         )
 

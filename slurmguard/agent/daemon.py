@@ -78,6 +78,7 @@ class Agent:
             live.add(key)
             an = self.analyzers.setdefault(key, RankAnalyzer(self.policy.agent, self.policy.detection))
             dropped = an.dropped
+            tr.look_at_io(self.clock.now())
             try:
                 rep = an.report(tr)
             except Exception as exc:  # noqa: BLE001 - one ring never stops the others

@@ -166,32 +166,79 @@ class TrackedRing:
         pid = self.header.pid
         return pid > 0 and not os.path.exists(f"/proc/{pid}")
 
-    @property
-    def writer_stopped(self) -> bool:
-        """The process that wrote the ring is stopped (state T or t: SIGSTOP, a
-        tracer): it cannot progress. Only a process that started no later than
-        the ring was created is taken for its writer, so a PID reused since (or
-        one of another PID namespace) never reads as a stopped rank. (Its start
-        is on the boot-time clock, the ring's on CLOCK_MONOTONIC, which a
-        suspended machine holds back: then the writer is missed, never another
-        process taken for it.)"""
+    io_bytes: int | None = None
+    """The writer's bytes read and written through the kernel (/proc/PID/io
+    rchar + wchar) at the agent's last look (look_at_io); None: not read."""
+    io_look: float | None = None
+    """Unix s of that look."""
+    io_active_at: float | None = None
+    """Unix s of the newest look at which the writer had read or written at
+    least IO_ACTIVE_BYTES_S a second since the look before (None: never seen)."""
+
+    def _writer_stat(self) -> list[bytes] | None:
+        """The fields of the writer's /proc/PID/stat after its command name
+        (field 3 on), or None: no such process, or one that started after the
+        ring was created, so a PID reused since (or one of another PID
+        namespace) is never taken for the rank. (Its start is on the boot-time
+        clock, the ring's on CLOCK_MONOTONIC, which a suspended machine holds
+        back: then the writer is missed, never another process taken for it.)"""
         pid = self.header.pid
         if pid <= 0:
-            return False
+            return None
         try:
             with open(f"/proc/{pid}/stat", "rb") as fh:
                 stat_line = fh.read()
         except OSError:
-            return False
+            return None
         # the command name may hold spaces and ')': the fields follow the last ')'
         fields = stat_line[stat_line.rfind(b")") + 2 :].split()
-        if len(fields) < 20 or fields[0] not in (b"T", b"t"):
-            return False
+        if len(fields) < 20:
+            return None
         try:
             started_s = int(fields[19]) / _CLK_TCK  # field 22, starttime (clock ticks since boot)
         except ValueError:
-            return False
-        return started_s <= self.header.created_ns / 1e9
+            return None
+        return fields if started_s <= self.header.created_ns / 1e9 else None
+
+    @property
+    def writer_stopped(self) -> bool:
+        """The process that wrote the ring is stopped (state T or t: SIGSTOP, a
+        tracer): it cannot progress (_writer_stat: only the writer itself)."""
+        fields = self._writer_stat()
+        return fields is not None and fields[0] in (b"T", b"t")
+
+    def look_at_io(self, now: float) -> float | None:
+        """Read the writer's I/O counters (/proc/PID/io: bytes through read
+        and write calls, files and pipes alike) at Unix time `now`; returns
+        io_active_at. A rank saving a checkpoint (rank 0 alone, while the
+        others wait in a barrier) or loading one moves megabytes a second
+        between its collectives; a rank hung outside them (a stuck kernel, a
+        deadlock) moves none. Counters that cannot be read (another PID
+        namespace, no permission, the process gone) leave the last answer."""
+        if self._writer_stat() is None:
+            return self.io_active_at
+        try:
+            with open(f"/proc/{self.header.pid}/io", "rb") as fh:
+                text = fh.read()
+        except OSError:
+            return self.io_active_at
+        total = 0
+        for line in text.splitlines():
+            name, _, value = line.partition(b":")
+            if name in (b"rchar", b"wchar"):
+                try:
+                    total += int(value)
+                except ValueError:
+                    return self.io_active_at
+        moved = total - (self.io_bytes if self.io_bytes is not None else total)
+        if (
+            self.io_look is not None
+            and now > self.io_look
+            and moved >= IO_ACTIVE_BYTES_S * (now - self.io_look)
+        ):
+            self.io_active_at = now
+        self.io_bytes, self.io_look = total, now
+        return self.io_active_at
 
 
 class SlurmJobs:
@@ -534,6 +581,13 @@ class RingTracker:
 
 #: clock ticks a second of /proc/PID/stat's times
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: bytes a second through a rank's read and write calls (TrackedRing.look_at_io)
+#: that make it busy with I/O: a checkpoint save moves hundreds of MB/s (torch.save
+#: to the page cache here: 800 MB/s), a training loop's log lines kilobytes. A gloo
+#: rank's collectives move hundreds of MB/s through its sockets' read and write
+#: calls too (367 MB/s, a DDP rank here), but a rank inside a collective is in
+#: flight, and the I/O of ranks in flight is not asked (controller.assess._stalled_for)
+IO_ACTIVE_BYTES_S = 1 << 20
 _COMM_INIT = OP["comm_init"]
 #: by op code (a record's op is a uint16): whether it is a collective; a
 #: lookup, where np.isin sorted the batch's ops every poll

@@ -593,24 +593,38 @@ def localise(
 def _stalled_for(ranks: list[tuple[str, RankReport]], now: float, resumed: float | None = None) -> float:
     """How long the job has been stalled (s; Mycroft Alg. 1: no rank completed
     a collective). Where every rank's hook says what it has in flight
-    (RankReport.in_flight_known, the torch hook), a stall is ranks waiting
+    (RankReport.in_flight_known), a stall is ranks waiting
     inside a collective: none in flight anywhere is every rank between
     collectives (an evaluation, a checkpoint save, data loading), a quiet
     job, 0; else the time since the longest waiter entered its wait, or
     since the last progress if that is later (a rank that finished an
     evaluation of minutes first and waits for the others has waited only
-    since then). Where a hook does not say (the NCCL hook, the profiler
-    plugin), the time since the last completed collective. Never from before
+    since then). Where a hook does not say (the NCCL hook with host times
+    only), the time since the last completed collective. Never from before
     `resumed` (Unix s, JobInfo.resumed_at): a job Slurm suspended made no
     progress because it was stopped, and its agents' reports may predate the
-    resume by a report interval."""
+    resume by a report interval.
+
+    A rank busy with I/O (RankReport.last_io) is progressing too: rank 0
+    saving a checkpoint alone while the others wait in a barrier (plain DDP's
+    torch.save on rank 0) takes minutes for a large model. Where the hooks say
+    what is in flight, only the I/O of the ranks the others wait for (none in
+    flight) counts; else any rank's. The stall then counts from the agents'
+    last look at that I/O: a save that ends in a hang is a stall stall_s later."""
     progress = [r.last_progress for _, r in ranks if r.last_progress is not None]
     if not progress or all(r.stopped for _, r in ranks):
         # every rank stopped is a job paused on purpose (its user's SIGSTOP, or a
         # Slurm suspension the cycle's view does not show yet), not a node's fault
         return 0.0
     last = max(max(progress), resumed or 0.0)
-    if not all(r.in_flight_known for _, r in ranks):
+    known = all(r.in_flight_known for _, r in ranks)
+    busy = [
+        r.last_io
+        for _, r in ranks
+        if r.last_io is not None and not r.stopped and not (known and r.in_flight_since is not None)
+    ]
+    last = max(last, max(busy, default=last))
+    if not known:
         return now - last
     waits = [r.in_flight_since for _, r in ranks if r.in_flight_since is not None]
     if not waits:

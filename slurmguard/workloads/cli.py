@@ -90,6 +90,27 @@ def parser() -> argparse.ArgumentParser:
         "held-out batches, with no collective (default 0: none)",
     )
     ev.add_argument("--eval-s", type=float, default=5.0, help="seconds each evaluation lasts (default 5)")
+    sv = ap.add_argument_group("rank-0 save (ddp)")
+    sv.add_argument(
+        "--rank0-save-every",
+        type=int,
+        default=0,
+        help="steps between saves of the whole model by rank 0 alone (torch.save, fsync) while the "
+        "other ranks wait in a barrier, as plain DDP jobs checkpoint (default 0: none)",
+    )
+    sv.add_argument(
+        "--rank0-save-s",
+        type=float,
+        default=5.0,
+        help="seconds each rank-0 save lasts: the model is written again until then, as a large "
+        "model's save to shared storage takes (default 5)",
+    )
+    sv.add_argument(
+        "--rank0-save-mbps",
+        type=float,
+        default=100.0,
+        help="MB a second rank 0 writes while it saves, the storage's pace (default 100)",
+    )
     m = ap.add_argument_group("model (a stack of transformer MLP blocks and a classifier head)")
     m.add_argument("--width", type=int, default=256, help="model width (default 256)")
     m.add_argument("--hidden", type=int, default=1024, help="MLP hidden size (default 1024)")
@@ -140,6 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.eval_every < 0 or not 0 < args.eval_s <= 86400:
         print("error: --eval-every must be >= 0 and --eval-s in (0, 86400]", file=sys.stderr)
         return 2
+    if args.rank0_save_every < 0 or not 0 < args.rank0_save_s <= 86400 or args.rank0_save_mbps <= 0:
+        print(
+            "error: --rank0-save-every must be >= 0, --rank0-save-s in (0, 86400] and --rank0-save-mbps > 0",
+            file=sys.stderr,
+        )
+        return 2
+    if args.rank0_save_every and args.shape != "ddp":
+        print(
+            f"error: --rank0-save-every: rank 0's replica is the whole model only in the ddp shape "
+            f"(not {args.shape})",
+            file=sys.stderr,
+        )
+        return 2
     if args.eval_every and args.shape != "ddp":
         print(
             f"error: --eval-every: {args.shape}'s forward pass communicates; a validation pass "
@@ -164,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         spec=spec,
         eval_every=args.eval_every,
         eval_s=args.eval_s,
+        rank0_save_every=args.rank0_save_every,
+        rank0_save_s=args.rank0_save_s,
+        rank0_save_mb_s=args.rank0_save_mbps,
     )
     runtime.init(env)
     try:

@@ -271,7 +271,10 @@ class RunOptions:
     stop this run after that much wall time (0: no bound); ckpt_every: steps
     between periodic checkpoints (0: only on SIGUSR1 and at the end);
     eval_every: steps between evaluations (0: none), each eval_s seconds of
-    forward passes on held-out batches with no collective (train's evaluate)."""
+    forward passes on held-out batches with no collective (train's evaluate);
+    rank0_save_every: steps between saves of the model by rank 0 alone while
+    the others wait in a barrier (0: none), each rank0_save_s seconds of
+    writing at rank0_save_mb_s MB/s (save_model_for)."""
 
     shape: str
     steps: int
@@ -282,6 +285,33 @@ class RunOptions:
     spec: ModelSpec = field(default_factory=ModelSpec)
     eval_every: int = 0
     eval_s: float = 5.0
+    rank0_save_every: int = 0
+    rank0_save_s: float = 5.0
+    rank0_save_mb_s: float = 100.0
+
+
+def save_model_for(model: nn.Module, path: Path, seconds: float, mb_per_s: float = 100.0) -> float:
+    """Save the model's state to `path` (torch.save, fsync, then renamed into
+    place) again and again until `seconds` have passed, at least once, at most
+    `mb_per_s` MB a second (a client's share of shared storage), as a large
+    model's save takes that long; returns MB written. Plain DDP jobs
+    checkpoint this way: rank 0 saves while the others wait in a barrier."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    start = time.monotonic()
+    written = 0
+    while True:
+        with open(tmp, "wb") as fh:
+            torch.save(model.state_dict(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+            written += fh.tell()
+        # the storage's pace: the next write starts when this one would have ended
+        time.sleep(max(0.0, min(written / 1e6 / mb_per_s, seconds) - (time.monotonic() - start)))
+        if time.monotonic() - start >= seconds:
+            break
+    tmp.replace(path)
+    return round(written / 1e6, 1)
 
 
 class StepLog:
@@ -382,6 +412,14 @@ def train(
             t1 = time.perf_counter()
             extra["eval_batches"] = evaluate(opts.eval_s)
             extra["eval_s"] = round(time.perf_counter() - t1, 4)
+        if opts.rank0_save_every and it % opts.rank0_save_every == 0 and not stop:
+            t1 = time.perf_counter()
+            if env.rank == 0:
+                extra["rank0_save_mb"] = save_model_for(
+                    model, opts.ckpt_dir / "model.pt", opts.rank0_save_s, opts.rank0_save_mb_s
+                )
+            dist.barrier()
+            extra["rank0_save_s"] = round(time.perf_counter() - t1, 4)
         log.write(it - 1, step_s, float(flags[0] / flags[1].clamp(min=1.0)), ckpt_s, **extra)
         if stop:
             break
