@@ -31,22 +31,33 @@ SAVE_EVERY = 60
 SAVE_S = 20.0
 
 
-def test_an_evaluation_longer_than_the_stall_window_is_not_a_stall(guarded):
-    run = guarded
+def _two_phases(run, key: str, what: str, *args: str) -> tuple[Scenario, int, list[dict]]:
+    """A guarded ddp job with these arguments under an 8 s stall window, run
+    until two of its phases (log entries with `key`) and 10 steps after the
+    second, the controller's cycles over them: (scenario, job, rank 0's entries)."""
     run.configure(response={"tiers": {"stall_s": 8.0}})
     sc = Scenario(run.guard, say=print, workload="ddp")
-    job = sc.submit(
-        steps=100000, ckpt_every=0, args=("--eval-every", str(EVAL_EVERY), "--eval-s", str(EVAL_S))
-    )
+    job = sc.submit(steps=100000, ckpt_every=0, args=args)
 
-    def evaluated():
-        return [e for e in sc.log(job) if e.get("eval_s")]
+    def phases():
+        return [e for e in sc.log(job) if e.get(key)]
 
-    wait_for(lambda: len(evaluated()) >= 2, 300, "two evaluations")
+    try:
+        wait_for(lambda: len(phases()) >= 2, 300, f"two {what}")
+    except AssertionError as exc:
+        # what the controller did instead (a requeue restarts the job's count)
+        acts = [(e.action, e.node, e.reason) for e in run.audit()]
+        raise AssertionError(f"{exc}; audit: {acts}") from None
     done = len(sc.log(job))
-    # the steps after the second evaluation, and the controller's cycles over them
-    wait_for(lambda: len(sc.log(job)) >= done + 10, 60, "steps after the second evaluation")
-    evals = evaluated()
+    wait_for(lambda: len(sc.log(job)) >= done + 10, 60, f"steps after the second of the {what}")
+    return sc, job, phases()
+
+
+def test_an_evaluation_longer_than_the_stall_window_is_not_a_stall(guarded):
+    run = guarded
+    sc, job, evals = _two_phases(
+        run, "eval_s", "evaluations", "--eval-every", str(EVAL_EVERY), "--eval-s", str(EVAL_S)
+    )
     assert all(e["eval_s"] >= EVAL_S and e["eval_batches"] > 0 for e in evals), evals
     print(f"\nevaluations at steps {[e['iter'] for e in evals]}, {[e['eval_s'] for e in evals]} s each")
     nothing_happened(run)
@@ -55,28 +66,12 @@ def test_an_evaluation_longer_than_the_stall_window_is_not_a_stall(guarded):
 
 def test_rank_0_saving_longer_than_the_stall_window_is_not_a_stall(guarded):
     run = guarded
-    run.configure(response={"tiers": {"stall_s": 8.0}})
-    sc = Scenario(run.guard, say=print, workload="ddp")
-    job = sc.submit(
-        steps=100000,
-        ckpt_every=0,
-        args=(
-            "--rank0-save-every",
-            str(SAVE_EVERY),
-            "--rank0-save-s",
-            str(SAVE_S),
-            "--rank0-save-mbps",
-            "20",
-        ),
+    sc, job, saves = _two_phases(
+        run,
+        "rank0_save_s",
+        "rank-0 saves",
+        *("--rank0-save-every", str(SAVE_EVERY), "--rank0-save-s", str(SAVE_S), "--rank0-save-mbps", "20"),
     )
-
-    def saved():
-        return [e for e in sc.log(job) if e.get("rank0_save_s")]
-
-    wait_for(lambda: len(saved()) >= 2, 300, "two rank-0 saves")
-    done = len(sc.log(job))
-    wait_for(lambda: len(sc.log(job)) >= done + 10, 60, "steps after the second save")
-    saves = saved()
     assert all(e["rank0_save_s"] >= SAVE_S for e in saves), saves
     rank1 = [e for e in sc.log(job, rank=1) if e.get("rank0_save_s")]
     # rank 1 waited in the barrier as long as rank 0 wrote
