@@ -351,6 +351,14 @@ def window_stats(
     return mean_step, mean_comp, se, _multiplier(k_se, m, kept, t_below)
 
 
+def window_means(windows: list) -> tuple[np.ndarray, np.ndarray]:
+    """Per window: plain mean step and mean compute (s), every iteration
+    counted (localise's attribution: a share of the time the job lost)."""
+    step, comm = _columns(windows)
+    with np.errstate(all="ignore"):
+        return np.nanmean(step, axis=1), np.nanmean(step - comm, axis=1)
+
+
 def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray, t_below: int = LOCALISE_RECENT) -> np.ndarray:
     """Standard errors a difference must clear, per window of m iterations of
     which `kept` remain after trimming: k_se (policy detection.bocd.significance)
@@ -427,7 +435,8 @@ def localise(
     of the two trimmed means, see window_stats; Student's t for the short
     windows of slow steps, _multiplier) and explains at least ATTRIBUTION of the job's
     step-time growth over the same iterations (median over ranks of the
-    recent trimmed mean step minus the baseline step). Ranks that share a machine
+    recent mean step minus the baseline step; the attribution is a share of
+    lost time, so both are plain means, window_means). Ranks that share a machine
     with other work all slow down together and differ by chance, in either
     direction: such a job-wide slowdown is not one node's, however large.
     The extra compute counts at the rank's observed compute share (its
@@ -443,14 +452,17 @@ def localise(
     by_key = {(n, r.rank): r for n, r in ranks}
     hidden = []
     keyed = [(key, st) for key, st in recents.items() if len(st)]
-    growth: list[float] = []
+    growth: list[float] = []  # per rank: mean step minus baseline step (s)
     judged: list[tuple[tuple[str, int], RankReport, float, float]] = []
     k_se = policy.detection.bocd.significance
     needs: list[float] = []  # per judged rank: standard errors its difference must clear
+    plain: list[float] = []  # per judged rank: mean compute (s), for the attribution
     if keyed:
-        med_step, med_comp, se, mult = window_stats([st for _, st in keyed], k_se, t_below)
-        for (key, _), ms, c, e, k in zip(
-            keyed, med_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist()
+        windows = [st for _, st in keyed]
+        _, med_comp, se, mult = window_stats(windows, k_se, t_below)
+        mean_step, mean_comp = window_means(windows)
+        for (key, _), ms, c, e, k, mc in zip(
+            keyed, mean_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist(), mean_comp.tolist()
         ):
             rep = by_key[key]
             if rep.baseline_step_s:
@@ -464,6 +476,7 @@ def localise(
             ratios[key] = c / rep.baseline_compute_s
             judged.append((key, rep, c, e))
             needs.append(k)
+            plain.append(mc)
     excess = policy.detection.cross_group.median_excess
     grown_s = float(np.median(growth)) if growth else 0.0
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
@@ -487,13 +500,15 @@ def localise(
     cv = np.array([c for *_, c, _ in judged])
     sv = np.array([e for *_, e in judged])
     kv = np.array(needs)
+    pv = np.array(plain)
     with np.errstate(all="ignore"):
         qv = sv / cv * rv  # a rank's s.e. relative to its baseline compute
+        prv = pv / np.array([rep.baseline_compute_s for _, rep, _, _ in judged])
     by_role: dict[str, list[int]] = defaultdict(list)
     for i, (key, rep, _, _) in enumerate(judged):
         by_role[rep.role or f"rank{key[1]}"].append(i)
     peer = np.zeros(n, dtype=bool)
-    peer_ratio, peer_comp, peer_se, peer_k = (np.full(n, np.nan) for _ in range(4))
+    peer_ratio, peer_comp, peer_se, peer_k, peer_plain = (np.full(n, np.nan) for _ in range(5))
     for idx in by_role.values():
         if len(idx) > 1:
             ix = np.array(idx)
@@ -502,8 +517,10 @@ def localise(
             peer_comp[ix] = _median_without_self(cv[ix])
             peer_se[ix] = _median_without_self(sv[ix])
             peer_k[ix] = _median_without_self(kv[ix])
+            peer_plain[ix] = _median_without_self(pv[ix])
     if n > 1:
         all_ratio, all_q, all_k = _median_without_self(rv), _median_without_self(qv), _median_without_self(kv)
+        all_plain = _median_without_self(prv)
     unexplained: list[str] = []
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
@@ -558,7 +575,19 @@ def localise(
             continue
         # what the hooks see of a rank's compute is a share of its work (DDP
         # runs the backward pass under its in-flight all-reduces): the rank's
-        # own step would grow by its extra compute over that share
+        # own step would grow by its extra compute over that share. The share of
+        # the job's lost time is judged on plain means, every iteration counted:
+        # a CPU cap freezes a rank for part of some iterations and not others,
+        # and the trimmed means cut the most frozen (a capped pipeline stage's
+        # extra compute explained 31-50% of the step growth by them, 60-100% by
+        # the means); the trimmed difference above has already cleared the noise
+        if n == 1:
+            mean_expected = base  # the job's only rank: its own baseline
+        elif peer[i]:
+            mean_expected = float(peer_plain[i])
+        else:
+            mean_expected = base * float(all_plain[i])
+        extra = float(pv[i]) - mean_expected
         seen = min(1.0, base / rep.baseline_step_s) if rep.baseline_step_s else 1.0
         explained = extra / seen
         if explained < ATTRIBUTION * grown_s:
