@@ -346,17 +346,14 @@ def window_stats(
     (_multiplier of k_se, Student's t under t_below iterations), as arrays in
     one pass over all ranks (O(ranks x window))."""
     step, comm = _columns(windows)
-    mean_step = _trimmed_mean(step)
-    mean_comp, se, m, kept = _trimmed(step - comm)
-    return mean_step, mean_comp, se, _multiplier(k_se, m, kept, t_below)
+    return (_trimmed_mean(step), *_compute_stats(step - comm, k_se, t_below))
 
 
-def window_means(windows: list) -> tuple[np.ndarray, np.ndarray]:
-    """Per window: plain mean step and mean compute (s), every iteration
-    counted (localise's attribution: a share of the time the job lost)."""
-    step, comm = _columns(windows)
-    with np.errstate(all="ignore"):
-        return np.nanmean(step, axis=1), np.nanmean(step - comm, axis=1)
+def _compute_stats(comp: np.ndarray, k_se: float, t_below: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """window_stats' compute part from the windows' compute columns (ranks x
+    iterations, NaN-padded): trimmed mean, its standard error, the multiplier."""
+    mean_comp, se, m, kept = _trimmed(comp)
+    return mean_comp, se, _multiplier(k_se, m, kept, t_below)
 
 
 def _multiplier(k_se: float, m: np.ndarray, kept: np.ndarray, t_below: int = LOCALISE_RECENT) -> np.ndarray:
@@ -436,7 +433,7 @@ def localise(
     windows of slow steps, _multiplier) and explains at least ATTRIBUTION of the job's
     step-time growth over the same iterations (median over ranks of the
     recent mean step minus the baseline step; the attribution is a share of
-    lost time, so both are plain means, window_means). Ranks that share a machine
+    lost time, so both are plain means). Ranks that share a machine
     with other work all slow down together and differ by chance, in either
     direction: such a job-wide slowdown is not one node's, however large.
     The extra compute counts at the rank's observed compute share (its
@@ -458,9 +455,13 @@ def localise(
     needs: list[float] = []  # per judged rank: standard errors its difference must clear
     plain: list[float] = []  # per judged rank: mean compute (s), for the attribution
     if keyed:
-        windows = [st for _, st in keyed]
-        _, med_comp, se, mult = window_stats(windows, k_se, t_below)
-        mean_step, mean_comp = window_means(windows)
+        # the noise test on trimmed means (window_stats' compute part); the
+        # attribution on plain means of step and compute, every iteration counted
+        step, comm = _columns([st for _, st in keyed])
+        comp = step - comm
+        med_comp, se, mult = _compute_stats(comp, k_se, t_below)
+        with np.errstate(all="ignore"):
+            mean_step, mean_comp = np.nanmean(step, axis=1), np.nanmean(comp, axis=1)
         for (key, _), ms, c, e, k, mc in zip(
             keyed, mean_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist(), mean_comp.tolist()
         ):
