@@ -574,6 +574,22 @@ def test_the_evidence_to_name_a_node_scales_with_the_excess_over_the_noise():
     assert first_named(_burst_job(0.1, 40, 44, sd=0.015), 60) is None
 
 
+def _stage_job(rng, n_slow, slow_step, slow_compute):
+    """A 2-stage pipeline of 42 ms steps (stage 0 computing 20 ms, stage 1
+    22.6 ms, each scattered by 3%) whose step goes to slow_step s after 60
+    iterations, stage 1 then computing slow_compute s, stage 0 as before."""
+    rows0, rows1 = [], []
+    for i in range(60 + n_slow):
+        slow = i >= 60
+        step = slow_step if slow else 0.042
+        rows0.append((step, 0.020 * (1 + 0.03 * rng.standard_normal())))
+        rows1.append((step, (slow_compute if slow else 0.0226) * (1 + 0.03 * rng.standard_normal())))
+    return [
+        ("node1", _paced(0, "stage0", 0.042, 0.020, rows0)),
+        ("node2", _paced(1, "stage1", 0.042, 0.0226, rows1)),
+    ]
+
+
 def test_a_pipeline_stage_is_not_named_from_the_few_iterations_since_a_change():
     """A 2-stage pipeline of 42 ms steps on a loaded host: its step goes to
     50 ms, stage 1 computing 1.18x its baseline (26.6 ms against 22.6, as a
@@ -581,27 +597,35 @@ def test_a_pipeline_stage_is_not_named_from_the_few_iterations_since_a_change():
     a few seconds), stage 0 as before. A stage has no same-role peer: it is
     compared with its own baseline scaled by the other ranks' growth, which a
     burst moves as much as a fault, so the few iterations since the change
-    name no stage (on the benchmark they drained the healthy pipeline's
-    node); localise's two windows of 4 s decide, as before."""
+    name no stage under ALONE_SINCE_CHANGE (on the benchmark they drained the
+    healthy pipeline's node); localise's two windows of 4 s decide, as before."""
     rng = np.random.default_rng(5)
-
-    def job(n_slow):
-        rows0, rows1 = [], []
-        for i in range(60 + n_slow):
-            slow = i >= 60
-            step = 0.05 if slow else 0.042
-            rows0.append((step, 0.020 * (1 + 0.03 * rng.standard_normal())))
-            rows1.append((step, (0.0266 if slow else 0.0226) * (1 + 0.03 * rng.standard_normal())))
-        return [
-            ("node1", _paced(0, "stage0", 0.042, 0.020, rows0)),
-            ("node2", _paced(1, "stage1", 0.042, 0.0226, rows1)),
-        ]
-
     for k in range(3, 40):
-        ranks = job(k)
+        ranks = _stage_job(rng, k, 0.05, 0.0266)
         now = ranks[0][1].steps[-1].end + 0.1
         a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
         assert a is None or a.culprits == () or k * 0.05 > 2 * 4.0, (k, a)
+
+
+def test_a_pipeline_stage_far_beyond_its_baseline_is_named_from_the_iterations_since_the_change():
+    """The same pipeline, its stage 1 computing 2.2x its baseline (50 ms; the
+    step 42 -> 72 ms), as a stage whose node is capped for a 2.5x slower step
+    does: beyond ALONE_SINCE_CHANGE, it is named from the iterations since the
+    change once a report interval of them can be left out (about 2 s), not
+    after localise's two windows of 4 s each (the benchmark's capped stage
+    waited 4-8 s for the second). Never stage 0's node."""
+    rng = np.random.default_rng(5)
+    first = None
+    for k in range(3, 120):
+        ranks = _stage_job(rng, k, 0.072, 0.050)
+        now = ranks[0][1].steps[-1].end + 0.1
+        a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
+        if a is not None and a.culprits:
+            assert [c.node for c in a.culprits] == ["node2"], a.evidence
+            first = k
+            break
+    assert first is not None
+    assert first * 0.072 < 3.0, first
 
 
 def test_the_evidence_since_a_change_starts_at_the_newest_change_the_agents_report():

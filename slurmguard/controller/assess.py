@@ -77,6 +77,14 @@ ATTRIBUTION = 0.5
 #: more: where the throttle lands in nearly half the iterations, a wider trim
 #: cuts the very iterations that carry the fault
 TRIM = 0.1
+#: a rank without same-role peers (a pipeline stage) is named from the few
+#: iterations since a change (_since_change) only when its compute grew by
+#: more than this fraction beyond its own baseline and beyond the other ranks'
+#: growth; a smaller excess waits for localise's two windows. A load burst
+#: moved a healthy stage's compute to 1.18x (benchmark); a stage whose node is
+#: capped for a 2.5x slower step computed 1.8-3.3x its baseline against the
+#: other stage's 1.1-1.4x and waited 4-8 s for the second window
+ALONE_SINCE_CHANGE = 0.5
 
 
 def steps_since(steps: Any, since: float | None) -> Any:
@@ -182,18 +190,18 @@ def _since_change(
     report's; a scheduler or load burst that puts one rank ahead within one
     interval is named by none of the windows that leave it out (and the
     job's slowdown must still pay the tier's price before any drain).
-    Only ranks with same-role peers are judged so: their compute is compared
-    with their peers' over the same iterations. A rank alone in its role (a
-    pipeline stage) is compared with its own baseline scaled by the other
-    ranks' growth, which a burst of load moves as much as a fault: on the
-    benchmark a healthy pipeline's stage, its compute 1.18x its baseline
-    while its job's step was +93% for a few seconds, was named this way and
-    its node drained. Those wait for localise's two windows."""
+    A rank alone in its role (a pipeline stage) is compared with its own
+    baseline scaled by the other ranks' growth, which a burst of load moves
+    as much as a fault: on the benchmark a healthy pipeline's stage, its
+    compute 1.18x its baseline while its job's step was +93% for a few
+    seconds, was named this way and its node drained. Such a rank is named
+    here only when its compute grew more than ALONE_SINCE_CHANGE beyond both
+    (a severe fault); a smaller excess waits for localise's two windows."""
     onset = _latest_change(ranks, onset)
     now_w = {k: steps_since(w, onset) for k, w in recent.items()}
     if min((len(w) for w in now_w.values()), default=0) < LOCALISE_FEW:
         return {}
-    _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30, peers_only=True)
+    _, _, named, _ = localise(ranks, now_w, policy, t_below=1 << 30, alone_excess=ALONE_SINCE_CHANGE)
     if not named:
         return {}
     gap = policy.agent.report_interval_s
@@ -205,7 +213,7 @@ def _since_change(
         left = {k: _keep(w, part[k] != j) for k, w in now_w.items()}
         if min(len(w) for w in left.values()) < LOCALISE_FEW:
             return {}
-        _, _, held, _ = localise(ranks, left, policy, t_below=1 << 30, peers_only=True)
+        _, _, held, _ = localise(ranks, left, policy, t_below=1 << 30, alone_excess=ALONE_SINCE_CHANGE)
         named = {n: rows for n, rows in named.items() if n in held}
         if not named:
             break
@@ -408,7 +416,7 @@ def localise(
     recents: dict[tuple[str, int], list],
     policy: Policy,
     t_below: int = LOCALISE_RECENT,
-    peers_only: bool = False,
+    alone_excess: float | None = None,
 ) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
@@ -442,7 +450,9 @@ def localise(
     A rank with no other rank's compute to compare with is never named
     while the job has other ranks (they are in warm-up or hidden): alone,
     its own growth cannot tell a slow node from a slower job. t_below: see
-    _multiplier. peers_only: judge only ranks that have same-role peers.
+    _multiplier. alone_excess: the growth (fraction) a rank without
+    same-role peers must exceed, over its own baseline and the other ranks'
+    growth (default: policy detection.cross_group.median_excess, as for all).
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
@@ -479,6 +489,7 @@ def localise(
             needs.append(k)
             plain.append(mc)
     excess = policy.detection.cross_group.median_excess
+    alone = excess if alone_excess is None else alone_excess
     grown_s = float(np.median(growth)) if growth else 0.0
     slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
     unseen = (
@@ -528,7 +539,7 @@ def localise(
         if ratio <= 1.0 + excess:
             continue
         base = c / ratio
-        if peers_only and not peer[i]:
+        if not peer[i] and ratio <= 1.0 + alone:
             continue
         if n > 1:
             grown = float(peer_ratio[i] if peer[i] else all_ratio[i])
@@ -541,7 +552,7 @@ def localise(
                 # fault began (its growth against that baseline understates it)
                 if c <= float(peer_comp[i]) * (1.0 + excess):
                     continue
-            elif ratio <= grown * (1.0 + excess):
+            elif ratio <= grown * (1.0 + alone):
                 continue
             if peer[i]:
                 expected = float(peer_comp[i])
