@@ -8,7 +8,7 @@ import click
 import numpy as np
 import pytest
 
-from slurmguard_dev.bench.loop import _fmt, _offline_delays, parse_fault
+from slurmguard_dev.bench.loop import _fmt, _offline_delays, parse_fault, target_s
 from slurmguard_dev.devcluster.fault import FaultError, cap_for_slowdown
 from slurmguard_dev.devcluster.scenario import _next_cap
 
@@ -36,6 +36,19 @@ def test_cells_say_median_worst_and_misses():
     assert _fmt([2.0, 4.0, 3.0], "s") == "3.0/4.0s"
     assert _fmt([5, None, 7]) == "6/7 (1 missed)"
     assert _fmt([None, None]) == "none"
+
+
+def test_the_drain_target_adds_the_price_a_severe_slowdown_pays_while_running():
+    """Issue 12's severe target at the dev policy (reports every 1 s, drain at
+    0.3 GPU-s): a 2-rank job slowed 38 -> 107 ms pays 2 x 69 ms of rent a
+    107 ms step, so the price takes 0.23 s: 3 x 0.107 + 2 + 0.23 s. Four ranks
+    pay it twice as fast. Under 2x the moderate target (60 s); no step under
+    the fault, no target."""
+    price_s = 0.3 / (2 * 0.069 / 0.107)
+    assert target_s(0.038, 0.107, 2) == pytest.approx(3 * 0.107 + 2 + price_s)
+    assert target_s(0.038, 0.107, 4) == pytest.approx(3 * 0.107 + 2 + price_s / 2)
+    assert target_s(0.04, 0.05, 2) == 60.0
+    assert np.isnan(target_s(0.04, float("nan"), 2))
 
 
 def test_cap_for_slowdown():

@@ -25,6 +25,33 @@ import numpy as np
 #: iterations skipped at the start of a series before the offline detectors
 #: see it (the job's warm-up; the agents skip their own warm-up the same way)
 WARMUP_STEPS = 5
+#: issue 12's targets: a severe fault (its steps at least SEVERE_FAULT times slower,
+#: the issue's severe level, not the policy's tier) drained within
+#: TARGET_ITERATIONS of its slowed steps + 2 report intervals + the time its
+#: slowdown takes to pay the drain price; a moderate one within MODERATE_TARGET_S
+SEVERE_FAULT = 2.0
+TARGET_ITERATIONS = 3
+MODERATE_TARGET_S = 60.0
+
+
+def target_s(healthy_s: float, slow_s: float, ranks: int) -> float:
+    """The drain target of one run (s) at the dev cluster's policy
+    (slurmguard_dev.devcluster.guard.GUARD_DEFAULTS): for a severe fault
+    TARGET_ITERATIONS slowed steps + 2 agent report intervals + the drain price
+    (response.escalation.drain_checkpoint_gpu_s) over the rent the slowdown pays
+    a second (slurmguard.respond.escalation.rent_gpu_s per slowed step, one GPU
+    a rank); MODERATE_TARGET_S below SEVERE_FAULT x; NaN without steps."""
+    from slurmguard.respond.escalation import rent_gpu_s
+    from slurmguard_dev.devcluster.guard import GUARD_DEFAULTS
+
+    if not (slow_s > 0 and healthy_s > 0):
+        return float("nan")  # no step measured under the fault
+    if slow_s < SEVERE_FAULT * healthy_s:
+        return MODERATE_TARGET_S
+    price = GUARD_DEFAULTS["response"]["escalation"]["drain_checkpoint_gpu_s"]
+    report_s = GUARD_DEFAULTS["agent"]["report_interval_s"]
+    rent_per_s = rent_gpu_s(slow_s, healthy_s, ranks) / slow_s
+    return TARGET_ITERATIONS * slow_s + 2 * report_s + price / rent_per_s
 
 
 def _offline_delays(series: list[float], onset: int) -> tuple[int | None, int | None]:
@@ -75,13 +102,14 @@ class Run:
     bocd_it: int | None
     sw_it: int | None
     false_actions: int = 0  # slurmguard actions on the job before the fault
+    target_s: float = float("nan")  # target_s() for this run's steps
 
 
 def _one_fault_run(
     sc, mode: str, value: float, steps: int, baseline: int, timeout_s: float, save: Path | None, tag: str
 ) -> Run:
     from slurmguard_dev.devcluster import fault
-    from slurmguard_dev.devcluster.scenario import ScenarioError
+    from slurmguard_dev.devcluster.scenario import LAYOUTS, ScenarioError
 
     job = sc.submit(steps, ckpt_every=0)
     try:
@@ -126,6 +154,7 @@ def _one_fault_run(
         _save_series(
             save / f"{tag}.csv", sc.workload, series, onset, t_inject, cap, node, log[:onset] + after, t_drain
         )
+    lay = LAYOUTS[sc.workload]
     sc.cluster.run(["scancel", str(job)])
     return Run(
         sc.workload,
@@ -137,6 +166,7 @@ def _one_fault_run(
         bocd_it,
         sw_it,
         false_actions=early,
+        target_s=target_s(healthy, slow, lay.nodes * lay.tasks_per_node),
     )
 
 
@@ -310,6 +340,7 @@ def bench_loop(
                         if r.delay_s is not None
                         else f"none within {timeout_s:g}s"
                     )
+                    + f" (target {r.target_s:.1f}s)"
                     + f"; offline BOCD+V {r.bocd_it} it, sliding window {r.sw_it} it"
                 )
             false = None
@@ -328,8 +359,8 @@ def bench_loop(
         f"(median/worst); report/cycle interval 1s, drain price 0.3 GPU-s"
     )
     click.echo(
-        f"{'workload':<9}  {'step ms':>7}  {'slowed':>8}  {'drain s':>12}  {'iterations':>12}  "
-        f"{'BOCD+V it':>10}  {'window it':>10}  {'false actions':>13}"
+        f"{'workload':<9}  {'step ms':>7}  {'slowed':>8}  {'drain s':>12}  {'target s':>8}  {'met':>5}  "
+        f"{'iterations':>12}  {'BOCD+V it':>10}  {'window it':>10}  {'false actions':>13}"
     )
     for wl, rows, false in table:
         faulted = [r for r in rows if not r.false_actions]
@@ -343,6 +374,8 @@ def bench_loop(
             f"{step:>7.0f}",
             f"{slowed:>7.2f}x",
             f"{_fmt([r.delay_s for r in faulted], 's'):>12}",
+            f"{statistics.median(r.target_s for r in faulted) if faulted else float('nan'):>8.1f}",
+            f"{sum(r.delay_s is not None and r.delay_s <= r.target_s for r in faulted)}/{len(faulted):<3}",
             f"{_fmt([r.delay_it for r in faulted]):>12}",
             f"{_fmt([r.bocd_it for r in faulted]):>10}",
             f"{_fmt([r.sw_it for r in faulted]):>10}",
@@ -352,4 +385,9 @@ def bench_loop(
     click.echo(
         "false actions: slurmguard actions on healthy jobs (the healthy run, and faulted "
         "runs before their fault)"
+    )
+    click.echo(
+        f"target: a severe fault (steps >= {SEVERE_FAULT:g}x) drained within {TARGET_ITERATIONS} slowed "
+        f"steps + 2 report intervals + the time its slowdown takes to pay the drain price; "
+        f"a moderate one within {MODERATE_TARGET_S:g}s (met: runs drained within their target)"
     )
