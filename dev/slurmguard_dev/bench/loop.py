@@ -360,7 +360,7 @@ def bench_loop(
     )
     click.echo(
         f"{'workload':<9}  {'step ms':>7}  {'slowed':>8}  {'drain s':>12}  {'target s':>8}  {'met':>5}  "
-        f"{'iterations':>12}  {'BOCD+V it':>10}  {'window it':>10}  {'false actions':>13}"
+        f"{'iterations':>12}  {'BOCD+V it':>16}  {'window it':>16}  {'false actions':>13}"
     )
     for wl, rows, false in table:
         faulted = [r for r in rows if not r.false_actions]
@@ -375,10 +375,10 @@ def bench_loop(
             f"{slowed:>7.2f}x",
             f"{_fmt([r.delay_s for r in faulted], 's'):>12}",
             f"{statistics.median(r.target_s for r in faulted) if faulted else float('nan'):>8.1f}",
-            f"{sum(r.delay_s is not None and r.delay_s <= r.target_s for r in faulted)}/{len(faulted):<3}",
+            f"{f'{sum(r.delay_s is not None and r.delay_s <= r.target_s for r in faulted)}/{len(faulted)}':>5}",
             f"{_fmt([r.delay_it for r in faulted]):>12}",
-            f"{_fmt([r.bocd_it for r in faulted]):>10}",
-            f"{_fmt([r.sw_it for r in faulted]):>10}",
+            f"{_fmt([r.bocd_it for r in faulted]):>16}",
+            f"{_fmt([r.sw_it for r in faulted]):>16}",
             f"{false_cell:>13}",
         ]
         click.echo("  ".join(cells))
