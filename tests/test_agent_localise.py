@@ -385,6 +385,41 @@ def test_the_compute_baseline_follows_the_step_baseline_past_the_start_up():
     assert an.baseline_compute_s == pytest.approx(0.018, rel=0.1)
 
 
+def test_the_compute_baseline_follows_a_settling_stage_while_the_step_holds_and_not_under_a_slowdown():
+    """A pipeline stage computes 9.3 ms per iteration in its start-up and 7.5 ms
+    once it settles, while its step (15 ms, set by the slower stage) stays put,
+    so the step baseline never moves. Its compute baseline follows the newest
+    iterations while the step is within COMPUTE_FOLLOW of its baseline: 7.5 ms,
+    not the start-up's 9.3 (which read the stage as 0.8x and the other stage's
+    drift as its node's fault). Then the step slows 1.3x and the stage computes
+    12 ms: the baseline holds at 7.5 ms, and the growth shows."""
+    from types import SimpleNamespace
+
+    from slurmguard.agent.analysis import COMPUTE_FOLLOW
+    from slurmguard.wire import StepSample
+
+    an = RankAnalyzer(DEV_POLICY.agent, DEV_POLICY.detection)
+    tr = SimpleNamespace(header=SimpleNamespace(clock_offset_ns=0))
+    rng = np.random.default_rng(4)
+    t, steps = 1000.0, []
+    for i in range(400):
+        slow = i >= 300
+        step = (0.0195 if slow else 0.015) * (1 + 0.02 * rng.standard_normal())
+        comp = (0.012 if slow else 0.0093 if i < 60 else 0.0075) * (1 + 0.03 * rng.standard_normal())
+        t += step
+        steps.append(StepSample(end=t, step_s=step, comm_s=step - comp))
+    for k in range(0, 400, 40):  # a poll every 0.6 s
+        an._feed_bocd(tr, steps[k : k + 40])
+        if k + 40 == 40:
+            assert an.baseline_compute_s == pytest.approx(0.0093, rel=0.1)
+        if k + 40 == 280:
+            settled = an.baseline_compute_s
+            assert settled == pytest.approx(0.0075, rel=0.05)
+    assert an.baseline_s == pytest.approx(0.015, rel=0.05)
+    assert an.baseline_compute_s == settled  # frozen under the slowdown
+    assert an.baseline_s * (1 + COMPUTE_FOLLOW) < 0.0195  # the slowdown is beyond it
+
+
 def test_the_warm_up_of_a_window_that_holds_the_whole_history_is_skipped():
     """The agent counts the iterations seen to start (total_steps) and reports
     the completed ones: a window of the job's whole history is one iteration

@@ -134,6 +134,16 @@ _RECV = 8
 MAX_STEP_S = 86400.0
 #: latest iteration end accepted ahead of the agent's clock (s)
 FUTURE_SLACK_S = 300.0
+#: while the rank's step is within this fraction of its baseline (mean of its
+#: newest agent.baseline_steps iterations, no slowdown open), its compute
+#: baseline follows its compute (their median), once a poll: a pipeline stage's
+#: compute settles after the start-up while the step, set by the slower stage,
+#: stays where it was. Learned in its first second (9.3 ms against 7.5-7.9 ms
+#: after), a healthy stage's compute baseline read it as 0.85x, and the other
+#: stage's drift over the next 40 s (8.0 to 9.5 ms on a shared host) as 1.2x
+#: against that: its node was drained. A fault moves the step beyond this (the
+#: moderate tier starts at 10%), which freezes the baseline
+COMPUTE_FOLLOW = 0.05
 
 
 def sane_steps(
@@ -179,6 +189,8 @@ class RankAnalyzer:
     _fed_base: int = 0  # detector index of _fed_ends[0]
     _fed_compute: list[float] = field(default_factory=list)
     """Compute (s) of the newest iterations fed, after the warm-up: at most agent.baseline_steps."""
+    _fed_step: list[float] = field(default_factory=list)
+    """Step (s) of the same iterations as _fed_compute."""
     _compute_for: float | None = None  # the step baseline (s) baseline_compute_s was taken with
     changes: list[ChangeReport] = field(default_factory=list)
 
@@ -266,6 +278,7 @@ class RankAnalyzer:
         self._fed_ends = []
         self._fed_base = 0
         self._fed_compute = []
+        self._fed_step = []
         self._compute_for = None
 
     def _feed_bocd(self, tr: TrackedRing, steps: list[StepSample]) -> None:
@@ -278,7 +291,8 @@ class RankAnalyzer:
         of the agent.baseline_steps iterations before it was learned or last
         moved (a job's first iterations after its warm-up can still be slower
         than its steady state: one DDP rank computed 0.027 s there and 0.019 s
-        after, which hid a 1.25x CPU cap of its node behind "no growth").
+        after, which hid a 1.25x CPU cap of its node behind "no growth"), and
+        of the newest ones while the step stays at its baseline (COMPUTE_FOLLOW).
         Every verified change becomes a ChangeReport:
         `at` is the end of the last iteration before it (the located onset),
         `detected_at` the end of the iteration at which the detector knew.
@@ -298,7 +312,8 @@ class RankAnalyzer:
             self._fed_ends.append(s.end)
             if len(self._fed_ends) + self._fed_base > det.cfg.warmup:
                 self._fed_compute.append(s.step_s - s.comm_s)
-                del self._fed_compute[: -det.cfg.learn]
+                self._fed_step.append(s.step_s)
+                del self._fed_compute[: -det.cfg.learn], self._fed_step[: -det.cfg.learn]
             for cp in det.update(np.array([s.step_s])):
                 self.changes.append(
                     ChangeReport(
@@ -318,6 +333,13 @@ class RankAnalyzer:
                 ):
                     self.baseline_compute_s = float(np.median(self._fed_compute))
                     self._compute_for = self.baseline_s
+        if (
+            self.baseline_s is not None
+            and len(self._fed_compute) >= det.cfg.learn
+            and det.open_episode(0) is None
+            and float(np.mean(self._fed_step)) <= self.baseline_s * (1.0 + COMPUTE_FOLLOW)
+        ):
+            self.baseline_compute_s = float(np.median(self._fed_compute))
         # the detector's indices are positions in this list: keep it, but only
         # as far back as a change can be located (the detector's history)
         drop = len(self._fed_ends) - 2 * det.hcap
