@@ -34,6 +34,19 @@ TARGET_ITERATIONS = 3
 MODERATE_TARGET_S = 60.0
 
 
+def _dev_policy() -> tuple[float, float, float]:
+    """(agent report interval s, control cycle s, drain price GPU-s) of the dev
+    cluster's policy (slurmguard_dev.devcluster.guard.GUARD_DEFAULTS), which the
+    benchmark's guard runs with."""
+    from slurmguard_dev.devcluster.guard import GUARD_DEFAULTS
+
+    return (
+        GUARD_DEFAULTS["agent"]["report_interval_s"],
+        GUARD_DEFAULTS["controller"]["cycle_interval_s"],
+        GUARD_DEFAULTS["response"]["escalation"]["drain_checkpoint_gpu_s"],
+    )
+
+
 def target_s(healthy_s: float, slow_s: float, ranks: int) -> float:
     """The drain target of one run (s) at the dev cluster's policy
     (slurmguard_dev.devcluster.guard.GUARD_DEFAULTS): for a severe fault
@@ -42,14 +55,12 @@ def target_s(healthy_s: float, slow_s: float, ranks: int) -> float:
     a second (slurmguard.respond.escalation.rent_gpu_s per slowed step, one GPU
     a rank); MODERATE_TARGET_S below SEVERE_FAULT x; NaN without steps."""
     from slurmguard.respond.escalation import rent_gpu_s
-    from slurmguard_dev.devcluster.guard import GUARD_DEFAULTS
 
     if not (slow_s > 0 and healthy_s > 0):
         return float("nan")  # no step measured under the fault
     if slow_s < SEVERE_FAULT * healthy_s:
         return MODERATE_TARGET_S
-    price = GUARD_DEFAULTS["response"]["escalation"]["drain_checkpoint_gpu_s"]
-    report_s = GUARD_DEFAULTS["agent"]["report_interval_s"]
+    report_s, _, price = _dev_policy()
     rent_per_s = rent_gpu_s(slow_s, healthy_s, ranks) / slow_s
     return TARGET_ITERATIONS * slow_s + 2 * report_s + price / rent_per_s
 
@@ -354,9 +365,11 @@ def bench_loop(
             table.append((wl, rows, false))
     finally:
         cluster.down()
+    report_s, cycle_s, price = _dev_policy()
     click.echo(
         f"\nonline loop, fault {fault_spec} on one node, {runs} runs per workload "
-        f"(median/worst); report/cycle interval 1s, drain price 0.3 GPU-s"
+        f"(median/worst); report interval {report_s:g}s, control cycle {cycle_s:g}s, "
+        f"drain price {price:g} GPU-s"
     )
     click.echo(
         f"{'workload':<9}  {'step ms':>7}  {'slowed':>8}  {'drain s':>12}  {'target s':>8}  {'met':>5}  "
