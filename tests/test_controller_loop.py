@@ -6,9 +6,12 @@ collective times per rank); each case has a known answer.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from slurmguard.config import parse_policy
+from slurmguard.controller.daemon import say_held_back
 from slurmguard.controller.loop import Controller
 from slurmguard.slurm.fake import FakeSlurm
 from slurmguard.store import IncidentStatus, NodeState
@@ -355,6 +358,26 @@ def test_admin_drained_node_is_never_touched(env):
     assert not any(a == "drain" for a, _ in res.actions)
     assert slurm.node("node2").reason == "RMA 7"
     assert any("someone else" in s for s in res.suppressed)
+
+
+def test_an_action_held_back_is_logged_once_while_it_lasts(env, caplog):
+    """The daemon says what it holds back (here an admin's drain), once when it
+    starts and again only after it ended and came back: a drain that never
+    comes is explained in the log, without a line every cycle."""
+    ctl, slurm, _store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    slurm.admin_drain("node2", "RMA 7")
+    held: set[str] = set()
+    caplog.set_level(logging.WARNING, logger="slurmguard.controller.daemon")
+    for seq in (1, 2):
+        clock.advance(1)
+        feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=seq)
+        held = say_held_back(ctl.cycle().suppressed, held)
+    said = [r.getMessage() for r in caplog.records if "held back" in r.getMessage()]
+    assert len(said) == 1 and "node2" in said[0] and "someone else" in said[0]
+    assert say_held_back([], held) == set()
+    say_held_back(sorted(held), set())
+    assert len([r for r in caplog.records if "held back" in r.getMessage()]) == 2
 
 
 def test_breaker_at_one_node_holds_second_drain_and_alerts(sqlite_store, fake_clock):

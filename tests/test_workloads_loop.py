@@ -45,10 +45,21 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float 
         # what the controller made of it: its incidents say why no node was named
         with run.store() as s:
             why = [
-                (str(i.tier.value), i.evidence.get("localisation") or i.evidence.get("note"))
+                (
+                    str(i.tier.value),
+                    str(i.status.value),
+                    i.nodes,
+                    i.outcome,
+                    i.evidence.get("localisation") or i.evidence.get("note"),
+                )
                 for i in s.incidents()
             ]
-        raise AssertionError(f"{exc}; incidents: {why}") from None
+        acts = [(e.action, e.node, e.outcome, e.reason) for e in run.audit()]
+        # and what its log says of actions held back or failed
+        log = run.cluster.log_dir / f"{run.guard.controller_service(0)}.stdout"
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        said = [ln for ln in lines if any(w in ln for w in ("held back", "error", "failed", "Traceback"))]
+        raise AssertionError(f"{exc}; incidents: {why}; audit: {acts}; controller log: {said[-8:]}") from None
     t_drain = sc.epoch(drain.at)
     assert t_drain >= t_inject - 1.0, "drained before the fault was on"
     assert drain.reason.startswith("slurmguard: ")

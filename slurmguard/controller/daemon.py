@@ -65,6 +65,14 @@ class DaemonOptions:
     sweeps: bool = True
 
 
+def say_held_back(now: list[str], before: set[str]) -> set[str]:
+    """Log the actions held back this cycle (CycleResult.suppressed) that were
+    not held back the cycle before; the set to pass next cycle."""
+    for why in sorted(set(now) - before):
+        log.warning("action held back: %s", why)
+    return set(now)
+
+
 def _sweeper(
     policy: Policy, store: Store, slurm: SlurmClient, clock: Clock, executor: ActionExecutor
 ) -> SweepScheduler | None:
@@ -137,6 +145,9 @@ def run(
     )
 
     stop_on_signals(stop, log, "finishing the current cycle and shutting down")
+    # an action held back (a node drained by someone else, an admin's comment, the
+    # circuit breaker) is said once when it starts, not every cycle while it lasts
+    held_back: set[str] = set()
     try:
         while not stop.is_set():
             if lease is not None:
@@ -154,6 +165,7 @@ def run(
                 log.info("action %s %s", action, target)
             for why in res.errors:
                 log.error("cycle error: %s", why)
+            held_back = say_held_back(res.suppressed, held_back)
             if opts.once:
                 break
             stop.wait(opts.interval_s)
