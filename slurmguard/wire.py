@@ -309,6 +309,10 @@ class RankReport(_Model):
     the same role are peers (same pipeline stage, same kind of shard); None: unknown."""
     baseline_step_s: float | None = None
     """Median step time of the rank's first stable window (s); None until known."""
+    baseline_mean_s: float | None = None
+    """Mean step time of the rank's healthy iterations (s), its outliers and
+    checkpoints counted: what an intermittent slowdown (some iterations slowed,
+    the median not) is measured against (slurmguard.detect.steps); None: unknown."""
     baseline_compute_s: float | None = None
     steps: Steps = Field(default_factory=list)
     """The rank's newest iterations (agent.report_steps of them), oldest first."""

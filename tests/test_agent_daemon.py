@@ -142,6 +142,8 @@ def test_agent_survives_broken_rings_while_a_healthy_job_is_reported(tmp_path):
         ranks = jobs[job].ranks
         assert len(ranks) == 1 and ranks[0].rank == (0 if a.node == "node0" else 1)
         assert len(ranks[0].steps) >= 30 and ranks[0].baseline_step_s
+        # the healthy mean the controller measures an intermittent slowdown against
+        assert ranks[0].baseline_mean_s is not None and ranks[0].baseline_mean_s >= ranks[0].baseline_step_s
         assert all(s.step_s > 0 for s in ranks[0].steps)
     e0 = agents[0].sender.reports[-1].ring_errors
     e1 = agents[1].sender.reports[-1].ring_errors

@@ -200,6 +200,92 @@ def test_controller_reads_patterns_checkpoints_and_hiccups_like_the_detector():
     assert a.onset == pytest.approx(r.steps[150].end - r.steps[150].step_s, abs=1.0)
 
 
+def _intermittent(rng, n: int, onset: int, share: float, factor: float, end: int | None = None) -> np.ndarray:
+    """A CPU quota's texture from `onset` (to `end`): `share` of the iterations,
+    drawn at random, `factor` x slower and the rest as before."""
+    x = _noisy(rng, _pattern(n, 2, 1.3, base=0.03), 0.02)
+    hit = np.zeros(n, bool)
+    hit[onset:end] = rng.random((end or n) - onset) < share
+    x[hit] *= factor
+    return x
+
+
+@pytest.mark.parametrize(("share", "factor"), [(0.2, 4.0), (0.35, 2.5), (0.45, 1.8)])
+def test_an_intermittent_slowdown_is_one_open_episode_at_its_mean(share, factor):
+    """Under half the iterations slowed: the median does not move, the mean
+    does (by share x (factor - 1), the throughput lost). The old detector saw
+    nothing, or episodes that opened and "recovered" in turns; now one stays
+    open at the mean step, reported within 80 iterations of the onset."""
+    rng = np.random.default_rng(90)
+    for _ in range(4):
+        x = _intermittent(rng, 500, 200, share, factor)
+        eps = detect_steps(x).episodes
+        assert all(e.onset >= 190 for e in eps), eps  # nothing before it
+        (ep,) = [e for e in eps if e.open]
+        assert ep.detected_at <= 280, eps
+        lost = float(np.mean(x[300:]) / np.mean(x[:200]))
+        assert ep.level_s / ep.baseline == pytest.approx(lost, rel=0.15)
+        assert len(eps) <= 2, eps  # at most one early "recovery" of the median's
+
+
+def test_an_intermittent_slowdown_that_ends_is_recovered():
+    rng = np.random.default_rng(91)
+    for _ in range(4):
+        x = _intermittent(rng, 500, 200, 0.3, 3.0, end=330)
+        eps = detect_steps(x).episodes
+        assert eps and not any(e.open for e in eps), eps
+        last = eps[-1]
+        # back after its last slowed iteration, known once they have all left the
+        # recovery window (8 verify windows: a lull is not an end)
+        assert 300 <= last.recovery <= 335 and last.recovered_at <= 330 + 70, last
+
+
+def test_healthy_outliers_and_checkpoints_are_the_healthy_mean_not_an_intermittent_slowdown():
+    """5% of the steps 1.3-3x and a 3x checkpoint every 25: a healthy mean 10-15%
+    above the median, learned as the series goes, never a slowdown."""
+    rng = np.random.default_rng(92)
+    for _ in range(10):
+        x = _noisy(rng, _pattern(600, 2, 1.3, base=0.03), 0.02)
+        x[25::25] *= 3.0
+        hit = rng.random(600) < 0.05
+        x[hit] *= rng.uniform(1.3, 3.0, hit.sum())
+        det = StepDetector(1)
+        det.run(x[None, :])
+        assert not any(e.open for e in det.episodes()), det.episodes()
+        assert det.baseline_mean_s() > 1.05 * det.baseline_s()
+
+
+def test_controller_judges_an_intermittent_slowdown_against_the_agents_healthy_mean():
+    """The controller's view of a report window inside an intermittent slowdown:
+    the agent's healthy mean (RankReport.baseline_mean_s) is the reference, so
+    a job whose healthy mean carries its checkpoints is not slow for them."""
+    from slurmguard.controller.assess import _judge_steps
+    from slurmguard.wire import RankReport, StepSample
+
+    def rank(x: np.ndarray, base: float, mean: float | None) -> RankReport:
+        t, steps = 1000.0, []
+        for v in x:
+            t += v
+            steps.append(StepSample(end=t, step_s=float(v), comm_s=0.0))
+        return RankReport(
+            rank=0, baseline_step_s=base, baseline_mean_s=mean, steps=steps, total_steps=len(x) + 500
+        )
+
+    rng = np.random.default_rng(93)
+    base = _pattern(2, 2, 1.3, base=0.03).mean()
+    slow = _intermittent(rng, 160, 0, 0.35, 3.0)
+    current, onset, _ = _judge_steps([rank(slow, base, 1.02 * base)], Policy(), None)
+    assert onset is not None and current / base == pytest.approx(np.mean(slow) / base, rel=0.15)
+    # its own texture, learned by its agent: a quarter of its steps 2.5x (data
+    # loader stalls), a healthy mean 37% above its median
+    healthy = _intermittent(rng, 160, 0, 0.25, 2.5)
+    current, onset, _ = _judge_steps([rank(healthy, base, 1.37 * base)], Policy(), None)
+    assert onset is None and current == pytest.approx(base, rel=0.05)
+    # without the agent's healthy mean, the same window is a slowdown of a third
+    current, onset, _ = _judge_steps([rank(healthy, base, None)], Policy(), None)
+    assert onset is not None and current / base == pytest.approx(np.mean(healthy) / base, rel=0.1)
+
+
 def test_cli_prints_episodes_profile_and_detected_at(tmp_path):
     from slurmguard.cli import cli
 

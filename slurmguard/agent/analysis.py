@@ -176,6 +176,8 @@ class RankAnalyzer:
     detection: DetectionPolicy
     baseline_s: float | None = None
     baseline_compute_s: float | None = None
+    baseline_mean_s: float | None = None
+    """Healthy mean step (s), outliers and checkpoints counted (StepDetector.baseline_mean_s)."""
     total_steps: int = 0
     dropped: int = 0
     """Derived samples dropped as nonsense (see sane_steps), since the rank was first seen."""
@@ -207,6 +209,7 @@ class RankAnalyzer:
             period_ops=self.structure[0] if self.structure else None,
             role=self.structure[1] if self.structure else None,
             baseline_step_s=self.baseline_s,
+            baseline_mean_s=self.baseline_mean_s,
             baseline_compute_s=self.baseline_compute_s,
             steps=steps[-self.agent.report_steps :],
             total_steps=self.total_steps,
@@ -272,7 +275,7 @@ class RankAnalyzer:
         ]
 
     def _reset_baseline(self) -> None:
-        self.baseline_s = self.baseline_compute_s = None
+        self.baseline_s = self.baseline_compute_s = self.baseline_mean_s = None
         self._det = None
         self._fed_until_ns = 0
         self._fed_ends = []
@@ -328,6 +331,7 @@ class RankAnalyzer:
                 # follows the detector: learned again after a long warm-up, or
                 # moved when the job got faster
                 self.baseline_s = det.baseline_s(0)
+                self.baseline_mean_s = det.baseline_mean_s(0)
                 if self._fed_compute and (
                     self.baseline_compute_s is None or self.baseline_s != self._compute_for
                 ):

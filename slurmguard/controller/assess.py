@@ -262,10 +262,12 @@ def _judge_steps(
     """(current step time s, onset Unix s or None, ranks judged) from the step
     detector (slurmguard.detect.steps: the code and thresholds of the agent,
     the CLI and the bench) run over the ranks' report windows, each against the
-    baseline its agent learned.
+    baseline its agent learned (and the healthy mean step it learned, which an
+    intermittent slowdown is measured against).
 
     The current step time is the median over ranks of each rank's verified
-    level (seconds per step over one period of its step pattern), so a long
+    level (seconds per step over one period of its step pattern; for an
+    intermittent slowdown, the mean step), so a long
     optimizer step, a checkpoint or a three-step hiccup is not a slowdown and a
     hiccup that returned is over. The onset is the start of the first slow
     iteration of the ranks' open slowdowns (their median), when at least half
@@ -304,6 +306,7 @@ def _judge_steps(
         len(rows),
         cfg,
         baseline_s=np.array([r.baseline_step_s for r, _ in rows]),
+        baseline_mean_s=np.array([r.baseline_mean_s or np.nan for r, _ in rows]),
         warmup=0,
         learn=min(cfg.learn, len(rows[-1][1])),
     )

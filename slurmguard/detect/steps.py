@@ -25,6 +25,18 @@ detector therefore works in three layers:
    its samples moved (all of the first four, 60% after a window), so an outlier
    or a checkpoint never starts or ends an
    episode, and a change needs `verify_min_after` samples.
+4. Intermittent slowdowns. A CPU quota throttles the iterations that cross
+   its period and not the others; a link drops in and out: 15-50% of the
+   iterations 2-5x slower, the rest as before. The median never moves (or
+   moves, then "recovers" whenever a few fast ones come in a row), while the
+   job loses a third of its throughput or more. So the mean is watched too,
+   over TEXTURE_PARTS verify windows, against the series' healthy mean (its
+   own outliers and checkpoints counted, following its healthy samples): a
+   slowdown whose every part holds a slowed sample and one at the baseline,
+   and whose mean without its slowest part clears 3/4 of the bar by
+   `significance` standard errors, is an episode at its mean level until that
+   mean is back within half the bar. A median verified slowdown whose median
+   returns while such a mean holds stays open, as an intermittent one.
 
 Episodes: while the level is at least `verify_min_change` above the baseline, a
 slowdown stays open; a further rise is a second (compound) slowdown inside it;
@@ -57,6 +69,19 @@ MEDIAN_SE = 1.2533
 #: Winsorise BOCD's input at this many noise scales (at least WINSOR_MIN in log).
 WINSOR_K = 5.0
 WINSOR_MIN = math.log(1.15)
+#: An intermittent slowdown (a CPU quota that throttles some iterations and
+#: not others, a link that drops in and out) raises the mean step and leaves
+#: the median where it was. It is judged over TEXTURE_PARTS x verify_window
+#: samples, and each of those parts must hold TEXTURE_MOVED moved samples, so
+#: a run of outliers in one part, or a burst of them, is not one.
+TEXTURE_PARTS = 4
+TEXTURE_MOVED = 4
+#: The healthy mean step that reference is measured against follows the
+#: healthy samples (those older than the texture window, while no slowdown is
+#: open) with this memory, in samples: a job's own outliers and checkpoints
+#: (5% of steps 2x and a 3x checkpoint every 25 steps put the mean 14% above
+#: the median) are its healthy mean, not a slowdown.
+HEALTHY_MEMORY = 256
 
 
 @dataclass(frozen=True)
@@ -277,7 +302,10 @@ class StepDetector:
     unknown). Given it, the step pattern is learned from the first `learn`
     samples but the level comes from the baseline, and those samples are then
     judged against it: the controller's view of a report window that may
-    start inside a slowdown. warmup / learn override the config's lengths
+    start inside a slowdown. baseline_mean_s: with it, the healthy mean step
+    (seconds, outliers and checkpoints counted; baseline_mean_s() of the
+    detector that learned the baseline) that an intermittent slowdown is
+    measured against; NaN or absent: the baseline. warmup / learn override the config's lengths
     (a report window that does not start at the job's start has no warm-up).
     """
 
@@ -287,6 +315,7 @@ class StepDetector:
         config: DetectorConfig | None = None,
         *,
         baseline_s: np.ndarray | None = None,
+        baseline_mean_s: np.ndarray | None = None,
         warmup: int | None = None,
         learn: int | None = None,
     ) -> None:
@@ -329,7 +358,18 @@ class StepDetector:
         self.refine = np.ones(n_series, bool)  # False: the level is a given baseline
         self.relearned = np.zeros(n_series, bool)  # the profile was learned a second time
         self.changed = np.zeros(n_series, bool)  # a change was verified
-        self.hcap = max(4 * self.W, 8 * P, self.learn + 2)
+        self.T = TEXTURE_PARTS * self.W  # samples an intermittent slowdown is judged over
+        self.tex = np.zeros(n_series, bool)  # the open episode is an intermittent slowdown
+        self.base_mean = np.ones(n_series)  # healthy mean step / level (its own outliers), >= 1
+        self.hsum = np.zeros(n_series)  # healthy mean's running sum and weight (HEALTHY_MEMORY)
+        self.hcnt = np.zeros(n_series)
+        self.quiet = np.ones(n_series, bool)  # no intermittent slowdown in the making (base_mean follows)
+        self.given_mean = (
+            np.full(n_series, np.nan)
+            if baseline_mean_s is None
+            else np.asarray(baseline_mean_s, dtype=np.float64).reshape(n_series)
+        )
+        self.hcap = max(4 * self.W, 8 * P, self.learn + 2, self.T + 2)
         self.z = np.full((n_series, self.hcap), np.nan)  # log step - current shape
         self.zh = np.full((n_series, self.hcap), np.nan)  # log step - healthy shape
         self.x = np.full((n_series, self.hcap), np.nan)  # the step times, seconds
@@ -348,6 +388,10 @@ class StepDetector:
     def baseline_s(self, i: int = 0) -> float | None:
         """Healthy step time (seconds, mean over a period), None while learning."""
         return None if self.state[i] == LEARNING else float(self.base_s[i])
+
+    def baseline_mean_s(self, i: int = 0) -> float | None:
+        """Healthy mean step time (seconds; outliers and checkpoints counted), None while learning."""
+        return None if self.state[i] == LEARNING else float(self.base_s[i] * self.base_mean[i])
 
     def level_s(self, i: int = 0) -> float | None:
         """Current verified step time (seconds, mean over a period)."""
@@ -431,10 +475,14 @@ class StepDetector:
                     self.base_s[i] = self._sec(i, lvl_a)
                     self.pending[i] = n0 + j
                     z = z[:j]
+            self._set_base_mean(i, z - self.base[i])
             self.bocd.restart(np.array([i]), self._winsor(i, z)[None, :])
             return []
         # known baseline: BOCD starts from it, then the window is judged against it
         self.refine[i] = False
+        gm = self.given_mean[i]
+        self.base_mean[i] = max(1.0, float(gm / given)) if np.isfinite(gm) and gm > 0 else 1.0
+        self.hsum[i], self.hcnt[i] = self.base_mean[i] * self.T, float(self.T)
         pseudo = pr.level + pr.scale * np.array([-1.0, 1.0] * 4)
         self.bocd.restart(np.array([i]), pseudo[None, :])
         self.seen[i] = n0
@@ -486,13 +534,36 @@ class StepDetector:
         self.zh[rows, pos] = lx - self.hshape[rows, ph]
         self.x[rows, pos] = x[rows]
         self.seen[rows] += 1
+        # the healthy mean follows the samples that left the texture window while
+        # healthy (a slowdown not yet verified is still inside it), and not while
+        # that window holds slowed samples in most of its parts: an intermittent
+        # slowdown too sparse to be verified yet must not become the healthy mean
+        # (judged once a verify window, for the window's samples then absorbed)
+        h = rows[(self.state[rows] == HEALTHY) & ~self.tex[rows]]
+        old = self.seen[h] - 1 - self.T
+        keep = old >= self.regime[h]
+        h, old = h[keep], old[keep]
+        due = h[self.seen[h] % self.W == 0]
+        if due.size:
+            win = self.zh[due[:, None], (self.seen[due, None] - self.T + np.arange(self.T)) % self.hcap]
+            thr = np.maximum(self.acc, 3.0 * self.sigma[due]) + self.base[due]
+            mv = (win >= thr[:, None]).reshape(due.size, TEXTURE_PARTS, -1).any(axis=2)
+            self.quiet[due] = mv.sum(axis=1) < TEXTURE_PARTS - 1
+        h, old = h[self.quiet[h]], old[self.quiet[h]]
+        zo = self.zh[h, old % self.hcap]
+        h, zo = h[np.isfinite(zo)], zo[np.isfinite(zo)]
+        if h.size:
+            lam = 1.0 - 1.0 / HEALTHY_MEMORY
+            self.hsum[h] = lam * self.hsum[h] + np.exp(zo - self.base[h])
+            self.hcnt[h] = lam * self.hcnt[h] + 1.0
+            self.base_mean[h] = np.maximum(1.0, self.hsum[h] / self.hcnt[h])
         c = np.maximum(WINSOR_K * self.sigma[rows], WINSOR_MIN)
         y = self.ref.copy()
         y[rows] = self.ref[rows] + np.clip(z - self.ref[rows], -c, c)
         self.bocd.advance(y.astype(self.bocd.dtype), ~live)
         age = self.seen - self.regime
         fire, jstar = self.bocd.candidates(age)
-        fire &= live
+        fire &= live & ~self.tex  # an intermittent slowdown is followed by its mean
         if fire.any():
             fr = np.nonzero(fire)[0]
             cand = (self.seen[fr] - 1) - jstar[fr]
@@ -504,7 +575,7 @@ class StepDetector:
             self.pending[fr[good]] = cand[good]
         # a slow series also watches for its return to the baseline directly, so
         # a recovery the BOCD posterior is slow to name is not missed
-        for i in np.nonzero(live & (self.state == SLOW) & (self.pending < 0))[0]:
+        for i in np.nonzero(live & (self.state == SLOW) & (self.pending < 0) & ~self.tex)[0]:
             c0 = self._return_start(int(i))
             if c0 is not None and c0 != self.rejected[i]:
                 self.pending[i] = c0
@@ -515,6 +586,7 @@ class StepDetector:
             live
             & (self.pending < 0)
             & self.refine
+            & ~self.tex
             & (age > self.min_after)
             & (age <= np.maximum(3 * self.W, 4 * self.period))
         )[0]
@@ -535,12 +607,163 @@ class StepDetector:
         for i in again:
             self._relearn(int(i))
         out: list[ChangePoint] = []
-        ready = np.nonzero(live & (self.pending >= 0) & (self.seen - self.pending >= self.min_after))[0]
+        ready = np.nonzero(
+            live & (self.pending >= 0) & ~self.tex & (self.seen - self.pending >= self.min_after)
+        )[0]
         for i in ready:
             cp = self._verify(int(i))
             if cp is not None:
                 out.append(cp)
+        for i in np.nonzero(live & self.tex)[0]:
+            cp = self._follow_texture(int(i))
+            if cp is not None:
+                out.append(cp)
+        # an intermittent slowdown is looked for only when a sample moved (a
+        # healthy series' samples seldom do, so this costs little at scale)
+        moved = np.zeros(self.n, bool)
+        moved[rows] = lx - self.hshape[rows, ph] - self.base[rows] >= self.acc
+        for i in self._may_be_texture(np.nonzero(moved & (self.state == HEALTHY))[0], True):
+            cp = self._open_texture(int(i))
+            if cp is not None:
+                out.append(cp)
+        # a slowdown its median verified whose mean says more: slowed in turns,
+        # its median a mix of slowed and unslowed iterations; its level is the mean
+        upgrade = np.nonzero(moved & (self.state == SLOW) & ~self.tex & (self.pending < 0))[0]
+        for i in self._may_be_texture(upgrade, False):
+            held = self._texture_holds(int(i), verified=True)
+            if held is not None and held[0] > math.exp(float(self.ref[i] - self.base[i]) + self.half):
+                cp = self._to_texture(int(i))
+                if cp is not None:
+                    out.append(cp)
         return out
+
+    def _may_be_texture(self, cand: np.ndarray, every_part: bool) -> np.ndarray:
+        """The rows of `cand` whose last T samples pass _texture_holds' counts
+        (a sample back in every part, TEXTURE_MOVED moved, and one in every part
+        when every_part), all at once: the per-row check is for those only."""
+        cand = cand[self.seen[cand] >= self.T]
+        if not cand.size:
+            return cand
+        d = self.zh[cand[:, None], (self.seen[cand, None] - self.T + np.arange(self.T)) % self.hcap]
+        d = (d - self.base[cand, None]).reshape(cand.size, TEXTURE_PARTS, -1)
+        mv = d >= np.maximum(self.acc, 3.0 * self.sigma[cand])[:, None, None]
+        ok = (d <= self.rec).any(axis=2).all(axis=1) & (mv.sum(axis=(1, 2)) >= TEXTURE_MOVED)
+        if every_part:
+            ok &= mv.any(axis=2).all(axis=1)
+        return cand[ok]
+
+    # ------------------------------------------------------------------ intermittent
+    def _set_base_mean(self, i: int, d: np.ndarray) -> None:
+        """A new healthy level: its mean step over the level (base_mean) from its
+        samples' log distances `d` from it, every one counted; at least 1, and
+        1 under 8 samples. Healthy samples move it from then on (_step)."""
+        d = d[np.isfinite(d)]
+        self.hsum[i], self.hcnt[i] = float(np.sum(np.exp(d))), float(d.size)
+        self.base_mean[i] = max(1.0, self.hsum[i] / self.hcnt[i]) if d.size >= 8 else 1.0
+
+    def _texture_stats(
+        self, i: int, span: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Over the last `span` samples (default T), in the healthy step pattern:
+        (each one's step over the healthy mean, which moved beyond 3/4 of the
+        bar and 3 noise scales, which are back within half the bar); None with
+        fewer samples."""
+        n, span = int(self.seen[i]), span or self.T
+        if n < span:
+            return None
+        d = self._window(i, n - span, n, self.zh) - self.base[i]
+        if d.size < span or not np.all(np.isfinite(d)):
+            return None
+        moved = d >= max(self.acc, 3.0 * float(self.sigma[i]))
+        return np.exp(d) / self.base_mean[i], moved, d <= self.rec
+
+    def _texture_holds(self, i: int, verified: bool = False) -> tuple[float, int] | None:
+        """(mean step over the healthy mean, first moved sample) when the last T
+        samples are an intermittent slowdown: each of their TEXTURE_PARTS parts
+        holds a moved sample and one back at the baseline (a level slowed by the
+        bar has none there, however noisy), TEXTURE_MOVED moved in all, the
+        moved ones' median 1.5 bars above the others' (two levels); and the
+        mean of the parts but the slowest clears 3/4 of the bar, and half of it
+        by `significance` standard errors (a burst of slow steps, a hiccup, is
+        one part's); else None. verified: a slowdown already verified (its
+        median's) need not have a moved sample in every part to go on."""
+        st = self._texture_stats(i)
+        if st is None:
+            return None
+        r, moved, back = (a.reshape(TEXTURE_PARTS, -1) for a in st)
+        if (not verified and int(moved.sum(axis=1).min()) < 1) or int(moved.sum()) < TEXTURE_MOVED:
+            return None
+        if int(back.sum(axis=1).min()) < 1:
+            return None
+        if float(np.median(r[moved])) < float(np.median(r[back])) * math.exp(2.0 * self.acc):
+            return None  # one level, noisy (its high and low samples close), not two
+        rest = np.delete(r, int(np.argmax(r.mean(axis=1))), axis=0).ravel()
+        m = float(np.mean(rest))
+        se = float(np.std(rest, ddof=1)) / math.sqrt(rest.size)
+        if m < math.exp(self.acc) or m - self.k * se < math.exp(self.half):
+            return None
+        return float(np.mean(r)), int(self.seen[i]) - self.T + int(np.argmax(st[1]))
+
+    def _open_texture(self, i: int) -> ChangePoint | None:
+        """A healthy series whose last T samples are an intermittent slowdown:
+        an episode from its first moved sample, at the mean level."""
+        held = self._texture_holds(i)
+        if held is None:
+            return None
+        m, c = held
+        self.pending[i] = -1
+        self.shape[i] = self.hshape[i]
+        self.z[i] = self.zh[i]
+        self.ref[i] = float(self.base[i])
+        cp = self._accept(i, c, int(self.seen[i]), float(self.base[i]) + math.log(m), "slower")
+        self.tex[i] = True
+        return cp
+
+    def _to_texture(self, i: int) -> ChangePoint | None:
+        """A slowdown verified on its median whose median went back while its
+        mean did not: followed from now on as an intermittent slowdown (its
+        recovery, should its mean be back already)."""
+        self.tex[i] = True
+        self.pending[i] = -1
+        self.shape[i] = self.hshape[i]
+        self.z[i] = self.zh[i]
+        return self._follow_texture(i, anew=True)
+
+    def _follow_texture(self, i: int, anew: bool = False) -> ChangePoint | None:
+        """An intermittent slowdown's level (its mean step since it began) and
+        its end: the mean over the last 2 T samples (as many as the history
+        holds) back within half the bar of the healthy mean. Its slowed samples
+        may be one in five: over T alone, a lull of one slowed sample in 32 comes
+        every few hundred samples and would be called a recovery. anew: the
+        episode's deepest level restarts from this one (a median verified on a
+        few slowed samples)."""
+        st = self._texture_stats(i, min(2 * self.T, self.hcap))
+        if st is None:
+            return None
+        m, moved = float(np.mean(st[0])), st[1]
+        n = int(self.seen[i])
+        if m <= math.exp(self.rec):
+            # back from the sample after the last moved one
+            c = n - moved.size + (int(np.nonzero(moved)[0][-1]) + 1 if moved.any() else 0)
+            self.tex[i] = False
+            return self._accept(i, min(c, n - 1), n, float(self.base[i]), "recovery")
+        # its level: the mean since it began, as far back as the history goes
+        # (the last T alone would wander with where the slowed iterations fell),
+        # in seconds: a step pattern learned from a window already slowed in
+        # turns is not the healthy one
+        lo = max(int(self.regime[i]), n - self.hcap + 1)
+        xs = self._window(i, lo, n, self.x)
+        xs = xs[np.isfinite(xs)]
+        if xs.size > moved.size:
+            m = float(np.mean(xs)) / float(self.base_s[i] * self.base_mean[i])
+        a = float(self.base[i]) + math.log(max(m, 1e-9))
+        self.ref[i] = a
+        e = self._s[i].open
+        if e is not None:
+            la = self._sec(i, a)
+            deepest = la / e.baseline - 1.0 if anew else max(e.slowdown, la / e.baseline - 1.0)
+            self._s[i].open = Episode(e.onset, e.detected_at, deepest, e.baseline, la, series=i)
+        return None
 
     def _relearn(self, i: int) -> None:
         self.relearned[i] = True
@@ -562,6 +785,7 @@ class StepDetector:
         self.z[i, pos] = self.zh[i, pos] = y - pr.shape[np.arange(n0, n) % p]
         self.regime[i] = n0
         self.rejected[i] = -1
+        self._set_base_mean(i, self.z[i, pos] - pr.level)
         self.bocd.restart(np.array([i]), self._winsor(i, self.z[i, pos])[None, :])
 
     def _window(self, i: int, lo: int, hi: int, arr: np.ndarray | None = None) -> np.ndarray:
@@ -591,6 +815,7 @@ class StepDetector:
             self.zh[i] = self.z[i]
             self.base[i] = lvl
             self.base_s[i] = self._sec(i, lvl)
+            self._set_base_mean(i, self._window(i, lo, n) - lvl)
             return
         e = self._s[i].open
         assert e is not None, "a series not HEALTHY has an open episode"
@@ -724,6 +949,15 @@ class StepDetector:
                 decided = True
         if kind is None and not decided:
             return None
+        if slow and kind in ("recovery", "faster") and self._texture_holds(i) is not None:
+            # its median went back and its mean did not: slowed in turns, or a
+            # noisy level that ended. Slowed iterations among those since the
+            # candidate say the former; none in a verify window, the latter
+            since = self._window(i, c, n, self.zh) - self.base[i]
+            if np.any(since >= max(self.acc, 3.0 * float(self.sigma[i]))):
+                return self._to_texture(i)
+            if m < self.W:
+                return None
         self.pending[i] = -1
         if kind is None:
             self.rejected[i] = c
@@ -780,6 +1014,7 @@ class StepDetector:
         else:  # faster while healthy: the job got faster, a new baseline
             self.base[i] = a
             self.base_s[i] = la
+            self._set_base_mean(i, self._window(i, c, n) - a)
         self.ref[i] = a
         z = self._window(i, c, n)
         self.bocd.restart(np.array([i]), self._winsor(i, z)[None, :])

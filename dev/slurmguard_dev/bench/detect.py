@@ -37,6 +37,7 @@ from slurmguard_dev.bench.detect_scenarios import (
     TEXTURES,
     LabelledSeries,
     load_recorded_dir,
+    make_intermittent_suite,
     make_suite,
 )
 from slurmguard_dev.bench.detect_synth import JobSpec, make_job
@@ -184,6 +185,41 @@ def _table(
     return s, reps, sps
 
 
+#: iterations an intermittent slowdown may take to be reported: it is judged over
+#: 4 verify windows (slurmguard.detect.steps.TEXTURE_PARTS), and its slowed
+#: iterations are a share of them
+INTERMITTENT_DELAY = 60
+
+
+def _intermittent(suite: list[LabelledSeries], cfg: DetectorConfig, bp: BocdPolicy, seed: int) -> None:
+    """The intermittent suite: the table (FNR within INTERMITTENT_DELAY), then
+    what the loop needs of it: the lasting ones still open at the end, and the
+    slowdowns reported per slowed series (1: one episode; more: it flapped)."""
+    faulty = [s for s in suite if s.onsets]
+    click.echo(
+        f"intermittent slowdowns (seed {seed}, {len(faulty)} slowed of {len(suite)}): from the onset "
+        f"15-70% of the iterations 1.3-5x (under half: the median unmoved); positives: mean cost >= 10%, "
+        f"found within {INTERMITTENT_DELAY} iterations"
+    )
+    click.echo(HEADER)
+    click.echo("-" * len(HEADER))
+    sw = [sliding_window(s.x, bp.verify_window, bp.verify_min_change) for s in suite]
+    click.echo(_row("SlidingWindow (median, 10%)", score("sw", suite, sw, INTERMITTENT_DELAY)))
+    click.echo(
+        _row("BOCD + fixed 10% median check", score("old", suite, run_bocd(suite, bp), INTERMITTENT_DELAY))
+    )
+    reps, _ = run_detector(suite, cfg)
+    s = score("det", suite, reps, INTERMITTENT_DELAY)
+    click.echo(_row("step detector (profile+BOCD+verif.)", s) + "   <- agent/controller/CLI")
+    lasting = [i for i, sc in enumerate(suite) if sc.positives and not sc.recoveries]
+    alarms = [len(reps[i].slower) for i, sc in enumerate(suite) if sc.positives]
+    click.echo(
+        f"  lasting ones open at the end: {sum(reps[i].is_open() for i in lasting)}/{len(lasting)}; "
+        f"slowdowns reported per slowed series: median {np.median(alarms) if alarms else float('nan'):.0f}, "
+        f"max {max(alarms, default=0)}"
+    )
+
+
 #: real step series of the workloads on the dev cluster (scripts/record_steptimes.py)
 RECORDED = checkout_root() / "tests" / "data" / "steptimes"
 
@@ -296,6 +332,8 @@ def bench_detect(
     click.echo("")
     seed2 = seed + 1000
     _table(make_suite(scenarios, length, seed2), cfg, bp, f"second seed family (seed {seed2})")
+    click.echo("")
+    _intermittent(make_intermittent_suite(scenarios, length, seed + 2000), cfg, bp, seed + 2000)
     if recorded is None and RECORDED.is_dir():
         recorded = str(RECORDED)
     if recorded:

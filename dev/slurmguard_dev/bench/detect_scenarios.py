@@ -29,6 +29,14 @@ kinds
 A slowdown is computational (every step x (1 + s)) or communication (every
 step + s x the mean step, as a slower link adds the same time to each
 iteration; congestion makes that addition noisy). Deterministic given the seed.
+
+The intermittent suite (make_intermittent_suite) is apart, so the main suite's
+draws stay as they were: healthy series and intermittent slowdowns, where from
+the onset a share of 15-70% of the iterations, drawn at random, is slowed
+1.3-5x and the rest is not (a CPU quota that throttles the iterations that
+cross its period and not the others; a link that drops in and out). Their
+median step does not move; the mean does, by share x (factor - 1), which is
+the throughput lost: a positive from 10%.
 """
 
 from __future__ import annotations
@@ -220,6 +228,48 @@ def make_suite(n_scenarios: int = 1000, length: int = 400, seed: int = 0) -> lis
     rng = np.random.default_rng(seed)
     kinds = rng.choice(KINDS, size=n_scenarios, p=np.asarray(WEIGHTS) / sum(WEIGHTS))
     return [make_scenario(rng, str(k), length) for k in kinds]
+
+
+INTERMITTENT = "intermittent"
+
+
+def make_intermittent(rng: np.random.Generator, n: int = 400) -> LabelledSeries:
+    """One intermittent slowdown (see the module's docstring), on the end or
+    for 60-150 iterations, over the textures of a healthy series."""
+    base = float(np.exp(rng.uniform(np.log(0.05), np.log(5.0))))
+    clean, noise, textures, notes = _texture(rng, n, base)
+    onset = int(rng.integers(50, n - 100))
+    end = n if rng.random() < 0.6 else min(n, onset + int(rng.integers(60, 151)))
+    if n - end < 40:  # leave room to see the recovery
+        end = n
+    share = float(rng.uniform(0.15, 0.7))
+    factor = float(np.exp(rng.uniform(np.log(1.3), np.log(5.0))))
+    hit = np.zeros(n, bool)
+    hit[onset:end] = rng.random(end - onset) < share
+    clean = np.where(hit, clean * factor, clean)
+    cost = share * (factor - 1.0)
+    notes.update(share=round(share, 3), factor=round(factor, 3))
+    positives = (onset,) if cost >= MIN_SHIFT else ()
+    return LabelledSeries(
+        INTERMITTENT,
+        clean * noise,
+        (onset,),
+        (end,) if end < n else (),
+        cost,
+        tuple(textures),
+        positives,
+        (),
+        notes,
+    )
+
+
+def make_intermittent_suite(n_scenarios: int = 300, length: int = 400, seed: int = 0) -> list[LabelledSeries]:
+    """Healthy series and intermittent slowdowns, half each; deterministic given the seed."""
+    rng = np.random.default_rng(seed)
+    return [
+        make_intermittent(rng, length) if k % 2 else make_scenario(rng, "healthy", length)
+        for k in range(n_scenarios)
+    ]
 
 
 # ---------------------------------------------------------------- recorded series
