@@ -4,10 +4,19 @@ the suite is labelled as documented and the scoring counts what it says."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from slurmguard_dev.bench.detect_baselines import Alarm, Report, score, sliding_window, sliding_window_alarms
-from slurmguard_dev.bench.detect_scenarios import KINDS, MIN_DURATION, MIN_SHIFT, make_scenario, make_suite
+from slurmguard_dev.bench.detect_scenarios import (
+    INTERMITTENT,
+    KINDS,
+    MIN_DURATION,
+    MIN_SHIFT,
+    make_intermittent_suite,
+    make_scenario,
+    make_suite,
+)
 
 
 def test_bench_detect_small_run_prints_tables_baselines_and_throughput():
@@ -35,8 +44,29 @@ def test_bench_detect_small_run_prints_tables_baselines_and_throughput():
         "recorded series (",
         "per class of recorded series",
         "ddp-shift.csv",
+        "intermittent slowdowns (seed 2000",
+        "lasting ones open at the end",
     ):
         assert needle in out, needle
+
+
+def test_intermittent_suite_is_labelled_by_its_mean_cost():
+    """Half healthy, half intermittent; an intermittent series is slowed only from
+    its onset, on a share of its iterations, and is a positive exactly when that
+    costs 10% of the mean step or more."""
+    suite = make_intermittent_suite(60, 400, seed=3)
+    again = make_intermittent_suite(60, 400, seed=3)
+    assert all(np.array_equal(x.x, y.x) for x, y in zip(suite, again))
+    slowed = [s for s in suite if s.onsets]
+    assert len(slowed) == 30 and all(s.kind == INTERMITTENT for s in slowed)
+    assert all(s.kind == "healthy" and not s.positives for s in suite if not s.onsets)
+    for s in slowed:
+        share, factor = s.notes["share"], s.notes["factor"]
+        assert 0.15 <= share <= 0.7 and 1.3 <= factor <= 5.0
+        assert s.severity == pytest.approx(share * (factor - 1.0), rel=0.01)  # notes are rounded
+        assert bool(s.positives) == (s.severity >= MIN_SHIFT)
+    wide = [s for s in make_intermittent_suite(400, 200, seed=5) if s.onsets]
+    assert {bool(s.positives) for s in wide} == {True, False}  # both sides of the bar drawn
 
 
 def test_suite_is_deterministic_labelled_and_draws_widely():
