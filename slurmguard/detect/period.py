@@ -516,32 +516,10 @@ def _find(
         if k is None or not 1 <= k <= kmax or not is_candidate(k):
             return None
         got = accept(k, KEPT_SPLIT, throughout=True)
-        if isinstance(got, tuple):
-            return alike_parts(k) or got
-        if got is None or got is False:
-            return None
+        if isinstance(got, tuple) or got is None or got is False:
+            return got or None
         whole = accept(got, 1)  # a few parts of one iteration: their whole
         return whole if isinstance(whole, tuple) else None
-
-    def alike_parts(k: int) -> tuple[int, int] | None:
-        """The iteration, when the kept period k is j (<= KEPT_SPLIT) of them
-        that are alike throughout the window: no split of its parts shows, in
-        the older half nor in the newer one. A pattern of the job's first
-        seconds (a pipeline stage whose steps alternated in its warm-up) can
-        prove a whole of two steps, which then fits for good; kept, it counts
-        every iteration twice for the rest of the run."""
-        for j in range(KEPT_SPLIT, 1, -1):  # the smallest part first
-            if k % j or not is_candidate(k // j):
-                continue
-            d = k // j
-            got = accept(d, j)
-            if not isinstance(got, tuple):
-                continue
-            start, anchor, gaps = place(d) or (0, 0, np.empty(0))
-            half = gaps.size // (2 * j * d) * j * d
-            if half and not _splits(gaps[:half], d, anchor, j) and not _splits(gaps[half:], d, anchor, j):
-                return got
-        return None
 
     def smallest_first() -> tuple[int, int] | None:
         # A k found to be a fraction of an iteration that repeats every u ops
