@@ -72,8 +72,8 @@ WINSOR_MIN = math.log(1.15)
 #: An intermittent slowdown (a CPU quota that throttles some iterations and
 #: not others, a link that drops in and out) raises the mean step and leaves
 #: the median where it was. It is judged over TEXTURE_PARTS x verify_window
-#: samples, and each of those parts must hold TEXTURE_MOVED moved samples, so
-#: a run of outliers in one part, or a burst of them, is not one.
+#: samples: each of those parts must hold a moved sample, and TEXTURE_MOVED
+#: of them in all, so a run of outliers in one part, or a burst of them, is not one.
 TEXTURE_PARTS = 4
 TEXTURE_MOVED = 4
 #: The healthy mean step that reference is measured against follows the
@@ -545,10 +545,8 @@ class StepDetector:
         h, old = h[keep], old[keep]
         due = h[self.seen[h] % self.W == 0]
         if due.size:
-            win = self.zh[due[:, None], (self.seen[due, None] - self.T + np.arange(self.T)) % self.hcap]
-            thr = np.maximum(self.acc, 3.0 * self.sigma[due]) + self.base[due]
-            mv = (win >= thr[:, None]).reshape(due.size, TEXTURE_PARTS, -1).any(axis=2)
-            self.quiet[due] = mv.sum(axis=1) < TEXTURE_PARTS - 1
+            _, mv = self._recent_parts(due)
+            self.quiet[due] = mv.any(axis=2).sum(axis=1) < TEXTURE_PARTS - 1
         h, old = h[self.quiet[h]], old[self.quiet[h]]
         zo = self.zh[h, old % self.hcap]
         h, zo = h[np.isfinite(zo)], zo[np.isfinite(zo)]
@@ -644,13 +642,24 @@ class StepDetector:
         cand = cand[self.seen[cand] >= self.T]
         if not cand.size:
             return cand
-        d = self.zh[cand[:, None], (self.seen[cand, None] - self.T + np.arange(self.T)) % self.hcap]
-        d = (d - self.base[cand, None]).reshape(cand.size, TEXTURE_PARTS, -1)
-        mv = d >= np.maximum(self.acc, 3.0 * self.sigma[cand])[:, None, None]
-        ok = (d <= self.rec).any(axis=2).all(axis=1) & (mv.sum(axis=(1, 2)) >= TEXTURE_MOVED)
+        d, mv = self._recent_parts(cand)
+        ok = np.all(np.any(d <= self.rec, axis=2), axis=1) & (mv.sum(axis=(1, 2)) >= TEXTURE_MOVED)
         if every_part:
-            ok &= mv.any(axis=2).all(axis=1)
+            ok &= np.all(np.any(mv, axis=2), axis=1)
         return cand[ok]
+
+    def _moved_bar(self, rows: np.ndarray | int) -> np.ndarray | float:
+        """How far (log) above the baseline a sample has moved, for the
+        intermittent check: 3/4 of the bar and 3 noise scales."""
+        return np.maximum(self.acc, 3.0 * self.sigma[rows])
+
+    def _recent_parts(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For rows with T samples or more: their last T samples' log distances
+        from the baseline, in the healthy step pattern, as (rows, TEXTURE_PARTS,
+        verify_window), and which of them moved (_moved_bar)."""
+        d = self.zh[rows[:, None], (self.seen[rows, None] - self.T + np.arange(self.T)) % self.hcap]
+        d = (d - self.base[rows, None]).reshape(rows.size, TEXTURE_PARTS, -1)
+        return d, d >= np.asarray(self._moved_bar(rows))[:, None, None]
 
     # ------------------------------------------------------------------ intermittent
     def _set_base_mean(self, i: int, d: np.ndarray) -> None:
@@ -674,7 +683,7 @@ class StepDetector:
         d = self._window(i, n - span, n, self.zh) - self.base[i]
         if d.size < span or not np.all(np.isfinite(d)):
             return None
-        moved = d >= max(self.acc, 3.0 * float(self.sigma[i]))
+        moved = d >= self._moved_bar(i)
         return np.exp(d) / self.base_mean[i], moved, d <= self.rec
 
     def _texture_holds(self, i: int, verified: bool = False) -> tuple[float, int] | None:
@@ -954,7 +963,7 @@ class StepDetector:
             # noisy level that ended. Slowed iterations among those since the
             # candidate say the former; none in a verify window, the latter
             since = self._window(i, c, n, self.zh) - self.base[i]
-            if np.any(since >= max(self.acc, 3.0 * float(self.sigma[i]))):
+            if np.any(since >= self._moved_bar(i)):
                 return self._to_texture(i)
             if m < self.W:
                 return None
