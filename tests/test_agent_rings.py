@@ -533,3 +533,44 @@ def test_poll_survives_the_ring_root_changing_underneath(tmp_path):
         stop.set()
         t.join()
     tr.close()
+
+
+def test_the_iteration_count_keeps_up_past_the_period_window(tmp_path):
+    """The anchors come from the newest period.window_ops ops; the tracker
+    holds up to agent.max_ops_per_rank. Between the two the count must go
+    on: a GPipe stage's (8 ops an iteration, 8,192-op window, 16,384 held)
+    stood at 1,024 for its next 1,024 iterations."""
+    policy = Policy.model_validate({"detection": {"period": {"window_ops": 256}}})
+    d = tmp_path / "5"
+    d.mkdir()
+    # two ops an iteration: a long gap (compute), then two collectives 1 ms apart
+    t0 = time.monotonic_ns() - 2_000 * 20_000_000
+    recs = []
+    for i in range(2_000):
+        s = t0 + i * 20_000_000
+        for j, op in enumerate(("allreduce", "broadcast")):
+            recs.append(
+                dict(
+                    op=ring.OP[op],
+                    comm_id=7,
+                    count=10,
+                    nbytes=40,
+                    start_ns=s + j * 1_000_000,
+                    end_ns=s + j * 1_000_000 + 500_000,
+                )
+            )
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.torch.ring"), capacity=8192, global_rank=0, world_size=1, node_name=NODE
+    )
+    tr = RingTracker(str(tmp_path), NODE, lambda: {5: UID}, max_ops=1024, young_s=0.0)
+    an = RankAnalyzer(policy.agent, policy.detection)
+    counts = []
+    for i, r in enumerate(recs):
+        w.append(**r)
+        if i % 100 == 99:
+            (t,) = tr.poll()
+            an.report(t)
+            counts.append((i + 1) // 2 - an.total_steps)
+    w.close()
+    # every poll: all the iterations started, the one in progress at most uncounted
+    assert max(counts) <= 1 and min(counts) >= 0, counts

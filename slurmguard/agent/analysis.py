@@ -230,7 +230,14 @@ class RankAnalyzer:
         # once a baseline is learned, its period holds while the ops still fit it
         # (a checkpoint every N iterations is not a new iteration structure)
         kept = self.structure[0] if self.structure and self.baseline_s is not None else None
-        it = find_iterations(rank_ops(tr), self.detection.period, keep_period=kept, keep_comm=self._comm)
+        # ... and may give way to its parts while no slowdown is open: a
+        # whole of two steps proven by a start-up's alternating steps fits for
+        # good, while a fault can blur a real split (a pipeline's micro-batches)
+        # for a whole window and must not halve the iteration under it
+        parts = kept is not None and self._det is not None and self._det.open_episode(0) is None
+        it = find_iterations(
+            rank_ops(tr), self.detection.period, keep_period=kept, keep_comm=self._comm, parts_if_alike=parts
+        )
         if it is None:
             return []
         self._comm = it.comm
@@ -256,8 +263,13 @@ class RankAnalyzer:
         # iterations seen to start (anchors): all of them while the window
         # still holds the rank's whole history; after that, the new ones (an
         # anchor less than half an iteration after the last counted one is
-        # that one again, moved within its iteration by more history)
-        if tr.begin_ns.size < self.agent.max_ops_per_rank and tr.cursor is not None and tr.lost == 0:
+        # that one again, moved within its iteration by more history). The
+        # anchors come from the newest period.window_ops ops only: once the
+        # tracker holds more, they are not the whole history however short
+        # of max_ops_per_rank it is (a GPipe stage's count stood at 1,024 for
+        # its next 1,024 iterations, 8,192 to 16,384 ops)
+        whole = tr.begin_ns.size <= min(self.agent.max_ops_per_rank - 1, self.detection.period.window_ops)
+        if whole and tr.cursor is not None and tr.lost == 0:
             self.total_steps = max(self.total_steps, int(bounds.size))
         else:
             guard = self._last_anchor_ns + 0.5 * float(np.median(step))
