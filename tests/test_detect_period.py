@@ -120,6 +120,56 @@ def test_a_checkpoint_every_25_iterations_is_not_a_new_iteration_once_a_period_i
     assert 0.05 < np.median(steps) < 0.5
 
 
+def test_a_whole_of_two_steps_kept_from_the_start_gives_way_to_the_step():
+    """Stage 1 of a hand-written 2-stage GPipe job (blocking send/recv, 4
+    micro-batches: 8 collectives a step of about 16 ms), recorded on the dev
+    cluster. In its first 4 s its steps alternated (one boundary gap 2.6 ms,
+    the next 1.4 ms), which proves a whole of two steps (16 ops); kept, that
+    whole fitted for the rest of the run, so its agent counted every iteration
+    twice (33 ms against its peer's 17 ms). Once the parts are alike in both
+    halves of the window, the kept whole gives way to the step, where the
+    caller allows it (no slowdown open); where it does not, the whole stays."""
+    from slurmguard.detect.period import find_iterations
+
+    ops = _recorded("gpipe_stage1_rank1.npz")
+    secs = ops.start_ns / 1e9
+
+    def upto(t: float) -> RankOps:
+        n = int(np.searchsorted(secs, t))
+        return RankOps(1, ops.op[:n], ops.comm[:n], ops.nbytes[:n], ops.start_ns[:n], ops.end_ns[:n])
+
+    whole = find_iterations(upto(4.0))
+    assert whole.period == 16  # the premise: the start proves two steps
+    two = float(np.median(np.diff(ops.start_ns[whole.anchors]))) / 1e6
+    for t in (6.0, 10.0, 20.0):
+        assert find_iterations(upto(t), keep_period=16).period == 16, t
+        it = find_iterations(upto(t), keep_period=16, parts_if_alike=True)
+        assert it.period == 8, t
+        step = float(np.median(np.diff(ops.start_ns[it.anchors][-100:]))) / 1e6
+        assert 12.0 < step < 0.7 * two, (step, two)  # one step, about 16 ms as the job timed it
+
+
+def test_a_kept_whole_whose_split_shows_is_kept_when_parts_are_allowed():
+    """A pipeline stage's real iteration (two identical micro-batches, the
+    optimizer step after the second) stays whole with parts_if_alike: its
+    split shows in both halves of the window."""
+    from slurmguard.detect.period import find_iterations
+
+    rng = np.random.default_rng(3)
+    starts, t = [], 0.0
+    for _ in range(400):
+        for _mb in range(2):
+            for gap in (4e-3, 1e-3):  # forward then send, backward then send
+                t += gap * rng.uniform(0.9, 1.1)
+                starts.append(t)
+        t += 6e-3 * rng.uniform(0.9, 1.1)  # the optimizer step at the boundary
+    n = len(starts)
+    start_ns = (np.array(starts) * 1e9).astype(np.int64)
+    ro = RankOps(0, np.tile([7, 8], n // 2), np.zeros(n, np.int64), np.full(n, 64), start_ns, start_ns + 1000)
+    assert find_iterations(ro).period == 4
+    assert find_iterations(ro, keep_period=4, parts_if_alike=True).period == 4
+
+
 def test_a_kept_period_still_finds_the_micro_batches_it_is_made_of():
     """A period kept by the agent before its split could be proven (a pipeline
     stage: two identical micro-batches, the optimizer step after the second)

@@ -385,8 +385,14 @@ def find_iterations(
     policy: PeriodPolicy | None = None,
     keep_period: int | None = None,
     keep_comm: int | None = None,
+    parts_if_alike: bool = False,
 ) -> Iterations | None:
     """The iterations of one rank from its ops in issue order, or None.
+
+    parts_if_alike: the kept period may also give way to its parts (k/j, j
+    <= KEPT_SPLIT) when they are alike throughout the window (see
+    _find.alike_parts). The caller allows it only while the rank runs at
+    its baseline: a fault can blur a real split for a whole window.
 
     keep_comm: the communicator keep_period was found on (Iterations.comm;
     None: all the rank's ops). The kept period is tested on that
@@ -430,19 +436,25 @@ def find_iterations(
         keep_period = keep_comm = None
     if keep_period is not None and keep_comm is not None:
         idx, sub = _one_communicator(ops, keep_comm)
-        it = _find(sub, p, keep_comm, keep_period, kept_only=True) if idx.size else None
+        it = _find(sub, p, keep_comm, keep_period, kept_only=True, parts=parts_if_alike) if idx.size else None
         if it is not None:
             return Iterations(idx[it.anchors], it.period, it.signature, keep_comm)
         keep_period = None
-    return _find(ops, p, None, keep_period, kept_only=False)
+    return _find(ops, p, None, keep_period, kept_only=False, parts=parts_if_alike)
 
 
 def _find(
-    ops: RankOps, p: PeriodPolicy, comm: int | None, keep_period: int | None, kept_only: bool
+    ops: RankOps,
+    p: PeriodPolicy,
+    comm: int | None,
+    keep_period: int | None,
+    kept_only: bool,
+    parts: bool = False,
 ) -> Iterations | None:
     """find_iterations on `ops`, which are communicator `comm`'s alone when
     it is set (then no per-communicator fallback); kept_only: the kept
-    period (or its whole) or None, no search afresh."""
+    period (or its whole) or None, no search afresh; parts: find_iterations'
+    parts_if_alike."""
     n = len(ops)
     if n < 4:
         return None
@@ -516,10 +528,34 @@ def _find(
         if k is None or not 1 <= k <= kmax or not is_candidate(k):
             return None
         got = accept(k, KEPT_SPLIT, throughout=True)
-        if isinstance(got, tuple) or got is None or got is False:
-            return got or None
+        if isinstance(got, tuple):
+            return (alike_parts(k) if parts else None) or got
+        if got is None or got is False:
+            return None
         whole = accept(got, 1)  # a few parts of one iteration: their whole
         return whole if isinstance(whole, tuple) else None
+
+    def alike_parts(k: int) -> tuple[int, int] | None:
+        """The iteration, when the kept period k is j (<= KEPT_SPLIT) of them
+        that are alike throughout the window: no split of its parts shows in
+        the older half nor in the newer one. A pattern of the job's first
+        seconds (a GPipe stage whose steps alternated in its warm-up, a
+        boundary gap of 2.6 ms, then 1.4 ms) can prove a whole of two steps,
+        which fits for good once kept: every iteration counted twice for the
+        rest of the run. The smallest part first."""
+        for j in range(KEPT_SPLIT, 1, -1):
+            if k % j or not is_candidate(k // j):
+                continue
+            d = k // j
+            got = accept(d, j)
+            placed = place(d)
+            if not isinstance(got, tuple) or not placed:
+                continue
+            _, anchor, gaps = placed
+            half = gaps.size // (2 * j * d) * j * d
+            if half and not _splits(gaps[:half], d, anchor, j) and not _splits(gaps[half:], d, anchor, j):
+                return got
+        return None
 
     def smallest_first() -> tuple[int, int] | None:
         # A k found to be a fraction of an iteration that repeats every u ops
