@@ -190,6 +190,46 @@ def test_moderate_sustained_drains_and_signals_without_requeue(env):
     assert ctl.cycle().actions == []
 
 
+def feed_pipeline(ctl, clock, job, slow_factor: float, slow_iters: int, seq: int) -> None:
+    """A 2-stage pipeline (a role each: no same-role peers); stage 1 computes
+    longer by slow_factor in its last slow_iters iterations, stage 0 waits."""
+    now = clock.now()
+    for r, node in enumerate(("node1", "node2")):
+        rk = rank_report(r, now, slow_factor=slow_factor, slow_iters=slow_iters, culprit=r == 1)
+        ctl.fleet.ingest(report(node, job, [rk.model_copy(update={"role": f"stage{r}"})], seq, now), now)
+
+
+def test_a_pipeline_stage_against_its_own_baseline_is_drained_once_named_for_a_while(env):
+    """A stage named on its compute against its own baseline (no same-role
+    peer, an excess under ALONE_SINCE_CHANGE) is acted on only once its node
+    has been named for ALONE_NAMED_S, cycle after cycle; one cycle's naming,
+    a spell of uneven load on a shared host, is not acted on."""
+    from slurmguard.controller.assess import ALONE_NAMED_S
+
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    feed_pipeline(ctl, clock, job, 1.3, slow_iters=15, seq=1)
+    res = ctl.cycle()
+    assert [c.node for c in res.assessments[job].culprits] == []
+    assert "node2 named for 0 s" in res.assessments[job].evidence["localisation"]
+    assert res.actions == []
+    # the spell ends: named no more for longer than the gap, then named again
+    clock.advance(10)
+    feed_pipeline(ctl, clock, job, 1.0, slow_iters=0, seq=2)
+    assert ctl.cycle().actions == []
+    seq = 3
+    for _ in range(int(ALONE_NAMED_S / 2)):
+        clock.advance(2)
+        feed_pipeline(ctl, clock, job, 1.3, slow_iters=15, seq=seq)
+        seq += 1
+        assert ctl.cycle().actions == [], clock.now()
+    clock.advance(2)
+    feed_pipeline(ctl, clock, job, 1.3, slow_iters=15, seq=seq)
+    res = ctl.cycle()
+    assert ("drain", "node2") in res.actions and not slurm.node("node1").drained
+    assert "no same-role peer" in slurm.node("node2").reason
+
+
 def priced(store, clock, *, drain_gpu_s: float, requeue_gpu_s: float) -> tuple[Controller, FakeSlurm]:
     """A controller whose drain and requeue cost these prices (GPU-s, the ski-rental rule)."""
     escalation = POLICY.response.escalation.model_copy(

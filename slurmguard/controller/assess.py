@@ -20,7 +20,7 @@ one place that turns them into the assessment the response acts on.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -85,6 +85,18 @@ TRIM = 0.1
 #: capped for a 2.5x slower step computed 1.8-3.3x its baseline against the
 #: other stage's 1.1-1.4x and waited 4-8 s for the second window
 ALONE_SINCE_CHANGE = 0.5
+#: a rank without same-role peers named on localise's two windows (its
+#: compute against its own baseline scaled by the other ranks' growth, a
+#: smaller excess than ALONE_SINCE_CHANGE) is acted on only once its node has
+#: been named for this long (s), cycle after cycle (a gap of up to
+#: LOCALISE_S between two namings does not restart it; controller.loop).
+#: The controller holds a rank's newest 256 iterations: at a fast pipeline's
+#: 13 ms steps the two windows span 2.5 s, and a spell of uneven load on a
+#: shared host moves one stage's compute against the other's by 10-20% for
+#: as long (a hand-written GPipe job's first stage, named in one cycle 7 s
+#: into a healthy run: its node drained and the job requeued). Peers of one
+#: role are compared in the same iterations, so no such wait for them
+ALONE_NAMED_S = 2 * LOCALISE_S
 
 
 def steps_since(steps: Any, since: float | None) -> Any:
@@ -766,6 +778,7 @@ def assess_job(
         recent = {(n, r.rank): _localise_window(r, cut) for n, r in ranks}
         ratios, computes, slow_ranks, why_not = localise(ranks, recent, policy)
     held: dict[str, list] = {}
+    prompt = False  # named from the iterations since the change (a large excess): acted on at once
     if slow_ranks:
         # sustained (Guard 4.2: deviation over consecutive windows): the same
         # node is named by the window of iterations before too; a machine's
@@ -782,6 +795,7 @@ def assess_job(
         held = _since_change(ranks, wide, onset, policy)
         if held:
             why_not = None
+            prompt = True
     if slow_ranks and not held:
         why_not = (
             f"{', '.join(sorted(slow_ranks))}: slow over its last iterations "
@@ -836,9 +850,15 @@ def assess_job(
             )
         )
     by_key = {(n, r.rank): r for n, r in ranks}
+    roles = Counter(r.role for _, r in ranks)
     for node, rows in slow_ranks.items():
         for rank, c, against in rows:
-            gpu = by_key[(node, rank)].gpu if (node, rank) in by_key else None
+            rep = by_key.get((node, rank))
+            gpu = rep.gpu if rep is not None else None
+            # a rank alone in the role its agent found, named against its own
+            # baseline: not before ALONE_NAMED_S
+            alone = rep is not None and rep.role is not None and roles[rep.role] == 1
+            wait = ALONE_NAMED_S if alone and not prompt else 0.0
             found.append(
                 Finding(
                     Kind.SLOW_RANK,
@@ -846,7 +866,11 @@ def assess_job(
                     "localise",
                     now,
                     Severity.WARNING,
-                    (Measure("compute_s", c, "s/step"), Measure("compute_ratio", ratios[(node, rank)], "x")),
+                    (
+                        Measure("compute_s", c, "s/step"),
+                        Measure("compute_ratio", ratios[(node, rank)], "x"),
+                        Measure("named_for_s", wait, "s"),
+                    ),
                     text=f"rank {rank} compute {c:.3g}s vs {against}",
                 )
             )

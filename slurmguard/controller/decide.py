@@ -71,6 +71,7 @@ def decide(jf: JobFindings) -> JobAssessment | None:
                 gpu=first.subject.gpu,
                 why=first.text,
                 telemetry=tuple(telemetry.get(node, ())),
+                named_for_s=max(f.value("named_for_s") or 0.0 for f in found),
             )
         )
     link = jf.of(Kind.SLOW_LINK)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmguard.clock import Clock
 from slurmguard.config import Policy
-from slurmguard.controller.assess import assess_job, reason_text
+from slurmguard.controller.assess import LOCALISE_S, assess_job, reason_text
 from slurmguard.controller.fleet import FleetView
 from slurmguard.controller.plans import PLAN_MIN_ITERS, PlanBook, job_options, timings_since
 from slurmguard.detect.peers import PeerFlag, PeerScorer
@@ -69,6 +69,10 @@ if TYPE_CHECKING:  # metrics imports this module (for its annotations)
 log = logging.getLogger(__name__)
 #: at most one "slow, no node named" log line per job this often (s)
 UNNAMED_LOG_S = 10.0
+#: longest gap (s) between two cycles naming a node that still continues its
+#: run of namings (Culprit.named_for_s): the localisation of a throttled rank's
+#: noisy compute may miss a cycle or two (assess.LOCALISE_S)
+NAMED_GAP_S = LOCALISE_S
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
 
@@ -139,6 +143,9 @@ class Controller:
         self._flags: dict[str, list[PeerFlag]] = {}
         #: job -> when its "slow but no node named" was last logged (Unix s)
         self._unnamed_said: dict[int, float] = {}
+        #: (job, node) -> (first, last) Unix s of the node's current run of namings
+        #: whose culprit must be named for a while first (Culprit.named_for_s)
+        self._named: dict[tuple[int, str], tuple[float, float]] = {}
         self.breaker_open = False
         self.plans = PlanBook()
 
@@ -194,6 +201,7 @@ class Controller:
         slow_nodes: set[str] = set()
         index = self.fleet.job_index(now)
         self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
+        self._named = {k: v for k, v in self._named.items() if k[0] in index and now - v[1] <= NAMED_GAP_S}
         live = self._live_incidents()
         self._lift_requeue_holds(live, jobs, res)
         for job_id in sorted(index):
@@ -245,6 +253,7 @@ class Controller:
         )
         if a is None:
             return
+        a = self._named_long_enough(a, now)
         res.assessments[job.job_id] = a
         self._review_plan(a, job, ranks, incident, now, res)
         tier = classify(a, self.policy.response.tiers, now)
@@ -261,6 +270,36 @@ class Controller:
                     a.evidence.get("localisation") or "stalled, no rank to blame",
                 )
         self._respond(a, tier, job, nodes, partitions, incident, now, res, ranks)
+
+    def _named_long_enough(self, a: JobAssessment, now: float) -> JobAssessment:
+        """The assessment without the culprits not yet named for their
+        Culprit.named_for_s, cycle after cycle (a gap of up to NAMED_GAP_S
+        between two namings keeps the run going): the localisation's
+        evidence against a rank's own baseline can hang on a spell of uneven
+        load; a fault stays. Without culprits left, the localisation says
+        what is awaited."""
+        kept, waiting = [], []
+        for c in a.culprits:
+            if c.named_for_s <= 0:
+                kept.append(c)
+                continue
+            key = (a.job_id, c.node)
+            first, last = self._named.get(key, (now, now))
+            if now - last > NAMED_GAP_S:
+                first = now
+            self._named[key] = (first, now)
+            if now - first >= c.named_for_s:
+                kept.append(c)
+            else:
+                waiting.append(
+                    f"{c.node} named for {now - first:.0f} s of the {c.named_for_s:.0f} s it needs ({c.why})"
+                )
+        if not waiting:
+            return a
+        evidence = a.evidence
+        if not kept:
+            evidence = {**evidence, "localisation": "; ".join(waiting)}
+        return replace(a, culprits=tuple(kept), evidence=evidence)
 
     def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:
         """Record an error of one job's assessment/plan in its incident (once per text)."""

@@ -35,6 +35,9 @@ class Culprit:
     gpu: int | None = None
     why: str = ""
     telemetry: tuple[str, ...] = ()
+    named_for_s: float = 0.0
+    """How long (s) the node must have been named, cycle after cycle, before
+    anything is done about it (0: at once); see controller.assess.ALONE_NAMED_S."""
 
 
 @dataclass(frozen=True)
