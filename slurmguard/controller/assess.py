@@ -97,6 +97,17 @@ ALONE_SINCE_CHANGE = 0.5
 #: into a healthy run: its node drained and the job requeued). Peers of one
 #: role are compared in the same iterations, so no such wait for them
 ALONE_NAMED_S = 2 * LOCALISE_S
+#: share of the job's step growth (ATTRIBUTION for the others) the extra
+#: compute of a rank without same-role peers must explain when its mean
+#: compute grew more than ALONE_SINCE_CHANGE beyond the other ranks' mean
+#: growth (a far slower stage, not one a little slower than a slower job).
+#: A CPU quota freezes a stage wherever its quota runs out, inside its own
+#: sends and receives too, which count as time in collectives: a hand-written
+#: GPipe job's first stage capped for a 3.2x step computed 2.4x its baseline
+#: by its mean (its median 1.2x: the frozen iterations are a heavy tail)
+#: against the other stage's 1.4x, and its extra compute explained 44% of
+#: the step growth; not named for 30 s
+ATTRIBUTION_ALONE = 1.0 / 3.0
 
 
 def steps_since(steps: Any, since: float | None) -> Any:
@@ -479,6 +490,7 @@ def localise(
     k_se = policy.detection.bocd.significance
     needs: list[float] = []  # per judged rank: standard errors its difference must clear
     plain: list[float] = []  # per judged rank: mean compute (s), for the attribution
+    plain_se: list[float] = []  # ... and its standard error (s)
     if keyed:
         # the noise test on trimmed means (window_stats' compute part); the
         # attribution on plain means of step and compute, every iteration counted
@@ -487,8 +499,16 @@ def localise(
         med_comp, se, mult = _compute_stats(comp, k_se, t_below)
         with np.errstate(all="ignore"):
             mean_step, mean_comp = np.nanmean(step, axis=1), np.nanmean(comp, axis=1)
-        for (key, _), ms, c, e, k, mc in zip(
-            keyed, mean_step.tolist(), med_comp.tolist(), se.tolist(), mult.tolist(), mean_comp.tolist()
+            counted = np.sum(~np.isnan(comp), axis=1)
+            mean_se = np.where(counted >= 3, np.nanstd(comp, axis=1, ddof=1) / np.sqrt(counted), np.inf)
+        for (key, _), ms, c, e, k, mc, me in zip(
+            keyed,
+            mean_step.tolist(),
+            med_comp.tolist(),
+            se.tolist(),
+            mult.tolist(),
+            mean_comp.tolist(),
+            mean_se.tolist(),
         ):
             rep = by_key[key]
             if rep.baseline_step_s:
@@ -503,6 +523,7 @@ def localise(
             judged.append((key, rep, c, e))
             needs.append(k)
             plain.append(mc)
+            plain_se.append(me)
     excess = policy.detection.cross_group.median_excess
     alone = excess if alone_excess is None else alone_excess
     grown_s = float(np.median(growth)) if growth else 0.0
@@ -531,6 +552,7 @@ def localise(
     with np.errstate(all="ignore"):
         qv = sv / cv * rv  # a rank's s.e. relative to its baseline compute
         prv = pv / np.array([rep.baseline_compute_s for _, rep, _, _ in judged])
+        pqv = np.array(plain_se) / np.array([rep.baseline_compute_s for _, rep, _, _ in judged])
     by_role: dict[str, list[int]] = defaultdict(list)
     for i, (key, rep, _, _) in enumerate(judged):
         by_role[rep.role or f"rank{key[1]}"].append(i)
@@ -547,16 +569,27 @@ def localise(
             peer_plain[ix] = _median_without_self(pv[ix])
     if n > 1:
         all_ratio, all_q, all_k = _median_without_self(rv), _median_without_self(qv), _median_without_self(kv)
-        all_plain = _median_without_self(prv)
+        all_plain, all_plain_q = _median_without_self(prv), _median_without_self(pqv)
     unexplained: list[str] = []
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
-        if ratio <= 1.0 + excess:
+        # a rank without same-role peers whose mean compute grew far beyond the
+        # others' (ATTRIBUTION_ALONE): judged by its means, every iteration counted
+        far = not peer[i] and n > 1 and float(prv[i]) > float(all_plain[i]) * (1.0 + ALONE_SINCE_CHANGE)
+        if ratio <= 1.0 + excess and not far:
             continue
         base = c / ratio
-        if not peer[i] and ratio <= 1.0 + alone:
+        if not peer[i] and ratio <= 1.0 + alone and not far:
             continue
-        if n > 1:
+        if far:
+            grown = float(all_plain[i])
+            expected = base * grown
+            extra = float(pv[i]) - expected
+            noise = float(np.hypot(plain_se[i], base * all_plain_q[i]))
+            need = max(float(kv[i]), float(all_k[i]))
+            against = f"its baseline {base:.3g}s (no same-role peer; the other ranks grew {grown:.2f}x, by their means)"
+            c = float(pv[i])
+        elif n > 1:
             grown = float(peer_ratio[i] if peer[i] else all_ratio[i])
             if peer[i]:
                 # ranks of one role do the same work: their compute is compared
@@ -608,7 +641,9 @@ def localise(
         # and the trimmed means cut the most frozen (a capped pipeline stage's
         # extra compute explained 31-50% of the step growth by them, 60-100% by
         # the means); the trimmed difference above has already cleared the noise
-        if n == 1:
+        if far:
+            mean_expected = expected
+        elif n == 1:
             mean_expected = base  # the job's only rank: its own baseline
         elif peer[i]:
             mean_expected = float(peer_plain[i])
@@ -617,12 +652,13 @@ def localise(
         extra = float(pv[i]) - mean_expected
         seen = min(1.0, base / rep.baseline_step_s) if rep.baseline_step_s else 1.0
         explained = extra / seen
-        if explained < ATTRIBUTION * grown_s:
+        share = ATTRIBUTION_ALONE if far else ATTRIBUTION
+        if explained < share * grown_s:
             unexplained.append(
                 f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms ({explained * 1e3:.3g} "
                 f"ms of step at its observed compute share {seen:.0%}) explains "
                 f"{explained / grown_s:.0%} of the job's step growth "
-                f"{grown_s * 1e3:.3g} ms (needs {ATTRIBUTION:.0%}): job-wide"
+                f"{grown_s * 1e3:.3g} ms (needs {share:.0%}): job-wide"
             )
             continue
         slow[key[0]].append((key[1], c, against))
