@@ -420,6 +420,36 @@ def test_the_compute_baseline_follows_a_settling_stage_while_the_step_holds_and_
     assert an.baseline_s * (1 + COMPUTE_FOLLOW) < 0.0195  # the slowdown is beyond it
 
 
+def test_the_compute_baseline_does_not_follow_a_dip_shorter_than_its_span():
+    """A hand-written GPipe job's first stage on a shared host (13.6 ms steps,
+    compute 8 ms, recorded): for 20-odd iterations (0.3 s) its compute dipped
+    to 6.3 ms while its step touched the baseline; a compute baseline
+    following the newest 20 iterations took the dip, and the stage then read
+    as 1.5x for a minute (its node drained). Over COMPUTE_FOLLOW_S the dip
+    is a small part of the iterations: the baseline stays near 8 ms, and
+    follows a settled level once the stage holds it that long."""
+    from types import SimpleNamespace
+
+    from slurmguard.agent.analysis import COMPUTE_FOLLOW_S
+    from slurmguard.wire import StepSample
+
+    an = RankAnalyzer(DEV_POLICY.agent, DEV_POLICY.detection)
+    tr = SimpleNamespace(header=SimpleNamespace(clock_offset_ns=0))
+    rng = np.random.default_rng(9)
+    t, steps = 1000.0, []
+    for i in range(1200):
+        comp = 0.0063 if 300 <= i < 325 else 0.008 if i < 700 else 0.0072
+        step = 0.0136 * (1 + 0.02 * rng.standard_normal())
+        t += step
+        steps.append(StepSample(end=t, step_s=step, comm_s=step - comp * (1 + 0.03 * rng.standard_normal())))
+    for k in range(0, 1200, 25):  # a poll every 0.34 s
+        an._feed_bocd(tr, steps[k : k + 25])
+        if 300 <= k < 600:
+            assert an.baseline_compute_s == pytest.approx(0.008, rel=0.05), k
+    assert COMPUTE_FOLLOW_S < (1200 - 700) * 0.0136  # the settled level held longer than the span
+    assert an.baseline_compute_s == pytest.approx(0.0072, rel=0.05)
+
+
 def test_the_warm_up_of_a_window_that_holds_the_whole_history_is_skipped():
     """The agent counts the iterations seen to start (total_steps) and reports
     the completed ones: a window of the job's whole history is one iteration

@@ -21,6 +21,7 @@ samples that make no sense are dropped and counted, never raised.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -144,6 +145,17 @@ FUTURE_SLACK_S = 300.0
 #: against that: its node was drained. A fault moves the step beyond this (the
 #: moderate tier starts at 10%), which freezes the baseline
 COMPUTE_FOLLOW = 0.05
+#: ... judged over the rank's newest iterations of this many seconds
+#: (agent.baseline_steps of them at least), once it holds that many: the
+#: compute of one stage against another's moves with the host's load, in
+#: spells of a second or two. Over the newest 20 iterations (0.25 s of a
+#: GPipe stage's 13 ms steps), a healthy first stage's baseline followed a
+#: dip of its compute to 6.3 ms (7.5-10 ms before and after) while the step
+#: touched its baseline; against it, the stage read as 1.5x for the next
+#: minute and its node was drained
+COMPUTE_FOLLOW_S = 4.0
+#: most iterations held for COMPUTE_FOLLOW_S (a job of sub-millisecond steps)
+COMPUTE_FOLLOW_MAX = 4096
 
 
 def sane_steps(
@@ -193,6 +205,8 @@ class RankAnalyzer:
     """Compute (s) of the newest iterations fed, after the warm-up: at most agent.baseline_steps."""
     _fed_step: list[float] = field(default_factory=list)
     """Step (s) of the same iterations as _fed_compute."""
+    _fed_cend: list[float] = field(default_factory=list)
+    """End (Unix s) of the same iterations as _fed_compute."""
     _compute_for: float | None = None  # the step baseline (s) baseline_compute_s was taken with
     changes: list[ChangeReport] = field(default_factory=list)
 
@@ -294,6 +308,7 @@ class RankAnalyzer:
         self._fed_base = 0
         self._fed_compute = []
         self._fed_step = []
+        self._fed_cend = []
         self._compute_for = None
 
     def _feed_bocd(self, tr: TrackedRing, steps: list[StepSample]) -> None:
@@ -307,7 +322,8 @@ class RankAnalyzer:
         moved (a job's first iterations after its warm-up can still be slower
         than its steady state: one DDP rank computed 0.027 s there and 0.019 s
         after, which hid a 1.25x CPU cap of its node behind "no growth"), and
-        of the newest ones while the step stays at its baseline (COMPUTE_FOLLOW).
+        of the newest ones while the step stays at its baseline (COMPUTE_FOLLOW,
+        over COMPUTE_FOLLOW_S of them).
         Every verified change becomes a ChangeReport:
         `at` is the end of the last iteration before it (the located onset),
         `detected_at` the end of the iteration at which the detector knew.
@@ -328,7 +344,7 @@ class RankAnalyzer:
             if len(self._fed_ends) + self._fed_base > det.cfg.warmup:
                 self._fed_compute.append(s.step_s - s.comm_s)
                 self._fed_step.append(s.step_s)
-                del self._fed_compute[: -det.cfg.learn], self._fed_step[: -det.cfg.learn]
+                self._fed_cend.append(s.end)
             for cp in det.update(np.array([s.step_s])):
                 self.changes.append(
                     ChangeReport(
@@ -347,11 +363,19 @@ class RankAnalyzer:
                 if self._fed_compute and (
                     self.baseline_compute_s is None or self.baseline_s != self._compute_for
                 ):
-                    self.baseline_compute_s = float(np.median(self._fed_compute))
+                    self.baseline_compute_s = float(np.median(self._fed_compute[-det.cfg.learn :]))
                     self._compute_for = self.baseline_s
+        # the newest COMPUTE_FOLLOW_S of iterations (and the one before, so
+        # that they span it), baseline_steps at least
+        ends = self._fed_cend
+        if ends:
+            within = len(ends) - bisect.bisect_left(ends, ends[-1] - COMPUTE_FOLLOW_S)
+            keep = min(max(det.cfg.learn, within + 1), COMPUTE_FOLLOW_MAX)
+            del self._fed_compute[:-keep], self._fed_step[:-keep], self._fed_cend[:-keep]
         if (
             self.baseline_s is not None
             and len(self._fed_compute) >= det.cfg.learn
+            and (ends[-1] - ends[0] >= COMPUTE_FOLLOW_S or len(ends) >= COMPUTE_FOLLOW_MAX)
             and det.open_episode(0) is None
             and float(np.mean(self._fed_step)) <= self.baseline_s * (1.0 + COMPUTE_FOLLOW)
         ):
