@@ -308,6 +308,33 @@ def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_
     assert new.tier == "requeue" and new.status == IncidentStatus.MITIGATED
 
 
+def test_an_unlocalised_slowdowns_incident_is_resolved_when_its_job_ends(env):
+    """A job-wide slowdown (no node named: an incident at tier none, no action)
+    stays open while its job runs, and is resolved once the job has ended;
+    a drained and requeued job's incident keeps its status."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    other = slurm.start_job(["node3", "node4"])
+    now = clock.now()
+    for r, node in enumerate(("node1", "node2")):
+        rk = rank_report(r, now, slow_factor=1.3, slow_iters=30, culprit=False)
+        ctl.fleet.ingest(report(node, job, [rk], 1, now), now)
+    feed_job(ctl, clock, other, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=1)
+    ctl.cycle()
+    clock.advance(5)
+    assert ctl.cycle().actions == []
+    (inc,) = store.incidents(job_id=str(job))
+    assert inc.tier == "none" and inc.status == IncidentStatus.OPEN
+    slurm.finish_job(job)
+    slurm.finish_job(other)
+    clock.advance(5)
+    ctl.cycle()
+    (inc,) = store.incidents(job_id=str(job))
+    assert inc.status == IncidentStatus.RESOLVED and "job ended" in (inc.outcome or "")
+    (drained,) = store.incidents(job_id=str(other))
+    assert drained.tier == "requeue" and drained.status == IncidentStatus.MITIGATED
+
+
 def healthy_telemetry(node: str, now: float, temp=60.0, clock_mhz=1980.0, power=650.0) -> list:
     return [
         TelemetryRecord(signal=s, value=v, unit=u, timestamp=now - 1, gpu=g)

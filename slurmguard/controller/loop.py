@@ -81,6 +81,20 @@ MIN_JOB_PEER_NODES = 3
 REQUEUE_SETTLE_S = 120.0
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
+#: Slurm job states after which a job runs no more (squeue may still list it for MinJobAge)
+ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+    }
+)
 
 
 class Ticker(Protocol):
@@ -203,6 +217,7 @@ class Controller:
         self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
         self._named = {k: v for k, v in self._named.items() if k[0] in index and now - v[1] <= NAMED_GAP_S}
         live = self._live_incidents()
+        self._close_ended(live, jobs)
         self._lift_requeue_holds(live, jobs, res)
         for job_id in sorted(index):
             job = jobs.get(job_id)
@@ -391,6 +406,23 @@ class Controller:
             except ValueError:
                 continue
         return out
+
+    def _close_ended(self, live: dict[int, Any], jobs: dict[int, JobInfo]) -> None:
+        """Resolve the open tier-none incidents (a slowdown seen, no node to
+        blame, nothing done) of jobs that have ended: Slurm no longer lists
+        them, or lists them in a final state. An incident open for a job long
+        gone reads in the triage report as a slowdown still going on; one at
+        a higher tier keeps its status (mitigated, suppressed) for the record."""
+        for job_id, inc in list(live.items()):
+            job = jobs.get(job_id)
+            if job is not None and job.state not in ENDED_STATES:
+                continue
+            if inc.status != IncidentStatus.OPEN or _tier_of(inc.tier) != Tier.NONE:
+                continue
+            self.store.update_incident(
+                inc.id, status=IncidentStatus.RESOLVED, outcome="the job ended; no node was to blame"
+            )
+            del live[job_id]
 
     def _live_incident(self, job_id: int) -> IncidentRecord | None:
         """The job's latest incident that is not closed (open, mitigated or suppressed)."""
