@@ -479,6 +479,11 @@ def localise(
     _multiplier. alone_excess: the growth (fraction) a rank without
     same-role peers must exceed, over its own baseline and the other ranks'
     growth (default: policy detection.cross_group.median_excess, as for all).
+    A rank without same-role peers whose plain mean compute grew more than
+    ALONE_SINCE_CHANGE beyond the other ranks' mean growth is judged on
+    plain means and their standard errors instead, and must explain
+    ATTRIBUTION_ALONE of the step growth (a CPU quota's frozen iterations
+    are a heavy tail the trimmed means cut).
     """
     ratios: dict[tuple[str, int], float] = {}
     computes: dict[tuple[str, int], float] = {}
