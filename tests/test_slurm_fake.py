@@ -30,3 +30,15 @@ def test_fake_jobs_requeue_and_unavailable():
     s.available = False
     with pytest.raises(SlurmUnavailable):
         s.nodes()
+
+
+def test_a_job_in_a_final_state_has_ended():
+    """JobInfo.ended: the final states (FINAL_JOB_STATES, shared by the sweep
+    scheduler and the controller's incident closing), as squeue spells them."""
+    from slurmguard.slurm.models import JobInfo
+
+    def job(state: str) -> JobInfo:
+        return JobInfo(job_id=1, name="j", user="u", state=state, partition="p")
+
+    assert job("COMPLETED").ended and job("CANCELLED by 0").ended and job("out_of_memory").ended
+    assert not job("RUNNING").ended and not job("PENDING").ended and not job("").ended

@@ -202,7 +202,8 @@ class RankAnalyzer:
     _fed_ends: list[float] = field(default_factory=list)
     _fed_base: int = 0  # detector index of _fed_ends[0]
     _fed_compute: list[float] = field(default_factory=list)
-    """Compute (s) of the newest iterations fed, after the warm-up: at most agent.baseline_steps."""
+    """Compute (s) of the newest iterations fed, after the warm-up: those of the newest
+    COMPUTE_FOLLOW_S, agent.baseline_steps at least, COMPUTE_FOLLOW_MAX at most."""
     _fed_step: list[float] = field(default_factory=list)
     """Step (s) of the same iterations as _fed_compute."""
     _fed_cend: list[float] = field(default_factory=list)

@@ -81,20 +81,6 @@ MIN_JOB_PEER_NODES = 3
 REQUEUE_SETTLE_S = 120.0
 
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
-#: Slurm job states after which a job runs no more (squeue may still list it for MinJobAge)
-ENDED_STATES = frozenset(
-    {
-        "COMPLETED",
-        "CANCELLED",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
-    }
-)
 
 
 class Ticker(Protocol):
@@ -415,7 +401,7 @@ class Controller:
         a higher tier keeps its status (mitigated, suppressed) for the record."""
         for job_id, inc in list(live.items()):
             job = jobs.get(job_id)
-            if job is not None and job.state not in ENDED_STATES:
+            if job is not None and not job.ended:
                 continue
             if inc.status != IncidentStatus.OPEN or _tier_of(inc.tier) != Tier.NONE:
                 continue

@@ -6,6 +6,23 @@ from dataclasses import dataclass, field
 
 from slurmguard import REASON_PREFIX
 
+#: Slurm job states after which a job runs no more (squeue may still list it for MinJobAge)
+FINAL_JOB_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "TIMEOUT",
+        "CANCELLED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+
 
 def is_ours(text: str | None) -> bool:
     """True if a reason/comment was written by slurmguard (stable prefix)."""
@@ -84,6 +101,11 @@ class JobInfo:
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
+
+    @property
+    def ended(self) -> bool:
+        """In a final state (FINAL_JOB_STATES; "CANCELLED by 0" reads as CANCELLED)."""
+        return bool(self.state) and self.state.split()[0].upper() in FINAL_JOB_STATES
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from slurmguard.respond.actions import ActionExecutor, sweep_effect
 from slurmguard.runner import CommandRunner
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError, UnknownJob
-from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo, is_ours
+from slurmguard.slurm.models import FINAL_JOB_STATES, JobInfo, NodeInfo, ReservationInfo, is_ours
 from slurmguard.store import (
     NodeRecord,
     NodeState,
@@ -90,21 +90,6 @@ from slurmguard.sweeps.verdict import (
 log = logging.getLogger(__name__)
 
 ACTIVE = (NodeState.DRAINING, NodeState.QUARANTINED, NodeState.REMEDIATION)
-FINAL_JOB_STATES = frozenset(
-    {
-        "COMPLETED",
-        "FAILED",
-        "TIMEOUT",
-        "CANCELLED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "REVOKED",
-        "SPECIAL_EXIT",
-    }
-)
 KILLED_STATES = frozenset({"CANCELLED", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "REVOKED"})
 """Ended from outside (admin, preemption, Slurm): retried, not held against the node."""
 NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
