@@ -283,6 +283,42 @@ def test_drained_culprit_is_requeued_off_when_a_later_cycle_names_no_node(sqlite
     assert not slurm.node("node1").drained
 
 
+def feed_unlocalised(ctl, clock, job, nodes, seconds: float, seq: int = 1, step_s: float = 5.0) -> int:
+    """Cycles every step_s for `seconds`, each after fresh reports of a job
+    slowed 1.3x on every node alike (no node to blame); returns the next seq."""
+    t_end = clock.now() + seconds
+    while True:
+        now = clock.now()
+        for r, node in enumerate(nodes):
+            rk = rank_report(r, now, slow_factor=1.3, slow_iters=30, culprit=False)
+            ctl.fleet.ingest(report(node, job, [rk], seq, now), now)
+        seq += 1
+        assert ctl.cycle().actions == []
+        if now >= t_end:
+            return seq
+        clock.advance(step_s)
+
+
+def test_an_unlocalised_slowdown_is_an_incident_only_once_sustained(env):
+    """A job-wide slowdown with no node named is recorded (at tier none, saying
+    no node is to blame) only once it has called for a drain tier, cycle after
+    cycle, for tiers.sustained_s (20 s here): a busy host slows a healthy job
+    alike on every rank for seconds at a time. A spell that ends first, or one
+    broken by a gap longer than UNNAMED_GAP_S, starts the count again."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 15.0)
+    assert store.incidents(job_id=str(job)) == []
+    clock.advance(30)  # the spell ended: nothing reported slow meanwhile
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 15.0, seq)
+    assert store.incidents(job_id=str(job)) == []
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 5.0, seq)
+    (inc,) = store.incidents(job_id=str(job))
+    assert inc.tier == "none" and inc.status == IncidentStatus.OPEN
+    assert inc.evidence["note"] == "slowdown not localised to a node; no action"
+    assert inc.evidence["culprits"] == []
+
+
 def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_requeue(env):
     """A job-wide slowdown (no node named: an incident, no action), then a
     requeue by an admin, then a real fault in the new run: it is drained and
@@ -290,17 +326,13 @@ def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_
     this run's requeue look done), and the old incident is resolved."""
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
-    now = clock.now()
-    for r, node in enumerate(("node1", "node2")):
-        rk = rank_report(r, now, slow_factor=1.3, slow_iters=30, culprit=False)
-        ctl.fleet.ingest(report(node, job, [rk], 1, now), now)
-    assert ctl.cycle().actions == []
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 20.0)
     (old,) = store.incidents(job_id=str(job))
     assert old.tier == "none" and old.status == IncidentStatus.OPEN
     slurm.requeue(job)  # an admin's requeue
     slurm.start_job(["node1", "node2"], job_id=job)
     clock.advance(60)
-    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=2)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=seq)
     res = ctl.cycle()
     assert ("drain", "node2") in res.actions and ("requeue", str(job)) in res.actions
     old, new = store.incidents(job_id=str(job))
@@ -309,20 +341,16 @@ def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_
 
 
 def test_an_unlocalised_slowdowns_incident_is_resolved_when_its_job_ends(env):
-    """A job-wide slowdown (no node named: an incident at tier none, no action)
-    stays open while its job runs, and is resolved once the job has ended;
+    """A sustained job-wide slowdown (no node named: an incident at tier none,
+    no action) stays open while its job runs, and is resolved once the job has ended;
     a drained and requeued job's incident keeps its status."""
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
     other = slurm.start_job(["node3", "node4"])
-    now = clock.now()
-    for r, node in enumerate(("node1", "node2")):
-        rk = rank_report(r, now, slow_factor=1.3, slow_iters=30, culprit=False)
-        ctl.fleet.ingest(report(node, job, [rk], 1, now), now)
     feed_job(ctl, clock, other, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=1)
     ctl.cycle()
     clock.advance(5)
-    assert ctl.cycle().actions == []
+    feed_unlocalised(ctl, clock, job, ("node1", "node2"), 20.0)
     (inc,) = store.incidents(job_id=str(job))
     assert inc.tier == "none" and inc.status == IncidentStatus.OPEN
     slurm.finish_job(job)

@@ -73,6 +73,9 @@ UNNAMED_LOG_S = 10.0
 #: run of namings (Culprit.named_for_s): the localisation of a throttled rank's
 #: noisy compute may miss a cycle or two (assess.LOCALISE_S)
 NAMED_GAP_S = LOCALISE_S
+#: longest gap (s) between two cycles that see a job slow with no node named
+#: that still continues that slowdown's run towards an incident (Controller._unnamed)
+UNNAMED_GAP_S = 10.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
 
@@ -146,6 +149,9 @@ class Controller:
         #: (job, node) -> (first, last) Unix s of the node's current run of namings
         #: whose culprit must be named for a while first (Culprit.named_for_s)
         self._named: dict[tuple[int, str], tuple[float, float]] = {}
+        #: job -> (first, last) Unix s of its current run of cycles slow enough for a
+        #: drain tier with no node named and no incident yet
+        self._unnamed: dict[int, tuple[float, float]] = {}
         self.breaker_open = False
         self.plans = PlanBook()
 
@@ -202,6 +208,7 @@ class Controller:
         index = self.fleet.job_index(now)
         self._unnamed_said = {j: t for j, t in self._unnamed_said.items() if j in index}
         self._named = {k: v for k, v in self._named.items() if k[0] in index and now - v[1] <= NAMED_GAP_S}
+        self._unnamed = {j: v for j, v in self._unnamed.items() if j in index and now - v[1] <= UNNAMED_GAP_S}
         live = self._live_incidents()
         self._close_ended(live, jobs)
         self._lift_requeue_holds(live, jobs, res)
@@ -301,6 +308,19 @@ class Controller:
         if not kept:
             evidence = {**evidence, "localisation": "; ".join(waiting)}
         return replace(a, culprits=tuple(kept), evidence=evidence)
+
+    def _unnamed_held(self, a: JobAssessment, now: float) -> bool:
+        """Whether a slowdown no node is named for has called for a drain tier,
+        cycle after cycle, for response.tiers.sustained_s: only then is it an
+        incident (one that says no node is to blame). A healthy job on a busy
+        host slows job-wide by 20-35% for a few seconds at a time (every rank's
+        compute alike); recorded at once, every such job would read in the triage
+        report as an incident. A slowdown that names a node is recorded at once."""
+        first, last = self._unnamed.get(a.job_id, (now, now))
+        if now - last > UNNAMED_GAP_S:
+            first = now
+        self._unnamed[a.job_id] = (first, now)
+        return now - first >= self.policy.response.tiers.sustained_s
 
     def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:
         """Record an error of one job's assessment/plan in its incident (once per text)."""
@@ -450,6 +470,8 @@ class Controller:
                 incident.id, status=IncidentStatus.RESOLVED, outcome="the job restarted before any action"
             )
             incident = None
+        if incident is None and not a.culprits and not self._unnamed_held(a, now):
+            return
         if incident is None:
             # recorded at first detection, before any action is due: the
             # detection delay is onset -> now, and the onset survives the
