@@ -173,9 +173,10 @@ def test_gpu_job_names_the_slow_rank_as_the_gloo_job_does(tmp_path, name, node):
     assert [c.ranks for c in a.culprits] == [c.ranks for c in g.culprits]
     # the same numbers: GPU times are what the gloo hook saw around its calls
     assert a.evidence == g.evidence
-    # the job is seen slower; a noisy recording's slow spell is small (L_tp2:
-    # 4% over the iterations since its newest slower change)
-    assert a.slowdown > (0.02 if name in NOISY else 0.5)
+    # the job is seen slower; a noisy recording's slow spell is within the
+    # noise of its baseline (L_tp2: no slowdown, tests/test_agent_localise.py)
+    assert a.slowdown == g.slowdown
+    assert a.slowdown > 0.5 or name in NOISY
     assert all(r.source == "nccl" for _, r in ranks)
 
 

@@ -54,21 +54,21 @@ def test_slow_rank_names_its_node(tmp_path, name, node):
     assert [c.node for c in a.culprits] == [node], a.evidence
 
 
-def test_a_slow_spell_within_the_noise_names_no_node_and_says_so(tmp_path):
+def test_a_slow_spell_within_the_noise_names_no_node(tmp_path):
     """L_tp2 (2-D: TP pairs inside a node, ranks 0,1 | 2,3; DP across nodes),
     recorded on a loaded machine: rank 2 computes about 1.5x its same-role peer
     over the last iterations, but single iterations of 0.3-0.5 s on both sides
-    put that within 2 standard errors of the windows' trimmed means. The
-    slowdown is seen; no node is named (node0 least of all), and the
-    incident says why. (With medians this recording named node1 by a hair,
-    and the CPU-capped 2-node DDP job of the demo took 67 s to be named
-    instead of 39 s: a median jumps between the clusters a cap makes.)"""
+    put that within 2 standard errors of the windows' trimmed means. No node is
+    named (node0 least of all). The recording's 34 judged iterations open with
+    4 fast ones (130 ms against a 240 ms baseline): the step detector once took
+    those 4 for the job's new baseline and saw the rest 4% slower, the
+    localisation then saying the spell is within the noise; a faster baseline
+    now has to hold for a longer run (detect.steps), and the whole recording is
+    within the noise of its baseline: no slowdown at all."""
     a, _ = judge(tmp_path, "L_tp2")
-    # +4% once the window's warm-up is skipped (the report holds the whole
-    # history: one iteration fewer than total_steps), +5% or more with it
-    assert a is not None and a.slowdown > 0.03, a
-    assert a.culprits == ()
-    assert "within the noise" in a.evidence["localisation"], a.evidence
+    assert a is not None and a.culprits == ()
+    assert a.slowdown < 0.03, a
+    assert a.current_s == pytest.approx(a.baseline_s)
 
 
 @pytest.mark.parametrize("name,slow_node", [("L_pp0", "node0"), ("L_pp1", "node1")])
