@@ -246,3 +246,26 @@ def test_an_effect_that_cannot_be_applied_does_not_keep_the_action_unrecorded(st
         (row,) = store.audit_entries(action=action)
         assert row.outcome is AuditOutcome.OK and "424242" in row.evidence["effects_failed"]
     assert store.open_intents() == []
+
+
+@pytest.mark.parametrize("final", ["REVOKED", "SPECIAL_EXIT", "DEADLINE", "CANCELLED by 0"])
+def test_a_cancel_whose_job_reached_any_final_state_reads_as_done(store, fake_clock, final):
+    """A cancel killed after its call, whose job Slurm then shows in a final
+    state other than CANCELLED (a federation's REVOKED, a held SPECIAL_EXIT, a
+    DEADLINE, or CANCELLED with its 'by UID'): there is nothing left for it to
+    do, and it is recorded as taken, not closed as not taken and sent again."""
+    slurm = FakeSlurm(clock=fake_clock)
+    ids = _prepare(slurm)
+    undo = _kill_after(slurm, "cancel")
+    with pytest.raises(Killed):
+        ACTIONS["cancel"][1](_executor(slurm, store, 1), ids)
+    undo()
+    slurm.finish_job(ids["job"], state=final)
+    fake_clock.advance(3)
+    nodes, jobs = slurm.fleet()
+    nxt = _executor(slurm, store, 2)
+    assert nxt.reconcile({n.name: n for n in nodes}, {j.job_id: j for j in jobs}) == [
+        f"cancel job {ids['job']}: recorded late"
+    ]
+    (row,) = store.audit_entries(action="cancel")
+    assert row.outcome is AuditOutcome.OK

@@ -67,8 +67,6 @@ LATE = "recorded_late"
 UNVERIFIED = "unverified"
 #: node flags of a reboot asked for and not yet done (scontrol reboot)
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED"})
-#: job states after which a cancel has nothing left to do
-_ENDED = ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
 
 
 # ---------------------------------------------------------------- effects
@@ -328,7 +326,9 @@ class ActionExecutor:
             jid = int(it.job_id)
             j = jobs.get(jid) or self._job(jid)
             if a == "cancel":
-                return j is None or j.state.split()[0].upper() in _ENDED, None
+                # a job in a final state (slurm.models.FINAL_JOB_STATES) has
+                # nothing left for a cancel to do
+                return j is None or j.ended, None
             if j is None or "restarts_before" not in it.evidence:
                 return None, None
             return j.restarts > int(it.evidence["restarts_before"]), None
