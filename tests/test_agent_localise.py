@@ -795,3 +795,29 @@ def test_the_start_up_before_the_jobs_faster_change_is_no_evidence():
     a = assess_job(JOB, ("node1", "node2"), ranks, {}, DEV_POLICY, now)
     assert a is not None and a.culprits == (), (named, a.evidence)
     assert named == ["node2"]  # without the change reported, the start-up counts (the drain seen)
+
+
+def test_a_rank_whose_same_role_peer_is_in_warm_up_waits_as_a_rank_alone():
+    """Stage 0 of a 2-D job has two data-parallel ranks, one of them (rank 1,
+    restarted) still in warm-up: no baseline, not judged. Rank 0 is then
+    compared with its own baseline and the other stage's growth, as a rank
+    alone in its role is, and its node is named only once named for
+    ALONE_NAMED_S (the role count over all ranks said it had a peer: no wait)."""
+    from slurmguard.controller.assess import ALONE_NAMED_S
+
+    rng = np.random.default_rng(5)
+    rows = {0: [], 1: [], 2: []}
+    for i in range(90):
+        step = 0.1 if i < 40 else 0.16
+        for r in rows:
+            extra = 0.06 if (r == 0 and i >= 40) else 0.0
+            rows[r].append((step, 0.05 + extra + 0.004 * rng.standard_normal()))
+    ranks = [
+        ("node1", _paced(0, "stage0", 0.1, 0.05, rows[0])),
+        ("node2", _paced(1, "stage0", None, None, rows[1])),
+        ("node3", _paced(2, "stage1", 0.1, 0.05, rows[2])),
+    ]
+    a = assess_job(JOB, ("node1", "node2", "node3"), ranks, {}, DEV_POLICY, ranks[0][1].steps[-1].end + 0.1)
+    assert a is not None and [c.node for c in a.culprits] == ["node1"], a.evidence
+    assert "no same-role peer" in a.culprits[0].why
+    assert a.culprits[0].named_for_s == ALONE_NAMED_S

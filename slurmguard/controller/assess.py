@@ -20,7 +20,7 @@ one place that turns them into the assessment the response acts on.
 from __future__ import annotations
 
 import heapq
-from collections import Counter, defaultdict
+from collections import defaultdict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -446,7 +446,8 @@ def localise(
 ) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
-    with)], why no node is named (None when one is, or nothing is slow)).
+    with, judged without same-role peers)], why no node is named (None when
+    one is, or nothing is slow)).
 
     A rank's compute (step minus time inside collectives) is compared with
     its own baseline, and its growth with that of the ranks of the same
@@ -532,7 +533,7 @@ def localise(
     excess = policy.detection.cross_group.median_excess
     alone = excess if alone_excess is None else alone_excess
     grown_s = float(np.median(growth)) if growth else 0.0
-    slow: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
+    slow: dict[str, list[tuple[int, float, str, bool]]] = defaultdict(list)
     unseen = (
         f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
         f"under {OBSERVABLE_COMPUTE:.0%} of their step as the hooks see it"
@@ -666,7 +667,9 @@ def localise(
                 f"{grown_s * 1e3:.3g} ms (needs {share:.0%}): job-wide"
             )
             continue
-        slow[key[0]].append((key[1], c, against))
+        # judged without same-role peers, in a role its agent found (an unknown
+        # role, None, is no evidence of being alone in it)
+        slow[key[0]].append((key[1], c, against, bool(not peer[i] and rep.role is not None)))
     if not slow:
         grown = max(ratios.values())
         why = (
@@ -891,14 +894,13 @@ def assess_job(
             )
         )
     by_key = {(n, r.rank): r for n, r in ranks}
-    roles = Counter(r.role for _, r in ranks)
     for node, rows in slow_ranks.items():
-        for rank, c, against in rows:
+        for rank, c, against, alone in rows:
             rep = by_key.get((node, rank))
             gpu = rep.gpu if rep is not None else None
-            # a rank alone in the role its agent found, named against its own
-            # baseline: not before ALONE_NAMED_S
-            alone = rep is not None and rep.role is not None and roles[rep.role] == 1
+            # a rank localise judged without same-role peers (alone in its role,
+            # or its peers still in warm-up), named against its own baseline:
+            # not before ALONE_NAMED_S
             wait = ALONE_NAMED_S if alone and not prompt else 0.0
             found.append(
                 Finding(
