@@ -42,3 +42,6 @@ def test_a_job_in_a_final_state_has_ended():
 
     assert job("COMPLETED").ended and job("CANCELLED by 0").ended and job("out_of_memory").ended
     assert not job("RUNNING").ended and not job("PENDING").ended and not job("").ended
+    # the state without Slurm's suffix, as the sweep scheduler labels it; blank: none
+    assert job("CANCELLED by 0").base_state == "CANCELLED" and job("  ").base_state == ""
+    assert not job("  ").ended

@@ -86,6 +86,17 @@ REQUEUE_SETTLE_S = 120.0
 _TIER_NAME = {Tier.NONE: "none", Tier.VERIFY: "verify", Tier.DRAIN: "drain", Tier.REQUEUE: "requeue"}
 
 
+def _extend_run(runs: dict[Any, tuple[float, float]], key: Any, now: float, gap_s: float) -> float:
+    """Add this cycle (now, Unix s) to key's run of cycles in `runs` (key ->
+    (first, last) Unix s) and return the run's first: a gap over gap_s since
+    its last cycle starts a new run."""
+    first, last = runs.get(key, (now, now))
+    if now - last > gap_s:
+        first = now
+    runs[key] = (first, now)
+    return first
+
+
 class Ticker(Protocol):
     def tick(self, view: tuple[list[NodeInfo], list[JobInfo]] | None = None) -> Any:
         """view: the cycle's Slurm view (nodes, jobs), None = read a fresh one."""
@@ -291,11 +302,7 @@ class Controller:
             if c.named_for_s <= 0:
                 kept.append(c)
                 continue
-            key = (a.job_id, c.node)
-            first, last = self._named.get(key, (now, now))
-            if now - last > NAMED_GAP_S:
-                first = now
-            self._named[key] = (first, now)
+            first = _extend_run(self._named, (a.job_id, c.node), now, NAMED_GAP_S)
             if now - first >= c.named_for_s:
                 kept.append(c)
             else:
@@ -316,10 +323,7 @@ class Controller:
         host slows job-wide by 20-35% for a few seconds at a time (every rank's
         compute alike); recorded at once, every such job would read in the triage
         report as an incident. A slowdown that names a node is recorded at once."""
-        first, last = self._unnamed.get(a.job_id, (now, now))
-        if now - last > UNNAMED_GAP_S:
-            first = now
-        self._unnamed[a.job_id] = (first, now)
+        first = _extend_run(self._unnamed, a.job_id, now, UNNAMED_GAP_S)
         return now - first >= self.policy.response.tiers.sustained_s
 
     def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:

@@ -933,6 +933,7 @@ class StepDetector:
                 decided = True
         else:
             down = ref - a
+            held = bool(np.all(tail <= ref - mv))  # the newest samples still faster
             # a return is judged in the healthy pattern against the baseline, and
             # measured from the level the episode was verified at (a refined
             # estimate of a short excursion may have sunk under it)
@@ -956,11 +957,11 @@ class StepDetector:
                 down >= self.acc
                 and (slow or m >= self.max_wait)
                 and down - k * se >= half
-                and np.all(tail <= ref - mv)
+                and held
                 and np.sum(after <= ref - mv) >= need
             ):
                 kind = "faster"
-            elif (down + k * se < self.acc and not back) or (not slow and not np.all(tail <= ref - mv)):
+            elif (down + k * se < self.acc and not back) or (not slow and not held):
                 # clearly not faster; or, while healthy, no longer held: a pending
                 # faster candidate waits out max_wait only while it holds, so it
                 # never keeps a slowdown that follows it from being a candidate

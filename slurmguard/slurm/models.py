@@ -103,9 +103,15 @@ class JobInfo:
         return self.state == "RUNNING"
 
     @property
+    def base_state(self) -> str:
+        """The state without what Slurm appends ("CANCELLED by 0" -> "CANCELLED"),
+        upper case; "" when Slurm gave none."""
+        return self.state.split()[0].upper() if self.state.strip() else ""
+
+    @property
     def ended(self) -> bool:
-        """In a final state (FINAL_JOB_STATES; "CANCELLED by 0" reads as CANCELLED)."""
-        return bool(self.state) and self.state.split()[0].upper() in FINAL_JOB_STATES
+        """In a final state (FINAL_JOB_STATES, judged on base_state)."""
+        return self.base_state in FINAL_JOB_STATES
 
 
 @dataclass(frozen=True)

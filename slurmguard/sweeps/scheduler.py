@@ -48,7 +48,7 @@ from slurmguard.respond.actions import ActionExecutor, sweep_effect
 from slurmguard.runner import CommandRunner
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError, UnknownJob
-from slurmguard.slurm.models import FINAL_JOB_STATES, JobInfo, NodeInfo, ReservationInfo, is_ours
+from slurmguard.slurm.models import JobInfo, NodeInfo, ReservationInfo, is_ours
 from slurmguard.store import (
     NodeRecord,
     NodeState,
@@ -497,8 +497,8 @@ class SweepScheduler:
                 job = None
         if job is None:
             return Step(name, "judge", f"job {jid} left the queue", {"sweep": s.id, "state": VANISHED})
-        state = job.state.split()[0].upper() if job.state else "UNKNOWN"
-        if state in FINAL_JOB_STATES:
+        state = job.base_state or "UNKNOWN"
+        if job.ended:
             return Step(
                 name,
                 "judge",
