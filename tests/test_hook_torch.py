@@ -526,8 +526,16 @@ def test_the_ring_says_when_a_rank_waits_inside_a_collective(spank_build, tmp_pa
 
     try:
         path = rings / "rank-0.step-0.torch.ring"
-        until(path.exists, "rank 0's ring")
-        with ring.RingReader(str(path)) as r:
+
+        def opened():
+            # the writer publishes the magic last: a file that exists may not be a
+            # ring yet, and a reader that opens it then must wait, as the agent does
+            try:
+                return ring.RingReader(str(path))
+            except (FileNotFoundError, ring.RingError):
+                return None
+
+        with until(opened, "rank 0's ring") as r:
             assert r.header.header_flags & ring.HF_IN_FLIGHT
             for name in ("sync", "async", "recv"):
                 until((sync / f"in-{name}").exists, f"rank 0 entering the {name} call")
