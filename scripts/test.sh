@@ -14,4 +14,5 @@ python -m ruff format --check .
 python -m mypy
 # a normal (wheel) install outside the checkout runs db upgrade and renders sweeps
 bash scripts/check_wheel.sh
-exec python -m pytest -q -p no:cacheprovider "$@"
+# the slowest tests are named in the log, so a slower CI can be traced to them
+exec python -m pytest -q -p no:cacheprovider --durations=40 "$@"

@@ -345,6 +345,18 @@ class RankReport(_Model):
     an empty one is no object to the garbage collector, which a controller holding
     80,000 ranks walks through.)"""
 
+    def newest_slower(self, factor: float, n: int = 3) -> bool:
+        """Whether the rank's newest n iterations all took at least `factor` times
+        its baseline step (False without a baseline or n iterations): the first
+        sign of a slowdown, one iteration more than a single outlier. What makes
+        an agent report early and the controller judge a report at once."""
+        base = self.baseline_step_s
+        if not base or len(self.steps) < n:
+            return False
+        newest = self.steps[-n:]
+        step_s = newest.step_s if isinstance(newest, StepWindow) else [s.step_s for s in newest]
+        return bool(min(step_s) >= factor * base)
+
 
 class JobReport(_Model):
     job_id: int = Field(gt=0)

@@ -870,3 +870,74 @@ def test_lifecycle_refusal_is_logged_but_a_database_outage_is_the_jobs_error(env
         and len(store.audit_entries(action="drain")) == 2
     )
     assert store.get_node("node4").state == NodeState.DRAINING
+
+
+def test_only_a_slow_or_watched_jobs_report_wakes_the_cycle(env):
+    """Controller.wants_cycle: a healthy report waits for the next cycle; one whose
+    rank ran its newest WAKE_STEPS iterations past the moderate bar wakes it, and
+    so does any report of a job the last cycle found slow, until a cycle finds it
+    healthy again."""
+    ctl, slurm, _, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    now = clock.now()
+    healthy = report("node1", job, [rank_report(0, now)], 1, now)
+    assert not ctl.wants_cycle(healthy)
+    # two slow iterations (one outlier more) are not yet a sign; three are
+    two = report("node2", job, [rank_report(1, now, slow_factor=1.3, slow_iters=2, culprit=True)], 1, now)
+    three = report("node2", job, [rank_report(1, now, slow_factor=1.3, slow_iters=3, culprit=True)], 1, now)
+    assert not ctl.wants_cycle(two)
+    assert ctl.wants_cycle(three)
+    # 9% slower, under the moderate tier's 10%: nothing to judge early
+    mild = report("node2", job, [rank_report(1, now, slow_factor=1.09, slow_iters=10, culprit=True)], 1, now)
+    assert not ctl.wants_cycle(mild)
+    # the packed wire form reads the same
+    from slurmguard.wire import StepWindow, decode_report, encode_report
+
+    packed = decode_report(encode_report(three))
+    assert isinstance(packed.jobs[0].ranks[0].steps, StepWindow)
+    assert ctl.wants_cycle(packed)
+    # a cycle that found the job slow (but had not yet named it long enough to act)
+    # watches it: even a report whose newest iterations look fine wakes the next
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.12}, slow_iters=12, seq=1)
+    ctl.cycle()
+    assert job in ctl.watched
+    assert ctl.wants_cycle(healthy)
+    clock.advance(120)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.0}, slow_iters=0, seq=2)
+    ctl.cycle()
+    assert job not in ctl.watched
+    assert not ctl.wants_cycle(report("node1", job, [rank_report(0, clock.now())], 3, clock.now()))
+
+
+def test_the_cycle_waits_its_interval_from_its_start_unless_woken(fake_clock):
+    """daemon.wait_for_cycle: the interval runs from the cycle's start (a 0.3 s
+    cycle does not stretch a 1 s period to 1.3 s); a wake ends the wait early,
+    but not before WAKE_GAP_FRACTION of the interval nor before the cycle's own
+    duration again has passed; a stop ends it at once."""
+    import threading
+    import time
+
+    from slurmguard.controller.daemon import WAKE_GAP_FRACTION, wait_for_cycle
+
+    def waited(cycle_s: float, interval_s: float, wake_after: float | None = None, stop_=False) -> float:
+        stop, wake = threading.Event(), threading.Event()
+        began = fake_clock.monotonic()
+        fake_clock.advance(cycle_s)
+        if stop_:
+            stop.set()
+        timer = threading.Timer(wake_after, wake.set) if wake_after is not None else None
+        t0 = time.monotonic()
+        if timer is not None:
+            timer.start()
+        wait_for_cycle(fake_clock, stop, wake, began, interval_s)
+        assert not wake.is_set()  # a wake is used once
+        return time.monotonic() - t0
+
+    assert 0.6 <= waited(0.3, 1.0) < 0.85
+    assert waited(1.5, 1.0) < 0.05  # longer than its interval: the next follows at once
+    assert waited(0.0, 2.0, wake_after=0.6) < 0.85  # woken: not the whole 2 s
+    # woken at once after a short cycle: no sooner than the gap
+    assert WAKE_GAP_FRACTION * 2.0 - 0.02 <= waited(0.0, 2.0, wake_after=0.0) < 0.7
+    # woken at once after a cycle of 0.5 s: not before as long again
+    assert 0.45 <= waited(0.5, 2.0, wake_after=0.0) < 0.8
+    assert waited(0.0, 5.0, stop_=True) < 0.05

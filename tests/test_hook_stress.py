@@ -26,9 +26,10 @@ the hook did.
 
 All jobs are submitted at once; the 4-node cluster runs 4 of them side by
 side (one CPU per task). Each task starts Python and imports torch (about 2
-CPU seconds). Measured on the 2-core development machine: 5.7 minutes with
-it otherwise nearly idle (load average 1 before the run), 13 to 16 minutes
-while other test runs kept it at a load average of 17 to 25.
+CPU seconds). Measured on the 2-core development machine with 75 jobs: 5.7
+minutes with it otherwise nearly idle (load average 1 before the run), 13 to
+16 minutes while other test runs kept it at a load average of 17 to 25, 8.3
+minutes in a full-suite run; 50 jobs now (GUARDED_REPEATS).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 ENDINGS = [*exits.ENDINGS, *exits.SLURM_ENDINGS]
 #: (shape, ending) pairs: every ending for DDP; for the pipeline, those whose
 #: exit path differs most with what the job was doing (p2p work, written when
-#: the call returns, not from a future): 25 cases, 50 guarded jobs, 75 in all
+#: the call returns, not from a future): 25 cases, 25 guarded jobs, 50 in all
 PIPE_ENDINGS = (
     "destroy",
     "no-destroy",
@@ -62,7 +63,9 @@ PIPE_ENDINGS = (
     "slurm-kill",
 )
 CASES = [("ddp", e) for e in ENDINGS] + [("pipe", e) for e in PIPE_ENDINGS]
-GUARDED_REPEATS = 2
+#: each case guarded once (twice until session 18: the test was 500 s of a 51-minute
+#: CI run; every case's exit status, output and ring are still checked job by job)
+GUARDED_REPEATS = 1
 #: the test fails when guarded jobs fail in teardown more often than the
 #: control at this significance (one-sided Fisher's exact test)
 ALPHA = 0.01
@@ -289,7 +292,7 @@ def test_guarded_jobs_end_as_unguarded_ones_with_every_record(devcluster, guard,
     assert not harness, (
         "harness failures (the jobs never ran their scenario; not a hook effect):\n" + "\n".join(harness[:10])
     )
-    assert jobs["guarded"] >= 50
+    assert jobs["guarded"] >= len(CASES) * GUARDED_REPEATS
     assert not problems, "\n".join(problems[:10])
     assert p >= ALPHA, (
         f"guarded jobs failed in teardown {failed['guarded']}/{jobs['guarded']}, "

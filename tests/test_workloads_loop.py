@@ -58,7 +58,10 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float 
         # and what its log says of actions held back or failed
         log = run.cluster.log_dir / f"{run.guard.controller_service(0)}.stdout"
         lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-        said = [ln for ln in lines if any(w in ln for w in ("held back", "error", "failed", "Traceback"))]
+        # and, every 10 s while it lasts, why the slow job still had no node named
+        # (the incident keeps only what was seen at its first detection)
+        words = ("held back", "error", "failed", "Traceback", "no node named")
+        said = [ln for ln in lines if any(w in ln for w in words)]
         raise AssertionError(f"{exc}; incidents: {why}; audit: {acts}; controller log: {said[-8:]}") from None
     t_drain = sc.epoch(drain.at)
     assert t_drain >= t_inject - 1.0, "drained before the fault was on"

@@ -144,18 +144,29 @@ class Agent:
         return report
 
 
+#: while a rank on the node runs slow (RankReport.newest_slower past the
+#: moderate tier's slowdown), the agent reports this fraction of
+#: agent.report_interval_s apart: the controller's evidence for naming the node
+#: spans a report interval of iterations (controller.assess._since_change), and
+#: sooner reports bring it sooner; a healthy node keeps the configured interval
+EARLY_REPORT_FRACTION = 0.5
+
+
 def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -> int:
     stop = stop or threading.Event()
     p = agent.policy.agent
+    slower = 1.0 + agent.policy.response.tiers.moderate_slowdown
 
     stop_on_signals(stop, log)
-    next_report = agent.clock.monotonic()
+    next_report = next_sample = agent.clock.monotonic()
     try:
         while not stop.is_set():
-            try:
-                agent.sample_telemetry()
-            except Exception:  # noqa: BLE001 - a daemon never dies of one bad sample
-                log.exception("telemetry sample failed")
+            if agent.clock.monotonic() >= next_sample:
+                next_sample = agent.clock.monotonic() + p.sample_interval_s
+                try:
+                    agent.sample_telemetry()
+                except Exception:  # noqa: BLE001 - a daemon never dies of one bad sample
+                    log.exception("telemetry sample failed")
             if agent.clock.monotonic() >= next_report:
                 next_report = agent.clock.monotonic() + p.report_interval_s
                 try:
@@ -163,6 +174,8 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
                 except Exception:  # noqa: BLE001 - the next cycle may well succeed
                     log.exception("report cycle failed")
                 else:
+                    if any(r.newest_slower(slower) for j in rep.jobs for r in j.ranks):
+                        next_report -= (1.0 - EARLY_REPORT_FRACTION) * p.report_interval_s
                     log.debug(
                         "report %d: %d job(s), %d telemetry sample(s), %d queued",
                         rep.seq,
@@ -172,7 +185,9 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
                     )
             if once:
                 break
-            stop.wait(min(p.sample_interval_s, p.report_interval_s))
+            # the waits are real seconds, as the clock's own sleep is not (a fake one)
+            due = min(next_sample, next_report) - agent.clock.monotonic()
+            stop.wait(min(max(due, 0.01), p.sample_interval_s, p.report_interval_s))
     finally:
         agent.tracker.close()
         if agent.source is not None and hasattr(agent.source, "close"):

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+#: a report that wakes the cycle (Controller.wants_cycle) runs it no sooner than
+#: this fraction of controller.cycle_interval_s after the last one began, and
+#: no sooner than WAKE_DUTY times that cycle's own duration after it ended, so
+#: that slow jobs' reports arriving from many nodes at different moments keep
+#: the controller at most about 1 / (1 + WAKE_DUTY) busy, not in back-to-back cycles
+WAKE_GAP_FRACTION = 0.2
+WAKE_DUTY = 1.0
+
 #: the cyclic collector's thresholds in the controller process (Python's default: 700, 10, 10)
 GC_THRESHOLDS = (50_000, 20, 10)
 
@@ -71,6 +79,28 @@ def say_held_back(now: list[str], before: set[str]) -> set[str]:
     for why in sorted(set(now) - before):
         log.warning("action held back: %s", why)
     return set(now)
+
+
+def wait_for_cycle(
+    clock: Clock, stop: threading.Event, wake: threading.Event, began: float, interval_s: float
+) -> None:
+    """Wait for the next cycle: interval_s after the last one began (clock's
+    monotonic s; a cycle longer than that is followed at once), or sooner once
+    `wake` is set, but not before WAKE_GAP_FRACTION of the interval after it
+    began nor WAKE_DUTY times its duration after it ended. Returns at once on
+    `stop`. The waits themselves are the events' (real seconds), as before."""
+    ended = clock.monotonic()
+    due = max(0.0, began + interval_s - ended)
+    earliest = min(due, max(0.0, began + WAKE_GAP_FRACTION * interval_s - ended, WAKE_DUTY * (ended - began)))
+    if stop.wait(earliest):
+        return
+    left = due - earliest
+    # in slices, so that a stop ends the wait as promptly as a wake does
+    while left > 0 and not stop.is_set():
+        if wake.wait(min(left, 0.1)):
+            break
+        left -= 0.1
+    wake.clear()
 
 
 def _sweeper(
@@ -118,8 +148,13 @@ def run(
         ok = age <= max(3 * opts.interval_s, 30.0)
         return ok, f"{role}last cycle {age:.0f}s ago"
 
+    wake = threading.Event()
+
     def ingest(report: AgentReport) -> bool:
-        return ctl.fleet.ingest(report, clock.now())
+        kept = ctl.fleet.ingest(report, clock.now())
+        if kept and ctl.wants_cycle(report):
+            wake.set()
+        return kept
 
     http = ControllerHTTP(
         opts.host,
@@ -150,6 +185,7 @@ def run(
     held_back: set[str] = set()
     try:
         while not stop.is_set():
+            began = clock.monotonic()
             if lease is not None:
                 leading = lease.hold()
                 metrics.leader.set(1 if leading else 0)
@@ -168,7 +204,7 @@ def run(
             held_back = say_held_back(res.suppressed, held_back)
             if opts.once:
                 break
-            stop.wait(opts.interval_s)
+            wait_for_cycle(clock, stop, wake, began, opts.interval_s)
     finally:
         if lease is not None:
             lease.release()

@@ -61,7 +61,7 @@ from slurmguard.store import (
     NodeState,
     Store,
 )
-from slurmguard.wire import JobReport
+from slurmguard.wire import AgentReport, JobReport
 
 if TYPE_CHECKING:  # metrics imports this module (for its annotations)
     from slurmguard.controller.metrics import ControllerMetrics
@@ -78,6 +78,11 @@ NAMED_GAP_S = LOCALISE_S
 UNNAMED_GAP_S = 10.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
+#: a report wakes the cycle (Controller.wants_cycle) when one of its ranks'
+#: newest this many iterations are all slower than its baseline by the
+#: moderate tier's slowdown: the first sign of a fault, seen in one iteration
+#: more than a single outlier
+WAKE_STEPS = 3
 
 #: seconds after a requeue during which a later cycle still lifts its post-requeue hold
 #: (Slurm's own hold is about two minutes)
@@ -165,6 +170,10 @@ class Controller:
         self._unnamed: dict[int, tuple[float, float]] = {}
         self.breaker_open = False
         self.plans = PlanBook()
+        #: jobs whose assessment last cycle had an open slowdown, a stall or a
+        #: culprit: their reports wake the next cycle (wants_cycle). Replaced
+        #: whole at the end of each cycle (the HTTP thread reads it)
+        self.watched: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ the cycle
     def cycle(self) -> CycleResult:
@@ -234,6 +243,12 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others
                 self._job_failed(job_id, exc, now, res)
         self._verify_flags(nodes, jobs, slow_nodes, res, now)
+        moderate = self.policy.response.tiers.moderate_slowdown
+        self.watched = frozenset(
+            j
+            for j, a in res.assessments.items()
+            if a.onset is not None or a.culprits or a.stalled_for_s > 0 or a.slowdown >= moderate
+        )
         self.breaker_open = self.breaker_open or self.safety.breaker_open(now)
         if self.sweeper is not None:
             try:
@@ -245,6 +260,22 @@ class Controller:
                 res.errors.append(f"sweeps: {exc}")
         self._observe(res)
         return res
+
+    def wants_cycle(self, report: AgentReport) -> bool:
+        """Whether this report should be judged now rather than at the next
+        cycle (controller.daemon wakes the cycle for it): it carries a job
+        whose last assessment had an open slowdown, a stall or a culprit
+        (Controller.watched), or a rank whose newest WAKE_STEPS iterations
+        were all slower than its baseline by the moderate tier's slowdown.
+        A fault is then acted on one report after it shows, not up to a cycle
+        interval later; a healthy fleet's reports wake nothing, so the cycle
+        rate at scale stays the configured one. Called from the HTTP thread:
+        reads only the report and the frozen `watched`."""
+        bar = 1.0 + self.policy.response.tiers.moderate_slowdown
+        watched = self.watched
+        return any(
+            j.job_id in watched or any(r.newest_slower(bar, WAKE_STEPS) for r in j.ranks) for j in report.jobs
+        )
 
     def _job(
         self,
@@ -276,6 +307,16 @@ class Controller:
         res.assessments[job.job_id] = a
         self._review_plan(a, job, ranks, incident, now, res)
         tier = classify(a, self.policy.response.tiers, now)
+        if a.onset is not None or a.culprits:
+            # the detection's timeline, cycle by cycle (-vv): what was seen when
+            log.debug(
+                "job %d: step %+.0f%% since %.2f, tier %s, named %s",
+                job.job_id,
+                100 * a.slowdown,
+                a.onset or 0.0,
+                tier.label,
+                ",".join(c.node for c in a.culprits) or "none",
+            )
         if tier >= Tier.DRAIN:
             slow_nodes.update(c.node for c in a.culprits)
             if not a.culprits and now - self._unnamed_said.get(job.job_id, -UNNAMED_LOG_S) >= UNNAMED_LOG_S:
