@@ -239,6 +239,8 @@ class AgentPolicy(Strict):
     ring_root: str = "/dev/shm/slurmguard"
     sample_interval_s: float = Field(5.0, gt=0)
     report_interval_s: float = Field(10.0, gt=0)
+    """Seconds between an agent's reports; half that while one of its ranks runs
+    the moderate tier's slowdown or more (agent.daemon.EARLY_REPORT_FRACTION)."""
     telemetry_source: Literal["sim", "nvml", "dcgm", "prometheus", "none"] = "sim"
     telemetry: TelemetryPolicy = Field(default_factory=TelemetryPolicy)
     controller_url: str = "http://127.0.0.1:8642"
@@ -271,6 +273,8 @@ class ControllerPolicy(Strict):
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(8642, ge=1, le=65535)
     cycle_interval_s: float = Field(5.0, gt=0)
+    """Seconds from one control cycle's start to the next; a report of a slow job
+    starts one sooner (controller.daemon.wait_for_cycle, Controller.wants_cycle)."""
     report_stale_s: float = Field(120.0, gt=0)
     secret_file: str = "/etc/slurmguard/secret"
     """Master secret (32+ random bytes, mode 0600, root): each node's report key is
