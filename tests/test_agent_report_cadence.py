@@ -59,11 +59,12 @@ def counts(factor: float, seconds: float = 2.0) -> tuple[int, int]:
 def test_a_node_with_a_slow_rank_reports_sooner():
     healthy, healthy_samples = counts(1.0)
     slow, slow_samples = counts(1.5)
-    # 2 s at 0.4 s: about 5 reports (the first at once); slow: about 2 s / 0.2 s
-    assert 4 <= healthy <= 7, healthy
-    assert slow >= healthy / EARLY_REPORT_FRACTION - 3, (slow, healthy)
+    # 2 s at 0.4 s: about 5 reports (the first at once); slow, at 0.2 s: about 10
+    # (margins for a loaded machine: a late loop reports less often in both)
+    assert 3 <= healthy <= 7, healthy
+    assert slow >= 1.5 * healthy, (slow, healthy, EARLY_REPORT_FRACTION)
     # 9% slower is under the moderate tier: no early reports
     assert counts(1.09)[0] <= 7
-    # telemetry keeps its own 0.2 s cadence in both
+    # telemetry keeps its own 0.2 s cadence in both (about 10 in 2 s)
     for n in (healthy_samples, slow_samples):
-        assert 8 <= n <= 12, n
+        assert 5 <= n <= 12, n
