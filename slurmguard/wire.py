@@ -297,6 +297,11 @@ class LinkReport(_Model):
 MAX_LINKS = 64
 
 
+#: iterations RankReport.newest_slower looks at: one more than a single outlier
+#: and its neighbour
+NEWEST_SLOWER_STEPS = 3
+
+
 class RankReport(_Model):
     rank: int = Field(ge=0)
     local_rank: int | None = None
@@ -345,11 +350,11 @@ class RankReport(_Model):
     an empty one is no object to the garbage collector, which a controller holding
     80,000 ranks walks through.)"""
 
-    def newest_slower(self, factor: float, n: int = 3) -> bool:
+    def newest_slower(self, factor: float, n: int = NEWEST_SLOWER_STEPS) -> bool:
         """Whether the rank's newest n iterations all took at least `factor` times
         its baseline step (False without a baseline or n iterations): the first
-        sign of a slowdown, one iteration more than a single outlier. What makes
-        an agent report early and the controller judge a report at once."""
+        sign of a slowdown. What makes an agent report early and the controller
+        judge a report at once."""
         base = self.baseline_step_s
         if not base or len(self.steps) < n:
             return False

@@ -874,7 +874,7 @@ def test_lifecycle_refusal_is_logged_but_a_database_outage_is_the_jobs_error(env
 
 def test_only_a_slow_or_watched_jobs_report_wakes_the_cycle(env):
     """Controller.wants_cycle: a healthy report waits for the next cycle; one whose
-    rank ran its newest WAKE_STEPS iterations past the moderate bar wakes it, and
+    rank ran its newest NEWEST_SLOWER_STEPS (3) iterations past the moderate bar wakes it, and
     so does any report of a job the last cycle found slow, until a cycle finds it
     healthy again."""
     ctl, slurm, _, clock = env

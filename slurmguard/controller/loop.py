@@ -50,7 +50,7 @@ from slurmguard.respond.actions import (
 )
 from slurmguard.respond.escalation import Action, Decision, InJob, gate
 from slurmguard.respond.safety import SafetyGate
-from slurmguard.respond.tiers import Culprit, JobAssessment, Tier, classify
+from slurmguard.respond.tiers import Culprit, JobAssessment, Tier, calls_for_a_tier, classify
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.slurm.errors import NotOurs, SlurmError
 from slurmguard.slurm.models import JobInfo, NodeInfo
@@ -78,11 +78,6 @@ NAMED_GAP_S = LOCALISE_S
 UNNAMED_GAP_S = 10.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
-#: a report wakes the cycle (Controller.wants_cycle) when one of its ranks'
-#: newest this many iterations are all slower than its baseline by the
-#: moderate tier's slowdown: the first sign of a fault, seen in one iteration
-#: more than a single outlier
-WAKE_STEPS = 3
 
 #: seconds after a requeue during which a later cycle still lifts its post-requeue hold
 #: (Slurm's own hold is about two minutes)
@@ -243,11 +238,11 @@ class Controller:
             except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the others
                 self._job_failed(job_id, exc, now, res)
         self._verify_flags(nodes, jobs, slow_nodes, res, now)
-        moderate = self.policy.response.tiers.moderate_slowdown
+        tiers = self.policy.response.tiers
         self.watched = frozenset(
             j
             for j, a in res.assessments.items()
-            if a.onset is not None or a.culprits or a.stalled_for_s > 0 or a.slowdown >= moderate
+            if a.onset is not None or a.culprits or a.stalled_for_s > 0 or calls_for_a_tier(a.slowdown, tiers)
         )
         self.breaker_open = self.breaker_open or self.safety.breaker_open(now)
         if self.sweeper is not None:
@@ -265,17 +260,15 @@ class Controller:
         """Whether this report should be judged now rather than at the next
         cycle (controller.daemon wakes the cycle for it): it carries a job
         whose last assessment had an open slowdown, a stall or a culprit
-        (Controller.watched), or a rank whose newest WAKE_STEPS iterations
-        were all slower than its baseline by the moderate tier's slowdown.
+        (Controller.watched), or a rank whose newest iterations
+        (RankReport.newest_slower) were all slower than its baseline by the moderate tier's slowdown.
         A fault is then acted on one report after it shows, not up to a cycle
         interval later; a healthy fleet's reports wake nothing, so the cycle
         rate at scale stays the configured one. Called from the HTTP thread:
         reads only the report and the frozen `watched`."""
         bar = 1.0 + self.policy.response.tiers.moderate_slowdown
         watched = self.watched
-        return any(
-            j.job_id in watched or any(r.newest_slower(bar, WAKE_STEPS) for r in j.ranks) for j in report.jobs
-        )
+        return any(j.job_id in watched or any(r.newest_slower(bar) for r in j.ranks) for j in report.jobs)
 
     def _job(
         self,
