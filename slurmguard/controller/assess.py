@@ -85,8 +85,8 @@ TRIM = 0.1
 #: capped for a 2.5x slower step computed 1.8-3.3x its baseline against the
 #: other stage's 1.1-1.4x and waited 4-8 s for the second window
 ALONE_SINCE_CHANGE = 0.5
-#: a rank without same-role peers named on localise's two windows (its
-#: compute against its own baseline scaled by the other ranks' growth, a
+#: a rank without same-role peers named on localise's two windows (its mean
+#: compute against its own baseline scaled by the other ranks' mean growth, a
 #: smaller excess than ALONE_SINCE_CHANGE) is acted on only once its node has
 #: been named for this long (s), cycle after cycle (a gap of up to
 #: LOCALISE_S between two namings does not restart it; controller.loop).
@@ -550,7 +550,7 @@ def localise(
             slow,
             ("no rank has a compute baseline yet (warm-up)" if not hidden else unseen[2:]),
         )
-    # every rank's same-role peers' medians (ratio, compute, s.e.) and the other
+    # every rank's same-role peers' medians (compute, s.e., t, plain mean) and the other
     # ranks' medians, for all ranks at once: one sort per role, O(n log n)
     n = len(judged)
     cv = np.array([c for *_, c, _ in judged])
@@ -580,14 +580,14 @@ def localise(
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
         # a rank without same-role peers is judged by its plain means, every
-        # iteration counted (ALONE_PLAIN): a CPU quota freezes such a stage in a
-        # heavy tail of its iterations, which the trimmed means cut
+        # iteration counted (ATTRIBUTION_ALONE): a CPU quota freezes such a stage
+        # in a heavy tail of its iterations, which the trimmed means cut
         lone = not peer[i] and n > 1
         if lone:
             ratio = float(prv[i])
         if ratio <= 1.0 + excess:
             continue
-        base = c / ratios[key]
+        base = c / ratios[key]  # its baseline compute (s)
         if not peer[i] and ratio <= 1.0 + alone:
             continue
         if lone:
@@ -640,7 +640,7 @@ def localise(
         # a CPU cap freezes a rank for part of some iterations and not others,
         # and the trimmed means cut the most frozen (a capped pipeline stage's
         # extra compute explained 31-50% of the step growth by them, 60-100% by
-        # the means); the trimmed difference above has already cleared the noise
+        # the means); the difference above has already cleared the noise
         if lone:
             mean_expected = expected
         elif n == 1:
