@@ -319,6 +319,12 @@ class RankReport(_Model):
     checkpoints counted: what an intermittent slowdown (some iterations slowed,
     the median not) is measured against (slurmguard.detect.steps); None: unknown."""
     baseline_compute_s: float | None = None
+    """Median compute (step minus time inside collectives, s) of the iterations the
+    baseline was learned or last followed over (agent.analysis.RankAnalyzer); None: unknown."""
+    baseline_compute_mean_s: float | None = Field(None, ge=0)
+    """Plain mean compute (s) of the same iterations: what a rank's plain mean
+    compute is compared with (controller.assess.localise, a rank without
+    same-role peers); None: unknown (an older agent), the median stands in."""
     steps: Steps = Field(default_factory=list)
     """The rank's newest iterations (agent.report_steps of them), oldest first."""
     total_steps: int = 0

@@ -557,9 +557,11 @@ def localise(
     sv = np.array([e for *_, e in judged])
     kv = np.array(needs)
     pv = np.array(plain)
+    # plain means are compared with the baseline's plain mean (its median from an older agent)
+    bv = np.array([rep.baseline_compute_mean_s or rep.baseline_compute_s for _, rep, _, _ in judged])
     with np.errstate(all="ignore"):
-        prv = pv / np.array([rep.baseline_compute_s for _, rep, _, _ in judged])
-        pqv = np.array(plain_se) / np.array([rep.baseline_compute_s for _, rep, _, _ in judged])
+        prv = pv / bv
+        pqv = np.array(plain_se) / bv
     by_role: dict[str, list[int]] = defaultdict(list)
     for i, (key, rep, _, _) in enumerate(judged):
         by_role[rep.role or f"rank{key[1]}"].append(i)
@@ -576,6 +578,8 @@ def localise(
     if n > 1:
         all_k = _median_without_self(kv)
         all_plain, all_plain_q = _median_without_self(prv), _median_without_self(pqv)
+        # ... and their extra compute in seconds, with its standard error
+        all_added, all_added_se = _median_without_self(pv - bv), _median_without_self(np.array(plain_se))
     unexplained: list[str] = []
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
@@ -591,13 +595,28 @@ def localise(
         if not peer[i] and ratio <= 1.0 + alone:
             continue
         if lone:
-            grown = float(all_plain[i])
-            if ratio <= grown * (1.0 + alone):
+            # what a job-wide slowdown makes of this stage's compute: the other
+            # ranks' growth as a factor (a slower clock scales all work) or as
+            # seconds (a busy host takes about as long from every process per
+            # iteration, which is a larger factor on a stage that computes
+            # less), whichever expects more. A hand-written GPipe job's first
+            # stage (8.5 ms of compute against the other's 16.5 ms) under a
+            # busy host computed 1.55x its baseline against the other's 1.27x,
+            # 4.6 ms more against 4.4 ms: named for 8 s by the factor, and its
+            # healthy node drained. Never less than its own baseline: the others
+            # computing less than theirs excuses nothing
+            base = float(bv[i])
+            grown, added = max(1.0, float(all_plain[i])), max(0.0, float(all_added[i]))
+            expected = max(base * grown, base + added)
+            if float(pv[i]) <= expected * (1.0 + alone):
                 continue
-            expected = base * grown
-            noise = float(np.hypot(plain_se[i], base * all_plain_q[i]))
+            by_factor = base * grown >= base + added
+            noise = float(np.hypot(plain_se[i], base * all_plain_q[i] if by_factor else all_added_se[i]))
             need = max(float(kv[i]), float(all_k[i]))
-            against = f"its baseline {base:.3g}s (no same-role peer; the other ranks grew {grown:.2f}x, by their means)"
+            against = (
+                f"its baseline {base:.3g}s (no same-role peer; the other ranks grew {grown:.2f}x, "
+                f"{added * 1e3:+.3g} ms, by their means)"
+            )
             c = float(pv[i])
         elif n > 1:
             # ranks of one role do the same work: their compute is compared
