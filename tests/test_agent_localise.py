@@ -764,6 +764,29 @@ def test_the_evidence_to_name_a_node_scales_with_the_excess_over_the_noise():
     assert first_named(_burst_job(0.1, 40, 44, sd=0.015), 60) is None
 
 
+def test_a_rank_named_since_a_change_by_a_slight_excess_is_acted_on_only_once_it_lasts():
+    """Two DP ranks; from a step change on, rank 1 computes 3x its peer (a
+    capped node): named from the iterations since the change and acted on at
+    once. Computing 1.2x its peer (a healthy rank on a busy host takes such
+    turns for seconds at a time): named as well, but with ALONE_NAMED_S to
+    last first (PROMPT_EXCESS)."""
+    from slurmguard.controller.assess import ALONE_NAMED_S, PROMPT_EXCESS
+
+    def named(ranks, upto):
+        for k in range(42, upto):
+            cut = [(n, r.model_copy(update={"steps": r.steps[:k]})) for n, r in ranks]
+            a = assess_job(JOB, ("node1", "node2"), cut, {}, DEV_POLICY, cut[0][1].steps[-1].end + 0.1)
+            if a is not None and a.culprits:
+                return a.culprits
+        return ()
+
+    large = named(_burst_job(0.1, 40, 60), 60)
+    assert [(c.node, c.named_for_s) for c in large] == [("node2", 0.0)], large
+    slight = named(_burst_job(0.01, 40, 60, slow_step=0.115), 60)
+    assert PROMPT_EXCESS > 0.01 / 0.05
+    assert [(c.node, c.named_for_s) for c in slight] == [("node2", ALONE_NAMED_S)], slight
+
+
 def _stage_job(rng, n_slow, slow_step, slow_compute):
     """A 2-stage pipeline of 42 ms steps (stage 0 computing 20 ms, stage 1
     22.6 ms, each scattered by 3%) whose step goes to slow_step s after 60

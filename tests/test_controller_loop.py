@@ -302,15 +302,18 @@ def feed_unlocalised(ctl, clock, job, nodes, seconds: float, seq: int = 1, step_
 def test_an_unlocalised_slowdown_is_an_incident_only_once_sustained(env):
     """A job-wide slowdown with no node named is recorded (at tier none, saying
     no node is to blame) only once it has called for a drain tier, cycle after
-    cycle, for tiers.sustained_s (20 s here): a busy host slows a healthy job
-    alike on every rank for seconds at a time. A spell that ends first, or one
-    broken by a gap longer than UNNAMED_GAP_S, starts the count again."""
+    cycle, for tiers.sustained_s (20 s here) and UNNAMED_HELD_S (60 s): a busy
+    host slows a healthy job alike on every rank for 10-20 s at a time. A spell
+    that ends first, or one broken by a gap longer than UNNAMED_GAP_S, starts
+    the count again."""
+    from slurmguard.controller.loop import UNNAMED_HELD_S
+
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
-    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 15.0)
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), UNNAMED_HELD_S - 5.0)
     assert store.incidents(job_id=str(job)) == []
     clock.advance(30)  # the spell ended: nothing reported slow meanwhile
-    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 15.0, seq)
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), UNNAMED_HELD_S - 5.0, seq)
     assert store.incidents(job_id=str(job)) == []
     seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 5.0, seq)
     (inc,) = store.incidents(job_id=str(job))
@@ -326,7 +329,7 @@ def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_
     this run's requeue look done), and the old incident is resolved."""
     ctl, slurm, store, clock = env
     job = slurm.start_job(["node1", "node2"])
-    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 20.0)
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 60.0)
     (old,) = store.incidents(job_id=str(job))
     assert old.tier == "none" and old.status == IncidentStatus.OPEN
     slurm.requeue(job)  # an admin's requeue
@@ -350,7 +353,7 @@ def test_an_unlocalised_slowdowns_incident_is_resolved_when_its_job_ends(env):
     feed_job(ctl, clock, other, {"node3": 1.0, "node4": 1.3}, slow_iters=15, seq=1)
     ctl.cycle()
     clock.advance(5)
-    feed_unlocalised(ctl, clock, job, ("node1", "node2"), 20.0)
+    feed_unlocalised(ctl, clock, job, ("node1", "node2"), 60.0)
     (inc,) = store.incidents(job_id=str(job))
     assert inc.tier == "none" and inc.status == IncidentStatus.OPEN
     slurm.finish_job(job)

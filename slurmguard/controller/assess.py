@@ -19,8 +19,11 @@ one place that turns them into the assessment the response acts on.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -112,6 +115,25 @@ ALONE_NAMED_S = 2 * LOCALISE_S
 #: growth; named within 5-15 s by the means, flickering out of the trimmed
 #: ones cycle to cycle (not named in 240 s in 2 of 3 runs)
 ATTRIBUTION_ALONE = 1.0 / 3.0
+#: a rank with same-role peers named from the few iterations since a change
+#: (_since_change) is acted on at once only when its compute is more than this
+#: fraction beyond its peers'; a smaller excess is acted on once named for
+#: ALONE_NAMED_S, as a stage's is. A DDP job's ranks on a busy host take turns
+#: computing 10-20% longer for 2-4 s at a time: a healthy rank computing 1.19x
+#: its peer's over the 3 s since a step change was named and its node drained
+#: (a DDP job written apart from the project, session 20); CPU-capped ranks
+#: computed 2.9-3.2x their peers' there
+PROMPT_EXCESS = 0.3
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Row statistics over windows that may hold fewer than two iterations (a
+    NaN or inf row, handled by the callers) without numpy's warnings, which
+    numpy.errstate alone does not silence (nanvar's degrees of freedom)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def steps_since(steps: Any, since: float | None) -> Any:
@@ -420,7 +442,7 @@ def _trimmed(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     rows = np.arange(x.shape[0])
     lo = srt[rows, np.minimum(g, x.shape[1] - 1)]
     hi = srt[rows, np.clip(m - g - 1, 0, x.shape[1] - 1)]
-    with np.errstate(all="ignore"):
+    with _quiet():
         w = np.clip(x, lo[:, None], hi[:, None])
         var = np.nanvar(w, axis=1, ddof=1)
         se = np.sqrt(var) / ((1.0 - 2.0 * g / np.maximum(m, 1)) * np.sqrt(np.maximum(m, 1)))
@@ -450,7 +472,8 @@ def localise(
 ) -> tuple[dict, dict, dict[str, list], str | None]:
     """Which ranks compute slowly: (compute ratio per (node, rank), recent
     compute per (node, rank), node -> [(rank, compute s, what it was compared
-    with, judged without same-role peers)], why no node is named (None when
+    with, judged without same-role peers, its compute over what was expected
+    (a factor))], why no node is named (None when
     one is, or nothing is slow)).
 
     A rank's compute (step minus time inside collectives) is compared with
@@ -506,7 +529,7 @@ def localise(
         step, comm = _columns([st for _, st in keyed])
         comp = step - comm
         med_comp, se, mult = _compute_stats(comp, k_se, t_below)
-        with np.errstate(all="ignore"):
+        with _quiet():
             mean_step, mean_comp = np.nanmean(step, axis=1), np.nanmean(comp, axis=1)
             counted = np.sum(~np.isnan(comp), axis=1)
             mean_se = np.where(counted >= 3, np.nanstd(comp, axis=1, ddof=1) / np.sqrt(counted), np.inf)
@@ -536,7 +559,7 @@ def localise(
     excess = policy.detection.cross_group.median_excess
     alone = excess if alone_excess is None else alone_excess
     grown_s = float(np.median(growth)) if growth else 0.0
-    slow: dict[str, list[tuple[int, float, str, bool]]] = defaultdict(list)
+    slow: dict[str, list[tuple[int, float, str, bool, float]]] = defaultdict(list)
     unseen = (
         f"; rank(s) {', '.join(map(str, sorted(hidden)))} not judged: their compute is "
         f"under {OBSERVABLE_COMPUTE:.0%} of their step as the hooks see it"
@@ -559,7 +582,7 @@ def localise(
     pv = np.array(plain)
     # plain means are compared with the baseline's plain mean (its median from an older agent)
     bv = np.array([rep.baseline_compute_mean_s or rep.baseline_compute_s for _, rep, _, _ in judged])
-    with np.errstate(all="ignore"):
+    with _quiet():
         prv = pv / bv
         pqv = np.array(plain_se) / bv
     by_role: dict[str, list[int]] = defaultdict(list)
@@ -680,7 +703,7 @@ def localise(
             continue
         # judged without same-role peers, in a role its agent found (an unknown
         # role, None, is no evidence of being alone in it)
-        slow[key[0]].append((key[1], c, against, bool(not peer[i] and rep.role is not None)))
+        slow[key[0]].append((key[1], c, against, bool(not peer[i] and rep.role is not None), c / expected))
     if not slow:
         grown = max(ratios.values())
         why = (
@@ -906,13 +929,15 @@ def assess_job(
         )
     by_key = {(n, r.rank): r for n, r in ranks}
     for node, rows in slow_ranks.items():
-        for rank, c, against, alone in rows:
+        for rank, c, against, alone, beyond in rows:
             rep = by_key.get((node, rank))
             gpu = rep.gpu if rep is not None else None
             # a rank localise judged without same-role peers (alone in its role,
             # or its peers still in warm-up), named against its own baseline:
-            # not before ALONE_NAMED_S
-            wait = ALONE_NAMED_S if alone and not prompt else 0.0
+            # not before ALONE_NAMED_S; nor one named since the change by a small
+            # excess over its peers (PROMPT_EXCESS)
+            slight = prompt and not alone and beyond <= 1.0 + PROMPT_EXCESS
+            wait = ALONE_NAMED_S if (alone and not prompt) or slight else 0.0
             found.append(
                 Finding(
                     Kind.SLOW_RANK,

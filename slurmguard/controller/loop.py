@@ -76,6 +76,12 @@ NAMED_GAP_S = LOCALISE_S
 #: longest gap (s) between two cycles that see a job slow with no node named
 #: that still continues that slowdown's run towards an incident (Controller._unnamed)
 UNNAMED_GAP_S = 10.0
+#: ... and the least time (s) such a run must last to be an incident, whatever
+#: response.tiers.sustained_s: healthy jobs on a busy host (the dev cluster's
+#: shared cores) stay 20-30% slower, every rank alike, for 10-20 s at a time,
+#: which at the dev policy's 10 s made an incident of a healthy job; a fault
+#: no node can be named for lasts
+UNNAMED_HELD_S = 60.0
 #: nodes a running job needs for its nodes to be scored as one peer group
 MIN_JOB_PEER_NODES = 3
 
@@ -353,12 +359,13 @@ class Controller:
     def _unnamed_held(self, a: JobAssessment, now: float) -> bool:
         """Whether a slowdown no node is named for has called for a drain tier,
         cycle after cycle, for response.tiers.sustained_s: only then is it an
-        incident (one that says no node is to blame). A healthy job on a busy
+        incident (one that says no node is to blame), and for UNNAMED_HELD_S at
+        least. A healthy job on a busy
         host slows job-wide by 20-35% for a few seconds at a time (every rank's
         compute alike); recorded at once, every such job would read in the triage
         report as an incident. A slowdown that names a node is recorded at once."""
         first = _extend_run(self._unnamed, a.job_id, now, UNNAMED_GAP_S)
-        return now - first >= self.policy.response.tiers.sustained_s
+        return now - first >= max(self.policy.response.tiers.sustained_s, UNNAMED_HELD_S)
 
     def _job_failed(self, job_id: int, exc: Exception, now: float, res: CycleResult) -> None:
         """Record an error of one job's assessment/plan in its incident (once per text)."""
