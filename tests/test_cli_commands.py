@@ -108,3 +108,19 @@ def test_the_dev_tools_register_their_commands_in_the_group():
         assert getattr(__import__(mod, fromlist=[attr]), attr).name == next(
             k for k, v in eps.items() if v == target
         )
+
+
+def test_devcluster_env_exports_the_guard_policy_so_the_admin_commands_read_its_database(tmp_path):
+    """`eval $(slurmguard devcluster env)` after `up --guard`: SLURM_CONF and
+    SLURMGUARD_POLICY, so that `slurmguard incidents` reads the cluster's
+    database rather than saying it is not initialised; without the guard, SLURM_CONF only."""
+    from slurmguard_dev.devcluster.cli import devcluster
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "slurm.conf").write_text("")
+    res = CliRunner().invoke(devcluster, ["env", "--state-dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines() == [f"export SLURM_CONF={tmp_path}/etc/slurm.conf"]
+    (tmp_path / "policies.yaml").write_text("{}")
+    res = CliRunner().invoke(devcluster, ["env", "--state-dir", str(tmp_path)])
+    assert res.output.splitlines()[1] == f"export SLURMGUARD_POLICY={tmp_path}/policies.yaml"

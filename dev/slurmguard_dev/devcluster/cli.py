@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -103,11 +104,16 @@ def status(state_dir: Path, as_json: bool) -> None:
 @devcluster.command()
 @_state_dir
 def env(state_dir: Path) -> None:
-    """Print `export SLURM_CONF=...` for this cluster (use with eval)."""
+    """Print `export SLURM_CONF=...` for this cluster (use with eval), and
+    `export SLURMGUARD_POLICY=...` when it was started with --guard, so that
+    `slurmguard incidents`, `nodes` and `triage report` read its database."""
     c = DevCluster(ClusterSpec(state_dir=state_dir))
     if not c.conf_path.exists():
         raise click.ClickException(f"no development cluster in {state_dir}; run `slurmguard devcluster up`")
     click.echo(c.export_line())
+    policy = state_dir / "policies.yaml"
+    if policy.exists():
+        click.echo(f"export SLURMGUARD_POLICY={shlex.quote(str(policy))}")
 
 
 @devcluster.command()
