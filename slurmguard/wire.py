@@ -325,6 +325,9 @@ class RankReport(_Model):
     """Plain mean compute (s) of the same iterations: what a rank's plain mean
     compute is compared with (controller.assess.localise, a rank without
     same-role peers); None: unknown (an older agent), the median stands in."""
+    baseline_compute_at: float | None = None
+    """Unix s of the newest iteration the compute baseline was taken over (learned,
+    learned again after a new iteration structure, or followed); None: unknown."""
     steps: Steps = Field(default_factory=list)
     """The rank's newest iterations (agent.report_steps of them), oldest first."""
     total_steps: int = 0

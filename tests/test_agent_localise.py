@@ -513,6 +513,7 @@ def _replay_cycles(series, policy, cycle=1.0, lag=0.5, roles=None):
                 baseline_step_s=an.baseline_s,
                 baseline_compute_s=an.baseline_compute_s,
                 baseline_compute_mean_s=an.baseline_compute_mean_s,
+                baseline_compute_at=an.baseline_compute_at,
                 steps=steps[-policy.agent.report_steps :],
                 total_steps=len(steps) + 1,
             )
@@ -931,3 +932,30 @@ def test_a_rank_whose_same_role_peer_is_in_warm_up_waits_as_a_rank_alone():
     assert a is not None and [c.node for c in a.culprits] == ["node1"], a.evidence
     assert "no same-role peer" in a.culprits[0].why
     assert a.culprits[0].named_for_s == ALONE_NAMED_S
+
+
+def test_a_stage_is_not_compared_with_a_stage_whose_baseline_is_newer():
+    """Stage 1 computes 1.3x its baseline, stage 0 as its own baseline says,
+    the step 1.15x: stage 1 is named while both baselines date from before the
+    window. When stage 0 learned its baseline again since (a new iteration
+    structure, during a slow spell: its "growth" of 1.0x is measured from a later
+    level), the two growths are not comparable and no stage is named; a GPipe
+    job's healthy stage 1 was drained that way (session 20)."""
+    from slurmguard.controller.assess import localise
+
+    rng = np.random.default_rng(3)
+    rows0, rows1 = [], []
+    for _ in range(60):
+        rows0.append((0.046, 0.012 * (1 + 0.03 * rng.standard_normal())))
+        rows1.append((0.046, 0.0208 * (1 + 0.03 * rng.standard_normal())))
+
+    def job(at0, at1):
+        r0 = _paced(0, "stage0", 0.04, 0.012, rows0).model_copy(update={"baseline_compute_at": at0})
+        r1 = _paced(1, "stage1", 0.04, 0.016, rows1).model_copy(update={"baseline_compute_at": at1})
+        ranks = [("node1", r0), ("node2", r1)]
+        return localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
+
+    _, _, slow, why = job(90.0, 90.0)
+    assert list(slow) == ["node2"], why
+    _, _, slow, why = job(101.0, 90.0)
+    assert not slow and "another rank's baseline is newer" in why, why

@@ -190,6 +190,8 @@ class RankAnalyzer:
     baseline_compute_s: float | None = None
     baseline_compute_mean_s: float | None = None
     """Plain mean compute (s) of the iterations baseline_compute_s is the median of."""
+    baseline_compute_at: float | None = None
+    """End (Unix s) of the newest of those iterations."""
     baseline_mean_s: float | None = None
     """Healthy mean step (s), outliers and checkpoints counted (StepDetector.baseline_mean_s)."""
     total_steps: int = 0
@@ -229,6 +231,7 @@ class RankAnalyzer:
             baseline_mean_s=self.baseline_mean_s,
             baseline_compute_s=self.baseline_compute_s,
             baseline_compute_mean_s=self.baseline_compute_mean_s,
+            baseline_compute_at=self.baseline_compute_at,
             steps=steps[-self.agent.report_steps :],
             total_steps=self.total_steps,
             last_progress=tr.to_unix_s(last_end) if last_end else None,
@@ -306,6 +309,7 @@ class RankAnalyzer:
 
     def _reset_baseline(self) -> None:
         self.baseline_s = self.baseline_compute_s = self.baseline_compute_mean_s = self.baseline_mean_s = None
+        self.baseline_compute_at = None
         self._det = None
         self._fed_until_ns = 0
         self._fed_ends = []
@@ -367,7 +371,7 @@ class RankAnalyzer:
                 if self._fed_compute and (
                     self.baseline_compute_s is None or self.baseline_s != self._compute_for
                 ):
-                    self._set_compute_baseline(self._fed_compute[-det.cfg.learn :])
+                    self._set_compute_baseline(self._fed_compute[-det.cfg.learn :], self._fed_cend[-1])
                     self._compute_for = self.baseline_s
         # the newest COMPUTE_FOLLOW_S of iterations (and the one before, so
         # that they span it), baseline_steps at least
@@ -383,7 +387,7 @@ class RankAnalyzer:
             and det.open_episode(0) is None
             and float(np.mean(self._fed_step)) <= self.baseline_s * (1.0 + COMPUTE_FOLLOW)
         ):
-            self._set_compute_baseline(self._fed_compute)
+            self._set_compute_baseline(self._fed_compute, ends[-1])
         # the detector's indices are positions in this list: keep it, but only
         # as far back as a change can be located (the detector's history)
         drop = len(self._fed_ends) - 2 * det.hcap
@@ -391,14 +395,16 @@ class RankAnalyzer:
             del self._fed_ends[:drop]
             self._fed_base += drop
 
-    def _set_compute_baseline(self, compute: list[float]) -> None:
-        """The compute baseline from these iterations' compute (s): their median,
+    def _set_compute_baseline(self, compute: list[float], at: float) -> None:
+        """The compute baseline from these iterations' compute (s), the newest of
+        them ended at `at` (Unix s): their median,
         and their plain mean for what is judged on plain means (a busy host's
         freezes skew compute to the right: a pipeline stage's mean ran 10-20%
         above its median, so its plain mean against a median baseline "grew"
         where the other stage's did not)."""
         self.baseline_compute_s = float(np.median(compute))
         self.baseline_compute_mean_s = float(np.mean(compute))
+        self.baseline_compute_at = at
 
     def _fed_end(self, k: int) -> float:
         """End time (Unix s) of the k-th iteration fed to the detector, clamped

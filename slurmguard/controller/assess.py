@@ -603,6 +603,11 @@ def localise(
         all_plain, all_plain_q = _median_without_self(prv), _median_without_self(pqv)
         # ... and their extra compute in seconds, with its standard error
         all_added, all_added_se = _median_without_self(pv - bv), _median_without_self(np.array(plain_se))
+        # ... and the newest compute baseline among the other ranks (Unix s; -inf unknown)
+        at = np.array([rep.baseline_compute_at or -np.inf for _, rep, _, _ in judged])
+        top = int(np.argmax(at))
+        newest_other = np.full(n, at[top])
+        newest_other[top] = np.max(np.delete(at, top))
     unexplained: list[str] = []
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
@@ -632,6 +637,17 @@ def localise(
             grown, added = max(1.0, float(all_plain[i])), max(0.0, float(all_added[i]))
             expected = max(base * grown, base + added)
             if float(pv[i]) <= expected * (1.0 + alone):
+                continue
+            if rep.baseline_compute_at is not None and newest_other[i] > rep.baseline_compute_at + LOCALISE_S:
+                # another rank's baseline was learned (again) since this one's: its
+                # growth is measured from a later level, not comparable. A GPipe
+                # job's stage 0 learned its baseline again (a new iteration
+                # structure) while a busy host slowed the job: it "grew" 1.00x, and
+                # stage 1, 1.2x its own older baseline, was named and its node drained
+                unexplained.append(
+                    f"rank {key[1]} computes {float(pv[i]) / base:.2f}x its baseline, but another "
+                    f"rank's baseline is newer: their growth is not comparable yet"
+                )
                 continue
             by_factor = base * grown >= base + added
             noise = float(np.hypot(plain_se[i], base * all_plain_q[i] if by_factor else all_added_se[i]))
