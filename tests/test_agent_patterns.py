@@ -15,6 +15,7 @@ backward order, has a different collective sequence and is not counted).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import numpy as np
@@ -167,3 +168,35 @@ def test_ops_interleaved_by_several_threads_fall_back_to_one_communicator():
         0, [(int(noise.integers(0, 5)), int(noise.integers(0, 3)), 1, i, i + 1) for i in range(400)]
     )
     assert find_iterations(ro, POLICY.detection.period) is None
+
+
+def test_the_iterations_command_prints_what_the_agent_sees_of_a_job(tmp_path):
+    """`slurmguard iterations DIR` on a job's rings (here the recorded DDP
+    pattern with no_sync accumulation): per rank, the iteration count and
+    median step the agent derives, within 5% of the job's own marks; --csv,
+    one row per iteration; a file that is not a ring, one line naming it."""
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+
+    rec = replay("nosync", tmp_path, JOB)
+    res = CliRunner().invoke(cli, ["iterations", str(tmp_path / str(JOB))])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert len(lines) == len(rec)
+    for rank, v in rec.items():
+        (line,) = [ln for ln in lines if f" rank {rank}: " in ln]
+        job = np.diff(v["marks"]) / 1e9
+        count = int(re.search(r": (\d+) iterations", line).group(1))
+        median_ms = float(re.search(r"median step ([\d.]+) ms", line).group(1))
+        assert job.size - 2 <= count <= job.size, line
+        assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (line, np.median(job))
+    res = CliRunner().invoke(cli, ["iterations", "--csv", str(tmp_path / str(JOB))])
+    rows = res.output.splitlines()
+    assert rows[0] == "node,rank,end_unix,step_s,compute_s" and len(rows) > 10
+    bad = tmp_path / "x.ring"
+    bad.write_bytes(b"not a ring")
+    res = CliRunner().invoke(cli, ["iterations", str(bad)])
+    assert (
+        res.exit_code == 1 and f"{bad}: not a readable ring" in res.output and "Traceback" not in res.output
+    )

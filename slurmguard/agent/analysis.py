@@ -215,6 +215,10 @@ class RankAnalyzer:
     _compute_for: float | None = None  # the step baseline (s) baseline_compute_s was taken with
     changes: list[ChangeReport] = field(default_factory=list)
 
+    def iterations(self, tr: TrackedRing) -> list[StepSample]:
+        """Every iteration the ring holds, as report() derives them (oldest first)."""
+        return self._steps(tr)
+
     def report(self, tr: TrackedRing) -> RankReport:
         steps = self._steps(tr)
         self._feed_bocd(tr, steps)

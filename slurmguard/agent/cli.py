@@ -117,3 +117,63 @@ def agent_cmd(
         slurm=app.slurm,
     )
     raise SystemExit(run(agent, once=once))
+
+
+@click.command("iterations")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option(
+    "--csv", "as_csv", is_flag=True, help="One row per iteration: node,rank,end_unix,step_s,compute_s."
+)
+@click.pass_context
+def iterations_cmd(ctx: click.Context, paths: tuple[str, ...], as_csv: bool) -> None:
+    """The iterations the agent derives from rings (ring files, or directories of
+    them: a job's ring directory, an epilog archive), per rank: how many, the
+    median step and compute time (step minus time inside collectives), the
+    collectives per iteration and the role. What slurmguard sees of a job, to
+    compare with the job's own step log."""
+    import numpy as np
+
+    from slurmguard.agent.analysis import RankAnalyzer
+    from slurmguard.agent.rings import RingTracker
+    from slurmguard.context import app_context
+    from slurmguard.hook.ring import RingError
+
+    policy = app_context(ctx).policy
+    files = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith(".ring"))
+        else:
+            files.append(p)
+    if not files:
+        raise click.ClickException(f"no ring files (*.ring) in {', '.join(paths)}")
+    if as_csv:
+        click.echo("node,rank,end_unix,step_s,compute_s")
+    for path in files:
+        tracker = RingTracker(os.path.dirname(path) or ".", "", lambda: {}, max_ops=1 << 22)
+        try:
+            tr = tracker.inspect(path)
+        except (RingError, OSError) as exc:
+            raise click.ClickException(f"{path}: not a readable ring ({exc})") from None
+        # every iteration the ring holds, then the report the agent would send
+        steps = RankAnalyzer(policy.agent, policy.detection).iterations(tr)
+        rep = RankAnalyzer(policy.agent, policy.detection).report(tr)
+        h = tr.header
+        if as_csv:
+            for st in steps:
+                click.echo(
+                    f"{h.node_name},{rep.rank},{st.end:.6f},{st.step_s:.6f},{st.step_s - st.comm_s:.6f}"
+                )
+            continue
+        bad = f", {tr.corrupt} corrupt record(s) skipped" if tr.corrupt else ""
+        if not steps:
+            click.echo(f"{path}: node {h.node_name} rank {rep.rank}: no iteration found{bad}")
+            continue
+        step = np.array([st.step_s for st in steps])
+        comp = step - np.array([st.comm_s for st in steps])
+        click.echo(
+            f"{path}: node {h.node_name} rank {rep.rank}: {rep.total_steps} iterations "
+            f"({len(steps)} held), median step {np.median(step) * 1e3:.1f} ms, compute "
+            f"{np.median(comp) * 1e3:.1f} ms, {rep.period_ops} collectives per iteration, role {rep.role}{bad}"
+        )
+        tracker.close()

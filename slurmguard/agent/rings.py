@@ -471,6 +471,19 @@ class RingTracker:
         self.rings[path] = tr
         return tr
 
+    def inspect(self, path: str) -> TrackedRing:
+        """Open and read one ring file as it is, for an admin's inspection
+        (`slurmguard iterations`): no job, owner, node or boot check, as the
+        file is named on purpose (an epilog archive, a copy). Raises RingError
+        for what is not a ring. Times beyond this boot's clock still count as
+        impossible: a ring from an earlier boot reads as corrupt records."""
+        reader = RingReader(path)
+        h = reader.header
+        tr = TrackedRing((os.fstat(reader.fileno()).st_ino, h.created_ns), h.job_id, reader, h)
+        self.rings[path] = tr
+        self._read(path, tr)
+        return tr
+
     def _drop(self, path: str) -> None:
         tr = self.rings.pop(path, None)
         if tr is not None:
