@@ -484,6 +484,16 @@ def _recorded_series(name):
     return rows, labels
 
 
+def _roles(labels):
+    """(node, rank) -> role from a recording's `# roles:` label (none: {})."""
+    roles = {}
+    for item in labels.get("roles", "").split():
+        key, _, role = item.partition("=")
+        node, _, rank = key.partition("/")
+        roles[(node, int(rank))] = role
+    return roles
+
+
 def _replay_cycles(series, policy, cycle=1.0, lag=0.5, roles=None):
     """The controller's view every `cycle` s of a recorded job: each rank's
     agent has fed the iterations that ended `lag` s before (its baseline and
@@ -555,30 +565,16 @@ def test_a_cpu_capped_pipeline_stage_is_never_the_wrong_one_nor_named_before_the
     attribution took trimmed means), never before the cap, never the other stage
     (which computed 1.1x its baseline before the cap as after it)."""
     series, labels = _recorded_series("pp-cpu-cap-loaded.csv")
-    roles = {}
-    for item in labels["roles"].split():
-        key, _, role = item.partition("=")
-        node, _, rank = key.partition("/")
-        roles[(node, int(rank))] = role
     injected = float(labels["injected_s"])
     named = [
         (t, [c.node for c in a.culprits])
-        for t, a in _replay_cycles(series, DEV_POLICY, roles=roles)
+        for t, a in _replay_cycles(series, DEV_POLICY, roles=_roles(labels))
         if a and a.culprits
     ]
     assert named, "never named"
     assert all(t > injected and nodes == [labels["capped"]] for t, nodes in named), named
     assert named[0][0] - injected <= 10.0, named[0]
     assert len(named) >= 15, named
-
-
-def _roles(labels):
-    roles = {}
-    for item in labels.get("roles", "").split():
-        key, _, role = item.partition("=")
-        node, _, rank = key.partition("/")
-        roles[(node, int(rank))] = role
-    return roles
 
 
 def _acted_on(series, roles, policy=DEV_POLICY):

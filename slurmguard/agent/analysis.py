@@ -401,11 +401,10 @@ class RankAnalyzer:
 
     def _set_compute_baseline(self, compute: list[float], at: float) -> None:
         """The compute baseline from these iterations' compute (s), the newest of
-        them ended at `at` (Unix s): their median,
-        and their plain mean for what is judged on plain means (a busy host's
-        freezes skew compute to the right: a pipeline stage's mean ran 10-20%
-        above its median, so its plain mean against a median baseline "grew"
-        where the other stage's did not)."""
+        them ended at `at` (Unix s): their median, and their plain mean for what
+        is judged on plain means (a busy host's freezes skew compute to the
+        right: a pipeline stage's mean ran 10-20% above its median, so its plain
+        mean against a median baseline "grew" where the other stage's did not)."""
         self.baseline_compute_s = float(np.median(compute))
         self.baseline_compute_mean_s = float(np.mean(compute))
         self.baseline_compute_at = at

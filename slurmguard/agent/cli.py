@@ -12,6 +12,8 @@ import click
 from slurmguard.service import setup_logging
 
 if TYPE_CHECKING:
+    from slurmguard.agent.analysis import RankAnalyzer
+    from slurmguard.agent.rings import RingTracker
     from slurmguard.telemetry import TelemetrySource
 
 
@@ -131,12 +133,9 @@ def iterations_cmd(ctx: click.Context, paths: tuple[str, ...], as_csv: bool) -> 
     median step and compute time (step minus time inside collectives), the
     collectives per iteration and the role. What slurmguard sees of a job, to
     compare with the job's own step log."""
-    import numpy as np
-
     from slurmguard.agent.analysis import RankAnalyzer
     from slurmguard.agent.rings import RingTracker
     from slurmguard.context import app_context
-    from slurmguard.hook.ring import RingError
 
     policy = app_context(ctx).policy
     files = []
@@ -152,28 +151,38 @@ def iterations_cmd(ctx: click.Context, paths: tuple[str, ...], as_csv: bool) -> 
     for path in files:
         tracker = RingTracker(os.path.dirname(path) or ".", "", lambda: {}, max_ops=1 << 22)
         try:
-            tr = tracker.inspect(path)
-        except (RingError, OSError) as exc:
-            raise click.ClickException(f"{path}: not a readable ring ({exc})") from None
-        # every iteration the ring holds, then the report the agent would send
-        steps = RankAnalyzer(policy.agent, policy.detection).iterations(tr)
-        rep = RankAnalyzer(policy.agent, policy.detection).report(tr)
-        h = tr.header
-        if as_csv:
-            for st in steps:
-                click.echo(
-                    f"{h.node_name},{rep.rank},{st.end:.6f},{st.step_s:.6f},{st.step_s - st.comm_s:.6f}"
-                )
-            continue
-        bad = f", {tr.corrupt} corrupt record(s) skipped" if tr.corrupt else ""
-        if not steps:
-            click.echo(f"{path}: node {h.node_name} rank {rep.rank}: no iteration found{bad}")
-            continue
-        step = np.array([st.step_s for st in steps])
-        comp = step - np.array([st.comm_s for st in steps])
-        click.echo(
-            f"{path}: node {h.node_name} rank {rep.rank}: {rep.total_steps} iterations "
-            f"({len(steps)} held), median step {np.median(step) * 1e3:.1f} ms, compute "
-            f"{np.median(comp) * 1e3:.1f} ms, {rep.period_ops} collectives per iteration, role {rep.role}{bad}"
-        )
-        tracker.close()
+            _print_iterations(path, tracker, RankAnalyzer(policy.agent, policy.detection), as_csv)
+        finally:
+            tracker.close()
+
+
+def _print_iterations(path: str, tracker: RingTracker, an: RankAnalyzer, as_csv: bool) -> None:
+    """One ring's iterations as `slurmguard iterations` prints them."""
+    import numpy as np
+
+    from slurmguard.hook.ring import RingError
+
+    try:
+        tr = tracker.inspect(path)
+    except (RingError, OSError) as exc:
+        raise click.ClickException(f"{path}: not a readable ring ({exc})") from None
+    steps = an.iterations(tr)  # every iteration the ring holds; an.structure, an.total_steps with them
+    h = tr.header
+    if as_csv:
+        for st in steps:
+            click.echo(
+                f"{h.node_name},{h.global_rank},{st.end:.6f},{st.step_s:.6f},{st.step_s - st.comm_s:.6f}"
+            )
+        return
+    bad = f", {tr.corrupt} corrupt record(s) skipped" if tr.corrupt else ""
+    if not steps:
+        click.echo(f"{path}: node {h.node_name} rank {h.global_rank}: no iteration found{bad}")
+        return
+    step = np.array([st.step_s for st in steps])
+    comp = step - np.array([st.comm_s for st in steps])
+    period, role = an.structure or (None, None)
+    click.echo(
+        f"{path}: node {h.node_name} rank {h.global_rank}: {an.total_steps} iterations "
+        f"({len(steps)} held), median step {np.median(step) * 1e3:.1f} ms, compute "
+        f"{np.median(comp) * 1e3:.1f} ms, {period} collectives per iteration, role {role}{bad}"
+    )

@@ -360,10 +360,10 @@ class Controller:
         """Whether a slowdown no node is named for has called for a drain tier,
         cycle after cycle, for response.tiers.sustained_s: only then is it an
         incident (one that says no node is to blame), and for UNNAMED_HELD_S at
-        least. A healthy job on a busy
-        host slows job-wide by 20-35% for a few seconds at a time (every rank's
-        compute alike); recorded at once, every such job would read in the triage
-        report as an incident. A slowdown that names a node is recorded at once."""
+        least. A healthy job on a busy host slows job-wide by 20-35% for seconds
+        at a time (every rank's compute alike); recorded at once, every such job
+        would read in the triage report as an incident. A slowdown that names a
+        node is recorded at once."""
         first = _extend_run(self._unnamed, a.job_id, now, UNNAMED_GAP_S)
         return now - first >= max(self.policy.response.tiers.sustained_s, UNNAMED_HELD_S)
 
