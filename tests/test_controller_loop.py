@@ -945,3 +945,32 @@ def test_the_cycle_waits_its_interval_from_its_start_unless_woken(fake_clock):
     # woken at once after a cycle of 1 s: not before as long again
     assert 0.95 <= waited(1.0, 4.0, wake_after=0.0) < 2.5
     assert waited(0.0, 5.0, stop_=True) < 0.4
+
+
+def test_a_controller_whose_port_is_taken_says_so_in_one_line(tmp_path):
+    """An admin's second controller on a port in use (or a stale one still
+    running) is a one-line error naming the address and the keys, exit 2."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SLURMGUARD_DB": f"sqlite:///{tmp_path}/sg.db"}
+    secret = tmp_path / "secret"
+    secret.write_text("s" * 64)
+    secret.chmod(0o600)
+    cli = [sys.executable, "-m", "slurmguard.cli"]
+    subprocess.run([*cli, "db", "upgrade"], env=env, capture_output=True, check=True, timeout=120)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        res = subprocess.run(
+            [*cli, "controller", "--once", "--listen", f"127.0.0.1:{port}", "--secret-file", str(secret)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("slurmguard: error:")]
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in line and "--listen" in line

@@ -161,6 +161,6 @@ def test_a_leader_cut_from_the_database_is_replaced_within_two_cycles_and_cannot
     for e in store.audit_entries(action=SLURM_ACTIONS):
         assert e.evidence["lease_epoch"] == 2 and not e.evidence.get("recorded_late"), e
     assert store.open_intents() == []
-    log = (g.cluster.log_dir / f"{g.controller_service(old)}.stdout").read_text(errors="replace")
+    log = g.cluster.service_log(g.controller_service(old)).read_text(errors="replace")
     assert "lease lost (epoch 1)" in log and "action comment" not in log, "the cut-off leader acted"
     assert len(store.audit_entries(action="comment", node=hot)) == 1

@@ -56,8 +56,7 @@ def _drained_after(run, sc: Scenario, node: str, t_inject: float, within: float 
             ]
         acts = [(e.action, e.node, e.outcome, e.reason) for e in run.audit()]
         # and what its log says of actions held back or failed
-        log = run.cluster.log_dir / f"{run.guard.controller_service(0)}.stdout"
-        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        lines = run.cluster.service_output(run.guard.controller_service(0))
         # and, every 10 s while it lasts, why the slow job still had no node named
         # (the incident keeps only what was seen at its first detection)
         words = ("held back", "error", "failed", "Traceback", "no node named")

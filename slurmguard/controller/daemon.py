@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from slurmguard.config import Policy
 from slurmguard.controller.loop import Controller
 from slurmguard.controller.metrics import ControllerMetrics
 from slurmguard.controller.server import ControllerHTTP
+from slurmguard.errors import ConfigError
 from slurmguard.service import stop_on_signals
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.store import Store
@@ -115,6 +117,20 @@ def _sweeper(
     return build_scheduler(policy=policy, store=store, slurm=slurm, clock=clock, executor=executor)
 
 
+def _listen_error(policy: Policy, opts: DaemonOptions, exc: OSError) -> str:
+    """What an admin reads when the HTTP side cannot start: the address (a port
+    in use, a host not on this machine) or the TLS files, with the keys to fix."""
+    c = policy.controller
+    why = exc.strerror or str(exc)
+    if exc.filename or isinstance(exc, ssl.SSLError):
+        files = exc.filename or f"{c.tls_cert_file}, {c.tls_key_file}"
+        return f"controller cannot load its TLS certificate or key ({files}): {why} (controller.tls_cert_file, tls_key_file)"
+    where = f"{opts.host}:{opts.port}"
+    if c.management_host:
+        where += f" or {c.management_host}:{c.management_port}"
+    return f"controller cannot listen on {where}: {why} (controller.listen_host, listen_port, --listen)"
+
+
 def run(
     policy: Policy,
     store: Store,
@@ -125,6 +141,9 @@ def run(
 ) -> int:
     clock = clock or SystemClock()
     stop = stop or threading.Event()
+    # before anything slow: a stop during start-up (systemd, a test harness) is
+    # then logged and honoured at the first cycle, not Python's silent default
+    stop_on_signals(stop, log, "finishing the current cycle and shutting down")
     metrics = ControllerMetrics()
     ctl = Controller(policy, store, slurm, clock, metrics=metrics)
     lease = None
@@ -156,18 +175,21 @@ def run(
             wake.set()
         return kept
 
-    http = ControllerHTTP(
-        opts.host,
-        opts.port,
-        secret=opts.secret,
-        ingest=ingest,
-        metrics=metrics,
-        now=clock.now,
-        health=health,
-        plan=ctl.plans.served,
-        policy=policy.controller,
-        known=ctl.fleet.known,
-    )
+    try:
+        http = ControllerHTTP(
+            opts.host,
+            opts.port,
+            secret=opts.secret,
+            ingest=ingest,
+            metrics=metrics,
+            now=clock.now,
+            health=health,
+            plan=ctl.plans.served,
+            policy=policy.controller,
+            known=ctl.fleet.known,
+        )
+    except OSError as exc:
+        raise ConfigError(_listen_error(policy, opts, exc)) from None
     http.start()
     c = policy.controller
     log.info(
@@ -179,7 +201,6 @@ def run(
         policy.safety.dry_run,
     )
 
-    stop_on_signals(stop, log, "finishing the current cycle and shutting down")
     # an action held back (a node drained by someone else, an admin's comment, the
     # circuit breaker) is said once when it starts, not every cycle while it lasts
     held_back: set[str] = set()

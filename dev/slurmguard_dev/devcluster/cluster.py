@@ -168,6 +168,10 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
+#: first word of the line _spawn writes to a service's log before each start
+_START_MARK = "==== devcluster started"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -395,7 +399,7 @@ class DevCluster:
                 sock.settimeout(0.5)
                 return sock.connect_ex(("127.0.0.1", port)) == 0
 
-        self._wait(listening, deadline, "slurmrestd did not listen", log=self.log_dir / "slurmrestd.stdout")
+        self._wait(listening, deadline, "slurmrestd did not listen", log=self.service_log("slurmrestd"))
 
     def spawn_service(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         """Start a slurmguard daemon (name 'sg-...') that `down` stops first; its
@@ -411,6 +415,27 @@ class DevCluster:
         st = self._load_state()
         pid = st.pids.get(name) if st else None
         return pid if pid is not None and self._ours(name, pid) else None
+
+    def service_log(self, name: str) -> Path:
+        """The file a service's stdout and stderr are appended to."""
+        return self.log_dir / f"{name.replace(':', '-')}.stdout"
+
+    def service_output(self, name: str) -> list[str]:
+        """The lines a service wrote since it was last started (its log holds every
+        start's)."""
+        log = self.service_log(name)
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        starts = [i for i, line in enumerate(lines) if line.startswith(_START_MARK)]
+        return lines[starts[-1] + 1 :] if starts else lines
+
+    def service_exit(self, name: str) -> int | None:
+        """The exit status of a service this process started and that has ended
+        (negative: the signal that ended it); None while it runs or if unknown."""
+        pid = self._state.pids.get(name) if self._state else None
+        for proc in self._children:
+            if proc.pid == pid:
+                return proc.poll()
+        return None
 
     def stop_service(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         """Signal one slurmguard service and wait (bounded) until it is gone."""
@@ -430,8 +455,11 @@ class DevCluster:
         full_env = self.env
         if env:
             full_env.update(env)
-        # the child keeps its own copy of the descriptor
-        with open(self.log_dir / f"{name.replace(':', '-')}.stdout", "ab") as out:
+        # the child keeps its own copy of the descriptor; the log is appended to
+        # across restarts, so each start is marked (service_output reads from it)
+        with open(self.service_log(name), "ab") as out:
+            out.write(f"{_START_MARK} {name} {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            out.flush()
             proc = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
@@ -481,7 +509,7 @@ class DevCluster:
                 tail = ""
                 if log.exists():
                     tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:])
-                stdout = self.log_dir / f"{name.replace(':', '-')}.stdout"
+                stdout = self.service_log(name)
                 if not tail and stdout.exists():
                     tail = " | ".join(stdout.read_text(errors="replace").strip().splitlines()[-3:])
                 raise DevClusterError(f"{name} (pid {pid}) exited during start-up: {tail or 'no log'}")

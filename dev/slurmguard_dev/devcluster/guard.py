@@ -250,11 +250,16 @@ class Guard:
             "SLURMGUARD_SIM_PROFILES": f"@{self.sim_profiles_path}",
             "SLURMGUARD_POLICY": str(self.policy_path),
             "PYTHONUNBUFFERED": "1",
+            # a daemon that crashes in C code says where
+            "PYTHONFAULTHANDLER": "1",
         }
 
     def start_controller(self, wait_s: float = 30.0, index: int = 0) -> None:
         """Start controller `index` and wait until its /healthz answers (a standby
-        answers too)."""
+        answers too). One that ends before it answers having written nothing (a
+        signal or crash at start-up, seen once in CI) is started once more, said
+        on stdout with its exit status; a second such end, or one that wrote
+        why, is an error quoting its output."""
         name = self.controller_service(index)
         argv = self._cli("controller", "-v")
         if index:
@@ -262,22 +267,30 @@ class Guard:
         env = self._env()
         if self.controller_database_urls:
             env["SLURMGUARD_DB"] = self.controller_database_urls[index]
-        self.cluster.spawn_service(name, argv, env)
         url = self.controller_urls[index]
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.cluster.service_pid(name) is None:
-                break
-            time.sleep(0.3)
-        log = self.cluster.log_dir / f"{name}.stdout"
-        tail = log.read_text(errors="replace").strip().splitlines()[-3:] if log.exists() else []
-        raise DevClusterError(f"controller did not come up: {' | '.join(tail)}")
+        for attempt in (1, 2):
+            self.cluster.spawn_service(name, argv, env)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
+                        if r.status == 200:
+                            return
+                except OSError:
+                    pass
+                if self.cluster.service_pid(name) is None:
+                    break
+                time.sleep(0.3)
+            said = [line for line in self.cluster.service_output(name) if line.strip()]
+            status = self.cluster.service_exit(name)
+            if attempt == 1 and not said and status is not None:
+                print(
+                    f"devcluster: {name} ended at start-up with status {status} and no output; starting it again"
+                )
+                continue
+            raise DevClusterError(
+                f"controller did not come up (exit status {status}): {' | '.join(said[-3:]) or 'no output'}"
+            )
 
     def restart_controller(self, overrides: Mapping[str, Any] | None = None) -> None:
         """Rewrite the policy (with new overrides) and restart the controller(s)."""
