@@ -343,6 +343,31 @@ def test_a_restart_not_ours_after_an_unlocalised_slowdown_does_not_pass_for_our_
     assert new.tier == "requeue" and new.status == IncidentStatus.MITIGATED
 
 
+def test_a_node_named_after_an_unlocalised_slowdown_is_an_incident_of_its_own(env):
+    """A job-wide slowdown no node is to blame for (an incident at tier none,
+    no action), then one node slows on its own: drained under a new incident
+    that names it, without the old one's "not localised" note; the old one is
+    resolved, saying what followed it."""
+    ctl, slurm, store, clock = env
+    job = slurm.start_job(["node1", "node2"])
+    seq = feed_unlocalised(ctl, clock, job, ("node1", "node2"), 60.0)
+    (old,) = store.incidents(job_id=str(job))
+    assert old.tier == "none" and old.status == IncidentStatus.OPEN
+    clock.advance(5)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=seq)
+    res = ctl.cycle()
+    assert ("drain", "node2") in res.actions
+    old, new = store.incidents(job_id=str(job))
+    assert old.status == IncidentStatus.RESOLVED and "named node2" in (old.outcome or "")
+    assert list(new.nodes) == ["node2"] and new.tier != "none" and "note" not in new.evidence
+    assert [c["node"] for c in new.evidence["culprits"]] == ["node2"]
+    # the next cycles act under the new incident, not the old
+    clock.advance(5)
+    feed_job(ctl, clock, job, {"node1": 1.0, "node2": 1.3}, slow_iters=15, seq=seq + 1)
+    ctl.cycle()
+    assert len(store.incidents(job_id=str(job))) == 2
+
+
 def test_an_unlocalised_slowdowns_incident_is_resolved_when_its_job_ends(env):
     """A sustained job-wide slowdown (no node named: an incident at tier none,
     no action) stays open while its job runs, and is resolved once the job has ended;

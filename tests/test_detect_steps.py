@@ -107,6 +107,42 @@ def test_only_slowing_is_never_a_recovery():
     assert det.episodes == [] and [c.direction for c in det.change_points] == ["faster"]
 
 
+def test_a_faster_spell_of_a_healthy_job_does_not_move_its_baseline_a_lasting_one_does():
+    """A healthy DDP restart on the shared host ran spells of 5-10 s at 36 ms
+    against its usual 42 ms; its baseline moved to one 47 s in, and the rest of
+    the run read as a string of +15% slowdowns. A faster level while healthy
+    becomes the baseline only once it has held FASTER_HOLD_S seconds."""
+    from slurmguard.detect.steps import FASTER_HOLD_S
+
+    rng = np.random.default_rng(21)
+    x = _noisy(rng, np.full(4000, 0.042), 0.02)
+    for lo, hi in ((1200, 1400), (2000, 2250), (3000, 3150)):  # 8.4, 10.5 and 6.3 s
+        x[lo:hi] *= 36 / 42
+    det = detect_steps(x)
+    assert det.change_points == [] and det.episodes == [], det.change_points
+    # a faster level that holds is the job getting faster: a new baseline once
+    # it has held FASTER_HOLD_S, and what follows is judged against it
+    y = _noisy(rng, np.full(4000, 0.042), 0.02)
+    y[1200:] *= 36 / 42
+    y[3500:] *= 1.3  # then a slowdown, against the new baseline
+    det = detect_steps(y)
+    first, second = det.change_points
+    assert first.direction == "faster" and abs(first.index - 1200) <= 2
+    held = float(np.sum(y[first.index : first.detected_at + 1]))
+    assert FASTER_HOLD_S <= held <= FASTER_HOLD_S + 1.0
+    assert first.level_after == pytest.approx(0.036, rel=0.03)
+    assert second.direction == "slower" and abs(second.index - 3500) <= 2
+    (ep,) = det.episodes
+    assert ep.open and ep.baseline == pytest.approx(0.036, rel=0.03)
+    # the start-up settling (a faster level inside warm-up + 2 x learn samples)
+    # is the baseline after the usual wait, not FASTER_HOLD_S
+    z = _noisy(rng, np.full(400, 0.042), 0.02)
+    z[:50] *= 1.4
+    det = detect_steps(z)
+    assert [c.direction for c in det.change_points] == ["faster"]
+    assert det.change_points[0].detected_at < 100 and det.episodes == []
+
+
 def test_bad_samples_are_gaps_and_degenerate_series_give_defined_results():
     rng = np.random.default_rng(50)
     x = _noisy(rng, np.ones(200), 0.01)

@@ -515,6 +515,22 @@ class Controller:
                 incident.id, status=IncidentStatus.RESOLVED, outcome="the job restarted before any action"
             )
             incident = None
+        elif (
+            incident is not None
+            and a.culprits
+            and _tier_of(incident.tier) == Tier.NONE
+            and not incident.evidence.get("culprits")
+        ):
+            # a job-wide slowdown no node was to blame for, then a node named: a
+            # fault of its own, recorded as one (the unlocalised incident's note
+            # and nodes would otherwise stand beside a drain)
+            named = ", ".join(sorted({c.node for c in a.culprits}))
+            self.store.update_incident(
+                incident.id,
+                status=IncidentStatus.RESOLVED,
+                outcome=f"no node was to blame; followed by a slowdown that named {named}",
+            )
+            incident = None
         if incident is None and not a.culprits and not self._unnamed_held(a, now):
             return
         if incident is None:

@@ -44,7 +44,8 @@ a return to within half the bar of the baseline is the recovery, judged against
 the baseline, not against the slow level, so a short excursion that returns is
 an episode with its recovery, never an open slowdown. A faster level that does
 not return to the baseline is reported as a faster change, not a recovery. A
-speed-up while healthy moves the baseline.
+speed-up while healthy moves the baseline once it has held FASTER_HOLD_S
+seconds (4 verify windows in the start-up).
 
 All series of a batch advance together (the bench runs thousands); the rare
 work (learning, verification) runs per series.
@@ -82,6 +83,13 @@ TEXTURE_MOVED = 4
 #: (5% of steps 2x and a 3x checkpoint every 25 steps put the mean 14% above
 #: the median) are its healthy mean, not a slowdown.
 HEALTHY_MEMORY = 256
+#: A faster level found while healthy becomes the baseline only once it has
+#: held this long (seconds of the series' own steps, and at least 4 verify
+#: windows), unless it starts inside the start-up (the first warm-up + 2 x
+#: learn samples, where a job settling is expected). A healthy job on a busy
+#: host runs spells of 5-10 s some 15% faster than usual; a baseline moved to
+#: one reads the rest of the run as a slowdown.
+FASTER_HOLD_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -355,6 +363,9 @@ class StepDetector:
         self.regime = np.zeros(n_series, np.int64)  # first sample of the current level
         self.pending = np.full(n_series, -1, np.int64)  # candidate change, -1 = none
         self.rejected = np.full(n_series, -1, np.int64)
+        self.fast_s = np.zeros(n_series)  # seconds a faster level has held while healthy
+        self.fast_n = np.full(n_series, -1, np.int64)  # sample up to which fast_s counts
+        self.fast_c = np.full(n_series, -1, np.int64)  # first sample of that faster spell
         self.refine = np.ones(n_series, bool)  # False: the level is a given baseline
         self.relearned = np.zeros(n_series, bool)  # the profile was learned a second time
         self.changed = np.zeros(n_series, bool)  # a change was verified
@@ -941,6 +952,13 @@ class StepDetector:
             lim = float(self.base[i]) + self.rec
             top = max(ref, float(self.vlevel[i]))
             back = slow and float(_med(ah)) <= lim
+            # a faster level: most samples since the candidate moved down, the
+            # newest still there
+            faster = down >= self.acc and down - k * se >= half and held and np.sum(after <= ref - mv) >= need
+            if faster and not slow:
+                self._hold_faster(i, c, n)
+            else:
+                self.fast_s[i] = 0.0
             if (
                 back
                 and top - a - k * se >= half
@@ -948,23 +966,21 @@ class StepDetector:
                 and np.sum(ah <= lim) >= need
             ):
                 kind = "recovery"
-            elif (
+            elif faster and (slow or self._faster_held(i, c, m)):
                 # a faster level while healthy becomes the baseline, so it must
-                # hold for max_wait samples: a healthy GPipe job on a busy host
-                # ran 15% of its steps at 14 ms against its usual 24 in runs of
-                # 5-20, a baseline moved on 4 of them, and the job read as 1.5-2x
-                # slower for the rest of its run
-                down >= self.acc
-                and (slow or m >= self.max_wait)
-                and down - k * se >= half
-                and held
-                and np.sum(after <= ref - mv) >= need
-            ):
+                # hold (FASTER_HOLD_S): a healthy GPipe job on a busy host ran
+                # 15% of its steps at 14 ms against its usual 24 in runs of
+                # 5-20, a baseline moved on 4 of them, and the job read as
+                # 1.5-2x slower for the rest of its run; a healthy DDP restart
+                # ran spells of 5-10 s at 36 ms against its 42 ms, and its
+                # baseline moved to one 47 s in
                 kind = "faster"
+            elif faster:
+                decided = False  # healthy, and still held: it waits for the hold
             elif (down + k * se < self.acc and not back) or (not slow and not held):
                 # clearly not faster; or, while healthy, no longer held: a pending
-                # faster candidate waits out max_wait only while it holds, so it
-                # never keeps a slowdown that follows it from being a candidate
+                # faster candidate waits only while it holds, so it never keeps
+                # a slowdown that follows it from being a candidate
                 decided = True
         if kind is None and not decided:
             return None
@@ -983,8 +999,32 @@ class StepDetector:
             return None
         if m > self.min_after:  # more samples since the first look: place it again
             c = self._locate(i, c, n, ref)
+            if kind == "faster" and not slow and 0 <= self.fast_c[i] < n - self.hcap:
+                # held longer than the samples kept: it began where its hold did
+                c = int(self.fast_c[i])
             a = float(_med(self._window(i, c, n)))
         return self._accept(i, c, n, a, kind)
+
+    def _hold_faster(self, i: int, c: int, n: int) -> None:
+        """Count the seconds a faster level has held while healthy, through
+        samples [c, n): carried on from the last count when it ended at most a
+        verification's wait ago (a later candidate inside the same faster
+        spell), started again otherwise."""
+        last = int(self.fast_n[i])
+        if self.fast_s[i] > 0.0 and 0 <= last <= n <= last + 2 * self.min_after + 1:
+            self.fast_s[i] += float(np.nansum(self._window(i, last, n, self.x)))
+        else:
+            self.fast_s[i] = float(np.nansum(self._window(i, c, n, self.x)))
+            self.fast_c[i] = c
+        self.fast_n[i] = n
+
+    def _faster_held(self, i: int, c: int, m: int) -> bool:
+        """Whether a faster level while healthy (candidate c, m samples since)
+        has held long enough to be the baseline: max_wait samples, and
+        FASTER_HOLD_S seconds unless it began in the start-up."""
+        if m < self.max_wait:
+            return False
+        return c < self.warmup + 2 * self.learn or self.fast_s[i] >= FASTER_HOLD_S
 
     def _accept(self, i: int, c: int, n: int, a: float, kind: str) -> ChangePoint:
         s = self._s[i]
@@ -998,6 +1038,7 @@ class StepDetector:
         self.changed[i] = True
         self.regime[i] = c
         self.rejected[i] = -1
+        self.fast_s[i] = 0.0
         if kind == "slower":
             if self.state[i] == HEALTHY:
                 s.open = Episode(c, n - 1, la / base_s - 1.0, base_s, la, series=i)
