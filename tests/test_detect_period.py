@@ -324,3 +324,58 @@ def test_a_period_kept_on_one_communicator_is_tested_on_that_communicator():
     other = ro.comm != first.comm
     rest = RankOps(0, ro.op[other], ro.comm[other], ro.nbytes[other], ro.start_ns[other], ro.end_ns[other])
     assert find_iterations(rest, keep_period=first.period, keep_comm=first.comm).comm != first.comm
+
+
+#: a Megatron-style TP rank's gaps before each of its 8 equal all-reduces a step
+#: (ms, medians by position as recorded from a hand-written job of 4 column/row
+#: parallel blocks on the dev cluster: forward, loss, backward, optimizer)
+_TP_GAPS_MS = (3.66, 3.84, 4.66, 2.85, 2.52, 2.41, 4.22, 3.96)
+
+
+def _equal_ops(n_iter: int, gaps_ms, rng, pattern_from: int = 0) -> RankOps:
+    """A rank issuing one all-reduce of one size over and over; its gaps follow
+    `gaps_ms` by position from iteration `pattern_from` on (the same mean
+    gap before), with a scatter of 1.5 ms (as recorded), so no position is the longest in
+    most iterations."""
+    ops, t, k = [], 0, len(gaps_ms)
+    flat = float(np.mean(gaps_ms))
+    for i in range(n_iter):
+        for b in range(k):
+            t += int(max(0.2, (gaps_ms[b] if i >= pattern_from else flat) + rng.normal(0, 1.5)) * 1e6)
+            ops.append((1, 0, 32 * 256 * 4, t, t + 900_000))
+    a = np.array(ops, dtype=np.int64)
+    return RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
+
+
+def test_equal_all_reduces_make_an_iteration_by_the_pattern_of_their_gaps():
+    """Every op the same and no gap the boundary: the iteration is where the
+    gaps' pattern repeats (8 ops, one step of 28 ms), not one all-reduce, as the
+    agent took it (8,192 "iterations" of 4 ms for 1,024 steps of 34 ms, and its
+    compute the gap before one all-reduce). The same rank with gaps alike at
+    every position (one all-reduce a step) keeps its one-op iteration."""
+    from slurmguard.detect.period import _splits, find_iterations
+
+    rng = np.random.default_rng(3)
+    ro = _equal_ops(400, _TP_GAPS_MS, rng)
+    gaps = np.diff(ro.start_ns, prepend=ro.start_ns[0]).astype(float)
+    assert not any(_splits(gaps, 1, 0, j) for j in range(2, 17))  # the premise: no long gap
+    it = find_iterations(ro)
+    assert it is not None and it.period == 8
+    step = np.diff(ro.start_ns[it.anchors]) / 1e6
+    assert abs(float(np.median(step)) - sum(_TP_GAPS_MS)) < 0.05 * sum(_TP_GAPS_MS)
+    flat = _equal_ops(400, (3.5,) * 8, rng)
+    assert find_iterations(flat).period == 1
+
+
+def test_a_pattern_of_gaps_the_newest_ops_show_does_not_replace_a_kept_one_op_iteration():
+    """Kept at one op (the agent's baseline period), a pattern of gaps that only
+    the newer half of the window shows (what a fault can bring) is not taken;
+    one that shows throughout is, and its whole is the iteration."""
+    from slurmguard.detect.period import find_iterations
+
+    rng = np.random.default_rng(4)
+    late = _equal_ops(800, _TP_GAPS_MS, rng, pattern_from=500)
+    assert find_iterations(late).period == 8  # the premise: the pattern is there
+    assert find_iterations(late, keep_period=1).period == 1
+    throughout = _equal_ops(800, _TP_GAPS_MS, rng)
+    assert find_iterations(throughout, keep_period=1).period == 8

@@ -31,6 +31,10 @@ Choices where the paper is silent:
   op (three DP AllReduces), so its symbols also mark whether an op follows a
   long gap (over 4x the communicator's median gap: the compute between
   iterations); that puts the iteration boundary into the sequence.
+- One op repeated (a Megatron-style TP job's equal all-reduces, nothing
+  else): the symbols repeat at every lag, and where no gap is consistently
+  the longest, the iteration is the smallest number of ops over which the
+  gaps repeat as a pattern (Friedman's test, Kendall's W; _pattern_period).
 """
 
 from __future__ import annotations
@@ -286,9 +290,23 @@ def _consistent(g: np.ndarray) -> bool:
     within each repetition, so slow drifts of the whole job do not matter).
     A k that is not an iteration length (nor a fraction of one) shifts the
     pattern from one repetition to the next and ranks the positions at random."""
+    return g.shape[1] < 2 or _concordance(g)[1] < CONSISTENT_P
+
+
+#: a pattern of gaps every j ops (_pattern_period) must agree across its
+#: repetitions at least this share as well as the best j tested does
+#: (Kendall's W): a multiple of the real period agrees about as well as the
+#: period (a Megatron-style TP job's 8 all-reduces: W at 8 ops 0.8-1.0 of
+#: the best), while a j that straddles two parts of it mixes two patterns (4
+#: of those 8: 0.3 as recorded, 0.5-0.65 with gaps of a crisper pattern)
+PATTERN_SHARE = 0.7
+
+
+def _concordance(g: np.ndarray) -> tuple[float, float]:
+    """(Kendall's W, Friedman's p) of the gaps in rows of k positions: how far
+    the positions' gaps rank alike in every repetition (W: 0 at random, 1
+    the same order in every row; p: the chance of so much agreement at random)."""
     n, k = g.shape
-    if k < 2:
-        return True
     # each position's rank sum over the repetitions: the p-th smallest gap of a
     # repetition adds rank p + 1 to the position it sits at (whole numbers, so
     # the sums are exact in any order; without the (n, k) array of ranks, a
@@ -298,7 +316,51 @@ def _consistent(g: np.ndarray) -> bool:
     rank[:] = np.arange(1.0, k + 1.0)
     r = np.bincount(order.ravel(), weights=rank.ravel(), minlength=k)
     q = 12.0 / (n * k * (k + 1)) * float(np.dot(r, r)) - 3.0 * n * (k + 1)
-    return float(chdtrc(k - 1, q)) < CONSISTENT_P  # chi2.sf(q, k - 1)
+    return q / (n * (k - 1)), float(chdtrc(k - 1, q))  # chi2.sf(q, k - 1)
+
+
+#: newest gaps _pattern_period looks at: rows of j ops each, as many as fit
+#: (64 rows, as _splits takes, left a TP job's 8-op pattern of W 0.09 short of
+#: CONSISTENT_P under a CPU cap, and 16 ops, twice the rows' worth of
+#: positions, passed: a two-step "iteration")
+PATTERN_OPS = 2048
+#: repetitions a pattern needs at least (so j <= PATTERN_OPS / PATTERN_ROWS):
+#: a pattern over a few rows agrees by chance (a second of a TP job's 8-op
+#: steps read as 16, 40, 56 or 112 ops with 5 rows)
+PATTERN_ROWS = 24
+
+
+def _pattern_period(gaps: np.ndarray, most: int) -> int | None:
+    """The ops per iteration (2..most) of a rank whose every op is the same
+    (one all-reduce of one size: the symbols mark no boundary) when no gap
+    is the iteration's longest (_splits): the smallest j whose gaps repeat as
+    a pattern every j ops (Friedman's test at CONSISTENT_P over the newest
+    PATTERN_OPS gaps) with a concordance of PATTERN_SHARE of the best j's. A
+    Megatron-style TP job of 4 blocks issues 8 equal all-reduces a step,
+    their gaps 2.4-4.7 ms by position, the optimizer's among them and no
+    longer: W 0.16-0.17 at 8 ops, 0.2 at 16 and 24, 0.0-0.08 at 2-7. A job of
+    one all-reduce a step (one DDP bucket) has gaps alike at every position,
+    consistent at no j: None. Gaps in ns (>= 1 ns, as _splits)."""
+    tail = gaps[-PATTERN_OPS:]
+    best, first = 0.0, []
+    for j in range(2, most + 1):
+        rows = tail.size // j
+        if rows < PATTERN_ROWS:
+            break
+        g = tail[tail.size - rows * j :].reshape(rows, j)
+        w, p = _concordance(g)
+        # W of random gaps is 1/rows on average: fewer rows (a longer j) would
+        # agree better by chance alone
+        w = (w - 1.0 / rows) / (1.0 - 1.0 / rows)
+        if p < CONSISTENT_P:
+            # ... and the positions' typical gaps differ by SPLIT_RATIO, as a
+            # boundary's must (_splits): equal gaps tie, and ties ranked by
+            # position agree at every j
+            med = row_medians(g.T)
+            if float(med.max()) >= SPLIT_RATIO * max(float(med.min()), 1.0):
+                first.append((j, w))
+        best = max(best, w)
+    return next((j for j, w in first if w >= PATTERN_SHARE * best), None)
 
 
 def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
@@ -324,7 +386,10 @@ def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     # a fifth of the rows on its own and passes the binomial test alone)
     if 2 * wins <= cols.shape[0]:
         return False
-    return float(bdtrc(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P  # binom.sf
+    # the winner is the one of j with the longest median, chosen after the fact:
+    # j chances at SPLIT_P (Bonferroni), or a window of a few repetitions of a
+    # long j splits by chance (a TP job's 8-op step read as 104-160 ops over 1,000)
+    return float(bdtrc(wins - 1, cols.shape[0], 1.0 / j)) < SPLIT_P / j  # binom.sf
 
 
 def _splits_throughout(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
@@ -506,12 +571,27 @@ def _find(
         if got is None or got is False:
             return got
         start, anchor, gaps = got
+        split: int | None = None
         for j in range(2, max_split + 1):
             if j * k <= kmax and is_candidate(j * k) and _splits(gaps, k, anchor, j):
                 if throughout and not _splits_throughout(gaps, k, anchor, j):
                     continue
-                return j * k
-        return k, start + anchor
+                split = j * k
+                break
+        if k == 1:
+            # one op repeated, the symbols mark no boundary: the gaps' pattern
+            # (throughout: in both halves of the window, as a kept period's
+            # splits) is the iteration where it holds the split found (a TP
+            # job's 8 all-reduces: their longest gap every 4 ops, a half-step)
+            most = min(max_split, kmax)
+            whole = _pattern_period(gaps, most)
+            if whole is not None and throughout:
+                half = gaps.size // 2
+                if _pattern_period(gaps[:half], most) != whole or _pattern_period(gaps[half:], most) != whole:
+                    whole = None
+            if whole is not None and (split is None or whole % split == 0):
+                return whole
+        return (k, start + anchor) if split is None else split
 
     def kept() -> tuple[int, int] | None:
         """The caller's period while the ops still fit it, or the whole of a
