@@ -578,20 +578,27 @@ def _find(
                     continue
                 split = j * k
                 break
-        if k == 1:
+        whole = pattern(gaps, k * max_split, throughout)
+        if whole is not None and whole > k and whole % k == 0 and (split is None or whole % split == 0):
             # one op repeated, the symbols mark no boundary: the gaps' pattern
-            # (throughout: in both halves of the window, as a kept period's
-            # splits) is the iteration where it holds the split found (a TP
-            # job's 8 all-reduces: their longest gap every 4 ops, a half-step)
-            most = min(max_split, kmax)
-            whole = _pattern_period(gaps, most)
-            if whole is not None and throughout:
-                half = gaps.size // 2
-                if _pattern_period(gaps[:half], most) != whole or _pattern_period(gaps[half:], most) != whole:
-                    whole = None
-            if whole is not None and (split is None or whole % split == 0):
-                return whole
+            # is the iteration where it holds k and the split found (a TP job's
+            # 8 all-reduces: their longest gap every 4 ops, a half-step)
+            return whole
         return (k, start + anchor) if split is None else split
+
+    def pattern(gaps: np.ndarray, most: int, throughout: bool = False) -> int | None:
+        """_pattern_period of the gaps when the ops are one op repeated (None
+        otherwise), at most `most` ops; throughout: the same in both halves of
+        the window too, as a kept period's splits must show."""
+        if not is_candidate(1):
+            return None
+        most = min(most, kmax)
+        whole = _pattern_period(gaps, most)
+        if whole is not None and throughout:
+            half = gaps.size // 2
+            if _pattern_period(gaps[:half], most) != whole or _pattern_period(gaps[half:], most) != whole:
+                return None
+        return whole
 
     def kept() -> tuple[int, int] | None:
         """The caller's period while the ops still fit it, or the whole of a
@@ -632,6 +639,9 @@ def _find(
             if not isinstance(got, tuple) or not placed:
                 continue
             _, anchor, gaps = placed
+            whole = pattern(gaps, k)
+            if whole is not None and whole > d and whole % d == 0:
+                continue  # the parts of one op repeated differ in the pattern of their gaps
             half = gaps.size // (2 * j * d) * j * d
             if half and not _splits(gaps[:half], d, anchor, j) and not _splits(gaps[half:], d, anchor, j):
                 return got
