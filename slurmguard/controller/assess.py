@@ -115,16 +115,6 @@ ALONE_NAMED_S = 2 * LOCALISE_S
 #: growth; named within 5-15 s by the means, flickering out of the trimmed
 #: ones cycle to cycle (not named in 240 s in 2 of 3 runs)
 ATTRIBUTION_ALONE = 1.0 / 3.0
-#: share of the job's step growth the extra compute of a rank must explain
-#: when its mean compute is more than PROMPT_EXCESS beyond its same-role
-#: peers' (ATTRIBUTION otherwise): a job-wide slowdown grows every rank's
-#: compute, and one rank far beyond its peers is not one; its node's
-#: slowness stretches its own collectives as well, time both sides spend
-#: inside them. A Megatron-style TP job's rank on a node capped at 30% of a
-#: CPU (step 38 -> 98 ms, gloo) computed 1.5x its peer's by the means (36.5
-#: against 24.5 ms; the same by the medians), and its extra compute explained
-#: 27-45% of the step growth: at 50% it was named in one cycle of 20
-ATTRIBUTION_SEVERE = 0.25
 #: a rank with same-role peers named from the few iterations since a change
 #: (_since_change) is acted on at once only when its compute is more than this
 #: fraction beyond its peers'; a smaller excess is acted on once named for
@@ -718,12 +708,7 @@ def localise(
         extra = float(pv[i]) - mean_expected
         seen = min(1.0, base / rep.baseline_step_s) if rep.baseline_step_s else 1.0
         explained = extra / seen
-        # a rank computing far beyond its same-role peers (PROMPT_EXCESS, by
-        # the plain means: the frozen iterations counted) is held to a smaller
-        # share (ATTRIBUTION_SEVERE): its node's slowness stretches its own
-        # collectives too, time both sides spend inside them
-        severe = bool(peer[i]) and float(pv[i]) > mean_expected * (1.0 + PROMPT_EXCESS)
-        share = ATTRIBUTION_ALONE if lone else ATTRIBUTION_SEVERE if severe else ATTRIBUTION
+        share = ATTRIBUTION_ALONE if lone else ATTRIBUTION
         if explained < share * grown_s:
             unexplained.append(
                 f"rank {key[1]}'s extra compute {extra * 1e3:.3g} ms ({explained * 1e3:.3g} "
