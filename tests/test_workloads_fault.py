@@ -115,12 +115,16 @@ def test_cpu_cap_slows_a_running_step_and_clear_restores_it(clean_cluster, tmp_p
     during = _per_chunk(rows, t_on + 1, t_off)
     after = _per_chunk(rows, t_off + 1, t_end)
     other = _per_chunk(_chunk_times(out, 0), t_on + 1, t_off)
+    # both "nodes" share this host's cores with the cluster's daemons, so its load drifts
+    # over the step: the cleared node is judged against the uncapped one in the same window
+    other_after = _per_chunk(_chunk_times(out, 0), t_off + 1, t_end)
     print(
         f"\nwall per chunk on {slow}: {before * 1e3:.1f} ms -> capped 20% {during * 1e3:.1f} ms "
-        f"-> cleared {after * 1e3:.1f} ms; uncapped peer {other * 1e3:.1f} ms"
+        f"-> cleared {after * 1e3:.1f} ms; uncapped peer {other * 1e3:.1f} ms, then {other_after * 1e3:.1f} ms"
     )
     assert during >= 2.0 * before
-    assert after <= 1.5 * before
+    assert during >= 2.0 * other
+    assert after <= 1.5 * max(before, other_after)
     assert other <= 1.5 * before  # the other node is not touched
 
 
