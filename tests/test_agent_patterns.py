@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 
 from slurmguard.agent.analysis import RankAnalyzer
 from slurmguard.agent.rings import RingTracker
@@ -200,3 +201,65 @@ def test_the_iterations_command_prints_what_the_agent_sees_of_a_job(tmp_path):
     assert (
         res.exit_code == 1 and f"{bad}: not a readable ring" in res.output and "Traceback" not in res.output
     )
+
+
+def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path):
+    """The demo's DDP rank with a checkpoint every 25 iterations (13
+    collectives each, recorded on the dev cluster: tests/data/period), written
+    to a ring. One search over the whole ring takes the checkpoint cycle for
+    the iteration (325 ops, 28 "iterations"); the command derives them as the
+    agent does while the job runs, which learns 13 and keeps it: about 700
+    iterations of the job's ~0.19 s. So does an agent's first report on it
+    (an agent restarted mid-job)."""
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+    from slurmguard.detect.period import find_iterations
+    from slurmguard.detect.records import RankOps
+    from slurmguard.hook import ring
+
+    z = np.load(Path(__file__).parent / "data" / "period" / "ddp_ckpt25_rank0.npz")
+    ops = RankOps(0, z["op"], z["comm"], z["nbytes"], z["start_ns"], z["end_ns"])
+    assert find_iterations(ops, POLICY.detection.period).period == 325  # the premise
+    shift = time.monotonic_ns() - 10**9 - int(ops.end_ns.max())
+    d = tmp_path / str(JOB)
+    d.mkdir()
+    w = ring.RingWriter(
+        str(d / "rank-0.step-0.torch.ring"),
+        capacity=16384,
+        job_id=JOB,
+        step_id=0,
+        global_rank=0,
+        local_rank=0,
+        world_size=2,
+        source=ring.SOURCE_TORCH,
+        node_name="node1",
+    )
+    for op, comm, nbytes, start, end in zip(
+        *(z[k].tolist() for k in ("op", "comm", "nbytes", "start_ns", "end_ns"))
+    ):
+        w.append(
+            op, comm_id=comm, count=nbytes // 4, nbytes=nbytes, start_ns=start + shift, end_ns=end + shift
+        )
+    w.close()
+    for policy in ({}, {"agent": {"report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20}}):
+        pfile = tmp_path / "policy.yaml"
+        pfile.write_text(yaml.safe_dump(policy))
+        res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
+        assert res.exit_code == 0, res.output
+        assert "13 collectives per iteration" in res.output, (policy, res.output)
+        count = int(re.search(r": (\d+) iterations", res.output).group(1))
+        median_ms = float(re.search(r"median step ([\d.]+) ms", res.output).group(1))
+        assert 9187 // 13 - 30 <= count <= 9187 // 13, res.output
+        assert 150 < median_ms < 250, res.output
+    # an agent restarted mid-job: its first report on the ring is derived the same way
+    tracker = RingTracker(str(tmp_path), "node1", lambda: {JOB: os.getuid()}, young_s=0.0)
+    try:
+        (tr,) = tracker.poll()
+        rep = RankAnalyzer(POLICY.agent, POLICY.detection).report(tr)
+    finally:
+        tracker.close()
+    assert rep.period_ops == 13 and rep.baseline_step_s is not None
+    assert 0.15 < float(np.median([s.step_s for s in rep.steps])) < 0.25

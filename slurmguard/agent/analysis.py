@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -200,6 +200,7 @@ class RankAnalyzer:
     structure: tuple[int, str] | None = None
     """(ops per iteration, role) the baseline was measured under."""
     _comm: int | None = None  # the communicator the period was found on (Iterations.comm)
+    _looked: bool = False  # report() has seen the rank's ring before
     _last_anchor_ns: int = -(1 << 62)
     _det: StepDetector | None = None
     _fed_until_ns: int = 0
@@ -215,12 +216,57 @@ class RankAnalyzer:
     _compute_for: float | None = None  # the step baseline (s) baseline_compute_s was taken with
     changes: list[ChangeReport] = field(default_factory=list)
 
-    def iterations(self, tr: TrackedRing) -> list[StepSample]:
-        """Every iteration the ring holds, as report() derives them (oldest first)."""
-        return self._steps(tr)
+    def replay(self, tr: TrackedRing) -> list[StepSample]:
+        """Every iteration the ring holds (oldest first), derived as the node
+        agent derives them while the job runs: report() on the ring's ops as
+        they stood every agent.report_interval_s, the newest
+        agent.max_ops_per_rank of them, from its oldest op on. The period the
+        agent learns first is kept once its baseline is (see _steps); one
+        search over the whole ring at once cannot do that and takes a cycle
+        of many iterations that timing alone cannot tell from one iteration
+        of many parts (a checkpoint every 25 iterations; a host cycle of 4 s
+        read as a TP x DP rank's 405-op "iteration", its peers at their 9).
+        Once the baseline is learned the cadence no longer changes what is
+        found, so the replay then moves window_ops / 4 ops at a time at least
+        (a ring of 65,536 ops takes some 30 searches, not one a report)."""
+        # when each op's work began (the GPU's time where the ring has it, as
+        # the iterations are timed), as a running maximum: the prefixes are
+        # of the ops in issue order
+        begin = np.maximum.accumulate(tr.begin_ns) if tr.begin_ns.size else tr.begin_ns
+        if begin.size == 0:
+            return self._steps(tr)
+        cols = ("op", "comm", "nbytes", "start_ns", "end_ns", "peer", "flags", "begin_ns", "finish_ns")
+        every_ns = int(self.agent.report_interval_s * 1e9)
+        stride = max(1, self.detection.period.window_ops // 4)
+        out: list[StepSample] = []
+        t, n = int(begin[0]) + every_ns, 0
+        while n < begin.size:
+            upto = int(np.searchsorted(begin, t, side="right"))
+            if self.baseline_s is not None:
+                upto = max(upto, min(n + stride, begin.size))
+            if upto > n:
+                n = upto
+                lo = max(0, n - self.agent.max_ops_per_rank)
+                view = replace(tr, **{c: getattr(tr, c)[lo:n] for c in cols})
+                was = self.structure
+                steps = self._steps(view)
+                self._feed_bocd(view, steps)
+                if self.structure != was:
+                    # a new structure: what was derived under the old one is
+                    # not this rank's iterations (its first seconds, read
+                    # before the real period showed), all of the window's are
+                    out = []
+                last = out[-1].end if out else float("-inf")
+                out += [s for s in steps if s.end > last]
+            t = int(begin[min(n, begin.size - 1)]) + every_ns if self.baseline_s is not None else t + every_ns
+        return out
 
     def report(self, tr: TrackedRing) -> RankReport:
-        steps = self._steps(tr)
+        # the first look at a ring may find much of a job's history in it (an
+        # agent restarted mid-job): derived as if the agent had watched it
+        # all along, not by one search over all of it (see replay)
+        steps = self._steps(tr) if self._looked else self.replay(tr)
+        self._looked = True
         self._feed_bocd(tr, steps)
         h = tr.header
         last_end = int(tr.finish_ns.max()) if tr.finish_ns.size else None

@@ -166,7 +166,7 @@ def _print_iterations(path: str, tracker: RingTracker, an: RankAnalyzer, as_csv:
         tr = tracker.inspect(path)
     except (RingError, OSError) as exc:
         raise click.ClickException(f"{path}: not a readable ring ({exc})") from None
-    steps = an.iterations(tr)  # every iteration the ring holds; an.structure, an.total_steps with them
+    steps = an.replay(tr)  # every iteration the ring holds; an.structure, an.total_steps with them
     h = tr.header
     if as_csv:
         for st in steps:
