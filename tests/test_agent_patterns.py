@@ -203,29 +203,16 @@ def test_the_iterations_command_prints_what_the_agent_sees_of_a_job(tmp_path):
     )
 
 
-def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path):
-    """The demo's DDP rank with a checkpoint every 25 iterations (13
-    collectives each, recorded on the dev cluster: tests/data/period), written
-    to a ring. One search over the whole ring takes the checkpoint cycle for
-    the iteration (325 ops, 28 "iterations"); the command derives them as the
-    agent does while the job runs, which learns 13 and keeps it: about 700
-    iterations of the job's ~0.19 s. So does an agent's first report on it
-    (an agent restarted mid-job)."""
+def _ring_from_recording(name: str, d) -> dict:
+    """tests/data/period/NAME (a rank's ops recorded on the dev cluster) written
+    to a ring under d as the torch hook writes it, the last op a second ago."""
     from pathlib import Path
 
-    from click.testing import CliRunner
-
-    from slurmguard.cli import cli
-    from slurmguard.detect.period import find_iterations
-    from slurmguard.detect.records import RankOps
     from slurmguard.hook import ring
 
-    z = np.load(Path(__file__).parent / "data" / "period" / "ddp_ckpt25_rank0.npz")
-    ops = RankOps(0, z["op"], z["comm"], z["nbytes"], z["start_ns"], z["end_ns"])
-    assert find_iterations(ops, POLICY.detection.period).period == 325  # the premise
-    shift = time.monotonic_ns() - 10**9 - int(ops.end_ns.max())
-    d = tmp_path / str(JOB)
-    d.mkdir()
+    z = dict(np.load(Path(__file__).parent / "data" / "period" / name))
+    shift = time.monotonic_ns() - 10**9 - int(z["end_ns"].max())
+    d.mkdir(parents=True, exist_ok=True)
     w = ring.RingWriter(
         str(d / "rank-0.step-0.torch.ring"),
         capacity=16384,
@@ -237,29 +224,90 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path):
         source=ring.SOURCE_TORCH,
         node_name="node1",
     )
-    for op, comm, nbytes, start, end in zip(
-        *(z[k].tolist() for k in ("op", "comm", "nbytes", "start_ns", "end_ns"))
+    flags = z.get("flags", np.zeros_like(z["op"]))
+    for op, comm, nbytes, start, end, fl in zip(
+        *(z[k].tolist() for k in ("op", "comm", "nbytes", "start_ns", "end_ns")), flags.tolist()
     ):
         w.append(
-            op, comm_id=comm, count=nbytes // 4, nbytes=nbytes, start_ns=start + shift, end_ns=end + shift
+            op,
+            comm_id=comm % (1 << 64),  # the tracker reads ids as signed int64
+            count=nbytes // 4,
+            nbytes=nbytes,
+            start_ns=start + shift,
+            end_ns=end + shift,
+            flags=fl,
         )
     w.close()
-    for policy in ({}, {"agent": {"report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20}}):
-        pfile = tmp_path / "policy.yaml"
-        pfile.write_text(yaml.safe_dump(policy))
-        res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
-        assert res.exit_code == 0, res.output
-        assert "13 collectives per iteration" in res.output, (policy, res.output)
-        count = int(re.search(r": (\d+) iterations", res.output).group(1))
-        median_ms = float(re.search(r"median step ([\d.]+) ms", res.output).group(1))
-        assert 9187 // 13 - 30 <= count <= 9187 // 13, res.output
-        assert 150 < median_ms < 250, res.output
+    return z
+
+
+#: the dev cluster's agent cadence (dev/slurmguard_dev/devcluster/guard.py)
+DEV_AGENT = {"agent": {"report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20}}
+
+
+@pytest.mark.parametrize("policy", [{}, DEV_AGENT], ids=["default", "dev"])
+def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, policy):
+    """The demo's DDP rank with a checkpoint every 25 iterations (13
+    collectives each, recorded on the dev cluster: tests/data/period), written
+    to a ring. One search over the whole ring takes the checkpoint cycle for
+    the iteration (325 ops, 28 "iterations"); the command derives them as the
+    agent does while the job runs, which learns 13 and keeps it: about 700
+    iterations of the job's ~0.19 s. So does an agent's first report on it
+    (an agent restarted mid-job)."""
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+    from slurmguard.detect.period import find_iterations
+    from slurmguard.detect.records import RankOps
+
+    d = tmp_path / str(JOB)
+    z = _ring_from_recording("ddp_ckpt25_rank0.npz", d)
+    ops = RankOps(0, z["op"], z["comm"], z["nbytes"], z["start_ns"], z["end_ns"])
+    assert find_iterations(ops, POLICY.detection.period).period == 325  # the premise
+    pfile = tmp_path / "policy.yaml"
+    pfile.write_text(yaml.safe_dump(policy))
+    res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
+    assert res.exit_code == 0, res.output
+    assert "13 collectives per iteration" in res.output, res.output
+    count = int(re.search(r": (\d+) iterations", res.output).group(1))
+    median_ms = float(re.search(r"median step ([\d.]+) ms", res.output).group(1))
+    assert 9187 // 13 - 30 <= count <= 9187 // 13, res.output
+    assert 150 < median_ms < 250, res.output
     # an agent restarted mid-job: its first report on the ring is derived the same way
+    pol = Policy.model_validate(policy)
     tracker = RingTracker(str(tmp_path), "node1", lambda: {JOB: os.getuid()}, young_s=0.0)
     try:
         (tr,) = tracker.poll()
-        rep = RankAnalyzer(POLICY.agent, POLICY.detection).report(tr)
+        rep = RankAnalyzer(pol.agent, pol.detection).report(tr)
     finally:
         tracker.close()
     assert rep.period_ops == 13 and rep.baseline_step_s is not None
     assert 0.15 < float(np.median([s.step_s for s in rep.steps])) < 0.25
+
+
+@pytest.mark.parametrize("policy", [{}, DEV_AGENT], ids=["default", "dev"])
+def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
+    """A DDP job written apart from the project (gloo, 2 nodes; 4 all-reduces a
+    step of ~20 ms, a validation pass every 40 steps with one all-reduce of its
+    loss, a barrier each epoch), rank 0's first 30 s on the dev cluster, with
+    the job's own step times. Under the default policy the agent's first look
+    comes 10 s in and holds 11 cycles of 40 steps plus a validation: taken
+    whole, that is one 160-op "iteration" of 0.9 s (the command read 56 of
+    them for the job's 2,276 steps). The first look grows from 64 ops, so the
+    step is learned first and kept: its count and median within 5% of the job's."""
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+
+    d = tmp_path / str(JOB)
+    z = _ring_from_recording("ddp_eval40_rank0.npz", d)
+    job = z["job_step_s"]
+    pfile = tmp_path / "policy.yaml"
+    pfile.write_text(yaml.safe_dump(policy))
+    res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
+    assert res.exit_code == 0, res.output
+    assert "4 collectives per iteration" in res.output, res.output
+    count = int(re.search(r": (\d+) iterations", res.output).group(1))
+    median_ms = float(re.search(r"median step ([\d.]+) ms", res.output).group(1))
+    assert abs(count / job.size - 1) <= 0.05, (res.output, job.size)
+    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (res.output, np.median(job))

@@ -158,6 +158,11 @@ COMPUTE_FOLLOW_S = 4.0
 COMPUTE_FOLLOW_MAX = 4096
 
 
+#: ops of a rank's first look in RankAnalyzer.replay (then twice as many,
+#: and so on up to the first report's): 64 hold 3 repetitions of up to 21
+FIRST_LOOK_OPS = 64
+
+
 def sane_steps(
     step_s: np.ndarray, comm_s: np.ndarray, end: np.ndarray, now: float | None = None
 ) -> np.ndarray:
@@ -239,25 +244,40 @@ class RankAnalyzer:
         every_ns = int(self.agent.report_interval_s * 1e9)
         stride = max(1, self.detection.period.window_ops // 4)
         out: list[StepSample] = []
-        t, n = int(begin[0]) + every_ns, 0
+
+        def look(n: int) -> None:
+            nonlocal out
+            lo = max(0, n - self.agent.max_ops_per_rank)
+            view = replace(tr, **{c: getattr(tr, c)[lo:n] for c in cols})
+            was = self.structure
+            steps = self._steps(view)
+            self._feed_bocd(view, steps)
+            if self.structure != was:
+                # a new structure: what was derived under the old one is
+                # not this rank's iterations (its first seconds, read
+                # before the real period showed), all of the window's are
+                out = []
+            last = out[-1].end if out else float("-inf")
+            out += [s for s in steps if s.end > last]
+
+        t = int(begin[0]) + every_ns
+        # the first report's ops, as from an agent that looked at once: growing
+        # by halves until a baseline is learned, so that the rank's step is
+        # found before a cycle of steps can be (an evaluation every 40 steps of
+        # a 23-ms DDP step: 10 s of it hold 11 such cycles, read as one 160-op
+        # iteration; its first 64 ops hold 16 steps and no cycle)
+        first, n = int(np.searchsorted(begin, t, side="right")), FIRST_LOOK_OPS
+        while n < first and self.baseline_s is None:
+            look(n)
+            n *= 2
+        n = 0
         while n < begin.size:
             upto = int(np.searchsorted(begin, t, side="right"))
             if self.baseline_s is not None:
                 upto = max(upto, min(n + stride, begin.size))
             if upto > n:
                 n = upto
-                lo = max(0, n - self.agent.max_ops_per_rank)
-                view = replace(tr, **{c: getattr(tr, c)[lo:n] for c in cols})
-                was = self.structure
-                steps = self._steps(view)
-                self._feed_bocd(view, steps)
-                if self.structure != was:
-                    # a new structure: what was derived under the old one is
-                    # not this rank's iterations (its first seconds, read
-                    # before the real period showed), all of the window's are
-                    out = []
-                last = out[-1].end if out else float("-inf")
-                out += [s for s in steps if s.end > last]
+                look(n)
             t = int(begin[min(n, begin.size - 1)]) + every_ns if self.baseline_s is not None else t + every_ns
         return out
 

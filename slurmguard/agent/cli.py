@@ -131,8 +131,9 @@ def iterations_cmd(ctx: click.Context, paths: tuple[str, ...], as_csv: bool) -> 
     """The iterations the agent derives from rings (ring files, or directories of
     them: a job's ring directory, an epilog archive), per rank: how many, the
     median step and compute time (step minus time inside collectives), the
-    collectives per iteration and the role. What slurmguard sees of a job, to
-    compare with the job's own step log."""
+    collectives per iteration and the role, read as the agent reads them while
+    the job runs (RankAnalyzer.replay, at the policy's agent.report_interval_s).
+    What slurmguard sees of a job, to compare with the job's own step log."""
     from slurmguard.agent.analysis import RankAnalyzer
     from slurmguard.agent.rings import RingTracker
     from slurmguard.context import app_context
