@@ -241,6 +241,23 @@ def _ring_from_recording(name: str, d) -> dict:
     return z
 
 
+def _iterations_of(tmp_path, d, policy: dict) -> tuple[str, int, int, float]:
+    """`slurmguard iterations D` under `policy` for a one-ring directory: its
+    line, and the collectives per iteration, iterations and median step (ms) in it."""
+    from click.testing import CliRunner
+
+    from slurmguard.cli import cli
+
+    pfile = tmp_path / "policy.yaml"
+    pfile.write_text(yaml.safe_dump(policy))
+    res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
+    assert res.exit_code == 0, res.output
+    out = res.output
+    period = int(re.search(r"(\d+) collectives per iteration", out).group(1))
+    count = int(re.search(r": (\d+) iterations", out).group(1))
+    return out, period, count, float(re.search(r"median step ([\d.]+) ms", out).group(1))
+
+
 #: the dev cluster's agent cadence (dev/slurmguard_dev/devcluster/guard.py)
 DEV_AGENT = {"agent": {"report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20}}
 
@@ -254,9 +271,6 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, polic
     agent does while the job runs, which learns 13 and keeps it: about 700
     iterations of the job's ~0.19 s. So does an agent's first report on it
     (an agent restarted mid-job)."""
-    from click.testing import CliRunner
-
-    from slurmguard.cli import cli
     from slurmguard.detect.period import find_iterations
     from slurmguard.detect.records import RankOps
 
@@ -264,15 +278,10 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, polic
     z = _ring_from_recording("ddp_ckpt25_rank0.npz", d)
     ops = RankOps(0, z["op"], z["comm"], z["nbytes"], z["start_ns"], z["end_ns"])
     assert find_iterations(ops, POLICY.detection.period).period == 325  # the premise
-    pfile = tmp_path / "policy.yaml"
-    pfile.write_text(yaml.safe_dump(policy))
-    res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
-    assert res.exit_code == 0, res.output
-    assert "13 collectives per iteration" in res.output, res.output
-    count = int(re.search(r": (\d+) iterations", res.output).group(1))
-    median_ms = float(re.search(r"median step ([\d.]+) ms", res.output).group(1))
-    assert 9187 // 13 - 30 <= count <= 9187 // 13, res.output
-    assert 150 < median_ms < 250, res.output
+    out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
+    assert period == 13, out
+    assert 9187 // 13 - 30 <= count <= 9187 // 13, out
+    assert 150 < median_ms < 250, out
     # an agent restarted mid-job: its first report on the ring is derived the same way
     pol = Policy.model_validate(policy)
     tracker = RingTracker(str(tmp_path), "node1", lambda: {JOB: os.getuid()}, young_s=0.0)
@@ -295,19 +304,10 @@ def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
     whole, that is one 160-op "iteration" of 0.9 s (the command read 56 of
     them for the job's 2,276 steps). The first look grows from 64 ops, so the
     step is learned first and kept: its count and median within 5% of the job's."""
-    from click.testing import CliRunner
-
-    from slurmguard.cli import cli
-
     d = tmp_path / str(JOB)
     z = _ring_from_recording("ddp_eval40_rank0.npz", d)
     job = z["job_step_s"]
-    pfile = tmp_path / "policy.yaml"
-    pfile.write_text(yaml.safe_dump(policy))
-    res = CliRunner().invoke(cli, ["--policy", str(pfile), "iterations", str(d)])
-    assert res.exit_code == 0, res.output
-    assert "4 collectives per iteration" in res.output, res.output
-    count = int(re.search(r": (\d+) iterations", res.output).group(1))
-    median_ms = float(re.search(r"median step ([\d.]+) ms", res.output).group(1))
-    assert abs(count / job.size - 1) <= 0.05, (res.output, job.size)
-    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (res.output, np.median(job))
+    out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
+    assert period == 4, out
+    assert abs(count / job.size - 1) <= 0.05, (out, job.size)
+    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (out, np.median(job))
