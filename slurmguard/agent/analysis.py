@@ -257,8 +257,11 @@ class RankAnalyzer:
                 # not this rank's iterations (its first seconds, read
                 # before the real period showed), all of the window's are
                 out = []
-            last = out[-1].end if out else float("-inf")
-            out += [s for s in steps if s.end > last]
+            # the newest look's iterations stand for the span they cover (its
+            # anchors may have moved with more history, as a live agent's do
+            # from one report to the next); older looks' only before it
+            first_end = steps[0].end if steps else float("inf")
+            out = [s for s in out if s.end < first_end] + steps
 
         t = int(begin[0]) + every_ns
         # the first report's ops, as from an agent that looked at once: growing
