@@ -205,7 +205,6 @@ class RankAnalyzer:
     structure: tuple[int, str] | None = None
     """(ops per iteration, role) the baseline was measured under."""
     _comm: int | None = None  # the communicator the period was found on (Iterations.comm)
-    _looked: bool = False  # report() has seen the rank's ring before
     _last_anchor_ns: int = -(1 << 62)
     _det: StepDetector | None = None
     _fed_until_ns: int = 0
@@ -285,11 +284,7 @@ class RankAnalyzer:
         return out
 
     def report(self, tr: TrackedRing) -> RankReport:
-        # the first look at a ring may find much of a job's history in it (an
-        # agent restarted mid-job): derived as if the agent had watched it
-        # all along, not by one search over all of it (see replay)
-        steps = self._steps(tr) if self._looked else self.replay(tr)
-        self._looked = True
+        steps = self._steps(tr)
         self._feed_bocd(tr, steps)
         h = tr.header
         last_end = int(tr.finish_ns.max()) if tr.finish_ns.size else None
