@@ -25,7 +25,7 @@ import yaml
 from slurmguard.agent.analysis import RankAnalyzer
 from slurmguard.agent.rings import RingTracker
 from slurmguard.config import Policy
-from tests.fixtures.agent import recorded, replay, start_pattern
+from tests.fixtures.agent import recorded, replay, replay_ops, start_pattern
 
 POLICY = Policy()
 JOB = 5
@@ -203,44 +203,6 @@ def test_the_iterations_command_prints_what_the_agent_sees_of_a_job(tmp_path):
     )
 
 
-def _ring_from_recording(name: str, d) -> dict:
-    """tests/data/period/NAME (a rank's ops recorded on the dev cluster) written
-    to a ring under d as the torch hook writes it, the last op a second ago."""
-    from pathlib import Path
-
-    from slurmguard.hook import ring
-
-    z = dict(np.load(Path(__file__).parent / "data" / "period" / name))
-    shift = time.monotonic_ns() - 10**9 - int(z["end_ns"].max())
-    d.mkdir(parents=True, exist_ok=True)
-    w = ring.RingWriter(
-        str(d / "rank-0.step-0.torch.ring"),
-        capacity=16384,
-        job_id=JOB,
-        step_id=0,
-        global_rank=0,
-        local_rank=0,
-        world_size=2,
-        source=ring.SOURCE_TORCH,
-        node_name="node1",
-    )
-    flags = z.get("flags", np.zeros_like(z["op"]))
-    for op, comm, nbytes, start, end, fl in zip(
-        *(z[k].tolist() for k in ("op", "comm", "nbytes", "start_ns", "end_ns")), flags.tolist()
-    ):
-        w.append(
-            op,
-            comm_id=comm % (1 << 64),  # the tracker reads ids as signed int64
-            count=nbytes // 4,
-            nbytes=nbytes,
-            start_ns=start + shift,
-            end_ns=end + shift,
-            flags=fl,
-        )
-    w.close()
-    return z
-
-
 def _iterations_of(tmp_path, d, policy: dict) -> tuple[str, int, int, float]:
     """`slurmguard iterations D` under `policy` for a one-ring directory: its
     line, and the collectives per iteration, iterations and median step (ms) in it."""
@@ -274,7 +236,7 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, polic
     from slurmguard.detect.records import RankOps
 
     d = tmp_path / str(JOB)
-    z = _ring_from_recording("ddp_ckpt25_rank0.npz", d)
+    z = replay_ops("ddp_ckpt25_rank0.npz", d, JOB)
     ops = RankOps(0, z["op"], z["comm"], z["nbytes"], z["start_ns"], z["end_ns"])
     assert find_iterations(ops, POLICY.detection.period).period == 325  # the premise
     out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
@@ -294,7 +256,7 @@ def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
     them for the job's 2,276 steps). The first look grows from 64 ops, so the
     step is learned first and kept: its count and median within 5% of the job's."""
     d = tmp_path / str(JOB)
-    z = _ring_from_recording("ddp_eval40_rank0.npz", d)
+    z = replay_ops("ddp_eval40_rank0.npz", d, JOB)
     job = z["job_step_s"]
     out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
     assert period == 4, out

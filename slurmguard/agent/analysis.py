@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -233,21 +233,19 @@ class RankAnalyzer:
         Once the baseline is learned the cadence no longer changes what is
         found, so the replay then moves window_ops / 4 ops at a time at least
         (a ring of 65,536 ops takes some 30 searches, not one a report)."""
+        if tr.begin_ns.size == 0:
+            return self._steps(tr)
         # when each op's work began (the GPU's time where the ring has it, as
         # the iterations are timed), as a running maximum: the prefixes are
         # of the ops in issue order
-        begin = np.maximum.accumulate(tr.begin_ns) if tr.begin_ns.size else tr.begin_ns
-        if begin.size == 0:
-            return self._steps(tr)
-        cols = ("op", "comm", "nbytes", "start_ns", "end_ns", "peer", "flags", "begin_ns", "finish_ns")
+        begin = np.maximum.accumulate(tr.begin_ns)
         every_ns = int(self.agent.report_interval_s * 1e9)
         stride = max(1, self.detection.period.window_ops // 4)
         out: list[StepSample] = []
 
         def look(n: int) -> None:
             nonlocal out
-            lo = max(0, n - self.agent.max_ops_per_rank)
-            view = replace(tr, **{c: getattr(tr, c)[lo:n] for c in cols})
+            view = tr.ops_slice(max(0, n - self.agent.max_ops_per_rank), n)
             was = self.structure
             steps = self._steps(view)
             self._feed_bocd(view, steps)

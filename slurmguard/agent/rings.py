@@ -40,7 +40,7 @@ import pwd
 import stat
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -156,6 +156,11 @@ class TrackedRing:
 
     def to_unix_s(self, mono_ns: int | float) -> float:
         return (mono_ns + self.header.clock_offset_ns) / 1e9
+
+    def ops_slice(self, lo: int, hi: int) -> TrackedRing:
+        """A copy holding only ops lo:hi (issue order) of the per-op columns
+        (views, not copies); header, links and the rest as this ring's."""
+        return replace(self, **{name: getattr(self, name)[lo:hi] for name in _COLUMNS})
 
     @property
     def writer_exited(self) -> bool:
