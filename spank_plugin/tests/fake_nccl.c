@@ -50,7 +50,7 @@ struct ncclComm {
 	int rank;
 	int nranks;
 	struct clique *clique; /* NULL: no other process */
-	uint64_t seq;
+	_Atomic uint64_t seq;  /* the test's threads may share one communicator */
 	void *prof;       /* the profiler plugin's context for this communicator */
 	uint64_t coll_seq; /* NCCL's per-communicator collective sequence number */
 	_Atomic int late;    /* fakeNcclPeerLate: kernels wait for a peer not there */
@@ -93,9 +93,16 @@ static void clique_wait(void *p)
 	struct wait_arg *a = p;
 	uint64_t limit = mono_ns() + 10000000000ull;
 	struct timespec nap = { 0, 20000 };
+	uint64_t seen = atomic_load(&a->clique->arrived[a->rank]);
 	int r;
 
-	atomic_store(&a->clique->arrived[a->rank], a->seq);
+	/* a maximum, not a store: kernels of one rank on several streams
+	 * (threads sharing a communicator) finish out of order, and a rank's
+	 * arrival must never go back (its own check below would then wait
+	 * for itself until the limit) */
+	while (seen < a->seq &&
+	       !atomic_compare_exchange_weak(&a->clique->arrived[a->rank], &seen, a->seq))
+		;
 	for (r = 0; r < a->nranks && mono_ns() < limit; r++)
 		while (atomic_load(&a->clique->arrived[r]) < a->seq && mono_ns() < limit)
 			nanosleep(&nap, NULL);
@@ -126,7 +133,7 @@ static void launch_now(struct ncclComm *c, cudaStream_t stream, uint64_t ns)
 		a->clique = c->clique;
 		a->rank = c->rank;
 		a->nranks = c->nranks;
-		a->seq = ++c->seq;
+		a->seq = atomic_fetch_add(&c->seq, 1) + 1;
 	}
 	if (launch(stream, ns, a ? clique_wait : NULL, a) != 0)
 		free(a);
@@ -475,7 +482,7 @@ static void gpu_work(struct ncclComm *c, cudaStream_t stream, const char *func, 
 				a->wait->clique = c->clique;
 				a->wait->rank = c->rank;
 				a->wait->nranks = c->nranks;
-				a->wait->seq = ++c->seq;
+				a->wait->seq = atomic_fetch_add(&c->seq, 1) + 1;
 			}
 			prof_stop(ev); /* enqueued */
 			if (launch(stream, 0, prof_kernel, a) != 0) {
