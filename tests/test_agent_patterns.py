@@ -245,6 +245,40 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, polic
     assert 150 < median_ms < 250, out
 
 
+def test_the_agents_first_look_at_a_fast_job_with_evaluations_finds_its_step(tmp_path):
+    """The same recording as the agent reads it under the default policy: its
+    first report holds the job's first 10 s, 11 cycles of 40 steps and a
+    validation, which one search over them reads as an iteration of 20 steps
+    or more (the premise: 80 ops). The agent's first look finds the 4-op step instead and keeps it
+    through its next reports: count and median within 5% of the job's."""
+    from slurmguard.agent.rings import RingTracker
+    from slurmguard.detect.period import find_iterations
+    from slurmguard.detect.records import RankOps
+
+    d = tmp_path / str(JOB)
+    z = replay_ops("ddp_eval40_rank0.npz", d, JOB)
+    job = z["job_step_s"]
+    tr = RingTracker(str(tmp_path), "node1", lambda: {JOB: os.getuid()}).inspect(str(next(d.iterdir())))
+    every = int(POLICY.agent.report_interval_s * 1e9)
+    first = int(np.searchsorted(tr.begin_ns, tr.begin_ns[0] + every))
+    ops = RankOps(
+        0, z["op"][:first], z["comm"][:first], z["nbytes"][:first], z["start_ns"][:first], z["end_ns"][:first]
+    )
+    assert find_iterations(ops, POLICY.detection.period).period >= 80  # the premise: 20 steps or more
+    an = RankAnalyzer(POLICY.agent, POLICY.detection)
+    rep = an.report(tr.ops_slice(0, first))
+    assert rep.period_ops == 4
+    step = np.array([s.step_s for s in rep.steps])
+    span = job[np.cumsum(job) <= (tr.begin_ns[first - 1] - tr.begin_ns[0]) / 1e9]  # the job's same 10 s
+    assert abs(np.median(step) / np.median(span) - 1) <= 0.05, (np.median(step), np.median(span))
+    n = first
+    while n < tr.begin_ns.size:
+        n = int(np.searchsorted(tr.begin_ns, tr.begin_ns[n - 1] + every))
+        rep = an.report(tr.ops_slice(0, n))
+        assert rep.period_ops == 4
+    assert abs(an.total_steps / job.size - 1) <= 0.05, (an.total_steps, job.size)
+
+
 @pytest.mark.parametrize("policy", [{}, DEV_AGENT], ids=["default", "dev"])
 def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
     """A DDP job written apart from the project (gloo, 2 nodes; 4 all-reduces a

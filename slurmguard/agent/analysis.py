@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -281,9 +281,40 @@ class RankAnalyzer:
             t = int(begin[min(n, begin.size - 1)]) + every_ns if self.baseline_s is not None else t + every_ns
         return out
 
-    def report(self, tr: TrackedRing) -> RankReport:
+    def derive(self, tr: TrackedRing) -> list[StepSample]:
+        """The ring's iterations as this rank's state stands (oldest first):
+        on the rank's first look, the shorter iteration of one search over
+        what the ring holds and of its replay (replay(): the period found
+        on its first ops, kept); after it, one search that keeps the period.
+
+        A first look over many steps (the agent's first report under the
+        default 10-s interval, an agent restarted mid-job, `slurmguard
+        iterations`) can take a cycle of steps for the iteration: 10 s of a
+        23-ms DDP step with an evaluation every 40 steps hold 11 such cycles,
+        read as one 160-op iteration and kept from then on. The replay finds
+        the step first. A cycle is a whole number of iterations, never fewer
+        ops than one, so the shorter of the two is kept: a replay that reads
+        a multiple of the real period on the first ops of a loaded start
+        (an async 2-rank job's 4 steps in one of three full-suite runs) gives
+        way to the search that found the step itself."""
+        if self.structure is not None or self._fed_until_ns or tr.begin_ns.size <= FIRST_LOOK_OPS:
+            steps = self._steps(tr)
+            self._feed_bocd(tr, steps)
+            return steps
+        replayed = RankAnalyzer(self.agent, self.detection)
+        steps_r = replayed.replay(tr)
         steps = self._steps(tr)
         self._feed_bocd(tr, steps)
+        if replayed.structure is not None and (
+            self.structure is None or replayed.structure[0] < self.structure[0]
+        ):
+            for f in fields(self):
+                setattr(self, f.name, getattr(replayed, f.name))
+            return steps_r
+        return steps
+
+    def report(self, tr: TrackedRing) -> RankReport:
+        steps = self.derive(tr)
         h = tr.header
         last_end = int(tr.finish_ns.max()) if tr.finish_ns.size else None
         return RankReport(

@@ -132,7 +132,7 @@ def iterations_cmd(ctx: click.Context, paths: tuple[str, ...], as_csv: bool) -> 
     them: a job's ring directory, an epilog archive), per rank: how many, the
     median step and compute time (step minus time inside collectives), the
     collectives per iteration and the role, read as the agent reads them while
-    the job runs (RankAnalyzer.replay, at the policy's agent.report_interval_s).
+    the job runs (RankAnalyzer.derive, at the policy's agent.report_interval_s).
     What slurmguard sees of a job, to compare with the job's own step log."""
     from slurmguard.agent.analysis import RankAnalyzer
     from slurmguard.agent.rings import RingTracker
@@ -167,7 +167,8 @@ def _print_iterations(path: str, tracker: RingTracker, an: RankAnalyzer, as_csv:
         tr = tracker.inspect(path)
     except (RingError, OSError) as exc:
         raise click.ClickException(f"{path}: not a readable ring ({exc})") from None
-    steps = an.replay(tr)  # every iteration the ring holds; an.structure, an.total_steps with them
+    # every iteration the ring holds, as an agent's first look; an.structure, an.total_steps with them
+    steps = an.derive(tr)
     h = tr.header
     if as_csv:
         for st in steps:
