@@ -30,7 +30,7 @@ import numpy as np
 
 from slurmguard.agent.rings import TrackedRing
 from slurmguard.config import AgentPolicy, DetectionPolicy, PeriodPolicy
-from slurmguard.detect.period import Iterations, find_iterations, iteration_anchors
+from slurmguard.detect.period import KEPT_SPLIT, Iterations, find_iterations, iteration_anchors
 from slurmguard.detect.records import RankOps
 from slurmguard.detect.steps import DetectorConfig, StepDetector
 from slurmguard.detect.waiting import waiting_time
@@ -283,20 +283,23 @@ class RankAnalyzer:
 
     def derive(self, tr: TrackedRing) -> list[StepSample]:
         """The ring's iterations as this rank's state stands (oldest first):
-        on the rank's first look, the shorter iteration of one search over
-        what the ring holds and of its replay (replay(): the period found
-        on its first ops, kept); after it, one search that keeps the period.
+        on the rank's first look, one search over what the ring holds, unless
+        its replay (replay(): the period found on its first ops, kept) finds
+        an iteration of fewer than 1/KEPT_SPLIT of its ops; after the first
+        look, one search that keeps the period.
 
         A first look over many steps (the agent's first report under the
         default 10-s interval, an agent restarted mid-job, `slurmguard
         iterations`) can take a cycle of steps for the iteration: 10 s of a
         23-ms DDP step with an evaluation every 40 steps hold 11 such cycles,
-        read as one 160-op iteration and kept from then on. The replay finds
-        the step first. A cycle is a whole number of iterations, never fewer
-        ops than one, so the shorter of the two is kept: a replay that reads
-        a multiple of the real period on the first ops of a loaded start
-        (an async 2-rank job's 4 steps in one of three full-suite runs) gives
-        way to the search that found the step itself."""
+        read as an 80-op iteration and kept from then on. The replay finds
+        the step first. A whole of KEPT_SPLIT parts or fewer is the search's
+        to keep (a pipeline stage's micro-batches, which a replay's first
+        ops can read as the iteration: kept so, a fault that blurs them
+        makes the stage find its whole again, and learn its baseline again
+        under the fault), as is a replay's longer period (a multiple of the
+        step read on the first ops of a loaded start: an async 2-rank job's
+        4 steps, in one of three full-suite runs)."""
         if self.structure is not None or self._fed_until_ns or tr.begin_ns.size <= FIRST_LOOK_OPS:
             steps = self._steps(tr)
             self._feed_bocd(tr, steps)
@@ -306,7 +309,7 @@ class RankAnalyzer:
         steps = self._steps(tr)
         self._feed_bocd(tr, steps)
         if replayed.structure is not None and (
-            self.structure is None or replayed.structure[0] < self.structure[0]
+            self.structure is None or replayed.structure[0] * KEPT_SPLIT < self.structure[0]
         ):
             for f in fields(self):
                 setattr(self, f.name, getattr(replayed, f.name))
