@@ -245,6 +245,24 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, polic
     assert 150 < median_ms < 250, out
 
 
+@pytest.mark.parametrize("policy", [{}, DEV_AGENT], ids=["default", "dev"])
+def test_an_fsdp_evaluation_that_gathers_parameters_does_not_end_the_count(tmp_path, policy):
+    """An FSDP2 job written apart from the project (gloo, 2 nodes; a 4-block
+    transformer, each block fully_shard'ed; 2 micro-batches a step, the first
+    without reduce-scatter; 23 collectives a step), whose evaluation every 50
+    steps all-gathers the parameters for 4 batches of its own: rank 0's first
+    6,000 ops on the dev cluster, with the job's own step times. The
+    evaluation breaks the sequence every 50 steps; only the steps since the
+    newest one were iterations (13 of the run's 663 read from its whole
+    ring). The steps before each evaluation are iterations too."""
+    d = tmp_path / str(JOB)
+    z = replay_ops("fsdp_eval50_rank0.npz", d, JOB)
+    job = z["job_step_s"]
+    out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
+    assert abs(count / job.size - 1) <= 0.05, (out, job.size)
+    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (out, np.median(job))
+
+
 def test_the_agents_first_look_at_a_fast_job_with_evaluations_finds_its_step(tmp_path):
     """The same recording as the agent reads it under the default policy: its
     first report holds the job's first 10 s, 11 cycles of 40 steps and a

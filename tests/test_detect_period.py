@@ -379,3 +379,30 @@ def test_a_pattern_of_gaps_the_newest_ops_show_does_not_replace_a_kept_one_op_it
     assert find_iterations(late, keep_period=1).period == 1
     throughout = _equal_ops(800, _TP_GAPS_MS, rng)
     assert find_iterations(throughout, keep_period=1).period == 8
+
+
+def test_an_evaluation_with_collectives_of_its_own_does_not_end_the_iterations():
+    """Iterations of 3 ops (10 ms of compute before each, 1 ms between its
+    ops, with 5% and 10% jitter), and now and then (no cycle of whole iterations: their spacing
+    varies, as epochs of a shuffled dataset end) an evaluation of 7 ops of the
+    iteration's kinds: the sequence breaks there, and the trailing phase
+    holds only the iterations since the newest evaluation. Those before it
+    are iterations too: every iteration is found, each at its own first op."""
+    from slurmguard.detect.period import find_iterations
+
+    rng = np.random.default_rng(3)
+    rows, t, starts = [], 0, []
+    for i in range(300):
+        if i in (40, 111, 170, 243):
+            for op in (2, 1, 2, 1, 2, 2, 1):  # the evaluation: forward all-gathers and a loss
+                t += 2_000_000
+                rows.append((op, 7, 4096, t, t + 100_000))
+        t += int(rng.normal(10e6, 0.5e6))
+        starts.append(len(rows))
+        for op in (1, 1, 2):
+            rows.append((op, 7, 4096, t, t + 100_000))
+            t += int(rng.normal(1e6, 0.1e6))
+    ro = RankOps.from_rows(0, rows)
+    it = find_iterations(ro, PeriodPolicy())
+    assert it is not None and it.period == 3
+    assert it.anchors.tolist() == starts

@@ -490,7 +490,9 @@ def find_iterations(
     forward and backward compute sit), and k is the iteration unless some
     multiple j*k shows its j anchors are not alike (_splits). Rare symbols
     are left out first (RARE_RATIO), and the trailing periodic phase is
-    used, so warm-up and one-off ops neither shift nor break the boundaries.
+    used, so warm-up and one-off ops neither shift nor break the boundaries;
+    the iterations before it are found from it, across interruptions such as
+    an evaluation that issues collectives of its own (_anchors_across).
     """
     p = policy or PeriodPolicy()
     if keep_period == 1 and keep_comm is not None:
@@ -506,6 +508,49 @@ def find_iterations(
             return Iterations(idx[it.anchors], it.period, it.signature, keep_comm)
         keep_period = None
     return _find(ops, p, None, keep_period, kept_only=False, parts=parts_if_alike)
+
+
+def _anchors_across(s: np.ndarray, dt: np.ndarray, first: int, k: int, reach: int) -> list[int]:
+    """Anchors (positions in s, oldest first) of the iterations before `first`,
+    the first anchor of the trailing periodic phase: stepping back k codes at
+    a time while each block is one iteration (the same k codes as the one at
+    `first`) and, where a block is not, the nearest earlier one that is and
+    ends by the next anchor, within `reach` codes, after a gap as long as half
+    the phase's anchor gap at least (dt: gaps before each code but the first).
+    An evaluation every N steps that issues collectives of its own (an FSDP
+    job's forward all-gathers) breaks the phase every N steps; the iterations
+    before the newest one are still iterations, the interruption counted in
+    the step it falls in, as the job's own step time counts it."""
+    sig = s[first : first + k]
+    ends = np.arange(first + k, s.size + 1, k)
+    phase_gaps = dt[first - 1 :: k][: ends.size] if first > 0 else dt[k - 1 :: k][: ends.size]
+    boundary = 0.5 * float(np.median(phase_gaps)) if phase_gaps.size else 0.0
+    out: list[int] = []
+    nxt = first
+    while nxt >= k:
+        # the unbroken run of iterations just before nxt, all at once
+        nb = nxt // k
+        lo = nxt - nb * k
+        ok = (s[lo:nxt].reshape(nb, k) == sig).all(axis=1)
+        starts = np.arange(lo, nxt, k)
+        ok &= (starts == 0) | (dt[np.maximum(starts - 1, 0)] >= boundary)
+        bad = np.flatnonzero(~ok)
+        run = starts[bad[-1] + 1 :] if bad.size else starts
+        out.extend(run[::-1].tolist())
+        nxt = int(run[0]) if run.size else nxt
+        if nxt < k:
+            break
+        # an interruption: the nearest earlier iteration that ends by nxt
+        q = -1
+        for c in range(nxt - k - 1, max(nxt - k - reach, 0) - 1, -1):
+            if (c == 0 or dt[c - 1] >= boundary) and np.array_equal(s[c : c + k], sig):
+                q = c
+                break
+        if q < 0:
+            break
+        out.append(q)
+        nxt = q
+    return out[::-1]
 
 
 def _find(
@@ -670,7 +715,8 @@ def _find(
     if chosen is None:
         return _per_communicator(ops, p) if comm is None and not kept_only else None
     k, first = chosen
-    anchors = keep[first::k]
     one = keep[first : first + k]
+    earlier = [] if is_candidate(1) else _anchors_across(s, dt, first, k, p.max_period)
+    anchors = np.concatenate([keep[earlier].astype(keep.dtype), keep[first::k]])
     sig = tuple((int(ops.op[i]), int(ops.comm[i]), int(ops.nbytes[i])) for i in one)
     return Iterations(anchors, k, sig, comm)
