@@ -510,7 +510,7 @@ def find_iterations(
     return _find(ops, p, None, keep_period, kept_only=False, parts=parts_if_alike)
 
 
-def _anchors_across(s: np.ndarray, dt: np.ndarray, first: int, k: int, reach: int) -> list[int]:
+def _anchors_across(s: np.ndarray, dt: np.ndarray, first: int, k: int, reach: int) -> np.ndarray:
     """Anchors (positions in s, oldest first) of the iterations before `first`,
     the first anchor of the trailing periodic phase: stepping back k codes at
     a time while each block is one iteration (the same k codes as the one at
@@ -521,36 +521,37 @@ def _anchors_across(s: np.ndarray, dt: np.ndarray, first: int, k: int, reach: in
     job's forward all-gathers) breaks the phase every N steps; the iterations
     before the newest one are still iterations, the interruption counted in
     the step it falls in, as the job's own step time counts it."""
+    if first < k:
+        return np.empty(0, dtype=np.intp)
     sig = s[first : first + k]
-    ends = np.arange(first + k, s.size + 1, k)
-    phase_gaps = dt[first - 1 :: k][: ends.size] if first > 0 else dt[k - 1 :: k][: ends.size]
+    phase_gaps = dt[first - 1 :: k][: (s.size - first) // k]
     boundary = 0.5 * float(np.median(phase_gaps)) if phase_gaps.size else 0.0
-    out: list[int] = []
+    cols = np.arange(k)
+
+    def iterations(starts: np.ndarray) -> np.ndarray:
+        """Which of these block starts begin one iteration."""
+        same = (s[starts[:, None] + cols] == sig).all(axis=1)
+        return same & ((starts == 0) | (dt[np.maximum(starts - 1, 0)] >= boundary))
+
+    out: list[np.ndarray] = []
     nxt = first
     while nxt >= k:
-        # the unbroken run of iterations just before nxt, all at once
-        nb = nxt // k
-        lo = nxt - nb * k
-        ok = (s[lo:nxt].reshape(nb, k) == sig).all(axis=1)
-        starts = np.arange(lo, nxt, k)
-        ok &= (starts == 0) | (dt[np.maximum(starts - 1, 0)] >= boundary)
-        bad = np.flatnonzero(~ok)
+        # the unbroken run of iterations just before nxt
+        starts = np.arange(nxt % k, nxt, k)
+        bad = np.flatnonzero(~iterations(starts))
         run = starts[bad[-1] + 1 :] if bad.size else starts
-        out.extend(run[::-1].tolist())
+        out.append(run)
         nxt = int(run[0]) if run.size else nxt
         if nxt < k:
             break
         # an interruption: the nearest earlier iteration that ends by nxt
-        q = -1
-        for c in range(nxt - k - 1, max(nxt - k - reach, 0) - 1, -1):
-            if (c == 0 or dt[c - 1] >= boundary) and np.array_equal(s[c : c + k], sig):
-                q = c
-                break
-        if q < 0:
+        near = np.arange(max(nxt - k - reach, 0), nxt - k)
+        found = near[iterations(near)] if near.size else near
+        if not found.size:
             break
-        out.append(q)
-        nxt = q
-    return out[::-1]
+        nxt = int(found[-1])
+        out.append(found[-1:])
+    return np.concatenate(out[::-1]) if out else np.empty(0, dtype=np.intp)
 
 
 def _find(
@@ -716,7 +717,9 @@ def _find(
         return _per_communicator(ops, p) if comm is None and not kept_only else None
     k, first = chosen
     one = keep[first : first + k]
-    earlier = [] if is_candidate(1) else _anchors_across(s, dt, first, k, p.max_period)
-    anchors = np.concatenate([keep[earlier].astype(keep.dtype), keep[first::k]])
+    earlier = (
+        np.empty(0, dtype=np.intp) if is_candidate(1) else _anchors_across(s, dt, first, k, p.max_period)
+    )
+    anchors = np.concatenate([keep[earlier], keep[first::k]])
     sig = tuple((int(ops.op[i]), int(ops.comm[i]), int(ops.nbytes[i])) for i in one)
     return Iterations(anchors, k, sig, comm)
