@@ -25,7 +25,7 @@ import yaml
 from slurmguard.agent.analysis import RankAnalyzer
 from slurmguard.agent.rings import RingTracker
 from slurmguard.config import Policy
-from tests.fixtures.agent import recorded, replay, replay_ops, start_pattern
+from tests.fixtures.agent import recorded, replay, replay_ops, start_pattern, write_torch_ring
 
 POLICY = Policy()
 JOB = 5
@@ -243,6 +243,37 @@ def test_the_iterations_command_keeps_the_period_the_agent_keeps(tmp_path, polic
     assert period == 13, out
     assert 9187 // 13 - 30 <= count <= 9187 // 13, out
     assert 150 < median_ms < 250, out
+
+
+def test_the_first_look_replays_a_ring_once_when_it_shows_no_iteration(tmp_path, monkeypatch):
+    """A rank whose ops show no iteration (random ops and gaps) keeps no
+    period, so every report is a "first look": its replay, which searches the
+    ring once per report interval it spans, is made at its first only (it
+    took 6.9 s a report for 16,000 such ops over 11 minutes)."""
+    from slurmguard.agent.rings import RingTracker
+
+    rng = np.random.default_rng(1)
+    t0 = time.monotonic_ns() - 100 * 10**9
+    starts = t0 + np.cumsum(rng.integers(1, 80_000_000, 600))
+    rows = [
+        (int(rng.integers(1, 5)), int(rng.integers(0, 3)), 1024, 4096, int(t), int(t) + 1000, -1, 0)
+        for t in starts
+    ]
+    d = tmp_path / str(JOB)
+    d.mkdir()
+    write_torch_ring(
+        d / "rank-0.step-0.torch.ring", rows, job_id=JOB, rank=0, world=2, node="node1", capacity=1024
+    )
+    tr = RingTracker(str(tmp_path), "node1", lambda: {JOB: os.getuid()}).inspect(
+        str(d / "rank-0.step-0.torch.ring")
+    )
+    calls = []
+    real = RankAnalyzer.replay
+    monkeypatch.setattr(RankAnalyzer, "replay", lambda self, t: calls.append(1) or real(self, t))
+    an = RankAnalyzer(POLICY.agent, POLICY.detection)
+    for _ in range(3):
+        assert an.report(tr).period_ops is None
+    assert len(calls) == 1
 
 
 @pytest.mark.parametrize("policy", [{}, DEV_AGENT], ids=["default", "dev"])
