@@ -938,8 +938,11 @@ def test_a_stage_is_not_compared_with_a_stage_whose_baseline_is_newer():
     window. When stage 0 learned its baseline again since (a new iteration
     structure, during a slow spell: its "growth" of 1.0x is measured from a later
     level), the two growths are not comparable and no stage is named; a GPipe
-    job's healthy stage 1 was drained that way (session 20)."""
+    job's healthy stage 1 was drained that way (session 20). Stage 0's
+    baseline newer than stage 1's, but from before the change stage 1's agent
+    reports, is comparable."""
     from slurmguard.controller.assess import localise
+    from slurmguard.wire import ChangeReport
 
     rng = np.random.default_rng(3)
     rows0, rows1 = [], []
@@ -947,15 +950,46 @@ def test_a_stage_is_not_compared_with_a_stage_whose_baseline_is_newer():
         rows0.append((0.046, 0.012 * (1 + 0.03 * rng.standard_normal())))
         rows1.append((0.046, 0.0208 * (1 + 0.03 * rng.standard_normal())))
 
-    def job(at0, at1):
+    def job(at0, at1, slower_at=None):
+        changes = (
+            (ChangeReport(at=slower_at, direction="slower", before_s=0.04, after_s=0.046),)
+            if slower_at is not None
+            else ()
+        )
         r0 = _paced(0, "stage0", 0.04, 0.012, rows0).model_copy(update={"baseline_compute_at": at0})
-        r1 = _paced(1, "stage1", 0.04, 0.016, rows1).model_copy(update={"baseline_compute_at": at1})
+        r1 = _paced(1, "stage1", 0.04, 0.016, rows1).model_copy(
+            update={"baseline_compute_at": at1, "changes": changes}
+        )
         ranks = [("node1", r0), ("node2", r1)]
         return localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
 
     _, _, slow, why = job(90.0, 90.0)
     assert list(slow) == ["node2"], why
     _, _, slow, why = job(101.0, 90.0)
+    assert not slow and "another rank's baseline is newer" in why, why
+    assert "rank 0's is 11.0s newer than this rank's baseline" in why, why
+    # stage 0's baseline learned again after stage 1's step slowed (its agent
+    # located the change at 96 s): learned under the slowdown, not comparable
+    _, _, slow, why = job(101.0, 90.0, slower_at=96.0)
+    assert "rank 0's is 5.0s newer than this rank's slowdown" in why and not slow, why
+    # stage 0's baseline newer than stage 1's but from before stage 1 slowed
+    # (a baseline follows a healthy rank: it dates from the level stage 1
+    # slowed from): comparable, and stage 1 is named (a CI run's capped stage
+    # was held "not comparable" for 120 s)
+    _, _, slow, why = job(101.0, 90.0, slower_at=100.0)
+    assert list(slow) == ["node2"], why
+    # a slowdown that ended (a faster change since) says nothing of the
+    # current one: measured from stage 1's baseline again
+    faster = ChangeReport(at=100.5, direction="faster", before_s=0.046, after_s=0.04)
+    r1 = _paced(1, "stage1", 0.04, 0.016, rows1).model_copy(
+        update={
+            "baseline_compute_at": 90.0,
+            "changes": (ChangeReport(at=100.0, direction="slower", before_s=0.04, after_s=0.046), faster),
+        }
+    )
+    r0 = _paced(0, "stage0", 0.04, 0.012, rows0).model_copy(update={"baseline_compute_at": 101.0})
+    ranks = [("node1", r0), ("node2", r1)]
+    _, _, slow, why = localise(ranks, {(n, r.rank): r.steps for n, r in ranks}, POLICY)
     assert not slow and "another rank's baseline is newer" in why, why
 
 

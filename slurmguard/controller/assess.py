@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import math
 import warnings
 from collections import defaultdict
 from collections.abc import Iterator
@@ -288,6 +289,25 @@ def _columns(windows: list) -> tuple[np.ndarray, np.ndarray]:
             step[i, width - len(w) :] = [s.step_s for s in w]
             comm[i, width - len(w) :] = [s.comm_s for s in w]
     return step, comm
+
+
+def _grown_since(rep: RankReport) -> float:
+    """Since when (Unix s) this rank's growth over its compute baseline is
+    measured: the newest iteration of that baseline or, where its agent
+    reports a slower step since (its newest change), that change's located
+    onset. Another rank's baseline set before it was set on the level this
+    rank slowed from; one set after it, under the slowdown. A baseline
+    follows a rank's compute while its step stays at its baseline
+    (agent.analysis COMPUTE_FOLLOW), so one stage's can be seconds newer than
+    the other's before any fault. Measured from the baseline's newest
+    iteration alone, a stage whose node was capped (2.3-2.9x its baseline,
+    the job's step +160-200%) stayed "not comparable" for 120 s in a CI run,
+    the other stage's baseline newer, and was never named."""
+    at = rep.baseline_compute_at if rep.baseline_compute_at is not None else -math.inf
+    if not rep.changes:
+        return at
+    newest = max(rep.changes, key=lambda c: c.at)
+    return max(at, newest.at) if newest.direction == "slower" else at
 
 
 def _median_without_self(v: np.ndarray) -> np.ndarray:
@@ -606,8 +626,11 @@ def localise(
         # ... and the newest compute baseline among the other ranks (Unix s; -inf unknown)
         at = np.array([rep.baseline_compute_at or -np.inf for _, rep, _, _ in judged])
         top = int(np.argmax(at))
-        newest_other = np.full(n, at[top])
-        newest_other[top] = np.max(np.delete(at, top))
+        second = int(np.argmax(np.where(np.arange(n) == top, -np.inf, at)))
+        # ... and whose it is (index into judged)
+        newest_by = np.full(n, top)
+        newest_by[top] = second
+        newest_other = at[newest_by]
     unexplained: list[str] = []
     for i, (key, rep, c, e) in enumerate(judged):
         ratio = ratios[key]
@@ -638,15 +661,19 @@ def localise(
             expected = max(base * grown, base + added)
             if float(pv[i]) <= expected * (1.0 + alone):
                 continue
-            if rep.baseline_compute_at is not None and newest_other[i] > rep.baseline_compute_at + LOCALISE_S:
-                # another rank's baseline was learned (again) since this one's: its
-                # growth is measured from a later level, not comparable. A GPipe
-                # job's stage 0 learned its baseline again (a new iteration
-                # structure) while a busy host slowed the job: it "grew" 1.00x, and
-                # stage 1, 1.2x its own older baseline, was named and its node drained
+            since = _grown_since(rep)
+            if rep.baseline_compute_at is not None and newest_other[i] > since + LOCALISE_S:
+                # another rank's baseline was learned (again) since this one's
+                # slowdown began: its growth is measured from a later level, not
+                # comparable. A GPipe job's stage 0 learned its baseline again (a
+                # new iteration structure) while a busy host slowed the job: it
+                # "grew" 1.00x, and stage 1, 1.2x its own older baseline, was
+                # named and its node drained
                 unexplained.append(
                     f"rank {key[1]} computes {float(pv[i]) / base:.2f}x its baseline, but another "
-                    f"rank's baseline is newer: their growth is not comparable yet"
+                    f"rank's baseline is newer: their growth is not comparable yet (rank "
+                    f"{judged[int(newest_by[i])][0][1]}'s is {newest_other[i] - since:.1f}s newer than "
+                    f"this rank's {'slowdown' if since > rep.baseline_compute_at else 'baseline'})"
                 )
                 continue
             by_factor = base * grown >= base + added
