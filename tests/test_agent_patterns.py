@@ -328,6 +328,37 @@ def test_the_agents_first_look_at_a_fast_job_with_evaluations_finds_its_step(tmp
     assert abs(an.total_steps / job.size - 1) <= 0.05, (an.total_steps, job.size)
 
 
+def test_a_report_of_more_ops_than_one_search_window_loses_no_iteration(tmp_path):
+    """A 2-stage GPipe job written apart from the project (16 micro-batches,
+    32 ops a step of 25 ms; torch.distributed.pipelining on the dev
+    cluster): rank 0's 12,000 ops, with the job's own step times, read by
+    an agent whose first report holds 2,000 ops (its baseline learned) and
+    whose next holds the other 10,000: more than the period search's window
+    (detection.period.window_ops, 8,192), as 10 s of this job hold under
+    the default report interval (12,500). The agent counted 319 of the
+    job's 373 steps (the window's 256 and the first report's) and fed the
+    detector none of the rest; now every one, and the median of what it
+    reports is the job's."""
+    from slurmguard.agent.rings import RingTracker
+
+    d = tmp_path / str(JOB)
+    z = replay_ops("gpipe16_rank0.npz", d, JOB)
+    job = z["job_step_s"]
+    tr = RingTracker(str(tmp_path), "node1", lambda: {JOB: os.getuid()}).inspect(str(next(d.iterdir())))
+    assert tr.begin_ns.size - 2000 > POLICY.detection.period.window_ops  # the premise
+    an = RankAnalyzer(POLICY.agent, POLICY.detection)
+    an.report(tr.ops_slice(0, 2000))
+    assert an.baseline_s is not None and an.structure[0] == 32
+    fed = len(an._fed_ends) + an._fed_base
+    rep = an.report(tr)
+    assert rep.period_ops == 32
+    assert abs(an.total_steps - job.size) <= 2, (an.total_steps, job.size)
+    # every iteration since the first report went to the step detector
+    assert len(an._fed_ends) + an._fed_base - fed >= job.size - fed - 3
+    step = np.array([s.step_s for s in rep.steps])
+    assert abs(np.median(step) / np.median(job) - 1) <= 0.05, (np.median(step), np.median(job))
+
+
 @pytest.mark.parametrize("policy", [{}, DEV_AGENT], ids=["default", "dev"])
 def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
     """A DDP job written apart from the project (gloo, 2 nodes; 4 all-reduces a

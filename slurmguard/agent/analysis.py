@@ -248,20 +248,12 @@ class RankAnalyzer:
 
         def look(n: int) -> None:
             nonlocal out
-            view = tr.ops_slice(max(0, n - self.agent.max_ops_per_rank), n)
-            was = self.structure
-            steps = self._steps(view)
-            self._feed_bocd(view, steps)
-            if self.structure != was:
-                # a new structure: what was derived under the old one is
-                # not this rank's iterations (its first seconds, read
-                # before the real period showed), all of the window's are
-                out = []
-            # the newest look's iterations stand for the span they cover (its
-            # anchors may have moved with more history, as a live agent's do
-            # from one report to the next); older looks' only before it
-            first_end = steps[0].end if steps else float("inf")
-            out = [s for s in out if s.end < first_end] + steps
+            if self.structure is not None and self.baseline_s is not None:
+                # as the agent's reports: every op since the newest fed, however
+                # many the interval holds (a look at each would miss some)
+                out = self._since_fed(tr.ops_slice(0, n), out)
+            else:
+                out = self._look(tr, n, out)
 
         t = int(begin[0]) + every_ns
         # the first report's ops, as from an agent that looked at once: growing
@@ -284,12 +276,58 @@ class RankAnalyzer:
             t = int(begin[min(n, begin.size - 1)]) + every_ns if self.baseline_s is not None else t + every_ns
         return out
 
+    def _look(self, tr: TrackedRing, n: int, out: list[StepSample]) -> list[StepSample]:
+        """`out` (iterations derived so far, oldest first) with those of a
+        look at the ring's first n ops, as a report of them derives and feeds
+        them."""
+        view = tr.ops_slice(max(0, n - self.agent.max_ops_per_rank), n)
+        was = self.structure
+        steps = self._steps(view)
+        self._feed_bocd(view, steps)
+        if self.structure != was:
+            # a new structure: what was derived under the old one is
+            # not this rank's iterations (its first seconds, read
+            # before the real period showed), all of the window's are
+            return steps
+        # the newest look's iterations stand for the span they cover (its
+        # anchors may have moved with more history, as a live agent's do
+        # from one report to the next); older looks' only before it
+        first_end = steps[0].end if steps else float("inf")
+        return [s for s in out if s.end < first_end] + steps
+
+    def _since_fed(self, tr: TrackedRing, out: list[StepSample]) -> list[StepSample]:
+        """A report's look under a kept period (a baseline learned), over
+        every op since the newest iteration fed: one search takes the
+        newest period.window_ops ops only, and a job that issues more
+        between two reports would lose the iterations before them (not
+        counted, never fed to the detector): a 2-stage GPipe job of 16
+        micro-batches issues 12,500 ops in the default 10-s interval. The
+        looks' windows begin window_ops / 4 before the first op not yet fed
+        and overlap by half, the last at the ring's end: one look (the
+        search of every report) while that is within the window."""
+        size = tr.begin_ns.size
+        window = self.detection.period.window_ops
+        begin = np.maximum.accumulate(tr.begin_ns)
+        first = int(np.searchsorted(begin, self._fed_until_ns, side="right"))
+        end = first - window // 4 + window
+        while end < size:
+            out = self._look(tr, end, out)
+            end += max(1, window // 2)
+        return self._look(tr, size, out)
+
     def derive(self, tr: TrackedRing) -> list[StepSample]:
         """The ring's iterations as this rank's state stands (oldest first):
-        on the rank's first look, one search over what the ring holds, unless
-        its replay (replay(): the period found on its first ops, kept) finds
-        an iteration of fewer than 1/KEPT_SPLIT of its ops; after the first
-        look, one search that keeps the period. The replay is made once: a
+        on the rank's first look, its replay (replay(): the period found on
+        its first ops, kept) where it finds the iteration one search over
+        what the ring holds finds, or one of fewer than 1/KEPT_SPLIT of its
+        ops; else that search. After the first look, one search that keeps
+        the period. The search gives the iterations of the newest
+        period.window_ops ops only: a ring of a 2-stage GPipe job (16
+        micro-batches, 32 ops a step) archived with 2,045 iterations read
+        as 256 by `slurmguard iterations`; the replay's cover the ring, and
+        an agent restarted mid-job learns the baseline from the ring's
+        oldest iterations, as one that had looked from the start, not from
+        the window's (under a fault begun while it was down). The replay is made once: a
         rank whose ops show no iteration yet would replay its whole ring at
         every report (6.9 s a report for 16,000 ops of no pattern spanning 11
         minutes at a 1-s interval).
@@ -306,6 +344,8 @@ class RankAnalyzer:
         under the fault), as is a replay's longer period (a multiple of the
         step read on the first ops of a loaded start: an async 2-rank job's
         4 steps, in one of three full-suite runs)."""
+        if self.structure is not None and self.baseline_s is not None:
+            return self._since_fed(tr, [])
         if self.structure is not None or self._replayed or tr.begin_ns.size <= FIRST_LOOK_OPS:
             steps = self._steps(tr)
             self._feed_bocd(tr, steps)
@@ -315,7 +355,9 @@ class RankAnalyzer:
         steps = self._steps(tr)
         self._feed_bocd(tr, steps)
         if replayed.structure is not None and (
-            self.structure is None or replayed.structure[0] * KEPT_SPLIT < self.structure[0]
+            self.structure is None
+            or replayed.structure == self.structure
+            or replayed.structure[0] * KEPT_SPLIT < self.structure[0]
         ):
             for f in fields(self):
                 setattr(self, f.name, getattr(replayed, f.name))
