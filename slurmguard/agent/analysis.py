@@ -248,12 +248,7 @@ class RankAnalyzer:
 
         def look(n: int) -> None:
             nonlocal out
-            if self.structure is not None and self.baseline_s is not None:
-                # as the agent's reports: every op since the newest fed, however
-                # many the interval holds (a look at each would miss some)
-                out = self._since_fed(tr.ops_slice(0, n), out)
-            else:
-                out = self._look(tr, n, out)
+            out = self._report_look(tr.ops_slice(0, n), out)
 
         t = int(begin[0]) + every_ns
         # the first report's ops, as from an agent that looked at once: growing
@@ -275,6 +270,14 @@ class RankAnalyzer:
                 look(n)
             t = int(begin[min(n, begin.size - 1)]) + every_ns if self.baseline_s is not None else t + every_ns
         return out
+
+    def _report_look(self, tr: TrackedRing, out: list[StepSample]) -> list[StepSample]:
+        """`out` with the iterations of a report of the ring as it stands:
+        under a kept period every op since the newest iteration fed
+        (_since_fed), else one look at the ring's newest ops."""
+        if self.structure is not None and self.baseline_s is not None:
+            return self._since_fed(tr, out)
+        return self._look(tr, tr.begin_ns.size, out)
 
     def _look(self, tr: TrackedRing, n: int, out: list[StepSample]) -> list[StepSample]:
         """`out` (iterations derived so far, oldest first) with those of a
@@ -344,12 +347,8 @@ class RankAnalyzer:
         under the fault), as is a replay's longer period (a multiple of the
         step read on the first ops of a loaded start: an async 2-rank job's
         4 steps, in one of three full-suite runs)."""
-        if self.structure is not None and self.baseline_s is not None:
-            return self._since_fed(tr, [])
         if self.structure is not None or self._replayed or tr.begin_ns.size <= FIRST_LOOK_OPS:
-            steps = self._steps(tr)
-            self._feed_bocd(tr, steps)
-            return steps
+            return self._report_look(tr, [])
         replayed = RankAnalyzer(self.agent, self.detection)
         steps_r = replayed.replay(tr)
         steps = self._steps(tr)
