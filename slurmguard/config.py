@@ -266,7 +266,10 @@ class AgentPolicy(Strict):
     report_steps: int = Field(256, ge=8)
     """Most recent iterations of each rank sent in every report."""
     max_ops_per_rank: int = Field(16384, ge=256)
-    """Ring records kept per rank for period and step-time analysis."""
+    """Ring records kept per rank for period and step-time analysis. The agent
+    reads its rings every second and analyses a rank as soon as half of them
+    are new (agent.analysis.READ_AHEAD), so a job that issues more between two
+    reports loses none of its iterations."""
 
 
 class ControllerPolicy(Strict):

@@ -376,3 +376,64 @@ def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
     assert period == 4, out
     assert abs(count / job.size - 1) <= 0.05, (out, job.size)
     assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (out, np.median(job))
+
+
+@pytest.mark.parametrize("reads", [True, False], ids=["read-between-reports", "reports-only"])
+def test_a_job_issuing_more_ops_than_the_tracker_keeps_between_reports_loses_none(tmp_path, reads):
+    """The GPipe job above (rank 0's 12,000 ops, 373 steps) under an agent
+    that keeps 4,096 ops a rank (agent.max_ops_per_rank): its first report
+    holds 2,000 ops, its next all the others, 10,000, more than the tracker
+    keeps; as a job of 8 tensor-parallel layers and 10-ms steps issues
+    32,000 in the default 10-s interval, past the default 16,384. The agent
+    reads its rings between reports (Agent.read_rings, every RING_READ_S)
+    and analyses a rank once READ_AHEAD of what the tracker keeps is new:
+    every step counted and fed. Without those reads the tracker's newest
+    4,096 ops are all the report sees (the premise, measured too)."""
+    import getpass
+
+    from slurmguard.agent.daemon import Agent
+    from slurmguard.config import parse_policy
+    from slurmguard.slurm.fake import FakeSlurm
+    from tests.fixtures.agent import append_rows, recorded_ops, torch_ring_writer
+
+    class Keep:
+        def __init__(self) -> None:
+            self.reports: list = []
+
+        def enqueue(self, report) -> None:
+            self.reports.append(report)
+
+        def flush(self) -> int:
+            return 0
+
+    slurm = FakeSlurm(nodes=("node1",))
+    job_id = slurm.start_job(["node1"], user=getpass.getuser())
+    policy = parse_policy("agent:\n  max_ops_per_rank: 4096\n  telemetry_source: none\n")
+    agent = Agent(node="node1", policy=policy, sender=Keep(), ring_root=str(tmp_path), slurm=slurm)
+    z, rows = recorded_ops("gpipe16_rank0.npz")
+    job = z["job_step_s"]
+    (tmp_path / str(job_id)).mkdir()
+    w = torch_ring_writer(
+        tmp_path / str(job_id) / "rank-0.step-0.torch.ring",
+        job_id=job_id,
+        rank=0,
+        world=2,
+        node="node1",
+        capacity=16384,
+    )
+    append_rows(w, rows[:2000])
+    agent.build_report()
+    for lo in range(2000, len(rows), 1000):
+        append_rows(w, rows[lo : lo + 1000])
+        if reads:
+            agent.read_rings()
+    w.close()
+    (rank,) = agent.build_report().jobs[0].ranks
+    assert rank.period_ops == 32
+    if reads:
+        assert abs(rank.total_steps - job.size) <= 2, (rank.total_steps, job.size)
+        step = np.array([s.step_s for s in rank.steps])
+        assert abs(np.median(step) / np.median(job) - 1) <= 0.05, (np.median(step), np.median(job))
+    else:
+        # the 2,000 ops' steps and the newest 4,096's, of 12,000
+        assert rank.total_steps < 0.6 * job.size, (rank.total_steps, job.size)

@@ -162,6 +162,17 @@ COMPUTE_FOLLOW_MAX = 4096
 #: and so on up to the first report's): 64 hold 3 repetitions of up to 21
 FIRST_LOOK_OPS = 64
 
+#: a rank's ring is analysed between two reports as soon as it holds this
+#: share of agent.max_ops_per_rank ops its last analysis has not seen (the
+#: agent reads its rings every RING_READ_S, agent.daemon.Agent.read_rings):
+#: the tracker keeps the newest max_ops_per_rank ops of a rank, and a job that
+#: issues more between two reports lost the older ones, never counted nor fed
+#: to the detector (a tensor-parallel job of 8 layers and 10-ms steps issues
+#: some 32,000 ops in the default 10-s interval)
+READ_AHEAD = 0.5
+#: seconds between the agent's reads of its rings (at most the report interval)
+RING_READ_S = 1.0
+
 
 def sane_steps(
     step_s: np.ndarray, comm_s: np.ndarray, end: np.ndarray, now: float | None = None
@@ -226,8 +237,10 @@ class RankAnalyzer:
     def replay(self, tr: TrackedRing) -> list[StepSample]:
         """Every iteration the ring holds (oldest first), derived as the node
         agent derives them while the job runs: report() on the ring's ops as
-        they stood every agent.report_interval_s, the newest
-        agent.max_ops_per_rank of them, from its oldest op on. The period the
+        they stood every agent.report_interval_s (and between reports, as the
+        agent reads its rings, after every READ_AHEAD of
+        agent.max_ops_per_rank ops), the newest agent.max_ops_per_rank of
+        them, from its oldest op on. The period the
         agent learns first is kept once its baseline is (see _steps); one
         search over the whole ring at once cannot do that and takes a cycle
         of many iterations that timing alone cannot tell from one iteration
@@ -250,13 +263,15 @@ class RankAnalyzer:
             nonlocal out
             out = self._report_look(tr.ops_slice(0, n), out)
 
+        # ... and between reports, when the ops not yet looked at pass READ_AHEAD
+        ahead = max(1, int(READ_AHEAD * self.agent.max_ops_per_rank))
         t = int(begin[0]) + every_ns
         # the first report's ops, as from an agent that looked at once: growing
         # by halves until a baseline is learned, so that the rank's step is
         # found before a cycle of steps can be (an evaluation every 40 steps of
         # a 23-ms DDP step: 10 s of it hold 11 such cycles, read as one 160-op
         # iteration; its first 64 ops hold 16 steps and no cycle)
-        first, n = int(np.searchsorted(begin, t, side="right")), FIRST_LOOK_OPS
+        first, n = min(int(np.searchsorted(begin, t, side="right")), ahead), FIRST_LOOK_OPS
         while n < first and self.baseline_s is None:
             look(n)
             n *= 2
@@ -265,9 +280,13 @@ class RankAnalyzer:
             upto = int(np.searchsorted(begin, t, side="right"))
             if self.baseline_s is not None:
                 upto = max(upto, min(n + stride, begin.size))
+            read = upto > n + ahead  # the agent looks before the report
+            upto = min(upto, n + ahead)
             if upto > n:
                 n = upto
                 look(n)
+            if read:
+                continue
             t = int(begin[min(n, begin.size - 1)]) + every_ns if self.baseline_s is not None else t + every_ns
         return out
 

@@ -12,15 +12,15 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from slurmguard.agent.analysis import RankAnalyzer
-from slurmguard.agent.rings import RingTracker, SlurmJobs
+from slurmguard.agent.analysis import READ_AHEAD, RING_READ_S, RankAnalyzer
+from slurmguard.agent.rings import RingTracker, SlurmJobs, TrackedRing
 from slurmguard.agent.sender import ReportSender
 from slurmguard.clock import Clock, SystemClock
 from slurmguard.config import Policy
 from slurmguard.service import stop_on_signals
 from slurmguard.slurm.client import SlurmClient
 from slurmguard.telemetry.base import TelemetrySource, UnavailableSet
-from slurmguard.wire import AgentReport, JobReport, TelemetryRecord
+from slurmguard.wire import AgentReport, JobReport, RankReport, TelemetryRecord
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,8 @@ class Agent:
         jobs = SlurmJobs(self.slurm, self.node) if self.slurm is not None else (lambda: None)
         self.tracker = RingTracker(self.ring_root or p.ring_root, self.node, jobs, p.max_ops_per_rank)
         self.analyzers: dict[tuple, RankAnalyzer] = {}
+        #: (ring key, path) -> TrackedRing.appended at its analyser's last look
+        self._looked: dict[tuple, int] = {}
         self.seq = 0
         self._telemetry: list[TelemetryRecord] = []
         self._events: list[str] = []
@@ -68,22 +70,22 @@ class Agent:
         self._telemetry = self._telemetry[-20000:]
         self._events = self._events[-100:]
 
-    def build_report(self) -> AgentReport:
-        rings = self.tracker.poll()
-        jobs: dict[int, list] = {}
-        live = set()
-        for tr in rings:
-            path = tr.reader.path
-            key = (tr.key, path)
-            live.add(key)
-            an = self.analyzers.setdefault(key, RankAnalyzer(self.policy.agent, self.policy.detection))
-            dropped = an.dropped
-            tr.look_at_io(self.clock.now())
-            try:
-                rep = an.report(tr)
-            except Exception as exc:  # noqa: BLE001 - one ring never stops the others
-                self.tracker.problem(path, "analysis", f"analysis failed: {exc!r}")
-                continue
+    def _analyse(self, tr: TrackedRing, report: bool) -> RankReport | None:
+        """The rank's report of its ring as it stands (report=True), else
+        None, its analyser brought up to date (derive: the iterations fed to
+        its detector); None too when the analysis failed (counted, logged)."""
+        path = tr.reader.path
+        key = (tr.key, path)
+        an = self.analyzers.setdefault(key, RankAnalyzer(self.policy.agent, self.policy.detection))
+        dropped = an.dropped
+        self._looked[key] = tr.appended
+        try:
+            if report:
+                return an.report(tr)
+            an.derive(tr)
+        except Exception as exc:  # noqa: BLE001 - one ring never stops the others
+            self.tracker.problem(path, "analysis", f"analysis failed: {exc!r}")
+        finally:
             if an.dropped > dropped:
                 self.tracker.problem(
                     path,
@@ -91,12 +93,35 @@ class Agent:
                     "iteration samples that make no sense (negative, NaN, absurd) dropped",
                     an.dropped - dropped,
                 )
+        return None
+
+    def read_rings(self) -> None:
+        """Read the rings between reports (every RING_READ_S): a rank with
+        READ_AHEAD of agent.max_ops_per_rank ops its analyser has not seen is
+        analysed now, so that a job issuing more ops than the tracker keeps
+        between two reports loses none of its iterations."""
+        ahead = READ_AHEAD * self.policy.agent.max_ops_per_rank
+        for tr in self.tracker.poll():
+            if tr.appended - self._looked.get((tr.key, tr.reader.path), 0) >= ahead:
+                self._analyse(tr, report=False)
+
+    def build_report(self) -> AgentReport:
+        rings = self.tracker.poll()
+        jobs: dict[int, list] = {}
+        live = set()
+        for tr in rings:
+            live.add((tr.key, tr.reader.path))
+            tr.look_at_io(self.clock.now())
+            rep = self._analyse(tr, report=True)
+            if rep is None:
+                continue
             if tr.start_ns.size == 0:
                 continue  # no collective yet (or never: a job that opts in and only computes)
             jobs.setdefault(tr.job_id, []).append((tr, rep))
         for key in list(self.analyzers):
             if key not in live:
                 del self.analyzers[key]
+                self._looked.pop(key, None)
         job_reports = []
         for j, rows in sorted(jobs.items()):
             ranks: dict[int, object] = {}
@@ -158,9 +183,16 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
     slower = 1.0 + agent.policy.response.tiers.moderate_slowdown
 
     stop_on_signals(stop, log)
-    next_report = next_sample = agent.clock.monotonic()
+    next_report = next_sample = next_read = agent.clock.monotonic()
+    read_every = min(RING_READ_S, p.report_interval_s)
     try:
         while not stop.is_set():
+            if agent.clock.monotonic() >= next_read:
+                next_read = agent.clock.monotonic() + read_every
+                try:
+                    agent.read_rings()
+                except Exception:  # noqa: BLE001 - the report reads them again
+                    log.exception("ring read failed")
             if agent.clock.monotonic() >= next_sample:
                 next_sample = agent.clock.monotonic() + p.sample_interval_s
                 try:
@@ -186,8 +218,8 @@ def run(agent: Agent, stop: threading.Event | None = None, once: bool = False) -
             if once:
                 break
             # the waits are real seconds, as the clock's own sleep is not (a fake one)
-            due = min(next_sample, next_report) - agent.clock.monotonic()
-            stop.wait(min(max(due, 0.01), p.sample_interval_s, p.report_interval_s))
+            due = min(next_sample, next_report, next_read) - agent.clock.monotonic()
+            stop.wait(min(max(due, 0.01), p.sample_interval_s, p.report_interval_s, read_every))
     finally:
         agent.tracker.close()
         if agent.source is not None and hasattr(agent.source, "close"):

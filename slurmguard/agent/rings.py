@@ -153,6 +153,8 @@ class TrackedRing:
     (None: none, or a writer that does not say, see in_flight_known)."""
     in_flight_known: bool = False
     """The writer says which calls are in flight (ring.HF_IN_FLIGHT, as of the last read)."""
+    appended: int = 0
+    """Ops read from the ring since it was first tracked, those no longer kept counted."""
 
     def to_unix_s(self, mono_ns: int | float) -> float:
         return (mono_ns + self.header.clock_offset_ns) / 1e9
@@ -634,6 +636,7 @@ def _append_columns(tr: TrackedRing, new: tuple[np.ndarray, ...], max_ops: int) 
     the newest max_ops in issue order (by start time, stable)."""
     old = [getattr(tr, name) for name in _COLUMNS]
     start, before = new[3], old[3]
+    tr.appended += int(start.size)
     if (before.size == 0 or start[0] >= before[-1]) and bool(np.all(start[1:] >= start[:-1])):
         # already in issue order (a rank whose calls complete in the order they
         # start): the stable sort would leave it as it is; skipped, the ops
