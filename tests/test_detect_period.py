@@ -406,3 +406,22 @@ def test_an_evaluation_with_collectives_of_its_own_does_not_end_the_iterations()
     it = find_iterations(ro, PeriodPolicy())
     assert it is not None and it.period == 3
     assert it.anchors.tolist() == starts
+
+
+def test_a_checkpoint_every_25_steps_of_one_op_does_not_replace_a_kept_one_op_iteration():
+    """One all-reduce a step (a DDP job of one bucket, 30 ms steps) and a
+    checkpoint every 25 steps: found afresh the cycle is the iteration (its
+    long gap ends 25 ops); kept at one op it stays, as an interruption marks
+    one position of the cycle and leaves the others' gaps at random (what a
+    TP job's pattern longer than KEPT_SPLIT must not, _shaped)."""
+    from slurmguard.detect.period import find_iterations
+
+    rng = np.random.default_rng(11)
+    rows, t = [], 0
+    for i in range(2000):
+        t += int((rng.normal(0.030, 0.003) + (0.2 if i % 25 == 0 else 0.0)) * 1e9)
+        rows.append((1, 0, 1 << 20, t, t + 1000))
+    a = np.array(rows, dtype=np.int64)
+    ro = RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
+    assert find_iterations(ro).period == 25  # the premise: the cycle is there
+    assert find_iterations(ro, keep_period=1).period == 1

@@ -363,6 +363,23 @@ def _pattern_period(gaps: np.ndarray, most: int) -> int | None:
     return next((j for j, w in first if w >= PATTERN_SHARE * best), None)
 
 
+def _shaped(gaps: np.ndarray, j: int) -> bool:
+    """The gaps' pattern every j ops (_pattern_period's rows of the newest
+    PATTERN_OPS gaps) holds beyond its longest gap: the other positions still
+    rank alike in every repetition (Friedman's test at CONSISTENT_P). A
+    tensor-parallel job's equal all-reduces are shaped throughout by the
+    layers' forward and backward compute between them (15 a step: p 1e-8 to
+    1e-38 without the optimizer's gap), while an interruption every j
+    iterations of one all-reduce each (a checkpoint every 25 steps of a DDP
+    job of one bucket) marks one position and leaves the rest at random
+    (p 0.27), and kept iterations of one op must not give way to that cycle."""
+    tail = gaps[-PATTERN_OPS:]
+    rows = tail.size // j
+    g = tail[tail.size - rows * j :].reshape(rows, j)
+    rest = np.argsort(row_medians(g.T))[:-1]
+    return _concordance(g[:, rest])[1] < CONSISTENT_P
+
+
 def _splits(gaps: np.ndarray, k: int, anchor: int, j: int) -> bool:
     """True if k ops are a fraction (1/j) of an iteration: over j*k ops,
     the j gaps at one position of the k are not alike (one is consistently
@@ -624,7 +641,11 @@ def _find(
                     continue
                 split = j * k
                 break
-        whole = pattern(gaps, k * max_split, throughout)
+        # a kept one-op iteration may give way to a pattern of any length (a
+        # first look of 64 ops of a TP job of 15 all-reduces a step could
+        # prove none of it), once shaped by more than its longest gap
+        most = kmax if throughout and k == 1 else k * max_split
+        whole = pattern(gaps, most, throughout)
         if whole is not None and whole > k and whole % k == 0 and (split is None or whole % split == 0):
             # one op repeated, the symbols mark no boundary: the gaps' pattern
             # is the iteration where it holds k and the split found (a TP job's
@@ -643,6 +664,8 @@ def _find(
         if whole is not None and throughout:
             half = gaps.size // 2
             if _pattern_period(gaps[:half], most) != whole or _pattern_period(gaps[half:], most) != whole:
+                return None
+            if whole > KEPT_SPLIT and not _shaped(gaps, whole):
                 return None
         return whole
 
