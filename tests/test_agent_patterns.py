@@ -220,6 +220,18 @@ def _iterations_of(tmp_path, d, policy: dict) -> tuple[str, int, int, float]:
     return out, period, count, float(re.search(r"median step ([\d.]+) ms", out).group(1))
 
 
+def _matches_the_job(tmp_path, name: str, policy: dict, period: int) -> None:
+    """`slurmguard iterations` on recording NAME (tests/data/period) under
+    `policy` finds `period` collectives an iteration, and its count and
+    median step are within 5% of the job's own (job_step_s)."""
+    d = tmp_path / str(JOB)
+    job = replay_ops(name, d, JOB)["job_step_s"]
+    out, found, count, median_ms = _iterations_of(tmp_path, d, policy)
+    assert found == period, out
+    assert abs(count / job.size - 1) <= 0.05, (out, job.size)
+    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (out, np.median(job))
+
+
 #: the dev cluster's agent cadence (dev/slurmguard_dev/devcluster/guard.py)
 DEV_AGENT = {"agent": {"report_interval_s": 1.0, "warmup_steps": 5, "baseline_steps": 20}}
 
@@ -369,13 +381,7 @@ def test_an_evaluation_every_40_steps_is_not_the_iteration(tmp_path, policy):
     whole, that is one 160-op "iteration" of 0.9 s (the command read 56 of
     them for the job's 2,276 steps). The first look grows from 64 ops, so the
     step is learned first and kept: its count and median within 5% of the job's."""
-    d = tmp_path / str(JOB)
-    z = replay_ops("ddp_eval40_rank0.npz", d, JOB)
-    job = z["job_step_s"]
-    out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
-    assert period == 4, out
-    assert abs(count / job.size - 1) <= 0.05, (out, job.size)
-    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (out, np.median(job))
+    _matches_the_job(tmp_path, "ddp_eval40_rank0.npz", policy, 4)
 
 
 @pytest.mark.parametrize("reads", [True, False], ids=["read-between-reports", "reports-only"])
@@ -451,10 +457,4 @@ def test_equal_all_reduces_of_a_tensor_parallel_job_make_15_op_iterations(tmp_pa
     it: 45,000 "iterations" of 0.8 ms for the run's 3,000 steps under the
     dev policy. The kept one op gives way to the pattern once both halves
     of the window show it, shaped beyond its longest gap (_shaped)."""
-    d = tmp_path / str(JOB)
-    z = replay_ops("tp8_rank0.npz", d, JOB)
-    job = z["job_step_s"]
-    out, period, count, median_ms = _iterations_of(tmp_path, d, policy)
-    assert period == 15, out
-    assert abs(count / job.size - 1) <= 0.05, (out, job.size)
-    assert abs(median_ms / (np.median(job) * 1e3) - 1) <= 0.05, (out, np.median(job))
+    _matches_the_job(tmp_path, "tp8_rank0.npz", policy, 15)
