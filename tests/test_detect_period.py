@@ -416,12 +416,6 @@ def test_a_checkpoint_every_25_steps_of_one_op_does_not_replace_a_kept_one_op_it
     TP job's pattern longer than KEPT_SPLIT must not, _shaped)."""
     from slurmguard.detect.period import find_iterations
 
-    rng = np.random.default_rng(11)
-    rows, t = [], 0
-    for i in range(2000):
-        t += int((rng.normal(0.030, 0.003) + (0.2 if i % 25 == 0 else 0.0)) * 1e9)
-        rows.append((1, 0, 1 << 20, t, t + 1000))
-    a = np.array(rows, dtype=np.int64)
-    ro = RankOps(0, a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4])
+    ro = _equal_ops(80, (230.0,) + (30.0,) * 24, np.random.default_rng(11))
     assert find_iterations(ro).period == 25  # the premise: the cycle is there
     assert find_iterations(ro, keep_period=1).period == 1

@@ -330,6 +330,13 @@ PATTERN_OPS = 2048
 PATTERN_ROWS = 24
 
 
+def _pattern_rows(gaps: np.ndarray, j: int) -> np.ndarray:
+    """The newest PATTERN_OPS gaps as whole rows of j, aligned on the newest."""
+    tail = gaps[-PATTERN_OPS:]
+    rows = tail.size // j
+    return tail[tail.size - rows * j :].reshape(rows, j)
+
+
 def _pattern_period(gaps: np.ndarray, most: int) -> int | None:
     """The ops per iteration (2..most) of a rank whose every op is the same
     (one all-reduce of one size: the symbols mark no boundary) when no gap
@@ -341,13 +348,12 @@ def _pattern_period(gaps: np.ndarray, most: int) -> int | None:
     longer: W 0.16-0.17 at 8 ops, 0.2 at 16 and 24, 0.0-0.08 at 2-7. A job of
     one all-reduce a step (one DDP bucket) has gaps alike at every position,
     consistent at no j: None. Gaps in ns (>= 1 ns, as _splits)."""
-    tail = gaps[-PATTERN_OPS:]
     best, first = 0.0, []
     for j in range(2, most + 1):
-        rows = tail.size // j
+        g = _pattern_rows(gaps, j)
+        rows = g.shape[0]
         if rows < PATTERN_ROWS:
             break
-        g = tail[tail.size - rows * j :].reshape(rows, j)
         w, p = _concordance(g)
         # W of random gaps is 1/rows on average: fewer rows (a longer j) would
         # agree better by chance alone
@@ -373,9 +379,7 @@ def _shaped(gaps: np.ndarray, j: int) -> bool:
     iterations of one all-reduce each (a checkpoint every 25 steps of a DDP
     job of one bucket) marks one position and leaves the rest at random
     (p 0.27), and kept iterations of one op must not give way to that cycle."""
-    tail = gaps[-PATTERN_OPS:]
-    rows = tail.size // j
-    g = tail[tail.size - rows * j :].reshape(rows, j)
+    g = _pattern_rows(gaps, j)
     rest = np.argsort(row_medians(g.T))[:-1]
     return _concordance(g[:, rest])[1] < CONSISTENT_P
 
